@@ -1,0 +1,56 @@
+# Two commands on a fresh machine: `make demo` (set up + train snake locally) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+WEB_STAMP := web/node_modules/.installed
+SYS_STAMP := $(VENV)/.system-deps
+APT_PACKAGES := openssh-server rsync chromium
+
+.PHONY: demo test lint setup system-deps web-deps bench clean
+
+setup: $(STAMP)
+
+# torch first, pinned to the CPU wheel (constraints.txt): an unpinned torch pulls GBs of CUDA packages.
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,bench]'
+	touch $@
+
+# Debian packages the tests need: a real sshd, rsync (benchmark peer), chromium (browser tests).
+system-deps: $(SYS_STAMP)
+$(SYS_STAMP): | $(STAMP)
+	@missing=""; \
+	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	command -v rsync >/dev/null || missing="$$missing rsync"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	touch $@
+
+web-deps: $(WEB_STAMP)
+$(WEB_STAMP): $(wildcard web/package.json web/package-lock.json)
+	@if [ -f web/package.json ]; then cd web && (npm ci --no-audit --no-fund || npm install --no-audit --no-fund); fi
+	@mkdir -p web/node_modules && touch $@
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) system-deps web-deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest
+
+demo: $(STAMP) web-deps
+	$(VENV)/bin/thrust-remote hosts
+
+bench: $(STAMP) system-deps
+	@echo "see BENCHMARKS.md for the commands; e.g. $(PY) bench/ssh_overhead.py"
+
+clean:
+	rm -rf $(VENV) web/node_modules .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The typer CLI: one module per command (or group), registered in main.py."""

@@ -1,0 +1,52 @@
+"""What every command needs: the global options, the loaded config, and a Runner for a host."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import typer
+
+from ..config import Config, HostConfig, load_config
+from ..runner import LocalRunner, Runner
+
+
+@dataclass
+class AppState:
+    config_path: Path | None = None
+    debug: bool = False
+    _config: Config | None = field(default=None, repr=False)
+
+    def config(self) -> Config:
+        if self._config is None:
+            self._config = load_config(self.config_path)
+        return self._config
+
+
+def state(ctx: typer.Context) -> AppState:
+    root = ctx.find_root()
+    if not isinstance(root.obj, AppState):
+        root.obj = AppState(debug=_env_flag("THRUST_DEBUG"))
+    return root.obj
+
+
+def get_config(ctx: typer.Context) -> Config:
+    return state(ctx).config()
+
+
+def host_config(ctx: typer.Context, host: str | None) -> HostConfig:
+    return get_config(ctx).host(host)
+
+
+def open_runner(host: HostConfig) -> Runner:
+    """A Runner for the host: LocalRunner for `local`, else an SSHRunner (connects lazily)."""
+    if host.is_local:
+        return LocalRunner(name=host.name)
+    from ..ssh import SSHRunner
+
+    return SSHRunner.from_host(host)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,79 @@
+"""Entry point: global options, command registration, and the one place errors become exit codes."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import click
+import typer
+
+from ..console import err_console
+from ..errors import ExitCode, ThrustError
+from .common import AppState, _env_flag
+
+app = typer.Typer(
+    name="thrust-remote",
+    help="Take an RL job from a laptop to a GPU box over SSH and get a working model back.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,  # the handler in run() decides what the user sees
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# Each module defines `register(app)`. Add a command by adding its module here.
+COMMAND_MODULES: tuple[str, ...] = ("hosts",)
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    config: Path | None = typer.Option(
+        None, "--config", envvar="THRUST_CONFIG", help="Path of thrust.yaml (default: nearest one upwards)."
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+) -> None:
+    ctx.obj = AppState(config_path=config, debug=debug or _env_flag("THRUST_DEBUG"))
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"{__package__}.{_name}").register(app)
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Console-script entry: run the app and map every failure to DESIGN.md's exit codes."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args or _env_flag("THRUST_DEBUG")
+    try:
+        code = app(args=args, prog_name="thrust-remote", standalone_mode=False)
+    except ThrustError as exc:
+        if debug:
+            raise
+        _report(exc.message, exc.hint)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        if debug:
+            raise
+        exc.show()
+        sys.exit(ExitCode.USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+    except Exception as exc:  # the last resort: a bug, shown briefly unless --debug
+        if debug:
+            raise
+        _report(f"internal error: {type(exc).__name__}: {exc}", "rerun with --debug for the traceback")
+        sys.exit(ExitCode.FAILED)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _report(message: str, hint: str | None) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    if hint:
+        err_console.print(f"[yellow]hint:[/] {hint}", highlight=False, soft_wrap=True)

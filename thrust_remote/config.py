@@ -1,0 +1,430 @@
+"""thrust.yaml: load, validate, and merge with THRUST_* variables and flags.
+
+Errors name the file, the line and the field (`thrust.yaml:7: hosts.gpu.port: expected ...`), exit 78.
+YAML is composed into nodes (not just loaded) so every value keeps the line it came from.
+Precedence: command-line flags > THRUST_* environment > thrust.yaml > built-in defaults.
+No file at all is fine: the host `local` and the jobs `snake` and `cartpole` always exist.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+from .names import bad_name_reason, parse_address, valid_id
+
+CONFIG_NAME = "thrust.yaml"
+LOCAL = "local"
+
+HOST_KEY_POLICIES = ("strict", "accept-new")
+JOB_KINDS = ("python", "cargo")
+
+# Environment overrides: THRUST_* variable -> what it sets. Flags still win over these.
+ENV_SETTINGS = {
+    "THRUST_CONFIG": "path of thrust.yaml",
+    "THRUST_HOST": "default host (default_host)",
+    "THRUST_DEBUG": "show tracebacks (1/true)",
+}
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    name: str
+    address: str | None = None  # None for the local host
+    workdir: str = "~/thrust"
+    python: str = "python3"
+    identity: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    host_key_policy: str = "strict"
+    gpus: tuple[int, ...] | None = None
+    connect_timeout: float = 10.0
+
+    @property
+    def is_local(self) -> bool:
+        return self.address is None
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    name: str
+    kind: str = "python"
+    # python jobs: trainer flags as a mapping (--key value); cargo jobs: a list of argv items
+    args: Mapping[str, Any] | tuple[str, ...] = field(default_factory=dict)
+    export: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    # cargo jobs
+    toolchain: str = "stable"
+    example: str | None = None
+    crate: str = "."
+    artifact: str | None = None
+    tch_version: str = "auto"
+    bypass_version_check: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None
+    default_host: str = LOCAL
+    hosts: Mapping[str, HostConfig] = field(default_factory=dict)
+    jobs: Mapping[str, JobConfig] = field(default_factory=dict)
+    search: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def root(self) -> Path:
+        """The project directory: where thrust.yaml is, else the current directory."""
+        return self.path.parent if self.path else Path.cwd()
+
+    def host(self, name: str | None = None) -> HostConfig:
+        from .errors import UnknownHostError
+
+        name = name or self.default_host
+        if name not in self.hosts:
+            known = ", ".join(sorted(self.hosts))
+            where = f" in {self.path}" if self.path else " (no thrust.yaml found)"
+            raise UnknownHostError(
+                f"unknown host {name!r}{where}; known hosts: {known}",
+                f"add it under `hosts:` in {CONFIG_NAME} (address: user@host[:port] or an ~/.ssh/config alias)",
+            )
+        return self.hosts[name]
+
+    def job(self, name: str) -> JobConfig:
+        if name not in self.jobs:
+            raise ConfigError(
+                f"unknown job {name!r}; known jobs: {', '.join(sorted(self.jobs))}",
+                f"add it under `jobs:` in {CONFIG_NAME}",
+            )
+        return self.jobs[name]
+
+
+def builtin_jobs() -> dict[str, JobConfig]:
+    """snake and cartpole work with no thrust.yaml at all."""
+    return {
+        "snake": JobConfig(name="snake", args={"env": "snake"}, export="web/public/snake.onnx"),
+        "cartpole": JobConfig(name="cartpole", args={"env": "cartpole"}, export="web/public/cartpole.onnx"),
+    }
+
+
+def local_host(workdir: str | None = None) -> HostConfig:
+    # The local host runs in the project itself: the code is already exactly what the user has.
+    return HostConfig(name=LOCAL, address=None, workdir=workdir or ".", python="python3")
+
+
+# ----------------------------------------------------------------------------------------------
+# loading
+
+
+def find_config(start: Path | None = None) -> Path | None:
+    """thrust.yaml in the current directory or the nearest parent (like git finds .git)."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        candidate = d / CONFIG_NAME
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    default_host: str | None = None,
+) -> Config:
+    """Load thrust.yaml (explicit path > THRUST_CONFIG > search upwards), apply env and flags."""
+    env = os.environ if environ is None else environ
+    explicit = path or env.get("THRUST_CONFIG")
+    if explicit:
+        cfg_path = Path(explicit).expanduser()
+        if not cfg_path.is_file():
+            raise ConfigError(f"config file {cfg_path} does not exist")
+    else:
+        cfg_path = find_config()
+    config = parse_config_text(cfg_path.read_text(), cfg_path) if cfg_path else _defaults(None)
+    host = default_host or env.get("THRUST_HOST") or None
+    if host:
+        reason = bad_name_reason(host, "host name")
+        if reason:
+            raise ConfigError(reason)
+        config = replace(config, default_host=host)
+    return config
+
+
+def _defaults(path: Path | None) -> Config:
+    return Config(path=path, hosts={LOCAL: local_host()}, jobs=builtin_jobs())
+
+
+class _Reader:
+    """Validates a composed YAML node tree, raising ConfigError with file:line: field."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.label = str(path) if path else "<config>"
+
+    def fail(self, node: yaml.Node, field_name: str, message: str) -> ConfigError:
+        line = node.start_mark.line + 1
+        return ConfigError(f"{self.label}:{line}: {field_name}: {message}")
+
+    def mapping(self, node: yaml.Node, field_name: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, field_name, f"expected a mapping, got {_kind(node)}")
+        out = []
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self.fail(key_node, field_name, "keys must be plain strings")
+            key = key_node.value
+            if key in seen:
+                raise self.fail(key_node, f"{field_name}.{key}" if field_name else key, "duplicate key")
+            seen.add(key)
+            out.append((key, key_node, value_node))
+        return out
+
+    def scalar(self, node: yaml.Node, field_name: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.fail(node, field_name, f"expected a single value, got {_kind(node)}")
+        return yaml.safe_load(yaml.serialize(node))
+
+    def string(self, node: yaml.Node, field_name: str, *, nullable: bool = False) -> str | None:
+        value = self.scalar(node, field_name)
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str):
+            raise self.fail(node, field_name, f"expected a string, got {_pytype(value)}")
+        return value
+
+    def number(self, node: yaml.Node, field_name: str) -> float:
+        value = self.scalar(node, field_name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(node, field_name, f"expected a number, got {_pytype(value)}")
+        return float(value)
+
+    def boolean(self, node: yaml.Node, field_name: str) -> bool:
+        value = self.scalar(node, field_name)
+        if not isinstance(value, bool):
+            raise self.fail(node, field_name, f"expected true or false, got {_pytype(value)}")
+        return value
+
+    def choice(self, node: yaml.Node, field_name: str, choices: tuple[str, ...]) -> str:
+        value = self.string(node, field_name)
+        if value not in choices:
+            raise self.fail(node, field_name, f"expected one of {', '.join(choices)}, got {value!r}")
+        return value  # type: ignore[return-value]
+
+    def unknown(self, key_node: yaml.Node, field_name: str, allowed: tuple[str, ...]) -> ConfigError:
+        return self.fail(key_node, field_name, f"unknown key (expected one of: {', '.join(allowed)})")
+
+    def plain(self, node: yaml.Node, field_name: str) -> Any:
+        """Any YAML value as Python data (for free-form args / search specs)."""
+        return yaml.safe_load(yaml.serialize(node))
+
+
+_TOP_KEYS = ("default_host", "hosts", "jobs", "search")
+_HOST_KEYS = (
+    "address", "workdir", "python", "identity", "known_hosts", "host_key_policy", "gpus", "connect_timeout",
+)
+_JOB_KEYS = (
+    "kind", "args", "export", "env", "toolchain", "example", "crate", "artifact", "tch_version",
+    "bypass_version_check",
+)
+
+
+def parse_config_text(text: str, path: Path | None = None) -> Config:
+    reader = _Reader(path)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        raise ConfigError(f"{reader.label}:{line}: not valid YAML: {exc.problem or exc}") from None
+    config = _defaults(path)
+    if root is None:
+        return config
+    hosts = dict(config.hosts)
+    jobs = dict(config.jobs)
+    search: dict[str, dict[str, dict[str, Any]]] = {}
+    default_host = LOCAL
+    default_host_node: yaml.Node | None = None
+    for key, key_node, value in reader.mapping(root, ""):
+        if key == "default_host":
+            default_host = reader.string(value, key) or LOCAL
+            default_host_node = value
+        elif key == "hosts":
+            for name, name_node, host_node in reader.mapping(value, "hosts"):
+                _check_name(reader, name_node, f"hosts.{name}", name)
+                hosts[name] = _parse_host(reader, name, host_node)
+        elif key == "jobs":
+            for name, name_node, job_node in reader.mapping(value, "jobs"):
+                _check_name(reader, name_node, f"jobs.{name}", name)
+                jobs[name] = _parse_job(reader, name, job_node, jobs.get(name))
+        elif key == "search":
+            for name, name_node, spec_node in reader.mapping(value, "search"):
+                _check_name(reader, name_node, f"search.{name}", name)
+                search[name] = _parse_search(reader, name, spec_node)
+        else:
+            raise reader.unknown(key_node, key, _TOP_KEYS)
+    if default_host not in hosts:
+        assert default_host_node is not None
+        raise reader.fail(
+            default_host_node, "default_host", f"{default_host!r} is not a host defined under hosts:"
+        )
+    return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search)
+
+
+def _check_name(reader: _Reader, node: yaml.Node, field_name: str, name: str) -> None:
+    if not valid_id(name):
+        reason = bad_name_reason(name, "name") or f"name {name!r} is not allowed"
+        raise reader.fail(node, field_name, f"{reason}; use letters, digits, '_', '-', '.'")
+
+
+def _parse_host(reader: _Reader, name: str, node: yaml.Node) -> HostConfig:
+    base = local_host() if name == LOCAL else HostConfig(name=name)
+    values: dict[str, Any] = {}
+    for key, key_node, value in reader.mapping(node, f"hosts.{name}"):
+        f = f"hosts.{name}.{key}"
+        if key == "address":
+            addr = reader.string(value, f)
+            try:
+                parse_address(addr or "")
+            except ValueError as exc:
+                raise reader.fail(value, f, f"{exc}; expected an ~/.ssh/config alias or user@host[:port]") from None
+            values["address"] = addr
+        elif key in ("workdir", "python", "known_hosts"):
+            text = reader.string(value, f)
+            if not text or text.startswith("-") or "\n" in text:
+                raise reader.fail(value, f, "expected a non-empty path that does not start with '-'")
+            values[key] = text
+        elif key == "identity":
+            values[key] = reader.string(value, f, nullable=True)
+        elif key == "host_key_policy":
+            values[key] = reader.choice(value, f, HOST_KEY_POLICIES)
+        elif key == "gpus":
+            if isinstance(value, yaml.ScalarNode) and reader.scalar(value, f) is None:
+                values[key] = None
+                continue
+            if not isinstance(value, yaml.SequenceNode):
+                raise reader.fail(value, f, f"expected a list of GPU indices like [0, 1], got {_kind(value)}")
+            gpus = []
+            for item in value.value:
+                v = reader.scalar(item, f)
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise reader.fail(item, f, f"expected a GPU index (integer >= 0), got {v!r}")
+                gpus.append(v)
+            values[key] = tuple(gpus)
+        elif key == "connect_timeout":
+            t = reader.number(value, f)
+            if t <= 0:
+                raise reader.fail(value, f, "expected a positive number of seconds")
+            values[key] = t
+        else:
+            raise reader.unknown(key_node, f, _HOST_KEYS)
+    if name != LOCAL and not values.get("address"):
+        raise reader.fail(node, f"hosts.{name}.address", "missing; expected an ~/.ssh/config alias or user@host[:port]")
+    if name == LOCAL and values.get("address"):
+        raise reader.fail(node, "hosts.local.address", "the host 'local' is this machine and takes no address")
+    return replace(base, **values)
+
+
+def _parse_job(reader: _Reader, name: str, node: yaml.Node, base: JobConfig | None) -> JobConfig:
+    values: dict[str, Any] = {}
+    kind = "python"
+    args_node: yaml.Node | None = None
+    for key, key_node, value in reader.mapping(node, f"jobs.{name}"):
+        f = f"jobs.{name}.{key}"
+        if key == "kind":
+            kind = reader.choice(value, f, JOB_KINDS)
+            values["kind"] = kind
+        elif key == "args":
+            args_node = value
+        elif key in ("export", "example", "artifact", "toolchain", "tch_version", "crate"):
+            text = reader.string(value, f, nullable=key in ("export", "example", "artifact"))
+            if text is not None and (not text or text.startswith("-")):
+                raise reader.fail(value, f, "expected a non-empty value that does not start with '-'")
+            values[key] = text
+        elif key == "env":
+            env = {}
+            for k, k_node, v in reader.mapping(value, f):
+                from .names import valid_env_key
+
+                if not valid_env_key(k):
+                    raise reader.fail(k_node, f"{f}.{k}", "not a valid environment variable name")
+                scalar = reader.scalar(v, f"{f}.{k}")
+                if isinstance(scalar, dict | list):
+                    raise reader.fail(v, f"{f}.{k}", "expected a string")
+                env[k] = "" if scalar is None else str(scalar)
+            values["env"] = env
+        elif key == "bypass_version_check":
+            values[key] = reader.boolean(value, f)
+        else:
+            raise reader.unknown(key_node, f, _JOB_KEYS)
+    if args_node is not None:
+        f = f"jobs.{name}.args"
+        if kind == "cargo":
+            if not isinstance(args_node, yaml.SequenceNode):
+                raise reader.fail(args_node, f, f"a cargo job takes a list of arguments, got {_kind(args_node)}")
+            values["args"] = tuple(str(reader.scalar(item, f)) for item in args_node.value)
+        else:
+            args = {}
+            for k, k_node, v in reader.mapping(args_node, f):
+                if not valid_id(k) or k.startswith("-"):
+                    raise reader.fail(k_node, f"{f}.{k}", "trainer flag names are plain words like total-steps")
+                val = reader.scalar(v, f"{f}.{k}")
+                args[k] = val
+            values["args"] = args
+    if kind == "cargo" and not (values.get("example") or (base and base.example)):
+        raise reader.fail(node, f"jobs.{name}.example", "a cargo job needs `example:` (the --example to build)")
+    start = base if base is not None and base.kind == kind else JobConfig(name=name, kind=kind)
+    return replace(start, **values)
+
+
+def _parse_search(reader: _Reader, job: str, node: yaml.Node) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for param, p_node, spec in reader.mapping(node, f"search.{job}"):
+        f = f"search.{job}.{param}"
+        if not valid_id(param):
+            raise reader.fail(p_node, f, "parameter names are plain words like learning-rate")
+        keys = {k: (kn, v) for k, kn, v in reader.mapping(spec, f)}
+        if "choices" in keys:
+            extra = set(keys) - {"choices"}
+            if extra:
+                raise reader.fail(keys[sorted(extra)[0]][0], f"{f}.{sorted(extra)[0]}", "not allowed with choices")
+            choices_node = keys["choices"][1]
+            if not isinstance(choices_node, yaml.SequenceNode) or not choices_node.value:
+                raise reader.fail(choices_node, f"{f}.choices", "expected a non-empty list")
+            out[param] = {"choices": reader.plain(choices_node, f)}
+            continue
+        for k, (kn, _v) in keys.items():
+            if k not in ("low", "high", "log", "step"):
+                raise reader.unknown(kn, f"{f}.{k}", ("low", "high", "log", "step", "choices"))
+        if "low" not in keys or "high" not in keys:
+            raise reader.fail(spec, f, "expected {low: X, high: Y[, log: true]} or {choices: [...]}")
+        low = reader.number(keys["low"][1], f"{f}.low")
+        high = reader.number(keys["high"][1], f"{f}.high")
+        if not low < high:
+            raise reader.fail(keys["high"][1], f"{f}.high", f"must be greater than low ({low})")
+        entry: dict[str, Any] = {"low": reader.plain(keys["low"][1], f), "high": reader.plain(keys["high"][1], f)}
+        if "log" in keys:
+            entry["log"] = reader.boolean(keys["log"][1], f"{f}.log")
+            if entry["log"] and low <= 0:
+                raise reader.fail(keys["low"][1], f"{f}.low", "a log scale needs low > 0")
+        if "step" in keys:
+            entry["step"] = reader.plain(keys["step"][1], f)
+        out[param] = entry
+    return out
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return f"{node.value!r}"
+
+
+def _pytype(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    return f"{type(value).__name__} {value!r}"

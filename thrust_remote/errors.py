@@ -1,0 +1,79 @@
+"""One error type and the exit-code table (DESIGN.md) that every command shares.
+
+Library code raises `ThrustError`; the CLI's single top-level handler turns it into a short message,
+an optional hint and the exit code. Tracebacks only with `--debug`.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """sysexits-based codes: what a script calling thrust-remote can branch on."""
+
+    OK = 0
+    FAILED = 1  # the job failed, or doctor found a failing check
+    USAGE = 64
+    UNKNOWN_HOST = 68  # not in config, DNS failure
+    UNAVAILABLE = 69  # unreachable, refused, timed out; or the host lacks python/torch
+    TRANSFER = 74  # transfer or checksum failure
+    CONNECTION_LOST = 75  # the run goes on and can be reattached
+    HOST_KEY = 76  # host key unknown or changed
+    AUTH = 77  # authentication failed
+    CONFIG = 78  # configuration invalid
+
+
+class ThrustError(Exception):
+    """A failure the user can act on: what happened, what to do, and the process exit code."""
+
+    def __init__(self, message: str, hint: str | None = None, exit_code: int = ExitCode.FAILED) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.exit_code = int(exit_code)
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
+
+
+class ConfigError(ThrustError):
+    """thrust.yaml (or a flag / THRUST_* variable) is invalid; the message names file, line and field."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint, ExitCode.CONFIG)
+
+
+class UsageError(ThrustError):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint, ExitCode.USAGE)
+
+
+class HostKeyError(ThrustError):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint, ExitCode.HOST_KEY)
+
+
+class AuthError(ThrustError):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint, ExitCode.AUTH)
+
+
+class UnreachableError(ThrustError):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint, ExitCode.UNAVAILABLE)
+
+
+class UnknownHostError(ThrustError):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint, ExitCode.UNKNOWN_HOST)
+
+
+class ConnectionLostError(ThrustError):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint, ExitCode.CONNECTION_LOST)
+
+
+class TransferError(ThrustError):
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint, ExitCode.TRANSFER)

@@ -1,0 +1,277 @@
+"""The `Runner` protocol: run an argv, move files, on this machine or on a host over SSH.
+
+Every capability (doctor, sync, train, optimize) is written against `Runner` and never knows which
+implementation it holds. `LocalRunner` uses subprocess without a shell; `SSHRunner` (ssh.py) builds
+the remote command line with `shlex.join`, so an argument is always exactly one argument.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from .errors import ThrustError, TransferError, UsageError
+from .names import valid_env_key
+
+# A stream callback receives ("out" | "err", one line without its newline).
+StreamCallback = Callable[[str, str], None]
+
+TIMEOUT_EXIT = 124  # what coreutils' timeout(1) returns; scripts already know it
+
+
+@dataclass
+class RunResult:
+    """What a command did. A non-zero exit is data, not an exception: callers decide."""
+
+    argv: list[str]
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def check(self, what: str | None = None) -> RunResult:
+        """Raise a ThrustError (exit 1) carrying stderr's tail unless the command succeeded."""
+        if not self.ok:
+            label = what or shlex.join(self.argv[:3])
+            tail = (self.stderr or self.stdout).strip().splitlines()[-5:]
+            detail = ("\n" + "\n".join(tail)) if tail else ""
+            raise ThrustError(f"{label} failed with exit code {self.exit_code}{detail}")
+        return self
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Where commands run. `name` is the host's name as the user wrote it (`local` for this machine)."""
+
+    name: str
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stream: StreamCallback | None = None,
+        stdin: bytes | None = None,
+    ) -> RunResult: ...
+
+    def put(self, local: str | os.PathLike[str], remote: str) -> str:
+        """Copy a local file to `remote` (verified, atomic); returns its sha256."""
+        ...
+
+    def get(self, remote: str, local: str | os.PathLike[str]) -> str:
+        """Copy `remote` to a local file (verified, atomic); returns its sha256."""
+        ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def home(self) -> str:
+        """The home directory where `~` in a path points."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """Env keys must be plain identifiers; values may be anything (they are always quoted)."""
+    out: dict[str, str] = {}
+    for key, value in (env or {}).items():
+        if not valid_env_key(key):
+            raise UsageError(f"environment variable name {key!r} is not a valid identifier")
+        if "\0" in str(value):
+            raise UsageError(f"environment variable {key} contains a NUL byte")
+        out[key] = str(value)
+    return out
+
+
+def check_argv(argv: Sequence[str]) -> list[str]:
+    args = [str(a) for a in argv]
+    if not args:
+        raise UsageError("empty command")
+    if any("\0" in a for a in args):
+        raise UsageError("a command argument contains a NUL byte")
+    return args
+
+
+def expand_home(path: str, home: str) -> str:
+    """`~` and `~/x` relative to the runner's home (no `~user`: that is a name we would not validate)."""
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return home.rstrip("/") + path[1:]
+    return path
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class _LineSplitter:
+    """Turns chunks into lines for a StreamCallback, keeping the partial line until it completes."""
+
+    def __init__(self, name: str, callback: StreamCallback | None) -> None:
+        self.name = name
+        self.callback = callback
+        self.pending = b""
+        self.chunks: list[bytes] = []
+
+    def feed(self, data: bytes) -> None:
+        self.chunks.append(data)
+        if self.callback is None:
+            return
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            self.callback(self.name, line.decode("utf-8", "replace"))
+
+    def close(self) -> str:
+        if self.callback is not None and self.pending:
+            self.callback(self.name, self.pending.decode("utf-8", "replace"))
+            self.pending = b""
+        return b"".join(self.chunks).decode("utf-8", "replace")
+
+
+@dataclass
+class LocalRunner:
+    """Runs on this machine with subprocess, never through a shell."""
+
+    name: str = "local"
+    _closed: bool = field(default=False, repr=False)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stream: StreamCallback | None = None,
+        stdin: bytes | None = None,
+    ) -> RunResult:
+        args = check_argv(argv)
+        full_env = {**os.environ, **check_env(env)}
+        if cwd is not None:
+            cwd = expand_home(cwd, self.home())
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(  # noqa: S603 - argv, no shell
+                args,
+                cwd=cwd,
+                env=full_env,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # so a timeout can kill the whole group
+            )
+        except FileNotFoundError:
+            return RunResult(args, 127, "", f"{args[0]}: command not found", time.monotonic() - started)
+        except PermissionError as exc:
+            return RunResult(args, 126, "", f"{args[0]}: {exc}", time.monotonic() - started)
+        except NotADirectoryError as exc:
+            return RunResult(args, 1, "", f"cd {cwd}: {exc}", time.monotonic() - started)
+
+        out = _LineSplitter("out", stream)
+        err = _LineSplitter("err", stream)
+        lock = threading.Lock()
+
+        def pump(pipe, splitter: _LineSplitter) -> None:
+            for chunk in iter(lambda: pipe.read1(65536), b""):
+                with lock:  # one callback at a time, so lines never interleave mid-line
+                    splitter.feed(chunk)
+
+        threads = [
+            threading.Thread(target=pump, args=(proc.stdout, out), daemon=True),
+            threading.Thread(target=pump, args=(proc.stderr, err), daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        if stdin is not None:
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(stdin)
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            proc.wait()
+        for t in threads:
+            t.join(timeout=5)
+        code = TIMEOUT_EXIT if timed_out else _exit_code(proc.returncode)
+        return RunResult(args, code, out.close(), err.close(), time.monotonic() - started, timed_out)
+
+    def put(self, local: str | os.PathLike[str], remote: str) -> str:
+        return _copy_verified(Path(local), Path(expand_home(remote, self.home())))
+
+    def get(self, remote: str, local: str | os.PathLike[str]) -> str:
+        return _copy_verified(Path(expand_home(remote, self.home())), Path(local))
+
+    def exists(self, path: str) -> bool:
+        return Path(expand_home(path, self.home())).exists()
+
+    def home(self) -> str:
+        return os.path.expanduser("~")
+
+    def close(self) -> None:
+        self._closed = True
+
+
+def _exit_code(returncode: int) -> int:
+    # subprocess reports death by signal N as -N; the shell convention (and DESIGN.md) is 128+N.
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def _copy_verified(src: Path, dst: Path) -> str:
+    """Copy through `dst.part`, hashing while copying; rename only when the copy's hash matches."""
+    if not src.is_file():
+        raise TransferError(f"{src}: no such file")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    part = dst.with_name(dst.name + ".part")
+    digest = hashlib.sha256()
+    try:
+        with open(src, "rb") as fin, open(part, "wb") as fout:
+            while block := fin.read(1 << 20):
+                digest.update(block)
+                fout.write(block)
+            fout.flush()
+            os.fsync(fout.fileno())
+    except OSError as exc:
+        raise TransferError(f"copy {src} -> {dst} failed: {exc}") from exc
+    expected = digest.hexdigest()
+    actual = sha256_file(part)
+    if actual != expected:
+        raise TransferError(f"checksum mismatch copying {src} -> {dst}", "retry the command")
+    shutil.copymode(src, part)
+    os.replace(part, dst)
+    return expected
