@@ -6,8 +6,8 @@ import importlib
 import sys
 from pathlib import Path
 
-import click
 import typer
+from rich.markup import escape
 
 from ..console import err_console
 from ..errors import ExitCode, ThrustError
@@ -52,21 +52,16 @@ def run(argv: list[str] | None = None) -> None:
             raise
         _report(exc.message, exc.hint)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        err_console.print("aborted")
-        sys.exit(130)
-    except KeyboardInterrupt:
+    except (typer.Abort, KeyboardInterrupt):
         err_console.print("interrupted")
         sys.exit(130)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        if debug:
-            raise
-        exc.show()
-        sys.exit(ExitCode.USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
-    except Exception as exc:  # the last resort: a bug, shown briefly unless --debug
-        if debug:
+    except Exception as exc:
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # typer/click usage errors
+            exc.show()
+            sys.exit(ExitCode.USAGE if exc.exit_code == 2 else exc.exit_code)
+        if debug:  # the last resort: a bug, shown briefly unless --debug
             raise
         _report(f"internal error: {type(exc).__name__}: {exc}", "rerun with --debug for the traceback")
         sys.exit(ExitCode.FAILED)
@@ -74,6 +69,6 @@ def run(argv: list[str] | None = None) -> None:
 
 
 def _report(message: str, hint: str | None) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     if hint:
-        err_console.print(f"[yellow]hint:[/] {hint}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
