@@ -1,0 +1,1 @@
+"""thrust-remote's trainer: batched torch envs, PPO, ONNX export. Entry: `python -m trainer.train`."""

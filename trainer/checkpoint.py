@@ -1,0 +1,74 @@
+"""Checkpoints that survive being killed mid-write.
+
+`save_checkpoint` writes `<dir>/ckpt-<step>.pt` as a temp file in the same directory, flushes and
+fsyncs it, `os.replace`s it into place (atomic on POSIX) and fsyncs the directory, so a reader sees
+either the previous set of checkpoints or the new one, never a torn file. Older ones beyond `keep`
+are removed only after the new one is in place. `load_latest` returns the newest that loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+
+
+def checkpoint_paths(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """(step, path) of finished checkpoints, newest first. Temp files are ignored."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    found = []
+    for p in d.iterdir():
+        m = _NAME.match(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return sorted(found, reverse=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], step: int, keep: int = 3) -> Path:
+    """Atomically write `state` as the checkpoint for `step`; returns its path."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    final = d / f"ckpt-{step:012d}.pt"
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(d)
+    for _, old in checkpoint_paths(d)[keep:]:
+        with contextlib.suppress(FileNotFoundError):
+            old.unlink()
+    return final
+
+
+def load_latest(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], Path] | None:
+    """The newest checkpoint that loads, with its path; None when there is none."""
+    for _, path in checkpoint_paths(directory):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True), path
+        except Exception:  # noqa: BLE001 - a damaged file (e.g. disk full) falls back to the previous one
+            continue
+    return None

@@ -1,0 +1,110 @@
+"""Actor-critic networks. `forward(obs) -> (logits [B, n_actions], value [B, 1])`.
+
+- `MLPPolicy`: separate actor and critic MLPs (a shared trunk made PPO on CartPole less stable).
+- `CNNPolicy`: for snake. The first `3*G*G` observation values are reshaped to `[3, G, G]` planes, two
+  3x3 convolutions read them, and the 8 trailing features (direction, danger, hunger) are appended to
+  the flattened maps before a shared hidden layer and the two heads.
+
+Action sampling lives here too (`sample_actions`), written with plain tensor ops: importing
+`torch.distributions` is cheap but its validation and object creation cost per call adds up at 8 envs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "silu": nn.SiLU}
+
+
+def _init(layer: nn.Linear | nn.Conv2d, gain: float) -> nn.Module:
+    # Orthogonal weights and zero bias: the usual PPO initialisation; small gain on the policy head
+    # keeps the first policy close to uniform.
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
+    act = ACTIVATIONS[activation]
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 2):
+        layers += [_init(nn.Linear(sizes[i], sizes[i + 1]), math.sqrt(2)), act()]
+    layers.append(_init(nn.Linear(sizes[-2], sizes[-1]), out_gain))
+    return nn.Sequential(*layers)
+
+
+class MLPPolicy(nn.Module):
+    def __init__(
+        self, obs_dim: int, n_actions: int, hidden: int = 64, layers: int = 2, activation: str = "tanh"
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        sizes = [obs_dim] + [hidden] * layers
+        self.actor = _mlp([*sizes, n_actions], activation, 0.01)
+        self.critic = _mlp([*sizes, 1], activation, 1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.actor(obs), self.critic(obs)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs)
+
+
+class CNNPolicy(nn.Module):
+    def __init__(self, grid_size: int, n_actions: int, hidden: int = 256, channels: int = 32) -> None:
+        super().__init__()
+        self.g = grid_size
+        g2 = grid_size * grid_size
+        self.planes = 3 * g2
+        self.conv = nn.Sequential(
+            _init(nn.Conv2d(3, channels // 2, 3, padding=1), math.sqrt(2)),
+            nn.ReLU(),
+            _init(nn.Conv2d(channels // 2, channels, 3, padding=1), math.sqrt(2)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        self.trunk = nn.Sequential(_init(nn.Linear(channels * g2 + 8, hidden), math.sqrt(2)), nn.ReLU())
+        self.actor = _init(nn.Linear(hidden, n_actions), 0.01)
+        self.critic = _init(nn.Linear(hidden, 1), 1.0)
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        planes = obs[:, : self.planes].reshape(-1, 3, self.g, self.g)
+        return self.trunk(torch.cat((self.conv(planes), obs[:, self.planes :]), dim=1))
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self._features(obs)
+        return self.actor(h), self.critic(h)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self._features(obs))
+
+
+def build_policy(
+    kind: str, obs_dim: int, n_actions: int, hidden: int, grid_size: int | None = None, activation: str = "tanh"
+) -> nn.Module:
+    """The policy named by `--policy` ("mlp" or "cnn"; "cnn" needs the snake grid size)."""
+    if kind == "mlp":
+        return MLPPolicy(obs_dim, n_actions, hidden=hidden, activation=activation)
+    if kind == "cnn":
+        if grid_size is None or obs_dim != 3 * grid_size * grid_size + 8:
+            raise ValueError("the cnn policy reads snake observations: it needs --env snake")
+        return CNNPolicy(grid_size, n_actions, hidden=hidden)
+    raise ValueError(f"unknown policy {kind!r}: expected 'mlp' or 'cnn'")
+
+
+def sample_actions(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One categorical sample per row (Gumbel-max: argmax of logits + Gumbel noise)."""
+    u = torch.rand(logits.shape, device=logits.device, generator=generator)
+    return torch.argmax(logits - torch.log(-torch.log(u.clamp_(min=1e-20))), dim=1)
+
+
+def log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of `actions` and the entropy, per row."""
+    logp_all = torch.log_softmax(logits, dim=1)
+    logp = logp_all.gather(1, actions[:, None])[:, 0]
+    entropy = -(logp_all.exp() * logp_all).sum(dim=1)
+    return logp, entropy

@@ -1,0 +1,347 @@
+"""PPO (clipped objective, GAE) as importable functions and one small driver class.
+
+Reads top to bottom: `PPOConfig` (one line per field), `Adam` (a tiny hand-written optimizer, see
+below), `RolloutBuffer` (preallocated `[num_steps, num_envs]` storage), `compute_gae`, `ppo_update`,
+and `PPO`, which ties an env, a policy and an optimizer together: `collect()` then `update()`.
+
+Truncation is not termination: when an episode is cut by a time limit (CartPole's 500 steps, snake's
+hunger), its last reward is followed by `gamma * V(final_obs)`, the value of the state it was cut in,
+not by 0. Only terminated steps stop the bootstrap.
+
+Host syncs: none per env step. Per iteration there is one (which steps were truncated, to evaluate
+only those final observations), one per epoch when target-KL early stopping is on, and one to read
+the statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.policy import log_prob_entropy, sample_actions
+
+
+@dataclass
+class PPOConfig:
+    num_envs: int = 8
+    """environments stepped together (on this rank)"""
+    num_steps: int = 32
+    """rollout length per env per iteration"""
+    learning_rate: float = 2.5e-3
+    """Adam step size at the start (annealed linearly to 0 when anneal_lr)"""
+    anneal_lr: bool = True
+    """anneal the learning rate over the planned iterations"""
+    gamma: float = 0.99
+    """discount"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    num_minibatches: int = 4
+    """minibatches per epoch"""
+    update_epochs: int = 2
+    """passes over each rollout"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch"""
+    clip_coef: float = 0.2
+    """policy ratio clip"""
+    clip_vloss: bool = True
+    """clip the value update around the old values"""
+    ent_coef: float = 0.0
+    """entropy bonus weight"""
+    vf_coef: float = 0.5
+    """value loss weight"""
+    max_grad_norm: float = 0.5
+    """global gradient norm clip"""
+    target_kl: float | None = None
+    """stop the epochs of one update once the approximate KL exceeds this (None: never)"""
+
+
+class Adam:
+    """Adam (Kingma & Ba) over a list of parameters, using torch's multi-tensor `_foreach` ops.
+
+    Why not `torch.optim.Adam`: in torch 2.13 constructing the first `torch.optim` optimizer imports
+    torch._dynamo and sympy, about 1 s on a small CPU — as long as solving CartPole takes. This one is
+    the same algorithm (bias-corrected moments, eps added to the corrected sqrt of the second moment).
+    """
+
+    def __init__(
+        self, params: Iterable[nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-5
+    ) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.lr = lr
+        self.betas = betas
+        self.eps = eps
+        self.t = 0
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        b1, b2 = self.betas
+        self.t += 1
+        torch._foreach_lerp_(self.exp_avg, grads, 1 - b1)
+        torch._foreach_mul_(self.exp_avg_sq, b2)
+        torch._foreach_addcmul_(self.exp_avg_sq, grads, grads, value=1 - b2)
+        bias1 = 1 - b1**self.t
+        bias2 = 1 - b2**self.t
+        denom = torch._foreach_sqrt(self.exp_avg_sq)
+        torch._foreach_div_(denom, math.sqrt(bias2))
+        torch._foreach_add_(denom, self.eps)
+        torch._foreach_addcdiv_(self.params, self.exp_avg, denom, value=-self.lr / bias1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "lr": self.lr,
+            "betas": self.betas,
+            "eps": self.eps,
+            "t": self.t,
+            "exp_avg": [t.detach().cpu() for t in self.exp_avg],
+            "exp_avg_sq": [t.detach().cpu() for t in self.exp_avg_sq],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["exp_avg"]) != len(self.params):
+            raise ValueError("optimizer state does not match the model's parameters")
+        self.lr, self.betas, self.eps, self.t = state["lr"], tuple(state["betas"]), state["eps"], state["t"]
+        for dst, src in zip(self.exp_avg + self.exp_avg_sq, state["exp_avg"] + state["exp_avg_sq"], strict=True):
+            dst.copy_(src)
+
+
+class RolloutBuffer:
+    """`[num_steps, num_envs, ...]` storage for one rollout, allocated once."""
+
+    def __init__(self, num_steps: int, num_envs: int, obs_dim: int, device: torch.device) -> None:
+        shape = (num_steps, num_envs)
+        self.obs = torch.zeros(*shape, obs_dim, device=device)
+        self.final_obs = torch.zeros(*shape, obs_dim, device=device)
+        self.actions = torch.zeros(shape, dtype=torch.int64, device=device)
+        self.logprobs = torch.zeros(shape, device=device)
+        self.values = torch.zeros(shape, device=device)
+        self.rewards = torch.zeros(shape, device=device)
+        self.terminated = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.dones = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.truncated_only = torch.zeros(shape, dtype=torch.bool, device=device)
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    dones: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimates and returns, all tensors `[T, N]`.
+
+    `next_values[t]` is the value of the state after step t *of the same episode*: V(obs[t+1]) when
+    the episode goes on, V(final_obs[t]) when it was truncated; it is ignored where `terminated`.
+    `dones` (terminated or truncated) cuts the GAE recursion at episode boundaries.
+    """
+    not_term = (~terminated).to(values.dtype)
+    not_done = (~dones).to(values.dtype)
+    deltas = rewards + gamma * next_values * not_term - values
+    advantages = torch.zeros_like(values)
+    last = torch.zeros_like(values[0])
+    for t in range(values.shape[0] - 1, -1, -1):
+        last = deltas[t] + gamma * gae_lambda * not_done[t] * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+def ppo_update(
+    model: nn.Module,
+    optimizer: Adam,
+    batch: dict[str, torch.Tensor],
+    cfg: PPOConfig,
+    kl_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """Several epochs of clipped-PPO minibatch steps on one flattened rollout batch.
+
+    `kl_reduce` averages the approximate KL across ranks so every DDP rank stops at the same epoch.
+    """
+    size = batch["obs"].shape[0]
+    mb_size = max(1, size // cfg.num_minibatches)
+    device = batch["obs"].device
+    sums = torch.zeros(5, device=device)  # policy loss, value loss, entropy, approx kl, clip fraction
+    n_mb = 0
+    for _ in range(cfg.update_epochs):
+        perm = torch.randperm(size, device=device)
+        epoch_kl = torch.zeros((), device=device)
+        for start in range(0, size - mb_size + 1, mb_size):
+            idx = perm[start : start + mb_size]
+            logits, new_values = model(batch["obs"][idx])
+            new_logp, entropy = log_prob_entropy(logits, batch["actions"][idx])
+            logratio = new_logp - batch["logprobs"][idx]
+            ratio = logratio.exp()
+            adv = batch["advantages"][idx]
+            if cfg.norm_adv and adv.numel() > 1:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+            new_values = new_values[:, 0]
+            returns = batch["returns"][idx]
+            if cfg.clip_vloss:
+                old_values = batch["values"][idx]
+                clipped = old_values + (new_values - old_values).clamp(-cfg.clip_coef, cfg.clip_coef)
+                v_loss = 0.5 * torch.max((new_values - returns) ** 2, (clipped - returns) ** 2).mean()
+            else:
+                v_loss = 0.5 * ((new_values - returns) ** 2).mean()
+            ent = entropy.mean()
+            loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(optimizer.params, cfg.max_grad_norm)
+            optimizer.step()
+            with torch.no_grad():
+                approx_kl = ((ratio - 1) - logratio).mean()
+                clipfrac = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+                sums += torch.stack((pg_loss.detach(), v_loss.detach(), ent.detach(), approx_kl, clipfrac))
+                epoch_kl = approx_kl
+            n_mb += 1
+        if cfg.target_kl is not None:
+            kl = kl_reduce(epoch_kl) if kl_reduce is not None else epoch_kl
+            if float(kl) > cfg.target_kl:
+                break
+    vals = (sums / max(n_mb, 1)).tolist()
+    return dict(zip(("loss_policy", "loss_value", "entropy", "approx_kl", "clipfrac"), vals, strict=True))
+
+
+class PPO:
+    """One env batch + one policy + Adam. `iteration()` = collect a rollout, then update."""
+
+    def __init__(
+        self,
+        env: Any,
+        policy: nn.Module,
+        cfg: PPOConfig,
+        train_model: nn.Module | None = None,
+        kl_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        self.env = env
+        self.policy = policy
+        self.train_model = train_model if train_model is not None else policy  # a DDP wrapper, if any
+        self.cfg = cfg
+        self.kl_reduce = kl_reduce
+        self.device = env.device
+        self.optimizer = Adam(policy.parameters(), lr=cfg.learning_rate)
+        self.buf = RolloutBuffer(cfg.num_steps, env.num_envs, env.obs_dim, self.device)
+        self.obs: torch.Tensor | None = None
+        n = env.num_envs
+        self.ep_return = torch.zeros(n, device=self.device)
+        self.ep_length = torch.zeros(n, device=self.device)
+        self.ep_score = torch.zeros(n, device=self.device)
+        # Finished-episode sums since the last `pop_episode_stats`: return, length, score, count.
+        self.finished = torch.zeros(4, device=self.device)
+
+    def start(self, seed: int) -> None:
+        self.obs = self.env.reset(seed=seed)
+        self.ep_return.zero_()
+        self.ep_length.zero_()
+        self.ep_score.zero_()
+
+    @torch.no_grad()
+    def collect(self) -> None:
+        assert self.obs is not None, "call start(seed) first"
+        buf, env, policy = self.buf, self.env, self.policy
+        obs = self.obs
+        for t in range(self.cfg.num_steps):
+            logits, value = policy(obs)
+            action = sample_actions(logits)
+            buf.obs[t] = obs
+            buf.actions[t] = action
+            buf.logprobs[t] = torch.log_softmax(logits, dim=1).gather(1, action[:, None])[:, 0]
+            buf.values[t] = value[:, 0]
+            obs, reward, terminated, truncated, info = env.step(action)
+            done = terminated | truncated
+            buf.rewards[t] = reward
+            buf.terminated[t] = terminated
+            buf.dones[t] = done
+            buf.truncated_only[t] = truncated & ~terminated
+            buf.final_obs[t] = info["final_obs"]
+            self._track_episodes(reward, done)
+        self.obs = obs
+
+    def _track_episodes(self, reward: torch.Tensor, done: torch.Tensor) -> None:
+        self.ep_return += reward
+        self.ep_length += 1
+        self.ep_score += reward.clamp(min=0)
+        d = done.to(self.ep_return.dtype)
+        self.finished += torch.stack(
+            ((self.ep_return * d).sum(), (self.ep_length * d).sum(), (self.ep_score * d).sum(), d.sum())
+        )
+        keep = 1 - d
+        self.ep_return *= keep
+        self.ep_length *= keep
+        self.ep_score *= keep
+
+    def pop_episode_stats(self) -> tuple[float, float, float, float]:
+        """(sum of returns, sum of lengths, sum of scores, count) of episodes finished since last call."""
+        out = self.finished.tolist()
+        self.finished.zero_()
+        return out[0], out[1], out[2], out[3]
+
+    @torch.no_grad()
+    def _next_values(self) -> torch.Tensor:
+        buf = self.buf
+        last_value = self.policy.value(self.obs)[:, 0]
+        next_values = torch.cat((buf.values[1:], last_value[None]), dim=0)
+        # Truncated steps bootstrap from the value of the state they were cut in (one host sync).
+        where = buf.truncated_only.nonzero(as_tuple=True)
+        if where[0].numel() > 0:
+            next_values[where] = self.policy.value(buf.final_obs[where])[:, 0]
+        return next_values
+
+    def update(self, lr: float | None = None) -> dict[str, float]:
+        if lr is not None:
+            self.optimizer.lr = lr
+        buf = self.buf
+        advantages, returns = compute_gae(
+            buf.rewards,
+            buf.values,
+            self._next_values(),
+            buf.terminated,
+            buf.dones,
+            self.cfg.gamma,
+            self.cfg.gae_lambda,
+        )
+        batch = {
+            "obs": buf.obs.reshape(-1, buf.obs.shape[-1]),
+            "actions": buf.actions.reshape(-1),
+            "logprobs": buf.logprobs.reshape(-1),
+            "values": buf.values.reshape(-1),
+            "advantages": advantages.reshape(-1),
+            "returns": returns.reshape(-1),
+        }
+        return ppo_update(self.train_model, self.optimizer, batch, self.cfg, self.kl_reduce)
+
+    def lr_at(self, iteration: int, num_iterations: int) -> float:
+        """Linear annealing: full rate at iteration 0, approaching 0 at `num_iterations`."""
+        if not self.cfg.anneal_lr:
+            return self.cfg.learning_rate
+        return self.cfg.learning_rate * max(0.0, 1.0 - iteration / max(num_iterations, 1))
+
+
+@torch.no_grad()
+def evaluate_greedy(policy: nn.Module, env: Any, episodes: int, seed: int, max_steps: int = 100_000) -> torch.Tensor:
+    """Returns of the first episode of each of `episodes` envs (argmax actions); env must have that many."""
+    obs = env.reset(seed=seed)
+    returns = torch.zeros(env.num_envs, device=env.device)
+    running = torch.ones(env.num_envs, dtype=torch.bool, device=env.device)
+    for step in range(max_steps):
+        logits, _ = policy(obs)
+        obs, reward, terminated, truncated, _ = env.step(logits.argmax(dim=1))
+        returns += reward * running
+        running &= ~(terminated | truncated)
+        # Check for the end only now and then: each check is a host sync.
+        if step % 50 == 49 and not bool(running.any()):
+            break
+    return returns[:episodes]

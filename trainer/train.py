@@ -1,0 +1,518 @@
+"""Train a PPO policy on a batched env: `python -m trainer.train --env snake|cartpole [...]`.
+
+Every hyperparameter is a flag taking one value, spelled with hyphens (`--learning-rate 3e-4`): these
+names are the contract with `thrust-remote train --set KEY=VALUE` and the optimizer. Flags not given
+take the env's preset (`PRESETS`). Run `python -m trainer.train --help` for the list.
+
+Output (stdout; rank 0 only):
+- `THRUST_METRICS {json}` once per report (`--log-interval` seconds, and at the end), the same object
+  appended to `<run-dir>/metrics.jsonl`: step, sps, return_mean, length_mean, loss_policy, loss_value,
+  entropy, approx_kl, total_steps, plus iteration, wall_s, lr, clipfrac, episodes, (snake) score_mean,
+  (CUDA) gpu_mem_gb and gpu_util.
+- `THRUST_INFO {json}` for decisions worth seeing (the device, the `--num-envs auto` choice, resume).
+- `THRUST_DONE {json}` last: step, total_steps, wall_s, return_mean, eval_return, solved, run_dir,
+  checkpoint, export.
+- a rich progress bar instead of nothing, on stderr, only when stdout is a terminal.
+
+Run directory (`--run-dir`, default `runs/<env>-<UTC timestamp>`): metrics.jsonl, checkpoints/
+(atomic, see trainer.checkpoint), config.json; `--export PATH` writes the ONNX model + manifest.json.
+
+Distributed: under `torchrun --nproc-per-node=N` (WORLD_SIZE > 1) the same entry uses DDP (NCCL on
+CUDA, gloo on CPU) with `--dist-timeout` seconds as the process-group timeout; `--num-envs` is the total
+over all ranks, split evenly; rank 0 logs and checkpoints; metrics are averaged over ranks. A restart
+by `torchrun --max-restarts` resumes from the latest checkpoint automatically (pass `--run-dir` so all
+attempts share it). Two runs on one host: use `torchrun --standalone` (or
+`--rdzv-backend=c10d --rdzv-endpoint=localhost:0`), which picks a free port per run.
+
+`--target-return R` (default 475 for cartpole, off for snake): when recent training episodes reach
+0.8 R, a greedy evaluation over `--eval-episodes` fresh envs runs; at >= R training stops early.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+PROCESS_START = time.time()
+
+import torch  # noqa: E402 - the start time above includes torch's import
+
+from trainer.checkpoint import load_latest, save_checkpoint  # noqa: E402
+from trainer.envs import make_env  # noqa: E402
+from trainer.policy import build_policy  # noqa: E402
+from trainer.ppo import PPO, PPOConfig, evaluate_greedy  # noqa: E402
+
+# Per-env defaults for flags left unset. CartPole: small and fast (solves in ~10k steps on 2 CPU
+# cores). Snake: the `make demo` preset for a 2-core CPU (see docs in the report/BENCHMARKS).
+PRESETS: dict[str, dict[str, Any]] = {
+    "cartpole": {
+        "num_envs": 8,
+        "num_steps": 32,
+        "total_steps": 100_000,
+        "learning_rate": 2.5e-3,
+        "num_minibatches": 4,
+        "update_epochs": 2,
+        "clip_coef": 0.2,
+        "ent_coef": 0.0,
+        "vf_coef": 0.5,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "hidden": 64,
+        "target_kl": 0.0,
+        "max_grad_norm": 0.5,
+        "policy": "mlp",
+        "activation": "tanh",
+        "target_return": 475.0,
+    },
+    "snake": {
+        "num_envs": 256,
+        "num_steps": 64,
+        "total_steps": 10_000_000,
+        "learning_rate": 1e-3,
+        "num_minibatches": 4,
+        "update_epochs": 2,
+        "clip_coef": 0.2,
+        "ent_coef": 0.01,
+        "vf_coef": 0.5,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "hidden": 256,
+        "target_kl": 0.0,
+        "max_grad_norm": 0.5,
+        "policy": "mlp",
+        "activation": "relu",
+        "target_return": 0.0,
+    },
+}
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 64
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
+    a = p.add_argument
+    a("--env", choices=sorted(PRESETS), required=True, help="which environment")
+    a("--num-envs", default=None, help="total envs over all ranks, or 'auto' (sized from device memory)")
+    a("--total-steps", type=int, default=None, help="env steps to train for (all ranks together)")
+    a("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    a("--seed", type=int, default=1)
+    a("--run-dir", default=None, help="default runs/<env>-<UTC timestamp>")
+    a("--resume", action="store_true", help="continue from the latest checkpoint in --run-dir, if any")
+    a("--export", default=None, metavar="PATH", help="write the final policy as ONNX (+ manifest.json)")
+    a("--policy", choices=("mlp", "cnn"), default=None)
+    a("--activation", choices=("tanh", "relu", "silu"), default=None, help="MLP activation")
+    a("--learning-rate", type=float, default=None)
+    a("--num-steps", type=int, default=None, help="rollout length per env per iteration")
+    a("--num-minibatches", type=int, default=None)
+    a("--update-epochs", type=int, default=None)
+    a("--clip-coef", type=float, default=None)
+    a("--ent-coef", type=float, default=None)
+    a("--vf-coef", type=float, default=None)
+    a("--gamma", type=float, default=None)
+    a("--gae-lambda", type=float, default=None)
+    a("--hidden", type=int, default=None, help="network width")
+    a("--grid-size", type=int, default=10, help="snake board side")
+    a("--action-mode", choices=("relative", "absolute"), default="relative", help="snake actions")
+    a("--target-kl", type=float, default=None, help="early-stop epochs above this KL; 0 = off")
+    a("--max-grad-norm", type=float, default=None)
+    a("--anneal-lr", type=int, choices=(0, 1), default=1, help="1: linear LR decay to 0")
+    a("--target-return", type=float, default=None, help="stop when greedy eval reaches this; 0 = off")
+    a("--eval-episodes", type=int, default=20)
+    a("--log-interval", type=float, default=1.0, help="seconds between THRUST_METRICS reports")
+    a("--checkpoint-interval", type=float, default=120.0, help="seconds between checkpoints")
+    a("--threads", type=int, default=0, help="torch CPU threads; 0 = 1 for small batches, else all")
+    a("--dist-timeout", type=float, default=600.0, help="process-group timeout, seconds")
+    a("--tensorboard", action="store_true", help="also write TensorBoard event files (needs tensorboard)")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    for key, value in PRESETS[args.env].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return args
+
+
+# ----------------------------------------------------------------------------------------- helpers
+class Dist:
+    """Rank facts, and the few collectives the loop needs (no-ops in a single process)."""
+
+    def __init__(self, timeout_s: float, want_cuda: bool) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.enabled = self.world > 1
+        self.backend = "nccl" if want_cuda else "gloo"
+        if self.enabled:
+            import torch.distributed as dist
+
+            if want_cuda:
+                torch.cuda.set_device(self.local_rank)
+            dist.init_process_group(self.backend, timeout=timedelta(seconds=timeout_s))
+            self._dist = dist
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def mean(self, t: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            t = t.clone()
+            self._dist.all_reduce(t)
+            t /= self.world
+        return t
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            t = t.clone()
+            self._dist.all_reduce(t)
+        return t
+
+    def broadcast_str(self, value: str) -> str:
+        if not self.enabled:
+            return value
+        box = [value]
+        self._dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.enabled:
+            self._dist.barrier()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._dist.destroy_process_group()
+
+
+def choose_num_envs(args: argparse.Namespace, device: torch.device, world: int) -> tuple[int, str]:
+    """`--num-envs auto`: the preset on CPU; on CUDA a power of two using ~1/4 of free memory."""
+    if device.type != "cuda":
+        return int(PRESETS[args.env]["num_envs"]), "cpu: the preset"
+    free, _total = torch.cuda.mem_get_info(device)
+    obs_dim = 4 if args.env == "cartpole" else 3 * args.grid_size**2 + 8
+    # Rollout storage (obs + final obs) dominates; x3 covers activations of the update minibatches.
+    per_env = args.num_steps * (2 * obs_dim + 12) * 4 * 3
+    n = 2 ** int(math.log2(max(free // 4 // per_env, 1)))
+    n = max(1024, min(n, 1 << 20)) * world
+    return n, f"cuda: {free / 2**30:.1f} GiB free, ~{per_env} B per env"
+
+
+def gpu_fields(device: torch.device) -> dict[str, Any]:
+    if device.type != "cuda":
+        return {}
+    out: dict[str, Any] = {"gpu_mem_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 3)}
+    with contextlib.suppress(Exception):  # needs pynvml; the field is optional
+        out["gpu_util"] = torch.cuda.utilization(device)
+    return out
+
+
+def emit(tag: str, obj: dict[str, Any]) -> None:
+    """One machine-readable line on stdout: `TAG {json}` (the documented output of this CLI)."""
+    sys.stdout.write(f"{tag} {json.dumps(obj, separators=(', ', ': '))}\n")
+    sys.stdout.flush()
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+# -------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.grid_size < 4:
+        print("--grid-size must be >= 4", file=sys.stderr)
+        return EXIT_USAGE
+    writer = None
+    if args.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            print(
+                "--tensorboard needs the tensorboard package: pip install 'thrust-remote[tensorboard]'",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: CUDA is not available here", file=sys.stderr)
+        return EXIT_FAILED
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    dist = Dist(args.dist_timeout, use_cuda)
+    device = torch.device(f"cuda:{dist.local_rank}" if use_cuda else "cpu")
+
+    auto_note = None
+    if args.num_envs in (None, "auto"):
+        total_envs, auto_note = choose_num_envs(args, device, dist.world)
+    else:
+        total_envs = int(args.num_envs)
+    if total_envs < dist.world:
+        print(f"--num-envs {total_envs} is fewer than the {dist.world} ranks", file=sys.stderr)
+        return EXIT_USAGE
+    num_envs = total_envs // dist.world
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    elif device.type == "cpu" and num_envs * (4 if args.env == "cartpole" else 300) <= 4096:
+        torch.set_num_threads(1)  # small batches: one thread is as fast and steadier under load
+
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    if run_dir is None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(dist.broadcast_str(f"runs/{args.env}-{stamp}"))
+    ckpt_dir = run_dir / "checkpoints"
+    if dist.is_main:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+
+    config = {k: v for k, v in vars(args).items()}
+    config.update(num_envs=total_envs, world_size=dist.world, device=str(device))
+    env = make_env(
+        args.env,
+        num_envs,
+        device=device,
+        grid_size=args.grid_size,
+        **({"action_mode": args.action_mode} if args.env == "snake" else {}),
+    )
+    torch.manual_seed(args.seed)
+    policy = build_policy(
+        args.policy,
+        env.obs_dim,
+        env.n_actions,
+        args.hidden,
+        grid_size=args.grid_size if args.env == "snake" else None,
+        activation=args.activation,
+    ).to(device)
+    cfg = PPOConfig(
+        num_envs=num_envs,
+        num_steps=args.num_steps,
+        learning_rate=args.learning_rate,
+        anneal_lr=bool(args.anneal_lr),
+        gamma=args.gamma,
+        gae_lambda=args.gae_lambda,
+        num_minibatches=args.num_minibatches,
+        update_epochs=args.update_epochs,
+        clip_coef=args.clip_coef,
+        ent_coef=args.ent_coef,
+        vf_coef=args.vf_coef,
+        max_grad_norm=args.max_grad_norm,
+        target_kl=args.target_kl if args.target_kl and args.target_kl > 0 else None,
+    )
+    train_model = policy
+    if dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        train_model = DistributedDataParallel(policy, device_ids=[device.index] if use_cuda else None)
+    ppo = PPO(env, policy, cfg, train_model=train_model, kl_reduce=dist.mean if dist.enabled else None)
+
+    batch_per_iter = num_envs * cfg.num_steps * dist.world
+    num_iterations = max(1, math.ceil(args.total_steps / batch_per_iter))
+    global_step, start_iteration = 0, 0
+    if args.resume or dist.restart_count > 0:
+        loaded = load_latest(ckpt_dir)
+        if loaded is not None:
+            state, path = loaded
+            for key in ("env", "policy", "hidden", "grid_size", "activation", "action_mode"):
+                if state["config"].get(key) != config.get(key):
+                    print(
+                        f"--resume: checkpoint {path} has {key}={state['config'].get(key)!r}, "
+                        f"this run {config.get(key)!r}",
+                        file=sys.stderr,
+                    )
+                    return EXIT_USAGE
+            policy.load_state_dict(state["model"])
+            ppo.optimizer.load_state_dict(state["optimizer"])
+            global_step, start_iteration = int(state["step"]), int(state["iteration"])
+            if dist.world == state.get("world_size") and "torch_rng" in state:
+                torch.set_rng_state(state["torch_rng"])
+            if dist.is_main:
+                emit("THRUST_INFO", {"resumed_from": str(path), "step": global_step})
+    # Different action noise and env streams per rank; resumed runs get fresh streams too.
+    torch.manual_seed(args.seed + 7919 * dist.rank + global_step)
+    ppo.start(seed=args.seed * 1000 + dist.rank + global_step)
+
+    if dist.is_main:
+        info: dict[str, Any] = {
+            "device": str(device),
+            "world_size": dist.world,
+            "num_envs": total_envs,
+            "run_dir": str(run_dir),
+            "threads": torch.get_num_threads(),
+        }
+        if auto_note:
+            info["num_envs_auto"] = auto_note
+        emit("THRUST_INFO", info)
+        (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+        if args.tensorboard:
+            writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+    metrics_file = open(run_dir / "metrics.jsonl", "a") if dist.is_main else None  # noqa: SIM115
+
+    stop_signal: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop_signal.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+
+    progress = None
+    if dist.is_main and sys.stdout.isatty():
+        from rich.progress import Progress
+
+        progress = Progress(transient=False)
+        progress.start()
+        task = progress.add_task(f"{args.env}", total=num_iterations * batch_per_iter, completed=global_step)
+
+    eval_env = None
+    if args.target_return and args.target_return > 0:
+        eval_env = make_env(
+            args.env,
+            args.eval_episodes,
+            device=device,
+            grid_size=args.grid_size,
+            **({"action_mode": args.action_mode} if args.env == "snake" else {}),
+        )
+
+    def checkpoint(iteration: int) -> Path | None:
+        if not dist.is_main:
+            return None
+        state = {
+            "model": policy.state_dict(),
+            "optimizer": ppo.optimizer.state_dict(),
+            "step": global_step,
+            "iteration": iteration,
+            "config": config,
+            "world_size": dist.world,
+            "torch_rng": torch.get_rng_state(),
+            "env_rng": env.generator.get_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if use_cuda else [],
+        }
+        return save_checkpoint(ckpt_dir, state, global_step)
+
+    window = {"steps": 0, "t": time.time(), "ret": 0.0, "len": 0.0, "score": 0.0, "n": 0.0}
+    recent: list[tuple[float, float]] = []  # (return sum, count) of the last few iterations
+    last_ckpt_t = time.time()
+    last_metrics: dict[str, Any] = {}
+    eval_return: float | None = None
+    solved = False
+    iteration = start_iteration
+    losses: dict[str, float] = {}
+    while iteration < num_iterations and not solved and not stop_signal:
+        ppo.collect()
+        losses = ppo.update(ppo.lr_at(iteration, num_iterations))
+        iteration += 1
+        global_step += batch_per_iter
+        ep = dist.sum(torch.tensor(ppo.pop_episode_stats())).tolist() if dist.enabled else ppo.pop_episode_stats()
+        window["steps"] += batch_per_iter
+        for k, v in zip(("ret", "len", "score", "n"), ep, strict=True):
+            window[k] += v
+        recent = [*recent[-3:], (ep[0], ep[3])]
+        now = time.time()
+        last_iter = iteration >= num_iterations
+        if eval_env is not None:
+            n_recent = sum(c for _, c in recent)
+            mean_recent = sum(r for r, _ in recent) / n_recent if n_recent else float("nan")
+            # Evaluate when training episodes look good, or when none ended lately (all lasting long).
+            if (n_recent and mean_recent >= 0.8 * args.target_return) or (len(recent) >= 2 and n_recent == 0):
+                scores = evaluate_greedy(policy, eval_env, args.eval_episodes, seed=args.seed + 10_000 + iteration)
+                eval_return = float(dist.mean(scores.mean()))
+                solved = eval_return >= args.target_return
+        if dist.is_main and (now - window["t"] >= args.log_interval or last_iter or solved):
+            if dist.enabled:
+                loss_t = dist.mean(torch.tensor([losses[k] for k in sorted(losses)]))
+                losses = dict(zip(sorted(losses), loss_t.tolist(), strict=True))
+            n = window["n"]
+            last_metrics = {
+                "step": global_step,
+                "sps": round(window["steps"] / max(now - window["t"], 1e-9), 1),
+                "return_mean": _finite(window["ret"] / n) if n else None,
+                "length_mean": _finite(window["len"] / n) if n else None,
+                "loss_policy": losses["loss_policy"],
+                "loss_value": losses["loss_value"],
+                "entropy": losses["entropy"],
+                "approx_kl": losses["approx_kl"],
+                "total_steps": num_iterations * batch_per_iter,
+                "iteration": iteration,
+                "wall_s": round(now - PROCESS_START, 3),
+                "lr": ppo.optimizer.lr,
+                "clipfrac": losses["clipfrac"],
+                "episodes": int(n),
+            }
+            if args.env == "snake":
+                last_metrics["score_mean"] = window["score"] / n if n else None
+            if eval_return is not None:
+                last_metrics["eval_return"] = eval_return
+            last_metrics.update(gpu_fields(device))
+            emit("THRUST_METRICS", last_metrics)
+            assert metrics_file is not None
+            metrics_file.write(json.dumps(last_metrics) + "\n")
+            metrics_file.flush()
+            if writer is not None:
+                for k, v in last_metrics.items():
+                    if isinstance(v, (int, float)) and k != "step":
+                        writer.add_scalar(k, v, global_step)
+            if n:
+                window.update(steps=0, t=now, ret=0.0, len=0.0, score=0.0, n=0.0)
+            else:
+                window.update(steps=0, t=now)
+            if progress is not None:
+                progress.update(task, completed=global_step)
+        elif dist.enabled and now - window["t"] >= args.log_interval:
+            dist.mean(torch.tensor([losses[k] for k in sorted(losses)]))  # match rank 0's collective
+        if dist.is_main and now - last_ckpt_t >= args.checkpoint_interval:
+            checkpoint(iteration)
+            last_ckpt_t = now
+    ckpt_path = checkpoint(iteration)
+    if progress is not None:
+        progress.stop()
+    export_path = None
+    if dist.is_main and args.export:
+        from trainer.export import export_onnx
+
+        export_path = str(
+            export_onnx(
+                policy,
+                args.export,
+                env_name=args.env,
+                grid_size=args.grid_size if args.env == "snake" else None,
+                action_mode=args.action_mode if args.env == "snake" else None,
+                policy_kind=args.policy,
+                steps=global_step,
+                final_return=last_metrics.get("return_mean"),
+            )
+        )
+    if dist.is_main:
+        emit(
+            "THRUST_DONE",
+            {
+                "step": global_step,
+                "total_steps": num_iterations * batch_per_iter,
+                "wall_s": round(time.time() - PROCESS_START, 3),
+                "return_mean": last_metrics.get("return_mean"),
+                "eval_return": eval_return,
+                "solved": solved,
+                "run_dir": str(run_dir),
+                "checkpoint": str(ckpt_path) if ckpt_path else None,
+                "export": export_path,
+                "stopped_by_signal": stop_signal[0] if stop_signal else None,
+            },
+        )
+        if metrics_file is not None:
+            metrics_file.close()
+        if writer is not None:
+            writer.close()
+    dist.close()
+    if stop_signal:
+        return 128 + stop_signal[0]
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
