@@ -255,11 +255,11 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
         elif key == "hosts":
             for name, name_node, host_node in reader.mapping(value, "hosts"):
                 _check_name(reader, name_node, f"hosts.{name}", name)
-                hosts[name] = _parse_host(reader, name, host_node)
+                hosts[name] = _parse_host(reader, name, host_node, name_node)
         elif key == "jobs":
             for name, name_node, job_node in reader.mapping(value, "jobs"):
                 _check_name(reader, name_node, f"jobs.{name}", name)
-                jobs[name] = _parse_job(reader, name, job_node, jobs.get(name))
+                jobs[name] = _parse_job(reader, name, job_node, jobs.get(name), name_node)
         elif key == "search":
             for name, name_node, spec_node in reader.mapping(value, "search"):
                 _check_name(reader, name_node, f"search.{name}", name)
@@ -280,7 +280,7 @@ def _check_name(reader: _Reader, node: yaml.Node, field_name: str, name: str) ->
         raise reader.fail(node, field_name, f"{reason}; use letters, digits, '_', '-', '.'")
 
 
-def _parse_host(reader: _Reader, name: str, node: yaml.Node) -> HostConfig:
+def _parse_host(reader: _Reader, name: str, node: yaml.Node, name_node: yaml.Node) -> HostConfig:
     base = local_host() if name == LOCAL else HostConfig(name=name)
     values: dict[str, Any] = {}
     for key, key_node, value in reader.mapping(node, f"hosts.{name}"):
@@ -322,13 +322,17 @@ def _parse_host(reader: _Reader, name: str, node: yaml.Node) -> HostConfig:
         else:
             raise reader.unknown(key_node, f, _HOST_KEYS)
     if name != LOCAL and not values.get("address"):
-        raise reader.fail(node, f"hosts.{name}.address", "missing; expected an ~/.ssh/config alias or user@host[:port]")
+        raise reader.fail(
+            name_node, f"hosts.{name}.address", "missing; expected an ~/.ssh/config alias or user@host[:port]"
+        )
     if name == LOCAL and values.get("address"):
-        raise reader.fail(node, "hosts.local.address", "the host 'local' is this machine and takes no address")
+        raise reader.fail(name_node, "hosts.local.address", "the host 'local' is this machine and takes no address")
     return replace(base, **values)
 
 
-def _parse_job(reader: _Reader, name: str, node: yaml.Node, base: JobConfig | None) -> JobConfig:
+def _parse_job(
+    reader: _Reader, name: str, node: yaml.Node, base: JobConfig | None, name_node: yaml.Node
+) -> JobConfig:
     values: dict[str, Any] = {}
     kind = "python"
     args_node: yaml.Node | None = None
@@ -375,7 +379,7 @@ def _parse_job(reader: _Reader, name: str, node: yaml.Node, base: JobConfig | No
                 args[k] = val
             values["args"] = args
     if kind == "cargo" and not (values.get("example") or (base and base.example)):
-        raise reader.fail(node, f"jobs.{name}.example", "a cargo job needs `example:` (the --example to build)")
+        raise reader.fail(name_node, f"jobs.{name}.example", "a cargo job needs `example:` (the --example to build)")
     start = base if base is not None and base.kind == kind else JobConfig(name=name, kind=kind)
     return replace(start, **values)
 

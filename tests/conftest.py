@@ -1,0 +1,244 @@
+"""Shared fixtures: a real OpenSSH server on 127.0.0.1 for the whole test session.
+
+Fixtures
+- `sshd` (session): an `SSHServer` — a private sshd with its own host key, client key,
+  authorized_keys and a known_hosts file that trusts it. Useful members:
+  `.port`, `.user`, `.client_key`, `.known_hosts`, `.address` ("user@127.0.0.1:PORT"),
+  `.host_config(name="sandbox", **overrides) -> HostConfig`, `.runner(**overrides) -> SSHRunner`,
+  `.thrust_yaml(path, hosts_extra="", workdir=...) -> Path` (a thrust.yaml with host `sandbox`),
+  `.kill_sessions()` (SIGKILL the per-connection sshd processes: a lost link),
+  `.sessions()` (their pids).
+- `remote_dir` (function): a fresh directory for a test's "remote" side (reach it only over SSH).
+- `cli` (function): run the installed `thrust-remote` console script as a user would; returns
+  CompletedProcess (text). Pass `env=` to add variables, `cwd=` for the project dir.
+
+sshd runs under `unshare --pid --fork --kill-child --mount-proc`, started in its own session; the
+teardown SIGKILLs that wrapper, which ends sshd, every session and every detached job started
+through it (killing only sshd would leave `setsid` jobs alive).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+from thrust_remote.config import HostConfig
+
+SSHD = "/usr/sbin/sshd"
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _keygen(path: Path, kind: str = "ed25519") -> None:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "thrust-test", "-f", str(path)],
+        check=True,
+    )
+
+
+@dataclass
+class SSHServer:
+    root: Path
+    port: int
+    user: str
+    client_key: Path
+    host_key: Path
+    known_hosts: Path
+    wrapper: subprocess.Popen
+    log: Path
+    _extra: dict = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@127.0.0.1:{self.port}"
+
+    @property
+    def known_hosts_line(self) -> str:
+        pub = (self.host_key.with_suffix(".pub")).read_text().split()
+        return f"[127.0.0.1]:{self.port} {pub[0]} {pub[1]}"
+
+    def host_config(self, name: str = "sandbox", **overrides) -> HostConfig:
+        base = HostConfig(
+            name=name,
+            address=self.address,
+            workdir=str(self.root / "remote-home" / "thrust"),
+            python=str(VENV_BIN / "python"),
+            identity=str(self.client_key),
+            known_hosts=str(self.known_hosts),
+            host_key_policy="strict",
+            connect_timeout=5.0,
+        )
+        return replace(base, **overrides)
+
+    def runner(self, **overrides):
+        from thrust_remote.ssh import SSHRunner
+
+        return SSHRunner.from_host(self.host_config(**overrides))
+
+    def thrust_yaml(self, path: Path, *, workdir: str | None = None, hosts_extra: str = "",
+                    rest: str = "", name: str = "sandbox", known_hosts: Path | None = None) -> Path:
+        hc = self.host_config(name)
+        text = (
+            f"default_host: {name}\n"
+            "hosts:\n"
+            f"  {name}:\n"
+            f"    address: {hc.address}\n"
+            f"    workdir: {workdir or hc.workdir}\n"
+            f"    python: {hc.python}\n"
+            f"    identity: {hc.identity}\n"
+            f"    known_hosts: {known_hosts or hc.known_hosts}\n"
+            f"    connect_timeout: 5\n"
+            f"{hosts_extra}"
+            f"{rest}"
+        )
+        path.write_text(text)
+        return path
+
+    def _sshd_pid(self) -> int | None:
+        import psutil
+
+        for child in psutil.Process(self.wrapper.pid).children(recursive=True):
+            try:
+                if child.name() == "sshd" and child.parent() and child.parent().name() != "sshd":
+                    return child.pid
+            except psutil.NoSuchProcess:
+                continue
+        return None
+
+    def sessions(self) -> list[int]:
+        """Pids of the per-connection sshd processes (children of the listener)."""
+        import psutil
+
+        main = self._sshd_pid()
+        if main is None:
+            return []
+        pids = []
+        for child in psutil.Process(main).children(recursive=True):
+            try:
+                if child.name() == "sshd":  # the privileged monitor and the session process
+                    pids.append(child.pid)
+            except psutil.NoSuchProcess:
+                continue
+        return pids
+
+    def kill_sessions(self) -> int:
+        """SIGKILL every per-connection sshd: the client sees the link die mid-command."""
+        pids = self.sessions()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+
+def _start_sshd(root: Path) -> SSHServer:
+    if not Path(SSHD).exists():
+        pytest.skip("openssh-server is not installed (make test installs it)")
+    root.mkdir(parents=True, exist_ok=True)
+    host_key = root / "ssh_host_ed25519_key"
+    client_key = root / "client_ed25519"
+    _keygen(host_key)
+    _keygen(client_key)
+    authorized = root / "authorized_keys"
+    authorized.write_text(client_key.with_suffix(".pub").read_text())
+    authorized.chmod(0o600)
+    port = _free_port()
+    user = os_user()
+    config = root / "sshd_config"
+    log = root / "sshd.log"
+    config.write_text(
+        f"Port {port}\n"
+        "ListenAddress 127.0.0.1\n"
+        f"HostKey {host_key}\n"
+        f"PidFile {root / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {authorized}\n"
+        "StrictModes no\n"
+        "UsePAM no\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "PubkeyAuthentication yes\n"
+        "PermitRootLogin prohibit-password\n"
+        "Subsystem sftp internal-sftp\n"
+        "MaxSessions 30\n"
+        "MaxStartups 100:30:200\n"
+        "LogLevel ERROR\n"
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)
+    wrapper = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", SSHD, "-D", "-e", "-f", str(config)],
+        stdout=open(log, "ab"),  # noqa: SIM115 - lives as long as the server
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                if s.recv(16).startswith(b"SSH-2.0"):
+                    break
+        except OSError:
+            pass
+        if wrapper.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"sshd did not start: {log.read_text()}")
+        time.sleep(0.02)
+    known_hosts = root / "known_hosts"
+    server = SSHServer(root, port, user, client_key, host_key, known_hosts, wrapper, log)
+    known_hosts.write_text(server.known_hosts_line + "\n")
+    (root / "remote-home").mkdir(exist_ok=True)
+    return server
+
+
+def os_user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+@pytest.fixture(scope="session")
+def sshd() -> Iterator[SSHServer]:
+    root = Path(tempfile.mkdtemp(prefix="thrust-sshd-"))
+    server = _start_sshd(root)
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.wrapper.pid, signal.SIGKILL)
+        server.wrapper.wait(timeout=10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def remote_dir(sshd: SSHServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(tempfile.mkdtemp(prefix="remote-", dir=sshd.root / "remote-home"))
+
+
+@pytest.fixture
+def cli():
+    exe = str(VENV_BIN / "thrust-remote")
+
+    def run(*args: str, env: dict | None = None, cwd: str | Path | None = None, timeout: float = 300,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        full_env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **(env or {})}
+        full_env.pop("THRUST_CONFIG", None) if env is None or "THRUST_CONFIG" not in env else None
+        return subprocess.run(
+            [exe, *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout, input=input
+        )
+
+    return run

@@ -1,0 +1,375 @@
+"""SSHRunner against a real OpenSSH server: host keys, auth, reachability, lost links, injection,
+verified transfers. Each test asserts what a user would see (exit code, message, files)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from thrust_remote.errors import ConnectionLostError, ExitCode, TransferError
+from thrust_remote.ssh import build_remote_command
+
+NASTY = [
+    "a'; touch {m} #",
+    "$(touch {m})",
+    "`touch {m}`",
+    "x\ntouch {m}",
+    "-oProxyCommand=touch {m}",
+    "; touch {m}",
+    "&& touch {m}",
+    "| touch {m}",
+    "\"$(touch {m})\"",
+    "\\'; touch {m}",
+    "*",
+    "~root",
+]
+
+
+def _nasty(marker: Path) -> list[str]:
+    return [s.format(m=marker) for s in NASTY]
+
+
+def _config(tmp_path: Path, sshd, **kw) -> Path:
+    return sshd.thrust_yaml(tmp_path / "thrust.yaml", **kw)
+
+
+def test_command_reaches_host_and_returns_exit_code(cli, sshd, tmp_path):
+    cfg = _config(tmp_path, sshd)
+    result = cli("--config", str(cfg), "exec", "--host", "sandbox", "--", "sh", "-c", "echo hi; exit 7")
+    assert result.returncode == 7
+    assert result.stdout == "hi\n"
+
+
+def test_unknown_host_key_refused_and_nothing_runs(cli, sshd, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    marker = tmp_path / "ran"
+    cfg = _config(tmp_path, sshd, known_hosts=empty)
+    result = cli("--config", str(cfg), "exec", "--", "touch", str(marker))
+    assert result.returncode == ExitCode.HOST_KEY
+    assert "SHA256:" in result.stderr and "not in" in result.stderr
+    assert "accept-new" in result.stderr  # the message says how to trust it
+    assert not marker.exists()
+    assert empty.read_text() == ""  # strict never writes known_hosts
+
+
+def test_changed_host_key_refused_and_known_hosts_unchanged(cli, sshd, tmp_path):
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    kind, b64 = other.with_suffix(".pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {kind} {b64}\n")
+    before = known.read_bytes()
+    marker = tmp_path / "ran"
+    for policy in ("strict", "accept-new"):
+        cfg = _config(tmp_path, sshd, known_hosts=known)
+        text = cfg.read_text().replace("connect_timeout: 5\n", f"connect_timeout: 5\n    host_key_policy: {policy}\n")
+        cfg.write_text(text)
+        result = cli("--config", str(cfg), "exec", "--", "touch", str(marker))
+        assert result.returncode == ExitCode.HOST_KEY, result.stderr
+        assert "CHANGED" in result.stderr and "ssh-keygen -R" in result.stderr
+        assert not marker.exists()
+        assert known.read_bytes() == before
+
+
+def test_accept_new_adds_once_then_refuses_a_change(cli, sshd, tmp_path):
+    known = tmp_path / "kh" / "known_hosts"
+    cfg = _config(tmp_path, sshd, known_hosts=known)
+    text = cfg.read_text().replace("connect_timeout: 5\n", "connect_timeout: 5\n    host_key_policy: accept-new\n")
+    cfg.write_text(text)
+    for _ in range(2):
+        result = cli("--config", str(cfg), "exec", "--", "true")
+        assert result.returncode == 0, result.stderr
+    lines = known.read_text().splitlines()
+    assert len(lines) == 1
+    assert lines[0] == sshd.known_hosts_line
+    # the host "changes" its key: accept-new must refuse
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    kind, b64 = other.with_suffix(".pub").read_text().split()[:2]
+    known.write_text(f"[127.0.0.1]:{sshd.port} {kind} {b64}\n")
+    result = cli("--config", str(cfg), "exec", "--", "true")
+    assert result.returncode == ExitCode.HOST_KEY
+
+
+def test_wrong_key_is_auth_failure_quickly(cli, sshd, tmp_path):
+    wrong = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], check=True)
+    cfg = _config(tmp_path, sshd)
+    cfg.write_text(cfg.read_text().replace(str(sshd.client_key), str(wrong)))
+    started = time.monotonic()
+    result = cli("--config", str(cfg), "exec", "--", "true")
+    elapsed = time.monotonic() - started
+    assert result.returncode == ExitCode.AUTH, result.stderr
+    assert "authentication failed" in result.stderr
+    assert elapsed < 5
+
+
+def test_closed_port_is_unreachable_within_timeout(cli, tmp_path, sshd):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "thrust.yaml"
+    cfg.write_text(
+        "hosts:\n  gone:\n"
+        f"    address: root@127.0.0.1:{port}\n"
+        f"    identity: {sshd.client_key}\n"
+        f"    known_hosts: {sshd.known_hosts}\n"
+        "    connect_timeout: 3\n"
+    )
+    started = time.monotonic()
+    result = cli("--config", str(cfg), "exec", "--host", "gone", "--", "true")
+    assert result.returncode == ExitCode.UNAVAILABLE, result.stderr
+    assert "cannot connect" in result.stderr
+    assert time.monotonic() - started < 8
+
+
+def test_unresolvable_host_is_unknown_host(cli, tmp_path, sshd):
+    cfg = tmp_path / "thrust.yaml"
+    cfg.write_text(
+        "hosts:\n  nowhere:\n    address: root@no-such-host.invalid\n"
+        f"    known_hosts: {sshd.known_hosts}\n    connect_timeout: 3\n"
+    )
+    result = cli("--config", str(cfg), "exec", "--host", "nowhere", "--", "true")
+    assert result.returncode == ExitCode.UNKNOWN_HOST, result.stderr
+
+
+def test_killed_session_is_connection_lost(cli, sshd, tmp_path):
+    cfg = _config(tmp_path, sshd)
+    proc = subprocess.Popen(
+        [str(Path(os.sys.executable).parent / "thrust-remote"), "--config", str(cfg), "exec", "--",
+         "sh", "-c", "echo started; sleep 30"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout.readline() == "started\n"  # the command is running on the host
+    assert sshd.kill_sessions() >= 1
+    started = time.monotonic()
+    _out, err = proc.communicate(timeout=20)
+    assert proc.returncode == ExitCode.CONNECTION_LOST, err
+    assert "lost" in err
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("runner_kind", ["ssh", "local"])
+def test_injection_attempts_arrive_byte_exact_and_never_execute(runner_kind, sshd, tmp_path):
+    from thrust_remote.runner import LocalRunner
+
+    marker = tmp_path / "pwned"
+    runner = sshd.runner() if runner_kind == "ssh" else LocalRunner()
+    args = _nasty(marker)
+    try:
+        # argv: printf each argument NUL-terminated, compare bytes
+        result = runner.run(["printf", "%s\\0", *args])
+        assert result.ok, result.stderr
+        assert result.stdout.split("\0")[:-1] == args
+        # env values
+        env = {f"V{i}": v for i, v in enumerate(args)}
+        script = 'printf "%s\\0"' + "".join(f' "$V{i}"' for i in range(len(args)))
+        result = runner.run(["sh", "-c", script], env=env)
+        assert result.ok, result.stderr
+        assert result.stdout.split("\0")[:-1] == args
+        # paths: a directory whose name is an injection attempt, used as cwd
+        weird = tmp_path / "dir $(touch x) ; `y` 'z'"
+        weird.mkdir()
+        result = runner.run(["pwd"], cwd=str(weird))
+        assert result.stdout.strip() == str(weird)
+        # a transfer to a path with the same characters
+        src = tmp_path / "src.bin"
+        src.write_bytes(b"payload")
+        dest = str(weird / "f $(touch x)")
+        runner.put(src, dest)
+        assert Path(dest).read_bytes() == b"payload"
+    finally:
+        runner.close()
+    assert not marker.exists()
+    assert not (tmp_path / "x").exists()
+
+
+def test_env_name_must_be_an_identifier(sshd):
+    from thrust_remote.errors import UsageError
+
+    runner = sshd.runner()
+    with pytest.raises(UsageError):
+        runner.run(["true"], env={"A;touch /tmp/x": "1"})
+    runner.close()
+
+
+def test_remote_command_is_quoted_argv():
+    cmd = build_remote_command(["echo", "a b", "$HOME"], env={"K": "v w"}, cwd="~/my dir")
+    assert cmd.startswith("sh -c ")
+    assert "'\"'\"'a b'\"'\"'" in cmd  # 'a b' quoted inside the sh -c word
+
+
+@pytest.mark.parametrize("bad", ["-oProxyCommand=touch /tmp/x", "ho st", "a;b", "$(id)", "host`id`"])
+def test_bad_host_address_refused_before_connecting(cli, tmp_path, bad):
+    marker = Path("/tmp/x")
+    existed = marker.exists()
+    cfg = tmp_path / "thrust.yaml"
+    cfg.write_text(f"hosts:\n  box:\n    address: '{bad}'\n")
+    result = cli("--config", str(cfg), "exec", "--host", "box", "--", "true")
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    assert f"{cfg}:3" in result.stderr and "hosts.box.address" in result.stderr
+    assert marker.exists() == existed
+
+
+def test_host_flag_with_leading_dash_is_refused(cli, tmp_path):
+    result = cli("exec", "--host=-oProxyCommand=x", "--", "true", cwd=tmp_path)
+    assert result.returncode in (ExitCode.UNKNOWN_HOST, ExitCode.CONFIG, ExitCode.USAGE)
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("runner_kind", ["ssh", "local"])
+def test_put_get_round_trip_verified(runner_kind, sshd, tmp_path, remote_dir):
+    from thrust_remote.runner import LocalRunner
+
+    runner = sshd.runner() if runner_kind == "ssh" else LocalRunner()
+    data = os.urandom(5_000_000)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    expected = hashlib.sha256(data).hexdigest()
+    try:
+        assert runner.put(src, str(remote_dir / "sub" / "a.bin")) == expected
+        assert runner.exists(str(remote_dir / "sub" / "a.bin"))
+        assert not runner.exists(str(remote_dir / "sub" / "a.bin.part"))
+        back = tmp_path / "back" / "b.bin"
+        assert runner.get(str(remote_dir / "sub" / "a.bin"), back) == expected
+        assert back.read_bytes() == data
+        assert not back.with_name("b.bin.part").exists()
+        with pytest.raises(TransferError):
+            runner.get(str(remote_dir / "missing"), tmp_path / "m")
+    finally:
+        runner.close()
+
+
+def _cut_when_part_grows(sshd, part: Path, min_bytes: int) -> threading.Thread:
+    def watch() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if part.exists() and part.stat().st_size >= min_bytes:
+                sshd.kill_sessions()
+                return
+            time.sleep(0.002)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_cut_download_leaves_destination_untouched_and_retry_completes(sshd, tmp_path, remote_dir):
+    data = os.urandom(150_000_000)
+    remote_file = remote_dir / "big.bin"
+    remote_file.write_bytes(data)
+    dest = tmp_path / "big.bin"
+    dest.write_bytes(b"previous version")
+    runner = sshd.runner()
+    watcher = _cut_when_part_grows(sshd, tmp_path / "big.bin.part", 10_000_000)
+    with pytest.raises(TransferError) as info:
+        runner.get(str(remote_file), dest)
+    watcher.join()
+    assert info.value.exit_code == ExitCode.TRANSFER
+    assert dest.read_bytes() == b"previous version"
+    assert (tmp_path / "big.bin.part").exists()
+    # retry on a new connection completes
+    assert runner.get(str(remote_file), dest) == hashlib.sha256(data).hexdigest()
+    assert dest.read_bytes() == data
+    runner.close()
+
+
+def test_cut_upload_leaves_destination_untouched_and_retry_completes(sshd, tmp_path, remote_dir):
+    data = os.urandom(150_000_000)
+    src = tmp_path / "up.bin"
+    src.write_bytes(data)
+    dest = remote_dir / "up.bin"
+    dest.write_bytes(b"previous version")
+    runner = sshd.runner()
+    watcher = _cut_when_part_grows(sshd, remote_dir / "up.bin.part", 10_000_000)
+    with pytest.raises(TransferError):
+        runner.put(src, str(dest))
+    watcher.join()
+    assert dest.read_bytes() == b"previous version"
+    assert (remote_dir / "up.bin.part").exists()
+    runner.put(src, str(dest))
+    assert hashlib.sha256(dest.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
+    runner.close()
+
+
+def test_lost_link_raises_connection_lost_for_runner(sshd):
+    runner = sshd.runner()
+    runner.run(["true"])
+    killer = threading.Timer(0.5, sshd.kill_sessions)
+    killer.start()
+    with pytest.raises(ConnectionLostError) as info:
+        runner.run(["sleep", "20"])
+    assert info.value.exit_code == ExitCode.CONNECTION_LOST
+    # the runner reconnects on the next command
+    assert runner.run(["echo", "back"]).stdout == "back\n"
+    runner.close()
+
+
+def test_signal_death_is_128_plus_n(sshd):
+    from thrust_remote.runner import LocalRunner
+
+    for runner in (sshd.runner(), LocalRunner()):
+        assert runner.run(["sh", "-c", "kill -TERM $$"]).exit_code == 128 + 15
+        runner.close()
+
+
+def test_timeout_kills_remote_command(sshd, tmp_path):
+    runner = sshd.runner()
+    marker = tmp_path / "late"
+    result = runner.run(["sh", "-c", f"sleep 3; touch {marker}"], timeout=0.5)
+    assert result.timed_out and result.exit_code == 124
+    time.sleep(3.5)  # long enough for the command to have finished, had it survived
+    assert not marker.exists()
+    runner.close()
+
+
+def test_output_streams_line_by_line(sshd):
+    runner = sshd.runner()
+    seen: list[tuple[str, str, float]] = []
+    runner.run(
+        ["sh", "-c", "echo one; sleep 0.5; echo two >&2; printf partial"],
+        stream=lambda name, line: seen.append((name, line, time.monotonic())),
+    )
+    assert [(n, line) for n, line, _ in seen] == [("out", "one"), ("err", "two"), ("out", "partial")]
+    assert seen[1][2] - seen[0][2] > 0.3  # the first line arrived before the command finished
+    runner.close()
+
+
+def test_ssh_config_alias_and_proxyjump(cli, sshd, tmp_path):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host gpu-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile {sshd.client_key}\n"
+        f"Host jumped\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile {sshd.client_key}\n  ProxyJump gpu-alias\n"
+    )
+    cfg = tmp_path / "thrust.yaml"
+    cfg.write_text(
+        "hosts:\n"
+        f"  a:\n    address: gpu-alias\n    known_hosts: {sshd.known_hosts}\n"
+        f"  j:\n    address: jumped\n    known_hosts: {sshd.known_hosts}\n"
+    )
+    env = {"HOME": str(home)}
+    result = cli("--config", str(cfg), "exec", "--host", "a", "--", "echo", "via-alias", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "via-alias\n"
+    result = cli("--config", str(cfg), "exec", "--host", "j", "--", "echo", "via-jump", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "via-jump\n"
+    # the jump hop is checked against known_hosts too (Fabric would AutoAdd it)
+    empty = tmp_path / "empty_known"
+    empty.write_text("")
+    cfg.write_text(cfg.read_text().replace(str(sshd.known_hosts), str(empty)))
+    result = cli("--config", str(cfg), "exec", "--host", "j", "--", "true", env=env)
+    assert result.returncode == ExitCode.HOST_KEY
+    assert empty.read_text() == ""
