@@ -1,0 +1,289 @@
+"""The static server behind `thrust-remote play`: web/ with COOP/COEP headers and a model listing.
+
+Paths it serves (all on 127.0.0.1):
+- `/` and everything under it: the files of web/ (the page, src/, node_modules/onnxruntime-web/dist).
+- `/public/<name>`: the model directory (default web/public): `<job>.onnx`, `<job>.json` (manifest),
+  `<job>.metrics.jsonl` (learning curve).
+- `/api/models`: JSON `{"models": [{name, model, manifest, metrics, env, steps, final_return, ...}]}`,
+  one entry per `<job>.onnx` that has a `<job>.json` beside it, plus the `--model` one if given.
+- `/models/<name>.onnx|.json|.metrics.jsonl`: a model given by path (`--model PATH`).
+
+Every response carries `Cross-Origin-Opener-Policy: same-origin` and `Cross-Origin-Embedder-Policy:
+require-corp`, so the page is cross-origin isolated and onnxruntime-web may use threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from .errors import ThrustError
+
+log = logging.getLogger(__name__)
+
+MANIFEST_SUMMARY_KEYS = ("env", "grid_size", "action_mode", "policy", "steps", "final_return", "obs_dim")
+MIME_TYPES = {
+    ".wasm": "application/wasm",
+    ".mjs": "text/javascript",
+    ".js": "text/javascript",
+    ".onnx": "application/octet-stream",
+    ".json": "application/json",
+    ".jsonl": "application/x-ndjson",
+    ".map": "application/json",
+    ".css": "text/css",
+    ".html": "text/html; charset=utf-8",
+}
+ISOLATION_HEADERS = {
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Embedder-Policy": "require-corp",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+TRAIN_HINT = (
+    "train one with `thrust-remote train snake` (it writes web/public/snake.onnx + snake.json), "
+    "or pass --model PATH"
+)
+
+
+def default_web_dir() -> Path:
+    """web/ of this checkout (thrust_remote is installed in editable mode from the repository)."""
+    return Path(__file__).resolve().parent.parent / "web"
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """One playable model: the .onnx, its manifest, and the optional metrics.jsonl."""
+
+    name: str
+    model: Path
+    manifest: Path
+    metrics: Path | None
+
+    @classmethod
+    def from_model_path(cls, path: Path) -> ModelFiles:
+        """`<x>.onnx` with `<x>.json` beside it (web/public layout), or `model.onnx` + `manifest.json`
+        (a run directory); metrics from `<x>.metrics.jsonl` or `metrics.jsonl`."""
+        path = path.expanduser()
+        if not path.is_file():
+            raise ThrustError(f"model file not found: {path}", hint=TRAIN_HINT)
+        candidates = [path.with_suffix(".json"), path.parent / "manifest.json"]
+        manifest = next((c for c in candidates if c.is_file()), None)
+        if manifest is None:
+            raise ThrustError(
+                f"no manifest for {path}: expected {candidates[0]} or {candidates[1]}",
+                hint="export writes the manifest beside the model; `thrust-remote fetch RUN_ID` gets both",
+            )
+        metrics_candidates = [path.with_suffix(".metrics.jsonl"), path.parent / "metrics.jsonl"]
+        metrics = next((c for c in metrics_candidates if c.is_file()), None)
+        name = path.parent.name if path.stem == "model" and path.parent.name else path.stem
+        return cls(name=name, model=path, manifest=manifest, metrics=metrics)
+
+
+def find_models(public_dir: Path) -> list[ModelFiles]:
+    """Every `<job>.onnx` in public_dir that has its `<job>.json` manifest, sorted by name."""
+    if not public_dir.is_dir():
+        return []
+    found = []
+    for model in sorted(public_dir.glob("*.onnx")):
+        manifest = model.with_suffix(".json")
+        if not manifest.is_file():
+            continue
+        metrics = model.with_suffix(".metrics.jsonl")
+        found.append(ModelFiles(model.stem, model, manifest, metrics if metrics.is_file() else None))
+    return found
+
+
+def _summary(manifest: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: data[k] for k in MANIFEST_SUMMARY_KEYS if k in data}
+
+
+@dataclass
+class Site:
+    """What the server shows: the web/ directory, the model directory, and an extra model."""
+
+    web_dir: Path = field(default_factory=default_web_dir)
+    public_dir: Path | None = None
+    extra: ModelFiles | None = None
+
+    def __post_init__(self) -> None:
+        self.web_dir = self.web_dir.resolve()
+        self.public_dir = (self.public_dir or self.web_dir / "public").resolve()
+
+    def models(self) -> list[dict[str, Any]]:
+        assert self.public_dir is not None
+        rows: list[dict[str, Any]] = []
+        if self.extra is not None:
+            e = self.extra
+            rows.append(
+                {
+                    "name": e.name,
+                    "model": f"models/{e.name}.onnx",
+                    "manifest": f"models/{e.name}.json",
+                    "metrics": f"models/{e.name}.metrics.jsonl" if e.metrics else None,
+                    **_summary(e.manifest),
+                }
+            )
+        taken = {r["name"] for r in rows}
+        for m in find_models(self.public_dir):
+            if m.name in taken:
+                continue
+            q = urllib.parse.quote(m.name)
+            rows.append(
+                {
+                    "name": m.name,
+                    "model": f"public/{q}.onnx",
+                    "manifest": f"public/{q}.json",
+                    "metrics": f"public/{q}.metrics.jsonl" if m.metrics else None,
+                    **_summary(m.manifest),
+                }
+            )
+        return rows
+
+    def check(self) -> None:
+        """Raise ThrustError unless there is a page, onnxruntime-web and at least one model."""
+        if not (self.web_dir / "index.html").is_file():
+            raise ThrustError(f"the web page is missing: {self.web_dir / 'index.html'}")
+        if not (self.web_dir / "node_modules" / "onnxruntime-web" / "dist").is_dir():
+            raise ThrustError(
+                f"onnxruntime-web is not installed in {self.web_dir / 'node_modules'}",
+                hint=f"run `make web-deps` (or `cd {self.web_dir} && npm ci`)",
+            )
+        if not self.models():
+            raise ThrustError(
+                f"no model to play: {self.public_dir} has no <job>.onnx with its <job>.json", hint=TRAIN_HINT
+            )
+
+    def resolve(self, url_path: str) -> Path | None:
+        """The file for a URL path, or None (outside the served directories, or absent)."""
+        assert self.public_dir is not None
+        path = posixpath.normpath(urllib.parse.unquote(url_path.split("?", 1)[0].split("#", 1)[0]))
+        parts = [p for p in path.split("/") if p not in ("", ".")]
+        if any(p == ".." for p in parts):
+            return None
+        if parts[:1] == ["models"] and self.extra is not None and len(parts) == 2:
+            e = self.extra
+            files = {f"{e.name}.onnx": e.model, f"{e.name}.json": e.manifest}
+            if e.metrics is not None:
+                files[f"{e.name}.metrics.jsonl"] = e.metrics
+            return files.get(parts[1])
+        if parts[:1] == ["public"]:
+            base, rest = self.public_dir, parts[1:]
+        else:
+            base, rest = self.web_dir, parts
+        target = base.joinpath(*rest) if rest else base
+        if target.is_dir():
+            target = target / "index.html"
+        try:
+            target.resolve().relative_to(base)
+        except ValueError:
+            # node_modules may be a symlink farm; allow what stays under web/ after resolving
+            if not str(target.resolve()).startswith(str(self.web_dir)):
+                return None
+        return target if target.is_file() else None
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    site: Site  # set on the subclass made per server
+    server_version = "thrust-remote-play"
+    extensions_map = {**SimpleHTTPRequestHandler.extensions_map, **MIME_TYPES}
+
+    def end_headers(self) -> None:
+        for key, value in ISOLATION_HEADERS.items():
+            self.send_header(key, value)
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
+    def translate_path(self, path: str) -> str:
+        target = self.site.resolve(path)
+        # a path that cannot exist makes the base class answer 404
+        return str(target) if target is not None else str(self.site.web_dir / ".thrust-no-such-file")
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] == "/api/models":
+            self._send_json({"models": self.site.models()})
+            return
+        super().do_GET()
+
+    def do_HEAD(self) -> None:
+        if self.path.split("?", 1)[0] == "/api/models":
+            self._send_json({"models": self.site.models()}, head=True)
+            return
+        super().do_HEAD()
+
+    def _send_json(self, body: object, head: bool = False) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(data)
+
+    def guess_type(self, path: str | os.PathLike[str]) -> str:
+        name = str(path)
+        for ext in (".metrics.jsonl", ".jsonl"):
+            if name.endswith(ext):
+                return MIME_TYPES[".jsonl"]
+        return super().guess_type(path)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+class PlayServer:
+    """A ThreadingHTTPServer for a Site on 127.0.0.1; `start()` runs it in a daemon thread."""
+
+    def __init__(self, site: Site, port: int = 0, host: str = "127.0.0.1") -> None:
+        handler = type("Handler", (_Handler,), {"site": site})
+        try:
+            self.httpd = ThreadingHTTPServer((host, port), handler)
+        except OSError as exc:
+            raise ThrustError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                hint="pick another port with --port, or --port 0 for any free one",
+            ) from exc
+        self.httpd.daemon_threads = True
+        self.site = site
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def start(self) -> PlayServer:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="play-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> PlayServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
