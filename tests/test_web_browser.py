@@ -1,0 +1,262 @@
+"""The page in real Chromium: a model plays, inference matches onnxruntime, parity with the Python
+env, and the errors a user can cause (corrupt manifest, wrong input shape, no model) are visible."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from thrust_remote.serve import PlayServer, Site, default_web_dir
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+FIXTURE = REPO / "tests" / "data" / "snake_parity.json"
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+# ---- models ----------------------------------------------------------------------------------------
+
+
+def export_policy(path: Path, obs_dim: int, n_actions: int = 3, hidden: int = 64, seed: int = 0) -> None:
+    """A small untrained actor-critic MLP as ONNX: obs [batch, obs_dim] -> logits, value."""
+    import torch
+
+    torch.manual_seed(seed)
+
+    class Policy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(obs_dim, hidden), torch.nn.Tanh())
+            self.pi = torch.nn.Linear(hidden, n_actions)
+            self.v = torch.nn.Linear(hidden, 1)
+
+        def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            h = self.body(obs)
+            return self.pi(h), self.v(h)
+
+    batch = torch.export.Dim("batch")
+    torch.onnx.export(
+        Policy().eval(),
+        (torch.zeros(2, obs_dim),),
+        str(path),
+        input_names=["obs"],
+        output_names=["logits", "value"],
+        opset_version=18,
+        dynamo=True,
+        external_data=False,
+        dynamic_shapes={"obs": {0: batch}},
+        verbose=False,
+    )
+
+
+def write_manifest(model: Path, grid_size: int = 10, **overrides: Any) -> dict[str, Any]:
+    data = model.read_bytes()
+    obs_dim = 3 * grid_size * grid_size + 8
+    manifest: dict[str, Any] = {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "bytes": len(data),
+        "opset": 18,
+        "inputs": [{"name": "obs", "shape": ["batch", obs_dim]}],
+        "outputs": [{"name": "logits", "shape": ["batch", 3]}, {"name": "value", "shape": ["batch", 1]}],
+        "env": "snake",
+        "grid_size": grid_size,
+        "action_mode": "relative",
+        "obs_dim": obs_dim,
+        "n_actions": 3,
+        "policy": "mlp",
+        "steps": 0,
+        "final_return": 0.0,
+    }
+    manifest.update(overrides)
+    model.with_suffix(".json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """web/public stand-in: a good model, a corrupt manifest, a wrong input shape."""
+    public = tmp_path_factory.mktemp("public")
+    export_policy(public / "tiny.onnx", obs_dim=308)
+    write_manifest(public / "tiny.onnx")
+    lines = [json.dumps({"step": s * 1000, "return_mean": -1 + s * 0.1}) for s in range(30)]
+    (public / "tiny.metrics.jsonl").write_text("\n".join(lines) + "\n")
+    shutil.copy(public / "tiny.onnx", public / "corrupt.onnx")
+    write_manifest(public / "corrupt.onnx", sha256="0" * 64)
+    export_policy(public / "wrongshape.onnx", obs_dim=3 * 8 * 8 + 8)  # an 8x8 model ...
+    write_manifest(public / "wrongshape.onnx", grid_size=10)  # ... under a 10x10 manifest
+    return public
+
+
+@pytest.fixture(scope="module")
+def server(models: Path) -> Iterator[PlayServer]:
+    web = default_web_dir()
+    if not (web / "node_modules" / "onnxruntime-web" / "dist").is_dir():
+        pytest.fail("web/node_modules is missing: run `make web-deps` (cd web && npm ci)")
+    with PlayServer(Site(web_dir=web, public_dir=models), port=0) as srv:
+        yield srv
+
+
+# ---- the browser -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip("chromium is not installed (/usr/bin/chromium): `apt-get install -y chromium`, or `make test`")
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 960, "height": 760},
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.js_errors = errors
+    try:
+        yield page
+    finally:
+        page.close()
+
+
+def open_page(page: Any, server: PlayServer, query: str) -> None:
+    page.goto(server.url + query)
+    page.wait_for_function("window.thrust !== undefined")
+    page.evaluate("window.thrust.ready")
+
+
+pytestmark = pytest.mark.browser
+
+
+def test_page_plays_200_moves_with_the_model(page: Any, server: PlayServer) -> None:
+    open_page(page, server, "?model=tiny&speed=max&seed=3")
+    assert page.locator("#error").is_hidden(), page.locator("#error").text_content()
+    assert page.evaluate("crossOriginIsolated") is True
+    page.wait_for_function("window.thrust.state.moves >= 200", timeout=30_000)
+    page.wait_for_function("Number(document.querySelector('#moves').textContent) >= 200")
+    score = page.locator("#score").text_content()
+    assert score is not None
+    assert score.isdigit()
+    assert page.locator("#infer-ms").text_content().endswith(" ms")
+    assert page.locator("#length").text_content().isdigit()
+    assert page.locator("#model-select option").all_text_contents()[0].startswith("corrupt")
+    assert page.evaluate("window.thrust.state.game.obsDim") == 308
+    assert page.js_errors == []
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "web_play.png"))
+
+
+def test_inference_matches_python_onnxruntime(page: Any, server: PlayServer, models: Path) -> None:
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    obs = rng.random((5, 308), dtype=np.float32)
+    obs[0] = 0.0
+    fixture = json.loads(FIXTURE.read_text())
+    for k, step in enumerate(fixture["scenarios"][0]["steps"][:4]):  # real observations too
+        obs[k + 1] = 0.0
+        for i, v in step["obs"]:
+            obs[k + 1, int(i)] = v
+    session = ort.InferenceSession(str(models / "tiny.onnx"), providers=["CPUExecutionProvider"])
+    want_logits, want_value = session.run(["logits", "value"], {"obs": obs})
+
+    open_page(page, server, "?model=tiny&speed=1")
+    got = page.evaluate(
+        """async (flat) => {
+            const out = await window.thrust.state.policy.run(Float32Array.from(flat), 5);
+            return {logits: Array.from(out.logits), value: Array.from(out.value)};
+        }""",
+        obs.reshape(-1).tolist(),
+    )
+    np.testing.assert_allclose(np.array(got["logits"]).reshape(5, 3), want_logits, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(np.array(got["value"]).reshape(5, 1), want_value, rtol=0, atol=1e-5)
+    # The move the page makes is the argmax of those logits.
+    for row in range(5):
+        action = page.evaluate(
+            "async (flat) => window.thrust.state.policy.act(Float32Array.from(flat))", obs[row].tolist()
+        )
+        assert action == int(np.argmax(want_logits[row]))
+
+
+def test_parity_fixture_replays_identically_in_chromium(page: Any, server: PlayServer) -> None:
+    fixture = json.loads(FIXTURE.read_text())
+    open_page(page, server, "?model=tiny&speed=1")
+    result = page.evaluate(
+        """async (fixture) => {
+            const parity = await import("./src/parity.js");
+            return parity.replayFixture(fixture);
+        }""",
+        fixture,
+    )
+    assert result["problems"] == []
+    assert result["steps"] == sum(len(s["steps"]) for s in fixture["scenarios"])
+
+
+def test_corrupt_manifest_shows_an_error(page: Any, server: PlayServer) -> None:
+    open_page(page, server, "?model=corrupt")
+    error = page.locator("#error")
+    assert error.is_visible()
+    assert "sha256 mismatch" in error.text_content()
+    assert page.locator("#status").text_content() == "error"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "web_corrupt_manifest.png"))
+
+
+def test_wrong_input_shape_shows_an_error(page: Any, server: PlayServer) -> None:
+    open_page(page, server, "?model=wrongshape")
+    error = page.locator("#error")
+    assert error.is_visible()
+    text = error.text_content()
+    assert "[batch, 308]" in text
+    assert "200" in text  # the model's 8x8 input size
+
+
+def test_switching_models_in_the_picker_recovers_from_an_error(page: Any, server: PlayServer) -> None:
+    open_page(page, server, "?model=corrupt&speed=max")
+    assert page.locator("#error").is_visible()
+    page.select_option("#model-select", "tiny")
+    page.wait_for_function("window.thrust.state.policy !== null && window.thrust.state.moves >= 20")
+    assert page.locator("#error").is_hidden()
+
+
+def test_human_mode_follows_the_keyboard(page: Any, server: PlayServer) -> None:
+    open_page(page, server, "?model=tiny&mode=human&speed=30")
+    assert page.evaluate("window.thrust.state.human") is True
+    page.keyboard.press("ArrowUp")
+    page.wait_for_function("window.thrust.state.moves >= 1")
+    assert page.evaluate("window.thrust.state.game.dir") == 0  # up
+
+
+def test_page_without_models_says_how_to_make_one(page: Any, tmp_path: Path) -> None:
+    with PlayServer(Site(web_dir=default_web_dir(), public_dir=tmp_path), port=0) as srv:
+        open_page(page, srv, "")
+        assert "thrust-remote train snake" in page.locator("#error").text_content()
