@@ -1,0 +1,30 @@
+"""`python -m envcheck --json [--job-json JSON] [--workdir DIR] [--host NAME] [--gpus 0,1]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="envcheck", description="Report this host's GPU training facts.")
+    parser.add_argument("--json", action="store_true", help="print the JSON report (the only format)")
+    parser.add_argument("--job-json", default=None, help="the job's config as a JSON object")
+    parser.add_argument("--workdir", default=".", help="where the code lives (crate paths are relative to it)")
+    parser.add_argument("--host", default=None, help="the host's name in thrust.yaml (used in fixes)")
+    parser.add_argument("--gpus", default=None, help="configured GPU indices, comma-separated")
+    parser.add_argument("--torch-timeout", type=float, default=30.0, help="seconds for the torch probe")
+    args = parser.parse_args(argv)
+    try:
+        job = json.loads(args.job_json) if args.job_json else None
+        if job is not None and not isinstance(job, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        parser.error(f"--job-json: {exc}")
+    gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else None
+    doc = report(workdir=args.workdir, job=job, host=args.host, gpus=gpus, torch_timeout=args.torch_timeout)
+    sys.stdout.write(json.dumps(doc, indent=None if args.json else 2, sort_keys=False) + "\n")
+    return 0

@@ -1,0 +1,463 @@
+"""Collect the host's facts. Every probe has a timeout and never raises: a failure is a fact.
+
+`import torch` (~1 s) dominates, so the torch child process starts first and every other probe
+(nvidia-smi, rustup, git, the crate's files) runs in threads while it imports.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from . import buildenv, elf, nvsmi
+
+# What the child prints: one JSON object on stdout at the end, and "stage: X" lines on stderr as it
+# goes, so a timeout still says where it hung (import torch vs. CUDA init vs. the kernel).
+TORCH_PROBE = r"""
+import json, os, subprocess, sys, time
+t0 = time.time()
+out = {"ok": False}
+def stage(name):
+    # progress goes out as it happens: a probe killed at its deadline still tells what it learned
+    out["stage"] = name
+    sys.stderr.write("stage: " + name + "\n")
+    sys.stderr.flush()
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+stage("import torch")
+try:
+    import torch
+except BaseException as exc:
+    out["error"] = "%s: %s" % (type(exc).__name__, exc)
+    stage("failed"); sys.exit(0)
+out["import_s"] = round(time.time() - t0, 3)
+out["version"] = str(torch.__version__)
+out["file"] = torch.__file__
+out["lib_dir"] = os.path.join(os.path.dirname(torch.__file__), "lib")
+out["cuda_version"] = torch.version.cuda
+try:
+    out["cxx11_abi"] = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+except Exception:
+    out["cxx11_abi"] = None
+stage("cuda init")
+try:
+    out["cuda_available"] = bool(torch.cuda.is_available())
+    out["device_count"] = torch.cuda.device_count() if out["cuda_available"] else 0
+except BaseException as exc:
+    out["cuda_available"] = False
+    out["device_count"] = 0
+    out["cuda_error"] = "%s: %s" % (type(exc).__name__, exc)
+devices = []
+for i in range(out["device_count"]):
+    p = torch.cuda.get_device_properties(i)
+    devices.append({"index": i, "name": p.name, "memory_mib": p.total_memory // (1 << 20),
+                    "capability": "%d.%d" % (p.major, p.minor)})
+out["devices"] = devices
+if out["device_count"] > 1:
+    stage("nccl")
+    try:
+        import torch.distributed as dist
+        out["nccl_available"] = bool(dist.is_available() and dist.is_nccl_available())
+        v = torch.cuda.nccl.version()
+        out["nccl_version"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except BaseException as exc:
+        out["nccl_available"] = False
+        out["nccl_error"] = "%s: %s" % (type(exc).__name__, exc)
+if out["cuda_available"]:
+    stage("cuda matmul")
+    try:
+        a = torch.randn(256, 256, device="cuda"); b = torch.randn(256, 256, device="cuda")
+        t = time.time(); c = a @ b; torch.cuda.synchronize()
+        ms = (time.time() - t) * 1000
+        err = (c.cpu() - a.cpu() @ b.cpu()).abs().max().item()
+        out["matmul"] = {"ok": err < 1e-1, "ms": round(ms, 3), "max_abs_err": err}
+    except BaseException as exc:
+        out["matmul"] = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+    smi = sys.argv[1] if len(sys.argv) > 1 else ""
+    if smi and out["matmul"].get("ok"):
+        stage("utilization probe")
+        # queue ~0.5 s of matmuls without waiting, sample nvidia-smi while they run, then sync
+        try:
+            x = torch.randn(4096, 4096, device="cuda")
+            for _ in range(60):
+                y = x @ x
+            samples = []
+            for _ in range(2):
+                time.sleep(0.15)
+                r = subprocess.run([smi, "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"],
+                                   capture_output=True, text=True, timeout=5)
+                for line in r.stdout.splitlines():
+                    parts = [p.strip() for p in line.split(",")]
+                    if len(parts) == 2 and parts[1].isdigit():
+                        samples.append({"index": int(parts[0]), "utilization_pct": int(parts[1])})
+            torch.cuda.synchronize()
+            out["gpu_probe"] = {"samples": samples,
+                                "max_pct": max([s["utilization_pct"] for s in samples] or [0])}
+        except BaseException as exc:
+            out["gpu_probe"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+out["ok"] = True
+out["elapsed_s"] = round(time.time() - t0, 3)
+stage("done")
+"""
+
+ENV_KEYS = (
+    "PATH", "HOME", "USER", "LD_LIBRARY_PATH", "LD_PRELOAD", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS",
+    "LIBTORCH_USE_PYTORCH", "LIBTORCH", "LIBTORCH_BYPASS_VERSION_CHECK", "LIBTORCH_CXX11_ABI",
+    "CUDA_VISIBLE_DEVICES", "CARGO_TARGET_DIR", "CARGO_HOME", "RUSTUP_HOME", "VIRTUAL_ENV", "CONDA_PREFIX",
+)
+
+# Where nvidia-smi lives when it is not on a non-interactive SSH session's PATH.
+NVIDIA_SMI_PLACES = ("/usr/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi", "/usr/lib/wsl/lib/nvidia-smi")
+
+
+def run_cmd(argv: list[str], timeout: float = 5.0, cwd: str | None = None, env: dict | None = None) -> dict:
+    """Run argv; return {'rc', 'out', 'err'} — a missing program is rc 127, a timeout rc 124."""
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, stdin=subprocess.DEVNULL
+        )
+    except FileNotFoundError:
+        return {"rc": 127, "out": "", "err": f"{argv[0]}: not found"}
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return {"rc": 124, "out": out, "err": f"timed out after {timeout:g} s"}
+    except OSError as exc:
+        return {"rc": 126, "out": "", "err": f"{argv[0]}: {exc}"}
+    return {"rc": proc.returncode, "out": proc.stdout, "err": proc.stderr}
+
+
+class TorchProbe:
+    """The torch child process: started at once, collected with a deadline."""
+
+    def __init__(self, python: str, nvidia_smi: str | None, timeout: float) -> None:
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self.proc: subprocess.Popen | None = None
+        self.error: str | None = None
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-c", TORCH_PROBE, nvidia_smi or ""],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                # a neutral cwd: a `torch/` directory in the workdir must not shadow the real one
+                cwd=tempfile.gettempdir(),
+                start_new_session=True,  # so a hung CUDA init can be killed with its helpers
+            )
+        except OSError as exc:
+            self.error = f"could not start {python}: {exc}"
+
+    def result(self) -> dict:
+        if self.proc is None:
+            return {"ok": False, "error": self.error, "stage": "start"}
+        left = max(0.1, self.timeout - (time.monotonic() - self.started))
+        try:
+            out, err = self.proc.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                self.proc.kill()
+            out, err = self.proc.communicate()
+            data = _last_json(out) or {}
+            stage = data.get("stage") or "start"
+            data.update(
+                ok=False,
+                timed_out=True,
+                error=f"torch probe timed out after {self.timeout:g} s during {stage!r}",
+            )
+            return data
+        data = _last_json(out)
+        if data is None or data.get("stage") not in ("done", "failed"):
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
+            partial = data or {}
+            stage = partial.get("stage") or "start"
+            code = self.proc.returncode
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            return {
+                **partial,
+                "ok": False,
+                "crashed": True,
+                "error": f"torch probe died ({how}) during {stage!r}: " + " | ".join(
+                    t for t in tail if not t.startswith("stage: ")),
+            }
+        data["wall_s"] = round(time.monotonic() - self.started, 3)
+        return data
+
+
+def _last_json(out: bytes) -> dict | None:
+    for line in reversed(out.decode("utf-8", "replace").strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def torch_libs(lib_dir: str | None) -> dict:
+    return {name: bool(lib_dir) and os.path.exists(os.path.join(lib_dir, name)) for name in buildenv.TORCH_LIBS}
+
+
+def find_program(name: str, places: tuple = ()) -> tuple[str | None, bool]:
+    """(path, on_path): found on PATH, or in a well-known place a non-login shell's PATH misses."""
+    found = shutil.which(name)
+    if found:
+        return found, True
+    for place in places:
+        if os.access(place, os.X_OK):
+            return place, False
+    return None, False
+
+
+def probe_nvidia_smi() -> dict:
+    path, on_path = find_program("nvidia-smi", NVIDIA_SMI_PLACES)
+    dev_nodes = sorted(glob.glob("/dev/nvidia[0-9]*"))
+    base = {"path": path, "on_path": on_path, "dev_nodes": len(dev_nodes)}
+    if not path:
+        return {**base, "found": False, "gpus": [], "gpu_count": 0, "error": "nvidia-smi not found"}
+    query = run_cmd([path, *nvsmi.QUERY_ARGV[1:]], timeout=10)
+    listing = run_cmd([path, *nvsmi.LIST_ARGV[1:]], timeout=10) if query["rc"] == 0 else {"out": ""}
+    summary = nvsmi.summarize(query["out"] or query["err"], query["rc"], listing["out"])
+    return {**base, "found": True, "exit_code": query["rc"], **summary}
+
+
+def probe_rust(workdir: str) -> dict:
+    home = os.path.expanduser("~")
+    cargo_bin = os.path.join(os.environ.get("CARGO_HOME") or os.path.join(home, ".cargo"), "bin")
+    cargo, cargo_on_path = find_program("cargo", (os.path.join(cargo_bin, "cargo"),))
+    rustup, _ = find_program("rustup", (os.path.join(cargo_bin, "rustup"),))
+    out: dict = {"cargo": cargo, "cargo_on_path": cargo_on_path, "rustup": rustup, "toolchains": [],
+                 "default_toolchain": None, "error": None}
+    if rustup:
+        # cwd matters: a rust-toolchain.toml in the crate overrides the default
+        env = dict(os.environ, PATH=cargo_bin + os.pathsep + os.environ.get("PATH", ""))
+        r = run_cmd([rustup, "toolchain", "list"], timeout=10, env=env,
+                    cwd=workdir if os.path.isdir(workdir) else None)
+        if r["rc"] == 0:
+            for line in r["out"].splitlines():
+                parts = line.split()
+                if not parts or parts[0].startswith("no"):
+                    continue
+                out["toolchains"].append(parts[0])
+                if "default" in line:
+                    out["default_toolchain"] = parts[0]
+        else:
+            out["error"] = (r["err"] or r["out"]).strip()[:300]
+    elif cargo:
+        r = run_cmd([cargo, "--version"], timeout=10)
+        out["cargo_version"] = r["out"].strip() or None
+    return out
+
+
+def probe_git(workdir: str) -> dict:
+    git, _ = find_program("git")
+    if not git:
+        return {"found": False, "error": "git not found on PATH"}
+    if not os.path.isdir(workdir):
+        return {"found": True, "path": git, "repo": False, "error": f"workdir {workdir} does not exist yet"}
+    r = run_cmd([git, "-C", workdir, "status", "--porcelain=v1", "-b"], timeout=10)
+    if r["rc"] != 0:
+        return {"found": True, "path": git, "repo": False, "error": (r["err"] or "").strip()[:300]}
+    lines = r["out"].splitlines()
+    branch = lines[0][3:] if lines and lines[0].startswith("## ") else None
+    return {"found": True, "path": git, "repo": True, "branch": branch, "dirty_files": len(lines) - 1}
+
+
+def probe_disk(workdir: str) -> dict:
+    path = workdir
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    try:
+        usage = shutil.disk_usage(path or "/")
+    except OSError as exc:
+        return {"path": path, "error": str(exc)}
+    return {"path": path, "free_bytes": usage.free, "total_bytes": usage.total}
+
+
+def probe_other_pythons(workdir: str) -> list[dict]:
+    """Other interpreters a user might mean, and whether each has torch (find_spec: no import)."""
+    me = os.path.abspath(sys.executable)
+    seen = {me}
+    found = []
+    candidates = [shutil.which("python3"), shutil.which("python"),
+                  os.path.join(workdir, ".venv", "bin", "python"), os.path.expanduser("~/.venv/bin/python"),
+                  "/usr/bin/python3", "/usr/local/bin/python3"]
+    for cand in candidates:
+        if not cand or not os.access(cand, os.X_OK):
+            continue
+        cand = os.path.abspath(cand)
+        if cand in seen:
+            continue
+        seen.add(cand)
+        found.append(cand)
+
+    def has_torch(path: str) -> dict:
+        r = run_cmd([path, "-c", "import importlib.util as u;s=u.find_spec('torch');print(s.origin if s else '')"],
+                    timeout=5)
+        return {"path": path, "torch": bool(r["rc"] == 0 and r["out"].strip()), "on_path": path in (
+            shutil.which("python3"), shutil.which("python"))}
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(has_torch, found))
+
+
+_LOCK_PKG_RE = re.compile(r'^\[\[package\]\]\s*\nname\s*=\s*"([^"]+)"\s*\nversion\s*=\s*"([^"]+)"', re.M)
+
+
+def lock_versions(text: str) -> dict:
+    """Cargo.lock -> {name: [versions]} (a lock file may carry several versions of one crate)."""
+    versions: dict = {}
+    for name, version in _LOCK_PKG_RE.findall(text):
+        versions.setdefault(name, []).append(version)
+    return versions
+
+
+def _read(path: str, limit: int = 1 << 20) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(limit)
+    except OSError:
+        return None
+
+
+def build_rs_state(text: str | None) -> dict:
+    """Does build.rs pass --no-as-needed to the linker, and name libtorch after it (what makes it work)?"""
+    if text is None:
+        return {"exists": False, "no_as_needed": False, "links_torch_after": False}
+    pos = text.find("--no-as-needed")
+    after = text[pos:] if pos >= 0 else ""
+    return {
+        "exists": True,
+        "no_as_needed": pos >= 0,
+        "links_torch_after": bool(re.search(r"rustc-link-arg=-l\s*torch", after)),
+    }
+
+
+def probe_crate(workdir: str, job: dict, env: dict) -> dict:
+    crate_dir = os.path.normpath(os.path.join(workdir, job.get("crate") or "."))
+    out: dict = {"dir": crate_dir, "exists": os.path.isdir(crate_dir)}
+    cargo_toml = _read(os.path.join(crate_dir, "Cargo.toml"))
+    out["cargo_toml"] = cargo_toml is not None
+    build_path = os.path.join(crate_dir, "build.rs")
+    if cargo_toml:
+        m = re.search(r'^\s*build\s*=\s*"([^"]+)"', cargo_toml, re.M)
+        if m:
+            build_path = os.path.join(crate_dir, m.group(1))
+    out["build_rs_path"] = build_path
+    out["build_rs"] = build_rs_state(_read(build_path))
+    lock = _read(os.path.join(crate_dir, "Cargo.lock"))
+    out["cargo_lock"] = lock is not None
+    versions = lock_versions(lock) if lock else {}
+    out["tch_lock_versions"] = versions.get("tch", [])
+    out["torch_sys_lock_versions"] = versions.get("torch-sys", [])
+    pinned = job.get("tch_version") or "auto"
+    if pinned != "auto":
+        out["tch_version"], out["tch_source"] = pinned, "thrust.yaml tch_version"
+    elif out["tch_lock_versions"]:
+        out["tch_version"], out["tch_source"] = out["tch_lock_versions"][-1], "Cargo.lock"
+    else:
+        out["tch_version"], out["tch_source"] = None, None
+    target = buildenv.target_dir(crate_dir, job, env)
+    out["target_dir"] = target
+    out["job_env_target"] = bool((job.get("env") or {}).get("CARGO_TARGET_DIR"))
+    out["target_exists"] = os.path.isdir(target)
+    example = job.get("example")
+    out["binary"] = os.path.join(target, "release", "examples", example) if example else None
+    out["debug_binary"] = os.path.join(target, "debug", "examples", example) if example else None
+    out["binary_exists"] = bool(out["binary"]) and os.path.isfile(out["binary"])
+    out["debug_binary_exists"] = bool(out["debug_binary"]) and os.path.isfile(out["debug_binary"])
+    if out["binary_exists"]:
+        try:
+            out["elf"] = elf.read_dynamic(out["binary"])
+        except (OSError, ValueError, IndexError) as exc:
+            out["elf"] = {"error": f"{type(exc).__name__}: {exc}"}
+    fp_path = os.path.join(target, buildenv.FINGERPRINT_FILE)
+    out["fingerprint_path"] = fp_path
+    stored = _read(fp_path)
+    try:
+        out["fingerprint"] = json.loads(stored) if stored else None
+    except ValueError:
+        out["fingerprint"] = {"error": "unreadable"}
+    return out
+
+
+def collect(
+    workdir: str = ".",
+    job: dict | None = None,
+    host: str | None = None,
+    gpus: list[int] | None = None,
+    torch_timeout: float = 30.0,
+) -> dict:
+    """All facts, in one process. Never raises for a broken host: a broken host is what we report."""
+    started = time.monotonic()
+    workdir = os.path.abspath(os.path.expanduser(workdir))
+    job = job or {}
+    env = {k: os.environ[k] for k in ENV_KEYS if k in os.environ}
+    smi_path, _ = find_program("nvidia-smi", NVIDIA_SMI_PLACES)
+    torch_probe = TorchProbe(sys.executable, smi_path, torch_timeout)
+
+    results: dict = {}
+    lock = threading.Lock()
+
+    def task(name, fn, *args):
+        try:
+            value = fn(*args)
+        except Exception as exc:  # a probe bug must not lose the whole report
+            value = {"error": f"probe failed: {type(exc).__name__}: {exc}"}
+        with lock:
+            results[name] = value
+
+    tasks = [("nvidia_smi", probe_nvidia_smi), ("rust", probe_rust, workdir), ("git", probe_git, workdir),
+             ("disk", probe_disk, workdir), ("other_pythons", probe_other_pythons, workdir)]
+    if job.get("kind") == "cargo":
+        tasks.append(("crate", probe_crate, workdir, job, env))
+    with ThreadPoolExecutor(max_workers=len(tasks)) as pool:
+        for t in tasks:
+            pool.submit(task, *t)
+    torch = torch_probe.result()
+    torch["libs"] = torch_libs(torch.get("lib_dir"))
+    if torch.get("libs", {}).get("libtorch.so"):
+        try:
+            torch["libtorch_needed"] = elf.read_dynamic(
+                os.path.join(torch["lib_dir"], "libtorch.so"), scan_symbols=False)["needed"]
+        except (OSError, ValueError, IndexError):
+            torch["libtorch_needed"] = None
+
+    facts: dict = {
+        "envcheck": "1",
+        "hostname": socket.gethostname(),
+        "host": host or socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "python_path": sys.executable,
+        "torch": torch.get("version"),
+        "cuda_available": torch.get("cuda_available"),
+        "torch_probe": torch,
+        "env": env,
+        "workdir": {"path": workdir, "exists": os.path.isdir(workdir)},
+        "gpus_config": gpus,
+        "job": job or None,
+        **results,
+    }
+    if "crate" in facts:
+        facts["crate"]["current_fingerprint"] = buildenv.fingerprint(facts, job)
+    facts["elapsed_s"] = round(time.monotonic() - started, 3)
+    return facts
