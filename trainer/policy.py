@@ -97,7 +97,10 @@ def build_policy(
 
 
 def sample_actions(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One categorical sample per row (Gumbel-max: argmax of logits + Gumbel noise)."""
+    """One categorical sample per row (Gumbel-max: argmax of logits + Gumbel noise).
+
+    `logits` may be unnormalised or log-probabilities: the argmax is the same.
+    """
     u = torch.rand(logits.shape, device=logits.device, generator=generator)
     return torch.argmax(logits - torch.log(-torch.log(u.clamp_(min=1e-20))), dim=1)
 

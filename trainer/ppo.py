@@ -128,8 +128,8 @@ class RolloutBuffer:
         self.values = torch.zeros(shape, device=device)
         self.rewards = torch.zeros(shape, device=device)
         self.terminated = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.truncated = torch.zeros(shape, dtype=torch.bool, device=device)
         self.dones = torch.zeros(shape, dtype=torch.bool, device=device)
-        self.truncated_only = torch.zeros(shape, dtype=torch.bool, device=device)
 
 
 def compute_gae(
@@ -255,33 +255,47 @@ class PPO:
         obs = self.obs
         for t in range(self.cfg.num_steps):
             logits, value = policy(obs)
-            action = sample_actions(logits)
+            logp_all = torch.log_softmax(logits, dim=1)
+            action = sample_actions(logp_all)
             buf.obs[t] = obs
             buf.actions[t] = action
-            buf.logprobs[t] = torch.log_softmax(logits, dim=1).gather(1, action[:, None])[:, 0]
+            buf.logprobs[t] = logp_all.gather(1, action[:, None])[:, 0]
             buf.values[t] = value[:, 0]
             obs, reward, terminated, truncated, info = env.step(action)
-            done = terminated | truncated
             buf.rewards[t] = reward
             buf.terminated[t] = terminated
-            buf.dones[t] = done
-            buf.truncated_only[t] = truncated & ~terminated
+            buf.truncated[t] = truncated
             buf.final_obs[t] = info["final_obs"]
-            self._track_episodes(reward, done)
         self.obs = obs
+        torch.bitwise_or(buf.terminated, buf.truncated, out=buf.dones)
+        self._track_episodes()
 
-    def _track_episodes(self, reward: torch.Tensor, done: torch.Tensor) -> None:
-        self.ep_return += reward
-        self.ep_length += 1
-        self.ep_score += reward.clamp(min=0)
-        d = done.to(self.ep_return.dtype)
-        self.finished += torch.stack(
-            ((self.ep_return * d).sum(), (self.ep_length * d).sum(), (self.ep_score * d).sum(), d.sum())
-        )
-        keep = 1 - d
-        self.ep_return *= keep
-        self.ep_length *= keep
-        self.ep_score *= keep
+    def _track_episodes(self) -> None:
+        """Add the episodes that ended in this rollout to `finished`, vectorised over [T, N].
+
+        An episode ending at step t started after the previous done of its env (or carried over from
+        the previous rollout, `ep_*`): its return is a difference of cumulative sums.
+        """
+        buf = self.buf
+        steps = buf.rewards.shape[0]
+        done = buf.dones
+        t_idx = torch.arange(steps, device=self.device)[:, None]
+        last_done = torch.where(done, t_idx, -1).cummax(dim=0).values  # last done index <= t
+        prev = torch.cat((torch.full_like(last_done[:1], -1), last_done[:-1]))  # last done index < t
+        fresh = (prev < 0).to(buf.rewards.dtype)
+        d = done.to(buf.rewards.dtype)
+        carried = (self.ep_return, self.ep_score, self.ep_length)
+        series = (buf.rewards, buf.rewards.clamp(min=0), torch.ones_like(buf.rewards))
+        totals = []
+        for i, (carry, x) in enumerate(zip(carried, series, strict=True)):
+            c = torch.cat((torch.zeros_like(x[:1]), x.cumsum(dim=0)))  # c[k] = sum of x[:k]
+            start = c.gather(0, prev + 1)
+            per_step = c[1:] - start + fresh * carry  # the episode's total so far, at every step
+            totals.append((per_step * d).sum())
+            # What carries into the next rollout: the running total of each env's current episode.
+            end = per_step[-1] * (1 - d[-1])
+            carried[i].copy_(end)
+        self.finished += torch.stack((totals[0], totals[2], totals[1], d.sum()))
 
     def pop_episode_stats(self) -> tuple[float, float, float, float]:
         """(sum of returns, sum of lengths, sum of scores, count) of episodes finished since last call."""
@@ -295,7 +309,7 @@ class PPO:
         last_value = self.policy.value(self.obs)[:, 0]
         next_values = torch.cat((buf.values[1:], last_value[None]), dim=0)
         # Truncated steps bootstrap from the value of the state they were cut in (one host sync).
-        where = buf.truncated_only.nonzero(as_tuple=True)
+        where = (buf.truncated & ~buf.terminated).nonzero(as_tuple=True)
         if where[0].numel() > 0:
             next_values[where] = self.policy.value(buf.final_obs[where])[:, 0]
         return next_values
@@ -331,17 +345,36 @@ class PPO:
 
 
 @torch.no_grad()
-def evaluate_greedy(policy: nn.Module, env: Any, episodes: int, seed: int, max_steps: int = 100_000) -> torch.Tensor:
-    """Returns of the first episode of each of `episodes` envs (argmax actions); env must have that many."""
+def evaluate_greedy(
+    policy: nn.Module,
+    env: Any,
+    episodes: int,
+    seed: int,
+    max_steps: int = 100_000,
+    target: float | None = None,
+    max_return: float | None = None,
+) -> torch.Tensor:
+    """Returns of the first episode of each of `episodes` envs under argmax actions.
+
+    With `target` and `max_return` (the best return one episode can get), the evaluation gives up as
+    soon as the mean can no longer reach `target`; unfinished episodes then keep their partial return,
+    so the mean stays below `target`. That makes frequent "is it solved yet?" checks cheap.
+    """
     obs = env.reset(seed=seed)
     returns = torch.zeros(env.num_envs, device=env.device)
     running = torch.ones(env.num_envs, dtype=torch.bool, device=env.device)
+    allowed_loss = None if target is None or max_return is None else episodes * (max_return - target)
     for step in range(max_steps):
         logits, _ = policy(obs)
         obs, reward, terminated, truncated, _ = env.step(logits.argmax(dim=1))
         returns += reward * running
         running &= ~(terminated | truncated)
-        # Check for the end only now and then: each check is a host sync.
-        if step % 50 == 49 and not bool(running.any()):
-            break
+        # Check only now and then: each check is a host sync.
+        if step % 25 == 24:
+            if not bool(running.any()):
+                break
+            if allowed_loss is not None:
+                lost = float(((max_return - returns) * ~running).sum())
+                if lost > allowed_loss:
+                    break
     return returns[:episodes]

@@ -53,6 +53,7 @@ class CartPole:
     def __init__(self, num_envs: int, params: CartPoleParams | None = None, device: torch.device | str = "cpu") -> None:
         self.num_envs = num_envs
         self.params = params or CartPoleParams()
+        self.max_return = float(self.params.max_steps)
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(0)

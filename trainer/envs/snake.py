@@ -81,6 +81,7 @@ class Snake:
         self.auto_reset = auto_reset
         self.obs_dim = self.params.obs_dim
         self.n_actions = self.params.n_actions
+        self.max_return = float(self.params.grid_size**2 - 3)  # every apple until the board is full
         g = self.params.grid_size
         self.g = g
         self.cells_n = g * g
