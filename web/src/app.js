@@ -38,6 +38,7 @@ const state = {
   moves: 0,
   inferMs: [], // the last 100 inference times
   frames: 0,
+  totalFrames: 0, // frames drawn since the page opened (for the benchmark)
   fps: 0,
   mps: 0,
   lastOutcome: null,
@@ -383,6 +384,7 @@ function frame(now) {
     updateStats();
     state.dirty = false;
     state.frames += 1;
+    state.totalFrames += 1;
   }
   if (now - fpsWindowStart >= 1000) {
     const seconds = (now - fpsWindowStart) / 1000;
