@@ -78,10 +78,9 @@ class Ctx:
 
     def not_cargo(self, cid: str, why: str = "") -> dict:
         if self.job:
-            kind = self.job.get("kind", "python")
-            detail = f"job {self.job_name!r} is a {kind} job; this check is for tch-rs (cargo) jobs"
+            detail = f"for tch-rs (cargo) jobs; {self.job_name!r} is a {self.job.get('kind', 'python')} job"
         else:
-            detail = "no job selected; run `thrust-remote doctor --job NAME` with a cargo job to check the tch-rs build"
+            detail = "for tch-rs (cargo) jobs: pass --job NAME"
         return result(cid, SKIP, detail + (f" ({why})" if why else ""))
 
     def pip_torch(self, version: str | None = None) -> str:
@@ -207,8 +206,8 @@ def check_nvidia_smi(c: Ctx) -> dict:
             return result(cid, FAIL, f"nvidia-smi is not on PATH ({c.env.get('PATH', '')}) nor in the usual places, "
                           "but the host has NVIDIA devices", "sudo apt-get install nvidia-utils-$(cat "
                           "/sys/module/nvidia/version | cut -d. -f1)   # or add its directory to PATH")
-        return result(cid, SKIP, "nvidia-smi not found and no /dev/nvidia* devices: no NVIDIA GPU here "
-                      f"(PATH={c.env.get('PATH', '')})")
+        return result(cid, SKIP, "nvidia-smi not found on PATH or in /usr/bin, and no /dev/nvidia* devices: "
+                      "no NVIDIA GPU here")
     if s.get("error"):
         if s["error"] == "No devices were found":
             return result(cid, FAIL, f"{s.get('path')}: No devices were found (driver loaded, no GPU visible)",

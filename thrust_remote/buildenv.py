@@ -1,0 +1,104 @@
+"""The environment and command lines of a job on a host, computed from envcheck's facts.
+
+Nobody types LIBTORCH_USE_PYTORCH / LD_LIBRARY_PATH / LD_PRELOAD / RUSTFLAGS by hand again: the train
+pipeline runs envcheck (doctor.run_doctor or doctor.collect_facts), then asks this module for the
+env and the argv. The rules live in envcheck.buildenv (standard library, also used on the host to
+judge the env and fingerprint builds); this module adapts them to JobConfig and the Runner.
+
+Pipeline for a cargo job:
+    facts = doctor.collect_facts(runner, host, job)      # or run_doctor(...).facts
+    env = build_env(facts, job)                          # same env for build and run
+    runner.run(cargo_build_argv(facts, job), env=env, cwd=crate_dir(facts, job)).check("cargo build")
+    write_fingerprint(runner, facts, job)                # lets doctor spot a stale build later
+    runner.run(cargo_run_argv(facts, job), env=env, cwd=crate_dir(facts, job))
+A python job only needs build_env(facts, job) (PYTHONUNBUFFERED=1, PYTHONFAULTHANDLER=1 + job.env).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from typing import Any
+
+from envcheck import buildenv as _core
+
+from .config import JobConfig
+from .runner import Runner
+
+FINGERPRINT_FILE = _core.FINGERPRINT_FILE
+rustflags = _core.rustflags
+
+
+def job_dict(job: JobConfig | None) -> dict[str, Any]:
+    """A JobConfig as the plain dict envcheck takes (what `--job-json` carries)."""
+    if job is None:
+        return {}
+    data = asdict(job)
+    data["args"] = list(job.args) if job.kind == "cargo" else dict(job.args)  # tuples/mappings -> JSON
+    data["env"] = dict(job.env)
+    return data
+
+
+def build_env(facts: dict, job: JobConfig) -> dict[str, str]:
+    """Variables to set (on top of the host's own env) for a job's build and run.
+
+    cargo: LIBTORCH_USE_PYTORCH=1, LD_LIBRARY_PATH=<torch>/lib:..., LD_PRELOAD=libtorch_cuda.so:
+    libtorch.so (CUDA wheels), RUSTFLAGS (--no-as-needed, -ltorch[_cuda], rpath),
+    LIBTORCH_BYPASS_VERSION_CHECK=1 only with bypass_version_check, then job.env.
+    python: PYTHONUNBUFFERED=1, PYTHONFAULTHANDLER=1, then job.env.
+    """
+    return _core.job_env(facts, job_dict(job))
+
+
+def python_env(facts: dict, job: JobConfig) -> dict[str, str]:
+    return _core.python_env(facts, job_dict(job))
+
+
+def crate_dir(facts: dict, job: JobConfig) -> str:
+    """The crate's absolute directory on the host (workdir/job.crate), as envcheck resolved it."""
+    crate = facts.get("crate") or {}
+    if crate.get("dir"):
+        return crate["dir"]
+    workdir = (facts.get("workdir") or {}).get("path") or "."
+    return os.path.normpath(os.path.join(workdir, job.crate))
+
+
+def cargo_build_argv(facts: dict, job: JobConfig) -> list[str]:
+    """[cargo, +TOOLCHAIN, build, --release, --example, X]; run with cwd=crate_dir and build_env."""
+    return _core.cargo_build_argv(facts, job_dict(job))
+
+
+def cargo_run_argv(facts: dict, job: JobConfig) -> list[str]:
+    """[<target>/release/examples/X, *job.args]: the built binary itself, not `cargo run`."""
+    return _core.cargo_run_argv(facts, job_dict(job))
+
+
+def target_dir(facts: dict, job: JobConfig) -> str:
+    crate = facts.get("crate") or {}
+    if crate.get("target_dir"):
+        return crate["target_dir"]
+    return _core.target_dir(crate_dir(facts, job), job_dict(job), facts.get("env") or {})
+
+
+def fingerprint(facts: dict, job: JobConfig) -> dict:
+    """{'version', 'digest', 'inputs'} for the current env: torch version/lib/CUDA/ABI, toolchain,
+    profile and the build variables torch-sys and the linker read."""
+    return _core.fingerprint(facts, job_dict(job))
+
+
+def fingerprint_path(facts: dict, job: JobConfig) -> str:
+    """<target dir>/.thrust-build-env.json (inside target/, so `cargo clean` removes it too)."""
+    return os.path.join(target_dir(facts, job), FINGERPRINT_FILE)
+
+
+def write_fingerprint(runner: Runner, facts: dict, job: JobConfig) -> str:
+    """After a successful cargo build: store the env it used on the host. Returns the remote path."""
+    path = fingerprint_path(facts, job)
+    with tempfile.TemporaryDirectory(prefix="thrust-fp-") as tmp:
+        local = os.path.join(tmp, FINGERPRINT_FILE)
+        with open(local, "w") as fh:
+            json.dump(fingerprint(facts, job), fh, indent=2, sort_keys=True)
+        runner.put(local, path)
+    return path

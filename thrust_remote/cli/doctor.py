@@ -1,0 +1,110 @@
+"""`thrust-remote doctor [--host H] [--job J] [--json] [--fix]`: the GPU box checklist, with fixes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.syntax import Syntax
+from rich.table import Table
+
+from ..config import Config, HostConfig
+from ..console import console, err_console
+from ..doctor import FixResult, Report, apply_fixes, run_doctor
+from .common import get_config, open_runner
+
+STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+MARK = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor", help="Check a host for everything GPU training needs; --fix applies the safe fixes.")(
+        doctor
+    )
+
+
+def doctor(
+    ctx: typer.Context,
+    host: str | None = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml."),
+    job: str | None = typer.Option(None, "--job", "-j", help="Also check this job (cargo jobs: the tch-rs build)."),
+    as_json: bool = typer.Option(False, "--json", help="Print envcheck's JSON report."),
+    fix: bool = typer.Option(False, "--fix", help="Apply the safe fixes (cargo clean, build.rs lines), then recheck."),
+) -> None:
+    config = get_config(ctx)
+    host_cfg = config.host(host)
+    job_cfg = config.job(job) if job else None
+    workdir = _workdir(config, host_cfg)
+    # JSON on stdout stays parseable: everything else goes to stderr in --json mode
+    out = err_console if as_json else console
+    runner = open_runner(host_cfg)
+    try:
+        report = run_doctor(runner, host_cfg, job_cfg, workdir=workdir)
+        if fix:
+            local_crate = _local_crate(config, job_cfg)
+
+            def show(check_id: str, preview: str) -> None:
+                out.print(f"[bold]{check_id}[/]: writing this change")
+                out.print(Syntax(preview, "diff", theme="ansi_dark", background_color="default"))
+
+            results = apply_fixes(runner, report, job_cfg, local_crate=local_crate, show=show)
+            _render_fixes(out, results)
+            if results:
+                report = run_doctor(runner, host_cfg, job_cfg, workdir=workdir)
+    finally:
+        runner.close()
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        render(report)
+    raise typer.Exit(report.exit_code)
+
+
+def _workdir(config: Config, host: HostConfig) -> str:
+    # the local host's workdir is the project itself, wherever the command was started from
+    if host.is_local and not os.path.isabs(os.path.expanduser(host.workdir)):
+        return str((config.root / host.workdir).resolve())
+    return host.workdir
+
+
+def _local_crate(config: Config, job) -> Path | None:
+    if job is None or job.kind != "cargo":
+        return None
+    crate = (config.root / job.crate).resolve()
+    return crate if (crate / "Cargo.toml").is_file() else None
+
+
+def render(report: Report) -> None:
+    facts = report.facts
+    table = Table(title=f"doctor: {report.host}", title_justify="left", show_lines=False, expand=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("evidence / fix", overflow="fold")
+    for c in report.checks:
+        style = STYLE.get(c.status, "")
+        text = escape(c.detail)
+        if c.fix and c.status in ("fail", "warn"):
+            text += f"\n[bold]fix:[/] [cyan]{escape(c.fix)}[/]"
+        table.add_row(f"[{style}]{MARK.get(c.status, c.status)}[/]", f"[{style}]{c.id}[/]", text)
+    console.print(table)
+    counts = report.counts()
+    torch = f"torch {facts['torch']}" if facts.get("torch") else "no torch"
+    summary = ", ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in counts.items() if n)
+    console.print(
+        f"{summary} — {escape(str(facts.get('python_path')))} (Python {facts.get('python')}, {torch}) "
+        f"in {report.wall_s:.2f} s" + (" (envcheck uploaded)" if report.uploaded else ""),
+        highlight=False,
+    )
+
+
+def _render_fixes(out, results: list[FixResult]) -> None:
+    if not results:
+        out.print("--fix: nothing to fix automatically")
+        return
+    for r in results:
+        mark = "[green]fixed[/]" if r.applied else "[yellow]not applied[/]"
+        out.print(f"{mark} {escape(r.check_id)}: {escape(r.action)} — {escape(r.detail)}", highlight=False)
+        if r.output and not r.applied:
+            out.print(escape(r.output), style="dim")

@@ -1,0 +1,338 @@
+"""`doctor`'s core: run envcheck on a host in one remote command, and apply the safe fixes.
+
+envcheck travels as one zipapp (`envcheck-<sha>.pyz` in ~/.cache/thrust-remote on the host),
+uploaded only when that exact version is not already there. The common case is therefore a single
+remote command: a tiny `sh` script that checks the file, resolves the host's python and execs it.
+Rendering is the CLI's job; this module returns data (Report, FixResult) and raises ThrustError.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import envcheck
+from envcheck.checks import BUILD_RS_LINES, CHECK_IDS
+
+from .buildenv import job_dict
+from .config import HostConfig, JobConfig
+from .errors import ExitCode, ThrustError, UnreachableError
+from .runner import Runner
+
+CACHE_DIR = "~/.cache/thrust-remote"
+MISSING_EXIT = 96  # the launcher's "no envcheck-<sha>.pyz here yet": upload, then run again
+NO_PYTHON_EXIT = 127
+STATUSES = ("ok", "warn", "fail", "skip")
+
+# $1 = the host's python as configured (may start with ~/), $2 = the .pyz, then envcheck's args.
+_LAUNCHER = r"""
+py=$1; f=$2; shift 2
+case $f in "~/"*) f="$HOME/${f#"~/"}";; esac
+[ -f "$f" ] || { echo "thrust-remote: envcheck not uploaded yet" >&2; exit 96; }
+case $py in "~/"*) py="$HOME/${py#"~/"}";; esac
+command -v "$py" >/dev/null 2>&1 || { echo "thrust-remote: python '$py' not found (PATH=$PATH)" >&2; exit 127; }
+exec "$py" "$f" "$@"
+"""
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    title: str
+    status: str
+    detail: str
+    fix: str | None = None
+
+
+@dataclass
+class Report:
+    """envcheck's JSON as objects, plus how long the round trip took."""
+
+    host: str
+    facts: dict
+    checks: list[Check]
+    wall_s: float = 0.0
+    uploaded: bool = False
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "fail"]
+
+    @property
+    def exit_code(self) -> int:
+        """DESIGN.md: 0 when nothing fails, 1 when a check fails."""
+        return int(ExitCode.FAILED) if self.failed else int(ExitCode.OK)
+
+    def check(self, cid: str) -> Check:
+        for c in self.checks:
+            if c.id == cid:
+                return c
+        raise KeyError(cid)
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(1 for c in self.checks if c.status == s) for s in STATUSES}
+
+    def to_json(self) -> dict:
+        """Exactly DESIGN.md's shape: {"host", "facts", "checks": [{id, title, status, detail, fix}]}."""
+        return {
+            "host": self.host,
+            "facts": self.facts,
+            "checks": [
+                {"id": c.id, "title": c.title, "status": c.status, "detail": c.detail, "fix": c.fix}
+                for c in self.checks
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict, wall_s: float = 0.0, uploaded: bool = False) -> Report:
+        checks = [Check(c["id"], c["title"], c["status"], c["detail"], c.get("fix")) for c in doc["checks"]]
+        return cls(doc["host"], doc["facts"], checks, wall_s, uploaded)
+
+
+@dataclass
+class FixResult:
+    """One fix doctor --fix tried: what, where, whether it changed anything, and the evidence."""
+
+    check_id: str
+    action: str
+    applied: bool
+    detail: str = ""
+    output: str = ""
+    preview: str = field(default="", repr=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# the envcheck payload
+
+
+@lru_cache(maxsize=1)
+def envcheck_payload() -> tuple[bytes, str]:
+    """envcheck as a zipapp (bytes, sha256). Fixed timestamps, so the same code -> the same hash."""
+    # __path__, not __file__: an editable install made before envcheck/__init__.py existed maps it
+    # as a namespace package, whose __file__ is None
+    root = Path(next(iter(envcheck.__path__)))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        files = sorted(p for p in root.glob("*.py"))
+        main = "import sys\nfrom envcheck.cli import main\nsys.exit(main())\n"
+        for name, data in [("__main__.py", main.encode())] + [(f"envcheck/{p.name}", p.read_bytes()) for p in files]:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, data)
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def payload_path() -> str:
+    """Where the payload lives on a host (its `~` is the host's home)."""
+    return f"{CACHE_DIR}/envcheck-{envcheck_payload()[1][:16]}.pyz"
+
+
+def upload_payload(runner: Runner) -> str:
+    data, digest = envcheck_payload()
+    with tempfile.TemporaryDirectory(prefix="thrust-envcheck-") as tmp:
+        local = os.path.join(tmp, "envcheck.pyz")
+        with open(local, "wb") as fh:
+            fh.write(data)
+        got = runner.put(local, payload_path())
+    if got != digest:  # put verifies its own copy; this catches a stale file at the same path
+        raise ThrustError(f"envcheck upload to {runner.name} has sha256 {got}, expected {digest}",
+                          exit_code=ExitCode.TRANSFER)
+    return payload_path()
+
+
+def envcheck_args(host: HostConfig, job: JobConfig | None, workdir: str | None = None,
+                  torch_timeout: float = 30.0) -> list[str]:
+    args = ["--json", "--workdir", workdir or host.workdir, "--host", host.name,
+            "--torch-timeout", f"{torch_timeout:g}"]
+    if job is not None:
+        args += ["--job-json", json.dumps(job_dict(job), sort_keys=True)]
+    if host.gpus:
+        args += ["--gpus", ",".join(str(g) for g in host.gpus)]
+    return args
+
+
+def _launch(runner: Runner, host: HostConfig, args: list[str], timeout: float):
+    argv = ["sh", "-c", _LAUNCHER, "sh", host.python, payload_path(), *args]
+    return runner.run(argv, timeout=timeout)
+
+
+def run_envcheck(runner: Runner, host: HostConfig, job: JobConfig | None = None, *,
+                 workdir: str | None = None, torch_timeout: float = 30.0) -> Report:
+    """One remote command (two plus an upload the first time a host sees this envcheck version)."""
+    started = time.monotonic()
+    args = envcheck_args(host, job, workdir, torch_timeout)
+    timeout = torch_timeout + 30.0
+    result = _launch(runner, host, args, timeout)
+    uploaded = False
+    if result.exit_code == MISSING_EXIT and "not uploaded yet" in result.stderr:
+        upload_payload(runner)
+        uploaded = True
+        result = _launch(runner, host, args, timeout)
+    if result.exit_code == NO_PYTHON_EXIT and "thrust-remote: python" in result.stderr:
+        raise UnreachableError(
+            f"{runner.name}: {result.stderr.strip().splitlines()[-1].removeprefix('thrust-remote: ')}",
+            f"install python3 on {runner.name}, or set `python:` under hosts.{host.name} in thrust.yaml "
+            "to an interpreter that exists there (ideally the one with torch)",
+        )
+    if result.timed_out:
+        raise ThrustError(f"envcheck on {runner.name} did not finish in {timeout:g} s",
+                          "run it by hand to see where it hangs: "
+                          f"{host.python} {payload_path()} --json", ExitCode.UNAVAILABLE)
+    try:
+        doc = json.loads(result.stdout)
+        if not isinstance(doc, dict) or "checks" not in doc:
+            raise ValueError("no checks in the report")
+    except ValueError:
+        tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
+        raise UnreachableError(
+            f"{host.python} on {runner.name} could not run envcheck (exit {result.exit_code}): {tail}",
+            f"envcheck needs Python 3.8+; set `python:` under hosts.{host.name} in thrust.yaml",
+        ) from None
+    return Report.from_json(doc, time.monotonic() - started, uploaded)
+
+
+def run_doctor(runner: Runner, host: HostConfig, job: JobConfig | None = None, *,
+               workdir: str | None = None, torch_timeout: float = 30.0) -> Report:
+    """The whole checklist for `host` (and `job`, when given): a Report with every check id.
+
+    Connection problems arrive as the Runner's ThrustError (exit 68/69/76/77); a host without the
+    configured python is UnreachableError (69). A failing check is data: Report.exit_code says 1.
+    """
+    report = run_envcheck(runner, host, job, workdir=workdir, torch_timeout=torch_timeout)
+    missing = [cid for cid in CHECK_IDS if cid not in {c.id for c in report.checks}]
+    if missing:  # an old payload cached under the same hash cannot happen; a hand-edited one can
+        raise ThrustError(f"envcheck on {runner.name} did not report {', '.join(missing)}")
+    return report
+
+
+def collect_facts(runner: Runner, host: HostConfig, job: JobConfig | None = None, **kw) -> dict:
+    """Just the facts (for buildenv): what the train pipeline needs before a build or a run."""
+    return run_envcheck(runner, host, job, **kw).facts
+
+
+# ----------------------------------------------------------------------------------------------
+# fixes: only the safe, idempotent ones
+
+CLEAN_TRIGGERS = {"stale-build": ("fail", "warn"), "release-build": ("fail",), "binary-links-cuda": ("fail",)}
+
+_FN_MAIN = re.compile(r"fn\s+main\s*\(\s*\)\s*(?:->\s*[^{]+)?\{")
+
+
+def patch_build_rs(text: str | None) -> str | None:
+    """build.rs with the tch-rs link lines added to fn main(); None when it cannot be done safely.
+
+    The lines go first in main() so nothing returns before them. `-ltorch` must follow
+    `--no-as-needed`: a library named before the flag is still dropped.
+    """
+    if text is None or not text.strip():
+        return "fn main() {\n" + "".join(f"    {line}\n" for line in BUILD_RS_LINES) + "}\n"
+    if "--no-as-needed" in text:
+        if re.search(r"rustc-link-arg=-l\s*torch", text[text.find("--no-as-needed"):]):
+            return text  # already there: idempotent
+        lines = text.splitlines(keepends=True)
+        for i, line in enumerate(lines):
+            if "--no-as-needed" in line:
+                indent = line[: len(line) - len(line.lstrip())]
+                lines.insert(i + 1, f"{indent}{BUILD_RS_LINES[1]}\n")
+                return "".join(lines)
+    m = _FN_MAIN.search(text)
+    if not m:
+        return None
+    insert = "".join(f"\n    {line}" for line in BUILD_RS_LINES)
+    return text[: m.end()] + insert + text[m.end():]
+
+
+def _diff(old: str | None, new: str, path: str) -> str:
+    return "".join(difflib.unified_diff((old or "").splitlines(keepends=True), new.splitlines(keepends=True),
+                                        fromfile=f"{path} (before)", tofile=f"{path} (after)"))
+
+
+def fix_build_rs(runner: Runner, report: Report, *, local_crate: Path | None = None,
+                 show: Callable[[str, str], None] | None = None) -> FixResult:
+    """Add the link lines to build.rs: in the local checkout when there is one (sync ships it, and a
+    host-side edit would be overwritten by the next sync), else on the host."""
+    crate = report.facts.get("crate") or {}
+    remote_path = crate.get("build_rs_path")
+    if not remote_path:
+        return FixResult("build-rs-no-as-needed", "edit build.rs", False, "the crate was not found")
+    if local_crate is not None and (local_crate / "Cargo.toml").is_file():
+        path = local_crate / Path(remote_path).name
+        old = path.read_text() if path.is_file() else None
+        new = patch_build_rs(old)
+        where = str(path)
+        if new is None:
+            return FixResult("build-rs-no-as-needed", f"edit {where}", False, "no `fn main() {` found to add to")
+        if new == old:
+            return FixResult("build-rs-no-as-needed", f"edit {where}", False, "already has the lines")
+        preview = _diff(old, new, where)
+        if show:
+            show("build-rs-no-as-needed", preview)
+        path.write_text(new)
+        return FixResult("build-rs-no-as-needed", f"edit {where}", True,
+                         "commit it: the next sync takes it to the host", preview=preview)
+    with tempfile.TemporaryDirectory(prefix="thrust-buildrs-") as tmp:
+        local = Path(tmp) / "build.rs"
+        old = None
+        if (crate.get("build_rs") or {}).get("exists"):
+            runner.get(remote_path, local)
+            old = local.read_text()
+        new = patch_build_rs(old)
+        where = f"{runner.name}:{remote_path}"
+        if new is None:
+            return FixResult("build-rs-no-as-needed", f"edit {where}", False, "no `fn main() {` found to add to")
+        if new == old:
+            return FixResult("build-rs-no-as-needed", f"edit {where}", False, "already has the lines")
+        preview = _diff(old, new, where)
+        if show:
+            show("build-rs-no-as-needed", preview)
+        local.write_text(new)
+        runner.put(local, remote_path)
+    return FixResult("build-rs-no-as-needed", f"edit {where}", True, "written on the host", preview=preview)
+
+
+def fix_stale_build(runner: Runner, report: Report, job: JobConfig) -> FixResult:
+    crate = report.facts.get("crate") or {}
+    cargo = (report.facts.get("rust") or {}).get("cargo")
+    action = f"cargo clean in {crate.get('dir')}"
+    if not cargo:
+        return FixResult("stale-build", action, False, "cargo is not installed (see rust-toolchain)")
+    env = {}
+    if job.env.get("CARGO_TARGET_DIR"):
+        env["CARGO_TARGET_DIR"] = crate.get("target_dir") or job.env["CARGO_TARGET_DIR"]
+    res = runner.run([cargo, "clean"], cwd=crate.get("dir"), env=env, timeout=300)
+    output = (res.stderr or res.stdout).strip()
+    if not res.ok:
+        return FixResult("stale-build", action, False, f"cargo clean failed (exit {res.exit_code})", output)
+    return FixResult("stale-build", action, True, f"removed {crate.get('target_dir')}", output)
+
+
+def apply_fixes(runner: Runner, report: Report, job: JobConfig | None, *, local_crate: Path | None = None,
+                show: Callable[[str, str], None] | None = None) -> list[FixResult]:
+    """Apply the safe, idempotent fixes the report calls for; each one is reported, none is silent.
+
+    - stale-build (and a release-build / binary-links-cuda failure): `cargo clean` in the crate.
+    - build-rs-no-as-needed: add the link lines to build.rs (`show` sees the diff before the write).
+    Everything else needs a person (installing drivers, choosing a torch) and is only described.
+    """
+    results: list[FixResult] = []
+    if job is None or job.kind != "cargo":
+        return results
+    by_id = {c.id: c for c in report.checks}
+    if any(by_id[cid].status in statuses for cid, statuses in CLEAN_TRIGGERS.items() if cid in by_id):
+        results.append(fix_stale_build(runner, report, job))
+    if by_id.get("build-rs-no-as-needed") and by_id["build-rs-no-as-needed"].status in ("warn", "fail"):
+        results.append(fix_build_rs(runner, report, local_crate=local_crate, show=show))
+    return results
