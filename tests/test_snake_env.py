@@ -1,0 +1,252 @@
+"""Snake rules (docs/snake.md) on hand-built boards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.envs import Snake, SnakeParams
+
+UP, RIGHT, DOWN, LEFT = 0, 1, 2, 3
+STRAIGHT, TURN_LEFT, TURN_RIGHT = 0, 1, 2
+
+
+def make(g: int = 6, n: int = 1, auto_reset: bool = False, **kw: object) -> Snake:
+    env = Snake(n, SnakeParams(grid_size=g, **kw), auto_reset=auto_reset)  # type: ignore[arg-type]
+    env.reset(seed=0)
+    return env
+
+
+def act(env: Snake, *actions: int) -> tuple[torch.Tensor, float, bool, bool, dict]:
+    obs, r, term, trunc, info = env.step(torch.tensor(actions))
+    return obs, float(r[0]), bool(term[0]), bool(trunc[0]), info
+
+
+def decode(obs: torch.Tensor, g: int) -> dict:
+    """Split one observation row into its documented parts."""
+    n2 = g * g
+    return {
+        "head": obs[:n2].reshape(g, g),
+        "body": obs[n2 : 2 * n2].reshape(g, g),
+        "apple": obs[2 * n2 : 3 * n2].reshape(g, g),
+        "direction": obs[3 * n2 : 3 * n2 + 4].tolist(),
+        "danger": obs[3 * n2 + 4 : 3 * n2 + 7].tolist(),
+        "hunger": float(obs[3 * n2 + 7]),
+    }
+
+
+def test_start_position_and_observation_layout() -> None:
+    env = make(g=10)
+    snap = env.snapshot(0)
+    assert snap["head"] == [5, 5]
+    assert snap["body"] == [[5, 5], [5, 4], [5, 3]]
+    assert snap["direction"] == RIGHT
+    assert snap["length"] == 3
+    assert snap["hunger"] == 0
+    assert snap["apple"] not in snap["body"]
+    obs = env.observe()[0]
+    assert obs.shape == (3 * 100 + 8,)
+    parts = decode(obs, 10)
+    assert parts["head"][5, 5] == 1.0
+    assert parts["head"].sum() == 1.0
+    assert parts["body"][5, 5] == pytest.approx(1.0)
+    assert parts["body"][5, 4] == pytest.approx(2 / 3)
+    assert parts["body"][5, 3] == pytest.approx(1 / 3)
+    assert parts["body"].sum() == pytest.approx(2.0)
+    r, c = snap["apple"]
+    assert parts["apple"][r, c] == 1.0
+    assert parts["apple"].sum() == 1.0
+    assert parts["direction"] == [0.0, 1.0, 0.0, 0.0]
+    assert parts["danger"] == [0.0, 0.0, 0.0]
+    assert parts["hunger"] == 0.0
+
+
+def test_eating_grows_the_snake_and_places_a_new_apple_off_the_body() -> None:
+    env = make()
+    env.set_board(0, body=[[2, 2], [2, 1], [2, 0]], direction=RIGHT, apple=[2, 3], hunger=5)
+    _, reward, term, trunc, _ = act(env, STRAIGHT)
+    snap = env.snapshot(0)
+    assert (reward, term, trunc) == (1.0, False, False)
+    assert snap["body"] == [[2, 3], [2, 2], [2, 1], [2, 0]]  # the tail stayed
+    assert snap["hunger"] == 0
+    assert snap["apple"] is not None
+    assert snap["apple"] not in snap["body"]
+
+
+def test_plain_move_frees_the_tail_and_counts_hunger() -> None:
+    env = make()
+    env.set_board(0, body=[[2, 2], [2, 1], [2, 0]], direction=RIGHT, apple=[5, 5], hunger=5)
+    _, reward, term, _, _ = act(env, TURN_RIGHT)  # right of "right" is down
+    snap = env.snapshot(0)
+    assert (reward, term) == (0.0, False)
+    assert snap["body"] == [[3, 2], [2, 2], [2, 1]]
+    assert snap["direction"] == DOWN
+    assert snap["hunger"] == 6
+    assert snap["apple"] == [5, 5]
+
+
+@pytest.mark.parametrize(
+    ("body", "direction", "action"),
+    [
+        ([[0, 2], [0, 1], [0, 0]], RIGHT, TURN_LEFT),  # up, off the top
+        ([[2, 5], [2, 4], [2, 3]], RIGHT, STRAIGHT),  # off the right edge
+        ([[5, 2], [5, 1], [5, 0]], RIGHT, TURN_RIGHT),  # down, off the bottom
+        ([[2, 0], [2, 1], [2, 2]], LEFT, STRAIGHT),  # off the left edge
+    ],
+)
+def test_leaving_the_grid_is_death_and_leaves_the_board_as_it_was(
+    body: list[list[int]], direction: int, action: int
+) -> None:
+    env = make()
+    env.set_board(0, body=body, direction=direction, apple=[4, 4], hunger=3)
+    before = env.snapshot(0)
+    _, reward, term, trunc, info = act(env, action)
+    after = env.snapshot(0)
+    assert (reward, term, trunc) == (-1.0, True, False)
+    assert after["body"] == before["body"]
+    assert after["apple"] == before["apple"]
+    assert after["hunger"] == before["hunger"]
+    turned = {STRAIGHT: direction, TURN_LEFT: (direction + 3) % 4, TURN_RIGHT: (direction + 1) % 4}[action]
+    assert after["direction"] == turned
+    assert torch.equal(info["final_obs"], env.observe())
+
+
+def test_running_into_the_body_is_death() -> None:
+    env = make()
+    # A hook: head at (2,2) moving left, the body bends below it; turning left (down) hits (3,2).
+    body = [[2, 2], [2, 3], [3, 3], [3, 2], [3, 1]]
+    env.set_board(0, body=body, direction=LEFT, apple=[0, 0])
+    _, reward, term, _, _ = act(env, TURN_LEFT)
+    assert (reward, term) == (-1.0, True)
+
+
+def test_following_the_tail_is_legal_and_not_a_danger() -> None:
+    env = make()
+    # A 2x2 loop: the head at (1,1) moving left; down is the tail cell (2,1), which moves away.
+    env.set_board(0, body=[[1, 1], [1, 2], [2, 2], [2, 1]], direction=LEFT, apple=[5, 5])
+    parts = decode(env.observe()[0], 6)
+    assert parts["danger"] == [0.0, 0.0, 0.0]  # straight (1,0) free, left = down is the tail, right = up free
+    _, reward, term, _, _ = act(env, TURN_LEFT)
+    snap = env.snapshot(0)
+    assert (reward, term) == (0.0, False)
+    assert snap["body"] == [[2, 1], [1, 1], [1, 2], [2, 2]]
+
+
+def test_danger_flags_walls_and_body_but_not_the_tail() -> None:
+    env = make()
+    env.set_board(0, body=[[0, 0], [1, 0], [2, 0]], direction=UP, apple=[5, 5])
+    # Straight = up: wall. Left = left: wall. Right = right: (0,1) free.
+    assert decode(env.observe()[0], 6)["danger"] == [1.0, 1.0, 0.0]
+    env.set_board(0, body=[[1, 1], [1, 2], [2, 2], [2, 1], [2, 0]], direction=LEFT, apple=[5, 5])
+    # Left = down: (2,1) is a body cell that is not the tail -> danger.
+    assert decode(env.observe()[0], 6)["danger"] == [0.0, 1.0, 0.0]
+
+
+def full_board_path(g: int) -> list[list[int]]:
+    """A boustrophedon path over the whole g x g board."""
+    path = []
+    for r in range(g):
+        cols = range(g) if r % 2 == 0 else range(g - 1, -1, -1)
+        path += [[r, c] for c in cols]
+    return path
+
+
+def test_filling_the_board_is_a_win() -> None:
+    g = 4
+    path = full_board_path(g)  # ends ... (3,2), (3,1), (3,0)
+    body = list(reversed(path[:-1]))  # head at path[-2] = (3,1), tail at (0,0)
+    env = make(g=g)
+    env.set_board(0, body=body, direction=LEFT, apple=path[-1])
+    obs, reward, term, trunc, _ = act(env, STRAIGHT)
+    snap = env.snapshot(0)
+    assert (reward, term, trunc) == (1.0, True, False)
+    assert snap["length"] == g * g
+    assert snap["apple"] is None
+    assert decode(obs[0], g)["apple"].sum() == 0.0
+
+
+def test_win_with_auto_reset_keeps_the_full_board_in_final_obs() -> None:
+    g = 4
+    path = full_board_path(g)
+    env = make(g=g, auto_reset=True)
+    env.set_board(0, body=list(reversed(path[:-1])), direction=LEFT, apple=path[-1])
+    obs, reward, term, _, info = act(env, STRAIGHT)
+    final = decode(info["final_obs"][0], g)
+    assert (reward, term) == (1.0, True)
+    assert (final["body"] > 0).sum() == g * g
+    assert final["apple"].sum() == 0.0
+    assert env.snapshot(0)["length"] == 3, "the env is already in its next episode"
+    assert decode(obs[0], g)["body"].sum() == pytest.approx(2.0)
+
+
+def test_auto_reset_after_death_returns_a_fresh_episode_and_the_final_obs() -> None:
+    env = make(auto_reset=True)
+    env.set_board(0, body=[[0, 2], [0, 1], [0, 0]], direction=UP, apple=[4, 4], hunger=7)
+    before = env.observe()[0].clone()
+    obs, reward, term, _, info = act(env, STRAIGHT)
+    assert (reward, term) == (-1.0, True)
+    final = info["final_obs"][0]
+    # The final observation is the unchanged board (direction up, as before).
+    assert torch.equal(final, before)
+    snap = env.snapshot(0)
+    assert snap["body"] == [[3, 3], [3, 2], [3, 1]]
+    assert snap["hunger"] == 0
+    assert snap["direction"] == RIGHT
+    assert torch.equal(obs, env.observe())
+
+
+def test_hunger_limit_truncates_without_death() -> None:
+    env = make(max_hunger=10)
+    env.set_board(0, body=[[2, 2], [2, 1], [2, 0]], direction=RIGHT, apple=[5, 5], hunger=9)
+    obs, reward, term, trunc, _ = act(env, STRAIGHT)
+    assert (reward, term, trunc) == (0.0, False, True)
+    assert decode(obs[0], 6)["hunger"] == 1.0
+    env2 = make(auto_reset=True)  # default limit G*G = 36
+    env2.set_board(0, body=[[2, 2], [2, 1], [2, 0]], direction=RIGHT, apple=[5, 5], hunger=35)
+    _, _, term2, trunc2, info = act(env2, STRAIGHT)
+    assert (term2, trunc2) == (False, True)
+    assert decode(info["final_obs"][0], 6)["hunger"] == 1.0
+    assert env2.snapshot(0)["hunger"] == 0
+
+
+def test_absolute_actions_ignore_the_reverse_direction() -> None:
+    env = make(action_mode="absolute")
+    assert env.n_actions == 4
+    env.set_board(0, body=[[2, 2], [2, 1], [2, 0]], direction=RIGHT, apple=[5, 5])
+    act(env, LEFT)  # reverse of right: keeps going right
+    assert env.snapshot(0)["head"] == [2, 3]
+    act(env, DOWN)
+    assert env.snapshot(0)["head"] == [3, 3]
+    assert env.snapshot(0)["direction"] == DOWN
+
+
+def test_apples_are_never_on_the_body_under_random_play() -> None:
+    env = Snake(512, SnakeParams(grid_size=5))
+    env.reset(seed=1)
+    gen = torch.Generator().manual_seed(0)
+    ate = 0
+    for _ in range(300):
+        _, reward, _, _, _ = env.step(torch.randint(0, 3, (512,), generator=gen))
+        ate += int((reward > 0).sum())
+        has = env.apple >= 0
+        on_body = env.cells.gather(1, env.apple.clamp(min=0)[:, None])[:, 0] > 0
+        assert not (has & on_body).any()
+        assert has.all(), "only a won board has no apple"
+        assert torch.equal((env.cells > 0).sum(1), env.length)
+    assert ate > 100
+
+
+def test_queued_apples_are_used_in_order_and_snapshots_are_plain_lists() -> None:
+    env = Snake(1, SnakeParams(grid_size=6), auto_reset=False)
+    env.queue_apples([3 * 6 + 4, 0])
+    env.reset(seed=0)
+    assert env.snapshot(0)["apple"] == [3, 4]
+    act(env, STRAIGHT)  # head (3,3) -> (3,4): eat
+    snap = env.snapshot(0)
+    assert snap["apple"] == [0, 0]
+    assert snap["length"] == 4
+    assert all(isinstance(v, (int, list, type(None))) for v in snap.values())
+    env.queue_apples([1 * 6 + 1])  # will be on the body after the next step
+    with pytest.raises(ValueError, match="not an empty cell"):
+        env.set_board(0, body=[[1, 1], [1, 0], [2, 0]], direction=RIGHT, apple=[1, 2])
+        act(env, STRAIGHT)
