@@ -247,6 +247,6 @@ def test_queued_apples_are_used_in_order_and_snapshots_are_plain_lists() -> None
     assert snap["length"] == 4
     assert all(isinstance(v, (int, list, type(None))) for v in snap.values())
     env.queue_apples([1 * 6 + 1])  # will be on the body after the next step
+    env.set_board(0, body=[[1, 1], [1, 0], [2, 0]], direction=RIGHT, apple=[1, 2])
     with pytest.raises(ValueError, match="not an empty cell"):
-        env.set_board(0, body=[[1, 1], [1, 0], [2, 0]], direction=RIGHT, apple=[1, 2])
         act(env, STRAIGHT)
