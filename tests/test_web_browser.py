@@ -170,6 +170,9 @@ def test_page_plays_200_moves_with_the_model(page: Any, server: PlayServer) -> N
     assert page.locator("#length").text_content().isdigit()
     assert page.locator("#model-select option").all_text_contents()[0].startswith("corrupt")
     assert page.evaluate("window.thrust.state.game.obsDim") == 308
+    page.wait_for_function("document.querySelector('#fps').textContent !== '–'")  # a 1 s window passed
+    assert float(page.locator("#fps").text_content()) > 0
+    assert float(page.locator("#mps").text_content()) > 0
     assert page.js_errors == []
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "web_play.png"))

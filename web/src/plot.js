@@ -53,7 +53,7 @@ export function drawCurve(canvas, points, { title = "return (mean) vs steps", co
   ctx.fillStyle = "#555";
   ctx.fillText(title, 8, 13);
   if (points.length === 0) {
-    ctx.fillText("no metrics for this model (train writes <job>.metrics.jsonl beside it)", 8, cssH / 2);
+    ctx.fillText("no metrics.jsonl for this model", 8, cssH / 2);
     return;
   }
   const pad = { left: 44, right: 12, top: 22, bottom: 22 };
