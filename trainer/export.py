@@ -1,0 +1,228 @@
+"""Export a policy to ONNX for the browser, check it, and describe it in manifest.json.
+
+The model file is one self-contained `.onnx` (`external_data=False`: the browser loads one file), opset
+18, input `obs` float32 `[batch, obs_dim]`, outputs `logits` `[batch, n_actions]` and `value`
+`[batch, 1]`, with a dynamic batch dimension. After writing, `onnx.checker` validates it and
+onnxruntime must reproduce torch's logits within 1e-5 (max abs diff) and the value within 1e-5 plus
+float32 rounding of its magnitude (see `parity_ok`), else `ExportError`.
+
+`manifest.json` is written beside the model (same directory): sha256, bytes, opset, inputs/outputs
+(name, shape, dtype), env, grid_size, action_mode, obs_dim, n_actions, policy, steps, final_return,
+commit (THRUST_COMMIT, else `git rev-parse HEAD` when in a git checkout, else null), created_at.
+
+CLI: `python -m trainer.export --checkpoint CKPT_OR_RUN_DIR --out model.onnx`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+OPSET = 18
+TOLERANCE = 1e-5
+
+
+class ExportError(RuntimeError):
+    """The exported model is invalid or does not match the torch policy."""
+
+
+def env_dims(env: str, grid_size: int | None, action_mode: str | None) -> tuple[int, int]:
+    """(obs_dim, n_actions) of an env as configured."""
+    if env == "cartpole":
+        return 4, 2
+    if env == "snake":
+        g = grid_size or 10
+        return 3 * g * g + 8, 3 if (action_mode or "relative") == "relative" else 4
+    raise ValueError(f"unknown env {env!r}")
+
+
+def git_commit() -> str | None:
+    if os.environ.get("THRUST_COMMIT"):
+        return os.environ["THRUST_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def check_parity(path: Path, model: nn.Module, obs_dim: int) -> dict[str, float]:
+    """Validate the file; max |onnxruntime - torch| per output over a few batch sizes, and max |value|."""
+    import onnx
+    import onnxruntime as ort
+
+    onnx.checker.check_model(str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    gen = torch.Generator().manual_seed(0)
+    out = {"logits": 0.0, "value": 0.0, "value_scale": 0.0}
+    for batch in (1, 7, 64):
+        obs = torch.rand(batch, obs_dim, generator=gen)
+        with torch.no_grad():
+            logits, value = model(obs)
+        got_logits, got_value = session.run(["logits", "value"], {"obs": obs.numpy()})
+        if got_logits.shape != tuple(logits.shape) or got_value.shape != tuple(value.shape):
+            raise ExportError(f"onnx output shapes {got_logits.shape}, {got_value.shape} differ from torch")
+        out["logits"] = max(out["logits"], float((torch.from_numpy(got_logits) - logits).abs().max()))
+        out["value"] = max(out["value"], float((torch.from_numpy(got_value) - value).abs().max()))
+        out["value_scale"] = max(out["value_scale"], float(value.abs().max()))
+    return out
+
+
+def parity_ok(diff: dict[str, float]) -> bool:
+    """Logits within 1e-5 absolute. Values (returns, up to hundreds) within 1e-5 plus float32 rounding:
+    two float32 ulps at 64 are already 1.5e-5, so an absolute bound alone cannot hold for large values."""
+    return diff["logits"] <= TOLERANCE and diff["value"] <= TOLERANCE + 1e-6 * diff["value_scale"]
+
+
+def export_onnx(
+    policy: nn.Module,
+    out: str | os.PathLike[str],
+    *,
+    env_name: str,
+    grid_size: int | None = None,
+    action_mode: str | None = None,
+    policy_kind: str = "mlp",
+    steps: int = 0,
+    final_return: float | None = None,
+) -> Path:
+    """Write `out` (.onnx) and `manifest.json` beside it; returns the model path."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    obs_dim, n_actions = env_dims(env_name, grid_size, action_mode)
+    model = copy.deepcopy(policy).to("cpu").eval()
+    example = torch.zeros(2, obs_dim)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    # The exporter reports progress on stdout; keep stdout for the trainer's machine-readable lines.
+    with contextlib.redirect_stdout(io.StringIO()) as chatter:
+        torch.onnx.export(
+            model,
+            (example,),
+            str(tmp),
+            input_names=["obs"],
+            output_names=["logits", "value"],
+            opset_version=OPSET,
+            dynamic_shapes={"obs": {0: torch.export.Dim("batch")}},
+            external_data=False,
+            dynamo=True,
+        )
+    del chatter
+    try:
+        diff = check_parity(tmp, model, obs_dim)
+        if not parity_ok(diff):
+            raise ExportError(f"onnxruntime differs from torch: {diff} (tolerance {TOLERANCE})")
+        os.replace(tmp, out)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    manifest: dict[str, Any] = {
+        "file": out.name,
+        "sha256": _sha256(out),
+        "bytes": out.stat().st_size,
+        "opset": OPSET,
+        "inputs": [{"name": "obs", "shape": ["batch", obs_dim], "dtype": "float32"}],
+        "outputs": [
+            {"name": "logits", "shape": ["batch", n_actions], "dtype": "float32"},
+            {"name": "value", "shape": ["batch", 1], "dtype": "float32"},
+        ],
+        "env": env_name,
+        "grid_size": grid_size if env_name == "snake" else None,
+        "action_mode": action_mode if env_name == "snake" else None,
+        "obs_dim": obs_dim,
+        "n_actions": n_actions,
+        "policy": policy_kind,
+        "steps": steps,
+        "final_return": final_return,
+        "max_abs_diff": {"logits": diff["logits"], "value": diff["value"]},
+        "commit": git_commit(),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    _write_atomic(out.with_name("manifest.json"), (json.dumps(manifest, indent=2) + "\n").encode())
+    return out
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A checkpoint file, or the latest checkpoint of a run directory."""
+    from trainer.checkpoint import load_latest
+
+    p = Path(path)
+    if p.is_dir():
+        loaded = load_latest(p / "checkpoints" if (p / "checkpoints").is_dir() else p)
+        if loaded is None:
+            raise FileNotFoundError(f"no checkpoint under {p}")
+        return loaded[0]
+    return torch.load(p, map_location="cpu", weights_only=True)
+
+
+def policy_from_checkpoint(state: dict[str, Any]) -> nn.Module:
+    from trainer.policy import build_policy
+
+    cfg = state["config"]
+    obs_dim, n_actions = env_dims(cfg["env"], cfg.get("grid_size"), cfg.get("action_mode"))
+    policy = build_policy(
+        cfg["policy"],
+        obs_dim,
+        n_actions,
+        cfg["hidden"],
+        grid_size=cfg.get("grid_size") if cfg["env"] == "snake" else None,
+        activation=cfg.get("activation", "tanh"),
+    )
+    policy.load_state_dict(state["model"])
+    return policy.eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.export", description="checkpoint -> ONNX + manifest")
+    p.add_argument("--checkpoint", required=True, help="a ckpt-*.pt file or a run directory")
+    p.add_argument("--out", required=True, help="where to write the .onnx (manifest.json goes beside it)")
+    args = p.parse_args(argv)
+    try:
+        state = load_checkpoint(args.checkpoint)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    cfg = state["config"]
+    out = export_onnx(
+        policy_from_checkpoint(state),
+        args.out,
+        env_name=cfg["env"],
+        grid_size=cfg.get("grid_size") if cfg["env"] == "snake" else None,
+        action_mode=cfg.get("action_mode") if cfg["env"] == "snake" else None,
+        policy_kind=cfg["policy"],
+        steps=int(state["step"]),
+    )
+    print(json.dumps({"model": str(out), "manifest": str(out.with_name("manifest.json"))}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
