@@ -9,6 +9,7 @@ No file at all is fine: the host `local` and the jobs `snake` and `cartpole` alw
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -111,8 +112,9 @@ def builtin_jobs() -> dict[str, JobConfig]:
 
 
 def local_host(workdir: str | None = None) -> HostConfig:
-    # The local host runs in the project itself: the code is already exactly what the user has.
-    return HostConfig(name=LOCAL, address=None, workdir=workdir or ".", python="python3")
+    # The local host runs in the project itself (the code is already exactly what the user has), with
+    # the interpreter thrust-remote runs in: the one its installer gave torch.
+    return HostConfig(name=LOCAL, address=None, workdir=workdir or ".", python=sys.executable or "python3")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from .names import valid_env_key
 
 # A stream callback receives ("out" | "err", one line without its newline).
 StreamCallback = Callable[[str, str], None]
+# A byte callback receives ("out" | "err", a chunk exactly as it arrived): for byte-exact copies.
+BytesCallback = Callable[[str, bytes], None]
 
 TIMEOUT_EXIT = 124  # what coreutils' timeout(1) returns; scripts already know it
 
@@ -69,7 +71,11 @@ class Runner(Protocol):
         timeout: float | None = None,
         stream: StreamCallback | None = None,
         stdin: bytes | None = None,
-    ) -> RunResult: ...
+        on_bytes: BytesCallback | None = None,
+    ) -> RunResult:
+        """Run argv (never through a shell). `stream` gets lines as they arrive; `on_bytes` gets raw
+        chunks instead (then stdout/stderr are not kept in the result)."""
+        ...
 
     def put(self, local: str | os.PathLike[str], remote: str) -> str:
         """Copy a local file to `remote` (verified, atomic); returns its sha256."""
@@ -129,13 +135,17 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
 class _LineSplitter:
     """Turns chunks into lines for a StreamCallback, keeping the partial line until it completes."""
 
-    def __init__(self, name: str, callback: StreamCallback | None) -> None:
+    def __init__(self, name: str, callback: StreamCallback | None, raw: BytesCallback | None = None) -> None:
         self.name = name
         self.callback = callback
+        self.raw = raw
         self.pending = b""
         self.chunks: list[bytes] = []
 
     def feed(self, data: bytes) -> None:
+        if self.raw is not None:
+            self.raw(self.name, data)
+            return  # a byte consumer keeps what it needs; do not hold a copy of a long log
         self.chunks.append(data)
         if self.callback is None:
             return
@@ -167,6 +177,7 @@ class LocalRunner:
         timeout: float | None = None,
         stream: StreamCallback | None = None,
         stdin: bytes | None = None,
+        on_bytes: BytesCallback | None = None,
     ) -> RunResult:
         args = check_argv(argv)
         full_env = {**os.environ, **check_env(env)}
@@ -190,8 +201,8 @@ class LocalRunner:
         except NotADirectoryError as exc:
             return RunResult(args, 1, "", f"cd {cwd}: {exc}", time.monotonic() - started)
 
-        out = _LineSplitter("out", stream)
-        err = _LineSplitter("err", stream)
+        out = _LineSplitter("out", stream, on_bytes)
+        err = _LineSplitter("err", stream, on_bytes)
         lock = threading.Lock()
 
         def pump(pipe, splitter: _LineSplitter) -> None:

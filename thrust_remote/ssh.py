@@ -51,6 +51,7 @@ from .errors import (
 from .names import Address, parse_address
 from .runner import (
     TIMEOUT_EXIT,
+    BytesCallback,
     RunResult,
     StreamCallback,
     _LineSplitter,
@@ -305,6 +306,7 @@ class SSHRunner:
         timeout: float | None = None,
         stream: StreamCallback | None = None,
         stdin: bytes | None = None,
+        on_bytes: BytesCallback | None = None,
     ) -> RunResult:
         command = build_remote_command(argv, env, cwd, timeout)
         args = check_argv(argv)
@@ -322,8 +324,8 @@ class SSHRunner:
                 f"connection to {self.name} lost before the command started: {exc}",
                 "check the link and run the command again",
             ) from None
-        out = _LineSplitter("out", stream)
-        err = _LineSplitter("err", stream)
+        out = _LineSplitter("out", stream, on_bytes)
+        err = _LineSplitter("err", stream, on_bytes)
         last_data = time.monotonic()
         lost = False
         try:

@@ -1,0 +1,140 @@
+"""Following a run's log at the CLI edge: a rich progress bar on a terminal, the raw bytes otherwise.
+
+Ctrl-C detaches (the run goes on) and a lost link ends with exit 75; both print the exact command
+that reattaches from the byte offset reached, so no line is lost or repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from typing import Any
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .. import runs
+from ..config import HostConfig
+from ..console import console, err_console
+from ..errors import ConnectionLostError, ExitCode, ThrustError
+from ..runner import Runner
+
+
+class LogView:
+    """Consumes log bytes: keeps the offset, parses THRUST_METRICS lines, renders or copies."""
+
+    def __init__(self, run_id: str, fancy: bool) -> None:
+        self.run_id = run_id
+        self.fancy = fancy
+        self.pending = b""
+        self.progress: Progress | None = None
+        self.task = None
+        self.last: dict[str, Any] = {}
+
+    def __enter__(self) -> LogView:
+        if self.fancy:
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
+                TextColumn("{task.fields[stats]}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=False,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task(self.run_id, total=None, stats="")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pending:
+            self._line(self.pending)
+            self.pending = b""
+        if self.progress is not None:
+            self.progress.stop()
+
+    def feed(self, chunk: bytes) -> None:
+        if not self.fancy:
+            sys.stdout.buffer.write(chunk)  # byte for byte: a transcript equals the host's log
+            sys.stdout.buffer.flush()
+        self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            self._line(line)
+
+    def _line(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", "replace")
+        if text.startswith("THRUST_METRICS "):
+            try:
+                self.last = json.loads(text.split(" ", 1)[1])
+            except ValueError:
+                return
+            self._update()
+            return
+        if self.fancy and self.progress is not None:
+            if text.startswith(("THRUST_INFO ", "THRUST_DONE ")):
+                return
+            self.progress.console.print(text, markup=False, highlight=False)
+
+    def _update(self) -> None:
+        if self.progress is None or self.task is None:
+            return
+        m = self.last
+        stats = []
+        if m.get("sps") is not None:
+            stats.append(f"{m['sps']:,.0f} SPS")
+        if m.get("return_mean") is not None:
+            stats.append(f"return {m['return_mean']:.2f}")
+        if m.get("score_mean") is not None:
+            stats.append(f"score {m['score_mean']:.2f}")
+        if m.get("gpu_util") is not None:
+            stats.append(f"GPU {m['gpu_util']:.0f}%")
+        self.progress.update(self.task, completed=m.get("step", 0), total=m.get("total_steps"),
+                             stats="  ".join(stats))
+
+
+def reattach_command(run_id: str, host: HostConfig, offset: int | None = None) -> str:
+    argv = ["thrust-remote", "logs", run_id, "--follow", "--host", host.name]
+    if offset:
+        argv += ["--offset", str(offset)]
+    return shlex.join(argv)
+
+
+def follow(runner: Runner, host: HostConfig, paths: runs.HostPaths, run_id: str, *, offset: int = 0,
+           fancy: bool | None = None) -> tuple[dict, int]:
+    """Stream until the run ends; returns (status, offset). Raises ThrustError 75 on detach/lost link."""
+    fancy = console.is_terminal if fancy is None else fancy
+    view = LogView(run_id, fancy)
+    position = offset
+    try:
+        with view:
+            position = runs.follow_log(runner, host, paths, run_id, offset=offset, follow=True, on_bytes=view.feed)
+    except KeyboardInterrupt:
+        raise ThrustError(
+            f"detached from run {run_id}; it goes on on {host.name}",
+            f"reattach with: {reattach_command(run_id, host)}   (stop it with: thrust-remote stop {run_id} "
+            f"--host {host.name})",
+            ExitCode.CONNECTION_LOST,
+        ) from None
+    except ConnectionLostError as exc:
+        reached = getattr(exc, "offset", position)
+        raise ConnectionLostError(
+            f"connection to {host.name} lost while following run {run_id}; the run goes on",
+            f"reattach with: {reattach_command(run_id, host, reached)}",
+        ) from None
+    status = runs.status(runner, host, paths, run_id)
+    return status, position
+
+
+def exit_code_for(status: dict) -> int:
+    state = status.get("state")
+    if state == "FINISHED":
+        return 0
+    code = status.get("exit_code")
+    if isinstance(code, int) and code != 0:
+        return code
+    return ExitCode.FAILED
+
+
+def say(message: str) -> None:
+    err_console.print(message, highlight=False)

@@ -1,0 +1,366 @@
+"""The run supervisor that lives on the host. Standard library only: it is uploaded and run with the
+host's python before anything is installed there.
+
+    python3 supervise.py launch --run-dir D --cwd W --job J --lock L --meta JSON --env JSON -- ARGV...
+    python3 supervise.py status --run-dir D
+    python3 supervise.py list --runs-dir R
+    python3 supervise.py logs --run-dir D --offset N [--follow]
+    python3 supervise.py stop --run-dir D [--grace S]
+
+`launch` double-forks: the supervisor becomes a session leader with every stream redirected (so the
+SSH channel closes at once and the run survives the link), starts the job in a process group of its
+own (so `stop` can signal the job's whole tree and still leave the supervisor to record the end),
+waits for it, and writes `exit_code` atomically. `launch` prints one JSON line and returns at once.
+
+A run is RUNNING only when the recorded pid is alive *and* its start time matches *and* the marker
+token is in its command line (a recycled pid is not our run); otherwise FINISHED/FAILED/STOPPED from
+`exit_code`, or LOST when nothing recorded an end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+RUN_JSON = "run.json"
+LOG = "log"
+EXIT_CODE = "exit_code"
+STOPPED = "stopped"
+
+
+def _write_atomic(path: str, data: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat (clock ticks since boot): a pid's identity together with the pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[19]
+
+
+def _proc_cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _proc_environ_has(pid: int, needle: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return needle.encode() in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _alive(pid: int | None, start: str | None, marker: str | None, *, in_env: bool = False) -> bool:
+    if not pid or not start or not marker:
+        return False
+    if _proc_start_time(pid) != start:
+        return False
+    if in_env:
+        return _proc_environ_has(pid, f"THRUST_RUN_MARKER={marker}")
+    return marker in _proc_cmdline(pid)
+
+
+def run_state(run_dir: str) -> dict:
+    """The DESIGN.md status object for one run directory."""
+    meta = _read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    exit_text = None
+    with contextlib.suppress(OSError), open(os.path.join(run_dir, EXIT_CODE)) as fh:
+        exit_text = fh.read().strip()
+    stopped = os.path.exists(os.path.join(run_dir, STOPPED))
+    marker = meta.get("marker")
+    exit_code: int | None = None
+    ended_at = None
+    if exit_text:
+        try:
+            end = json.loads(exit_text)
+            exit_code = int(end["exit_code"])
+            ended_at = end.get("ended_at")
+        except (ValueError, KeyError, TypeError):
+            exit_code = None
+    if exit_code is not None:
+        state = "STOPPED" if stopped else ("FINISHED" if exit_code == 0 else "FAILED")
+    elif _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), marker):
+        state = "RUNNING"
+    elif _alive(meta.get("pid"), meta.get("pid_start"), marker, in_env=True):
+        state = "RUNNING"  # the supervisor is gone but the job is still ours and alive
+    elif not meta:
+        state = "LOST"
+    else:
+        state = "STOPPED" if stopped else "LOST"
+    return {
+        "run_id": meta.get("run_id") or os.path.basename(os.path.normpath(run_dir)),
+        "state": state,
+        "exit_code": exit_code,
+        "pid": meta.get("pid"),
+        "started_at": meta.get("started_at"),
+        "ended_at": ended_at,
+        "host": meta.get("host"),
+        "job": meta.get("job"),
+        "commit": meta.get("commit"),
+    }
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
+    run_dir = os.path.abspath(args.run_dir)
+    lock_path = args.lock
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # held while we check and claim: two launches cannot both win
+    current = os.read(lock_fd, 4096).decode().strip()
+    if current:
+        other = os.path.join(os.path.dirname(run_dir), current)
+        if current != os.path.basename(run_dir) and run_state(other)["state"] == "RUNNING":
+            print(json.dumps({"error": "locked", "run_id": current}))
+            return 3
+    os.makedirs(run_dir, exist_ok=True)
+    meta = json.loads(args.meta)
+    # The caller puts the marker on our command line; the forked supervisor inherits that command line.
+    marker = args.marker or secrets.token_hex(8)
+    env = dict(os.environ)
+    env.update(json.loads(args.env))
+    env["THRUST_RUN_MARKER"] = marker
+    env["THRUST_RUN_DIR"] = run_dir
+    env["PYTHONUNBUFFERED"] = "1"
+    meta.update(
+        run_id=os.path.basename(run_dir),
+        argv=argv,
+        cwd=args.cwd,
+        marker=marker,
+        started_at=_now(),
+    )
+    read_end, write_end = os.pipe()
+    first = os.fork()
+    if first == 0:  # child: become a session leader, fork the supervisor, exit
+        os.close(read_end)
+        os.close(lock_fd)  # the lock belongs to this launch, not to the run's lifetime
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)
+        _supervise(run_dir, args.cwd, argv, env, meta, write_end, marker)
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(first, 0)
+    report = b""
+    while chunk := os.read(read_end, 65536):
+        report += chunk
+    os.ftruncate(lock_fd, 0)
+    os.lseek(lock_fd, 0, 0)
+    os.write(lock_fd, os.path.basename(run_dir).encode())
+    os.close(lock_fd)
+    sys.stdout.write(report.decode() + "\n")
+    return 0 if b'"pid"' in report else 1
+
+
+def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, report_fd: int, marker: str) -> None:
+    # Every stream away from the SSH channel, or the session would wait for us.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    log_fd = os.open(os.path.join(run_dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(devnull, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=devnull, stdout=log_fd, stderr=log_fd, start_new_session=True
+        )
+    except OSError as exc:
+        os.write(log_fd, f"thrust: cannot start {argv[0]}: {exc}\n".encode())
+        _write_atomic(os.path.join(run_dir, EXIT_CODE), json.dumps({"exit_code": 127, "ended_at": _now()}))
+        os.write(report_fd, json.dumps({"error": str(exc)}).encode())
+        os.close(report_fd)
+        return
+    meta.update(
+        pid=proc.pid,
+        pid_start=_proc_start_time(proc.pid),
+        supervisor_pid=os.getpid(),
+        supervisor_start=_proc_start_time(os.getpid()),
+    )
+    _write_atomic(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
+    os.write(report_fd, json.dumps({"pid": proc.pid, "run_dir": run_dir, "marker": marker}).encode())
+    os.close(report_fd)
+    # The supervisor ignores the signals meant for the job's group; `stop` signals that group only.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    code = proc.wait()
+    if code < 0:
+        code = 128 - code
+    _write_atomic(os.path.join(run_dir, EXIT_CODE), json.dumps({"exit_code": code, "ended_at": _now()}))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    print(json.dumps(run_state(args.run_dir)))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    out = []
+    if os.path.isdir(args.runs_dir):
+        for name in sorted(os.listdir(args.runs_dir)):
+            path = os.path.join(args.runs_dir, name)
+            if os.path.isdir(path):
+                out.append(run_state(path))
+    out.sort(key=lambda r: r.get("started_at") or "")
+    print(json.dumps(out))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Copy the log from a byte offset; with --follow, until the run has ended and all is sent."""
+    path = os.path.join(args.run_dir, LOG)
+    out = sys.stdout.buffer
+    offset = args.offset
+    deadline_idle = time.monotonic()
+    while True:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                while chunk := fh.read(1 << 16):
+                    out.write(chunk)
+                    offset += len(chunk)
+                out.flush()
+        except FileNotFoundError:
+            if not args.follow:
+                return 2
+        if not args.follow:
+            return 0
+        if run_state(args.run_dir)["state"] != "RUNNING":
+            # one last read: the job may have written its final lines after our read above
+            with contextlib.suppress(FileNotFoundError), open(path, "rb") as fh:
+                fh.seek(offset)
+                out.write(fh.read())
+                out.flush()
+            return 0
+        time.sleep(0.2)
+        if time.monotonic() - deadline_idle > 3600 * 24 * 30:
+            return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    meta = _read_json(os.path.join(args.run_dir, RUN_JSON)) or {}
+    state = run_state(args.run_dir)
+    if state["state"] != "RUNNING":
+        print(json.dumps({"stopped": False, "state": state["state"]}))
+        return 0
+    pid = meta["pid"]
+    with open(os.path.join(args.run_dir, STOPPED), "w") as fh:
+        fh.write(_now())
+    pgid = pid  # the job leads its own process group (start_new_session)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + args.grace
+    killed = False
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            break
+        time.sleep(0.1)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        killed = True
+    # wait for the supervisor to record the end (it is not in the job's group)
+    for _ in range(100):
+        if os.path.exists(os.path.join(args.run_dir, EXIT_CODE)):
+            break
+        if not _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), meta.get("marker")):
+            _write_atomic(
+                os.path.join(args.run_dir, EXIT_CODE),
+                json.dumps({"exit_code": 128 + (9 if killed else 15), "ended_at": _now()}),
+            )
+            break
+        time.sleep(0.05)
+    print(json.dumps({"stopped": True, "killed": killed, "state": run_state(args.run_dir)["state"]}))
+    return 0
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # zombies still count for killpg; look for a live member
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    job_argv: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, job_argv = argv[:i], argv[i + 1 :]
+    parser = argparse.ArgumentParser(prog="supervise.py")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("launch")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--cwd", required=True)
+    p.add_argument("--lock", required=True)
+    p.add_argument("--meta", default="{}")
+    p.add_argument("--env", default="{}")
+    p.add_argument("--marker", default="")
+    p = sub.add_parser("status")
+    p.add_argument("--run-dir", required=True)
+    p = sub.add_parser("list")
+    p.add_argument("--runs-dir", required=True)
+    p = sub.add_parser("logs")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--follow", action="store_true")
+    p = sub.add_parser("stop")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--grace", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    if args.cmd == "launch":
+        if not job_argv:
+            parser.error("launch needs the job's argv after --")
+        return cmd_launch(args, job_argv)
+    return {"status": cmd_status, "list": cmd_list, "logs": cmd_logs, "stop": cmd_stop}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Put the host's checkout at exactly the local commit, plus the local uncommitted changes.
+
+- The host fetches the commit from the local repo's origin when it can reach it (the guide's
+  `git pull`); otherwise a `git bundle` of only the commits the host lacks goes over SFTP.
+- A first sync onto an empty workdir clones (or `git init` + bundle).
+- Uncommitted changes to tracked files travel as a binary patch, applied with `--index` so the next
+  sync's `reset --hard` removes them again; untracked files are listed, not copied.
+- `.git` is never copied; untracked files on the host (target/, caches, .thrust/) are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ExitCode, ThrustError
+from .runner import Runner
+from .runs import HostPaths
+
+Step = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LocalState:
+    root: Path
+    commit: str
+    patch: bytes = b""
+    untracked: tuple[str, ...] = ()
+    origin: str | None = None
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self.patch)
+
+    @property
+    def patch_sha256(self) -> str | None:
+        return hashlib.sha256(self.patch).hexdigest() if self.patch else None
+
+
+@dataclass
+class SyncResult:
+    commit: str
+    method: str  # "up-to-date" | "fetch" | "bundle" | "clone" | "local"
+    dirty: bool
+    patch_sha256: str | None
+    untracked: tuple[str, ...]
+    bundle_bytes: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def as_meta(self) -> dict:
+        return {
+            "commit": self.commit,
+            "sync": self.method,
+            "dirty": self.dirty,
+            "patch_sha256": self.patch_sha256,
+            "untracked": list(self.untracked),
+        }
+
+
+def _git(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(["git", "-C", str(root), *args], capture_output=True)
+    if check and result.returncode != 0:
+        raise ThrustError(f"git {' '.join(args)} failed: {result.stderr.decode(errors='replace').strip()}")
+    return result
+
+
+def local_state(root: Path) -> LocalState:
+    """What the laptop has: HEAD, the uncommitted diff, untracked files, origin's URL."""
+    inside = _git(root, "rev-parse", "--show-toplevel", check=False)
+    if inside.returncode != 0:
+        raise ThrustError(
+            f"{root} is not a git repository: thrust-remote sends the host an exact commit",
+            "git init && git add -A && git commit -m 'first'",
+            ExitCode.USAGE,
+        )
+    top = Path(inside.stdout.decode().strip())
+    head = _git(top, "rev-parse", "--verify", "-q", "HEAD^{commit}", check=False)
+    if head.returncode != 0:
+        raise ThrustError(f"{top} has no commit yet", "git add -A && git commit -m 'first'", ExitCode.USAGE)
+    patch = _git(top, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff").stdout
+    untracked = _git(top, "ls-files", "--others", "--exclude-standard", "-z").stdout.decode().split("\0")
+    origin = _git(top, "remote", "get-url", "origin", check=False)
+    return LocalState(
+        root=top,
+        commit=head.stdout.decode().strip(),
+        patch=patch,
+        untracked=tuple(u for u in untracked if u),
+        origin=origin.stdout.decode().strip() if origin.returncode == 0 else None,
+    )
+
+
+class _Host:
+    """git on the host, in the workdir."""
+
+    def __init__(self, runner: Runner, workdir: str) -> None:
+        self.runner = runner
+        self.workdir = workdir
+
+    def git(self, *args: str, timeout: float = 120):
+        return self.runner.run(["git", "-C", self.workdir, *args], timeout=timeout)
+
+
+def sync(runner: Runner, paths: HostPaths, local: LocalState, *, step: Step = lambda _: None) -> SyncResult:
+    host = _Host(runner, paths.workdir)
+    probe = runner.run(["git", "--version"])
+    if probe.exit_code == 127:
+        raise ThrustError(
+            f"git is not installed on {runner.name}",
+            "install it there (e.g. apt-get install git)",
+            ExitCode.UNAVAILABLE,
+        )
+    warnings: list[str] = []
+    method = "up-to-date"
+    bundle_bytes = 0
+    is_repo = host.git("rev-parse", "--is-inside-work-tree").ok and runner.exists(f"{paths.workdir}/.git")
+    if not is_repo:
+        method = "clone"
+        step(f"first sync: setting up {paths.workdir}")
+        cloned = False
+        if local.origin:
+            res = runner.run(["git", "clone", "-q", "--no-checkout", "--", local.origin, paths.workdir], timeout=300)
+            cloned = res.ok
+        if not cloned:
+            runner.run(["mkdir", "-p", "--", paths.workdir]).check("mkdir workdir")
+            host.git("init", "-q").check("git init on the host")
+    _exclude_thrust_dir(runner, paths)
+    if not host.git("cat-file", "-e", f"{local.commit}^{{commit}}").ok:
+        fetched = False
+        if local.origin:
+            step("fetching the commit from origin on the host")
+            fetched = host.git("fetch", "-q", "--", local.origin, local.commit, timeout=300).ok
+            fetched = fetched and host.git("cat-file", "-e", f"{local.commit}^{{commit}}").ok
+        if fetched:
+            method = "fetch" if method != "clone" else "clone"
+        else:
+            step("sending the missing commits as a git bundle")
+            bundle_bytes = _send_bundle(runner, host, paths, local)
+            method = "bundle"
+    step(f"checking out {local.commit[:12]}")
+    host.git("reset", "-q", "--hard").check("git reset on the host")  # drops the previous run's patch
+    host.git("checkout", "-q", "--force", "--detach", local.commit).check("git checkout on the host")
+    if local.patch:
+        step("applying uncommitted changes as a patch")
+        remote_patch = f"{paths.thrust}/sync.patch"
+        with tempfile.NamedTemporaryFile(suffix=".patch") as tmp:
+            tmp.write(local.patch)
+            tmp.flush()
+            runner.put(tmp.name, remote_patch)
+        host.git("apply", "--index", "--whitespace=nowarn", remote_patch).check("applying the local changes")
+        changed = _git(local.root, "diff", "HEAD", "--name-only").stdout.decode().split()
+        warnings.append(
+            f"uncommitted changes sent as a patch ({len(local.patch)} bytes, {len(changed)} files: "
+            f"{', '.join(changed[:5])}{'…' if len(changed) > 5 else ''}); commit them to make the run reproducible"
+        )
+    if local.untracked:
+        shown = ", ".join(local.untracked[:5]) + ("…" if len(local.untracked) > 5 else "")
+        warnings.append(f"{len(local.untracked)} untracked files were not sent: {shown}")
+    head = host.git("rev-parse", "HEAD")
+    if head.stdout.strip() != local.commit:
+        raise ThrustError(f"the host's checkout is at {head.stdout.strip()[:12]}, expected {local.commit[:12]}")
+    return SyncResult(local.commit, method, local.dirty, local.patch_sha256, local.untracked, bundle_bytes, warnings)
+
+
+def _exclude_thrust_dir(runner: Runner, paths: HostPaths) -> None:
+    """Keep .thrust/ (runs, caches) out of the host repo's status without touching .gitignore."""
+    exclude = f"{paths.workdir}/.git/info/exclude"
+    res = runner.run(["grep", "-qxF", "/.thrust/", exclude])
+    if res.exit_code != 0:
+        runner.run(["mkdir", "-p", "--", f"{paths.workdir}/.git/info"]).check("mkdir .git/info")
+        runner.run(["sh", "-c", 'printf "%s\\n" /.thrust/ >> "$1"', "sh", exclude]).check("update .git/info/exclude")
+    runner.run(["mkdir", "-p", "--", paths.thrust]).check("mkdir .thrust")
+
+
+def _send_bundle(runner: Runner, host: _Host, paths: HostPaths, local: LocalState) -> int:
+    # What the host already has and we know too: those commits (and their history) stay out.
+    refs = host.git("for-each-ref", "--format=%(objectname)")
+    known = {line.strip() for line in refs.stdout.splitlines() if line.strip()}
+    head = host.git("rev-parse", "-q", "--verify", "HEAD")
+    if head.ok and head.stdout.strip():
+        known.add(head.stdout.strip())
+    exclude = [
+        f"^{c}" for c in sorted(known)
+        if _git(local.root, "cat-file", "-e", f"{c}^{{commit}}", check=False).returncode == 0
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = Path(tmp) / "sync.bundle"
+        ref = "refs/thrust/sync"
+        _git(local.root, "update-ref", ref, local.commit)
+        try:
+            _git(local.root, "bundle", "create", "-q", str(bundle), ref, *exclude)
+        finally:
+            _git(local.root, "update-ref", "-d", ref, check=False)
+        size = bundle.stat().st_size
+        remote = f"{paths.thrust}/sync.bundle"
+        runner.run(["mkdir", "-p", "--", paths.thrust]).check("mkdir .thrust")
+        runner.put(bundle, remote)
+    host.git("fetch", "-q", remote, f"{ref}:{ref}").check("fetching the bundle on the host")
+    runner.run(["rm", "-f", "--", remote])
+    return size
