@@ -275,14 +275,29 @@ def setup_cargo(runner: Runner, host: HostConfig, job: JobConfig, report: doctor
     return False
 
 
-def start(config: Config, request: TrainRequest, runner: Runner, reporter: Reporter | None = None) -> Launched:
-    """Everything up to a running, detached job on the host."""
+@dataclass
+class Prepared:
+    """A host ready to run a job: synced, checked, set up. Launch any number of runs from it."""
+
+    config: Config
+    job: JobConfig
+    host: HostConfig
+    paths: runs.HostPaths
+    report: doctor.Report
+    env: dict[str, str]
+    cwd: str
+    local: LocalState | None
+    sync: SyncResult | None
+    setup_skipped: bool
+    timings: dict[str, float]
+
+
+def prepare(config: Config, job: JobConfig, host: HostConfig, runner: Runner, reporter: Reporter | None = None,
+            *, args_for_preflight: Sequence[str] = ()) -> Prepared:
+    """sync (remote hosts) → envcheck preflight → setup (python deps / cargo build), each timed."""
     reporter = reporter or NullReporter()
-    job, host = request.job, request.host
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    sets = parse_sets(request.sets)
-    params = load_params(request.params_file) if request.params_file else {}
     paths = runs.host_paths(runner, host, config)
     # what we run: the exact local commit (synced to a remote host; the project itself when local)
     local: LocalState | None
@@ -308,48 +323,70 @@ def start(config: Config, request: TrainRequest, runner: Runner, reporter: Repor
     t1 = time.monotonic()
     reporter.step(f"checking {host.name} (envcheck)")
     report = doctor.run_doctor(runner, host, job, workdir=paths.workdir)
-    args = job_arguments(job, sets, params)
-    preflight(report, job, args, host)
+    preflight(report, job, [*job_arguments(job, {}, {}), *args_for_preflight], host)
     timings["preflight"] = time.monotonic() - t1
 
     t2 = time.monotonic()
-    gpus = select_gpus(request.gpus, report.facts, host)
     env = dict(buildenv.build_env(report.facts, job))
-    env.update(request.extra_env)
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    if sync_result is not None:
+        env.setdefault("THRUST_COMMIT", sync_result.commit)
     if job.kind == "cargo":
         skipped = setup_cargo(runner, host, job, report, sync_result, reporter)
-        argv = [*buildenv.cargo_run_argv(report.facts, job)[:1], *args]
         cwd = buildenv.crate_dir(report.facts, job)
     else:
         skipped = setup_python(runner, host, paths, report.facts, local, reporter)
         cwd = paths.workdir
     timings["setup"] = time.monotonic() - t2
+    return Prepared(config, job, host, paths, report, env, cwd, local, sync_result, skipped, timings)
 
+
+def launch_prepared(prepared: Prepared, runner: Runner, *, args: Sequence[str], run_id: str | None = None,
+                    gpus: Sequence[int] = (), nproc: int | None = None, extra_env: Mapping[str, str] | None = None,
+                    lock_job: str | None = None, reporter: Reporter | None = None) -> Launched:
+    """Start one detached run. `args` are the trainer's flags (job_arguments); `gpus` become
+    CUDA_VISIBLE_DEVICES; `lock_job` names the lock (default: the job's name)."""
+    reporter = reporter or NullReporter()
     t3 = time.monotonic()
-    run_id = runs.check_run_id(request.run_id) if request.run_id else runs.new_run_id(job.name)
+    job, host, paths = prepared.job, prepared.host, prepared.paths
+    env = dict(prepared.env)
+    env.update(extra_env or {})
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    run_id = runs.check_run_id(run_id) if run_id else runs.new_run_id(job.name)
     run_dir = paths.run(run_id)
-    if job.kind == "python":
-        nproc = request.nproc or max(1, len(gpus))
-        argv = python_argv(host, args, run_dir, nproc)
-        if sync_result is not None:
-            env.setdefault("THRUST_COMMIT", sync_result.commit)
+    if job.kind == "cargo":
+        argv = [*buildenv.cargo_run_argv(prepared.report.facts, job)[:1], *args]
+    else:
+        argv = python_argv(host, args, run_dir, nproc or max(1, len(gpus)))
+    sync_result = prepared.sync
     meta = {
         "argv": argv,
         "env_keys": sorted(env),
         "env": env,
-        "facts": {k: report.facts.get(k) for k in ("hostname", "python", "python_path", "torch", "cuda_available")},
-        "gpus": gpus,
+        "facts": {k: prepared.report.facts.get(k)
+                  for k in ("hostname", "python", "python_path", "torch", "cuda_available")},
+        "gpus": list(gpus),
         **(sync_result.as_meta() if sync_result else {"commit": None}),
     }
     reporter.step(f"launching run {run_id}")
-    answer = runs.launch(runner, host, paths, run_id=run_id, job=job.name, argv=argv, cwd=cwd, env=env, meta=meta)
-    timings["launch"] = time.monotonic() - t3
-    if job.kind == "python" and sync_result is not None and sync_result.dirty and local is not None:
-        _save_patch(runner, run_dir, local)
+    answer = runs.launch(runner, host, paths, run_id=run_id, job=lock_job or job.name, argv=argv,
+                         cwd=prepared.cwd, env=env, meta={**meta, "job": job.name})
+    timings = {**prepared.timings, "launch": time.monotonic() - t3}
+    if sync_result is not None and sync_result.dirty and prepared.local is not None:
+        _save_patch(runner, run_dir, prepared.local)
     return Launched(run_id, run_dir, int(answer["pid"]), host.name, job.name,
-                    sync_result.commit if sync_result else None, paths, sync_result, skipped, timings)
+                    sync_result.commit if sync_result else None, paths, sync_result, prepared.setup_skipped, timings)
+
+
+def start(config: Config, request: TrainRequest, runner: Runner, reporter: Reporter | None = None) -> Launched:
+    """Everything up to a running, detached job on the host."""
+    sets = parse_sets(request.sets)
+    params = load_params(request.params_file) if request.params_file else {}
+    args = job_arguments(request.job, sets, params)
+    prepared = prepare(config, request.job, request.host, runner, reporter, args_for_preflight=args)
+    gpus = select_gpus(request.gpus, prepared.report.facts, request.host)
+    return launch_prepared(prepared, runner, args=args, run_id=request.run_id, gpus=gpus, nproc=request.nproc,
+                           extra_env=request.extra_env, reporter=reporter)
 
 
 def _save_patch(runner: Runner, run_dir: str, local: LocalState) -> None:

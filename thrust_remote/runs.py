@@ -117,7 +117,7 @@ def launch(
         "--cwd", cwd,
         "--lock", paths.lock(job),
         "--marker", marker,
-        "--meta", json.dumps({**meta, "job": job, "host": host.name}),
+        "--meta", json.dumps({"job": job, "host": host.name, **meta}),
         "--env", json.dumps(dict(env)),
         "--", *argv,
     ]

@@ -42,11 +42,13 @@ def list_runs(ctx: typer.Context, host: str | None = HOST_OPT,
     if as_json:
         typer.echo(json.dumps(items, indent=2))
         return
-    table = Table("run", "job", "state", "exit", "started", "ended", "commit")
+    table = Table("job", "state", "exit", "started", "ended", "commit")
+    table.add_column("run", no_wrap=True)
     for r in items:
         style = STATE_STYLE.get(r["state"], "")
-        table.add_row(r["run_id"], r.get("job") or "", f"[{style}]{r['state']}[/]", str(r.get("exit_code") or ""),
-                      r.get("started_at") or "", r.get("ended_at") or "", (r.get("commit") or "")[:12])
+        code = r.get("exit_code")
+        table.add_row(r.get("job") or "", f"[{style}]{r['state']}[/]", "" if code is None else str(code),
+                      r.get("started_at") or "", r.get("ended_at") or "", (r.get("commit") or "")[:12], r["run_id"])
     console.print(table)
 
 
