@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--eval-every", type=int, default=2, help="iterations between --target-return checks")
     a("--log-interval", type=float, default=1.0, help="seconds between THRUST_METRICS reports")
     a("--checkpoint-interval", type=float, default=120.0, help="seconds between checkpoints")
-    a("--threads", type=int, default=0, help="torch CPU threads; 0 = 1 for small batches, else all")
+    a("--threads", type=int, default=0, help="torch CPU threads; 0 = 1 on CPU (see main), torch's default on CUDA")
     a("--dist-timeout", type=float, default=600.0, help="process-group timeout, seconds")
     a("--tensorboard", action="store_true", help="also write TensorBoard event files (needs tensorboard)")
     return p
@@ -263,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     num_envs = total_envs // dist.world
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    elif device.type == "cpu" and num_envs * (4 if args.env == "cartpole" else 300) <= 4096:
-        torch.set_num_threads(1)  # small batches: one thread is as fast and steadier under load
+    elif device.type == "cpu":
+        # One thread by default: as fast as two for small batches, and when the cores are shared with
+        # other work, OpenMP workers spin-waiting on each other made a 2-thread run ~20x slower here.
+        torch.set_num_threads(1)
 
     run_dir = Path(args.run_dir) if args.run_dir else None
     if run_dir is None:
