@@ -620,11 +620,8 @@ def check_ssh_python(c: Ctx) -> dict:
     others = c.facts.get("other_pythons") or []
     with_torch = [o["path"] for o in others if o.get("torch")]
     if c.torch_ok:
-        path_py = [o for o in others if o.get("on_path")]
-        extra = ""
-        if path_py and not any(o.get("torch") for o in path_py):
-            extra = f"; note: `python3` on PATH ({path_py[0]['path']}) has no torch, manual commands need {c.python}"
-        return result(cid, OK, f"{c.python} has torch {c.probe.get('version')}{extra}")
+        return result(cid, OK, f"{c.python} (the configured python, run by the SSH session) has torch "
+                      f"{c.probe.get('version')}")
     if with_torch:
         return result(cid, FAIL, f"{c.python} (hosts.{c.host}.python) has no torch, but {with_torch[0]} does",
                       f"set `python: {with_torch[0]}` under hosts.{c.host} in thrust.yaml")

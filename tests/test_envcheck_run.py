@@ -1,0 +1,126 @@
+"""envcheck run for real on this machine as `python -m envcheck --json`: every check id, and the
+broken hosts (no torch, a torch whose import hangs, a broken PATH, a GPU host's nvidia-smi) become
+report rows with reasons — never a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envcheck.checks import CHECK_IDS
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).parent / "data" / "nvidia_smi"
+
+
+def base_python() -> str:
+    """The interpreter the venv was made from: a python3 without torch."""
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+@pytest.fixture(scope="module")
+def bare_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real venv without torch (no pip either: only the standard library, like a fresh host)."""
+    path = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([base_python(), "-m", "venv", "--without-pip", str(path)], check=True)
+    return path / "bin" / "python"
+
+
+def envcheck(python: str | Path, *args: str, env: dict | None = None, timeout: float = 120) -> tuple[dict, float]:
+    started = time.monotonic()
+    proc = subprocess.run([str(python), "-m", "envcheck", "--json", *args], capture_output=True, text=True,
+                          cwd=REPO, env=env if env is not None else os.environ.copy(), timeout=timeout)
+    wall = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), wall
+
+
+def rows(doc: dict) -> dict[str, dict]:
+    assert [c["id"] for c in doc["checks"]] == list(CHECK_IDS)
+    for c in doc["checks"]:
+        assert set(c) == {"id", "title", "status", "detail", "fix"}
+        assert c["status"] in ("ok", "warn", "fail", "skip") and c["detail"]
+        assert "check crashed" not in c["detail"], c
+    return {c["id"]: c for c in doc["checks"]}
+
+
+def test_report_has_every_check_and_the_torch_facts() -> None:
+    doc, wall = envcheck(sys.executable, "--host", "here")
+    assert set(doc) == {"host", "facts", "checks"} and doc["host"] == "here"
+    r = rows(doc)
+    import torch
+
+    assert doc["facts"]["torch"] == torch.__version__
+    assert doc["facts"]["torch_probe"]["cxx11_abi"] == bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+    assert r["torch-import"]["status"] == "ok" and r["torch-libs"]["status"] == "ok"
+    assert wall < 10
+
+
+def test_python_without_torch_is_a_failing_row_with_the_fix(bare_venv: Path) -> None:
+    doc, _ = envcheck(bare_venv)
+    r = rows(doc)
+    assert doc["facts"]["torch"] is None
+    assert r["torch-import"]["status"] == "fail"
+    assert "No module named 'torch'" in r["torch-import"]["detail"]
+    assert r["torch-import"]["fix"] == f"{bare_venv} -m pip install torch"
+    assert r["cuda-available"]["status"] == "skip"
+
+
+def test_hanging_torch_import_times_out_into_a_row(tmp_path: Path, bare_venv: Path) -> None:
+    """A torch whose import never returns (what a wedged CUDA init looks like from outside)."""
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import time\ntime.sleep(600)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    doc, wall = envcheck(bare_venv, "--torch-timeout", "2", env=env)
+    r = rows(doc)
+    assert wall < 8
+    assert r["torch-import"]["status"] == "fail"
+    assert "timed out after 2 s during 'import torch'" in r["torch-import"]["detail"]
+
+
+def test_broken_path_gives_rows_with_reasons() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("CARGO_HOME",)}
+    env["PATH"] = "/nonexistent"
+    doc, _ = envcheck(sys.executable, "--job-json", json.dumps({"name": "rs", "kind": "cargo", "example": "x"}),
+                      env=env)
+    r = rows(doc)
+    assert r["nvidia-smi"]["status"] == "skip" and "not found" in r["nvidia-smi"]["detail"]
+    assert r["git"]["status"] == "fail" and "PATH=/nonexistent" in r["git"]["detail"]
+    rust = r["rust-toolchain"]
+    if Path("~/.cargo/bin/cargo").expanduser().exists():
+        # rustup's usual place is found even when a non-login shell's PATH lacks it, and said so
+        assert "not on the SSH session's PATH" in rust["detail"]
+    else:
+        assert rust["status"] == "fail"
+
+
+def test_gpu_host_facts_through_nvidia_smi_on_path(tmp_path: Path) -> None:
+    """nvidia-smi as found on an L4 host (its captured output, on PATH), with this machine's CPU
+    torch: envcheck sees the GPU and fails cuda-available with the CUDA wheel to install."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in -L) cat {DATA / "l4_one_gpu.list"};; *) cat {DATA / "l4_one_gpu.csv"};; esac\n'
+    )
+    smi.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "1"}
+    doc, _ = envcheck(sys.executable, "--gpus", "0", env=env)
+    r = rows(doc)
+    assert doc["facts"]["nvidia_smi"]["gpus"][0]["name"] == "NVIDIA L4"
+    assert r["nvidia-smi"]["status"] == "ok" and "driver 550.54.15" in r["nvidia-smi"]["detail"]
+    cvd = r["cuda-visible-devices"]
+    assert cvd["status"] == "fail" and "index 1 does not exist" in cvd["detail"]
+    import torch
+
+    if torch.version.cuda is None:
+        assert r["cuda-available"]["status"] == "fail" and "CPU-only build" in r["cuda-available"]["detail"]
+        assert "--index-url https://download.pytorch.org/whl/cu121" in r["cuda-available"]["fix"]
