@@ -1,0 +1,120 @@
+"""PPO pieces: GAE with truncation bootstraps, episode statistics, the hand-written Adam."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.envs import CartPole, CartPoleParams
+from trainer.policy import MLPPolicy, log_prob_entropy, sample_actions
+from trainer.ppo import PPO, Adam, PPOConfig, compute_gae
+
+
+def reference_gae(rewards, values, next_values, terminated, dones, gamma, lam):  # noqa: ANN001, ANN202
+    """Plain scalar loops, written independently of compute_gae."""
+    steps, n = len(rewards), len(rewards[0])
+    adv = [[0.0] * n for _ in range(steps)]
+    for j in range(n):
+        running = 0.0
+        for t in reversed(range(steps)):
+            boot = 0.0 if terminated[t][j] else gamma * next_values[t][j]
+            delta = rewards[t][j] + boot - values[t][j]
+            running = delta + (0.0 if dones[t][j] else gamma * lam * running)
+            adv[t][j] = running
+    return adv
+
+
+def test_gae_bootstraps_truncation_from_the_final_value_and_stops_at_termination() -> None:
+    rewards = [[1.0, 0.0], [1.0, 1.0], [1.0, -1.0], [0.5, 0.0]]
+    values = [[0.5, 0.1], [0.6, 0.2], [0.7, 0.3], [0.8, 0.4]]
+    # Env 0 is truncated at t=1 (V(final_obs)=3.0 stands in for the next value); env 1 terminates at t=2.
+    next_values = [[0.6, 0.2], [3.0, 0.3], [0.8, 9.9], [0.9, 0.5]]
+    terminated = [[False, False], [False, False], [False, True], [False, False]]
+    dones = [[False, False], [True, False], [False, True], [False, False]]
+    gamma, lam = 0.9, 0.8
+    adv, ret = compute_gae(
+        torch.tensor(rewards), torch.tensor(values), torch.tensor(next_values),
+        torch.tensor(terminated), torch.tensor(dones), gamma, lam,
+    )
+    expected = torch.tensor(reference_gae(rewards, values, next_values, terminated, dones, gamma, lam))
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, expected + torch.tensor(values))
+    # The truncated step's advantage uses the bootstrap value: 1 + 0.9 * 3.0 - 0.6.
+    assert abs(float(adv[1, 0]) - (1 + 0.9 * 3.0 - 0.6)) < 1e-6
+    # The terminated step ignores its next value (9.9): -1 - 0.3.
+    assert abs(float(adv[2, 1]) - (-1.3)) < 1e-6
+
+
+def test_truncated_steps_bootstrap_from_the_value_of_their_final_observation() -> None:
+    torch.manual_seed(0)
+    env = CartPole(4, CartPoleParams(max_steps=5))  # truncates every 5 steps while the pole is up
+    policy = MLPPolicy(4, 2)
+    ppo = PPO(env, policy, PPOConfig(num_envs=4, num_steps=12))
+    ppo.start(seed=0)
+    ppo.collect()
+    buf = ppo.buf
+    truncated = buf.truncated & ~buf.terminated
+    assert truncated.any()
+    next_values = ppo._next_values()
+    with torch.no_grad():
+        expected = policy.value(buf.final_obs[truncated])[:, 0]
+    torch.testing.assert_close(next_values[truncated], expected)
+    # Elsewhere inside a rollout the next value is the next step's value.
+    go_on = ~buf.dones[:-1]
+    torch.testing.assert_close(next_values[:-1][go_on], buf.values[1:][go_on])
+
+
+def test_episode_statistics_match_a_plain_loop_across_rollouts() -> None:
+    torch.manual_seed(1)
+    env = CartPole(6, CartPoleParams(max_steps=30))
+    ppo = PPO(env, MLPPolicy(4, 2), PPOConfig(num_envs=6, num_steps=16))
+    ppo.start(seed=1)
+    running = [0.0] * 6
+    total, count = 0.0, 0
+    for _ in range(5):
+        ppo.collect()
+        for t in range(16):
+            for j in range(6):
+                running[j] += float(ppo.buf.rewards[t, j])
+                if ppo.buf.dones[t, j]:
+                    total += running[j]
+                    count += 1
+                    running[j] = 0.0
+    ret_sum, len_sum, score_sum, n = ppo.pop_episode_stats()
+    assert n == count > 0
+    assert abs(ret_sum - total) < 1e-3
+    assert abs(len_sum - total) < 1e-3  # CartPole: one point per step
+    assert abs(score_sum - total) < 1e-3
+    assert ppo.pop_episode_stats()[3] == 0
+
+
+def test_hand_written_adam_matches_torch_optim_adam() -> None:
+    torch.manual_seed(2)
+    a = torch.nn.Linear(5, 3)
+    b = torch.nn.Linear(5, 3)
+    b.load_state_dict(a.state_dict())
+    ours = Adam(a.parameters(), lr=0.01, eps=1e-5)
+    ref = torch.optim.Adam(b.parameters(), lr=0.01, eps=1e-5)
+    for _ in range(10):
+        x = torch.randn(8, 5)
+        for model, opt in ((a, ours), (b, ref)):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            opt.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5)
+    state = ours.state_dict()
+    again = Adam(a.parameters(), lr=0.5)
+    again.load_state_dict(state)
+    assert again.t == 10
+    assert again.lr == 0.01
+
+
+def test_sampling_follows_the_categorical_distribution() -> None:
+    torch.manual_seed(3)
+    logits = torch.log(torch.tensor([[0.2, 0.3, 0.5]])).repeat(40_000, 1)
+    counts = torch.bincount(sample_actions(logits), minlength=3).float() / 40_000
+    torch.testing.assert_close(counts, torch.tensor([0.2, 0.3, 0.5]), atol=0.01, rtol=0)
+    logp, ent = log_prob_entropy(logits[:2], torch.tensor([0, 2]))
+    torch.testing.assert_close(logp, torch.log(torch.tensor([0.2, 0.5])))
+    expected_entropy = -(torch.tensor([0.2, 0.3, 0.5]) * torch.log(torch.tensor([0.2, 0.3, 0.5]))).sum()
+    torch.testing.assert_close(ent, expected_entropy.repeat(2))

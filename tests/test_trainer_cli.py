@@ -1,0 +1,153 @@
+"""`python -m trainer.train` end to end: output lines, metrics.jsonl, checkpoints, resume, export."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.checkpoint import checkpoint_paths
+
+METRIC_KEYS = {
+    "step", "sps", "return_mean", "length_mean", "loss_policy", "loss_value", "entropy", "approx_kl", "total_steps",
+}
+
+
+def train(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.train", *args],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+def tagged(stdout: str, tag: str) -> list[dict]:
+    prefix = tag + " "
+    return [json.loads(line[len(prefix):]) for line in stdout.splitlines() if line.startswith(prefix)]
+
+
+def test_metrics_lines_jsonl_done_line_and_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    res = train("--env", "cartpole", "--total-steps", "2048", "--target-return", "0", "--log-interval", "0",
+                "--run-dir", str(run))
+    assert res.returncode == 0, res.stderr
+    metrics = tagged(res.stdout, "THRUST_METRICS")
+    assert len(metrics) == 8  # 2048 steps / (8 envs x 32 steps), one report per iteration
+    assert METRIC_KEYS <= metrics[0].keys()
+    assert [m["step"] for m in metrics] == [256 * (i + 1) for i in range(8)]
+    assert metrics[-1]["total_steps"] == 2048
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert lines == metrics
+    (done,) = tagged(res.stdout, "THRUST_DONE")
+    assert done["step"] == 2048
+    assert done["run_dir"] == str(run)
+    assert Path(done["checkpoint"]).is_file()
+    state = torch.load(done["checkpoint"], weights_only=True)
+    assert {"model", "optimizer", "step", "torch_rng", "config", "world_size"} <= state.keys()
+    assert state["step"] == 2048
+    assert state["world_size"] == 1
+    assert res.stdout.splitlines()[-1].startswith("THRUST_DONE ")
+
+
+def test_resume_continues_and_the_step_never_goes_back(tmp_path: Path) -> None:
+    run = str(tmp_path / "run")
+    common = ["--env", "cartpole", "--target-return", "0", "--log-interval", "0", "--run-dir", run]
+    assert train(*common, "--total-steps", "1024").returncode == 0
+    res = train(*common, "--total-steps", "2048", "--resume")
+    assert res.returncode == 0, res.stderr
+    (info,) = [i for i in tagged(res.stdout, "THRUST_INFO") if "resumed_from" in i]
+    assert info["step"] == 1024
+    steps = [m["step"] for m in tagged(res.stdout, "THRUST_METRICS")]
+    assert steps[0] > 1024
+    assert steps[-1] == 2048
+    # Asking for fewer steps than already done trains nothing and keeps the step.
+    res = train(*common, "--total-steps", "512", "--resume")
+    assert res.returncode == 0, res.stderr
+    assert tagged(res.stdout, "THRUST_DONE")[0]["step"] == 2048
+    assert max(s for s, _ in checkpoint_paths(Path(run) / "checkpoints")) == 2048
+
+
+def test_resume_refuses_a_checkpoint_of_another_network(tmp_path: Path) -> None:
+    run = str(tmp_path / "run")
+    common = ["--env", "cartpole", "--target-return", "0", "--total-steps", "512", "--run-dir", run]
+    assert train(*common).returncode == 0
+    res = train(*common, "--hidden", "32", "--resume")
+    assert res.returncode == 64
+    assert "hidden" in res.stderr
+
+
+def test_default_run_dir_and_usage_errors(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--env", "cartpole", "--total-steps", "256", "--target-return", "0"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert res.returncode == 0, res.stderr
+    (done,) = tagged(res.stdout, "THRUST_DONE")
+    assert done["run_dir"].startswith("runs/cartpole-")
+    assert (tmp_path / done["run_dir"] / "metrics.jsonl").is_file()
+    assert train("--env", "pong").returncode == 2  # argparse usage error
+    assert train("--env", "snake", "--grid-size", "3").returncode == 64
+
+
+def test_num_envs_auto_prints_its_choice(tmp_path: Path) -> None:
+    res = train("--env", "cartpole", "--num-envs", "auto", "--total-steps", "256", "--target-return", "0",
+                "--run-dir", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr
+    info = tagged(res.stdout, "THRUST_INFO")[0]
+    assert info["num_envs"] == 8
+    assert "num_envs_auto" in info
+
+
+def test_tensorboard_flag_fails_clearly_when_not_installed(tmp_path: Path) -> None:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        res = train("--env", "cartpole", "--tensorboard", "--run-dir", str(tmp_path / "r"))
+        assert res.returncode == 1
+        assert "pip install" in res.stderr
+    else:
+        res = train("--env", "cartpole", "--tensorboard", "--total-steps", "512", "--target-return", "0",
+                    "--run-dir", str(tmp_path / "r"))
+        assert res.returncode == 0, res.stderr
+        assert any((tmp_path / "r" / "tensorboard").iterdir())
+
+
+def test_snake_run_exports_onnx_with_manifest(tmp_path: Path) -> None:
+    out = tmp_path / "web" / "snake.onnx"
+    res = train("--env", "snake", "--grid-size", "6", "--num-envs", "16", "--num-steps", "16", "--total-steps",
+                "512", "--run-dir", str(tmp_path / "r"), "--export", str(out), "--policy", "cnn", "--hidden", "32")
+    assert res.returncode == 0, res.stderr
+    (done,) = tagged(res.stdout, "THRUST_DONE")
+    assert done["export"] == str(out)
+    manifest = json.loads((out.parent / "manifest.json").read_text())
+    assert manifest["env"] == "snake"
+    assert manifest["grid_size"] == 6
+    assert manifest["obs_dim"] == 3 * 36 + 8
+    assert manifest["policy"] == "cnn"
+    assert manifest["steps"] == 512
+    assert "score_mean" in tagged(res.stdout, "THRUST_METRICS")[-1]
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_exits_143(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer.train", "--env", "snake", "--grid-size", "6", "--num-envs", "32",
+         "--total-steps", "100000000", "--run-dir", str(run), "--log-interval", "0"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("THRUST_METRICS"):
+            break
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    done = tagged(out, "THRUST_DONE")[0]
+    assert done["stopped_by_signal"] == 15
+    assert checkpoint_paths(run / "checkpoints")
