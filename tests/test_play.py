@@ -196,3 +196,12 @@ def test_cli_serves_and_prints_the_url(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_a_manifest_json_naming_the_model_pairs_with_it(tmp_path: Path) -> None:
+    """`python -m trainer.train --export web/public/snake.onnx` writes manifest.json beside the model."""
+    (tmp_path / "snake.onnx").write_bytes(b"x")
+    (tmp_path / "other.onnx").write_bytes(b"y")
+    (tmp_path / "manifest.json").write_text(json.dumps({"file": "snake.onnx", "env": "snake"}))
+    found = find_models(tmp_path)
+    assert [(m.name, m.manifest.name) for m in found] == [("snake", "manifest.json")]

@@ -3,7 +3,6 @@ env, and the errors a user can cause (corrupt manifest, wrong input shape, no mo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Iterator
@@ -33,73 +32,41 @@ CHROMIUM_ARGS = [
 # ---- models ----------------------------------------------------------------------------------------
 
 
-def export_policy(path: Path, obs_dim: int, n_actions: int = 3, hidden: int = 64, seed: int = 0) -> None:
-    """A small untrained actor-critic MLP as ONNX: obs [batch, obs_dim] -> logits, value."""
+def export_policy(path: Path, grid_size: int = 10, kind: str = "mlp", hidden: int = 32, seed: int = 0) -> Path:
+    """An untrained trainer/policy.py policy through trainer/export.py (the real pipeline), with its
+    manifest renamed to the web/public layout `<job>.json`. Returns the manifest path."""
     import torch
 
+    from trainer.export import export_onnx
+    from trainer.policy import build_policy
+
     torch.manual_seed(seed)
-
-    class Policy(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body = torch.nn.Sequential(torch.nn.Linear(obs_dim, hidden), torch.nn.Tanh())
-            self.pi = torch.nn.Linear(hidden, n_actions)
-            self.v = torch.nn.Linear(hidden, 1)
-
-        def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            h = self.body(obs)
-            return self.pi(h), self.v(h)
-
-    batch = torch.export.Dim("batch")
-    torch.onnx.export(
-        Policy().eval(),
-        (torch.zeros(2, obs_dim),),
-        str(path),
-        input_names=["obs"],
-        output_names=["logits", "value"],
-        opset_version=18,
-        dynamo=True,
-        external_data=False,
-        dynamic_shapes={"obs": {0: batch}},
-        verbose=False,
-    )
-
-
-def write_manifest(model: Path, grid_size: int = 10, **overrides: Any) -> dict[str, Any]:
-    data = model.read_bytes()
     obs_dim = 3 * grid_size * grid_size + 8
-    manifest: dict[str, Any] = {
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "bytes": len(data),
-        "opset": 18,
-        "inputs": [{"name": "obs", "shape": ["batch", obs_dim]}],
-        "outputs": [{"name": "logits", "shape": ["batch", 3]}, {"name": "value", "shape": ["batch", 1]}],
-        "env": "snake",
-        "grid_size": grid_size,
-        "action_mode": "relative",
-        "obs_dim": obs_dim,
-        "n_actions": 3,
-        "policy": "mlp",
-        "steps": 0,
-        "final_return": 0.0,
-    }
-    manifest.update(overrides)
-    model.with_suffix(".json").write_text(json.dumps(manifest, indent=2))
+    policy = build_policy(kind, obs_dim, 3, hidden, grid_size=grid_size)
+    export_onnx(policy, path, env_name="snake", grid_size=grid_size, action_mode="relative", policy_kind=kind)
+    manifest = path.with_suffix(".json")
+    (path.parent / "manifest.json").replace(manifest)
     return manifest
+
+
+def edit_manifest(manifest: Path, **changes: Any) -> None:
+    data = json.loads(manifest.read_text())
+    data.update(changes)
+    manifest.write_text(json.dumps(data, indent=2))
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """web/public stand-in: a good model, a corrupt manifest, a wrong input shape."""
     public = tmp_path_factory.mktemp("public")
-    export_policy(public / "tiny.onnx", obs_dim=308)
-    write_manifest(public / "tiny.onnx")
+    export_policy(public / "tiny.onnx")
     lines = [json.dumps({"step": s * 1000, "return_mean": -1 + s * 0.1}) for s in range(30)]
     (public / "tiny.metrics.jsonl").write_text("\n".join(lines) + "\n")
     shutil.copy(public / "tiny.onnx", public / "corrupt.onnx")
-    write_manifest(public / "corrupt.onnx", sha256="0" * 64)
-    export_policy(public / "wrongshape.onnx", obs_dim=3 * 8 * 8 + 8)  # an 8x8 model ...
-    write_manifest(public / "wrongshape.onnx", grid_size=10)  # ... under a 10x10 manifest
+    shutil.copy(public / "tiny.json", public / "corrupt.json")
+    edit_manifest(public / "corrupt.json", sha256="0" * 64)
+    manifest = export_policy(public / "wrongshape.onnx", grid_size=8)  # an 8x8 model ...
+    edit_manifest(manifest, grid_size=10, obs_dim=308, inputs=[{"name": "obs", "shape": ["batch", 308]}])
     return public
 
 

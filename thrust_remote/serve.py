@@ -87,15 +87,28 @@ class ModelFiles:
         return cls(name=name, model=path, manifest=manifest, metrics=metrics)
 
 
+def _manifest_names(manifest: Path, model: Path) -> bool:
+    """True if the manifest's `file` field (trainer/export.py writes it) names this model."""
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("file") == model.name
+
+
 def find_models(public_dir: Path) -> list[ModelFiles]:
-    """Every `<job>.onnx` in public_dir that has its `<job>.json` manifest, sorted by name."""
+    """Every `<job>.onnx` in public_dir with its manifest, sorted by name. The manifest is `<job>.json`,
+    or else `manifest.json` when its `file` field names `<job>.onnx` (what `trainer.export` writes)."""
     if not public_dir.is_dir():
         return []
     found = []
+    shared = public_dir / "manifest.json"
     for model in sorted(public_dir.glob("*.onnx")):
         manifest = model.with_suffix(".json")
         if not manifest.is_file():
-            continue
+            if not (shared.is_file() and _manifest_names(shared, model)):
+                continue
+            manifest = shared
         metrics = model.with_suffix(".metrics.jsonl")
         found.append(ModelFiles(model.stem, model, manifest, metrics if metrics.is_file() else None))
     return found

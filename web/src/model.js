@@ -31,6 +31,9 @@ async function fetchOk(url, what) {
 
 /** The manifest's game settings, checked for consistency; throws ModelError. */
 export function gameSettings(manifest) {
+  if (manifest.env !== undefined && manifest.env !== "snake") {
+    throw new ModelError(`this model was trained on ${JSON.stringify(manifest.env)}; the page plays snake only`);
+  }
   const gridSize = manifest.grid_size;
   if (!Number.isInteger(gridSize) || gridSize < 4) {
     throw new ModelError(`manifest: grid_size must be an integer >= 4, got ${JSON.stringify(gridSize)}`);
