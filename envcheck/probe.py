@@ -88,14 +88,19 @@ if out["cuda_available"]:
     smi = sys.argv[1] if len(sys.argv) > 1 else ""
     if smi and out["matmul"].get("ok"):
         stage("utilization probe")
-        # queue ~0.5 s of matmuls without waiting, sample nvidia-smi while they run, then sync
+        # queue ~0.5 s of matmuls without waiting, sample nvidia-smi while they run, then sync;
+        # the count comes from one timed matmul so a T4 and an H100 are both busy for that long
         try:
             x = torch.randn(4096, 4096, device="cuda")
-            for _ in range(60):
+            y = x @ x; torch.cuda.synchronize()
+            t = time.time(); y = x @ x; torch.cuda.synchronize()
+            one = max(time.time() - t, 1e-4)
+            n = int(min(2000, max(10, 0.5 / one)))
+            for _ in range(n):
                 y = x @ x
             samples = []
             for _ in range(2):
-                time.sleep(0.15)
+                time.sleep(0.12)
                 r = subprocess.run([smi, "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"],
                                    capture_output=True, text=True, timeout=5)
                 for line in r.stdout.splitlines():
@@ -103,7 +108,7 @@ if out["cuda_available"]:
                     if len(parts) == 2 and parts[1].isdigit():
                         samples.append({"index": int(parts[0]), "utilization_pct": int(parts[1])})
             torch.cuda.synchronize()
-            out["gpu_probe"] = {"samples": samples,
+            out["gpu_probe"] = {"samples": samples, "matmuls": n, "matmul_ms": round(one * 1000, 3),
                                 "max_pct": max([s["utilization_pct"] for s in samples] or [0])}
         except BaseException as exc:
             out["gpu_probe"] = {"error": "%s: %s" % (type(exc).__name__, exc)}

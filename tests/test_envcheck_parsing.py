@@ -3,6 +3,7 @@ evaluated over facts built from captured outputs (one GPU, several, MIG, no devi
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -262,3 +263,29 @@ def test_elf_reader_agrees_with_readelf() -> None:
     assert ours["cxx11_undefined"] > 0  # torch wheels are built with the cxx11 ABI
     with pytest.raises(elf.NotElf):
         elf.read_dynamic(__file__)
+
+
+def test_envcheck_sources_parse_as_python_38() -> None:
+    """envcheck runs with whatever python3 a host has: no syntax newer than 3.8 in it."""
+    import ast
+
+    root = Path(checks.__file__).parent
+    for path in sorted(root.glob("*.py")):
+        ast.parse(path.read_text(), filename=str(path), feature_version=(3, 8))
+        assert "removeprefix" not in path.read_text(), path  # 3.9+
+
+
+@pytest.mark.skipif(shutil.which("python3.8") is None, reason="no python3.8 here")
+def test_envcheck_runs_on_python_38(tmp_path: Path) -> None:
+    """A real old interpreter (pyenv has one on these machines): the report comes out whole."""
+    import json
+
+    repo = Path(checks.__file__).parent.parent
+    proc = subprocess.run(["python3.8", "-m", "envcheck", "--json"], capture_output=True, text=True,
+                          cwd=repo, timeout=120, env={**os.environ, "PYENV_VERSION": "3.8.18"})
+    if proc.returncode != 0 and "version" in proc.stderr and "not installed" in proc.stderr:
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["facts"]["python"].startswith("3.8")
+    assert [c["id"] for c in doc["checks"]] == list(checks.CHECK_IDS)
