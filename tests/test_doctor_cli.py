@@ -235,3 +235,12 @@ def test_ssh_fix_writes_build_rs_on_the_host(cli, sshd, remote_dir: Path, tmp_pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fixed build-rs-no-as-needed: edit sandbox:" in proc.stdout
     assert "rustc-link-arg=-ltorch" in (remote_dir / "crate" / "build.rs").read_text()
+
+
+def test_unknown_and_unreachable_hosts_keep_their_exit_codes(cli, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "thrust.yaml", workdir=tmp_path)
+    cfg.write_text(cfg.read_text() + "  dead:\n    address: root@127.0.0.1:1\n    connect_timeout: 3\n")
+    assert cli("--config", str(cfg), "doctor", "--host", "nope").returncode == 68
+    proc = cli("--config", str(cfg), "doctor", "--host", "dead", "--json")
+    assert proc.returncode == 69, proc.stderr
+    assert proc.stdout == ""  # no half report on stdout for a script to misread
