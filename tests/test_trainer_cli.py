@@ -37,7 +37,7 @@ def test_metrics_lines_jsonl_done_line_and_checkpoint(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     metrics = tagged(res.stdout, "THRUST_METRICS")
     assert len(metrics) == 8  # 2048 steps / (8 envs x 32 steps), one report per iteration
-    assert METRIC_KEYS <= metrics[0].keys()
+    assert metrics[0].keys() >= METRIC_KEYS
     assert [m["step"] for m in metrics] == [256 * (i + 1) for i in range(8)]
     assert metrics[-1]["total_steps"] == 2048
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
