@@ -1,0 +1,351 @@
+"""`thrust-remote optimize`: real studies of the real trainer (CartPole, CPU) on the sshd fixture and the
+local host. Trials are tiny (a few thousand env steps); the whole file stays around two minutes on 2 cores.
+
+What each test builds: a git clone of this repository as the project (the host syncs its commit), a
+thrust.yaml with a small search space, and, for GPU slots on a CPU machine, an `nvidia-smi` on PATH
+that prints a captured 4×A100 listing (tests/data/nvidia_smi), so the host *reports* GPUs while
+torch still trains on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from thrust_remote import optimize as core
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+SMI_DATA = REPO / "tests" / "data" / "nvidia_smi"
+
+SEARCH = """\
+search:
+  cartpole:
+    learning-rate: {low: 1.0e-4, high: 3.0e-2, log: true}
+    num-envs: {choices: [4, 8]}
+    num-steps: {choices: [16, 32]}
+"""
+# Tiny trials: 4096 steps, no early stop on solving, so every trial reaches every rung.
+SMALL = ["--set", "total-steps=4096", "--set", "target-return=0"]
+AGGRESSIVE = ["--pruner", "median", "--prune-startup", "1", "--prune-warmup", "0"]
+
+pytestmark = pytest.mark.slow
+
+
+def clone(root: Path) -> Path:
+    """A clone of this repository (~0.5 s): the trainer is there, and a host can sync its commit."""
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(root)], check=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return clone(tmp_path_factory.mktemp("optimize") / "project")
+
+
+def local_project(base: Path, name: str, extra: str = "") -> Path:
+    """A local-host project: its own directory (own .thrust) whose trainer comes from the clone."""
+    root = base / name
+    root.mkdir()
+    (root / "trainer").symlink_to(REPO / "trainer", target_is_directory=True)
+    (root / "thrust.yaml").write_text(SEARCH + extra)
+    return root
+
+
+def fake_nvidia_smi(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    smi = directory / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        f'for a in "$@"; do [ "$a" = "-L" ] && exec cat {SMI_DATA}/a100_four_gpus.list; done\n'
+        f"exec cat {SMI_DATA}/a100_four_gpus.csv\n"
+    )
+    smi.chmod(0o755)
+    return directory
+
+
+def summary(result: subprocess.CompletedProcess) -> dict:
+    assert result.stdout.strip(), result.stderr
+    return json.loads(result.stdout)
+
+
+def run_json(workdir: Path, run_id: str) -> dict:
+    return json.loads((workdir / ".thrust" / "runs" / run_id / "run.json").read_text())
+
+
+def assert_slots_never_overlap(trials: list[dict]) -> None:
+    by_slot: dict[str, list[tuple[float, float]]] = {}
+    for t in trials:
+        if t["launched_at"] is not None:
+            by_slot.setdefault(t["slot"], []).append((t["launched_at"], t["ended_at"]))
+    for slot, spans in by_slot.items():
+        spans.sort()
+        for (_a0, a1), (b0, _b1) in zip(spans, spans[1:], strict=False):
+            assert a1 is not None and a1 <= b0, f"two trials overlapped on {slot}: {spans}"
+
+
+# ------------------------------------------------------------------------------------------- fast checks
+
+def test_trainer_flag_list_matches_the_trainer():
+    from trainer.train import build_parser
+
+    flags = {opt[2:] for action in build_parser()._actions for opt in action.option_strings if opt.startswith("--")}
+    flags.discard("help")
+    assert flags == set(core.TRAINER_FLAGS)
+
+
+def test_builtin_spaces_are_valid_and_cover_the_issue_list():
+    from thrust_remote.config import builtin_jobs, parse_config_text
+
+    config = parse_config_text("")
+    for name in ("snake", "cartpole"):
+        space = core.search_space(config, builtin_jobs()[name], {})
+        assert {"learning-rate", "num-envs", "num-steps", "num-minibatches", "update-epochs", "clip-coef",
+                "ent-coef", "gamma", "gae-lambda", "hidden"} <= set(space)
+        assert set(core.distributions(space)) == set(space)
+    # --set removes a parameter from the space
+    assert "gamma" not in core.search_space(config, builtin_jobs()["cartpole"], {"gamma": "0.9"})
+
+
+def test_unknown_search_parameter_is_a_config_error(cli, tmp_path):
+    (tmp_path / "thrust.yaml").write_text("search:\n  cartpole:\n    learning_rat: {low: 0.1, high: 0.2}\n")
+    result = cli("optimize", "cartpole", "--trials", "2", cwd=tmp_path)
+    assert result.returncode == 78, result.stderr
+    assert "learning_rat" in result.stderr and "not a trainer flag" in result.stderr
+    assert not (tmp_path / ".thrust").exists()  # refused before touching any host
+
+
+# ------------------------------------------------------------------------------------- studies on hosts
+
+def test_bad_gpu_index_is_refused_before_any_trial(cli, tmp_path):
+    root = local_project(tmp_path, "cpu-host")
+    result = cli("optimize", "cartpole", "--trials", "2", "--gpus", "5", *SMALL, cwd=root)
+    assert result.returncode == 64, result.stderr
+    assert "--gpus 5" in result.stderr and "has GPUs [none]" in result.stderr
+    assert not (root / ".thrust" / "runs").exists() or not list((root / ".thrust" / "runs").iterdir())
+
+    smi = fake_nvidia_smi(tmp_path / "smi")
+    env = {"PATH": f"{smi}:{os.environ['PATH']}"}
+    result = cli("optimize", "cartpole", "--trials", "2", "--gpus", "1,7", *SMALL, cwd=root, env=env)
+    assert result.returncode == 64, result.stderr
+    assert "has GPUs [0, 1, 2, 3]" in result.stderr and "[7]" in result.stderr
+    assert not (root / ".thrust" / "runs").exists() or not list((root / ".thrust" / "runs").iterdir())
+
+
+def test_gpu_slots_each_trial_sees_its_own_cuda_visible_devices(cli, tmp_path):
+    root = local_project(tmp_path, "gpu-host")
+    smi = fake_nvidia_smi(tmp_path / "smi")
+    env = {"PATH": f"{smi}:{os.environ['PATH']}"}
+    result = cli("optimize", "cartpole", "--trials", "4", "--gpus", "1,3", "--pruner", "none", *SMALL,
+                 "--json", cwd=root, env=env)
+    assert result.returncode == 0, result.stderr
+    out = summary(result)
+    assert [s["cuda_visible_devices"] for s in out["slots"]] == ["1", "3"]
+    assert out["counts"]["done"] == 4
+    seen = set()
+    for t in out["trials"]:
+        meta = run_json(root, t["run_id"])
+        assert meta["env"]["CUDA_VISIBLE_DEVICES"] == t["cuda_visible_devices"] == t["slot"].removeprefix("gpu")
+        assert meta["slot"] == t["slot"] and meta["trial"] == t["number"]
+        seen.add(meta["env"]["CUDA_VISIBLE_DEVICES"])
+    assert seen == {"1", "3"}
+    assert_slots_never_overlap(out["trials"])
+
+
+@pytest.fixture(scope="module")
+def ssh_study(sshd, project, tmp_path_factory):
+    """6 trials, 2 parallel, an aggressive median pruner, on the sshd host (study SQLite on the host)."""
+    workdir = Path(tempfile_dir(sshd, "opt-remote"))
+    sshd.thrust_yaml(project / "thrust.yaml", workdir=str(workdir), rest=SEARCH)
+    exe = str(VENV_BIN / "thrust-remote")
+    started = time.monotonic()
+    result = subprocess.run([exe, "optimize", "cartpole", "--trials", "6", "--parallel", "2", "--study", "ssh6",
+                             *AGGRESSIVE, *SMALL, "--seed", "3", "--json"],
+                            cwd=project, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "NO_COLOR": "1"})
+    return result, workdir, time.monotonic() - started
+
+
+def tempfile_dir(sshd, prefix: str) -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix=prefix, dir=sshd.root / "remote-home")
+
+
+def test_study_over_ssh_completes_prunes_and_lives_on_the_host(ssh_study, project):
+    import optuna
+
+    result, workdir, _wall = ssh_study
+    assert result.returncode == 0, result.stderr
+    out = summary(result)
+    assert out["counts"]["done"] == 6 and out["counts"]["COMPLETE"] >= 1
+    assert out["counts"]["PRUNED"] >= 1, "the aggressive pruner pruned nothing"
+    assert [s["cuda_visible_devices"] for s in out["slots"]] == ["", ""]
+    for t in out["trials"]:
+        meta = run_json(workdir, t["run_id"])
+        assert meta["env"]["CUDA_VISIBLE_DEVICES"] == ""  # a CPU slot: no GPU visible
+        assert meta["slot"] == t["slot"] and meta["env"]["THRUST_TRIAL"] == str(t["number"])
+        assert "--export" not in meta["argv"]
+    assert {t["slot"] for t in out["trials"]} == {"cpu0", "cpu1"}
+    assert_slots_never_overlap(out["trials"])
+    # pruned trials were stopped on the host, not left running
+    for t in out["trials"]:
+        assert (workdir / ".thrust" / "runs" / t["run_id"] / "exit_code").exists()
+    # the authoritative study is the host's SQLite file; optuna (and optuna-dashboard) can open it
+    db = workdir / ".thrust" / "studies" / "ssh6.db"
+    study = optuna.load_study(study_name="ssh6", storage=f"sqlite:///{db}")
+    states = sorted(t.state.name for t in study.trials)
+    assert states.count("COMPLETE") + states.count("PRUNED") == 6 and "RUNNING" not in states
+    assert out["best"]["value"] == study.best_value
+    assert not (workdir / ".thrust" / "studies" / "ssh6.driver.json").exists()  # lease released
+
+
+def test_best_params_file_round_trips_into_train(ssh_study, project, cli):
+    result, workdir, _wall = ssh_study
+    out = summary(result)
+    best_file = Path(out["best_params_file"])
+    assert best_file == project / "ssh6-best.yaml"
+    from thrust_remote.pipeline import load_params
+
+    params = load_params(best_file)
+    assert params["total-steps"] == 4096 and set(out["best"]["params"]) <= set(params)
+    started = cli("train", "cartpole", "--params", str(best_file), "--detach", "--json", cwd=project)
+    assert started.returncode == 0, started.stderr
+    run_id = json.loads(started.stdout)["run_id"]
+    argv = run_json(workdir, run_id)["argv"]
+    for key, value in out["best"]["params"].items():
+        i = argv.index(f"--{key}")
+        assert argv[i + 1] == str(value)
+    assert argv[argv.index("--total-steps") + 1] == "4096"
+    stop = cli("stop", run_id, cwd=project)
+    assert stop.returncode == 0, stop.stderr
+
+
+def test_killed_driver_is_resumed_to_n_trials_without_duplicates(sshd, tmp_path):
+    project = clone(tmp_path / "project")
+    workdir = Path(tempfile_dir(sshd, "opt-resume"))
+    sshd.thrust_yaml(project / "thrust.yaml", workdir=str(workdir), rest=SEARCH)
+    exe = str(VENV_BIN / "thrust-remote")
+    argv = [exe, "optimize", "cartpole", "--trials", "5", "--parallel", "2",
+            "--study", "resume", "--pruner", "none", "--set", "total-steps=6144", "--set", "target-return=0",
+            "--json"]
+    env = {**os.environ, "NO_COLOR": "1"}
+    first = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    runs_dir = workdir / ".thrust" / "runs"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(runs_dir.glob("resume-t*"))) < 3:
+        time.sleep(0.1)
+    first.send_signal(signal.SIGKILL)  # no cleanup at all: the study and the runs are left as they are
+    first.wait(timeout=10)
+    assert len(list(runs_dir.glob("resume-t*"))) >= 3, first.stderr.read().decode() if first.stderr else ""
+
+    second = subprocess.run(argv, cwd=project, capture_output=True, text=True, timeout=300, env=env)
+    assert second.returncode == 0, second.stderr
+    out = json.loads(second.stdout)
+    assert out["counts"]["done"] == 5
+    numbers = [t["number"] for t in out["trials"]]
+    assert len(numbers) == len(set(numbers))
+    done = [t for t in out["trials"] if t["state"] in ("COMPLETE", "PRUNED")]
+    assert len(done) == 5
+    # one run per trial: an adopted run is not launched again, a retried one gets a new trial number
+    run_ids = [t["run_id"] for t in out["trials"] if t["run_id"]]
+    assert len(run_ids) == len(set(run_ids))
+    assert sorted(p.name for p in runs_dir.glob("resume-t*")) == sorted(run_ids)
+    for t in out["trials"]:
+        if t["state"] == "FAIL":
+            assert "interrupted" in t["note"]
+    assert_slots_never_overlap([t for t in out["trials"] if t["state"] != "FAIL"])
+
+
+def test_ctrl_c_twice_stops_every_trial(tmp_path):
+    root = local_project(tmp_path, "ctrl-c")
+    exe = str(VENV_BIN / "thrust-remote")
+    proc = subprocess.Popen([exe, "optimize", "cartpole", "--trials", "4", "--parallel", "2", "--pruner", "none",
+                             "--set", "total-steps=400000", "--set", "target-return=0", "--json"],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "NO_COLOR": "1"})
+    runs_dir = root / ".thrust" / "runs"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(runs_dir.glob("*/metrics.jsonl"))) < 2:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr.decode()
+    out = json.loads(stdout)
+    assert out["stopped"] == "aborted"
+    for run in runs_dir.iterdir():
+        assert (run / "exit_code").exists(), f"{run.name} still running"
+        assert (run / "stopped").exists()
+    assert all(t["state"] == "FAIL" and "retried" in t["note"] for t in out["trials"])
+
+
+def test_stop_command_stops_a_running_study(cli, tmp_path):
+    root = local_project(tmp_path, "stop-cmd")
+    exe = str(VENV_BIN / "thrust-remote")
+    proc = subprocess.Popen([exe, "optimize", "cartpole", "--trials", "4", "--parallel", "2", "--pruner", "none",
+                             "--set", "total-steps=400000", "--set", "target-return=0", "--json"],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "NO_COLOR": "1"})
+    runs_dir = root / ".thrust" / "runs"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(runs_dir.glob("*/metrics.jsonl"))) < 1:
+        time.sleep(0.1)
+    stop = cli("optimize", "cartpole", "--stop", "--json", cwd=root)
+    assert stop.returncode == 0, stop.stderr
+    assert json.loads(stop.stdout)["stopped"]
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr.decode()
+    for run in runs_dir.iterdir():
+        assert (run / "exit_code").exists(), f"{run.name} still running"
+
+
+# ------------------------------------------------------------------------------------------ PostgreSQL
+
+def _postgres_bin() -> Path | None:
+    for base in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (base / "initdb").exists() and (base / "pg_ctl").exists():
+            return base
+    return None
+
+
+def test_study_in_postgresql(cli, tmp_path):
+    pg = _postgres_bin()
+    if pg is None:
+        pytest.skip("no PostgreSQL server here (apt-get install postgresql to run this test)")
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg2 is not installed (pip install psycopg2-binary to run this test)")
+    if os.getuid() == 0:
+        pytest.skip("initdb refuses to run as root")
+    data = tmp_path / "pg"
+    subprocess.run([str(pg / "initdb"), "-D", str(data), "-U", "thrust", "--auth=trust"], check=True,
+                   capture_output=True)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run([str(pg / "pg_ctl"), "-D", str(data), "-o", f"-p {port} -k {tmp_path} -h 127.0.0.1", "-w",
+                    "start", "-l", str(tmp_path / "pg.log")], check=True, capture_output=True)
+    try:
+        subprocess.run([shutil.which("createdb") or str(pg / "createdb"), "-h", "127.0.0.1", "-p", str(port),
+                        "-U", "thrust", "studies"], check=True, capture_output=True)
+        root = local_project(tmp_path, "pg-project")
+        url = f"postgresql://thrust@127.0.0.1:{port}/studies"
+        result = cli("optimize", "cartpole", "--trials", "2", "--parallel", "2", "--storage", url, *SMALL,
+                     "--json", cwd=root)
+        assert result.returncode == 0, result.stderr
+        assert summary(result)["counts"]["done"] == 2
+    finally:
+        subprocess.run([str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)

@@ -1,0 +1,186 @@
+"""`thrust-remote optimize [JOB] --trials N`: the live table and summary; the core is thrust_remote.optimize."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import typer
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from .. import optimize as core
+from ..console import console, err_console
+from ..errors import UsageError
+from .common import get_config, open_runner
+from .train import CliReporter
+
+STATE_STYLE = {"RUNNING": "cyan", "LAUNCHING": "cyan", "COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("optimize", help="Search a job's hyperparameters: an Optuna study over the host's GPU slots.")(
+        optimize
+    )
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+class LiveTable:
+    """Renders the scheduler's trials: a live rich table on a terminal, one line per event otherwise."""
+
+    def __init__(self, enabled: bool, title: str) -> None:
+        self.enabled = enabled
+        self.title = title
+        self.live: Live | None = None
+
+    def __enter__(self) -> LiveTable:
+        if self.enabled:
+            self.live = Live(Table(), console=err_console, refresh_per_second=4, transient=False)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def event(self, message: str) -> None:
+        if self.live is not None:
+            self.live.console.print(f"[dim]{escape(message)}[/]", highlight=False)
+        else:
+            err_console.print(message, highlight=False, markup=False, soft_wrap=True)
+
+    def update(self, trials: Sequence[core.TrialView], counts: Mapping[str, int]) -> None:
+        if self.live is None:
+            return
+        table = Table(title=f"{self.title}  done {counts.get('done', 0)}  running {counts.get('RUNNING', 0)}  "
+                            f"pruned {counts.get('PRUNED', 0)}  failed {counts.get('FAIL', 0)}")
+        for col in ("trial", "slot", "params", "progress", "value", "state"):
+            table.add_column(col, overflow="fold" if col == "params" else "ellipsis")
+        for t in sorted(trials, key=lambda v: v.number)[-30:]:
+            params = " ".join(f"{k}={_short(v)}" for k, v in t.params.items())
+            progress = f"{t.step:,}/{t.total_steps:,}" if t.total_steps else (f"{t.step:,}" if t.step else "")
+            value = _short(t.value if t.value is not None else t.intermediate)
+            style = STATE_STYLE.get(t.state, "")
+            table.add_row(str(t.number), t.slot or "", params, progress, value,
+                          f"[{style}]{t.state}[/]" if style else t.state)
+        self.live.update(table)
+
+
+def optimize(
+    ctx: typer.Context,
+    job: str | None = typer.Argument(None, help="Job to tune (default: the one job under `search:` in thrust.yaml)."),
+    trials: int | None = typer.Option(None, "--trials", "-n", help="Trials to finish (COMPLETE + PRUNED)."),
+    host: str | None = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: default_host)."),
+    parallel: int | None = typer.Option(None, "--parallel", "-p",
+                                        help="Trials at once (CPU host: this many CPU slots; default 1)."),
+    gpus: str | None = typer.Option(None, "--gpus", help="GPU indices for slots, like 0,1,2,3 (default: all)."),
+    slots_per_gpu: int = typer.Option(1, "--slots-per-gpu", help="Trials sharing one GPU (default 1)."),
+    study: str | None = typer.Option(None, "--study", help="Study name (default: the job's name)."),
+    storage: str | None = typer.Option(None, "--storage", envvar="THRUST_STUDY_STORAGE",
+                                       help="Optuna storage URL (default: SQLite on the host)."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Seconds after which no new trial starts."),
+    sets: list[str] = typer.Option([], "--set", help="KEY=VALUE: fix a trainer flag for every trial (repeatable)."),
+    pruner: str = typer.Option("median", "--pruner", help="median | halving | none."),
+    prune_startup: int = typer.Option(2, "--prune-startup", help="median: complete trials before pruning."),
+    prune_warmup: int = typer.Option(4, "--prune-warmup", help=f"rungs (of {core.RUNGS}) before pruning."),
+    metric: str = typer.Option("auto", "--metric",
+                               help="auto (eval_return, else return_mean) | eval_return | return_mean | score_mean."),
+    seed: int | None = typer.Option(None, "--seed", help="Sampler seed."),
+    out: Path | None = typer.Option(None, "--out", help="Best params YAML (default: <study>-best.yaml)."),
+    poll: float = typer.Option(0.5, "--poll", help="Seconds between polls of the running trials."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+    stop: bool = typer.Option(False, "--stop", help="Stop the study's driver and its running trials."),
+) -> None:
+    config = get_config(ctx)
+    if job is None:
+        names = sorted(config.search)
+        if len(names) != 1:
+            raise UsageError("name the job to optimize (e.g. thrust-remote optimize cartpole --trials 20)")
+        job = names[0]
+    job_cfg = config.job(job)
+    host_cfg = config.host(host)
+    if stop:
+        runner = open_runner(host_cfg)
+        try:
+            stopped = core.request_stop(runner, host_cfg, config, study or core.default_study_name(job_cfg))
+        finally:
+            runner.close()
+        if as_json:
+            typer.echo(json.dumps({"stopped": stopped}))
+        else:
+            console.print(f"stop requested; stopped {len(stopped)} running trial(s)")
+        return
+    if trials is None:
+        raise UsageError("--trials N is required (how many trials the study should finish)")
+    request = core.OptimizeRequest(
+        job=job_cfg, host=host_cfg, trials=trials, parallel=parallel, gpus=gpus, slots_per_gpu=slots_per_gpu,
+        study=study, storage=storage, timeout=timeout, sets=sets, pruner=pruner, prune_startup=prune_startup,
+        prune_warmup=prune_warmup, metric=metric, seed=seed, out=out, poll_s=poll,
+    )
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our table says what happens
+    control = core.Control()
+    presses = [0]
+
+    def on_sigint(_signum: int, _frame: FrameType | None) -> None:
+        presses[0] += 1
+        if presses[0] == 1:
+            control.drain = True
+            err_console.print("[yellow]Ctrl-C: no new trials; the running ones finish. "
+                              "Ctrl-C again stops them.[/]")
+        elif presses[0] == 2:
+            control.abort = True
+            err_console.print("[yellow]Ctrl-C: stopping the running trials (rerun the command to continue)[/]")
+        else:
+            raise KeyboardInterrupt
+
+    runner = open_runner(host_cfg)
+    reporter = CliReporter(quiet=as_json)
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with LiveTable(err_console.is_terminal and not as_json, f"study {study or job}") as view:
+            optimizer = core.Optimizer(config, request, runner, reporter, view, control)
+            summary = optimizer.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        runner.close()
+    if as_json:
+        typer.echo(json.dumps(summary.as_json(), indent=2))
+    else:
+        render_summary(summary)
+    raise typer.Exit(summary.exit_code)
+
+
+def render_summary(s: core.Summary) -> None:
+    c = s.counts
+    console.print(f"study [bold]{escape(s.study)}[/] ({escape(s.storage)}): {c.get('COMPLETE', 0)} complete, "
+                  f"{c.get('PRUNED', 0)} pruned, {c.get('FAIL', 0)} failed of {s.trials_target} "
+                  f"in {s.wall_s:.1f} s", highlight=False)
+    if s.stopped:
+        console.print(f"[yellow]stopped before {s.trials_target} trials: {s.stopped}; rerun the same command to "
+                      "continue[/]")
+    if s.best is None:
+        console.print("[red]no trial completed[/]")
+        return
+    table = Table("parameter", "best value", "importance", title=f"best: trial {s.best['number']}, "
+                  f"{s.metric} = {s.best['value']:.4g}")
+    for k, v in s.best["params"].items():
+        imp = (s.importances or {}).get(k)
+        table.add_row(k, _short(v), "" if imp is None else f"{imp:.2f}")
+    console.print(table)
+    if s.importances is None:
+        console.print(f"importances not computed: {escape(s.importance_note or '')}", highlight=False)
+    console.print(f"best params: {s.best_params_file}  →  thrust-remote train {s.job} --params "
+                  f"{s.best_params_file}", highlight=False)
+    console.print(f"dashboard: optuna-dashboard {escape(s.dashboard_url or s.storage)}", highlight=False)
