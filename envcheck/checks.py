@@ -158,9 +158,12 @@ def check_torch_version(c: Ctx) -> dict:
 
 
 def _wheel_for_driver(driver: str | None) -> str:
-    for need, tag in (("580.65.06", "cu130"), ("570.26", "cu128"), ("560.28.03", "cu126"), ("525.60.13", "cu121")):
-        if tables.version_at_least(driver, need):
-            return tag
+    """The PyTorch wheel index for this driver. Recent torch releases ship cu126/cu128 (and cu130)
+    wheels only; a 12.x driver below 12.8's runs cu126 through CUDA minor-version compatibility."""
+    if tables.version_at_least(driver, "570.26"):
+        return "cu128"
+    if tables.version_at_least(driver, "525.60.13"):
+        return "cu126"
     return "cu118"
 
 

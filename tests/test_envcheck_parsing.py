@@ -149,7 +149,7 @@ def test_cpu_wheel_on_gpu_host_names_the_cuda_wheel() -> None:
     r = by_id(f)
     assert r["cuda-available"]["status"] == "fail"
     assert "CPU-only build" in r["cuda-available"]["detail"]
-    assert "https://download.pytorch.org/whl/cu121" in r["cuda-available"]["fix"]  # driver 550 -> cu121..126
+    assert "https://download.pytorch.org/whl/cu126" in r["cuda-available"]["fix"]  # driver 550: cu126 via minor compat
 
 
 @pytest.mark.parametrize(

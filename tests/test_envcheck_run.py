@@ -123,4 +123,4 @@ def test_gpu_host_facts_through_nvidia_smi_on_path(tmp_path: Path) -> None:
 
     if torch.version.cuda is None:
         assert r["cuda-available"]["status"] == "fail" and "CPU-only build" in r["cuda-available"]["detail"]
-        assert "--index-url https://download.pytorch.org/whl/cu121" in r["cuda-available"]["fix"]
+        assert "--index-url https://download.pytorch.org/whl/cu126" in r["cuda-available"]["fix"]
