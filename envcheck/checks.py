@@ -623,8 +623,7 @@ def check_ssh_python(c: Ctx) -> dict:
     others = c.facts.get("other_pythons") or []
     with_torch = [o["path"] for o in others if o.get("torch")]
     if c.torch_ok:
-        return result(cid, OK, f"{c.python} (the configured python, run by the SSH session) has torch "
-                      f"{c.probe.get('version')}")
+        return result(cid, OK, f"{c.python} (hosts.{c.host}.python) has torch {c.probe.get('version')}")
     if with_torch:
         return result(cid, FAIL, f"{c.python} (hosts.{c.host}.python) has no torch, but {with_torch[0]} does",
                       f"set `python: {with_torch[0]}` under hosts.{c.host} in thrust.yaml")
@@ -653,8 +652,7 @@ def check_git(c: Ctx) -> dict:
         return result(cid, FAIL, f"git not found (PATH={c.env.get('PATH', '')}): code sync needs it",
                       "sudo apt-get install -y git")
     if not g.get("repo"):
-        return result(cid, OK, f"{g.get('path')}; workdir not a git checkout yet ({g.get('error') or 'no repo'}); "
-                      "the first sync creates it")
+        return result(cid, OK, f"{g.get('path')}; the workdir is not a git checkout yet (the first sync creates it)")
     return result(cid, OK, f"{g.get('path')}; workdir on {g.get('branch')}, {g.get('dirty_files')} changed file(s)")
 
 
