@@ -319,3 +319,36 @@ def test_cut_or_corrupt_fetch_leaves_web_public_untouched(cli, project, remote_d
     watcher.join()
     assert proc.returncode == ExitCode.TRANSFER, err
     assert {p.name: p.read_bytes() for p in public.iterdir() if not p.name.startswith(".")} == before
+
+
+def test_cargo_job_builds_runs_and_cleans_a_stale_build(cli, project, remote_dir):
+    """A `kind: cargo` job against a dependency-free crate: build under buildenv's env, run the binary
+    detached, and `cargo clean` first when the build env's fingerprint changed."""
+    cfg = project / "thrust.yaml"
+    base = cfg.read_text()
+    job = (
+        "jobs:\n  probe-rs:\n    kind: cargo\n    toolchain: stable\n    example: train_probe\n"
+        "    crate: tests/native/crate\n    args: [--epochs, '3']\n"
+    )
+    cfg.write_text(base + job)
+    _git(project, "commit", "-q", "-am", "cargo job")
+    first = cli("train", "probe-rs", "--no-fetch", cwd=project)
+    assert first.returncode == 0, first.stderr
+    assert "cargo +stable build --release --example train_probe" in first.stderr
+    run_id = re.search(r"launching run (probe-rs[\w.-]+)", first.stderr).group(1)
+    log = (remote_dir / "thrust" / ".thrust" / "runs" / run_id / "log").read_text()
+    assert "train_probe device=cpu args=--epochs 3" in log
+    crate = remote_dir / "thrust" / "tests" / "native" / "crate"
+    assert (crate / "target" / ".thrust-build-env.json").exists()
+
+    again = cli("train", "probe-rs", "--no-fetch", cwd=project)
+    assert again.returncode == 0, again.stderr
+    assert "building" not in again.stderr  # nothing changed: the build is reused
+
+    # the build env changes (the version-check bypass is a build variable): clean, then build again
+    cfg.write_text(base + job + "    bypass_version_check: true\n")
+    _git(project, "commit", "-q", "-am", "bypass")
+    third = cli("train", "probe-rs", "--no-fetch", cwd=project)
+    assert third.returncode == 0, third.stderr
+    assert "cargo clean" in third.stderr
+    assert "building:" in third.stderr
