@@ -42,6 +42,7 @@ const state = {
   fps: 0,
   mps: 0,
   lastOutcome: null,
+  scores: [], // apples eaten per finished episode
   error: null,
   dirty: true,
 };
@@ -116,7 +117,7 @@ function showManifest(manifest) {
     ["actions", manifest.action_mode && `${manifest.action_mode} (${manifest.n_actions ?? "?"})`],
     ["policy", manifest.policy],
     ["steps", manifest.steps !== undefined && Number(manifest.steps).toLocaleString("en")],
-    ["final return", manifest.final_return !== undefined && Number(manifest.final_return).toFixed(3)],
+    ["final return", typeof manifest.final_return === "number" && manifest.final_return.toFixed(3)],
     ["opset", manifest.opset],
     ["sha256", manifest.sha256 && `${String(manifest.sha256).slice(0, 16)}…`],
   ];
@@ -205,6 +206,7 @@ function newGame(settings) {
   state.inferMs = [];
   state.wantDir = null;
   state.lastOutcome = null;
+  state.scores = [];
   state.endedAt = null;
   state.dirty = true;
   updateStats();
@@ -291,6 +293,7 @@ async function tick() {
   countMove();
   state.best = Math.max(state.best, game.score);
   if (game.done) {
+    state.scores.push(game.score);
     state.lastOutcome = game.outcome;
     state.endedAt = performance.now();
   }
@@ -318,6 +321,10 @@ function updateStats() {
   $("fps").textContent = state.fps ? state.fps.toFixed(0) : "–";
   $("mps").textContent = state.mps ? state.mps.toFixed(0) : "–";
   $("outcome").textContent = state.lastOutcome ?? "–";
+  const recent = state.scores.slice(-100);
+  $("mean-score").textContent = recent.length
+    ? `${(recent.reduce((a, b) => a + b, 0) / recent.length).toFixed(1)} (${recent.length})`
+    : "–";
 }
 
 function draw() {
