@@ -4,19 +4,35 @@ Runs on the GPU host with the host's python (`python -m envcheck --json`, or as 
 uploads) and prints one JSON report: {"host", "facts", "checks"} (DESIGN.md). The checks are
 computed here so the report is complete on its own; the laptop side only renders it and applies
 the safe fixes.
+
+Imports here are lazy: `python -m envcheck` imports this package first, and the CLI wants the torch
+child process running before the rest of envcheck is even loaded.
 """
 
 from __future__ import annotations
-
-from .checks import CHECK_IDS, evaluate
-from .probe import collect
 
 __version__ = "1"
 __all__ = ["CHECK_IDS", "collect", "evaluate", "report"]
 
 
 def report(workdir: str = ".", job: dict | None = None, host: str | None = None,
-           gpus: list[int] | None = None, torch_timeout: float = 30.0) -> dict:
+           gpus: list[int] | None = None, torch_timeout: float = 30.0, torch_probe=None) -> dict:
     """Collect the facts and run every check: the whole envcheck JSON document."""
-    facts = collect(workdir=workdir, job=job, host=host, gpus=gpus, torch_timeout=torch_timeout)
+    from .checks import evaluate
+    from .probe import collect
+
+    facts = collect(workdir=workdir, job=job, host=host, gpus=gpus, torch_timeout=torch_timeout,
+                    torch_probe=torch_probe)
     return {"host": facts["host"], "facts": facts, "checks": evaluate(facts, job)}
+
+
+def __getattr__(name: str):
+    if name in ("CHECK_IDS", "evaluate"):
+        from . import checks
+
+        return getattr(checks, name)
+    if name == "collect":
+        from .probe import collect
+
+        return collect
+    raise AttributeError(name)

@@ -6,8 +6,6 @@ import argparse
 import json
 import sys
 
-from . import report
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="envcheck", description="Report this host's GPU training facts.")
@@ -25,6 +23,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(f"--job-json: {exc}")
     gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else None
-    doc = report(workdir=args.workdir, job=job, host=args.host, gpus=gpus, torch_timeout=args.torch_timeout)
-    sys.stdout.write(json.dumps(doc, indent=None if args.json else 2, sort_keys=False) + "\n")
+
+    # import torch is the critical path: start it before loading the rest of envcheck
+    from . import torchprobe
+
+    probe = torchprobe.start(args.torch_timeout)
+    from . import report
+
+    doc = report(workdir=args.workdir, job=job, host=args.host, gpus=gpus, torch_timeout=args.torch_timeout,
+                 torch_probe=probe)
+    sys.stdout.write(json.dumps(doc, indent=None if args.json else 2) + "\n")
     return 0
