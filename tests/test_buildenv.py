@@ -78,6 +78,7 @@ def test_cargo_build_with_computed_env_links_libtorch_and_records_fingerprint(fa
     runner = LocalRunner()
     argv = buildenv.cargo_build_argv(facts, job)
     assert argv[1:] == ["+stable", "build", "--release", "--example", "train_probe"]
+    assert buildenv.cargo_clean_argv(facts, job) == [argv[0], "clean"] and argv[0].endswith("cargo")
     env = buildenv.build_env(facts, job)
     crate_dir = buildenv.crate_dir(facts, job)
     assert crate_dir == str(root / "crate")

@@ -6,8 +6,10 @@ env and the argv. The rules live in envcheck.buildenv (standard library, also us
 judge the env and fingerprint builds); this module adapts them to JobConfig and the Runner.
 
 Pipeline for a cargo job:
-    facts = doctor.collect_facts(runner, host, job)      # or run_doctor(...).facts
+    report = doctor.run_doctor(runner, host, job); facts = report.facts
     env = build_env(facts, job)                          # same env for build and run
+    if report.check("stale-build").status in ("fail", "warn"):   # the env changed since the last build
+        runner.run(cargo_clean_argv(facts, job), env=env, cwd=crate_dir(facts, job)).check("cargo clean")
     runner.run(cargo_build_argv(facts, job), env=env, cwd=crate_dir(facts, job)).check("cargo build")
     write_fingerprint(runner, facts, job)                # lets doctor spot a stale build later
     runner.run(cargo_run_argv(facts, job), env=env, cwd=crate_dir(facts, job))
@@ -68,6 +70,12 @@ def crate_dir(facts: dict, job: JobConfig) -> str:
 def cargo_build_argv(facts: dict, job: JobConfig) -> list[str]:
     """[cargo, +TOOLCHAIN, build, --release, --example, X]; run with cwd=crate_dir and build_env."""
     return _core.cargo_build_argv(facts, job_dict(job))
+
+
+def cargo_clean_argv(facts: dict, job: JobConfig) -> list[str]:
+    """[cargo, clean] with the cargo envcheck found (~/.cargo/bin is often not on an SSH PATH);
+    run with cwd=crate_dir and build_env (it carries CARGO_TARGET_DIR when the job sets one)."""
+    return [_core.cargo_bin(facts), "clean"]
 
 
 def cargo_run_argv(facts: dict, job: JobConfig) -> list[str]:
