@@ -651,6 +651,11 @@ def check_git(c: Ctx) -> dict:
     if not g.get("found"):
         return result(cid, FAIL, f"git not found (PATH={c.env.get('PATH', '')}): code sync needs it",
                       "sudo apt-get install -y git")
+    err = g.get("error") or ""
+    if "dubious ownership" in err:
+        workdir = (c.facts.get("workdir") or {}).get("path") or "WORKDIR"
+        return result(cid, FAIL, f"git refuses the workdir: {err.splitlines()[0]}",
+                      f"git config --global --add safe.directory {shlex.quote(workdir)}")
     if not g.get("repo"):
         return result(cid, OK, f"{g.get('path')}; the workdir is not a git checkout yet (the first sync creates it)")
     return result(cid, OK, f"{g.get('path')}; workdir on {g.get('branch')}, {g.get('dirty_files')} changed file(s)")

@@ -289,3 +289,12 @@ def test_envcheck_runs_on_python_38(tmp_path: Path) -> None:
     doc = json.loads(proc.stdout)
     assert doc["facts"]["python"].startswith("3.8")
     assert [c["id"] for c in doc["checks"]] == list(checks.CHECK_IDS)
+
+
+def test_git_dubious_ownership_names_the_safe_directory_fix() -> None:
+    f = gpu_facts("l4_one_gpu.csv")
+    f["workdir"] = {"path": "/srv/thrust", "exists": True}
+    f["git"] = {"found": True, "path": "/usr/bin/git", "repo": False,
+                "error": "fatal: detected dubious ownership in repository at '/srv/thrust'"}
+    r = by_id(f)["git"]
+    assert r["status"] == "fail" and r["fix"] == "git config --global --add safe.directory /srv/thrust"
