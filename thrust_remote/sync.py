@@ -104,20 +104,59 @@ class _Host:
         return self.runner.run(["git", "-C", self.workdir, *args], timeout=timeout)
 
 
+# One round trip to learn the host's state. A constant script: the workdir and commit arrive as
+# positional arguments ($1, $2), never spliced into the text.
+_STATE_SCRIPT = r"""
+command -v git >/dev/null 2>&1 || { echo git=no; exit 0; }
+echo git=yes
+if [ -d "$1/.git" ] && git -C "$1" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  echo repo=yes
+  if git -C "$1" cat-file -e "$2^{commit}" 2>/dev/null; then echo have=yes; else
+    echo have=no
+    printf 'known='
+    { git -C "$1" rev-parse -q --verify HEAD; git -C "$1" for-each-ref --format='%(objectname)'; } 2>/dev/null \
+      | tr '\n' ' '
+    echo
+  fi
+else
+  echo repo=no
+fi
+"""
+
+# One round trip to put the checkout at the commit (and apply the patch when $3 names one).
+_CHECKOUT_SCRIPT = r"""
+set -e
+cd "$1"
+mkdir -p .thrust .git/info
+grep -qxF /.thrust/ .git/info/exclude 2>/dev/null || printf '%s\n' /.thrust/ >> .git/info/exclude
+git reset -q --hard
+git checkout -q --force --detach "$2"
+if [ -n "$3" ]; then git apply --index --whitespace=nowarn "$3"; fi
+git rev-parse HEAD
+"""
+
+
+def _host_state(runner: Runner, workdir: str, commit: str) -> dict[str, str]:
+    res = runner.run(["sh", "-c", _STATE_SCRIPT, "sh", workdir, commit], timeout=120)
+    state = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+    if not res.ok or "git" not in state:
+        raise ThrustError(f"cannot inspect {workdir} on {runner.name}: {res.stderr.strip()[-300:]}")
+    return state
+
+
 def sync(runner: Runner, paths: HostPaths, local: LocalState, *, step: Step = lambda _: None) -> SyncResult:
     host = _Host(runner, paths.workdir)
-    probe = runner.run(["git", "--version"])
-    if probe.exit_code == 127:
+    warnings: list[str] = []
+    method = "up-to-date"
+    bundle_bytes = 0
+    state = _host_state(runner, paths.workdir, local.commit)
+    if state["git"] != "yes":
         raise ThrustError(
             f"git is not installed on {runner.name}",
             "install it there (e.g. apt-get install git)",
             ExitCode.UNAVAILABLE,
         )
-    warnings: list[str] = []
-    method = "up-to-date"
-    bundle_bytes = 0
-    is_repo = host.git("rev-parse", "--is-inside-work-tree").ok and runner.exists(f"{paths.workdir}/.git")
-    if not is_repo:
+    if state.get("repo") != "yes":
         method = "clone"
         step(f"first sync: setting up {paths.workdir}")
         cloned = False
@@ -127,8 +166,8 @@ def sync(runner: Runner, paths: HostPaths, local: LocalState, *, step: Step = la
         if not cloned:
             runner.run(["mkdir", "-p", "--", paths.workdir]).check("mkdir workdir")
             host.git("init", "-q").check("git init on the host")
-    _exclude_thrust_dir(runner, paths)
-    if not host.git("cat-file", "-e", f"{local.commit}^{{commit}}").ok:
+        state = _host_state(runner, paths.workdir, local.commit)
+    if state.get("have") != "yes":
         fetched = False
         if local.origin:
             step("fetching the commit from origin on the host")
@@ -138,19 +177,26 @@ def sync(runner: Runner, paths: HostPaths, local: LocalState, *, step: Step = la
             method = "fetch" if method != "clone" else "clone"
         else:
             step("sending the missing commits as a git bundle")
-            bundle_bytes = _send_bundle(runner, host, paths, local)
+            known = set(state.get("known", "").split())
+            bundle_bytes = _send_bundle(runner, host, paths, local, known)
             method = "bundle"
-    step(f"checking out {local.commit[:12]}")
-    host.git("reset", "-q", "--hard").check("git reset on the host")  # drops the previous run's patch
-    host.git("checkout", "-q", "--force", "--detach", local.commit).check("git checkout on the host")
+    remote_patch = ""
     if local.patch:
-        step("applying uncommitted changes as a patch")
+        step("sending uncommitted changes as a patch")
         remote_patch = f"{paths.thrust}/sync.patch"
         with tempfile.NamedTemporaryFile(suffix=".patch") as tmp:
             tmp.write(local.patch)
             tmp.flush()
             runner.put(tmp.name, remote_patch)
-        host.git("apply", "--index", "--whitespace=nowarn", remote_patch).check("applying the local changes")
+    step(f"checking out {local.commit[:12]}")
+    # reset --hard first drops the previous run's patch (it was applied with --index)
+    res = runner.run(["sh", "-c", _CHECKOUT_SCRIPT, "sh", paths.workdir, local.commit, remote_patch], timeout=300)
+    if not res.ok:
+        raise ThrustError(f"checking out {local.commit[:12]} on {runner.name} failed: {res.stderr.strip()[-400:]}")
+    head = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    if head != local.commit:
+        raise ThrustError(f"the host's checkout is at {head[:12]}, expected {local.commit[:12]}")
+    if local.patch:
         changed = _git(local.root, "diff", "HEAD", "--name-only").stdout.decode().split()
         warnings.append(
             f"uncommitted changes sent as a patch ({len(local.patch)} bytes, {len(changed)} files: "
@@ -159,29 +205,11 @@ def sync(runner: Runner, paths: HostPaths, local: LocalState, *, step: Step = la
     if local.untracked:
         shown = ", ".join(local.untracked[:5]) + ("…" if len(local.untracked) > 5 else "")
         warnings.append(f"{len(local.untracked)} untracked files were not sent: {shown}")
-    head = host.git("rev-parse", "HEAD")
-    if head.stdout.strip() != local.commit:
-        raise ThrustError(f"the host's checkout is at {head.stdout.strip()[:12]}, expected {local.commit[:12]}")
     return SyncResult(local.commit, method, local.dirty, local.patch_sha256, local.untracked, bundle_bytes, warnings)
 
 
-def _exclude_thrust_dir(runner: Runner, paths: HostPaths) -> None:
-    """Keep .thrust/ (runs, caches) out of the host repo's status without touching .gitignore."""
-    exclude = f"{paths.workdir}/.git/info/exclude"
-    res = runner.run(["grep", "-qxF", "/.thrust/", exclude])
-    if res.exit_code != 0:
-        runner.run(["mkdir", "-p", "--", f"{paths.workdir}/.git/info"]).check("mkdir .git/info")
-        runner.run(["sh", "-c", 'printf "%s\\n" /.thrust/ >> "$1"', "sh", exclude]).check("update .git/info/exclude")
-    runner.run(["mkdir", "-p", "--", paths.thrust]).check("mkdir .thrust")
-
-
-def _send_bundle(runner: Runner, host: _Host, paths: HostPaths, local: LocalState) -> int:
+def _send_bundle(runner: Runner, host: _Host, paths: HostPaths, local: LocalState, known: set[str]) -> int:
     # What the host already has and we know too: those commits (and their history) stay out.
-    refs = host.git("for-each-ref", "--format=%(objectname)")
-    known = {line.strip() for line in refs.stdout.splitlines() if line.strip()}
-    head = host.git("rev-parse", "-q", "--verify", "HEAD")
-    if head.ok and head.stdout.strip():
-        known.add(head.stdout.strip())
     exclude = [
         f"^{c}" for c in sorted(known)
         if _git(local.root, "cat-file", "-e", f"{c}^{{commit}}", check=False).returncode == 0
