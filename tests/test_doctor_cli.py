@@ -244,3 +244,14 @@ def test_unknown_and_unreachable_hosts_keep_their_exit_codes(cli, tmp_path: Path
     proc = cli("--config", str(cfg), "doctor", "--host", "dead", "--json")
     assert proc.returncode == 69, proc.stderr
     assert proc.stdout == ""  # no half report on stdout for a script to misread
+
+
+OLD_PYTHON = Path("/root/.pyenv/versions/3.6.15/bin/python")
+
+
+@pytest.mark.skipif(not OLD_PYTHON.exists(), reason="no Python 3.6 on this machine")
+def test_python_too_old_for_envcheck_is_69(cli, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "thrust.yaml", workdir=tmp_path, python=str(OLD_PYTHON))
+    proc = cli("--config", str(cfg), "doctor")
+    assert proc.returncode == 69, proc.stdout + proc.stderr
+    assert "could not run envcheck" in proc.stderr and "Python 3.8+" in proc.stderr
