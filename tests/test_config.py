@@ -152,3 +152,16 @@ def test_address_forms(text, host, user, port):
 def test_bad_addresses(text):
     with pytest.raises(ValueError, match="address|host|user|port"):
         parse_address(text)
+
+
+def test_init_writes_a_config_that_loads_and_never_overwrites(cli, tmp_path):
+    first = cli("init", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    written = (tmp_path / "thrust.yaml").read_text()
+    assert "host_key_policy" in written
+    cfg = load_config(tmp_path / "thrust.yaml", environ={})
+    assert cfg.default_host == LOCAL
+    (tmp_path / "thrust.yaml").write_text("default_host: local\n# mine\n")
+    again = cli("init", cwd=tmp_path)
+    assert again.returncode == ExitCode.USAGE
+    assert (tmp_path / "thrust.yaml").read_text() == "default_host: local\n# mine\n"

@@ -171,6 +171,8 @@ class _Reader:
         return ConfigError(f"{self.label}:{line}: {field_name}: {message}")
 
     def mapping(self, node: yaml.Node, field_name: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return []  # a section with nothing (or only comments) under it
         if not isinstance(node, yaml.MappingNode):
             raise self.fail(node, field_name, f"expected a mapping, got {_kind(node)}")
         out = []

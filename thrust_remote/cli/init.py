@@ -1,0 +1,57 @@
+"""`thrust-remote init`: write a commented thrust.yaml (never over an existing one without --force)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..config import CONFIG_NAME, parse_config_text
+from ..console import console
+from ..errors import UsageError
+
+TEMPLATE = """\
+# thrust.yaml: where `thrust-remote train` runs and what. Flags > THRUST_* env > this file > defaults.
+default_host: local            # "local" always exists and needs no SSH
+
+hosts:
+  # gpu:
+  #   address: gpu-box           # an ~/.ssh/config alias, or user@host[:port]
+  #   workdir: ~/thrust          # where the code lives on the host
+  #   python: python3            # the interpreter that has (CUDA) torch
+  #   identity: null             # key file; default: ~/.ssh/config / your keys
+  #   known_hosts: ~/.ssh/known_hosts
+  #   host_key_policy: strict    # strict | accept-new (add an unknown key once; a changed key is refused)
+  #   gpus: [0, 1]               # default: every GPU nvidia-smi lists
+
+jobs:                          # snake and cartpole are built in; an entry here overrides or adds
+  # snake:
+  #   kind: python
+  #   args: {env: snake, total-steps: 20000000, device: cuda}   # any `python -m trainer.train` flag
+  #   export: web/public/snake.onnx
+  # snake-rs:
+  #   kind: cargo                # tch-rs: cargo +TOOLCHAIN build --release --example EXAMPLE, then run it
+  #   toolchain: nightly
+  #   example: train_snake_multi_v2
+  #   args: [--mode, shared, --epochs, 1000, --cuda]
+  #   artifact: models/snake.onnx
+  #   tch_version: auto          # read from Cargo.lock
+
+# search:                      # for `thrust-remote optimize`; defaults exist for snake and cartpole
+#   snake:
+#     learning-rate: {low: 1.0e-4, high: 3.0e-3, log: true}
+#     num-envs: {choices: [1024, 4096, 16384]}
+"""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("init", help="Write a commented thrust.yaml in the current directory.")(init)
+
+
+def init(force: bool = typer.Option(False, "--force", help="Overwrite an existing thrust.yaml.")) -> None:
+    path = Path.cwd() / CONFIG_NAME
+    if path.exists() and not force:
+        raise UsageError(f"{path} already exists", "use --force to overwrite it")
+    parse_config_text(TEMPLATE, path)  # the template itself must always be a valid config
+    path.write_text(TEMPLATE)
+    console.print(f"wrote {path}; add a host under `hosts:`, then: thrust-remote doctor --host NAME")
