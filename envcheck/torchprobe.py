@@ -36,8 +36,11 @@ def start(timeout: float, python: str | None = None) -> TorchProbe:
     smi, _ = find_program("nvidia-smi", NVIDIA_SMI_PLACES)
     return TorchProbe(python or sys.executable, smi, timeout)
 
-# What the child prints: one JSON object on stdout at the end, and "stage: X" lines on stderr as it
-# goes, so a timeout still says where it hung (import torch vs. CUDA init vs. the kernel).
+
+
+# What the child prints: a JSON line on stdout at every stage (the facts so far) and "stage: X" on
+# stderr, so a probe killed at its deadline still says what it learned and where it hung (import
+# torch vs. CUDA init vs. the kernel). The last line has stage "done" (or "failed": no torch).
 TORCH_PROBE = r"""
 import json, os, subprocess, sys, time
 t0 = time.time()
@@ -132,6 +135,7 @@ stage("done")
 os._exit(0)
 """
 
+
 class TorchProbe:
     """The torch child process: started at once, collected with a deadline."""
 
@@ -164,7 +168,10 @@ class TorchProbe:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except OSError:
                 self.proc.kill()
-            out, err = self.proc.communicate()
+            try:
+                out, err = self.proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:  # a grandchild stuck in the driver keeps the pipe open
+                out, err = b"", b""
             data = _last_json(out) or {}
             stage = data.get("stage") or "start"
             data.update(
