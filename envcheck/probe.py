@@ -54,7 +54,8 @@ def probe_nvidia_smi() -> dict:
     dev_nodes = sorted(glob.glob("/dev/nvidia[0-9]*"))
     base = {"path": path, "on_path": on_path, "dev_nodes": len(dev_nodes)}
     if not path:
-        return {**base, "found": False, "gpus": [], "gpu_count": 0, "error": "nvidia-smi not found"}
+        return {**base, "found": False, "exit_code": None, "gpus": [], "gpu_count": 0, "driver_version": None,
+                "mig": False, "error": "nvidia-smi not found"}
     query = run_cmd([path, *nvsmi.QUERY_ARGV[1:]], timeout=10)
     listing = run_cmd([path, *nvsmi.LIST_ARGV[1:]], timeout=10) if query["rc"] == 0 else {"out": ""}
     summary = nvsmi.summarize(query["out"] or query["err"], query["rc"], listing["out"])
