@@ -269,7 +269,9 @@ def fix_build_rs(runner: Runner, report: Report, *, local_crate: Path | None = N
     if not remote_path:
         return FixResult("build-rs-no-as-needed", "edit build.rs", False, "the crate was not found")
     if local_crate is not None and (local_crate / "Cargo.toml").is_file():
-        path = local_crate / Path(remote_path).name
+        # the same file in the local checkout (build.rs, or Cargo.toml's `build = "..."`)
+        rel = os.path.relpath(remote_path, crate["dir"]) if crate.get("dir") else Path(remote_path).name
+        path = local_crate / rel
         old = path.read_text() if path.is_file() else None
         new = patch_build_rs(old)
         where = str(path)
