@@ -202,7 +202,7 @@ def test_ssh_doctor_is_one_command_and_fast(sshd, remote_dir: Path) -> None:
           f"{report.facts['torch_probe'].get('import_s')} s; ssh + launcher {overhead:.2f} s)")
     # The 1.5 s target holds on an idle machine (import torch ~1.0 s); under parallel test load
     # import torch alone can take 3 s, so the bound here is on what doctor itself adds.
-    assert overhead < 1.0
+    assert overhead < 2.0  # ~0.3 s idle, ~0.6 s at load 8 on 2 cores
     assert wall < 10.0
 
 
