@@ -51,7 +51,7 @@ def main() -> None:
             executable_path=args.chromium,
             headless=True,
             args=CHROMIUM_ARGS,
-            viewport={"width": 920, "height": 740},
+            viewport={"width": 980, "height": 800},
         )
         page = context.new_page()
         page.goto(server.url + query)
