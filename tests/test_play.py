@@ -205,3 +205,30 @@ def test_a_manifest_json_naming_the_model_pairs_with_it(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps({"file": "snake.onnx", "env": "snake"}))
     found = find_models(tmp_path)
     assert [(m.name, m.manifest.name) for m in found] == [("snake", "manifest.json")]
+
+
+def test_cli_lists_the_models_of_the_project_in_thrust_yaml(tmp_path: Path) -> None:
+    """A project elsewhere: `thrust-remote play` there serves what its jobs exported."""
+    if not ORT_DIST.is_dir():
+        pytest.skip("web/node_modules is missing (make web-deps)")
+    (tmp_path / "thrust.yaml").write_text("jobs:\n  snake:\n    export: models/snake.onnx\n")
+    fake_model(tmp_path / "models", "snake")
+    proc = subprocess.Popen(
+        [*CLI, "play", "--no-open", "--port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "models: snake" in line, line + (proc.stderr.read() if proc.poll() is not None else "")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

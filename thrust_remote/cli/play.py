@@ -8,7 +8,9 @@ from pathlib import Path
 import typer
 
 from ..console import console
-from ..serve import ModelFiles, PlayServer, Site, default_web_dir
+from ..errors import ThrustError
+from ..serve import ModelFiles, PlayServer, Site, default_web_dir, find_models
+from .common import get_config
 
 
 def register(app: typer.Typer) -> None:
@@ -16,17 +18,21 @@ def register(app: typer.Typer) -> None:
 
 
 def play(
+    ctx: typer.Context,
     port: int = typer.Option(8765, "--port", "-p", help="Port on 127.0.0.1 (0: any free port)."),
     model: Path | None = typer.Option(
         None, "--model", help="A model to play: <x>.onnx with <x>.json beside it, or a run's model.onnx."
     ),
     public: Path | None = typer.Option(
-        None, "--public", help="Directory of models to list (default: web/public).", show_default=False
+        None,
+        "--public",
+        help="Directory of models to list (default: where thrust.yaml's jobs export, else web/public).",
+        show_default=False,
     ),
     no_open: bool = typer.Option(False, "--no-open", help="Print the URL; do not open a browser."),
 ) -> None:
     extra = ModelFiles.from_model_path(model) if model is not None else None
-    site = Site(web_dir=default_web_dir(), public_dir=public, extra=extra)
+    site = Site(web_dir=default_web_dir(), public_dir=public or project_models_dir(ctx), extra=extra)
     site.check()
     server = PlayServer(site, port=port)
     url = server.url
@@ -43,3 +49,16 @@ def play(
         console.print("stopped")
     finally:
         server.httpd.server_close()
+
+
+def project_models_dir(ctx: typer.Context) -> Path | None:
+    """The directory the project's jobs export to (`export:` in thrust.yaml, else web/public/<job>.onnx
+    under the project root), when it holds a model; None means web/ beside this package."""
+    try:
+        config = get_config(ctx)
+    except ThrustError:
+        return None  # a broken thrust.yaml should not stop the demo; `train` reports it
+    if config.path is None:
+        return None
+    dirs = [(config.root / (job.export or f"web/public/{name}.onnx")).parent for name, job in config.jobs.items()]
+    return next((d for d in dict.fromkeys(dirs) if find_models(d)), None)
