@@ -418,12 +418,165 @@ class SSHRunner:
             raise TransferError(f"cannot hash {path} on {self.name}: {result.stderr.strip()}")
         return result.stdout.split()[0]
 
+    # Transfers stream through one exec channel: the host's python reads (or writes) the file and
+    # hashes the same bytes as they pass, we hash them on our side in the same loop. No second read
+    # of the file, no SFTP request per 32 KiB (paramiko's SFTP costs ~2x the CPU), and put renames
+    # .part on the host only when its hash equals ours, sent after the data. A host without a
+    # usable python falls back to SFTP + remote_sha256.
+    _MAGIC = "\x1ethrust-stream-1\x1e"  # our output starts after it (an rc file may print first)
+    _STREAM_RECV = 1 << 22  # more than the channel window: BufferedPipe hands over all it holds
+    # the scripts run as `python -S` (no site import: ~60 ms less per transfer under load here)
+    _GET_SCRIPT = (
+        "import hashlib,sys\n"
+        "m=MAGIC\n"
+        "try:\n"
+        " f=open(sys.argv[1],'rb')\n"
+        "except FileNotFoundError:\n"
+        " sys.exit(2)\n"
+        "except OSError as e:\n"
+        " sys.stderr.write(str(e)+'\\n');sys.exit(3)\n"
+        "o=sys.stdout.buffer;h=hashlib.sha256()\n"
+        "o.write(m.encode())\n"
+        "for b in iter(lambda:f.read(1<<20),b''):\n"
+        " h.update(b);o.write(b)\n"
+        "o.flush();sys.stderr.write(m+h.hexdigest()+'\\n')\n"
+    ).replace("MAGIC", repr(_MAGIC))
+    # argv: part target size mode(octal); stdin: exactly `size` bytes, then our sha256 in hex
+    _PUT_SCRIPT = (
+        "import hashlib,os,sys\n"
+        "m=MAGIC\n"
+        "p,t,n,mode=sys.argv[1],sys.argv[2],int(sys.argv[3]),int(sys.argv[4],8)\n"
+        "try:\n"
+        " d=os.path.dirname(t)\n"
+        " if d:os.makedirs(d,exist_ok=True)\n"
+        " f=open(p,'wb')\n"
+        "except OSError as e:\n"
+        " sys.stderr.write(str(e)+'\\n');sys.exit(3)\n"
+        "print(m+'ready',flush=True)\n"
+        "i=sys.stdin.buffer;h=hashlib.sha256()\n"
+        "while n>0:\n"
+        " b=i.read(min(n,1<<20))\n"
+        " if not b:sys.exit(4)\n"
+        " h.update(b);f.write(b);n-=len(b)\n"
+        "f.close();os.chmod(p,mode);x=h.hexdigest()\n"
+        "if i.read(64).decode()==x:\n"
+        " os.replace(p,t);print(m+x,flush=True)\n"
+        "else:\n"
+        " print(m+'mismatch '+x,flush=True)\n"
+    ).replace("MAGIC", repr(_MAGIC))
+
+    def _open_stream(self, argv: list[str], cut: str, hint: str) -> paramiko.Channel:
+        transport = self._transport()
+        try:
+            chan = transport.open_session(timeout=self.connect_timeout)
+            chan.settimeout(self.liveness_timeout)
+            chan.exec_command(build_remote_command(argv))
+        except (SSHException, EOFError, OSError) as exc:
+            self._drop()
+            raise TransferError(f"{cut}: {exc}", hint) from None
+        return chan
+
+    def _stream_read(self, chan: paramiko.Channel) -> bytes | None:
+        """The next stdout block; b"" at EOF, None when the link is dead (no reply to a probe)."""
+        while True:
+            try:
+                return chan.recv(self._STREAM_RECV)
+            except TimeoutError:
+                if not self.alive():
+                    return None
+
+    def _stream_send(self, chan: paramiko.Channel, data: bytes) -> bool:
+        """Send all of data; False if the host stopped reading or the link is dead."""
+        view = memoryview(data)  # slicing a view copies nothing; paramiko accepts it
+        while view:
+            try:
+                sent = chan.send(view)
+            except TimeoutError:
+                if self.alive():
+                    continue
+                return False
+            except (SSHException, EOFError, OSError):
+                return False
+            if sent <= 0:
+                return False
+            view = view[sent:]
+        return True
+
+    def _stream_end(self, chan: paramiko.Channel) -> tuple[int, str]:
+        """(exit status, stderr) once stdout is at EOF; status -1 when the link died."""
+        while not chan.status_event.wait(self.liveness_timeout):
+            if not self.alive():
+                chan.close()
+                return -1, ""
+        err = b""
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(1 << 16)
+        status = chan.exit_status if chan.exit_status_ready() else -1
+        chan.close()
+        return status, err.decode("utf-8", "replace")
+
+    def _tail(self, text: str) -> str:
+        lines = [ln for ln in text.strip().splitlines() if self._MAGIC not in ln]
+        return "\n".join(lines[-5:])
+
     def put(self, local: str | os.PathLike[str], remote: str) -> str:
         src = Path(local)
         if not src.is_file():
             raise TransferError(f"{src}: no such file")
         target = self._path(remote)
         part = target + ".part"
+        st = src.stat()
+        cut = f"upload of {src} to {self.name}:{target} was cut"
+        hint = f"the destination is untouched (partial data in {part}); run the command again"
+        chan = self._open_stream(
+            [self.python, "-S", "-c", self._PUT_SCRIPT, part, target, str(st.st_size), f"{st.st_mode & 0o777:o}"],
+            cut, hint,
+        )
+        digest = hashlib.sha256()
+        left = st.st_size
+        try:
+            with open(src, "rb") as fin:
+                while left > 0 and (block := fin.read(min(CHUNK, left))):
+                    digest.update(block)
+                    if not self._stream_send(chan, block):
+                        break
+                    left -= len(block)
+        except OSError as exc:
+            chan.close()  # the host sees its stdin end early and keeps only .part
+            raise TransferError(f"cannot read {src}: {exc}", hint) from None
+        expected = digest.hexdigest()
+        if left == 0:
+            self._stream_send(chan, expected.encode())
+        with contextlib.suppress(SSHException, EOFError, OSError):
+            chan.shutdown_write()
+        out = b""
+        while block := self._stream_read(chan):
+            out += block
+        status, err = (-1, "") if block is None else self._stream_end(chan)
+        text = out.decode("utf-8", "replace")
+        if status == -1:
+            self._drop()
+            raise TransferError(cut, hint)
+        if self._MAGIC + "ready" not in text:
+            if status == 3:
+                raise TransferError(f"cannot write {self.name}:{part}: {self._tail(err)}")
+            return self._put_sftp(src, target, part)  # no usable python on the host
+        if left and status in (0, 4):
+            raise TransferError(f"{src} shrank while it was being sent", hint)
+        if status != 0:
+            raise TransferError(f"upload of {src} to {self.name}:{target} failed (exit {status}): "
+                                f"{self._tail(err)}", hint)
+        result = text[text.rfind(self._MAGIC) + len(self._MAGIC):].split()
+        actual = result[-1] if result else ""
+        if result[:1] == ["mismatch"] or actual != expected:
+            raise TransferError(
+                f"checksum mismatch uploading {src} to {self.name}:{target}: sent {expected[:16]}…, "
+                f"host has {actual[:16]}…",
+                f"the destination is untouched; partial data in {part}; run the command again",
+            )
+        return expected
+
+    def _put_sftp(self, src: Path, target: str, part: str) -> str:
         digest = hashlib.sha256()
         try:
             sftp = self.sftp()
@@ -461,6 +614,62 @@ class SSHRunner:
         dst = Path(local)
         dst.parent.mkdir(parents=True, exist_ok=True)
         part = dst.with_name(dst.name + ".part")
+        cut = f"download of {self.name}:{source} was cut"
+        hint = f"{dst} is untouched (partial data in {part}); run the command again"
+        chan = self._open_stream([self.python, "-S", "-c", self._GET_SCRIPT, source], cut, hint)
+        magic = self._MAGIC.encode()
+        digest = hashlib.sha256()
+        head = b""
+        fout = None
+        try:
+            while block := self._stream_read(chan):
+                if fout is None:  # skip what an rc file printed before our script started
+                    head += block
+                    start = head.find(magic)
+                    if start < 0:
+                        if len(head) <= 1 << 16:
+                            continue
+                        chan.close()
+                        return self._get_sftp(source, dst, part)
+                    block, head = head[start + len(magic):], b""
+                    fout = open(part, "wb")  # noqa: SIM115 - closed in finally
+                digest.update(block)
+                fout.write(block)
+            if fout is not None:
+                fout.flush()
+                os.fsync(fout.fileno())
+        except OSError as exc:
+            chan.close()
+            raise TransferError(f"cannot write {part}: {exc}", f"{dst} is untouched") from None
+        finally:
+            if fout is not None:
+                fout.close()
+        status, err = (-1, "") if block is None else self._stream_end(chan)
+        if status == -1:
+            self._drop()
+            raise TransferError(cut, hint)
+        if fout is None:
+            if status == 2:
+                raise TransferError(f"{self.name}:{source}: no such file")
+            if status == 3:
+                raise TransferError(f"cannot read {self.name}:{source}: {self._tail(err)}")
+            return self._get_sftp(source, dst, part)  # no usable python on the host
+        if status != 0:
+            raise TransferError(f"download of {self.name}:{source} failed (exit {status}): {self._tail(err)}",
+                                hint)
+        at = err.rfind(self._MAGIC)
+        remote_hash = (err[at + len(self._MAGIC):].split() or [""])[0] if at >= 0 else ""
+        actual = digest.hexdigest()
+        if remote_hash != actual:
+            raise TransferError(
+                f"checksum mismatch downloading {self.name}:{source}: host {remote_hash[:16]}…, "
+                f"received {actual[:16]}…",
+                f"{dst} is untouched; run the command again",
+            )
+        os.replace(part, dst)
+        return actual
+
+    def _get_sftp(self, source: str, dst: Path, part: Path) -> str:
         digest = hashlib.sha256()
         remote_hash: dict[str, object] = {}
 
