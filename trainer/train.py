@@ -14,14 +14,15 @@ Output (stdout; rank 0 only):
   checkpoint, export.
 - a rich progress bar instead of nothing, on stderr, only when stdout is a terminal.
 
-Run directory (`--run-dir`, default `runs/<env>-<UTC timestamp>`): metrics.jsonl, checkpoints/
+Run directory (`--run-dir`, default `runs/<env>-<UTC timestamp>-<pid>`): metrics.jsonl, checkpoints/
 (atomic, see trainer.checkpoint), config.json; `--export PATH` writes the ONNX model + manifest.json.
 
 Distributed: under `torchrun --nproc-per-node=N` (WORLD_SIZE > 1) the same entry uses DDP (NCCL on
 CUDA, gloo on CPU) with `--dist-timeout` seconds as the process-group timeout; `--num-envs` is the total
 over all ranks, split evenly; rank 0 logs and checkpoints; metrics are averaged over ranks. A restart
 by `torchrun --max-restarts` resumes from the latest checkpoint automatically (pass `--run-dir` so all
-attempts share it). Two runs on one host: use `torchrun --standalone` (or
+attempts share it; THRUST_TEST_CRASH_AT_STEP=N makes the first attempt checkpoint and exit 1 at step N,
+for testing that). Two runs on one host: use `torchrun --standalone` (or
 `--rdzv-backend=c10d --rdzv-endpoint=localhost:0`), which picks a free port per run.
 
 `--target-return R` (default 475 for cartpole, off for snake): every `--eval-every` iterations a greedy
@@ -106,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--total-steps", type=int, default=None, help="env steps to train for (all ranks together)")
     a("--device", choices=("auto", "cpu", "cuda"), default="auto")
     a("--seed", type=int, default=1)
-    a("--run-dir", default=None, help="default runs/<env>-<UTC timestamp>")
+    a("--run-dir", default=None, help="default runs/<env>-<UTC timestamp>-<pid>")
     a("--resume", action="store_true", help="continue from the latest checkpoint in --run-dir, if any")
     a("--export", default=None, metavar="PATH", help="write the final policy as ONNX (+ manifest.json)")
     a("--policy", choices=("mlp", "cnn"), default=None)
@@ -271,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else None
     if run_dir is None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(dist.broadcast_str(f"runs/{args.env}-{stamp}"))
+        # The pid keeps two runs started in the same second apart.
+        run_dir = Path(dist.broadcast_str(f"runs/{args.env}-{stamp}-{os.getpid()}"))
     ckpt_dir = run_dir / "checkpoints"
     if dist.is_main:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -402,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
 
     window = {"steps": 0, "t": time.time(), "ret": 0.0, "len": 0.0, "score": 0.0, "n": 0.0}
     last_ckpt_t = time.time()
+    crash_at = int(os.environ.get("THRUST_TEST_CRASH_AT_STEP", "0"))
     last_metrics: dict[str, Any] = {}
     eval_return: float | None = None
     solved = False
@@ -430,10 +433,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             eval_return = float(dist.mean(scores.mean()))
             solved = eval_return >= args.target_return
+        if dist.enabled:
+            # Every iteration on every rank: collectives must not depend on a rank's own clock.
+            loss_t = dist.mean(torch.tensor([losses[k] for k in sorted(losses)]))
+            losses = dict(zip(sorted(losses), loss_t.tolist(), strict=True))
         if dist.is_main and (now - window["t"] >= args.log_interval or last_iter or solved):
-            if dist.enabled:
-                loss_t = dist.mean(torch.tensor([losses[k] for k in sorted(losses)]))
-                losses = dict(zip(sorted(losses), loss_t.tolist(), strict=True))
             n = window["n"]
             last_metrics = {
                 "step": global_step,
@@ -470,11 +474,15 @@ def main(argv: list[str] | None = None) -> int:
                 window.update(steps=0, t=now)
             if progress is not None:
                 progress.update(task, completed=global_step)
-        elif dist.enabled and now - window["t"] >= args.log_interval:
-            dist.mean(torch.tensor([losses[k] for k in sorted(losses)]))  # match rank 0's collective
         if dist.is_main and now - last_ckpt_t >= args.checkpoint_interval:
             checkpoint(iteration)
             last_ckpt_t = now
+        if crash_at and dist.restart_count == 0 and global_step >= crash_at:
+            # Fault injection for the `torchrun --max-restarts` test: checkpoint, then die.
+            checkpoint(iteration)
+            dist.barrier()
+            dist.close()
+            os._exit(1)
     ckpt_path = checkpoint(iteration)
     if progress is not None:
         progress.stop()

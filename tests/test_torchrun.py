@@ -1,0 +1,70 @@
+"""The trainer under `torchrun`: 2 CPU processes (gloo), restarts resume, parallel runs do not collide."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.checkpoint import checkpoint_paths
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def launch(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    # --standalone: a local rendezvous on a free port chosen per run, so runs on one host never collide.
+    return subprocess.Popen(
+        [str(TORCHRUN), "--standalone", "--nproc-per-node=2", *extra, "-m", "trainer.train", "--env", "cartpole",
+         "--total-steps", "4096", "--target-return", "0", "--log-interval", "0", "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run_dir.parent,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+
+
+def lines(stdout: str, tag: str) -> list[dict]:
+    return [json.loads(x.split(" ", 1)[1]) for x in stdout.splitlines() if x.startswith(tag + " ")]
+
+
+def check_run(out: str, run: Path) -> None:
+    # Rank 0 alone prints and writes: one DONE line, one metrics line per report, one run dir.
+    (done,) = lines(out, "THRUST_DONE")
+    assert done["step"] == 4096
+    assert done["run_dir"] == str(run)
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [m["step"] for m in metrics]
+    assert steps == sorted(steps), "the step never goes back"
+    assert steps[-1] == 4096
+    state = torch.load(checkpoint_paths(run / "checkpoints")[0][1], weights_only=True)
+    assert state["world_size"] == 2
+    assert state["config"]["num_envs"] == 8
+    assert not any(k.startswith("module.") for k in state["model"]), "state dicts are unwrapped"
+
+
+@pytest.mark.slow
+def test_two_parallel_ddp_runs_on_one_host_do_not_collide(tmp_path: Path) -> None:
+    first, second = launch(tmp_path / "a"), launch(tmp_path / "b")
+    out_a, err_a = first.communicate(timeout=240)
+    out_b, err_b = second.communicate(timeout=240)
+    assert first.returncode == 0, err_a[-3000:]
+    assert second.returncode == 0, err_b[-3000:]
+    check_run(out_a, tmp_path / "a")
+    check_run(out_b, tmp_path / "b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+    assert not [i for i in lines(out_a, "THRUST_INFO") if "resumed_from" in i]
+
+
+@pytest.mark.slow
+def test_a_restart_by_torchrun_resumes_from_the_checkpoint(tmp_path: Path) -> None:
+    proc = launch(tmp_path / "a", "--max-restarts=1", env={"THRUST_TEST_CRASH_AT_STEP": "2048"})
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    check_run(out, tmp_path / "a")
+    resumed = [i for i in lines(out, "THRUST_INFO") if "resumed_from" in i]
+    assert resumed
+    assert resumed[0]["step"] == 2048
