@@ -146,7 +146,10 @@ async function loadCurve(entry) {
 
 // ---- loading a model ---------------------------------------------------------------------------
 
+let loadToken = 0; // a newer loadModel call wins over one still loading
+
 async function loadModel(name) {
+  const token = ++loadToken;
   const entry = state.models.find((m) => m.name === name);
   state.generation += 1; // stop the running loop
   state.policy?.release();
@@ -165,6 +168,10 @@ async function loadModel(name) {
   const threads = Number(params.get("threads") ?? 1);
   try {
     const policy = await Policy.load(entry.model, entry.manifest, { threads });
+    if (token !== loadToken) {
+      policy.release();
+      return;
+    }
     state.policy = policy;
     showManifest(policy.manifest);
     newGame(policy.settings);
@@ -176,6 +183,7 @@ async function loadModel(name) {
     );
     startLoop();
   } catch (err) {
+    if (token !== loadToken) return;
     const message = err instanceof ModelError ? err.message : `unexpected error: ${err?.message ?? err}`;
     showError(`Cannot play ${entry.name}: ${message}`);
     newGame({ gridSize: 10, actionMode: "relative" });
