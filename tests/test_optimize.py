@@ -132,6 +132,8 @@ def test_bad_gpu_index_is_refused_before_any_trial(cli, tmp_path):
     assert "--gpus 5" in result.stderr and "has GPUs [none]" in result.stderr
     assert not (root / ".thrust" / "runs").exists() or not list((root / ".thrust" / "runs").iterdir())
 
+    # another project (its own .thrust: the host's cached envcheck report is per workdir)
+    root = local_project(tmp_path, "gpu-host")
     smi = fake_nvidia_smi(tmp_path / "smi")
     env = {"PATH": f"{smi}:{os.environ['PATH']}"}
     result = cli("optimize", "cartpole", "--trials", "2", "--gpus", "1,7", *SMALL, cwd=root, env=env)

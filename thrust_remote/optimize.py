@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 import socket
 import sqlite3
@@ -84,6 +85,7 @@ DEFAULT_SEARCH: dict[str, dict[str, dict[str, Any]]] = {
 
 RUNGS = 20  # intermediate values per trial budget: the pruner compares trials at equal rungs
 DEFAULT_LOG_INTERVAL = "0.5"  # trainer reports per second: enough for the pruner to act early
+PUSH_EVERY_S = 10.0  # the longest a finished trial's result waits before it is on the host
 LEASE_S = 60.0  # a remote study's driver lease: another laptop may take over after this much silence
 FINISHED_STATES = ("FINISHED", "FAILED", "STOPPED", "LOST", "MISSING")
 METRICS = ("auto", "eval_return", "return_mean", "score_mean")
@@ -245,6 +247,7 @@ class StudyStore:
         self.local_db = local_db
         self.label = label or url
         self.synced = remote_db is not None
+        self.sqlite_path: str | None = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
         self._lease_written = 0.0
         self.pushes = 0
         self.push_s = 0.0
@@ -268,7 +271,7 @@ class StudyStore:
         """The host's copy replaces the local cache (the host's is the one that counts)."""
         assert self.runner is not None and self.remote_db is not None and self.local_db is not None
         self.local_db.parent.mkdir(parents=True, exist_ok=True)
-        for stale in (self.local_db, Path(f"{self.local_db}-journal")):
+        for stale in (self.local_db, *(Path(f"{self.local_db}-{x}") for x in ("journal", "wal", "shm"))):
             stale.unlink(missing_ok=True)
         self.runner.run(["mkdir", "-p", "--", os.path.dirname(self.remote_db)]).check("mkdir studies")
         if self.runner.exists(self.remote_db):
@@ -513,6 +516,7 @@ class Optimizer:
         self.consecutive_failures = 0
         self.stopped: str | None = None
         self.by_us: set[str] = set()  # run ids we are stopping (pruned or aborted)
+        self.dirty_since: float | None = None  # the local copy has changes the host's lacks
 
     # -- set-up ---------------------------------------------------------------------------------
     def run(self) -> Summary:
@@ -566,10 +570,19 @@ class Optimizer:
     def _storage(self) -> Any:
         import optuna
 
-        if self.store.url.startswith("sqlite:"):
-            # one writer (this process); a generous timeout for a dashboard reading the same file
-            return optuna.storages.RDBStorage(self.store.url, engine_kwargs={"connect_args": {"timeout": 30}})
-        return self.store.url
+        path = self.store.sqlite_path
+        if path is None:
+            return self.store.url
+
+        def connect() -> sqlite3.Connection:
+            # WAL + synchronous=NORMAL: a commit without an fsync (~5 ms instead of ~30 ms; a launch
+            # writes several), still safe against corruption; readers (optuna-dashboard) never block us
+            conn = sqlite3.connect(path, timeout=30)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            return conn
+
+        return optuna.storages.RDBStorage(self.store.url, engine_kwargs={"creator": connect})
 
     def _pruner(self) -> Any:
         import optuna
@@ -599,7 +612,9 @@ class Optimizer:
         """Trials RUNNING in the study from an earlier driver on this host: adopt, tell, or retry."""
         from optuna.trial import Trial, TrialState
 
-        mine = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        self._stop_orphans({t.user_attrs.get("run_id") for t in running})
+        mine = [t for t in running
                 if t.user_attrs.get("host") == self.host.name and t.user_attrs.get("workdir") == self.paths.workdir]
         if not mine:
             return
@@ -633,6 +648,14 @@ class Optimizer:
             else:
                 self._interrupted(act, f"run {state.lower()} while no driver watched")
         self._push()
+
+    def _stop_orphans(self, known: set[str | None]) -> None:
+        """A run of this study that no trial in the study names (its driver died between launching it
+        and saving the study) would hold a slot unseen: stop it."""
+        for r in runs.list_runs(self.runner, self.host, self.paths):
+            if r["state"] == "RUNNING" and is_trial_run(r["run_id"], self.study_name) and r["run_id"] not in known:
+                self.observer.event(f"stopping {r['run_id']}: a run of this study that no trial names")
+                self._stop_run(r["run_id"])
 
     def _view_from(self, frozen: Any) -> TrialView:
         a = frozen.user_attrs
@@ -669,9 +692,12 @@ class Optimizer:
             self.observer.update(list(self.views.values()), counts)
             if not self.active:
                 return
-            self._poll_active()
+            freed = self._poll_active()
             self.store.heartbeat()
-            time.sleep(max(0.0, self.request.poll_s - (time.monotonic() - tick)))
+            if self.dirty_since is not None and time.monotonic() - self.dirty_since > PUSH_EVERY_S:
+                self._push()
+            if not freed:  # a freed slot is filled at once: idle slots are what the study waits on
+                time.sleep(max(0.0, self.request.poll_s - (time.monotonic() - tick)))
 
     def _no_new_trials(self) -> bool:
         if self.consecutive_failures >= self.MAX_CONSECUTIVE_FAILURES and not self.stopped:
@@ -738,8 +764,10 @@ class Optimizer:
             raise ThrustError(f"polling the trials on {self.host.name} failed: {result.stderr.strip()[-300:]}")
         return json.loads(result.stdout.strip().splitlines()[-1])
 
-    def _poll_active(self) -> None:
+    def _poll_active(self) -> bool:
+        """One poll of every running trial; True when a slot was freed."""
         acts = list(self.active.values())
+        before = len(self.free)
         answer = self._poll_offsets([(self.paths.run(a.view.run_id or ""), a.offset) for a in acts])
         if answer.get("stop") and not self.control.abort:
             self.observer.event("a stop was requested for this study (optimize --stop): stopping the trials")
@@ -755,6 +783,7 @@ class Optimizer:
                 continue  # pruned while feeding
             if info["state"] != "RUNNING" and not info.get("more"):
                 self._finish(act, info["state"], info.get("exit_code"))
+        return len(self.free) > before
 
     def _drain_metrics(self, act: _Active, info: Mapping[str, Any]) -> None:
         """Read a whole metrics.jsonl (a run that ended while nobody watched)."""
@@ -818,7 +847,7 @@ class Optimizer:
         self.consecutive_failures = 0
         self.observer.event(f"trial {act.view.number} pruned at step {act.view.step:,} "
                             f"(return {_fmt(act.view.intermediate)})")
-        self._push()
+        self._dirty()
 
     def _finish(self, act: _Active, state: str, exit_code: int | None) -> None:
         run_id = act.view.run_id or ""
@@ -832,6 +861,7 @@ class Optimizer:
             act.view.state, act.view.value = "COMPLETE", value
             self.consecutive_failures = 0
             self.observer.event(f"trial {act.view.number} complete: {value:.4g}")
+            self._dirty()
         elif state == "FAILED":
             self._fail(act, f"run {run_id} failed (exit code {exit_code}); see thrust-remote logs {run_id} "
                             f"--host {self.host.name}")
@@ -864,7 +894,7 @@ class Optimizer:
         act.view.state, act.view.note = "FAIL", why
         self.consecutive_failures += 1
         self.observer.event(f"trial {act.view.number} failed: {why}")
-        self._push()
+        self._dirty()
 
     def _interrupted(self, act: _Active, why: str) -> None:
         """Not the trial's fault: FAIL it and enqueue its parameters, so the study stays at N."""
@@ -876,7 +906,7 @@ class Optimizer:
         self.study.enqueue_trial(dict(act.view.params), user_attrs={"retry_of": act.view.number})
         act.view.state, act.view.note = "FAIL", f"interrupted ({why}); will be retried"
         self.observer.event(f"trial {act.view.number} interrupted ({why}); its parameters are queued again")
-        self._push()
+        self._dirty()
 
     def _stop_run(self, run_id: str | None) -> None:
         if not run_id:
@@ -896,6 +926,14 @@ class Optimizer:
 
     def _push(self) -> None:
         self.store.push()
+        self.dirty_since = None
+
+    def _dirty(self) -> None:
+        """An ending needs no push of its own: the host's copy still says RUNNING, and a rerun tells
+        such a trial again from its run (same metrics, same value). The next launch's push carries it,
+        or the periodic one (PUSH_EVERY_S), or the last one."""
+        if self.dirty_since is None:
+            self.dirty_since = time.monotonic()
 
     # -- the end ----------------------------------------------------------------------------------
     def _summary(self, wall: float) -> Summary:
@@ -981,6 +1019,11 @@ def _fmt(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def is_trial_run(run_id: object, study: str) -> bool:
+    """Run ids of a study's trials: `<study>-t<number>-<4 hex>` (so study `a` never matches `a-t2`'s)."""
+    return bool(re.fullmatch(re.escape(study) + r"-t\d+-[0-9a-f]{4}", str(run_id)))
+
+
 def request_stop(runner: Runner, host: HostConfig, config: Config, study: str) -> list[str]:
     """Stop a study from anywhere: tell its driver (the stop file), then stop its running trials."""
     paths = runs.host_paths(runner, host, config)
@@ -988,7 +1031,7 @@ def request_stop(runner: Runner, host: HostConfig, config: Config, study: str) -
     runner.run(["sh", "-c", 'date > "$1"', "sh", f"{paths.thrust}/studies/{study}.stop"]).check("write stop file")
     stopped = []
     for r in runs.list_runs(runner, host, paths):
-        if r["state"] == "RUNNING" and str(r["run_id"]).startswith(f"{study}-t"):
+        if r["state"] == "RUNNING" and is_trial_run(r["run_id"], study):
             runs.stop(runner, host, paths, r["run_id"])
             stopped.append(r["run_id"])
     return stopped
