@@ -60,6 +60,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """web/public stand-in: a good model, a corrupt manifest, a wrong input shape."""
     public = tmp_path_factory.mktemp("public")
     export_policy(public / "tiny.onnx")
+    export_policy(public / "tinycnn.onnx", kind="cnn")
     lines = [json.dumps({"step": s * 1000, "return_mean": -1 + s * 0.1}) for s in range(30)]
     (public / "tiny.metrics.jsonl").write_text("\n".join(lines) + "\n")
     shutil.copy(public / "tiny.onnx", public / "corrupt.onnx")
@@ -145,7 +146,8 @@ def test_page_plays_200_moves_with_the_model(page: Any, server: PlayServer) -> N
     page.screenshot(path=str(ARTIFACTS / "web_play.png"))
 
 
-def test_inference_matches_python_onnxruntime(page: Any, server: PlayServer, models: Path) -> None:
+@pytest.mark.parametrize("name", ["tiny", "tinycnn"])
+def test_inference_matches_python_onnxruntime(page: Any, server: PlayServer, models: Path, name: str) -> None:
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
@@ -156,10 +158,11 @@ def test_inference_matches_python_onnxruntime(page: Any, server: PlayServer, mod
         obs[k + 1] = 0.0
         for i, v in step["obs"]:
             obs[k + 1, int(i)] = v
-    session = ort.InferenceSession(str(models / "tiny.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(models / f"{name}.onnx"), providers=["CPUExecutionProvider"])
     want_logits, want_value = session.run(["logits", "value"], {"obs": obs})
 
-    open_page(page, server, "?model=tiny&speed=1")
+    open_page(page, server, f"?model={name}&speed=1")
+    assert page.evaluate("window.thrust.state.policy.manifest.policy") == ("cnn" if name == "tinycnn" else "mlp")
     got = page.evaluate(
         """async (flat) => {
             const out = await window.thrust.state.policy.run(Float32Array.from(flat), 5);
