@@ -1,0 +1,92 @@
+"""Env steps/s: the torch CartPole and Snake vs gymnasium's numpy-vectorised CartPole, side by side.
+
+    .venv/bin/python bench/bench_envs.py                      # CPU, default counts (< 1 min)
+    .venv/bin/python bench/bench_envs.py --counts 4096,65536,262144 --steps 300 --threads 2
+    .venv/bin/python bench/bench_envs.py --device cuda --counts 65536,1048576   # on a GPU host
+
+Random actions are generated before timing; CUDA timings synchronise before reading the clock.
+gymnasium runs on the CPU whatever `--device` is (it is numpy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from trainer.envs import CartPole, Snake, SnakeParams
+
+
+def _timed(step: Callable[[int], object], steps: int, device: torch.device) -> float:
+    for i in range(min(10, steps)):  # warm-up: allocator, lazy init
+        step(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t
+
+
+def torch_cartpole_sps(n: int, steps: int, device: torch.device) -> float:
+    env = CartPole(n, device=device)
+    env.reset(seed=0)
+    actions = torch.randint(0, 2, (steps, n), device=device)
+    return n * steps / _timed(lambda i: env.step(actions[i]), steps, device)
+
+
+def gym_cartpole_sps(n: int, steps: int) -> float:
+    import gymnasium as gym
+
+    env = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
+    env.reset(seed=0)
+    actions = np.random.default_rng(0).integers(0, 2, size=(steps, n))
+    sps = n * steps / _timed(lambda i: env.step(actions[i]), steps, torch.device("cpu"))
+    env.close()
+    return sps
+
+
+def torch_snake_sps(n: int, steps: int, device: torch.device, grid: int) -> float:
+    env = Snake(n, SnakeParams(grid_size=grid), device=device)
+    env.reset(seed=0)
+    actions = torch.randint(0, 3, (steps, n), device=device)
+    return n * steps / _timed(lambda i: env.step(actions[i]), steps, device)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--counts", default="256,4096,65536", help="CartPole env counts")
+    p.add_argument("--snake-counts", default="256,1024,4096", help="Snake env counts")
+    p.add_argument("--steps", type=int, default=200, help="timed steps per measurement")
+    p.add_argument("--grid-size", type=int, default=10)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    rows = []
+    print(f"device={device} threads={torch.get_num_threads()} steps={args.steps}")
+    print(f"{'env':<10}{'envs':>10}{'torch steps/s':>16}{'gymnasium':>14}{'ratio':>8}")
+    for n in (int(x) for x in args.counts.split(",")):
+        ours = torch_cartpole_sps(n, args.steps, device)
+        ref = gym_cartpole_sps(n, args.steps)
+        rows.append({"env": "cartpole", "envs": n, "torch_sps": ours, "gym_sps": ref, "ratio": ours / ref})
+        print(f"{'cartpole':<10}{n:>10}{ours:>16,.0f}{ref:>14,.0f}{ours / ref:>8.2f}", flush=True)
+    for n in (int(x) for x in args.snake_counts.split(",")):
+        ours = torch_snake_sps(n, args.steps, device, args.grid_size)
+        rows.append({"env": f"snake{args.grid_size}", "envs": n, "torch_sps": ours})
+        print(f"{'snake' + str(args.grid_size):<10}{n:>10}{ours:>16,.0f}{'-':>14}{'-':>8}", flush=True)
+    if args.json:
+        print(json.dumps({"device": str(device), "threads": torch.get_num_threads(), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
