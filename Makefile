@@ -46,11 +46,15 @@ test: $(STAMP) system-deps web-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest
 
+# The main job, on this machine (host `local`): train snake with the trainer's CPU preset, export,
+# verify, place web/public/snake.onnx. DEMO_ARGS adds `--set KEY=VALUE` overrides.
+DEMO_ARGS ?=
 demo: $(STAMP) web-deps
-	$(VENV)/bin/thrust-remote hosts
+	$(VENV)/bin/thrust-remote train snake --host local $(DEMO_ARGS)
+	@echo "now watch it play: $(VENV)/bin/thrust-remote play"
 
 bench: $(STAMP) system-deps
-	@echo "see BENCHMARKS.md for the commands; e.g. $(PY) bench/ssh_overhead.py"
+	$(PY) bench/bench_train_overhead.py
 
 clean:
 	rm -rf $(VENV) web/node_modules .pytest_cache .ruff_cache
