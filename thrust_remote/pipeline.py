@@ -138,7 +138,7 @@ def select_gpus(spec: str | None, facts: Mapping[str, Any], host: HostConfig) ->
             raise UsageError(f"--gpus {spec}: {host.name} has {len(have)} GPU(s): {have}")
 
         def busy(g: dict) -> float:
-            return float(g.get("utilization_gpu") or 0) + float(g.get("memory_used_mib") or 0) / 1024
+            return float(g.get("utilization_pct") or 0) + float(g.get("memory_used_mib") or 0) / 1024
 
         by_load = sorted((g for g in gpus if int(g.get("index", -1)) in have), key=busy)
         return sorted(int(g["index"]) for g in by_load[:want])

@@ -1,0 +1,128 @@
+"""Pure parts of the train pipeline: GPU selection from real nvidia-smi captures, --set / --params
+handling, the argv the host runs, and the supervisor's state rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envcheck.nvsmi import summarize
+from thrust_remote import pipeline, supervise
+from thrust_remote.config import HostConfig, JobConfig
+from thrust_remote.errors import ConfigError, UsageError
+
+DATA = Path(__file__).parent / "data" / "nvidia_smi"
+HOST = HostConfig(name="gpu", address="gpu-box", python="python3")
+
+
+def facts(name: str) -> dict:
+    listing = DATA / f"{name}.list"
+    smi = summarize((DATA / f"{name}.csv").read_text(), 0, listing.read_text() if listing.exists() else "")
+    return {"nvidia_smi": smi}
+
+
+def test_gpus_count_picks_the_least_busy():
+    # GPU 1 is at 100% with 40 GB used, GPU 3 at 37%: two free ones are 0 and 2
+    assert pipeline.select_gpus("2", facts("a100_four_gpus"), HOST) == [0, 2]
+    assert pipeline.select_gpus("3", facts("a100_four_gpus"), HOST) == [0, 2, 3]
+
+
+def test_gpus_list_is_checked_against_the_host():
+    assert pipeline.select_gpus("0,2", facts("a100_four_gpus"), HOST) == [0, 2]
+    with pytest.raises(UsageError, match=r"has GPUs \[0, 1, 2, 3\]"):
+        pipeline.select_gpus("0,7", facts("a100_four_gpus"), HOST)
+    with pytest.raises(UsageError, match="has 4 GPU"):
+        pipeline.select_gpus("5", facts("a100_four_gpus"), HOST)
+    with pytest.raises(UsageError, match="duplicates"):
+        pipeline.select_gpus("1,1", facts("a100_four_gpus"), HOST)
+
+
+def test_gpus_respect_the_configured_subset():
+    host = HostConfig(name="gpu", address="gpu-box", gpus=(2, 3))
+    assert pipeline.select_gpus("1", facts("a100_four_gpus"), host) == [2]
+    with pytest.raises(UsageError):
+        pipeline.select_gpus("0", facts("a100_four_gpus"), host)
+
+
+def test_gpus_on_a_cpu_host_are_refused():
+    with pytest.raises(UsageError, match="no GPUs"):
+        pipeline.select_gpus("1", {"nvidia_smi": {"gpus": []}}, HOST)
+    assert pipeline.select_gpus(None, {}, HOST) == []
+
+
+def test_sets_params_and_job_args_merge_last_wins(tmp_path):
+    job = JobConfig(name="snake", args={"env": "snake", "total-steps": 100, "tensorboard": False})
+    params = tmp_path / "best.yaml"
+    params.write_text("params:\n  learning-rate: 0.001\n  total-steps: 200\n")
+    args = pipeline.job_arguments(job, pipeline.parse_sets(["total-steps=300"]), pipeline.load_params(params))
+    assert args == ["--env", "snake", "--total-steps", "300", "--learning-rate", "0.001"]
+
+
+@pytest.mark.parametrize("item", ["noequals", "=1", "bad key=1", "-x=1", "a;b=1"])
+def test_bad_set_items_are_usage_errors(item):
+    with pytest.raises(UsageError):
+        pipeline.parse_sets([item])
+
+
+def test_params_file_must_be_a_mapping_of_names(tmp_path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError):
+        pipeline.load_params(bad)
+    bad.write_text("'a;b': 1\n")
+    with pytest.raises(ConfigError):
+        pipeline.load_params(bad)
+
+
+def test_python_argv_uses_torchrun_standalone_for_several_processes():
+    one = pipeline.python_argv(HOST, ["--env", "snake"], "/w/.thrust/runs/r", 1)
+    assert one[:4] == ["python3", "-u", "-m", "trainer.train"]
+    assert one[-4:] == ["--run-dir", "/w/.thrust/runs/r", "--export", "/w/.thrust/runs/r/model.onnx"]
+    many = pipeline.python_argv(HOST, ["--env", "snake"], "/w/.thrust/runs/r", 4)
+    assert "--standalone" in many
+    assert "--nproc-per-node=4" in many
+
+
+def _launch(tmp_path: Path, argv: list[str], job: str = "j") -> dict:
+    out = subprocess.run(
+        [sys.executable, supervise.__file__, "launch", "--run-dir", str(tmp_path / "runs" / "r1"), "--cwd",
+         str(tmp_path), "--lock", str(tmp_path / "locks" / f"{job}.lock"), "--marker", "m1", "--", *argv],
+        capture_output=True, text=True, check=False,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_supervisor_records_exit_code_and_states(tmp_path):
+    answer = _launch(tmp_path, ["sh", "-c", "echo out; echo err >&2; exit 3"])
+    run_dir = tmp_path / "runs" / "r1"
+    deadline = time.monotonic() + 10
+    while supervise.run_state(str(run_dir))["state"] == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    st = supervise.run_state(str(run_dir))
+    assert st["state"] == "FAILED"
+    assert st["exit_code"] == 3
+    assert st["pid"] == answer["pid"]
+    # one append-only file for both streams, in the order they were written
+    assert (run_dir / "log").read_text().splitlines() == ["out", "err"]
+
+
+def test_supervisor_state_is_lost_when_the_pid_was_recycled(tmp_path):
+    run_dir = tmp_path / "runs" / "r9"
+    run_dir.mkdir(parents=True)
+    # our own pid and start time, but the marker is not in our command line or environment
+    with open(f"/proc/{os.getpid()}/stat") as fh:
+        start = fh.read().rsplit(")", 1)[1].split()[19]
+    meta = {"run_id": "r9", "pid": os.getpid(), "pid_start": start, "supervisor_pid": os.getpid(),
+            "supervisor_start": start, "marker": "not-in-my-cmdline"}
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    assert supervise.run_state(str(run_dir))["state"] == "LOST"
+    # the right marker but another start time: a recycled pid, not ours either
+    meta.update(pid_start="1", supervisor_start="1", marker="pytest")
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    assert supervise.run_state(str(run_dir))["state"] == "LOST"
