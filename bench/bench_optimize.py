@@ -1,6 +1,6 @@
 """`thrust-remote optimize` scheduling on a loopback sshd: overhead per trial and slot utilisation.
 
-    .venv/bin/python bench/bench_optimize.py [--trials 12] [--parallel 2] [--steps 16384] [--local]
+    .venv/bin/python bench/bench_optimize.py [--trials 12] [--parallel 2] [--steps 65536] [--local]
 
 Runs the real CLI (`optimize cartpole --trials N --parallel K --pruner none --json`) against a private
 sshd (tests/conftest.py) whose "host" is a directory reached only through SSH; the study's SQLite lives
@@ -50,7 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--parallel", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=16384, help="total-steps per trial")
+    parser.add_argument("--steps", type=int, default=65536, help="total-steps per trial (65536: ~15 s on 2 cores)")
     parser.add_argument("--local", action="store_true", help="the local host instead of the loopback sshd")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-optimize-"))
@@ -69,9 +69,26 @@ def main() -> None:
             workdir = root / "host" / "thrust"
             server.thrust_yaml(project / "thrust.yaml", workdir=str(workdir), rest=SEARCH)
         exe = str(Path(sys.executable).parent / "thrust-remote")
-        argv = [exe, "optimize", "cartpole", "--trials", str(args.trials), "--parallel", str(args.parallel),
-                "--study", "bench", "--pruner", "none", "--seed", "1", "--set", f"total-steps={args.steps}",
-                "--set", "target-return=0", "--json"]
+        argv = [
+            exe,
+            "optimize",
+            "cartpole",
+            "--trials",
+            str(args.trials),
+            "--parallel",
+            str(args.parallel),
+            "--study",
+            "bench",
+            "--pruner",
+            "none",
+            "--seed",
+            "1",
+            "--set",
+            f"total-steps={args.steps}",
+            "--set",
+            "target-return=0",
+            "--json",
+        ]
         t0 = time.time()
         result = subprocess.run(argv, cwd=project, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
         command_s = time.time() - t0
@@ -95,26 +112,49 @@ def main() -> None:
         end = max(t["ended_at"] for t in trials)
         wall = end - start
         slots = len(out["slots"])
-        gaps = []
+        gaps, seen_late, launch_cost, host_idle = [], [], [], []
         for slot in {t["slot"] for t in trials}:
-            spans = sorted((t["launched_at"], t["ended_at"]) for t in trials if t["slot"] == slot)
-            gaps += [b0 - a1 for (_a0, a1), (b0, _b1) in zip(spans, spans[1:], strict=False)]
+            mine = sorted((t for t in trials if t["slot"] == slot), key=lambda t: t["launched_at"])
+            for a, b in zip(mine, mine[1:], strict=False):
+                a_dir = workdir / ".thrust" / "runs" / a["run_id"]
+                b_dir = workdir / ".thrust" / "runs" / b["run_id"]
+                a_exit = (a_dir / "exit_code").stat().st_mtime
+                b_start = (b_dir / "run.json").stat().st_mtime
+                seen_late.append(a["ended_at"] - a_exit)  # trainer gone -> driver knows
+                gaps.append(b["launched_at"] - a["ended_at"])  # driver knows -> starts the next launch
+                launch_cost.append(b_start - b["launched_at"])  # ask, save study, launch command, fork
+                host_idle.append(b_start - a_exit)
         where = "local host" if args.local else "loopback sshd"
         print(f"optimize cartpole: {len(trials)} trials, {slots} slots, total-steps {args.steps}, {where}")
         print(f"  command wall {command_s:.1f} s (prepare + study {start - t0:.1f} s, trials {wall:.1f} s)")
-        print(f"  launch -> first metric seen: median {statistics.median(first_seen):.2f} s, "
-              f"p90 {pct(first_seen, 0.9):.2f} s")
+        print(
+            f"  launch -> first metric seen: median {statistics.median(first_seen):.2f} s, "
+            f"p90 {pct(first_seen, 0.9):.2f} s"
+        )
         print(f"    trainer's own time to its first report: median {statistics.median(own):.2f} s")
-        print(f"    scheduling overhead (difference): median {statistics.median(overhead):.3f} s, "
-              f"p90 {pct(overhead, 0.9):.3f} s")
-        print(f"  idle gap on a slot (end seen -> next launch): median {statistics.median(gaps) * 1000:.0f} ms, "
-              f"max {max(gaps) * 1000:.0f} ms" if gaps else "  no gaps")
+        print(
+            f"    scheduling overhead (difference): median {statistics.median(overhead):.3f} s, "
+            f"p90 {pct(overhead, 0.9):.3f} s"
+        )
+        if gaps:
+
+            def ms(values: list[float]) -> str:
+                return f"median {statistics.median(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms"
+
+            print(f"  idle on a slot between two trials (host): {ms(host_idle)}, of which")
+            print(f"    trainer exited -> driver saw it: {ms(seen_late)}")
+            print(f"    driver saw it -> next launch begins: {ms(gaps)}")
+            print(f"    launch begins -> trainer process started (ask, study push, launch): {ms(launch_cost)}")
+            alive = busy_host / len(trials)
+            print(f"  mean trial (trainer alive) {alive:.1f} s: utilisation ~ alive / (alive + idle)")
         print(f"  slot utilisation, driver view: {busy_driver / (slots * wall):.1%}")
         print(f"  slot utilisation, host view (trainer process alive): {busy_host / (slots * wall):.1%}")
         sync = out.get("sync") or {}
         if sync:
-            print(f"  study DB pushes: {sync['pushes']} in {sync['push_s']:.2f} s "
-                  f"({sync['push_s'] / max(1, sync['pushes']) * 1000:.0f} ms each)")
+            print(
+                f"  study DB pushes: {sync['pushes']} in {sync['push_s']:.2f} s "
+                f"({sync['push_s'] / max(1, sync['pushes']) * 1000:.0f} ms each)"
+            )
         print(f"  target >= 90% utilisation: {'met' if busy_host / (slots * wall) >= 0.9 else 'NOT met'}")
     finally:
         if server is not None:

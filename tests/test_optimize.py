@@ -291,7 +291,8 @@ def test_ctrl_c_twice_stops_every_trial(tmp_path):
     assert all(t["state"] == "FAIL" and "retried" in t["note"] for t in out["trials"])
 
 
-def test_stop_command_stops_a_running_study(cli, tmp_path):
+@pytest.mark.parametrize("how", ["optimize --stop", "stop RUN"])
+def test_stop_command_stops_a_running_study(cli, tmp_path, how):
     root = local_project(tmp_path, "stop-cmd")
     exe = str(VENV_BIN / "thrust-remote")
     proc = subprocess.Popen([exe, "optimize", "cartpole", "--trials", "4", "--parallel", "2", "--pruner", "none",
@@ -302,11 +303,18 @@ def test_stop_command_stops_a_running_study(cli, tmp_path):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(runs_dir.glob("*/metrics.jsonl"))) < 1:
         time.sleep(0.1)
-    stop = cli("optimize", "cartpole", "--stop", "--json", cwd=root)
-    assert stop.returncode == 0, stop.stderr
-    assert json.loads(stop.stdout)["stopped"]
+    if how == "optimize --stop":
+        stop = cli("optimize", "cartpole", "--stop", "--json", cwd=root)
+        assert stop.returncode == 0, stop.stderr
+        assert json.loads(stop.stdout)["stopped"]
+    else:  # `thrust-remote stop` on one trial stops the whole study
+        one = sorted(p.parent.name for p in runs_dir.glob("*/metrics.jsonl"))[0]
+        stop = cli("stop", one, cwd=root)
+        assert stop.returncode == 0, stop.stderr
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr.decode()
+    out = json.loads(stdout)
+    assert out["stopped"] == "aborted" and out["counts"]["done"] == 0
     for run in runs_dir.iterdir():
         assert (run / "exit_code").exists(), f"{run.name} still running"
 

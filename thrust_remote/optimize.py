@@ -91,14 +91,23 @@ FINISHED_STATES = ("FINISHED", "FAILED", "STOPPED", "LOST", "MISSING")
 METRICS = ("auto", "eval_return", "return_mean", "score_mean")
 PRUNERS = ("median", "halving", "none")
 
-# One command per poll for every running trial: state (the supervisor's own rules, loaded from the
-# uploaded supervise.py) first, then the new whole lines of metrics.jsonl, so a run seen ended has
-# had all its lines read. Also says whether someone asked the study to stop.
+# One command per poll for every running trial. It waits on the host up to argv[4] seconds, and
+# returns early when a run ends (its exit_code appears) or a stop is asked: a freed slot is seen in
+# ~50 ms instead of half a poll period, without polling more often. Then the state (the supervisor's
+# own rules, from the uploaded supervise.py) first and the new whole lines of metrics.jsonl second,
+# so a run seen ended has had all its lines read; and the run's slot from run.json (for adoption).
 POLL_SCRIPT = r"""
-import importlib.util, json, os, sys
+import importlib.util, json, os, sys, time
+req = json.loads(sys.argv[2]); deadline = time.monotonic() + float(sys.argv[4])
+def ended():
+    if os.path.exists(sys.argv[3]):
+        return True
+    return any(not os.path.isdir(d) or os.path.exists(os.path.join(d, "exit_code")) for d, _ in req)
+while time.monotonic() < deadline and not ended():
+    time.sleep(0.05)
 spec = importlib.util.spec_from_file_location("thrust_supervise", sys.argv[1])
 sup = importlib.util.module_from_spec(spec); spec.loader.exec_module(sup)
-req = json.loads(sys.argv[2]); out = {"runs": {}, "stop": os.path.exists(sys.argv[3])}
+out = {"runs": {}, "stop": os.path.exists(sys.argv[3])}
 for run_dir, offset in req:
     if not os.path.isdir(run_dir):
         out["runs"][run_dir] = {"state": "MISSING", "data": "", "offset": offset, "more": False}
@@ -110,9 +119,10 @@ for run_dir, offset in req:
     except FileNotFoundError:
         data = b""
     cut = data.rfind(b"\n") + 1
+    meta = sup._read_json(os.path.join(run_dir, "run.json")) or {}
     out["runs"][run_dir] = {"state": st["state"], "exit_code": st["exit_code"],
                             "data": data[:cut].decode("utf-8", "replace"), "offset": offset + cut,
-                            "more": len(data) == 1 << 20}
+                            "more": len(data) == 1 << 20, "slot": meta.get("slot")}
 print(json.dumps(out))
 """
 
@@ -435,7 +445,7 @@ class _Active:
     trial: Any  # optuna.trial.Trial
     slot: Slot
     offset: int = 0
-    last: dict[str, Any] = field(default_factory=dict)
+    last: dict[str, Any] = field(default_factory=dict)  # the latest non-null value of each metric
     reported: set[int] = field(default_factory=set)
 
 
@@ -626,7 +636,7 @@ class Optimizer:
             view = self._view_from(frozen)
             info = answer.get(self.paths.run(run_id)) if run_id else None
             state = info["state"] if info else "MISSING"
-            slot = slots.get(frozen.user_attrs.get("slot") or "")
+            slot = slots.get(frozen.user_attrs.get("slot") or (info or {}).get("slot") or "")
             trial = Trial(self.study, frozen._trial_id)
             act = _Active(view, trial, slot or Slot("?"), reported=set(frozen.intermediate_values))
             if state == "RUNNING" and slot is not None:
@@ -692,12 +702,10 @@ class Optimizer:
             self.observer.update(list(self.views.values()), counts)
             if not self.active:
                 return
-            freed = self._poll_active()
+            self._poll_active()  # waits on the host up to poll_s, less when a trial ends
             self.store.heartbeat()
             if self.dirty_since is not None and time.monotonic() - self.dirty_since > PUSH_EVERY_S:
                 self._push()
-            if not freed:  # a freed slot is filled at once: idle slots are what the study waits on
-                time.sleep(max(0.0, self.request.poll_s - (time.monotonic() - tick)))
 
     def _no_new_trials(self) -> bool:
         if self.consecutive_failures >= self.MAX_CONSECUTIVE_FAILURES and not self.stopped:
@@ -757,9 +765,9 @@ class Optimizer:
         answer = self._poll_offsets([(self.paths.run(r), 0) for r in run_ids])
         return answer["runs"]
 
-    def _poll_offsets(self, request: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    def _poll_offsets(self, request: Sequence[tuple[str, int]], wait: float = 0.0) -> dict[str, Any]:
         result = self.runner.run([self.host.python, "-c", POLL_SCRIPT, self.sup[1], json.dumps(request),
-                                  self.stop_file], timeout=60)
+                                  self.stop_file, f"{wait:.3f}"], timeout=60 + wait)
         if not result.ok:
             raise ThrustError(f"polling the trials on {self.host.name} failed: {result.stderr.strip()[-300:]}")
         return json.loads(result.stdout.strip().splitlines()[-1])
@@ -768,7 +776,8 @@ class Optimizer:
         """One poll of every running trial; True when a slot was freed."""
         acts = list(self.active.values())
         before = len(self.free)
-        answer = self._poll_offsets([(self.paths.run(a.view.run_id or ""), a.offset) for a in acts])
+        answer = self._poll_offsets([(self.paths.run(a.view.run_id or ""), a.offset) for a in acts],
+                                    wait=self.request.poll_s)
         if answer.get("stop") and not self.control.abort:
             self.observer.event("a stop was requested for this study (optimize --stop): stopping the trials")
             self.runner.run(["rm", "-f", "--", self.stop_file])
@@ -804,7 +813,8 @@ class Optimizer:
                 continue
             if not isinstance(m, dict):
                 continue
-            act.last = m
+            # a report window in which no episode ended has return_mean null: keep the one before
+            act.last.update({k: v for k, v in m.items() if v is not None})
             view = act.view
             if view.first_metric_at is None:
                 view.first_metric_at = time.time()
@@ -852,11 +862,12 @@ class Optimizer:
     def _finish(self, act: _Active, state: str, exit_code: int | None) -> None:
         run_id = act.view.run_id or ""
         if state == "FINISHED":
-            value = self._final_value(act.last)
+            metric, value = self._final_value(act.last)
             if value is None:
                 self._fail(act, "finished without the metric (no episode ended?)")
                 return
             self._release(act)
+            act.trial.set_user_attr("value_metric", metric)
             self.study.tell(act.trial, value)
             act.view.state, act.view.value = "COMPLETE", value
             self.consecutive_failures = 0
@@ -876,14 +887,15 @@ class Optimizer:
         else:
             self._interrupted(act, f"run {state.lower()}")
 
-    def _final_value(self, last: Mapping[str, Any]) -> float | None:
+    def _final_value(self, last: Mapping[str, Any]) -> tuple[str, float | None]:
+        """(the metric used, its value in the trial's last metrics line)."""
         metric = self.request.metric
         if metric == "auto":
             metric = "eval_return" if last.get("eval_return") is not None else "return_mean"
         value = last.get(metric)
         if value is None or not math.isfinite(float(value)):
-            return None
-        return float(value)
+            return metric, None
+        return metric, float(value)
 
     def _fail(self, act: _Active, why: str) -> None:
         from optuna.trial import TrialState
@@ -944,7 +956,7 @@ class Optimizer:
         try:
             bt = self.study.best_trial
             best = {"number": bt.number, "value": bt.value, "params": dict(bt.params),
-                    "run_id": bt.user_attrs.get("run_id")}
+                    "run_id": bt.user_attrs.get("run_id"), "metric": bt.user_attrs.get("value_metric")}
         except ValueError:
             pass
         importances, note = None, None

@@ -174,7 +174,7 @@ def render_summary(s: core.Summary) -> None:
         console.print("[red]no trial completed[/]")
         return
     table = Table("parameter", "best value", "importance", title=f"best: trial {s.best['number']}, "
-                  f"{s.metric} = {s.best['value']:.4g}")
+                  f"{s.best.get('metric') or s.metric} = {s.best['value']:.4g}")
     for k, v in s.best["params"].items():
         imp = (s.importances or {}).get(k)
         table.add_row(k, _short(v), "" if imp is None else f"{imp:.2f}")
