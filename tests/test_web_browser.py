@@ -141,6 +141,16 @@ def test_page_plays_200_moves_with_the_model(page: Any, server: PlayServer) -> N
     page.wait_for_function("document.querySelector('#fps').textContent !== '–'")  # a 1 s window passed
     assert float(page.locator("#fps").text_content()) > 0
     assert float(page.locator("#mps").text_content()) > 0
+    curve_pixels = page.evaluate(
+        """() => {
+            const c = document.querySelector('#curve');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            let n = 0;
+            for (let i = 0; i < d.length; i += 4) if (d[i + 1] > 120 && d[i] < 100 && d[i + 2] < 120) n++;
+            return n;
+        }"""
+    )
+    assert curve_pixels > 100, "the learning curve from tiny.metrics.jsonl was not drawn"
     assert page.js_errors == []
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "web_play.png"))
