@@ -239,6 +239,21 @@ def test_human_mode_follows_the_keyboard(page: Any, server: PlayServer) -> None:
     assert page.evaluate("window.thrust.state.game.dir") == 0  # up
 
 
+def test_page_opens_on_a_snake_model_and_marks_others(page: Any, tmp_path: Path, models: Path) -> None:
+    for suffix in (".onnx", ".json"):
+        shutil.copy(models / f"tiny{suffix}", tmp_path / f"snake{suffix}")
+        shutil.copy(models / f"tiny{suffix}", tmp_path / f"cartpole{suffix}")
+    edit_manifest(tmp_path / "cartpole.json", env="cartpole", grid_size=None)
+    with PlayServer(Site(web_dir=default_web_dir(), public_dir=tmp_path), port=0) as srv:
+        open_page(page, srv, "")
+        assert page.locator("#model-select").input_value() == "snake"
+        assert page.locator("#error").is_hidden()
+        assert "not playable" in page.locator("#model-select option").first.text_content()
+        page.select_option("#model-select", "cartpole")
+        page.wait_for_selector("#error:not([hidden])")
+        assert "plays snake only" in page.locator("#error").text_content()
+
+
 def test_page_without_models_says_how_to_make_one(page: Any, tmp_path: Path) -> None:
     with PlayServer(Site(web_dir=default_web_dir(), public_dir=tmp_path), port=0) as srv:
         open_page(page, srv, "")

@@ -102,7 +102,8 @@ function fillPicker() {
     const option = document.createElement("option");
     option.value = entry.name;
     const extra = entry.steps ? ` · ${Number(entry.steps).toLocaleString("en")} steps` : "";
-    option.textContent = `${entry.name}${extra}`;
+    const other = entry.env !== undefined && entry.env !== "snake" ? ` (${entry.env}: not playable here)` : "";
+    option.textContent = `${entry.name}${extra}${other}`;
     ui.select.append(option);
   }
   ui.select.disabled = state.models.length === 0;
@@ -480,7 +481,8 @@ async function main() {
     markReady();
     return;
   }
-  const wanted = params.get("model") ?? state.models[0].name;
+  const playable = state.models.find((m) => m.env === undefined || m.env === "snake") ?? state.models[0];
+  const wanted = params.get("model") ?? playable.name;
   ui.select.value = wanted;
   await loadModel(wanted);
 }
