@@ -1,0 +1,274 @@
+"""PPO on CartPole: our trainer vs Stable-Baselines3 (RL-Zoo's tuned settings), side by side.
+
+    .venv/bin/python bench/bench_ppo.py                       # default run, ~2 min on 2 cores
+    .venv/bin/python bench/bench_ppo.py --seeds 10 --sb3-seeds 5 --counts 8,1024,16384,65536
+
+1. Time to solve, measured from process start (a fresh `python` per run, so imports count): ours is
+   `python -m trainer.train --env cartpole --seed S` with its defaults (it stops itself once a greedy
+   evaluation over 20 episodes reaches 475); SB3 runs in a child process of this script with RL-Zoo's
+   CartPole-v1 hyperparameters and the same stopping rule (a greedy evaluation over 20 gymnasium
+   episodes every 512 steps, abandoned once 475 is out of reach). Every model that stopped is then
+   re-scored here on 20 fresh gymnasium episodes (not timed): "verified".
+2. Throughput: env steps per second of whole PPO iterations (rollout + update), ours at several env
+   counts (1 CPU thread, the trainer's default; minibatches of ~8k samples) and SB3 at RL-Zoo's 8 envs.
+Ratios are printed at the end; `--json` adds one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as trainer.train does, before torch loads
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = 475.0
+EPISODES = 20
+
+
+def gym_eval(act: Callable[[np.ndarray], np.ndarray], seed: int, target: float | None = None) -> float:
+    """Mean return of the first episode in each of 20 gymnasium CartPole-v1 envs (greedy `act`)."""
+    import gymnasium as gym
+
+    env = gym.make_vec("CartPole-v1", num_envs=EPISODES, vectorization_mode="vector_entry_point")
+    obs, _ = env.reset(seed=seed)
+    returns = np.zeros(EPISODES)
+    running = np.ones(EPISODES, dtype=bool)
+    for _ in range(500):
+        obs, reward, term, trunc, _ = env.step(act(obs))
+        returns += reward * running
+        running &= ~(term | trunc)
+        if not running.any():
+            break
+        if target is not None and ((500 - returns) * ~running).sum() > EPISODES * (500 - target):
+            break  # the mean can no longer reach the target
+    env.close()
+    return float(returns.mean())
+
+
+# ------------------------------------------------------------------------------------------ SB3
+RL_ZOO_CARTPOLE = {  # rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1
+    "n_envs": 8,
+    "n_timesteps": 100_000,
+    "n_steps": 32,
+    "batch_size": 256,
+    "gae_lambda": 0.8,
+    "gamma": 0.98,
+    "n_epochs": 20,
+    "ent_coef": 0.0,
+    "learning_rate": 0.001,
+    "clip_range": 0.2,
+}
+
+
+def sb3_model(seed: int, n_envs: int = RL_ZOO_CARTPOLE["n_envs"]):  # noqa: ANN201 - SB3 type
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    z = RL_ZOO_CARTPOLE
+
+    def linear(start: float) -> Callable[[float], float]:
+        return lambda progress_remaining: progress_remaining * start  # RL-Zoo's "lin_" schedules
+
+    env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=seed)
+    return PPO(
+        "MlpPolicy",
+        env,
+        n_steps=z["n_steps"],
+        batch_size=z["batch_size"],
+        gae_lambda=z["gae_lambda"],
+        gamma=z["gamma"],
+        n_epochs=z["n_epochs"],
+        ent_coef=z["ent_coef"],
+        learning_rate=linear(z["learning_rate"]),
+        clip_range=linear(z["clip_range"]),
+        seed=seed,
+        verbose=0,
+        device="cpu",
+    )
+
+
+def sb3_child(seed: int) -> None:
+    """Train SB3 until the greedy evaluation reaches the target; print one JSON line."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    model = sb3_model(seed)
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        return model.predict(obs, deterministic=True)[0]
+
+    class StopWhenSolved(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.solved = False
+            self.last_eval = 0
+            self.evals = 0
+            self.score = 0.0
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps - self.last_eval >= 512:
+                self.last_eval = self.num_timesteps
+                self.evals += 1
+                self.score = gym_eval(act, seed=10_000 + self.evals, target=TARGET)
+                self.solved = self.score >= TARGET
+            return not self.solved
+
+    cb = StopWhenSolved()
+    model.learn(total_timesteps=RL_ZOO_CARTPOLE["n_timesteps"], callback=cb)
+    path = tempfile.mkdtemp(prefix="sb3-") + "/model.zip"
+    model.save(path)
+    print(json.dumps({"steps": model.num_timesteps, "solved": cb.solved, "eval": cb.score, "model": path}))
+
+
+def run_sb3(seed: int) -> dict:
+    t0 = time.perf_counter()
+    res = subprocess.run(
+        [sys.executable, __file__, "--sb3-child", str(seed)], capture_output=True, text=True, check=True
+    )
+    wall = time.perf_counter() - t0
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    from stable_baselines3 import PPO
+
+    model = PPO.load(out["model"], device="cpu")
+    verified = gym_eval(lambda o: model.predict(o, deterministic=True)[0], seed=90_000 + seed)
+    return {
+        "who": "sb3",
+        "seed": seed,
+        "wall_s": wall,
+        "steps": out["steps"],
+        "solved": out["solved"],
+        "verified": verified,
+    }
+
+
+# ------------------------------------------------------------------------------------------ ours
+def run_ours(seed: int, extra: list[str]) -> dict:
+    import torch
+
+    run_dir = tempfile.mkdtemp(prefix="ours-")
+    t0 = time.perf_counter()
+    res = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--env", "cartpole", "--seed", str(seed), "--run-dir", run_dir, *extra],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    wall = time.perf_counter() - t0
+    done = json.loads(next(x for x in res.stdout.splitlines() if x.startswith("THRUST_DONE "))[12:])
+    from trainer.export import load_checkpoint, policy_from_checkpoint
+
+    policy = policy_from_checkpoint(load_checkpoint(run_dir))
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return policy(torch.as_tensor(obs, dtype=torch.float32))[0].argmax(1).numpy()
+
+    verified = gym_eval(act, seed=90_000 + seed)
+    return {
+        "who": "ours",
+        "seed": seed,
+        "wall_s": wall,
+        "steps": done["step"],
+        "solved": done["solved"],
+        "verified": verified,
+    }
+
+
+def ours_throughput(num_envs: int, iterations: int = 3) -> float:
+    import torch
+
+    from trainer.envs import CartPole
+    from trainer.policy import build_policy
+    from trainer.ppo import PPO, PPOConfig
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = PPOConfig(num_envs=num_envs, num_steps=32)
+    ppo = PPO(CartPole(num_envs), build_policy("mlp", 4, 2, 64), cfg)
+    ppo.start(seed=0)
+    ppo.collect()
+    ppo.update()
+    t = time.perf_counter()
+    for _ in range(iterations):
+        ppo.collect()
+        ppo.update()
+    return num_envs * cfg.num_steps * iterations / (time.perf_counter() - t)
+
+
+def sb3_throughput(steps: int = 8192) -> float:
+    import torch
+
+    torch.set_num_threads(1)
+    model = sb3_model(seed=0)
+    model.learn(total_timesteps=512)  # warm-up
+    t = time.perf_counter()
+    model.learn(total_timesteps=steps, reset_num_timesteps=False)
+    return steps / (time.perf_counter() - t)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, default=5, help="our time-to-solve runs (seeds 1..N)")
+    p.add_argument("--sb3-seeds", type=int, default=3, help="SB3 time-to-solve runs (seeds 1..N)")
+    p.add_argument("--counts", default="8,1024,16384", help="env counts for our throughput")
+    p.add_argument("--train-args", default="", help="extra flags for trainer.train, space separated")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--sb3-child", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.sb3_child is not None:
+        sb3_child(args.sb3_child)
+        return
+    runs = []
+    # Interleaved, so both see the same machine load.
+    for seed in range(1, max(args.seeds, args.sb3_seeds) + 1):
+        if seed <= args.seeds:
+            runs.append(run_ours(seed, args.train_args.split()))
+            print(json.dumps(runs[-1]), flush=True)
+        if seed <= args.sb3_seeds:
+            runs.append(run_sb3(seed))
+            print(json.dumps(runs[-1]), flush=True)
+    tp = {f"ours_{n}": ours_throughput(n) for n in (int(x) for x in args.counts.split(","))}
+    tp["sb3_8"] = sb3_throughput()
+    for k, v in tp.items():
+        print(f"throughput {k:>12}: {v:>12,.0f} steps/s", flush=True)
+
+    def summary(who: str) -> dict:
+        rs = [r for r in runs if r["who"] == who]
+        walls = [r["wall_s"] for r in rs]
+        return {
+            "median_s": statistics.median(walls),
+            "max_s": max(walls),
+            "solved": sum(r["solved"] for r in rs),
+            "verified_475": sum(r["verified"] >= TARGET for r in rs),
+            "runs": len(rs),
+        }
+
+    ours, sb3 = summary("ours"), summary("sb3")
+    best = max(v for k, v in tp.items() if k.startswith("ours_"))
+    print(
+        f"time to solve, ours: median {ours['median_s']:.2f} s, max {ours['max_s']:.2f} s, "
+        f"solved {ours['solved']}/{ours['runs']}, verified >= 475 on gymnasium {ours['verified_475']}/{ours['runs']}"
+    )
+    print(
+        f"time to solve, SB3 : median {sb3['median_s']:.2f} s, max {sb3['max_s']:.2f} s, "
+        f"solved {sb3['solved']}/{sb3['runs']}, verified >= 475 on gymnasium {sb3['verified_475']}/{sb3['runs']}"
+    )
+    print(f"ratio time-to-solve SB3/ours (medians): {sb3['median_s'] / ours['median_s']:.2f}x")
+    print(f"ratio throughput ours(best)/SB3(8 envs): {best / tp['sb3_8']:.1f}x")
+    if args.json:
+        print(json.dumps({"runs": runs, "throughput": tp, "ours": ours, "sb3": sb3}))
+
+
+if __name__ == "__main__":
+    main()
