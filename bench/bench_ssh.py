@@ -60,12 +60,18 @@ OURS_GCM = f"SSHRunner, {GCM_CIPHER} (verified)"
 
 def ssh_opts(server: SSHServer) -> list[str]:
     return [
-        "-F", "/dev/null",
-        "-o", f"UserKnownHostsFile={server.known_hosts}",
-        "-o", "StrictHostKeyChecking=yes",
-        "-o", "BatchMode=yes",
-        "-o", "IdentitiesOnly=yes",
-        "-i", str(server.client_key),
+        "-F",
+        "/dev/null",
+        "-o",
+        f"UserKnownHostsFile={server.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-i",
+        str(server.client_key),
     ]
 
 
@@ -206,16 +212,19 @@ def transfer_methods(
     methods = {
         ("get", OURS): lambda: runner.get(str(src_remote), fresh(got)),
         ("get", "scp"): lambda: subprocess.run([*scp, f"{target}:{src_remote}", str(fresh(got))], check=True),
-        ("get", "rsync -e ssh"): lambda: subprocess.run([*rsync, f"{target}:{src_remote}", str(fresh(got))],
-                                                        check=True),
+        ("get", "rsync -e ssh"): lambda: subprocess.run(
+            [*rsync, f"{target}:{src_remote}", str(fresh(got))], check=True
+        ),
         ("get", "paramiko SFTP get (unverified)"): sftp_get,
         ("get", OURS_GCM): lambda: gcm.get(str(src_remote), fresh(got)),
         ("put", OURS_GCM): lambda: gcm.put(src_local, str(fresh(put_dir / "gcm.bin"))),
         ("put", OURS): lambda: runner.put(src_local, str(fresh(put_dir / "ours.bin"))),
-        ("put", "scp"): lambda: subprocess.run([*scp, str(src_local), f"{target}:{fresh(put_dir / 'scp.bin')}"],
-                                               check=True),
+        ("put", "scp"): lambda: subprocess.run(
+            [*scp, str(src_local), f"{target}:{fresh(put_dir / 'scp.bin')}"], check=True
+        ),
         ("put", "rsync -e ssh"): lambda: subprocess.run(
-            [*rsync, str(src_local), f"{target}:{fresh(put_dir / 'rsync.bin')}"], check=True),
+            [*rsync, str(src_local), f"{target}:{fresh(put_dir / 'rsync.bin')}"], check=True
+        ),
     }
     return methods, [runner, gcm]
 
@@ -240,7 +249,11 @@ def server_cpu(server: SSHServer) -> float:
 
 
 def time_transfers(
-    methods: dict[tuple[str, str], Callable], size: int, repeat: int, expected: str, root: Path,
+    methods: dict[tuple[str, str], Callable],
+    size: int,
+    repeat: int,
+    expected: str,
+    root: Path,
     server: SSHServer,
 ) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[tuple[float, float]]]]:
     """MB/s per method, and (client, server) CPU seconds per run: the cost that load cannot blur."""
@@ -332,8 +345,14 @@ def main() -> int:
     load_after = os.getloadavg()
 
     # -- print
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        "?",
+    )
     print(f"# bench_ssh  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {os.cpu_count()} cores  {cpu}")
     openssh = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
     print(f"paramiko {paramiko.__version__}, {openssh}")
@@ -355,8 +374,10 @@ def main() -> int:
         freshc = median(cmd_times[(u, "ssh, fresh connection")])
         ok = ours <= cm
         verdicts.append(ok)
-        print(f"- {u}: SSHRunner.run / ControlMaster = {fmt_ratio(ours / cm)} (target <= 1.00x: "
-              f"{'met' if ok else 'MISSED'}); / fresh ssh = {fmt_ratio(ours / freshc)}")
+        print(
+            f"- {u}: SSHRunner.run / ControlMaster = {fmt_ratio(ours / cm)} (target <= 1.00x: "
+            f"{'met' if ok else 'MISSED'}); / fresh ssh = {fmt_ratio(ours / freshc)}"
+        )
     print()
 
     print("| transfer | get MB/s | put MB/s | get CPU s client+server | put CPU s client+server |")
@@ -377,9 +398,11 @@ def main() -> int:
         rs = median(xfer[(way, "rsync -e ssh")])
         ok = ours >= 0.8 * scp
         verdicts.append(ok)
-        print(f"- {way}: SSHRunner / scp = {fmt_ratio(ours / scp)} (target >= 0.80x: {'met' if ok else 'MISSED'}); "
-              f"/ rsync = {fmt_ratio(ours / rs)}; with {GCM_CIPHER}: "
-              f"{fmt_ratio(median(xfer[(way, OURS_GCM)]) / scp)} of scp")
+        print(
+            f"- {way}: SSHRunner / scp = {fmt_ratio(ours / scp)} (target >= 0.80x: {'met' if ok else 'MISSED'}); "
+            f"/ rsync = {fmt_ratio(ours / rs)}; with {GCM_CIPHER}: "
+            f"{fmt_ratio(median(xfer[(way, OURS_GCM)]) / scp)} of scp"
+        )
     return 0 if all(verdicts) else 1
 
 

@@ -418,63 +418,172 @@ class SSHRunner:
             raise TransferError(f"cannot hash {path} on {self.name}: {result.stderr.strip()}")
         return result.stdout.split()[0]
 
-    # Transfers stream through one exec channel: the host's python reads (or writes) the file and
-    # hashes the same bytes as they pass, we hash them on our side in the same loop. No second read
-    # of the file, no SFTP request per 32 KiB (paramiko's SFTP costs ~2x the CPU), and put renames
-    # .part on the host only when its hash equals ours, sent after the data. A host without a
-    # usable python falls back to SFTP + remote_sha256.
-    _MAGIC = "\x1ethrust-stream-1\x1e"  # our output starts after it (an rc file may print first)
+    # Transfers go through a helper: one python process on the host per connection, started on the
+    # first transfer and reused, reached over an exec channel. It reads or writes the file and hashes
+    # the same bytes as they pass; we hash them on our side in the same loop. No second read of the
+    # file, no SFTP request per 32 KiB (paramiko's SFTP costs ~2x the CPU), no login shell + python
+    # start-up per file (root's ~/.bashrc here costs 90-300 ms a command), and put renames .part on
+    # the host only when its hash equals ours, sent after the data. Concurrent transfers each take
+    # their own helper. A host without a usable python falls back to SFTP + remote_sha256.
+    _MAGIC = "\x1ethrust-xfer-1\x1e"  # starts every line the helper says (an rc file may print first)
     _STREAM_RECV = 1 << 22  # more than the channel window: BufferedPipe hands over all it holds
-    # the scripts run as `python -S` (no site import: ~60 ms less per transfer under load here)
-    _GET_SCRIPT = (
-        "import hashlib,sys\n"
-        "m=MAGIC\n"
-        "try:\n"
-        " f=open(sys.argv[1],'rb')\n"
-        "except FileNotFoundError:\n"
-        " sys.exit(2)\n"
-        "except OSError as e:\n"
-        " sys.stderr.write(str(e)+'\\n');sys.exit(3)\n"
-        "o=sys.stdout.buffer;h=hashlib.sha256()\n"
-        "o.write(m.encode())\n"
-        "for b in iter(lambda:f.read(1<<20),b''):\n"
-        " h.update(b);o.write(b)\n"
-        "o.flush();sys.stderr.write(m+h.hexdigest()+'\\n')\n"
-    ).replace("MAGIC", repr(_MAGIC))
-    # argv: part target size mode(octal); stdin: exactly `size` bytes, then our sha256 in hex
-    _PUT_SCRIPT = (
+    # Requests are one line each, paths hex-encoded behind an "x":
+    #   get xPATH                  -> ok SIZE | err 2 | err 3 HEXMSG; then SIZE bytes, then SHA256 | short
+    #   put xPART xTARGET SIZE MODE -> ok | err 3 HEXMSG; then we send SIZE bytes + our SHA256 (hex),
+    #                               -> ok SHA256 (renamed) | mismatch SHA256 | err 3 HEXMSG
+    _HELPER_SCRIPT = (
         "import hashlib,os,sys\n"
-        "m=MAGIC\n"
-        "p,t,n,mode=sys.argv[1],sys.argv[2],int(sys.argv[3]),int(sys.argv[4],8)\n"
-        "try:\n"
-        " d=os.path.dirname(t)\n"
-        " if d:os.makedirs(d,exist_ok=True)\n"
-        " f=open(p,'wb')\n"
-        "except OSError as e:\n"
-        " sys.stderr.write(str(e)+'\\n');sys.exit(3)\n"
-        "print(m+'ready',flush=True)\n"
-        "i=sys.stdin.buffer;h=hashlib.sha256()\n"
-        "while n>0:\n"
-        " b=i.read(min(n,1<<20))\n"
-        " if not b:sys.exit(4)\n"
-        " h.update(b);f.write(b);n-=len(b)\n"
-        "f.close();os.chmod(p,mode);x=h.hexdigest()\n"
-        "if i.read(64).decode()==x:\n"
-        " os.replace(p,t);print(m+x,flush=True)\n"
-        "else:\n"
-        " print(m+'mismatch '+x,flush=True)\n"
+        "m=MAGIC.encode();i=sys.stdin.buffer;o=sys.stdout.buffer\n"
+        "def say(*a):\n"
+        " o.write(m+' '.join(a).encode()+b'\\n');o.flush()\n"
+        "def get(p):\n"
+        " try:f=open(p,'rb')\n"
+        " except FileNotFoundError:return say('err','2')\n"
+        " except OSError as e:return say('err','3',str(e).encode().hex())\n"
+        " with f:\n"
+        "  n=os.fstat(f.fileno()).st_size;say('ok',str(n));h=hashlib.sha256()\n"
+        "  while n:\n"
+        "   b=f.read(min(n,1<<20))\n"
+        "   if not b:break\n"
+        "   h.update(b);o.write(b);n-=len(b)\n"
+        "  s=n\n"
+        "  while n:\n"  # the file shrank: keep the stream in step, then say so
+        "   k=min(n,1<<20);o.write(bytes(k));n-=k\n"
+        "  o.flush();say('short' if s else h.hexdigest())\n"
+        "def put(p,t,n,mode):\n"
+        " try:\n"
+        "  d=os.path.dirname(t)\n"
+        "  if d:os.makedirs(d,exist_ok=True)\n"
+        "  f=open(p,'wb')\n"
+        " except OSError as e:return say('err','3',str(e).encode().hex())\n"
+        " say('ok');h=hashlib.sha256();e=''\n"
+        " while n:\n"
+        "  b=i.read(min(n,1<<20))\n"
+        "  if not b:sys.exit(4)\n"  # cut: .part stays, the target is untouched
+        "  n-=len(b)\n"
+        "  if not e:\n"
+        "   try:h.update(b);f.write(b)\n"
+        "   except OSError as x:e=str(x)\n"
+        " try:f.close();os.chmod(p,mode)\n"
+        " except OSError as x:e=e or str(x)\n"
+        " x=h.hexdigest();s=i.read(64).decode()\n"
+        " if e:return say('err','3',e.encode().hex())\n"
+        " if s!=x:return say('mismatch',x)\n"
+        " os.replace(p,t);say('ok',x)\n"
+        "say('ready')\n"
+        "for l in iter(i.readline,b''):\n"
+        " w=[x.decode() for x in l.split()]\n"
+        " a=[bytes.fromhex(x[1:]).decode('utf-8','surrogateescape') for x in w[1:3]]\n"
+        " if w[0]=='get':get(a[0])\n"
+        " elif w[0]=='put':put(a[0],a[1],int(w[3]),int(w[4],8))\n"
     ).replace("MAGIC", repr(_MAGIC))
+    _XFER_LOCK = threading.Lock()  # guards every runner's helper pool (held only to take or give one)
 
-    def _open_stream(self, argv: list[str], cut: str, hint: str) -> paramiko.Channel:
+    class _Helper:
+        """A transfer helper's channel and the bytes read from it but not used yet."""
+
+        def __init__(self, chan: paramiko.Channel) -> None:
+            self.chan = chan
+            self.buf = bytearray()
+            self.in_step = False  # True once an operation ended cleanly: safe to reuse
+
+    _xfer_pool: list[_Helper] | None = None  # idle helpers; set per instance on first use
+    _xfer_unusable: object = None  # the transport on which no helper could start (no python there)
+
+    @staticmethod
+    def _hex(path: str) -> str:
+        return "x" + path.encode("utf-8", "surrogateescape").hex()
+
+    def _helper_take(self) -> _Helper | None:
+        """An idle helper on the current connection, or a new one; None if the host cannot run it."""
         transport = self._transport()
+        with self._XFER_LOCK:
+            if self._xfer_pool is None:
+                self._xfer_pool = []
+            pool = self._xfer_pool
+            pool[:] = [h for h in pool if h.chan.get_transport() is transport and not h.chan.closed
+                       and not h.chan.eof_received]
+            if pool:
+                return pool.pop()
+            if self._xfer_unusable is transport:
+                return None
         try:
             chan = transport.open_session(timeout=self.connect_timeout)
             chan.settimeout(self.liveness_timeout)
-            chan.exec_command(build_remote_command(argv))
+            chan.exec_command(build_remote_command([self.python, "-S", "-c", self._HELPER_SCRIPT]))
         except (SSHException, EOFError, OSError) as exc:
             self._drop()
-            raise TransferError(f"{cut}: {exc}", hint) from None
-        return chan
+            raise TransferError(f"cannot start a transfer on {self.name}: {exc}", "run the command again") from None
+        helper = self._Helper(chan)
+        ready = self._MAGIC.encode() + b"ready\n"
+        while (at := helper.buf.find(ready)) < 0:  # skip what an rc file printed before
+            block = self._stream_read(chan) if len(helper.buf) <= 1 << 16 else b""
+            if block is None or (not block and not transport.is_active()):
+                self._close_quietly(chan)
+                self._drop()
+                raise TransferError(f"connection to {self.name} lost before the transfer started",
+                                    "run the command again")
+            if not block:
+                self._close_quietly(chan)
+                self._xfer_unusable = transport
+                return None
+            helper.buf += block
+        del helper.buf[:at + len(ready)]
+        return helper
+
+    def _helper_give(self, helper: _Helper) -> None:
+        if not helper.in_step:
+            self._close_quietly(helper.chan)  # the helper sees its stdin end and exits, leaving any .part
+            return
+        helper.in_step = False
+        with self._XFER_LOCK:
+            if self._xfer_pool is not None:
+                self._xfer_pool.append(helper)
+
+    def _helper_line(self, helper: _Helper) -> list[str] | None:
+        """The helper's next reply in words; None if its channel ended (or it is out of step)."""
+        while (nl := helper.buf.find(b"\n")) < 0:
+            block = self._stream_read(helper.chan)
+            if not block:
+                return None
+            helper.buf += block
+        line = bytes(helper.buf[:nl])
+        del helper.buf[:nl + 1]
+        magic = self._MAGIC.encode()
+        if not line.startswith(magic):
+            return None
+        return line[len(magic):].decode("utf-8", "replace").split() or None
+
+    def _helper_data(self, helper: _Helper, n: int, digest, fout) -> bool:  # noqa: ANN001 - a sha256, a file
+        """Hash and write the helper's next n bytes; False if its channel ended first."""
+        while n > 0:
+            if helper.buf:
+                block = bytes(helper.buf[:n])
+                del helper.buf[:n]
+            else:
+                block = self._stream_read(helper.chan)
+                if not block:
+                    return False
+                if len(block) > n:
+                    helper.buf += block[n:]
+                    block = block[:n]
+            digest.update(block)
+            fout.write(block)
+            n -= len(block)
+        return True
+
+    @staticmethod
+    def _close_quietly(chan: paramiko.Channel) -> None:
+        with contextlib.suppress(Exception):  # closing on a dead link may raise anything
+            chan.close()
+
+    def _helper_lost(self, helper: _Helper, cut: str, hint: str) -> TransferError:
+        self._close_quietly(helper.chan)
+        transport = helper.chan.get_transport()
+        if transport is None or not transport.is_active():
+            self._drop()
+            return TransferError(cut, hint)
+        return TransferError(f"{cut}: the transfer helper on the host stopped", hint)
 
     def _stream_read(self, chan: paramiko.Channel) -> bytes | None:
         """The next stdout block; b"" at EOF, None when the link is dead (no reply to a probe)."""
@@ -484,6 +593,8 @@ class SSHRunner:
             except TimeoutError:
                 if not self.alive():
                     return None
+            except (SSHException, EOFError, OSError):  # recv may send a window adjust on a dead link
+                return None
 
     def _stream_send(self, chan: paramiko.Channel, data: bytes) -> bool:
         """Send all of data; False if the host stopped reading or the link is dead."""
@@ -502,23 +613,6 @@ class SSHRunner:
             view = view[sent:]
         return True
 
-    def _stream_end(self, chan: paramiko.Channel) -> tuple[int, str]:
-        """(exit status, stderr) once stdout is at EOF; status -1 when the link died."""
-        while not chan.status_event.wait(self.liveness_timeout):
-            if not self.alive():
-                chan.close()
-                return -1, ""
-        err = b""
-        while chan.recv_stderr_ready():
-            err += chan.recv_stderr(1 << 16)
-        status = chan.exit_status if chan.exit_status_ready() else -1
-        chan.close()
-        return status, err.decode("utf-8", "replace")
-
-    def _tail(self, text: str) -> str:
-        lines = [ln for ln in text.strip().splitlines() if self._MAGIC not in ln]
-        return "\n".join(lines[-5:])
-
     def put(self, local: str | os.PathLike[str], remote: str) -> str:
         src = Path(local)
         if not src.is_file():
@@ -528,53 +622,47 @@ class SSHRunner:
         st = src.stat()
         cut = f"upload of {src} to {self.name}:{target} was cut"
         hint = f"the destination is untouched (partial data in {part}); run the command again"
-        chan = self._open_stream(
-            [self.python, "-S", "-c", self._PUT_SCRIPT, part, target, str(st.st_size), f"{st.st_mode & 0o777:o}"],
-            cut, hint,
-        )
-        digest = hashlib.sha256()
-        left = st.st_size
-        try:
-            with open(src, "rb") as fin:
-                while left > 0 and (block := fin.read(min(CHUNK, left))):
-                    digest.update(block)
-                    if not self._stream_send(chan, block):
-                        break
-                    left -= len(block)
-        except OSError as exc:
-            chan.close()  # the host sees its stdin end early and keeps only .part
-            raise TransferError(f"cannot read {src}: {exc}", hint) from None
-        expected = digest.hexdigest()
-        if left == 0:
-            self._stream_send(chan, expected.encode())
-        with contextlib.suppress(SSHException, EOFError, OSError):
-            chan.shutdown_write()
-        out = b""
-        while block := self._stream_read(chan):
-            out += block
-        status, err = (-1, "") if block is None else self._stream_end(chan)
-        text = out.decode("utf-8", "replace")
-        if status == -1:
-            self._drop()
-            raise TransferError(cut, hint)
-        if self._MAGIC + "ready" not in text:
-            if status == 3:
-                raise TransferError(f"cannot write {self.name}:{part}: {self._tail(err)}")
+        helper = self._helper_take()
+        if helper is None:
             return self._put_sftp(src, target, part)  # no usable python on the host
-        if left and status in (0, 4):
-            raise TransferError(f"{src} shrank while it was being sent", hint)
-        if status != 0:
-            raise TransferError(f"upload of {src} to {self.name}:{target} failed (exit {status}): "
-                                f"{self._tail(err)}", hint)
-        result = text[text.rfind(self._MAGIC) + len(self._MAGIC):].split()
-        actual = result[-1] if result else ""
-        if result[:1] == ["mismatch"] or actual != expected:
-            raise TransferError(
-                f"checksum mismatch uploading {src} to {self.name}:{target}: sent {expected[:16]}…, "
-                f"host has {actual[:16]}…",
-                f"the destination is untouched; partial data in {part}; run the command again",
-            )
-        return expected
+        try:
+            request = f"put {self._hex(part)} {self._hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n"
+            if not self._stream_send(helper.chan, request.encode()) or not (reply := self._helper_line(helper)):
+                raise self._helper_lost(helper, cut, hint)
+            if reply[0] == "err":
+                helper.in_step = True
+                msg = bytes.fromhex(reply[2]).decode("utf-8", "replace") if len(reply) > 2 else "?"
+                raise TransferError(f"cannot write {self.name}:{part}: {msg}")
+            digest = hashlib.sha256()
+            left = st.st_size
+            try:
+                with open(src, "rb") as fin:
+                    while left > 0 and (block := fin.read(min(CHUNK, left))):
+                        digest.update(block)
+                        if not self._stream_send(helper.chan, block):
+                            raise self._helper_lost(helper, cut, hint)
+                        left -= len(block)
+            except OSError as exc:
+                raise TransferError(f"cannot read {src}: {exc}", hint) from None
+            if left:
+                raise TransferError(f"{src} shrank while it was being sent", hint)
+            expected = digest.hexdigest()
+            if not self._stream_send(helper.chan, expected.encode()) or not (reply := self._helper_line(helper)):
+                raise self._helper_lost(helper, cut, hint)
+            helper.in_step = True
+            if reply[0] == "err":
+                msg = bytes.fromhex(reply[2]).decode("utf-8", "replace") if len(reply) > 2 else "?"
+                raise TransferError(f"upload of {src} to {self.name}:{target} failed: {msg}", hint)
+            actual = reply[1] if len(reply) > 1 else ""
+            if reply[0] != "ok" or actual != expected:
+                raise TransferError(
+                    f"checksum mismatch uploading {src} to {self.name}:{target}: sent {expected[:16]}…, "
+                    f"host has {actual[:16]}…",
+                    f"the destination is untouched; partial data in {part}; run the command again",
+                )
+            return expected
+        finally:
+            self._helper_give(helper)
 
     def _put_sftp(self, src: Path, target: str, part: str) -> str:
         digest = hashlib.sha256()
@@ -616,58 +704,45 @@ class SSHRunner:
         part = dst.with_name(dst.name + ".part")
         cut = f"download of {self.name}:{source} was cut"
         hint = f"{dst} is untouched (partial data in {part}); run the command again"
-        chan = self._open_stream([self.python, "-S", "-c", self._GET_SCRIPT, source], cut, hint)
-        magic = self._MAGIC.encode()
-        digest = hashlib.sha256()
-        head = b""
-        fout = None
-        try:
-            while block := self._stream_read(chan):
-                if fout is None:  # skip what an rc file printed before our script started
-                    head += block
-                    start = head.find(magic)
-                    if start < 0:
-                        if len(head) <= 1 << 16:
-                            continue
-                        chan.close()
-                        return self._get_sftp(source, dst, part)
-                    block, head = head[start + len(magic):], b""
-                    fout = open(part, "wb")  # noqa: SIM115 - closed in finally
-                digest.update(block)
-                fout.write(block)
-            if fout is not None:
-                fout.flush()
-                os.fsync(fout.fileno())
-        except OSError as exc:
-            chan.close()
-            raise TransferError(f"cannot write {part}: {exc}", f"{dst} is untouched") from None
-        finally:
-            if fout is not None:
-                fout.close()
-        status, err = (-1, "") if block is None else self._stream_end(chan)
-        if status == -1:
-            self._drop()
-            raise TransferError(cut, hint)
-        if fout is None:
-            if status == 2:
-                raise TransferError(f"{self.name}:{source}: no such file")
-            if status == 3:
-                raise TransferError(f"cannot read {self.name}:{source}: {self._tail(err)}")
+        helper = self._helper_take()
+        if helper is None:
             return self._get_sftp(source, dst, part)  # no usable python on the host
-        if status != 0:
-            raise TransferError(f"download of {self.name}:{source} failed (exit {status}): {self._tail(err)}",
-                                hint)
-        at = err.rfind(self._MAGIC)
-        remote_hash = (err[at + len(self._MAGIC):].split() or [""])[0] if at >= 0 else ""
-        actual = digest.hexdigest()
-        if remote_hash != actual:
-            raise TransferError(
-                f"checksum mismatch downloading {self.name}:{source}: host {remote_hash[:16]}…, "
-                f"received {actual[:16]}…",
-                f"{dst} is untouched; run the command again",
-            )
-        os.replace(part, dst)
-        return actual
+        try:
+            if not self._stream_send(helper.chan, f"get {self._hex(source)}\n".encode()) or not (
+                reply := self._helper_line(helper)
+            ):
+                raise self._helper_lost(helper, cut, hint)
+            if reply[0] == "err":
+                helper.in_step = True
+                if reply[1:2] == ["2"]:
+                    raise TransferError(f"{self.name}:{source}: no such file")
+                msg = bytes.fromhex(reply[2]).decode("utf-8", "replace") if len(reply) > 2 else "?"
+                raise TransferError(f"cannot read {self.name}:{source}: {msg}")
+            digest = hashlib.sha256()
+            try:
+                with open(part, "wb") as fout:
+                    complete = self._helper_data(helper, int(reply[1]), digest, fout)
+                    if complete:
+                        fout.flush()
+                        os.fsync(fout.fileno())
+            except OSError as exc:
+                raise TransferError(f"cannot write {part}: {exc}", f"{dst} is untouched") from None
+            if not complete or not (reply := self._helper_line(helper)):
+                raise self._helper_lost(helper, cut, hint)
+            helper.in_step = True
+            if reply[0] == "short":
+                raise TransferError(f"{self.name}:{source} shrank while it was being read", hint)
+            actual = digest.hexdigest()
+            if reply[0] != actual:
+                raise TransferError(
+                    f"checksum mismatch downloading {self.name}:{source}: host {reply[0][:16]}…, "
+                    f"received {actual[:16]}…",
+                    f"{dst} is untouched; run the command again",
+                )
+            os.replace(part, dst)
+            return actual
+        finally:
+            self._helper_give(helper)
 
     def _get_sftp(self, source: str, dst: Path, part: Path) -> str:
         digest = hashlib.sha256()
