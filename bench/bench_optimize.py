@@ -144,7 +144,11 @@ def main() -> None:
             print(f"  idle on a slot between two trials (host): {ms(host_idle)}, of which")
             print(f"    trainer exited -> driver saw it: {ms(seen_late)}")
             print(f"    driver saw it -> next launch begins: {ms(gaps)}")
-            print(f"    launch begins -> trainer process started (ask, study push, launch): {ms(launch_cost)}")
+            print(f"    launch begins -> trainer process started: {ms(launch_cost)}")
+            timing = [t["launch_timing"] for t in trials if t.get("launch_timing")]
+            if timing:
+                print(f"      saving the study (attributes + push): {ms([x['save_s'] for x in timing])}")
+                print(f"      the launch command (supervisor, fork): {ms([x['launch_s'] for x in timing])}")
             alive = busy_host / len(trials)
             print(f"  mean trial (trainer alive) {alive:.1f} s: utilisation ~ alive / (alive + idle)")
         print(f"  slot utilisation, driver view: {busy_driver / (slots * wall):.1%}")

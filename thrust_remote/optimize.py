@@ -92,17 +92,24 @@ METRICS = ("auto", "eval_return", "return_mean", "score_mean")
 PRUNERS = ("median", "halving", "none")
 
 # One command per poll for every running trial. It waits on the host up to argv[4] seconds, and
-# returns early when a run ends (its exit_code appears) or a stop is asked: a freed slot is seen in
-# ~50 ms instead of half a poll period, without polling more often. Then the state (the supervisor's
-# own rules, from the uploaded supervise.py) first and the new whole lines of metrics.jsonl second,
-# so a run seen ended has had all its lines read; and the run's slot from run.json (for adoption).
+# returns early when a run ends (its exit_code appears), writes its first metrics, or a stop is asked:
+# a freed slot is seen in ~50 ms instead of half a poll period, without polling more often. Then the
+# state (the supervisor's own rules, from the uploaded supervise.py) first and the new whole lines of
+# metrics.jsonl second, so a run seen ended has had all its lines read; and the run's slot from
+# run.json (for adoption).
 POLL_SCRIPT = r"""
 import importlib.util, json, os, sys, time
 req = json.loads(sys.argv[2]); deadline = time.monotonic() + float(sys.argv[4])
+def first_metrics(d):
+    try:
+        return os.path.getsize(os.path.join(d, "metrics.jsonl")) > 0
+    except OSError:
+        return False
 def ended():
     if os.path.exists(sys.argv[3]):
         return True
-    return any(not os.path.isdir(d) or os.path.exists(os.path.join(d, "exit_code")) for d, _ in req)
+    return any(not os.path.isdir(d) or os.path.exists(os.path.join(d, "exit_code")) or (o == 0 and first_metrics(d))
+               for d, o in req)
 while time.monotonic() < deadline and not ended():
     time.sleep(0.05)
 spec = importlib.util.spec_from_file_location("thrust_supervise", sys.argv[1])
@@ -411,11 +418,12 @@ class TrialView:
     first_metric_at: float | None = None
     ended_at: float | None = None
     note: str = ""
+    launch_timing: dict[str, float] | None = None  # save the study, then the launch command
 
     def as_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
             "number", "state", "value", "params", "slot", "cuda_visible_devices", "run_id", "step", "total_steps",
-            "launched_at", "first_metric_at", "ended_at", "note")}
+            "launched_at", "first_metric_at", "ended_at", "note", "launch_timing")}
 
 
 class Observer(Protocol):
@@ -726,10 +734,13 @@ class Optimizer:
                            ("launched_at", view.launched_at)):
             trial.set_user_attr(key, value)
         self._push()
+        saved = time.time()
         act = _Active(view, trial, slot)
         self.active[trial.number] = act
         try:
             self._start_run(run_id, slot, params, trial.number)
+            view.launch_timing = {"save_s": round(saved - view.launched_at, 4),
+                                  "launch_s": round(time.time() - saved, 4)}
         except ConnectionLostError:
             raise
         except ThrustError as exc:
