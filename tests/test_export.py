@@ -1,0 +1,83 @@
+"""ONNX export: one file, dynamic batch, onnxruntime matches torch, manifest fields."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from trainer.eval import evaluate, onnx_actor, torch_actor
+from trainer.export import check_parity, export_onnx
+from trainer.policy import CNNPolicy, MLPPolicy
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_snake_policy_export_matches_torch_and_writes_the_manifest(tmp_path: Path, kind: str) -> None:
+    torch.manual_seed(0)
+    g = 6
+    policy = MLPPolicy(3 * g * g + 8, 3, hidden=32) if kind == "mlp" else CNNPolicy(g, 3, hidden=32, channels=8)
+    out = export_onnx(
+        policy,
+        tmp_path / "snake.onnx",
+        env_name="snake",
+        grid_size=g,
+        action_mode="relative",
+        policy_kind=kind,
+        steps=1234,
+        final_return=2.5,
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "snake.onnx"], "one model file"
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model)
+    assert model.opset_import[0].version >= 17
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    (inp,) = session.get_inputs()
+    assert inp.name == "obs"
+    assert inp.type == "tensor(float)"
+    assert isinstance(inp.shape[0], str)  # dynamic batch
+    assert inp.shape[1] == 3 * g * g + 8
+    assert [o.name for o in session.get_outputs()] == ["logits", "value"]
+    for batch in (1, 5, 300):
+        obs = torch.rand(batch, 3 * g * g + 8)
+        logits, value = session.run(None, {"obs": obs.numpy()})
+        with torch.no_grad():
+            ref_logits, ref_value = policy(obs)
+        assert logits.shape == (batch, 3)
+        assert value.shape == (batch, 1)
+        assert float((torch.from_numpy(logits) - ref_logits).abs().max()) <= 1e-5
+        assert float((torch.from_numpy(value) - ref_value).abs().max()) <= 1e-5
+
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    data = out.read_bytes()
+    assert m["sha256"] == hashlib.sha256(data).hexdigest()
+    assert m["bytes"] == len(data)
+    assert m["opset"] >= 17
+    assert m["inputs"] == [{"name": "obs", "shape": ["batch", 3 * g * g + 8], "dtype": "float32"}]
+    assert [o["name"] for o in m["outputs"]] == ["logits", "value"]
+    assert m["outputs"][0]["shape"] == ["batch", 3]
+    assert m["outputs"][1]["shape"] == ["batch", 1]
+    assert (m["env"], m["grid_size"], m["action_mode"], m["policy"]) == ("snake", g, "relative", kind)
+    assert (m["obs_dim"], m["n_actions"], m["steps"], m["final_return"]) == (3 * g * g + 8, 3, 1234, 2.5)
+    assert "commit" in m
+
+
+def test_cartpole_export_commit_from_env_and_eval_of_the_onnx_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("THRUST_COMMIT", "abc123")
+    torch.manual_seed(1)
+    policy = MLPPolicy(4, 2)
+    out = export_onnx(policy, tmp_path / "model.onnx", env_name="cartpole", policy_kind="mlp")
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["commit"] == "abc123"
+    assert m["grid_size"] is None
+    assert check_parity(out, policy, 4)["logits"] <= 1e-5
+    # The ONNX model and the torch policy act the same on the same episodes.
+    a = evaluate(onnx_actor(out), "cartpole", episodes=10, seed=3)
+    b = evaluate(torch_actor(policy), "cartpole", episodes=10, seed=3)
+    assert a["mean"] == b["mean"]
