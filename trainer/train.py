@@ -56,8 +56,10 @@ from trainer.envs import make_env  # noqa: E402
 from trainer.policy import build_policy  # noqa: E402
 from trainer.ppo import PPO, PPOConfig, evaluate_greedy  # noqa: E402
 
-# Per-env defaults for flags left unset. CartPole: small and fast (solves in ~10k steps on 2 CPU
-# cores). Snake: the `make demo` preset for a 2-core CPU (see docs in the report/BENCHMARKS).
+# Per-env defaults for flags left unset. CartPole: small and fast (solves in ~3-30k steps, a few
+# seconds on 2 CPU cores). Snake (10x10): small batches of many cheap updates learned fastest per
+# second on a 2-core CPU: greedy eval mean 46 apples after 4M steps (~90 s), vs 19 for 1024 envs with
+# a 128-wide MLP after 8M. On a GPU, pass a larger --num-envs.
 PRESETS: dict[str, dict[str, Any]] = {
     "cartpole": {
         "num_envs": 8,
@@ -79,10 +81,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "target_return": 475.0,
     },
     "snake": {
-        "num_envs": 256,
-        "num_steps": 64,
-        "total_steps": 10_000_000,
-        "learning_rate": 1e-3,
+        "num_envs": 128,
+        "num_steps": 32,
+        "total_steps": 8_000_000,
+        "learning_rate": 2e-3,
         "num_minibatches": 4,
         "update_epochs": 2,
         "clip_coef": 0.2,
@@ -90,7 +92,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "vf_coef": 0.5,
         "gamma": 0.99,
         "gae_lambda": 0.95,
-        "hidden": 256,
+        "hidden": 64,
         "target_kl": 0.0,
         "max_grad_norm": 0.5,
         "policy": "mlp",
