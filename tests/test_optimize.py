@@ -278,6 +278,10 @@ def test_ctrl_c_twice_stops_every_trial(tmp_path):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(runs_dir.glob("*/metrics.jsonl"))) < 2:
         time.sleep(0.1)
+    # a second driver of the same study on the same host is refused (it would adopt the first's trials)
+    second = subprocess.run([exe, "optimize", "cartpole", "--trials", "4", "--parallel", "2"], cwd=root,
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1 and "already being driven" in second.stderr, second.stderr
     proc.send_signal(signal.SIGINT)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)

@@ -256,10 +256,11 @@ def default_study_name(job: JobConfig) -> str:
 class StudyStore:
     """Where the study lives, and (for a remote host's default SQLite) the copy kept in step with it."""
 
-    def __init__(self, url: str, *, runner: Runner | None = None, remote_db: str | None = None,
+    def __init__(self, url: str, *, runner: Runner, lease: str, remote_db: str | None = None,
                  local_db: Path | None = None, label: str | None = None) -> None:
         self.url = url
         self.runner = runner
+        self.lease = lease
         self.remote_db = remote_db
         self.local_db = local_db
         self.label = label or url
@@ -272,14 +273,17 @@ class StudyStore:
     @classmethod
     def open(cls, config: Config, host: HostConfig, runner: Runner, paths: runs.HostPaths, study: str,
              storage: str | None) -> StudyStore:
+        # one driver per study and host workdir: two would adopt each other's running trials (and two
+        # copies of a synced SQLite file would overwrite each other's trials)
+        lease = f"{paths.thrust}/studies/{study}.driver.json"
         if storage:
-            return cls(storage, label=_redact(storage))
+            return cls(storage, runner=runner, lease=lease, label=_redact(storage))
         remote = f"{paths.thrust}/studies/{study}.db"
         if host.is_local:
             Path(remote).parent.mkdir(parents=True, exist_ok=True)
-            return cls(f"sqlite:///{remote}", label=f"sqlite:///{remote}")
+            return cls(f"sqlite:///{remote}", runner=runner, lease=lease, label=f"sqlite:///{remote}")
         local = config.root / ".thrust" / "study-cache" / host.name / f"{study}.db"
-        store = cls(f"sqlite:///{local}", runner=runner, remote_db=remote, local_db=local,
+        store = cls(f"sqlite:///{local}", runner=runner, lease=lease, remote_db=remote, local_db=local,
                     label=f"{host.name}:{remote}")
         store.pull()
         return store
@@ -313,47 +317,49 @@ class StudyStore:
         self.pushes += 1
         self.push_s += time.monotonic() - t0
 
-    # A remote SQLite study has one driver at a time: two laptops pushing copies would lose trials.
-    def _lease_path(self) -> str:
-        assert self.remote_db is not None
-        return self.remote_db[: -len(".db")] + ".driver.json"
-
     def acquire(self) -> None:
-        if not self.synced:
-            return
-        assert self.runner is not None
-        got = self.runner.run(["cat", "--", self._lease_path()])
-        if got.ok and got.stdout.strip():
-            try:
-                other = json.loads(got.stdout)
-            except ValueError:
-                other = {}
-            age = time.time() - float(other.get("heartbeat") or 0)
-            me = socket.gethostname()
-            if other.get("hostname") == me:
-                pid = int(other.get("pid") or 0)
-                if pid and pid != os.getpid() and _pid_alive(pid):
-                    raise ThrustError(f"study already being driven from this machine by pid {pid}",
-                                      "wait for it, or stop it (Ctrl-C twice)")
-            elif age < LEASE_S:
-                raise ThrustError(
-                    f"study is being driven from {other.get('hostname')} (seen {age:.0f} s ago)",
-                    f"wait {LEASE_S:.0f} s after it stops, or share a study between machines with "
-                    "--storage postgresql://... (docs/optimize.md)")
-        self.heartbeat(force=True)
+        """Take the study's lease on this host: refused while another driver holds it (a live pid on
+        this machine, or a heartbeat younger than LEASE_S from another machine)."""
+        for _attempt in range(3):
+            got = self.runner.run(["cat", "--", self.lease])
+            if got.ok and got.stdout.strip():
+                try:
+                    other = json.loads(got.stdout)
+                except ValueError:
+                    other = {}
+                age = time.time() - float(other.get("heartbeat") or 0)
+                if other.get("hostname") == socket.gethostname():
+                    pid = int(other.get("pid") or 0)
+                    if pid and pid != os.getpid() and _pid_alive(pid):
+                        raise ThrustError(f"this study is already being driven from this machine (pid {pid})",
+                                          "wait for it, or stop it: Ctrl-C twice there, or optimize --stop")
+                elif age < LEASE_S:
+                    raise ThrustError(
+                        f"this study is being driven from {other.get('hostname')} (seen {age:.0f} s ago)",
+                        f"wait {LEASE_S:.0f} s after it stops; to share one study between machines, give "
+                        "each its own host and use --storage postgresql://... (docs/optimize.md)")
+                self.heartbeat(force=True)  # a dead driver's lease: take it over
+                return
+            # no lease: create it only if it still does not exist (sh's noclobber is O_EXCL)
+            body = self._body()
+            made = self.runner.run(["sh", "-c", 'set -C; printf "%s" "$1" > "$2"', "sh", body, self.lease])
+            if made.ok:
+                self._lease_written = time.time()
+                return
+        raise ThrustError(f"could not take the study lease {self.lease}")
+
+    def _body(self) -> str:
+        return json.dumps({"hostname": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()})
 
     def heartbeat(self, force: bool = False) -> None:
-        if not self.synced or (not force and time.time() - self._lease_written < LEASE_S / 4):
+        if not force and time.time() - self._lease_written < LEASE_S / 4:
             return
-        assert self.runner is not None
-        body = json.dumps({"hostname": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()})
-        self.runner.run(["sh", "-c", 'printf "%s" "$1" > "$2.tmp" && mv -f "$2.tmp" "$2"', "sh", body,
-                         self._lease_path()]).check("write the study lease")
+        self.runner.run(["sh", "-c", 'printf "%s" "$1" > "$2.tmp" && mv -f "$2.tmp" "$2"', "sh", self._body(),
+                         self.lease]).check("write the study lease")
         self._lease_written = time.time()
 
     def release(self) -> None:
-        if self.synced and self.runner is not None:
-            self.runner.run(["rm", "-f", "--", self._lease_path()])
+        self.runner.run(["rm", "-f", "--", self.lease])
 
 
 def _redact(url: str) -> str:
