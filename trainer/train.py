@@ -12,7 +12,7 @@ Output (stdout; rank 0 only):
 - `THRUST_INFO {json}` for decisions worth seeing (the device, the `--num-envs auto` choice, resume).
 - `THRUST_DONE {json}` last: step, total_steps, wall_s, return_mean, eval_return, solved, run_dir,
   checkpoint, export.
-- a rich progress bar instead of nothing, on stderr, only when stdout is a terminal.
+- a rich progress bar, only when stdout is a terminal (the lines above still print, above the bar).
 
 Run directory (`--run-dir`, default `runs/<env>-<UTC timestamp>-<pid>`): metrics.jsonl, checkpoints/
 (atomic, see trainer.checkpoint), config.json; `--export PATH` writes the ONNX model + manifest.json.
