@@ -327,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     batch_per_iter = num_envs * cfg.num_steps * dist.world
     num_iterations = max(1, math.ceil(args.total_steps / batch_per_iter))
     global_step, start_iteration = 0, 0
+    resumed_rng: dict[str, Any] | None = None
     if args.resume or dist.restart_count > 0:
         loaded = load_latest(ckpt_dir)
         if loaded is not None:
@@ -341,14 +342,21 @@ def main(argv: list[str] | None = None) -> int:
                     return EXIT_USAGE
             policy.load_state_dict(state["model"])
             ppo.optimizer.load_state_dict(state["optimizer"])
-            global_step, start_iteration = int(state["step"]), int(state["iteration"])
-            if dist.world == state.get("world_size") and "torch_rng" in state:
-                torch.set_rng_state(state["torch_rng"])
+            global_step = int(state["step"])
+            # Counted in this run's iterations, so the LR schedule is right even if --num-envs changed.
+            start_iteration = global_step // batch_per_iter
+            resumed_rng = state if dist.world == state.get("world_size") else None
             if dist.is_main:
                 emit("THRUST_INFO", {"resumed_from": str(path), "step": global_step})
-    # Different action noise and env streams per rank; resumed runs get fresh streams too.
+    # Different action noise and env streams per rank. Episodes in progress are not saved: a resumed
+    # run starts fresh episodes, then continues rank 0's saved random streams.
     torch.manual_seed(args.seed + 7919 * dist.rank + global_step)
     ppo.start(seed=args.seed * 1000 + dist.rank + global_step)
+    if resumed_rng is not None and dist.is_main:
+        torch.set_rng_state(resumed_rng["torch_rng"])
+        env.generator.set_state(resumed_rng["env_rng"])
+        if use_cuda and resumed_rng.get("cuda_rng"):
+            torch.cuda.set_rng_state(resumed_rng["cuda_rng"][device.index or 0], device)
 
     if dist.is_main:
         info: dict[str, Any] = {
