@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -162,7 +163,9 @@ def main() -> None:
         print(f"  target >= 90% utilisation: {'met' if busy_host / (slots * wall) >= 0.9 else 'NOT met'}")
     finally:
         if server is not None:
-            os.killpg(server.wrapper.pid, signal.SIGKILL)
+            os.killpg(server.wrapper.pid, signal.SIGKILL)  # ends sshd and every run started through it
+            server.wrapper.wait(timeout=10)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
