@@ -112,6 +112,20 @@ def build_remote_command(
     return shlex.join(["sh", "-c", f"{script}; exit $?"])
 
 
+# paramiko's default cipher is aes128-ctr + hmac-sha2-256; AES-GCM (AEAD, AES-NI) costs less CPU on
+# both ends: measured 200 -> 247 MB/s get, 191 -> 234 MB/s put (bench/bench_ssh.py). A server
+# without GCM still negotiates one of the others, which stay in the list.
+GCM_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _gcm_first_transport(sock, **kwargs) -> paramiko.Transport:  # noqa: ANN001 - paramiko's signature
+    transport = paramiko.Transport(sock, **kwargs)
+    options = transport.get_security_options()
+    available = tuple(options.ciphers)
+    options.ciphers = (*[c for c in GCM_FIRST if c in available], *[c for c in available if c not in GCM_FIRST])
+    return transport
+
+
 class _RejectUnknown(paramiko.MissingHostKeyPolicy):
     def __init__(self, known_hosts: Path) -> None:
         self.known_hosts = known_hosts
@@ -211,7 +225,8 @@ class SSHRunner:
             if self._conn is not None and self._conn.is_connected:
                 return self._conn
             connect_kwargs: dict[str, object] = {"banner_timeout": self.connect_timeout,
-                                                 "auth_timeout": self.connect_timeout}
+                                                 "auth_timeout": self.connect_timeout,
+                                                 "transport_factory": _gcm_first_transport}
             if self.identity:
                 # like IdentitiesOnly: the configured key and nothing else, so a refusal is clear
                 connect_kwargs.update(key_filename=[self.identity], look_for_keys=False, allow_agent=False)
