@@ -162,6 +162,17 @@ def test_gpu_slots_each_trial_sees_its_own_cuda_visible_devices(cli, tmp_path):
     assert_slots_never_overlap(out["trials"])
 
 
+def test_failing_trials_stop_the_study_with_the_reason(cli, tmp_path):
+    root = local_project(tmp_path, "failing")
+    result = cli("optimize", "cartpole", "--trials", "4", "--parallel", "2", "--set", "update-epochs=x",
+                 *SMALL, "--json", cwd=root)
+    assert result.returncode == 1, result.stderr
+    out = summary(result)
+    assert out["stopped"] == "failures" and out["best"] is None and out["counts"]["done"] == 0
+    assert 3 <= out["counts"]["FAIL"] <= 4  # three in a row stop new launches; one may be running
+    assert all("invalid int value: 'x'" in t["note"] for t in out["trials"])
+
+
 @pytest.fixture(scope="module")
 def ssh_study(sshd, project, tmp_path_factory):
     """6 trials, 2 parallel, an aggressive median pruner, on the sshd host (study SQLite on the host)."""

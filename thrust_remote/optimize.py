@@ -20,6 +20,7 @@ again. Only COMPLETE and PRUNED trials count towards N.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -127,9 +128,16 @@ for run_dir, offset in req:
         data = b""
     cut = data.rfind(b"\n") + 1
     meta = sup._read_json(os.path.join(run_dir, "run.json")) or {}
+    tail = ""
+    if st["state"] == "FAILED":  # the reason a trial failed, for the table and the study
+        try:
+            with open(os.path.join(run_dir, "log"), "rb") as fh:
+                fh.seek(max(0, os.path.getsize(fh.name) - 2000)); tail = fh.read().decode("utf-8", "replace")
+        except OSError:
+            pass
     out["runs"][run_dir] = {"state": st["state"], "exit_code": st["exit_code"],
                             "data": data[:cut].decode("utf-8", "replace"), "offset": offset + cut,
-                            "more": len(data) == 1 << 20, "slot": meta.get("slot")}
+                            "more": len(data) == 1 << 20, "slot": meta.get("slot"), "log_tail": tail}
 print(json.dumps(out))
 """
 
@@ -750,6 +758,9 @@ class Optimizer:
         except ConnectionLostError:
             raise
         except ThrustError as exc:
+            # the answer may have been lost after the run started: never leave one behind on a freed slot
+            with contextlib.suppress(ThrustError):
+                runs.stop(self.runner, self.host, self.paths, run_id)
             self._fail(act, f"launch failed: {exc.message}")
             return
         view.state = "RUNNING"
@@ -808,7 +819,7 @@ class Optimizer:
             if act.view.number not in self.active:
                 continue  # pruned while feeding
             if info["state"] != "RUNNING" and not info.get("more"):
-                self._finish(act, info["state"], info.get("exit_code"))
+                self._finish(act, info["state"], info.get("exit_code"), info.get("log_tail") or "")
         return len(self.free) > before
 
     def _drain_metrics(self, act: _Active, info: Mapping[str, Any]) -> None:
@@ -876,7 +887,7 @@ class Optimizer:
                             f"(return {_fmt(act.view.intermediate)})")
         self._dirty()
 
-    def _finish(self, act: _Active, state: str, exit_code: int | None) -> None:
+    def _finish(self, act: _Active, state: str, exit_code: int | None, log_tail: str = "") -> None:
         run_id = act.view.run_id or ""
         if state == "FINISHED":
             metric, value = self._final_value(act.last)
@@ -891,7 +902,9 @@ class Optimizer:
             self.observer.event(f"trial {act.view.number} complete: {value:.4g}")
             self._dirty()
         elif state == "FAILED":
-            self._fail(act, f"run {run_id} failed (exit code {exit_code}); see thrust-remote logs {run_id} "
+            lines = [ln for ln in log_tail.strip().splitlines() if not ln.startswith("THRUST_")]
+            last = f": {lines[-1].strip()[:200]}" if lines else ""
+            self._fail(act, f"run {run_id} failed (exit code {exit_code}){last}; see thrust-remote logs {run_id} "
                             f"--host {self.host.name}")
         elif run_id in self.by_us:
             self._interrupted(act, "stopped with the study")
