@@ -129,6 +129,8 @@ def onnx_meta(path: Path) -> dict[str, Any]:
 def load_actor(path: str) -> tuple[ActFn, dict[str, Any]]:
     """An acting function and the env settings for a checkpoint, run directory or .onnx file."""
     p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p} does not exist")
     if p.suffix == ".onnx":
         return onnx_actor(p), onnx_meta(p)
     from trainer.export import load_checkpoint, policy_from_checkpoint

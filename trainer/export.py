@@ -3,8 +3,9 @@
 The model file is one self-contained `.onnx` (`external_data=False`: the browser loads one file), opset
 18, input `obs` float32 `[batch, obs_dim]`, outputs `logits` `[batch, n_actions]` and `value`
 `[batch, 1]`, with a dynamic batch dimension. After writing, `onnx.checker` validates it and
-onnxruntime must reproduce torch's logits within 1e-5 (max abs diff) and the value within 1e-5 plus
-float32 rounding of its magnitude (see `parity_ok`), else `ExportError`.
+onnxruntime must reproduce torch's outputs, on real observations from the env and on random inputs,
+within 1e-5 (max abs diff) plus float32 rounding of their magnitude (see `parity_ok`), else
+`ExportError`. The measured differences are recorded in the manifest (`max_abs_diff`).
 
 `manifest.json` is written beside the model (same directory): sha256, bytes, opset, inputs/outputs
 (name, shape, dtype), env, grid_size, action_mode, obs_dim, n_actions, policy, steps, final_return,
@@ -76,32 +77,57 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def check_parity(path: Path, model: nn.Module, obs_dim: int) -> dict[str, float]:
-    """Validate the file; max |onnxruntime - torch| per output over a few batch sizes, and max |value|."""
+def sample_observations(env_name: str, grid_size: int | None, action_mode: str | None) -> torch.Tensor:
+    """Observations the policy really sees: from the env, under random actions."""
+    from trainer.envs import make_env
+
+    extra = {"action_mode": action_mode or "relative"} if env_name == "snake" else {}
+    env = make_env(env_name, 32, grid_size=grid_size or 10, **extra)
+    gen = torch.Generator().manual_seed(0)
+    seen = [env.reset(seed=0).clone()]
+    for _ in range(8):
+        obs, *_ = env.step(torch.randint(0, env.n_actions, (32,), generator=gen))
+        seen.append(obs.clone())
+    return torch.cat(seen)
+
+
+def check_parity(
+    path: Path, model: nn.Module, obs_dim: int, observations: torch.Tensor | None = None
+) -> dict[str, float]:
+    """Validate the file; max |onnxruntime - torch| per output and each output's max magnitude.
+
+    Inputs: `observations` (real ones, if given) plus uniform random batches of sizes 1, 7 and 64.
+    """
     import onnx
     import onnxruntime as ort
 
     onnx.checker.check_model(str(path))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     gen = torch.Generator().manual_seed(0)
-    out = {"logits": 0.0, "value": 0.0, "value_scale": 0.0}
-    for batch in (1, 7, 64):
-        obs = torch.rand(batch, obs_dim, generator=gen)
+    batches = [torch.rand(b, obs_dim, generator=gen) for b in (1, 7, 64)]
+    if observations is not None:
+        batches.append(observations)
+    out = {"logits": 0.0, "value": 0.0, "logits_scale": 0.0, "value_scale": 0.0}
+    for obs in batches:
         with torch.no_grad():
-            logits, value = model(obs)
-        got_logits, got_value = session.run(["logits", "value"], {"obs": obs.numpy()})
-        if got_logits.shape != tuple(logits.shape) or got_value.shape != tuple(value.shape):
-            raise ExportError(f"onnx output shapes {got_logits.shape}, {got_value.shape} differ from torch")
-        out["logits"] = max(out["logits"], float((torch.from_numpy(got_logits) - logits).abs().max()))
-        out["value"] = max(out["value"], float((torch.from_numpy(got_value) - value).abs().max()))
-        out["value_scale"] = max(out["value_scale"], float(value.abs().max()))
+            ref = dict(zip(("logits", "value"), model(obs), strict=True))
+        got = dict(zip(("logits", "value"), session.run(["logits", "value"], {"obs": obs.numpy()}), strict=True))
+        for name in ("logits", "value"):
+            if got[name].shape != tuple(ref[name].shape):
+                raise ExportError(f"onnx {name} shape {got[name].shape} differs from torch {tuple(ref[name].shape)}")
+            out[name] = max(out[name], float((torch.from_numpy(got[name]) - ref[name]).abs().max()))
+            out[f"{name}_scale"] = max(out[f"{name}_scale"], float(ref[name].abs().max()))
     return out
 
 
 def parity_ok(diff: dict[str, float]) -> bool:
-    """Logits within 1e-5 absolute. Values (returns, up to hundreds) within 1e-5 plus float32 rounding:
-    two float32 ulps at 64 are already 1.5e-5, so an absolute bound alone cannot hold for large values."""
-    return diff["logits"] <= TOLERANCE and diff["value"] <= TOLERANCE + 1e-6 * diff["value_scale"]
+    """Each output within 1e-5 absolute, plus float32 rounding of its magnitude (2e-6 relative).
+
+    The slack is needed: onnxruntime and torch sum the 300-odd products of a layer in different
+    orders, and a trained snake policy's logits reach tens, where one float32 ulp is ~4e-6; an exported
+    snake model was measured 5.3e-5 off on logits of magnitude ~50 (about 12 ulps).
+    """
+    return all(diff[k] <= TOLERANCE + 2e-6 * diff[f"{k}_scale"] for k in ("logits", "value"))
 
 
 def export_onnx(
@@ -137,7 +163,7 @@ def export_onnx(
         )
     del chatter
     try:
-        diff = check_parity(tmp, model, obs_dim)
+        diff = check_parity(tmp, model, obs_dim, sample_observations(env_name, grid_size, action_mode))
         if not parity_ok(diff):
             raise ExportError(f"onnxruntime differs from torch: {diff} (tolerance {TOLERANCE})")
         os.replace(tmp, out)

@@ -500,21 +500,26 @@ def main(argv: list[str] | None = None) -> int:
     if progress is not None:
         progress.stop()
     export_path = None
+    export_error = None
     if dist.is_main and args.export:
-        from trainer.export import export_onnx
+        from trainer.export import ExportError, export_onnx
 
-        export_path = str(
-            export_onnx(
-                policy,
-                args.export,
-                env_name=args.env,
-                grid_size=args.grid_size if args.env == "snake" else None,
-                action_mode=args.action_mode if args.env == "snake" else None,
-                policy_kind=args.policy,
-                steps=global_step,
-                final_return=last_metrics.get("return_mean"),
+        try:
+            export_path = str(
+                export_onnx(
+                    policy,
+                    args.export,
+                    env_name=args.env,
+                    grid_size=args.grid_size if args.env == "snake" else None,
+                    action_mode=args.action_mode if args.env == "snake" else None,
+                    policy_kind=args.policy,
+                    steps=global_step,
+                    final_return=last_metrics.get("return_mean"),
+                )
             )
-        )
+        except ExportError as e:  # the checkpoint is saved; say what failed and fail the job
+            export_error = str(e)
+            print(f"export failed: {e}", file=sys.stderr)
     if dist.is_main:
         emit(
             "THRUST_DONE",
@@ -529,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                 "checkpoint": str(ckpt_path) if ckpt_path else None,
                 "export": export_path,
                 "stopped_by_signal": stop_signal[0] if stop_signal else None,
+                "export_error": export_error,
             },
         )
         if metrics_file is not None:
@@ -538,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.close()
     if stop_signal:
         return 128 + stop_signal[0]
-    return EXIT_OK
+    return EXIT_FAILED if export_error else EXIT_OK
 
 
 if __name__ == "__main__":
