@@ -88,7 +88,6 @@ RUNGS = 20  # intermediate values per trial budget: the pruner compares trials a
 DEFAULT_LOG_INTERVAL = "0.5"  # trainer reports per second: enough for the pruner to act early
 PUSH_EVERY_S = 10.0  # the longest a finished trial's result waits before it is on the host
 LEASE_S = 60.0  # a remote study's driver lease: another laptop may take over after this much silence
-FINISHED_STATES = ("FINISHED", "FAILED", "STOPPED", "LOST", "MISSING")
 METRICS = ("auto", "eval_return", "return_mean", "score_mean")
 PRUNERS = ("median", "halving", "none")
 
@@ -674,7 +673,7 @@ class Optimizer:
                 self._stop_run(run_id)
                 state = "STOPPED"
             if state == "FINISHED":
-                self._drain_metrics(act, info or {})
+                self._drain_metrics(act)
                 self.active[frozen.number] = act
                 self._finish(act, "FINISHED", None)
             else:
@@ -822,7 +821,7 @@ class Optimizer:
                 self._finish(act, info["state"], info.get("exit_code"), info.get("log_tail") or "")
         return len(self.free) > before
 
-    def _drain_metrics(self, act: _Active, info: Mapping[str, Any]) -> None:
+    def _drain_metrics(self, act: _Active) -> None:
         """Read a whole metrics.jsonl (a run that ended while nobody watched)."""
         act.offset = 0
         while True:
