@@ -316,7 +316,7 @@ def setup_cargo(runner: Runner, host: HostConfig, job: JobConfig, report: doctor
     stale = report.check("stale-build")
     if stale.status in ("fail", "warn"):
         reporter.step(f"the build env changed since the last build ({stale.detail}): cargo clean")
-        runner.run(["cargo", f"+{job.toolchain}", "clean"], env=env, cwd=crate, timeout=600).check("cargo clean")
+        runner.run(buildenv.cargo_clean_argv(facts, job), env=env, cwd=crate, timeout=600).check("cargo clean")
     reporter.step("building: " + " ".join(buildenv.cargo_build_argv(facts, job)))
     result = runner.run(buildenv.cargo_build_argv(facts, job), env=env, cwd=crate, timeout=3600,
                         stream=lambda _n, line: None)
