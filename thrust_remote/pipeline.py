@@ -202,9 +202,14 @@ try:
     driver = open("/proc/driver/nvidia/version").read()
 except OSError:
     driver = None
+try:
+    gpus = sorted(os.listdir("/proc/driver/nvidia/gpus"))  # a GPU added or removed: check afresh
+except OSError:
+    gpus = None
 key = json.dumps({"exe": os.path.realpath(sys.executable), "version": sys.version, "torch": loc,
                   "torch_mtime": mtime(os.path.join(os.path.dirname(loc), "version.py")) if loc else None,
-                  "driver": driver, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "extra": sys.argv[2]},
+                  "driver": driver, "gpus": gpus, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                  "extra": sys.argv[2]},
                  sort_keys=True)
 path = os.path.join(sys.argv[1], "preflight-" + hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 try:

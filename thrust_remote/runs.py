@@ -76,13 +76,16 @@ def _supervisor_source() -> bytes:
 
 
 def ensure_supervisor(runner: Runner, paths: HostPaths, python: str) -> list[str]:
-    """Upload supervise.py under a name carrying its hash (so versions never mix); argv to run it."""
+    """Upload supervise.py under a name carrying its hash (so versions never mix); argv to run it.
+    Checked once per runner: a study polls and launches many times over one connection."""
     source = _supervisor_source()
     digest = hashlib.sha256(source).hexdigest()[:16]
     remote = f"{paths.bin}/supervise-{digest}.py"
-    if not runner.exists(remote):
-        local = Path(supervise.__file__)
-        runner.put(local, remote)
+    checked: set[str] = runner.__dict__.setdefault("_thrust_supervisor_checked", set())
+    if remote not in checked:
+        if not runner.exists(remote):
+            runner.put(Path(supervise.__file__), remote)
+        checked.add(remote)
     return [python, remote]
 
 

@@ -162,6 +162,7 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
         cwd=args.cwd,
         marker=marker,
         started_at=_now(),
+        started_ts=time.time(),  # sub-second, for overlap checks and benchmarks
     )
     read_end, write_end = os.pipe()
     first = os.fork()
@@ -218,7 +219,9 @@ def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, r
     code = proc.wait()
     if code < 0:
         code = 128 - code
-    _write_atomic(os.path.join(run_dir, EXIT_CODE), json.dumps({"exit_code": code, "ended_at": _now()}))
+    _write_atomic(
+        os.path.join(run_dir, EXIT_CODE), json.dumps({"exit_code": code, "ended_at": _now(), "ended_ts": time.time()})
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:
