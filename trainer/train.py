@@ -170,7 +170,24 @@ class Dist:
 
             if want_cuda:
                 torch.cuda.set_device(self.local_rank)
-            dist.init_process_group(self.backend, timeout=timedelta(seconds=timeout_s))
+            timeout = timedelta(seconds=timeout_s)
+            # torchrun keeps one store across restarts; keys of a dead attempt (gloo's peer addresses)
+            # were read by the next attempt ("connectFullMesh ... Connection refused"). A prefix per
+            # attempt keeps each attempt's keys apart.
+            store = dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                self.world,
+                is_master=self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
+                timeout=timeout,
+            )
+            dist.init_process_group(
+                self.backend,
+                store=dist.PrefixStore(f"thrust-attempt-{self.restart_count}", store),
+                rank=self.rank,
+                world_size=self.world,
+                timeout=timeout,
+            )
             self._dist = dist
 
     @property
