@@ -325,11 +325,10 @@ class SSHRunner:
     ) -> RunResult:
         command = build_remote_command(argv, env, cwd, timeout)
         args = check_argv(argv)
-        transport = self._transport()
         started = time.monotonic()
         try:
-            chan = transport.open_session(timeout=self.connect_timeout)
-            chan.exec_command(command)
+            chan = self._open_channel(command)
+            transport = chan.get_transport()
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()
@@ -387,6 +386,23 @@ class SSHRunner:
         chan.close()
         return RunResult(args, code, stdout, stderr, time.monotonic() - started, code == TIMEOUT_EXIT and
                          timeout is not None)
+
+    def _open_channel(self, command: str) -> paramiko.Channel:
+        """A session channel running `command`. A cached connection can look alive for a moment after
+        the link died (paramiko has not read the EOF yet); nothing has started then, so one retry on
+        a fresh connection is always safe."""
+        for attempt in (1, 2):
+            transport = self._transport()
+            try:
+                chan = transport.open_session(timeout=self.connect_timeout)
+                chan.exec_command(command)
+            except (SSHException, EOFError, OSError):
+                self._drop()
+                if attempt == 2:
+                    raise
+                continue
+            return chan
+        raise AssertionError("unreachable")
 
     def _drop(self) -> None:
         conn, self._conn, self._sftp = self._conn, None, None
@@ -522,10 +538,11 @@ class SSHRunner:
                 return pool.pop()
             if self._xfer_unusable is transport:
                 return None
+        command = build_remote_command([self.python, "-S", "-c", self._HELPER_SCRIPT])
         try:
-            chan = transport.open_session(timeout=self.connect_timeout)
+            chan = self._open_channel(command)
+            transport = chan.get_transport()
             chan.settimeout(self.liveness_timeout)
-            chan.exec_command(build_remote_command([self.python, "-S", "-c", self._HELPER_SCRIPT]))
         except (SSHException, EOFError, OSError) as exc:
             self._drop()
             raise TransferError(f"cannot start a transfer on {self.name}: {exc}", "run the command again") from None
