@@ -57,7 +57,7 @@ def test_resume_continues_and_the_step_never_goes_back(tmp_path: Path) -> None:
     run = str(tmp_path / "run")
     common = ["--env", "cartpole", "--target-return", "0", "--log-interval", "0", "--run-dir", run]
     assert train(*common, "--total-steps", "1024").returncode == 0
-    res = train(*common, "--total-steps", "2048", "--resume")
+    res = train(*common, "--total-steps", "2048", "--resume", "true")  # the --set KEY=VALUE form
     assert res.returncode == 0, res.stderr
     (info,) = [i for i in tagged(res.stdout, "THRUST_INFO") if "resumed_from" in i]
     assert info["step"] == 1024

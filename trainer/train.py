@@ -107,16 +107,28 @@ PRESETS: dict[str, dict[str, Any]] = {
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 64
 
 
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
     a = p.add_argument
+    # Switches also take one value (`--resume true`), since `thrust-remote train --set resume=true`
+    # passes every job arg as `--key value`.
+    flag: dict[str, Any] = {"nargs": "?", "const": True, "default": False, "type": _bool, "metavar": "BOOL"}
     a("--env", choices=sorted(PRESETS), required=True, help="which environment")
     a("--num-envs", default=None, help="total envs over all ranks, or 'auto' (sized from device memory)")
     a("--total-steps", type=int, default=None, help="env steps to train for (all ranks together)")
     a("--device", choices=("auto", "cpu", "cuda"), default="auto")
     a("--seed", type=int, default=1)
     a("--run-dir", default=None, help="default runs/<env>-<UTC timestamp>-<pid>")
-    a("--resume", action="store_true", help="continue from the latest checkpoint in --run-dir, if any")
+    a("--resume", **flag, help="continue from the latest checkpoint in --run-dir, if any")
     a("--export", default=None, metavar="PATH", help="write the final policy as ONNX (+ manifest.json)")
     a("--policy", choices=("mlp", "cnn"), default=None)
     a("--activation", choices=("tanh", "relu", "silu"), default=None, help="MLP activation")
@@ -142,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--checkpoint-interval", type=float, default=120.0, help="seconds between checkpoints")
     a("--threads", type=int, default=0, help="torch CPU threads; 0 = 1 on CPU (see main), torch's default on CUDA")
     a("--dist-timeout", type=float, default=600.0, help="process-group timeout, seconds")
-    a("--tensorboard", action="store_true", help="also write TensorBoard event files (needs tensorboard)")
+    a("--tensorboard", **flag, help="also write TensorBoard event files (needs tensorboard)")
     return p
 
 
