@@ -116,6 +116,17 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _int(text: str) -> int:
+    """An integer, also written as 2e7 or 20_000_000 (configs and optimizers produce both)."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    return int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
     a = p.add_argument
@@ -124,35 +135,35 @@ def build_parser() -> argparse.ArgumentParser:
     flag: dict[str, Any] = {"nargs": "?", "const": True, "default": False, "type": _bool, "metavar": "BOOL"}
     a("--env", choices=sorted(PRESETS), required=True, help="which environment")
     a("--num-envs", default=None, help="total envs over all ranks, or 'auto' (sized from device memory)")
-    a("--total-steps", type=int, default=None, help="env steps to train for (all ranks together)")
+    a("--total-steps", type=_int, default=None, help="env steps to train for (all ranks together)")
     a("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    a("--seed", type=int, default=1)
+    a("--seed", type=_int, default=1)
     a("--run-dir", default=None, help="default runs/<env>-<UTC timestamp>-<pid>")
     a("--resume", **flag, help="continue from the latest checkpoint in --run-dir, if any")
     a("--export", default=None, metavar="PATH", help="write the final policy as ONNX (+ manifest.json)")
     a("--policy", choices=("mlp", "cnn"), default=None)
     a("--activation", choices=("tanh", "relu", "silu"), default=None, help="MLP activation")
     a("--learning-rate", type=float, default=None)
-    a("--num-steps", type=int, default=None, help="rollout length per env per iteration")
-    a("--num-minibatches", type=int, default=None)
-    a("--update-epochs", type=int, default=None)
+    a("--num-steps", type=_int, default=None, help="rollout length per env per iteration")
+    a("--num-minibatches", type=_int, default=None)
+    a("--update-epochs", type=_int, default=None)
     a("--clip-coef", type=float, default=None)
     a("--ent-coef", type=float, default=None)
     a("--vf-coef", type=float, default=None)
     a("--gamma", type=float, default=None)
     a("--gae-lambda", type=float, default=None)
-    a("--hidden", type=int, default=None, help="network width")
-    a("--grid-size", type=int, default=10, help="snake board side")
+    a("--hidden", type=_int, default=None, help="network width")
+    a("--grid-size", type=_int, default=10, help="snake board side")
     a("--action-mode", choices=("relative", "absolute"), default="relative", help="snake actions")
     a("--target-kl", type=float, default=None, help="early-stop epochs above this KL; 0 = off")
     a("--max-grad-norm", type=float, default=None)
-    a("--anneal-lr", type=int, choices=(0, 1), default=1, help="1: linear LR decay to 0")
+    a("--anneal-lr", type=_int, choices=(0, 1), default=1, help="1: linear LR decay to 0")
     a("--target-return", type=float, default=None, help="stop when greedy eval reaches this; 0 = off")
-    a("--eval-episodes", type=int, default=20)
-    a("--eval-every", type=int, default=2, help="iterations between --target-return checks")
+    a("--eval-episodes", type=_int, default=20)
+    a("--eval-every", type=_int, default=2, help="iterations between --target-return checks")
     a("--log-interval", type=float, default=1.0, help="seconds between THRUST_METRICS reports")
     a("--checkpoint-interval", type=float, default=120.0, help="seconds between checkpoints")
-    a("--threads", type=int, default=0, help="torch CPU threads; 0 = 1 on CPU (see main), torch's default on CUDA")
+    a("--threads", type=_int, default=0, help="torch CPU threads; 0 = 1 on CPU (see main), torch's default on CUDA")
     a("--dist-timeout", type=float, default=600.0, help="process-group timeout, seconds")
     a("--tensorboard", **flag, help="also write TensorBoard event files (needs tensorboard)")
     return p
@@ -294,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.num_envs in (None, "auto"):
         total_envs, auto_note = choose_num_envs(args, device, dist.world)
     else:
-        total_envs = int(args.num_envs)
+        try:
+            total_envs = _int(args.num_envs)
+        except argparse.ArgumentTypeError as e:
+            print(f"--num-envs: {e} (or 'auto')", file=sys.stderr)
+            return EXIT_USAGE
     if total_envs < dist.world:
         print(f"--num-envs {total_envs} is fewer than the {dist.world} ranks", file=sys.stderr)
         return EXIT_USAGE
