@@ -188,6 +188,7 @@ class Dist:
         self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.enabled = self.world > 1
         self.backend = "nccl" if want_cuda else "gloo"
+        self.device = torch.device(f"cuda:{self.local_rank}" if want_cuda else "cpu")
         if self.enabled:
             import torch.distributed as dist
 
@@ -217,18 +218,16 @@ class Dist:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def mean(self, t: torch.Tensor) -> torch.Tensor:
-        if self.enabled:
-            t = t.clone()
-            self._dist.all_reduce(t)
-            t /= self.world
-        return t
-
     def sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.enabled:
-            t = t.clone()
-            self._dist.all_reduce(t)
-        return t
+        """Sum over ranks, returned on `t`'s device. NCCL reduces only CUDA tensors: move there."""
+        if not self.enabled:
+            return t
+        work = t.to(self.device, dtype=torch.float64 if t.is_floating_point() else t.dtype, copy=True)
+        self._dist.all_reduce(work)
+        return work.to(t.device, t.dtype)
+
+    def mean(self, t: torch.Tensor) -> torch.Tensor:
+        return self.sum(t) / self.world if self.enabled else t
 
     def broadcast_str(self, value: str) -> str:
         if not self.enabled:
@@ -306,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         total_envs, auto_note = choose_num_envs(args, device, dist.world)
     else:
         try:
-            total_envs = _int(args.num_envs)
+            total_envs = _int(str(args.num_envs))
         except argparse.ArgumentTypeError as e:
             print(f"--num-envs: {e} (or 'auto')", file=sys.stderr)
             return EXIT_USAGE
