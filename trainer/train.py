@@ -12,7 +12,7 @@ Output (stdout; rank 0 only):
 - `THRUST_INFO {json}` for decisions worth seeing (the device, the `--num-envs auto` choice, resume).
 - `THRUST_DONE {json}` last: step, total_steps, wall_s, return_mean, eval_return, solved, run_dir,
   checkpoint, export.
-- a rich progress bar, only when stdout is a terminal (the lines above still print, above the bar).
+- a rich progress bar, only when stdout is a terminal (the lines above print above it, one line each).
 
 Run directory (`--run-dir`, default `runs/<env>-<UTC timestamp>-<pid>`): metrics.jsonl, checkpoints/
 (atomic, see trainer.checkpoint), config.json; `--export PATH` writes the ONNX model + manifest.json.
@@ -429,9 +429,12 @@ def main(argv: list[str] | None = None) -> int:
 
     progress = None
     if dist.is_main and sys.stdout.isatty():
+        from rich.console import Console
         from rich.progress import Progress
 
-        progress = Progress(transient=False)
+        # The bar stays at the bottom and our lines print above it; soft_wrap keeps rich from
+        # re-wrapping the THRUST_* lines to the terminal width (they must stay one line each).
+        progress = Progress(console=Console(soft_wrap=True, highlight=False))
         progress.start()
         task = progress.add_task(f"{args.env}", total=num_iterations * batch_per_iter, completed=global_step)
 
