@@ -39,7 +39,14 @@ def test_sigkill_during_saves_always_leaves_a_loadable_checkpoint(tmp_path: Path
                 _writer(tmp_path, blob)
             finally:
                 os._exit(1)
-        time.sleep(rng.uniform(0.01, 0.3))
+        # Kill only once the child is visibly writing (a file that was not there before), then at a
+        # random moment within the next saves: kills land mid-save, and every round makes progress
+        # however loaded the machine is.
+        before = set(os.listdir(tmp_path))
+        deadline = time.monotonic() + 60
+        while set(os.listdir(tmp_path)) <= before and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0.0, 0.05))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         loaded = load_latest(tmp_path)
