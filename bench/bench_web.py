@@ -26,17 +26,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from thrust_remote.serve import HEADLESS_CHROMIUM_ARGS as CHROMIUM_ARGS  # noqa: E402
 from thrust_remote.serve import PlayServer, Site, default_web_dir  # noqa: E402
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 GRID = 10
 
 

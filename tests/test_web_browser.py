@@ -12,21 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from thrust_remote.serve import HEADLESS_CHROMIUM_ARGS as CHROMIUM_ARGS
 from thrust_remote.serve import PlayServer, Site, default_web_dir
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 FIXTURE = REPO / "tests" / "data" / "snake_parity.json"
 ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 # ---- models ----------------------------------------------------------------------------------------

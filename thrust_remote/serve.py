@@ -52,6 +52,19 @@ TRAIN_HINT = (
     "or pass --model PATH"
 )
 
+# Headless Chromium as the tests, bench/bench_web.py and web/tools/screenshot.py start it: no sandbox (root
+# in a container), and none of the background traffic a closed network refuses.
+HEADLESS_CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
 
 def default_web_dir() -> Path:
     """web/ of this checkout (thrust_remote is installed in editable mode from the repository)."""

@@ -14,17 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from thrust_remote.serve import HEADLESS_CHROMIUM_ARGS as CHROMIUM_ARGS  # noqa: E402
 from thrust_remote.serve import PlayServer, Site, default_web_dir  # noqa: E402
-
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def main() -> None:
