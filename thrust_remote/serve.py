@@ -65,7 +65,6 @@ HEADLESS_CHROMIUM_ARGS = [
 ]
 
 
-
 def default_web_dir() -> Path:
     """web/ of this checkout (thrust_remote is installed in editable mode from the repository)."""
     return Path(__file__).resolve().parent.parent / "web"
