@@ -767,26 +767,19 @@ class Optimizer:
         self.observer.event(f"trial {trial.number} on {slot.name}: {shown}")
 
     def _start_run(self, run_id: str, slot: Slot, params: Mapping[str, Any], number: int) -> None:
-        """Like pipeline.launch_prepared, minus `--export`: a trial's ONNX export would cost seconds
+        """One trial = one detached run, without `--export`: a trial's ONNX export would cost seconds
         each and nobody reads it (`train --params` makes the model of the best one)."""
-        prepared = self.prepared
-        env = dict(prepared.env)
-        env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible_devices  # "" on a CPU slot: no GPU at all
-        env["THRUST_STUDY"] = self.study_name
-        env["THRUST_TRIAL"] = str(number)
-        env["THRUST_SLOT"] = slot.name
-        run_dir = self.paths.run(run_id)
-        argv = [self.host.python, "-u", "-m", "trainer.train", *self._args(params), "--run-dir", run_dir]
-        sync = prepared.sync
-        meta = {
-            "argv": argv, "env_keys": sorted(env), "env": env, "gpus": list(slot.gpus),
-            "facts": {k: prepared.report.facts.get(k)
-                      for k in ("hostname", "python", "python_path", "torch", "cuda_available")},
-            "study": self.study_name, "trial": number, "slot": slot.name, "params": dict(params),
-            **(sync.as_meta() if sync else {"commit": None}),
+        env = {
+            "CUDA_VISIBLE_DEVICES": slot.cuda_visible_devices,  # "" on a CPU slot: no GPU at all
+            "THRUST_STUDY": self.study_name,
+            "THRUST_TRIAL": str(number),
+            "THRUST_SLOT": slot.name,
         }
-        runs.launch(self.runner, self.host, self.paths, run_id=run_id, job=f"{self.study_name}-trial-{number}",
-                    argv=argv, cwd=prepared.cwd, env=env, meta={**meta, "job": self.job.name})
+        pipeline.launch_prepared(
+            self.prepared, self.runner, args=self._args(params), run_id=run_id, gpus=slot.gpus, nproc=1,
+            extra_env=env, lock_job=f"{self.study_name}-trial-{number}", export=False,
+            meta_extra={"study": self.study_name, "trial": number, "slot": slot.name, "params": dict(params)},
+        )
 
     def _poll(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         answer = self._poll_offsets([(self.paths.run(r), 0) for r in run_ids])

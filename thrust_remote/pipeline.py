@@ -152,8 +152,10 @@ def select_gpus(spec: str | None, facts: Mapping[str, Any], host: HostConfig) ->
     return chosen
 
 
-def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int) -> list[str]:
-    entry = ["-m", "trainer.train", *args, "--run-dir", run_dir, "--export", f"{run_dir}/model.onnx"]
+def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int, export: bool = True) -> list[str]:
+    entry = ["-m", "trainer.train", *args, "--run-dir", run_dir]
+    if export:
+        entry += ["--export", f"{run_dir}/model.onnx"]
     if nproc > 1:
         # --standalone: a private rendezvous on a free port, so two runs on one host never collide
         return [host.python, "-u", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -401,9 +403,12 @@ def prepare(config: Config, job: JobConfig, host: HostConfig, runner: Runner, re
 
 def launch_prepared(prepared: Prepared, runner: Runner, *, args: Sequence[str], run_id: str | None = None,
                     gpus: Sequence[int] = (), nproc: int | None = None, extra_env: Mapping[str, str] | None = None,
-                    lock_job: str | None = None, reporter: Reporter | None = None) -> Launched:
+                    lock_job: str | None = None, reporter: Reporter | None = None, export: bool = True,
+                    meta_extra: Mapping[str, Any] | None = None) -> Launched:
     """Start one detached run. `args` are the trainer's flags (job_arguments); `gpus` become
-    CUDA_VISIBLE_DEVICES; `lock_job` names the lock (default: the job's name)."""
+    CUDA_VISIBLE_DEVICES; `lock_job` names the lock (default: the job's name); `export=False` skips
+    the ONNX export (seconds per run that a hyperparameter trial does not need); `meta_extra` goes
+    into run.json."""
     reporter = reporter or NullReporter()
     t3 = time.monotonic()
     job, host, paths = prepared.job, prepared.host, prepared.paths
@@ -416,7 +421,7 @@ def launch_prepared(prepared: Prepared, runner: Runner, *, args: Sequence[str], 
     if job.kind == "cargo":
         argv = [*buildenv.cargo_run_argv(prepared.report.facts, job)[:1], *args]
     else:
-        argv = python_argv(host, args, run_dir, nproc or max(1, len(gpus)))
+        argv = python_argv(host, args, run_dir, nproc or max(1, len(gpus)), export=export)
     sync_result = prepared.sync
     meta = {
         "argv": argv,
@@ -426,6 +431,7 @@ def launch_prepared(prepared: Prepared, runner: Runner, *, args: Sequence[str], 
                   for k in ("hostname", "python", "python_path", "torch", "cuda_available")},
         "gpus": list(gpus),
         **(sync_result.as_meta() if sync_result else {"commit": None}),
+        **(meta_extra or {}),
     }
     reporter.step(f"launching run {run_id}")
     answer = runs.launch(runner, host, paths, run_id=run_id, job=lock_job or job.name, argv=argv,
