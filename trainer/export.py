@@ -22,10 +22,12 @@ import copy
 import hashlib
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +151,11 @@ def export_onnx(
     example = torch.zeros(2, obs_dim)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     # The exporter reports progress on stdout; keep stdout for the trainer's machine-readable lines.
-    with contextlib.redirect_stdout(io.StringIO()) as chatter:
+    # Its registry also logs a warning per torchvision op it cannot find, and the pytree code a
+    # FutureWarning, on every export: noise in the user's run log, not news about their model.
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    with contextlib.redirect_stdout(io.StringIO()) as chatter, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
         torch.onnx.export(
             model,
             (example,),

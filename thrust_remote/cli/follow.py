@@ -36,14 +36,14 @@ class LogView:
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
-                TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
+                TextColumn("{task.fields[steps]}"),
                 TextColumn("{task.fields[stats]}"),
                 TimeElapsedColumn(),
                 console=console,
                 transient=False,
             )
             self.progress.start()
-            self.task = self.progress.add_task(self.run_id, total=None, stats="")
+            self.task = self.progress.add_task(self.run_id, total=None, steps="starting", stats="")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -89,8 +89,9 @@ class LogView:
             stats.append(f"score {m['score_mean']:.2f}")
         if m.get("gpu_util") is not None:
             stats.append(f"GPU {m['gpu_util']:.0f}%")
-        self.progress.update(self.task, completed=m.get("step", 0), total=m.get("total_steps"),
-                             stats="  ".join(stats))
+        step, total = m.get("step") or 0, m.get("total_steps")
+        steps = f"{step:,}/{total:,} steps" if total else f"{step:,} steps"
+        self.progress.update(self.task, completed=step, total=total, steps=steps, stats="  ".join(stats))
 
 
 def reattach_command(run_id: str, host: HostConfig, offset: int | None = None) -> str:
