@@ -27,6 +27,9 @@ class ExitCode(IntEnum):
 class ThrustError(Exception):
     """A failure the user can act on: what happened, what to do, and the process exit code."""
 
+    # how the CLI labels the message; not every non-zero exit is an error (a deliberate detach is not)
+    label = "error"
+
     def __init__(self, message: str, hint: str | None = None, exit_code: int = ExitCode.FAILED) -> None:
         super().__init__(message)
         self.message = message
@@ -77,3 +80,12 @@ class ConnectionLostError(ThrustError):
 class TransferError(ThrustError):
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message, hint, ExitCode.TRANSFER)
+
+
+class Detached(ThrustError):
+    """Ctrl-C while following: the run goes on; exit 75 so a script does not take it for success."""
+
+    label = "detached"
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint, ExitCode.CONNECTION_LOST)

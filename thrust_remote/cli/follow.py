@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from .. import runs
 from ..config import HostConfig
 from ..console import console, err_console
-from ..errors import ConnectionLostError, ExitCode, ThrustError
+from ..errors import ConnectionLostError, Detached, ExitCode
 from ..runner import Runner
 
 
@@ -111,11 +111,10 @@ def follow(runner: Runner, host: HostConfig, paths: runs.HostPaths, run_id: str,
         with view:
             position = runs.follow_log(runner, host, paths, run_id, offset=offset, follow=True, on_bytes=view.feed)
     except KeyboardInterrupt:
-        raise ThrustError(
-            f"detached from run {run_id}; it goes on on {host.name}",
+        raise Detached(
+            f"from run {run_id}; it goes on on {host.name}",
             f"reattach with: {reattach_command(run_id, host)}   (stop it with: thrust-remote stop {run_id} "
             f"--host {host.name})",
-            ExitCode.CONNECTION_LOST,
         ) from None
     except ConnectionLostError as exc:
         reached = getattr(exc, "offset", position)

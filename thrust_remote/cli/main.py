@@ -50,7 +50,7 @@ def run(argv: list[str] | None = None) -> None:
     except ThrustError as exc:
         if debug:
             raise
-        _report(exc.message, exc.hint)
+        _report(exc.message, exc.hint, exc.label)
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         err_console.print("interrupted")
@@ -68,7 +68,8 @@ def run(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _report(message: str, hint: str | None) -> None:
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
+def _report(message: str, hint: str | None, label: str = "error") -> None:
+    colour = "bold red" if label == "error" else "bold yellow"
+    err_console.print(f"[{colour}]{label}:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     if hint:
         err_console.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
