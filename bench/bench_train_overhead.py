@@ -55,7 +55,7 @@ def main() -> None:
             while runs.status(runner, host, launched.paths, launched.run_id)["state"] == "RUNNING":
                 time.sleep(0.2)
             t1 = time.monotonic()
-            pipeline.finish(config, runner, job, launched.run_dir)
+            pipeline.finish(config, runner, job, launched.run_dir, launched.paths, host.python)
             fetch = time.monotonic() - t1
             runner.close()
             if i == 0:

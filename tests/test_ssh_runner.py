@@ -373,3 +373,33 @@ def test_ssh_config_alias_and_proxyjump(cli, sshd, tmp_path):
     result = cli("--config", str(cfg), "exec", "--host", "j", "--", "true", env=env)
     assert result.returncode == ExitCode.HOST_KEY
     assert empty.read_text() == ""
+
+
+def test_missing_or_wrong_identity_is_a_config_error_naming_the_field(cli, sshd, tmp_path):
+    cfg = _config(tmp_path, sshd)
+    for bad in (tmp_path / "no-such-key", sshd.client_key.with_suffix(".pub")):
+        cfg.write_text(cfg.read_text().replace(str(sshd.client_key), str(bad)))
+        result = cli("--config", str(cfg), "exec", "--", "true")
+        assert result.returncode == ExitCode.CONFIG, result.stderr
+        assert "hosts.sandbox.identity" in result.stderr
+        cfg = _config(tmp_path, sshd)
+
+
+def test_relative_workdir_is_under_the_home_directory(sshd):
+    from thrust_remote.runs import host_paths
+
+    runner = sshd.runner()
+    paths = host_paths(runner, sshd.host_config(workdir="projects/thrust"))
+    assert paths.workdir == runner.home().rstrip("/") + "/projects/thrust"
+    runner.close()
+
+
+def test_missing_cwd_is_a_cd_failure_on_both_runners(sshd, tmp_path):
+    from thrust_remote.runner import LocalRunner
+
+    for runner in (sshd.runner(), LocalRunner()):
+        result = runner.run(["true"], cwd=str(tmp_path / "missing"))
+        assert result.exit_code != 0
+        assert result.exit_code != 127
+        assert "cd" in result.stderr
+        runner.close()

@@ -328,7 +328,7 @@ def test_cargo_job_builds_runs_and_cleans_a_stale_build(cli, project, remote_dir
     base = cfg.read_text()
     job = (
         "jobs:\n  probe-rs:\n    kind: cargo\n    toolchain: stable\n    example: train_probe\n"
-        "    crate: tests/native/crate\n    args: [--epochs, '3']\n"
+        "    crate: tests/native/crate\n    args: [--epochs, '3']\n    artifact: models/probe.onnx\n"
     )
     cfg.write_text(base + job)
     _git(project, "commit", "-q", "-am", "cargo job")
@@ -340,6 +340,18 @@ def test_cargo_job_builds_runs_and_cleans_a_stale_build(cli, project, remote_dir
     assert "train_probe device=cpu args=--epochs 3" in log
     crate = remote_dir / "thrust" / "tests" / "native" / "crate"
     assert (crate / "target" / ".thrust-build-env.json").exists()
+
+    # the artifact (relative to the crate on the host) is fetched, checked and placed like a python job's
+    from trainer.export import export_onnx
+    from trainer.policy import build_policy
+
+    export_onnx(build_policy("mlp", 4, 2, 16), crate / "models" / "probe.onnx", env_name="cartpole")
+    fetched = cli("fetch", run_id, cwd=project)
+    assert fetched.returncode == 0, fetched.stderr
+    placed = project / "web" / "public" / "probe-rs.onnx"
+    source = (crate / "models" / "probe.onnx").read_bytes()
+    assert placed.read_bytes() == source
+    assert json.loads(placed.with_suffix(".json").read_text())["sha256"] == hashlib.sha256(source).hexdigest()
 
     again = cli("train", "probe-rs", "--no-fetch", cwd=project)
     assert again.returncode == 0, again.stderr

@@ -96,7 +96,9 @@ class Config:
 
     def job(self, name: str) -> JobConfig:
         if name not in self.jobs:
-            raise ConfigError(
+            from .errors import UsageError  # a name typed on the command line: a usage error (64)
+
+            raise UsageError(
                 f"unknown job {name!r}; known jobs: {', '.join(sorted(self.jobs))}",
                 f"add it under `jobs:` in {CONFIG_NAME}",
             )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -470,21 +471,22 @@ def export_target(config: Config, job: JobConfig) -> tuple[Path, str]:
     return target.parent, target.stem
 
 
-def finish(config: Config, runner: Runner, launched_job: JobConfig, run_dir: str, report_facts: Mapping[str, Any] | None
-           = None) -> artifacts.FetchResult:
+def finish(config: Config, runner: Runner, launched_job: JobConfig, run_dir: str, paths: runs.HostPaths,
+           python: str = "python3") -> artifacts.FetchResult:
     """Fetch the run's model into web/public (verified, atomic). Cargo jobs fetch `artifact:`."""
     dest, stem = export_target(config, launched_job)
     if launched_job.kind == "cargo":
         if not launched_job.artifact:
             raise ThrustError(f"job {launched_job.name} has no `artifact:` to fetch", exit_code=ExitCode.USAGE)
-        _stage_cargo_artifact(runner, run_dir, launched_job, report_facts or {})
+        _stage_cargo_artifact(runner, run_dir, launched_job, paths, python)
     return artifacts.fetch_run_model(runner, run_dir, stem, dest)
 
 
-def _stage_cargo_artifact(runner: Runner, run_dir: str, job: JobConfig, facts: Mapping[str, Any]) -> None:
-    """Copy the crate's artifact into the run dir with a manifest, so fetch treats both kinds alike."""
-    crate = buildenv.crate_dir(dict(facts), job) if facts else None
-    src = f"{crate}/{job.artifact}" if crate else job.artifact or ""
+def _stage_cargo_artifact(runner: Runner, run_dir: str, job: JobConfig, paths: runs.HostPaths, python: str) -> None:
+    """Copy the crate's artifact into the run dir with a manifest, so fetch treats both kinds alike.
+    The artifact path is relative to the crate in the host's workdir (never to a shell's cwd)."""
+    crate = os.path.normpath(os.path.join(paths.workdir, job.crate))
+    src = os.path.normpath(os.path.join(crate, job.artifact or ""))
     script = (
         "import hashlib,json,os,shutil,sys\n"
         "src,run=sys.argv[1],sys.argv[2]\n"
@@ -494,5 +496,9 @@ def _stage_cargo_artifact(runner: Runner, run_dir: str, job: JobConfig, facts: M
         "m={'sha256':hashlib.sha256(data).hexdigest(),'bytes':len(data),'job':sys.argv[3],'source':src}\n"
         "open(os.path.join(run,'manifest.json'),'w').write(json.dumps(m))\n"
     )
-    python = str(facts.get("python_path") or "python3")
-    runner.run([python, "-c", script, src, run_dir, job.name]).check(f"staging {src}")
+    result = runner.run([python, "-c", script, src, run_dir, job.name])
+    if not result.ok:
+        raise ThrustError(
+            f"the cargo job's artifact {src} could not be staged on the host: {result.stderr.strip()[-300:]}",
+            f"check `artifact:` of job {job.name} (relative to the crate, {crate}) and that the run wrote it",
+        )

@@ -184,6 +184,9 @@ class LocalRunner:
         if cwd is not None:
             cwd = expand_home(cwd, self.home())
         started = time.monotonic()
+        if cwd is not None and not os.path.isdir(cwd):
+            # what `cd DIR && cmd` says over SSH, so both runners report it alike
+            return RunResult(args, 1, "", f"cd: {cwd}: No such file or directory", time.monotonic() - started)
         try:
             proc = subprocess.Popen(  # noqa: S603 - argv, no shell
                 args,

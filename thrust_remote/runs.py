@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import supervise
 from .config import Config, HostConfig
-from .errors import ExitCode, ThrustError, UsageError
+from .errors import ConnectionLostError, ExitCode, ThrustError, UsageError
 from .names import valid_id
 from .runner import Runner, expand_home
 
@@ -58,6 +58,10 @@ def host_paths(runner: Runner, host: HostConfig, config: Config | None = None) -
         workdir = str((base / workdir).resolve())
     elif workdir.startswith("~"):
         workdir = expand_home(workdir, runner.home())
+    elif not workdir.startswith("/"):
+        # relative to the home directory, as ssh itself would take it; made absolute because the
+        # trainer runs with the workdir as its cwd and would otherwise nest it twice
+        workdir = f"{runner.home().rstrip('/')}/{workdir}"
     return HostPaths(workdir.rstrip("/") or "/")
 
 
@@ -124,7 +128,14 @@ def launch(
         "--env", json.dumps(dict(env)),
         "--", *argv,
     ]
-    result = runner.run(command, timeout=60)
+    try:
+        result = runner.run(command, timeout=60)
+    except ConnectionLostError as exc:
+        raise ConnectionLostError(
+            f"connection to {host.name} lost while launching run {run_id}; it may have started",
+            f"check with: thrust-remote status {run_id} --host {host.name}, then "
+            f"thrust-remote logs {run_id} --follow --host {host.name}",
+        ) from exc
     try:
         answer = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {}
     except ValueError:

@@ -40,6 +40,7 @@ from paramiko.ssh_exception import (
 from .config import HostConfig
 from .errors import (
     AuthError,
+    ConfigError,
     ConnectionLostError,
     HostKeyError,
     ThrustError,
@@ -228,6 +229,11 @@ class SSHRunner:
                                                  "auth_timeout": self.connect_timeout,
                                                  "transport_factory": _gcm_first_transport}
             if self.identity:
+                if not os.path.isfile(self.identity):
+                    raise ConfigError(
+                        f"hosts.{self.name}.identity: key file {self.identity} does not exist",
+                        "point `identity:` at the private key (not the .pub), or remove it to use ~/.ssh/config",
+                    )
                 # like IdentitiesOnly: the configured key and nothing else, so a refusal is clear
                 connect_kwargs.update(key_filename=[self.identity], look_for_keys=False, allow_agent=False)
             conn = Connection(
@@ -278,6 +284,11 @@ class SSHRunner:
                 ) from None
             except (SSHException, EOFError) as exc:
                 conn.close()
+                if self.identity and "private key" in str(exc).lower():
+                    raise ConfigError(
+                        f"hosts.{self.name}.identity: {self.identity} is not a usable private key: {exc}",
+                        "point `identity:` at the private key file (not the .pub)",
+                    ) from None
                 raise UnreachableError(f"SSH handshake with {conn.host}:{conn.port} failed: {exc}") from None
             transport = conn.transport
             sock = getattr(transport, "sock", None)
@@ -424,17 +435,28 @@ class SSHRunner:
                 ) from None
         return self._sftp
 
+    def _sftp_call(self, op):  # noqa: ANN001, ANN202 - a small internal helper
+        """Run op(sftp); a dead SFTP channel on a live connection is reopened once."""
+        try:
+            return op(self.sftp())
+        except (EOFError, OSError) as exc:
+            if isinstance(exc, FileNotFoundError | PermissionError):
+                raise
+            self._sftp = None
+            return op(self.sftp())
+
     def home(self) -> str:
         if self._home is None:
-            self._home = self.sftp().normalize(".")
+            self._home = self._sftp_call(lambda sftp: sftp.normalize("."))
         return self._home
 
     def _path(self, path: str) -> str:
         return expand_home(path, self.home()) if path.startswith("~") else path
 
     def exists(self, path: str) -> bool:
+        target = self._path(path)
         try:
-            self.sftp().stat(self._path(path))
+            self._sftp_call(lambda sftp: sftp.stat(target))
         except FileNotFoundError:
             return False
         except OSError as exc:

@@ -226,6 +226,7 @@ def _send_bundle(runner: Runner, host: _Host, paths: HostPaths, local: LocalStat
         remote = f"{paths.thrust}/sync.bundle"
         runner.run(["mkdir", "-p", "--", paths.thrust]).check("mkdir .thrust")
         runner.put(bundle, remote)
-    host.git("fetch", "-q", remote, f"{ref}:{ref}").check("fetching the bundle on the host")
+    # "+": the ref moves wherever the laptop's HEAD went (amend, rebase, another branch), not only forward
+    host.git("fetch", "-q", remote, f"+{ref}:{ref}").check("fetching the bundle on the host")
     runner.run(["rm", "-f", "--", remote])
     return size

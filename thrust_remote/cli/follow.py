@@ -27,6 +27,7 @@ class LogView:
         self.run_id = run_id
         self.fancy = fancy
         self.pending = b""
+        self.offset = 0  # bytes consumed: where a reattach continues
         self.progress: Progress | None = None
         self.task = None
         self.last: dict[str, Any] = {}
@@ -54,6 +55,7 @@ class LogView:
             self.progress.stop()
 
     def feed(self, chunk: bytes) -> None:
+        self.offset += len(chunk)
         if not self.fancy:
             sys.stdout.buffer.write(chunk)  # byte for byte: a transcript equals the host's log
             sys.stdout.buffer.flush()
@@ -113,7 +115,8 @@ def follow(runner: Runner, host: HostConfig, paths: runs.HostPaths, run_id: str,
     except KeyboardInterrupt:
         raise Detached(
             f"from run {run_id}; it goes on on {host.name}",
-            f"reattach with: {reattach_command(run_id, host)}   (stop it with: thrust-remote stop {run_id} "
+            f"reattach with: {reattach_command(run_id, host, offset + view.offset)}   (from where you left; "
+            f"without --offset for the whole log; stop it with: thrust-remote stop {run_id} "
             f"--host {host.name})",
         ) from None
     except ConnectionLostError as exc:

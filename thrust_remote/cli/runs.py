@@ -110,7 +110,7 @@ def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | Non
         job_name = st.get("job")
         if not job_name:
             raise ThrustError(f"run {run_id} has no job recorded")
-        result = pipeline.finish(config, runner, config.job(job_name), paths.run(run_id))
+        result = pipeline.finish(config, runner, config.job(job_name), paths.run(run_id), paths, host_cfg.python)
     finally:
         runner.close()
     console.print(f"{result.model} ({result.bytes:,} bytes, sha256 {result.sha256[:12]}…) + {result.manifest.name}")

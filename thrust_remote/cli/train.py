@@ -71,7 +71,7 @@ def train(
             raise typer.Exit(code)
         if not no_fetch:
             reporter.step("fetching the model")
-            result = pipeline.finish(config, runner, job_cfg, launched.run_dir)
+            result = pipeline.finish(config, runner, job_cfg, launched.run_dir, launched.paths, host_cfg.python)
             say(
                 f"model: {result.model} ({result.bytes:,} bytes, sha256 {result.sha256[:12]}…), "
                 f"manifest {result.manifest.name}; checked with onnx + onnxruntime"

@@ -1,0 +1,60 @@
+"""sync on its own (LocalRunner as the host's runner; the host is a separate directory): rewritten
+history (amend) syncs again; the dirty patch comes and goes; a busy workdir is not changed."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from thrust_remote.runner import LocalRunner
+from thrust_remote.runs import HostPaths
+from thrust_remote.sync import local_state, sync
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "laptop"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    (repo / "a.txt").write_text("one\n")
+    _git(repo, "add", "a.txt")
+    _git(repo, "commit", "-q", "-m", "one")
+    return repo
+
+
+def test_amended_commit_syncs_again_by_bundle(repo, tmp_path):
+    host = HostPaths(str(tmp_path / "host"))
+    first = sync(LocalRunner(), host, local_state(repo))
+    assert first.method == "bundle"
+    (repo / "a.txt").write_text("one, amended\n")
+    _git(repo, "commit", "-q", "--amend", "-am", "amended")  # history rewritten: not a fast-forward
+    second = sync(LocalRunner(), host, local_state(repo))
+    assert second.method == "bundle"
+    assert _git(Path(host.workdir), "rev-parse", "HEAD") == _git(repo, "rev-parse", "HEAD")
+    assert (Path(host.workdir) / "a.txt").read_text() == "one, amended\n"
+
+
+def test_dirty_patch_applies_and_the_next_clean_sync_removes_it(repo, tmp_path):
+    host = HostPaths(str(tmp_path / "host"))
+    (repo / "a.txt").write_text("dirty\n")
+    (repo / "new.txt").write_text("added, staged\n")
+    _git(repo, "add", "new.txt")
+    result = sync(LocalRunner(), host, local_state(repo))
+    assert result.dirty
+    assert (Path(host.workdir) / "a.txt").read_text() == "dirty\n"
+    assert (Path(host.workdir) / "new.txt").read_text() == "added, staged\n"
+    _git(repo, "checkout", "-q", "--", "a.txt")
+    _git(repo, "rm", "-q", "--cached", "new.txt")
+    (repo / "new.txt").unlink()
+    clean = sync(LocalRunner(), host, local_state(repo))
+    assert not clean.dirty
+    assert (Path(host.workdir) / "a.txt").read_text() == "one\n"
+    assert not (Path(host.workdir) / "new.txt").exists()
