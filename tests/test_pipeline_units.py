@@ -126,3 +126,29 @@ def test_supervisor_state_is_lost_when_the_pid_was_recycled(tmp_path):
     meta.update(pid_start="1", supervisor_start="1", marker="pytest")
     (run_dir / "run.json").write_text(json.dumps(meta))
     assert supervise.run_state(str(run_dir))["state"] == "LOST"
+
+
+def test_env_values_never_reach_a_command_line_and_run_files_are_private(tmp_path):
+    from thrust_remote import runs
+    from thrust_remote.runner import LocalRunner
+
+    host = HostConfig(name="local", python=sys.executable)
+    paths = runs.HostPaths(str(tmp_path))
+    answer = runs.launch(LocalRunner(), host, paths, run_id="r-secret", job="j", argv=["sh", "-c",
+                         'printf "%s" "$API_TOKEN" > token; sleep 3'], cwd=str(tmp_path),
+                         env={"API_TOKEN": "hunter2-secret"}, meta={"env_keys": ["API_TOKEN"]})
+    run_dir = Path(paths.run("r-secret"))
+    meta = json.loads((run_dir / "run.json").read_text())
+    cmdlines = []
+    for pid in (meta["supervisor_pid"], answer["pid"]):
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdlines.append(fh.read())
+    assert all(b"hunter2-secret" not in c for c in cmdlines)
+    assert "hunter2-secret" not in (run_dir / "run.json").read_text()
+    assert (run_dir.stat().st_mode & 0o077) == 0
+    assert ((run_dir / "run.json").stat().st_mode & 0o077) == 0
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "token").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "token").read_text() == "hunter2-secret"  # the job itself got the value
+    runs.stop(LocalRunner(), host, paths, "r-secret", grace=2)

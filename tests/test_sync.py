@@ -58,3 +58,28 @@ def test_dirty_patch_applies_and_the_next_clean_sync_removes_it(repo, tmp_path):
     assert not clean.dirty
     assert (Path(host.workdir) / "a.txt").read_text() == "one\n"
     assert not (Path(host.workdir) / "new.txt").exists()
+
+
+def test_unchanged_tree_is_left_alone_and_a_busy_workdir_is_never_changed(repo, tmp_path):
+    from thrust_remote.errors import ThrustError
+
+    host = HostPaths(str(tmp_path / "host"))
+    sync(LocalRunner(), host, local_state(repo))
+    again = sync(LocalRunner(), host, local_state(repo), busy=lambda: ["run-1"])
+    assert again.method == "up-to-date"  # nothing to change: a running job is no obstacle
+    before = _git(Path(host.workdir), "rev-parse", "HEAD")
+    (repo / "a.txt").write_text("two\n")
+    _git(repo, "commit", "-q", "-am", "two")
+    with pytest.raises(ThrustError, match="in use by running run"):
+        sync(LocalRunner(), host, local_state(repo), busy=lambda: ["run-1"])
+    assert _git(Path(host.workdir), "rev-parse", "HEAD") == before
+    assert (Path(host.workdir) / "a.txt").read_text() == "one\n"
+
+
+def test_a_hand_edit_on_the_host_is_put_back(repo, tmp_path):
+    host = HostPaths(str(tmp_path / "host"))
+    sync(LocalRunner(), host, local_state(repo))
+    (Path(host.workdir) / "a.txt").write_text("edited on the host\n")
+    result = sync(LocalRunner(), host, local_state(repo))
+    assert result.method == "up-to-date"
+    assert (Path(host.workdir) / "a.txt").read_text() == "one\n"

@@ -373,7 +373,9 @@ def prepare(config: Config, job: JobConfig, host: HostConfig, runner: Runner, re
     if not host.is_local:
         assert local is not None
         reporter.step(f"syncing {local.commit[:12]} to {host.name}:{paths.workdir}")
-        sync_result = sync(runner, paths, local, step=reporter.step)
+        sync_result = sync(runner, paths, local, step=reporter.step,
+                           busy=lambda: [r["run_id"] for r in runs.list_runs(runner, host, paths)
+                                         if r["state"] == "RUNNING"])
         for w in sync_result.warnings:
             reporter.warn(w)
     elif local is not None:
@@ -427,7 +429,9 @@ def launch_prepared(prepared: Prepared, runner: Runner, *, args: Sequence[str], 
     meta = {
         "argv": argv,
         "env_keys": sorted(env),
-        "env": env,
+        # the values thrust-remote computed (CUDA_VISIBLE_DEVICES, LD_*, RUSTFLAGS...); the job's own
+        # `env:` may hold secrets (API keys): only their names are recorded
+        "env": {k: v for k, v in env.items() if k not in job.env},
         "facts": {k: prepared.report.facts.get(k)
                   for k in ("hostname", "python", "python_path", "torch", "cuda_available")},
         "gpus": list(gpus),

@@ -124,12 +124,12 @@ def launch(
         "--cwd", cwd,
         "--lock", paths.lock(job),
         "--marker", marker,
-        "--meta", json.dumps({"job": job, "host": host.name, **meta}),
-        "--env", json.dumps(dict(env)),
+        "--stdin",
         "--", *argv,
     ]
+    payload = json.dumps({"meta": {"job": job, "host": host.name, **meta}, "env": dict(env)}).encode()
     try:
-        result = runner.run(command, timeout=60)
+        result = runner.run(command, timeout=60, stdin=payload)
     except ConnectionLostError as exc:
         raise ConnectionLostError(
             f"connection to {host.name} lost while launching run {run_id}; it may have started",

@@ -38,7 +38,7 @@ STOPPED = "stopped"
 
 def _write_atomic(path: str, data: str) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
@@ -147,12 +147,14 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
         if current != os.path.basename(run_dir) and run_state(other)["state"] == "RUNNING":
             print(json.dumps({"error": "locked", "run_id": current}))
             return 3
-    os.makedirs(run_dir, exist_ok=True)
-    meta = json.loads(args.meta)
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)  # the run's files are the user's alone
+    # meta and env arrive on stdin, not argv: a command line is world-readable (ps), env values are not
+    payload = json.loads(sys.stdin.read() or "{}") if args.stdin else {}
+    meta = payload.get("meta", json.loads(args.meta))
     # The caller puts the marker on our command line; the forked supervisor inherits that command line.
     marker = args.marker or secrets.token_hex(8)
     env = dict(os.environ)
-    env.update(json.loads(args.env))
+    env.update(payload.get("env", json.loads(args.env)))
     env["THRUST_RUN_MARKER"] = marker
     env["THRUST_RUN_DIR"] = run_dir
     env["PYTHONUNBUFFERED"] = "1"
@@ -190,7 +192,7 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
 def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, report_fd: int, marker: str) -> None:
     # Every stream away from the SSH channel, or the session would wait for us.
     devnull = os.open(os.devnull, os.O_RDWR)
-    log_fd = os.open(os.path.join(run_dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log_fd = os.open(os.path.join(run_dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(devnull, 0)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -346,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--meta", default="{}")
     p.add_argument("--env", default="{}")
     p.add_argument("--marker", default="")
+    p.add_argument("--stdin", action="store_true", help="read {meta, env} as JSON from stdin")
     p = sub.add_parser("status")
     p.add_argument("--run-dir", required=True)
     p = sub.add_parser("list")

@@ -111,6 +111,9 @@ command -v git >/dev/null 2>&1 || { echo git=no; exit 0; }
 echo git=yes
 if [ -d "$1/.git" ] && git -C "$1" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   echo repo=yes
+  echo "head=$(git -C "$1" rev-parse -q --verify HEAD 2>/dev/null)"
+  echo "applied=$(cat "$1/.thrust/applied-patch" 2>/dev/null)"
+  echo "current=$(git -C "$1" diff HEAD --binary 2>/dev/null | sha256sum | cut -c1-64)"
   if git -C "$1" cat-file -e "$2^{commit}" 2>/dev/null; then echo have=yes; else
     echo have=no
     printf 'known='
@@ -132,6 +135,8 @@ grep -qxF /.thrust/ .git/info/exclude 2>/dev/null || printf '%s\n' /.thrust/ >> 
 git reset -q --hard
 git checkout -q --force --detach "$2"
 if [ -n "$3" ]; then git apply --index --whitespace=nowarn "$3"; fi
+# what we left: the local patch's sha and the tree's own diff, so the next sync can tell it is untouched
+printf '%s %s\n' "$4" "$(git diff HEAD --binary | sha256sum | cut -c1-64)" > .thrust/applied-patch
 git rev-parse HEAD
 """
 
@@ -144,7 +149,9 @@ def _host_state(runner: Runner, workdir: str, commit: str) -> dict[str, str]:
     return state
 
 
-def sync(runner: Runner, paths: HostPaths, local: LocalState, *, step: Step = lambda _: None) -> SyncResult:
+def sync(runner: Runner, paths: HostPaths, local: LocalState, *, step: Step = lambda _: None,
+         busy: Callable[[], list[str]] | None = None) -> SyncResult:
+    """`busy` lists the runs that still use the workdir: the tree is never changed under them."""
     host = _Host(runner, paths.workdir)
     warnings: list[str] = []
     method = "up-to-date"
@@ -167,6 +174,23 @@ def sync(runner: Runner, paths: HostPaths, local: LocalState, *, step: Step = la
             runner.run(["mkdir", "-p", "--", paths.workdir]).check("mkdir workdir")
             host.git("init", "-q").check("git init on the host")
         state = _host_state(runner, paths.workdir, local.commit)
+    patch_id = local.patch_sha256 or "none"
+    untouched = (
+        state.get("head") == local.commit
+        and state.get("applied", "").split() == [patch_id, state.get("current", "")]
+    )
+    if untouched:
+        step(f"{paths.workdir} is already at {local.commit[:12]}" + (" with the same patch" if local.patch else ""))
+        return SyncResult(local.commit, "up-to-date", local.dirty, local.patch_sha256, local.untracked, 0,
+                          _warnings(local))
+    running = busy() if busy and state.get("repo") == "yes" else []
+    if running:
+        raise ThrustError(
+            f"{paths.workdir} on {runner.name} is in use by running run(s) {', '.join(running)}; syncing "
+            f"{local.commit[:12]} would change their code under them",
+            "wait for them (thrust-remote runs), stop them (thrust-remote stop RUN_ID), or give this host "
+            "another workdir",
+        )
     if state.get("have") != "yes":
         fetched = False
         if local.origin:
@@ -190,22 +214,29 @@ def sync(runner: Runner, paths: HostPaths, local: LocalState, *, step: Step = la
             runner.put(tmp.name, remote_patch)
     step(f"checking out {local.commit[:12]}")
     # reset --hard first drops the previous run's patch (it was applied with --index)
-    res = runner.run(["sh", "-c", _CHECKOUT_SCRIPT, "sh", paths.workdir, local.commit, remote_patch], timeout=300)
+    res = runner.run(["sh", "-c", _CHECKOUT_SCRIPT, "sh", paths.workdir, local.commit, remote_patch, patch_id],
+                     timeout=300)
     if not res.ok:
         raise ThrustError(f"checking out {local.commit[:12]} on {runner.name} failed: {res.stderr.strip()[-400:]}")
     head = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
     if head != local.commit:
         raise ThrustError(f"the host's checkout is at {head[:12]}, expected {local.commit[:12]}")
+    warnings.extend(_warnings(local))
+    return SyncResult(local.commit, method, local.dirty, local.patch_sha256, local.untracked, bundle_bytes, warnings)
+
+
+def _warnings(local: LocalState) -> list[str]:
+    out = []
     if local.patch:
         changed = _git(local.root, "diff", "HEAD", "--name-only").stdout.decode().split()
-        warnings.append(
+        out.append(
             f"uncommitted changes sent as a patch ({len(local.patch)} bytes, {len(changed)} files: "
             f"{', '.join(changed[:5])}{'…' if len(changed) > 5 else ''}); commit them to make the run reproducible"
         )
     if local.untracked:
         shown = ", ".join(local.untracked[:5]) + ("…" if len(local.untracked) > 5 else "")
-        warnings.append(f"{len(local.untracked)} untracked files were not sent: {shown}")
-    return SyncResult(local.commit, method, local.dirty, local.patch_sha256, local.untracked, bundle_bytes, warnings)
+        out.append(f"{len(local.untracked)} untracked files were not sent: {shown}")
+    return out
 
 
 def _send_bundle(runner: Runner, host: _Host, paths: HostPaths, local: LocalState, known: set[str]) -> int:
