@@ -212,7 +212,7 @@ class SSHRunner:
         return _RejectUnknown(self.known_hosts)
 
     def _secure(self, conn: Connection) -> None:
-        """Replace Fabric's AutoAddPolicy: load known_hosts, set our policy (every ProxyJump hop too)."""
+        """Replace Fabric's auto-add-every-key default: load known_hosts, set our policy (every ProxyJump hop too)."""
         hop: object = conn
         while isinstance(hop, Connection):
             client = hop.client
