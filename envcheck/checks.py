@@ -285,8 +285,11 @@ def check_visible_devices(c: Ctx) -> dict:
                     problems.append(f"{tok} is listed twice (CUDA then sees no device at all)")
                 elif tok.isdigit() and count is not None and int(tok) >= count:
                     problems.append(f"index {tok} does not exist (nvidia-smi lists {count} GPU(s))")
-                elif not tok.isdigit() and uuids and tok not in uuids:
-                    problems.append(f"{tok} is not a UUID that nvidia-smi -L lists")
+                elif not tok.isdigit() and uuids and sum(u.startswith(tok) for u in uuids) != 1:
+                    # CUDA takes any unique prefix of a UUID (its docs: CUDA_VISIBLE_DEVICES=GPU-8932f937)
+                    matches = sum(u.startswith(tok) for u in uuids)
+                    problems.append(f"{tok} matches {matches} of the UUIDs nvidia-smi -L lists (needs exactly one)"
+                                    if matches else f"{tok} is not a UUID (or UUID prefix) that nvidia-smi -L lists")
                 seen.add(tok)
             if problems:
                 status = FAIL

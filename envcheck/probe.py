@@ -164,11 +164,17 @@ def _read(path: str, limit: int = 1 << 20) -> str | None:
         return None
 
 
+# --no-as-needed counts only inside a cargo:rustc-link-arg instruction: the same words in a comment
+# pass nothing to the linker.
+NO_AS_NEEDED_RE = re.compile(r'cargo:rustc-link-arg[^"\n]*--no-as-needed')
+
+
 def build_rs_state(text: str | None) -> dict:
     """Does build.rs pass --no-as-needed to the linker, and name libtorch after it (what makes it work)?"""
     if text is None:
         return {"exists": False, "no_as_needed": False, "links_torch_after": False}
-    pos = text.find("--no-as-needed")
+    m = NO_AS_NEEDED_RE.search(text)
+    pos = m.start() if m else -1
     after = text[pos:] if pos >= 0 else ""
     return {
         "exists": True,

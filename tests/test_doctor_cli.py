@@ -255,3 +255,16 @@ def test_python_too_old_for_envcheck_is_69(cli, tmp_path: Path) -> None:
     proc = cli("--config", str(cfg), "doctor")
     assert proc.returncode == 69, proc.stdout + proc.stderr
     assert "could not run envcheck" in proc.stderr and "Python 3.8+" in proc.stderr
+
+
+def test_fix_build_rs_ignores_the_flag_in_a_comment() -> None:
+    from thrust_remote.doctor import patch_build_rs
+
+    text = "// see the --no-as-needed docs\nfn main() {\n    println!(\"cargo:rerun-if-changed=build.rs\");\n}\n"
+    patched = patch_build_rs(text)
+    assert patched is not None
+    body = patched.split("fn main() {", 1)[1]
+    assert 'cargo:rustc-link-arg=-Wl,--no-as-needed' in body  # both lines inside fn main, not at top level
+    assert 'cargo:rustc-link-arg=-ltorch' in body
+    assert patched.startswith("// see the --no-as-needed docs\nfn main() {")
+    assert patch_build_rs(patched) == patched

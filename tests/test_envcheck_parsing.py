@@ -157,7 +157,8 @@ def test_cpu_wheel_on_gpu_host_names_the_cuda_wheel() -> None:
     [("1,3", "ok", "'1,3'"), ("7", "fail", "index 7 does not exist"), ("0,0", "fail", "listed twice"),
      ("", "warn", "hides every GPU"), ("gpu0", "fail", "not an index"),
      ("GPU-2e8b4f1a-3f2b-11ee-8c90-0242ac120002", "ok", "GPU-2e8b"),
-     ("GPU-ffffffff-0000-0000-0000-000000000000", "fail", "not a UUID")],
+     ("GPU-ffffffff-0000-0000-0000-000000000000", "fail", "not a UUID"),
+     ("GPU-2e8b4f1a", "ok", "GPU-2e8b4f1a")],  # a unique prefix is what CUDA's own docs show
 )
 def test_cuda_visible_devices_validity(value: str, status: str, evidence: str) -> None:
     f = gpu_facts("a100_four_gpus.csv", "a100_four_gpus.list")

@@ -409,3 +409,33 @@ def test_study_in_postgresql(cli, tmp_path):
         subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
                        capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_study_lease_is_compare_and_swap(tmp_path):
+    """A driver that lost its lease can neither renew it, nor push over the study, nor release the
+    new driver's lease."""
+    from thrust_remote.errors import ThrustError
+    from thrust_remote.optimize import StudyStore
+    from thrust_remote.runner import LocalRunner
+
+    lease = str(tmp_path / "study.driver.json")
+    remote = str(tmp_path / "host" / "study.db")
+    a = StudyStore(f"sqlite:///{tmp_path / 'a.db'}", runner=LocalRunner(), lease=lease, remote_db=remote,
+                   local_db=tmp_path / "a.db")
+    a.acquire()
+    b = StudyStore(f"sqlite:///{tmp_path / 'b.db'}", runner=LocalRunner(), lease=lease, remote_db=remote,
+                   local_db=tmp_path / "b.db")
+    a.heartbeat(force=True)  # while it is ours, renewing works
+    # b takes over (as after a >60 s silence of a, from another machine): a must notice, not overwrite
+    Path(lease).write_text(b._body())
+    with pytest.raises(ThrustError, match="lost the study lease"):
+        a.heartbeat(force=True)
+    import sqlite3
+
+    sqlite3.connect(tmp_path / "a.db").close()
+    with pytest.raises(ThrustError, match="lost the study lease"):
+        a.push()
+    a.release()
+    assert b._token in Path(lease).read_text()  # b's lease survives a's release
+    b.release()
+    assert not Path(lease).exists()

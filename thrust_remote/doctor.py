@@ -24,6 +24,7 @@ from pathlib import Path
 
 import envcheck
 from envcheck.checks import BUILD_RS_LINES, CHECK_IDS
+from envcheck.probe import NO_AS_NEEDED_RE
 
 from .buildenv import job_dict
 from .config import HostConfig, JobConfig
@@ -239,15 +240,17 @@ def patch_build_rs(text: str | None) -> str | None:
     """
     if text is None or not text.strip():
         return "fn main() {\n" + "".join(f"    {line}\n" for line in BUILD_RS_LINES) + "}\n"
-    if "--no-as-needed" in text:
-        if re.search(r"rustc-link-arg=-l\s*torch", text[text.find("--no-as-needed"):]):
+    found = NO_AS_NEEDED_RE.search(text)  # a real link-arg instruction, not the words in a comment
+    if found:
+        if re.search(r"rustc-link-arg=-l\s*torch", text[found.start():]):
             return text  # already there: idempotent
-        lines = text.splitlines(keepends=True)
-        for i, line in enumerate(lines):
-            if "--no-as-needed" in line:
-                indent = line[: len(line) - len(line.lstrip())]
-                lines.insert(i + 1, f"{indent}{BUILD_RS_LINES[1]}\n")
-                return "".join(lines)
+        line_end = text.find("\n", found.end())
+        line_start = text.rfind("\n", 0, found.start()) + 1
+        line = text[line_start:]
+        indent = line[: len(line) - len(line.lstrip())]
+        if line_end < 0:
+            return text + f"\n{indent}{BUILD_RS_LINES[1]}\n"
+        return text[: line_end + 1] + f"{indent}{BUILD_RS_LINES[1]}\n" + text[line_end + 1:]
     m = _FN_MAIN.search(text)
     if not m:
         return None

@@ -274,6 +274,7 @@ class StudyStore:
         self.synced = remote_db is not None
         self.sqlite_path: str | None = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
         self._lease_written = 0.0
+        self._token = secrets.token_hex(8)  # this driver's mark in the lease: every write checks it
         self.pushes = 0
         self.push_s = 0.0
 
@@ -290,10 +291,10 @@ class StudyStore:
             Path(remote).parent.mkdir(parents=True, exist_ok=True)
             return cls(f"sqlite:///{remote}", runner=runner, lease=lease, label=f"sqlite:///{remote}")
         local = config.root / ".thrust" / "study-cache" / host.name / f"{study}.db"
-        store = cls(f"sqlite:///{local}", runner=runner, lease=lease, remote_db=remote, local_db=local,
-                    label=f"{host.name}:{remote}")
-        store.pull()
-        return store
+        # not pulled here: the caller takes the lease first, then pulls (pulling replaces the local
+        # cache, which a driver that already holds the lease may be writing to)
+        return cls(f"sqlite:///{local}", runner=runner, lease=lease, remote_db=remote, local_db=local,
+                   label=f"{host.name}:{remote}")
 
     def pull(self) -> None:
         """The host's copy replaces the local cache (the host's is the one that counts)."""
@@ -310,6 +311,8 @@ class StudyStore:
         if not self.synced:
             return
         assert self.runner is not None and self.remote_db is not None and self.local_db is not None
+        if not self._owned():  # a driver that lost its lease must not overwrite the study
+            raise self._lost()
         t0 = time.monotonic()
         with tempfile.TemporaryDirectory() as tmp:
             snap = Path(tmp) / "snapshot.db"
@@ -345,7 +348,12 @@ class StudyStore:
                         f"this study is being driven from {other.get('hostname')} (seen {age:.0f} s ago)",
                         f"wait {LEASE_S:.0f} s after it stops; to share one study between machines, give "
                         "each its own host and use --storage postgresql://... (docs/optimize.md)")
-                self.heartbeat(force=True)  # a dead driver's lease: take it over
+                # a dead driver's lease: take it over, then read it back (two takers: one wins)
+                self.runner.run(["sh", "-c", 'printf "%s" "$1" > "$2.tmp.$$" && mv -f "$2.tmp.$$" "$2"', "sh",
+                                 self._body(), self.lease]).check("write the study lease")
+                self._lease_written = time.time()
+                if not self._owned():
+                    continue
                 return
             # no lease: create it only if it still does not exist (sh's noclobber is O_EXCL)
             body = self._body()
@@ -356,17 +364,36 @@ class StudyStore:
         raise ThrustError(f"could not take the study lease {self.lease}")
 
     def _body(self) -> str:
-        return json.dumps({"hostname": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()})
+        return json.dumps({"hostname": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time(),
+                           "token": self._token})
+
+    def _owned(self) -> bool:
+        return self.runner.run(["grep", "-qF", "--", self._token, self.lease]).ok
+
+    def _lost(self) -> ThrustError:
+        return ThrustError(
+            f"this driver lost the study lease {self.lease} to another driver (it was silent for more than "
+            f"{LEASE_S:.0f} s); stopping here so the two do not overwrite each other's trials",
+            "the other driver goes on with the study; its trials include this one's finished ones",
+        )
 
     def heartbeat(self, force: bool = False) -> None:
+        """Renew the lease, only while it is still ours (compare-and-swap on the host)."""
         if not force and time.time() - self._lease_written < LEASE_S / 4:
             return
-        self.runner.run(["sh", "-c", 'printf "%s" "$1" > "$2.tmp" && mv -f "$2.tmp" "$2"', "sh", self._body(),
-                         self.lease]).check("write the study lease")
+        renewed = self.runner.run([
+            "sh", "-c", 'grep -qF -- "$3" "$2" 2>/dev/null || exit 3; '
+            'printf "%s" "$1" > "$2.tmp.$$" && mv -f "$2.tmp.$$" "$2"', "sh", self._body(), self.lease, self._token,
+        ])
+        if renewed.exit_code == 3:
+            raise self._lost()
+        renewed.check("write the study lease")
         self._lease_written = time.time()
 
     def release(self) -> None:
-        self.runner.run(["rm", "-f", "--", self.lease])
+        """Drop the lease if it is still ours (never another driver's)."""
+        self.runner.run(["sh", "-c", 'grep -qF -- "$2" "$1" 2>/dev/null && rm -f -- "$1"; exit 0', "sh",
+                         self.lease, self._token])
 
 
 def _redact(url: str) -> str:
@@ -458,6 +485,7 @@ class Control:
 
     drain: bool = False
     abort: bool = False
+    started: bool = False  # set once setup is done: before that, Ctrl-C just interrupts
 
 
 @dataclass
@@ -564,10 +592,12 @@ class Optimizer:
         self.sup = runs.ensure_supervisor(self.runner, self.paths, self.host.python)
         self.stop_file = f"{self.paths.thrust}/studies/{self.study_name}.stop"
         self.runner.run(["mkdir", "-p", "--", f"{self.paths.thrust}/studies"]).check("mkdir studies")
-        self.runner.run(["rm", "-f", "--", self.stop_file])
         self.store = StudyStore.open(self.config, self.host, self.runner, self.paths, self.study_name,
                                      self.request.storage)
-        self.store.acquire()
+        self.store.acquire()  # before anything is touched: a refused second driver must change nothing
+        self.runner.run(["rm", "-f", "--", self.stop_file])
+        if self.store.synced:
+            self.store.pull()
         self.reporter.step(f"study {self.study_name} in {self.store.label}; slots: "
                            + ", ".join(f"{s.name} (CUDA_VISIBLE_DEVICES={s.cuda_visible_devices!r})"
                                        for s in self.slots))
@@ -578,6 +608,7 @@ class Optimizer:
             pruner=self._pruner(),
         )
         self._remember_settings()
+        self.control.started = True
         ok = False
         try:
             self._resume()
@@ -676,6 +707,10 @@ class Optimizer:
                 self._drain_metrics(act)
                 self.active[frozen.number] = act
                 self._finish(act, "FINISHED", None)
+            elif state == "FAILED":  # a genuine failure (bad value, OOM): not retried (docs/optimize.md)
+                self._drain_metrics(act)
+                self.active[frozen.number] = act
+                self._finish(act, "FAILED", info.get("exit_code"), info.get("log_tail") or "")
             else:
                 self._interrupted(act, f"run {state.lower()} while no driver watched")
         self._push()

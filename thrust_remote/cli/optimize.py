@@ -134,6 +134,8 @@ def optimize(
     presses = [0]
 
     def on_sigint(_signum: int, _frame: FrameType | None) -> None:
+        if not control.started:  # still syncing / setting up: nothing to drain, just stop
+            raise KeyboardInterrupt
         presses[0] += 1
         if presses[0] == 1:
             control.drain = True
