@@ -68,3 +68,49 @@ def test_a_restart_by_torchrun_resumes_from_the_checkpoint(tmp_path: Path) -> No
     resumed = [i for i in lines(out, "THRUST_INFO") if "resumed_from" in i]
     assert resumed
     assert resumed[0]["step"] == 2048
+
+
+def _rank_pid(agent_pid: int, rank: int, timeout: float = 60) -> int:
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(agent_pid).children(recursive=True):
+            try:
+                if child.environ().get("RANK") == str(rank):
+                    return child.pid
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"no rank {rank} process under {agent_pid}")
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_every_rank_after_a_final_checkpoint(tmp_path: Path) -> None:
+    """The stop decision is collective: rank 1 alone leaving the loop would leave rank 0 waiting in an
+    allreduce (gloo: connection reset) and lose everything since the last periodic checkpoint."""
+    import signal as sig
+    import time
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [str(TORCHRUN), "--standalone", "--nproc-per-node=2", "-m", "trainer.train", "--env", "cartpole",
+         "--total-steps", "5000000", "--target-return", "0", "--log-interval", "0", "--checkpoint-interval", "600",
+         "--run-dir", str(run)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (run / "metrics.jsonl").exists():
+        time.sleep(0.05)
+    time.sleep(1.0)  # a few iterations in, long before the first periodic checkpoint (600 s)
+    os.kill(_rank_pid(proc.pid, 1), sig.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert "Connection reset" not in err
+    (done,) = lines(out, "THRUST_DONE")
+    assert done["stopped_by_signal"] == sig.SIGTERM
+    saved = checkpoint_paths(run / "checkpoints")
+    assert saved, "rank 0 wrote its final checkpoint"
+    assert torch.load(saved[0][1], weights_only=True)["step"] == done["step"]

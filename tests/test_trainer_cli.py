@@ -6,12 +6,16 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from trainer.checkpoint import checkpoint_paths
+
+REPO = Path(__file__).resolve().parents[1]
+EXIT_USAGE = 64
 
 METRIC_KEYS = {
     "step", "sps", "return_mean", "length_mean", "loss_policy", "loss_value", "entropy", "approx_kl", "total_steps",
@@ -151,3 +155,37 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path: Path) -> None:
     done = tagged(out, "THRUST_DONE")[0]
     assert done["stopped_by_signal"] == 15
     assert checkpoint_paths(run / "checkpoints")
+
+
+def test_resume_without_run_dir_and_zero_counts_are_usage_errors(tmp_path: Path) -> None:
+    res = train("--env", "cartpole", "--resume")
+    assert res.returncode == EXIT_USAGE
+    assert "--run-dir" in res.stderr
+    for flag in ("--eval-every", "--num-minibatches"):
+        res = train("--env", "cartpole", flag, "0", "--run-dir", str(tmp_path / "r"))
+        assert res.returncode == EXIT_USAGE, res.stderr
+        assert "must be >= 1" in res.stderr
+
+
+@pytest.mark.slow
+def test_metrics_steps_never_go_back_after_a_crash_and_resume(tmp_path: Path) -> None:
+    """A SIGKILLed attempt logged past its last checkpoint; the resumed run drops those rows."""
+    run = tmp_path / "run"
+    args = ["--env", "cartpole", "--total-steps", "400000", "--target-return", "0", "--log-interval", "0",
+            "--checkpoint-interval", "1", "--run-dir", str(run)]
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    # wait for a checkpoint and some metrics past it, then crash
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((run / "checkpoints").glob("ckpt-*.pt")):
+        time.sleep(0.05)
+    time.sleep(0.6)
+    proc.kill()
+    proc.wait()
+    logged = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    res = train(*[a if a != "400000" else str(max(logged) + 20000) for a in args], "--resume")
+    assert res.returncode == 0, res.stderr[-2000:]
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps), "the curve never doubles back"
+    assert len(steps) == len(set(steps))

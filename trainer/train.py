@@ -278,11 +278,32 @@ def _finite(x: float) -> float | None:
 
 
 # -------------------------------------------------------------------------------------------- main
+def _trim_metrics(path: Path, step: int) -> None:
+    """After a resume from `step`, drop the rows a crashed attempt logged past it, so the file's steps
+    only ever go up (the page draws it as one curve). Atomic: temp file + os.replace."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if int(json.loads(line).get("step", 0)) <= step:
+                kept.append(line)
+        except (ValueError, AttributeError):
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{row}\n" for row in kept))
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.grid_size < 4:
         print("--grid-size must be >= 4", file=sys.stderr)
         return EXIT_USAGE
+    for flag in ("eval_every", "num_minibatches", "update_epochs", "num_steps"):
+        if getattr(args, flag) < 1:
+            print(f"--{flag.replace('_', '-')} must be >= 1", file=sys.stderr)
+            return EXIT_USAGE
     writer = None
     if args.tensorboard:
         try:
@@ -312,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     if total_envs < dist.world:
         print(f"--num-envs {total_envs} is fewer than the {dist.world} ranks", file=sys.stderr)
         return EXIT_USAGE
+    if total_envs % dist.world:
+        print(f"--num-envs {total_envs} does not split evenly over {dist.world} ranks", file=sys.stderr)
+        return EXIT_USAGE
     num_envs = total_envs // dist.world
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -321,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
 
     run_dir = Path(args.run_dir) if args.run_dir else None
+    if run_dir is None and (args.resume or dist.restart_count > 0):
+        # a fresh default directory has nothing to resume: training from 0 would be a silent surprise
+        print("--resume (and torchrun --max-restarts) needs --run-dir: the run directory to continue",
+              file=sys.stderr)
+        return EXIT_USAGE
     if run_dir is None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         # The pid keeps two runs started in the same second apart.
@@ -418,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
         if args.tensorboard:
             writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+    if dist.is_main and global_step > 0:
+        _trim_metrics(run_dir / "metrics.jsonl", global_step)
     metrics_file = open(run_dir / "metrics.jsonl", "a") if dist.is_main else None  # noqa: SIM115
 
     stop_signal: list[int] = []
@@ -426,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         stop_signal.append(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)  # Ctrl-C too: stop at the iteration's end, checkpoint first
+    stop_agreed = False  # every rank leaves the loop at the same iteration (a rank alone would hang the rest)
 
     progress = None
     if dist.is_main and sys.stdout.isatty():
@@ -472,12 +505,15 @@ def main(argv: list[str] | None = None) -> int:
     solved = False
     iteration = start_iteration
     losses: dict[str, float] = {}
-    while iteration < num_iterations and not solved and not stop_signal:
+    while iteration < num_iterations and not solved and not stop_agreed:
         ppo.collect()
         losses = ppo.update(ppo.lr_at(iteration, num_iterations))
         iteration += 1
         global_step += batch_per_iter
-        ep = dist.sum(torch.tensor(ppo.pop_episode_stats())).tolist() if dist.enabled else ppo.pop_episode_stats()
+        # the stop flag rides along with the episode stats' reduction: one collective, same answer everywhere
+        local = [*ppo.pop_episode_stats(), 1.0 if stop_signal else 0.0]
+        ep = dist.sum(torch.tensor(local)).tolist() if dist.enabled else local
+        stop_agreed = ep.pop() > 0
         window["steps"] += batch_per_iter
         for k, v in zip(("ret", "len", "score", "n"), ep, strict=True):
             window[k] += v
@@ -582,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
                 "run_dir": str(run_dir),
                 "checkpoint": str(ckpt_path) if ckpt_path else None,
                 "export": export_path,
-                "stopped_by_signal": stop_signal[0] if stop_signal else None,
+                "stopped_by_signal": stop_signal[0] if stop_signal else (int(signal.SIGTERM) if stop_agreed else None),
                 "export_error": export_error,
             },
         )
@@ -593,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.close()
     if stop_signal:
         return 128 + stop_signal[0]
+    if stop_agreed:  # another rank was signalled: this one stopped with it
+        return 128 + signal.SIGTERM
     return EXIT_FAILED if export_error else EXIT_OK
 
 
