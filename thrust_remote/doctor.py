@@ -263,6 +263,21 @@ def _diff(old: str | None, new: str, path: str) -> str:
                                         fromfile=f"{path} (before)", tofile=f"{path} (after)"))
 
 
+def _apply_build_rs(old: str | None, where: str, write: Callable[[str], None], done: str,
+                    show: Callable[[str, str], None] | None) -> FixResult:
+    """Patch, show the diff, write: the same steps wherever build.rs lives."""
+    new = patch_build_rs(old)
+    if new is None:
+        return FixResult("build-rs-no-as-needed", f"edit {where}", False, "no `fn main() {` found to add to")
+    if new == old:
+        return FixResult("build-rs-no-as-needed", f"edit {where}", False, "already has the lines")
+    preview = _diff(old, new, where)
+    if show:
+        show("build-rs-no-as-needed", preview)
+    write(new)
+    return FixResult("build-rs-no-as-needed", f"edit {where}", True, done, preview=preview)
+
+
 def fix_build_rs(runner: Runner, report: Report, *, local_crate: Path | None = None,
                  show: Callable[[str, str], None] | None = None) -> FixResult:
     """Add the link lines to build.rs: in the local checkout when there is one (sync ships it, and a
@@ -276,36 +291,20 @@ def fix_build_rs(runner: Runner, report: Report, *, local_crate: Path | None = N
         rel = os.path.relpath(remote_path, crate["dir"]) if crate.get("dir") else Path(remote_path).name
         path = local_crate / rel
         old = path.read_text() if path.is_file() else None
-        new = patch_build_rs(old)
-        where = str(path)
-        if new is None:
-            return FixResult("build-rs-no-as-needed", f"edit {where}", False, "no `fn main() {` found to add to")
-        if new == old:
-            return FixResult("build-rs-no-as-needed", f"edit {where}", False, "already has the lines")
-        preview = _diff(old, new, where)
-        if show:
-            show("build-rs-no-as-needed", preview)
-        path.write_text(new)
-        return FixResult("build-rs-no-as-needed", f"edit {where}", True,
-                         "commit it: the next sync takes it to the host", preview=preview)
+        return _apply_build_rs(old, str(path), path.write_text, "commit it: the next sync takes it to the host",
+                               show)
     with tempfile.TemporaryDirectory(prefix="thrust-buildrs-") as tmp:
         local = Path(tmp) / "build.rs"
         old = None
         if (crate.get("build_rs") or {}).get("exists"):
             runner.get(remote_path, local)
             old = local.read_text()
-        new = patch_build_rs(old)
-        where = f"{runner.name}:{remote_path}"
-        if new is None:
-            return FixResult("build-rs-no-as-needed", f"edit {where}", False, "no `fn main() {` found to add to")
-        if new == old:
-            return FixResult("build-rs-no-as-needed", f"edit {where}", False, "already has the lines")
-        preview = _diff(old, new, where)
-        if show:
-            show("build-rs-no-as-needed", preview)
-        local.write_text(new)
-        runner.put(local, remote_path)
-    return FixResult("build-rs-no-as-needed", f"edit {where}", True, "written on the host", preview=preview)
+
+        def write_on_host(text: str) -> None:
+            local.write_text(text)
+            runner.put(local, remote_path)
+
+        return _apply_build_rs(old, f"{runner.name}:{remote_path}", write_on_host, "written on the host", show)
 
 
 def fix_stale_build(runner: Runner, report: Report, job: JobConfig) -> FixResult:
