@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .errors import ThrustError, TransferError, UsageError
 from .names import valid_env_key
@@ -91,7 +91,55 @@ class Runner(Protocol):
         """The home directory where `~` in a path points."""
         ...
 
+    def read_text(self, path: str) -> str | None:
+        """A file's text, or None when it does not exist."""
+        ...
+
+    def write_text(self, path: str, text: str) -> None:
+        """Write a file atomically (verified copy, then rename), owner-only, parents made as needed."""
+        ...
+
+    def makedirs(self, path: str) -> None:
+        """`mkdir -p` on the runner's side."""
+        ...
+
     def close(self) -> None: ...
+
+
+class FileOps:
+    """The file operations every capability needs, written once on top of `run` and `put`.
+
+    write_text goes through `put`, so it is atomic and verified on both runners and needs no shell
+    snippet on the host; the temporary file is 0600, and put keeps that mode.
+    """
+
+    name: str
+
+    if TYPE_CHECKING:  # provided by the runner itself
+        def run(self, argv: Sequence[str], **kwargs: object) -> RunResult: ...
+        def put(self, local: str | os.PathLike[str], remote: str) -> str: ...
+
+    def read_text(self, path: str) -> str | None:
+        result = self.run(["cat", "--", path])
+        if result.ok:
+            return result.stdout
+        if "No such file" in result.stderr:
+            return None
+        result.check(f"read {path} on {self.name}")
+        return None
+
+    def write_text(self, path: str, text: str) -> None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="thrust-write-") as tmp:
+            local = os.path.join(tmp, "data")
+            fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            self.put(local, path)
+
+    def makedirs(self, path: str) -> None:
+        self.run(["mkdir", "-p", "--", path]).check(f"mkdir -p {path} on {self.name}")
 
 
 def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -162,7 +210,7 @@ class _LineSplitter:
 
 
 @dataclass
-class LocalRunner:
+class LocalRunner(FileOps):
     """Runs on this machine with subprocess, never through a shell."""
 
     name: str = "local"
@@ -249,6 +297,15 @@ class LocalRunner:
 
     def home(self) -> str:
         return os.path.expanduser("~")
+
+    def read_text(self, path: str) -> str | None:
+        try:
+            return Path(expand_home(path, self.home())).read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return None
+
+    def makedirs(self, path: str) -> None:
+        Path(expand_home(path, self.home())).mkdir(parents=True, exist_ok=True)
 
     def close(self) -> None:
         self._closed = True

@@ -56,6 +56,7 @@ from .runner import (
     RunResult,
     StreamCallback,
     _LineSplitter,
+    FileOps,
     check_argv,
     check_env,
     expand_home,
@@ -156,7 +157,7 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
             fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
-class SSHRunner:
+class SSHRunner(FileOps):
     """Runner over one SSH connection, opened lazily and reused for every command and transfer."""
 
     def __init__(
