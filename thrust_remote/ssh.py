@@ -53,10 +53,10 @@ from .names import Address, parse_address
 from .runner import (
     TIMEOUT_EXIT,
     BytesCallback,
+    FileOps,
     RunResult,
     StreamCallback,
     _LineSplitter,
-    FileOps,
     check_argv,
     check_env,
     expand_home,
