@@ -47,6 +47,123 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
+def run_study(args: argparse.Namespace, root: Path) -> tuple[dict, Path, float, float, object]:
+    """The real CLI on a fresh clone: (its JSON summary, the host's workdir, t0, command wall, server)."""
+    server = None
+    project = root / "project"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(project)], check=True)
+    subprocess.run(["git", "-C", str(project), "remote", "remove", "origin"], check=True)
+    if args.local:
+        (project / "thrust.yaml").write_text(SEARCH)
+        workdir = project
+    else:
+        from conftest import _start_sshd
+
+        server = _start_sshd(root / "sshd")
+        workdir = root / "host" / "thrust"
+        server.thrust_yaml(project / "thrust.yaml", workdir=str(workdir), rest=SEARCH)
+    exe = str(Path(sys.executable).parent / "thrust-remote")
+    argv = [exe, "optimize", "cartpole", "--trials", str(args.trials), "--parallel", str(args.parallel),
+            "--study", "bench", "--pruner", "none", "--seed", "1", "--set", f"total-steps={args.steps}",
+            "--set", "target-return=0", "--json"]
+    t0 = time.time()
+    try:
+        result = subprocess.run(argv, cwd=project, capture_output=True, text=True,
+                                env={**os.environ, "NO_COLOR": "1"})
+    except BaseException:
+        stop_server(server)
+        raise
+    command_s = time.time() - t0
+    if result.returncode != 0:
+        stop_server(server)
+        sys.exit(f"optimize failed ({result.returncode}):\n{result.stderr[-2000:]}")
+    return json.loads(result.stdout), workdir, t0, command_s, server
+
+
+def stop_server(server: object) -> None:
+    if server is not None:
+        os.killpg(server.wrapper.pid, signal.SIGKILL)  # ends sshd and every run started through it
+        server.wrapper.wait(timeout=10)
+
+
+def ms(values: list[float]) -> str:
+    return f"median {statistics.median(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms"
+
+
+def report_first_metric(trials: list[dict], workdir: Path) -> None:
+    first_seen, own, overhead = [], [], []
+    for t in trials:
+        run_dir = workdir / ".thrust" / "runs" / t["run_id"]
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        trainer_first = json.loads(lines[0])["wall_s"]
+        seen = t["first_metric_at"] - t["launched_at"]
+        first_seen.append(seen)
+        own.append(trainer_first)
+        overhead.append(seen - trainer_first)
+    print(
+        f"  launch -> first metric seen: median {statistics.median(first_seen):.2f} s, "
+        f"p90 {pct(first_seen, 0.9):.2f} s"
+    )
+    print(f"    trainer's own time to its first report: median {statistics.median(own):.2f} s")
+    print(
+        f"    scheduling overhead (difference): median {statistics.median(overhead):.3f} s, "
+        f"p90 {pct(overhead, 0.9):.3f} s"
+    )
+
+
+def report_gaps(trials: list[dict], workdir: Path, busy_host: float) -> None:
+    gaps, seen_late, launch_cost, host_idle = [], [], [], []
+    for slot in {t["slot"] for t in trials}:
+        mine = sorted((t for t in trials if t["slot"] == slot), key=lambda t: t["launched_at"])
+        for a, b in zip(mine, mine[1:], strict=False):
+            a_dir = workdir / ".thrust" / "runs" / a["run_id"]
+            b_dir = workdir / ".thrust" / "runs" / b["run_id"]
+            a_exit = (a_dir / "exit_code").stat().st_mtime
+            b_start = (b_dir / "run.json").stat().st_mtime
+            seen_late.append(a["ended_at"] - a_exit)  # trainer gone -> driver knows
+            gaps.append(b["launched_at"] - a["ended_at"])  # driver knows -> starts the next launch
+            launch_cost.append(b_start - b["launched_at"])  # ask, save study, launch command, fork
+            host_idle.append(b_start - a_exit)
+    if not gaps:
+        return
+    print(f"  idle on a slot between two trials (host): {ms(host_idle)}, of which")
+    print(f"    trainer exited -> driver saw it: {ms(seen_late)}")
+    print(f"    driver saw it -> next launch begins: {ms(gaps)}")
+    print(f"    launch begins -> trainer process started: {ms(launch_cost)}")
+    timing = [t["launch_timing"] for t in trials if t.get("launch_timing")]
+    if timing:
+        print(f"      saving the study (attributes + push): {ms([x['save_s'] for x in timing])}")
+        print(f"      the launch command (supervisor, fork): {ms([x['launch_s'] for x in timing])}")
+    alive = busy_host / len(trials)
+    print(f"  mean trial (trainer alive) {alive:.1f} s: utilisation ~ alive / (alive + idle)")
+
+
+def report(args: argparse.Namespace, out: dict, workdir: Path, t0: float, command_s: float) -> None:
+    trials = [t for t in out["trials"] if t["launched_at"] and t["ended_at"]]
+    busy_driver, busy_host = 0.0, 0.0
+    for t in trials:
+        run_dir = workdir / ".thrust" / "runs" / t["run_id"]
+        busy_driver += t["ended_at"] - t["launched_at"]
+        busy_host += (run_dir / "exit_code").stat().st_mtime - (run_dir / "run.json").stat().st_mtime
+    start = min(t["launched_at"] for t in trials)
+    wall = max(t["ended_at"] for t in trials) - start
+    slots = len(out["slots"])
+    where = "local host" if args.local else "loopback sshd"
+    print(f"optimize cartpole: {len(trials)} trials, {slots} slots, total-steps {args.steps}, {where}")
+    print(f"  command wall {command_s:.1f} s (prepare + study {start - t0:.1f} s, trials {wall:.1f} s)")
+    report_first_metric(trials, workdir)
+    report_gaps(trials, workdir, busy_host)
+    print(f"  slot utilisation, driver view: {busy_driver / (slots * wall):.1%}")
+    print(f"  slot utilisation, host view (trainer process alive): {busy_host / (slots * wall):.1%}")
+    sync = out.get("sync") or {}
+    if sync:
+        print(
+            f"  study DB pushes: {sync['pushes']} in {sync['push_s']:.2f} s "
+            f"({sync['push_s'] / max(1, sync['pushes']) * 1000:.0f} ms each)"
+        )
+    print(f"  target >= 90% utilisation: {'met' if busy_host / (slots * wall) >= 0.9 else 'NOT met'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=12)
@@ -55,116 +172,13 @@ def main() -> None:
     parser.add_argument("--local", action="store_true", help="the local host instead of the loopback sshd")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-optimize-"))
-    server = None
     try:
-        project = root / "project"
-        subprocess.run(["git", "clone", "-q", str(REPO), str(project)], check=True)
-        subprocess.run(["git", "-C", str(project), "remote", "remove", "origin"], check=True)
-        if args.local:
-            (project / "thrust.yaml").write_text(SEARCH)
-            workdir = project
-        else:
-            from conftest import _start_sshd
-
-            server = _start_sshd(root / "sshd")
-            workdir = root / "host" / "thrust"
-            server.thrust_yaml(project / "thrust.yaml", workdir=str(workdir), rest=SEARCH)
-        exe = str(Path(sys.executable).parent / "thrust-remote")
-        argv = [
-            exe,
-            "optimize",
-            "cartpole",
-            "--trials",
-            str(args.trials),
-            "--parallel",
-            str(args.parallel),
-            "--study",
-            "bench",
-            "--pruner",
-            "none",
-            "--seed",
-            "1",
-            "--set",
-            f"total-steps={args.steps}",
-            "--set",
-            "target-return=0",
-            "--json",
-        ]
-        t0 = time.time()
-        result = subprocess.run(argv, cwd=project, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
-        command_s = time.time() - t0
-        if result.returncode != 0:
-            sys.exit(f"optimize failed ({result.returncode}):\n{result.stderr[-2000:]}")
-        out = json.loads(result.stdout)
-        trials = [t for t in out["trials"] if t["launched_at"] and t["ended_at"]]
-        first_seen, own, overhead = [], [], []
-        busy_driver, busy_host = 0.0, 0.0
-        for t in trials:
-            run_dir = workdir / ".thrust" / "runs" / t["run_id"]
-            lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-            trainer_first = json.loads(lines[0])["wall_s"]
-            seen = t["first_metric_at"] - t["launched_at"]
-            first_seen.append(seen)
-            own.append(trainer_first)
-            overhead.append(seen - trainer_first)
-            busy_driver += t["ended_at"] - t["launched_at"]
-            busy_host += (run_dir / "exit_code").stat().st_mtime - (run_dir / "run.json").stat().st_mtime
-        start = min(t["launched_at"] for t in trials)
-        end = max(t["ended_at"] for t in trials)
-        wall = end - start
-        slots = len(out["slots"])
-        gaps, seen_late, launch_cost, host_idle = [], [], [], []
-        for slot in {t["slot"] for t in trials}:
-            mine = sorted((t for t in trials if t["slot"] == slot), key=lambda t: t["launched_at"])
-            for a, b in zip(mine, mine[1:], strict=False):
-                a_dir = workdir / ".thrust" / "runs" / a["run_id"]
-                b_dir = workdir / ".thrust" / "runs" / b["run_id"]
-                a_exit = (a_dir / "exit_code").stat().st_mtime
-                b_start = (b_dir / "run.json").stat().st_mtime
-                seen_late.append(a["ended_at"] - a_exit)  # trainer gone -> driver knows
-                gaps.append(b["launched_at"] - a["ended_at"])  # driver knows -> starts the next launch
-                launch_cost.append(b_start - b["launched_at"])  # ask, save study, launch command, fork
-                host_idle.append(b_start - a_exit)
-        where = "local host" if args.local else "loopback sshd"
-        print(f"optimize cartpole: {len(trials)} trials, {slots} slots, total-steps {args.steps}, {where}")
-        print(f"  command wall {command_s:.1f} s (prepare + study {start - t0:.1f} s, trials {wall:.1f} s)")
-        print(
-            f"  launch -> first metric seen: median {statistics.median(first_seen):.2f} s, "
-            f"p90 {pct(first_seen, 0.9):.2f} s"
-        )
-        print(f"    trainer's own time to its first report: median {statistics.median(own):.2f} s")
-        print(
-            f"    scheduling overhead (difference): median {statistics.median(overhead):.3f} s, "
-            f"p90 {pct(overhead, 0.9):.3f} s"
-        )
-        if gaps:
-
-            def ms(values: list[float]) -> str:
-                return f"median {statistics.median(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms"
-
-            print(f"  idle on a slot between two trials (host): {ms(host_idle)}, of which")
-            print(f"    trainer exited -> driver saw it: {ms(seen_late)}")
-            print(f"    driver saw it -> next launch begins: {ms(gaps)}")
-            print(f"    launch begins -> trainer process started: {ms(launch_cost)}")
-            timing = [t["launch_timing"] for t in trials if t.get("launch_timing")]
-            if timing:
-                print(f"      saving the study (attributes + push): {ms([x['save_s'] for x in timing])}")
-                print(f"      the launch command (supervisor, fork): {ms([x['launch_s'] for x in timing])}")
-            alive = busy_host / len(trials)
-            print(f"  mean trial (trainer alive) {alive:.1f} s: utilisation ~ alive / (alive + idle)")
-        print(f"  slot utilisation, driver view: {busy_driver / (slots * wall):.1%}")
-        print(f"  slot utilisation, host view (trainer process alive): {busy_host / (slots * wall):.1%}")
-        sync = out.get("sync") or {}
-        if sync:
-            print(
-                f"  study DB pushes: {sync['pushes']} in {sync['push_s']:.2f} s "
-                f"({sync['push_s'] / max(1, sync['pushes']) * 1000:.0f} ms each)"
-            )
-        print(f"  target >= 90% utilisation: {'met' if busy_host / (slots * wall) >= 0.9 else 'NOT met'}")
+        out, workdir, t0, command_s, server = run_study(args, root)
+        try:
+            report(args, out, workdir, t0, command_s)
+        finally:
+            stop_server(server)
     finally:
-        if server is not None:
-            os.killpg(server.wrapper.pid, signal.SIGKILL)  # ends sshd and every run started through it
-            server.wrapper.wait(timeout=10)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -349,7 +349,7 @@ def _postgres_scheme() -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("psycopg2"):
-        return "postgresql"
+        return "postgresql+psycopg2"  # explicit: a bare postgresql:// may mean psycopg 3 in SQLAlchemy
     if importlib.util.find_spec("psycopg"):
         return "postgresql+psycopg"
     return None

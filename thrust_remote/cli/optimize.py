@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import optimize as core
+from ..config import Config, HostConfig, JobConfig
 from ..console import console, err_console
 from ..errors import UsageError
 from .common import get_config, open_runner
@@ -110,15 +111,7 @@ def optimize(
     job_cfg = config.job(job)
     host_cfg = config.host(host)
     if stop:
-        runner = open_runner(host_cfg)
-        try:
-            stopped = core.request_stop(runner, host_cfg, config, study or core.default_study_name(job_cfg))
-        finally:
-            runner.close()
-        if as_json:
-            typer.echo(json.dumps({"stopped": stopped}))
-        else:
-            console.print(f"stop requested; stopped {len(stopped)} running trial(s)")
+        _stop(config, job_cfg, host_cfg, study, as_json)
         return
     if trials is None:
         raise UsageError("--trials N is required (how many trials the study should finish)")
@@ -131,6 +124,38 @@ def optimize(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our table says what happens
     control = core.Control()
+    runner = open_runner(host_cfg)
+    reporter = CliReporter(quiet=as_json)
+    previous = signal.signal(signal.SIGINT, _sigint_handler(control))
+    try:
+        with LiveTable(err_console.is_terminal and not as_json, f"study {study or job}") as view:
+            optimizer = core.Optimizer(config, request, runner, reporter, view, control)
+            summary = optimizer.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        runner.close()
+    if as_json:
+        typer.echo(json.dumps(summary.as_json(), indent=2))
+    else:
+        render_summary(summary)
+    raise typer.Exit(summary.exit_code)
+
+
+def _stop(config: Config, job: JobConfig, host: HostConfig, study: str | None, as_json: bool) -> None:
+    """`optimize --stop`: the study's driver sees the stop file; its running trials are stopped here."""
+    runner = open_runner(host)
+    try:
+        stopped = core.request_stop(runner, host, config, study or core.default_study_name(job))
+    finally:
+        runner.close()
+    if as_json:
+        typer.echo(json.dumps({"stopped": stopped}))
+    else:
+        console.print(f"stop requested; stopped {len(stopped)} running trial(s)")
+
+
+def _sigint_handler(control: core.Control) -> Callable[[int, FrameType | None], None]:
+    """Ctrl-C once: drain (no new trials); twice: stop the running ones; three times: interrupt."""
     presses = [0]
 
     def on_sigint(_signum: int, _frame: FrameType | None) -> None:
@@ -147,21 +172,7 @@ def optimize(
         else:
             raise KeyboardInterrupt
 
-    runner = open_runner(host_cfg)
-    reporter = CliReporter(quiet=as_json)
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        with LiveTable(err_console.is_terminal and not as_json, f"study {study or job}") as view:
-            optimizer = core.Optimizer(config, request, runner, reporter, view, control)
-            summary = optimizer.run()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        runner.close()
-    if as_json:
-        typer.echo(json.dumps(summary.as_json(), indent=2))
-    else:
-        render_summary(summary)
-    raise typer.Exit(summary.exit_code)
+    return on_sigint
 
 
 def render_summary(s: core.Summary) -> None:

@@ -1,0 +1,44 @@
+"""The shape of thrust_remote/optimize/ (docs/architecture.md, "optimize"): the study is told in one
+module, and the host, runs.* and pipeline.* are reached from one module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "thrust_remote" / "optimize"
+
+
+def modules() -> dict[str, ast.Module]:
+    return {p.name: ast.parse(p.read_text()) for p in sorted(PACKAGE.glob("*.py"))}
+
+
+def test_only_the_scheduler_tells_the_study():
+    callers = {name for name, tree in modules().items() for node in ast.walk(tree)
+               if isinstance(node, ast.Attribute) and node.attr == "tell"}
+    assert callers == {"scheduler.py"}
+
+
+def test_only_hostops_imports_runs_and_pipeline():
+    importers = set()
+    for name, tree in modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 2 and (
+                    node.module in ("runs", "pipeline", "sync", "supervise")
+                    or node.module is None and {a.name for a in node.names} & {"runs", "pipeline", "sync"}):
+                importers.add(name)
+    assert importers == {"hostops.py"}
+
+
+def test_only_hostops_holds_shell_one_liners():
+    holders = {name for name, tree in modules().items() for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and node.value in ("sh", "-c", "cat", "mkdir")}
+    assert holders <= {"hostops.py"}
+
+
+def test_size_rule():
+    for name, tree in modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                lines = node.end_lineno - node.lineno + 1
+                assert lines <= (300 if isinstance(node, ast.ClassDef) else 80), f"{name}: {node.name} {lines}"

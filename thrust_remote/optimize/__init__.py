@@ -1,0 +1,54 @@
+"""`thrust-remote optimize JOB --trials N`: an Optuna study whose trials are detached runs on a host.
+
+Optuna runs here, in the CLI process (ask/tell); every trial is a detached run on the host (the same
+supervisor as `train`), one per slot, with the slot's GPUs as CUDA_VISIBLE_DEVICES. One remote
+command per poll reads every running trial's state and the new bytes of its metrics.jsonl (by
+byte offset); the trainer's `return_mean`, bucketed into fixed step rungs, is what the pruner sees.
+
+Storage (docs/optimize.md): by default the study is a SQLite file on the host,
+`<workdir>/.thrust/studies/<study>.db`. For the local host Optuna opens that file directly. For a
+remote host the file is fetched (verified) into `<project>/.thrust/study-cache/<host>/` at start, and
+put back (snapshot, verified, atomic rename) after every change of a trial's state, so the host's
+copy is the authoritative one and a rerun from any laptop continues it. `--storage URL` (e.g.
+postgresql://) is used as it is: no copies, several drivers may share it.
+
+Resume: a rerun of the same command finds the trials RUNNING in the study. Each one's run id was
+stored *before* it was launched, so its run is found: still running → adopted (followed again); ended
+→ told from its metrics; never started, lost or stopped → marked FAIL and its parameters enqueued
+again. Only COMPLETE and PRUNED trials count towards N.
+
+The modules (docs/architecture.md, "optimize"): space (what is searched), slots (where trials run),
+store (lease + study DB), monitor (polls, metrics, rungs), scheduler (the only caller of `tell`),
+summary (the end), driver (builds them all, in order), hostops (every remote action, and every call
+into runs.* and pipeline.*). Only hostops reaches the host or the pipeline.
+"""
+
+from __future__ import annotations
+
+from ..gpus import host_gpus
+from .driver import Optimizer, request_stop
+from .hostops import POLL_SCRIPT
+from .model import (
+    DEFAULT_LOG_INTERVAL,
+    METRICS,
+    PRUNERS,
+    PUSH_EVERY_S,
+    RUNGS,
+    Control,
+    NullObserver,
+    Observer,
+    OptimizeRequest,
+    TrialView,
+    is_trial_run,
+)
+from .slots import Slot, SlotPool, plan_slots
+from .space import DEFAULT_SEARCH, NOT_SEARCHABLE, TRAINER_FLAGS, distributions, search_space
+from .store import LEASE_S, StudyStore, default_study_name
+from .summary import Summary, param_importances, write_best_params
+
+__all__ = [
+    "DEFAULT_LOG_INTERVAL", "DEFAULT_SEARCH", "LEASE_S", "METRICS", "NOT_SEARCHABLE", "POLL_SCRIPT", "PRUNERS",
+    "PUSH_EVERY_S", "RUNGS", "TRAINER_FLAGS", "Control", "NullObserver", "Observer", "OptimizeRequest", "Optimizer",
+    "Slot", "SlotPool", "StudyStore", "Summary", "TrialView", "default_study_name", "distributions", "host_gpus",
+    "is_trial_run", "param_importances", "plan_slots", "request_stop", "search_space", "write_best_params",
+]

@@ -1,0 +1,122 @@
+"""The driver: check the request, prepare the host, plan the slots, take the study's lease, open the
+study, build the monitor and the scheduler from all of that, run, summarise. Also `optimize --stop`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import Config, HostConfig
+from ..errors import ConnectionLostError, ThrustError, UsageError
+from ..names import valid_id
+from ..runner import Runner
+from . import hostops
+from .hostops import StudyHost
+from .model import (
+    DEFAULT_LOG_INTERVAL,
+    METRICS,
+    PRUNERS,
+    Control,
+    NullObserver,
+    Observer,
+    OptimizeRequest,
+    is_trial_run,
+)
+from .monitor import Monitor
+from .scheduler import Plan, Scheduler
+from .slots import SlotPool, plan_slots
+from .space import distributions, search_space
+from .store import StudyStore, default_study_name, open_study, remember_settings
+from .summary import Summary, build_summary
+
+
+class Optimizer:
+    """One `optimize` command: everything checked at construction, before any host is touched."""
+
+    def __init__(self, config: Config, request: OptimizeRequest, runner: Runner,
+                 reporter: hostops.Reporter | None = None, observer: Observer | None = None,
+                 control: Control | None = None) -> None:
+        if request.trials < 1:
+            raise UsageError("--trials must be at least 1")
+        if request.pruner not in PRUNERS:
+            raise UsageError(f"--pruner {request.pruner!r}: expected one of {', '.join(PRUNERS)}")
+        if request.metric not in METRICS:
+            raise UsageError(f"--metric {request.metric!r}: expected one of {', '.join(METRICS)}")
+        self.config = config
+        self.request = request
+        self.runner = runner
+        self.reporter = reporter or hostops.NullReporter()
+        self.observer = observer or NullObserver()
+        self.control = control or Control()
+        self.job = request.job
+        self.host = request.host
+        self.study_name = request.study or default_study_name(self.job)
+        if not valid_id(self.study_name):
+            raise UsageError(f"--study {self.study_name!r}: use letters, digits, '_', '-', '.'")
+        self.fixed = hostops.parse_sets(request.sets)
+        self.space = search_space(config, self.job, self.fixed)
+        self.dists = distributions(self.space)
+        self.injected: dict[str, str] = {}
+        job_args = dict(self.job.args)  # type: ignore[arg-type]
+        if "log-interval" not in self.fixed and "log-interval" not in job_args:
+            self.injected["log-interval"] = DEFAULT_LOG_INTERVAL
+
+    def _args(self, params: Mapping[str, Any]) -> list[str]:
+        return hostops.trial_args(self.job, {**self.injected, **self.fixed}, params)
+
+    def run(self) -> Summary:
+        started = time.monotonic()
+        r = self.request
+        prepared = hostops.prepare(self.config, self.job, self.host, self.runner, self.reporter, self._args({}))
+        pool = SlotPool(plan_slots(prepared.report.facts, self.host, r.gpus, r.parallel, r.slots_per_gpu))
+        host = StudyHost.open(self.runner, prepared, self.study_name)
+        store = StudyStore.open(self.config, self.host, self.runner, hostops.studies_dir(prepared.paths),
+                                self.study_name, r.storage)
+        store.acquire()  # before anything is touched: a refused second driver must change nothing
+        host.clear_stop()
+        if store.synced:
+            store.pull()
+        self.reporter.step(f"study {self.study_name} in {store.label}; slots: "
+                           + ", ".join(f"{s.name} (CUDA_VISIBLE_DEVICES={s.cuda_visible_devices!r})"
+                                       for s in pool.slots))
+        study = open_study(store, self.study_name, r)
+        settings = {"job": self.job.name, "space": self.space, "fixed": self.fixed, "metric": r.metric}
+        monitor = Monitor(host, study, r.metric, remember_settings(study, settings, self.reporter))
+        plan = Plan(self.study_name, self.dists, self._args, r.trials, r.timeout, r.poll_s)
+        scheduler = Scheduler(plan, study, host, store, monitor, pool, self.observer, self.control, self.reporter)
+        self.control.started = True
+        self._drive(scheduler, started)
+        return build_summary(study, name=self.study_name, job=self.job.name, host=self.host.name, request=r,
+                             fixed=self.fixed, best_file=self.config.root / f"{self.study_name}-best.yaml",
+                             store=store, slots=pool.slots, views=scheduler.views, stopped=scheduler.stopped,
+                             wall=time.monotonic() - started)
+
+    def _drive(self, scheduler: Scheduler, started: float) -> None:
+        ok = False
+        try:
+            scheduler.resume()
+            scheduler.loop(started)
+            ok = True
+        except ConnectionLostError as exc:
+            raise ConnectionLostError(
+                f"{exc.message}; the running trials go on on {self.host.name}",
+                "rerun the same command to continue the study (running trials are adopted)") from None
+        finally:
+            try:
+                scheduler.close()
+            except ThrustError:
+                if ok:
+                    raise
+
+
+def request_stop(runner: Runner, host: HostConfig, config: Config, study: str) -> list[str]:
+    """Stop a study from anywhere: tell its driver (the stop file), then stop its running trials."""
+    paths = hostops.host_paths(runner, host, config)
+    hostops.write_stop(runner, f"{hostops.studies_dir(paths)}/{study}.stop")
+    stopped = []
+    for run_id in hostops.running_run_ids(runner, host, paths):
+        if is_trial_run(run_id, study):
+            hostops.stop_run(runner, host, paths, run_id)
+            stopped.append(run_id)
+    return stopped

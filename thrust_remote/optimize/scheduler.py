@@ -1,0 +1,308 @@
+"""The scheduler: fill free slots with asked trials, follow them through the monitor, and tell the
+study how each ended. The ONLY place that calls `study.tell` (docs/architecture.md, "optimize"): every
+ending (complete, pruned, failed, interrupted) goes through `_tell`."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConnectionLostError, ThrustError
+from .hostops import Reporter, StudyHost
+from .model import (
+    MAX_CONSECUTIVE_FAILURES,
+    PUSH_EVERY_S,
+    RUNGS,
+    Control,
+    Observer,
+    TrialView,
+    count_states,
+    fmt,
+    is_trial_run,
+)
+from .monitor import ActiveTrial, Ended, Monitor, Prune
+from .slots import Slot, SlotPool
+from .store import StudyStore
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the scheduler runs, fixed before it starts."""
+
+    study_name: str
+    dists: dict[str, Any]  # Optuna distributions of the searched flags
+    args: Callable[[Mapping[str, Any]], list[str]]  # a trial's parameters → the trainer's argv flags
+    trials: int  # COMPLETE + PRUNED to reach
+    timeout: float | None  # seconds after which no new trial starts
+    poll_s: float
+
+
+class Scheduler:
+    def __init__(self, plan: Plan, study: Any, host: StudyHost, store: StudyStore, monitor: Monitor,
+                 pool: SlotPool, observer: Observer, control: Control, reporter: Reporter) -> None:
+        self.plan = plan
+        self.study = study
+        self.host = host
+        self.store = store
+        self.monitor = monitor
+        self.pool = pool
+        self.observer = observer
+        self.control = control
+        self.reporter = reporter
+        self.views: dict[int, TrialView] = {}
+        self.active: dict[int, ActiveTrial] = {}
+        self.consecutive_failures = 0
+        self.stopped: str | None = None  # why no new trials start (timeout, drained, failures, aborted)
+        self.by_us: set[str] = set()  # run ids we are stopping (pruned or aborted)
+        self.dirty_since: float | None = None  # the local copy has changes the host's lacks
+
+    # -- resume -----------------------------------------------------------------------------------
+    def resume(self) -> None:
+        """Trials RUNNING in the study from an earlier driver on this host: adopt, tell, or retry."""
+        from optuna.trial import TrialState
+
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        self._stop_orphans({t.user_attrs.get("run_id") for t in running})
+        mine = [t for t in running if t.user_attrs.get("host") == self.host.host.name
+                and t.user_attrs.get("workdir") == self.host.paths.workdir]
+        if not mine:
+            return
+        self.reporter.step(f"resuming: {len(mine)} trial(s) were running when the last driver stopped")
+        answer = self.monitor.snapshot([t.user_attrs["run_id"] for t in mine if t.user_attrs.get("run_id")])
+        for frozen in mine:
+            run_id = frozen.user_attrs.get("run_id")
+            info = answer.get(self.host.run_dir(run_id)) if run_id else None
+            self._resume_one(frozen, info)
+        self._push()
+
+    def _resume_one(self, frozen: Any, info: Mapping[str, Any] | None) -> None:
+        from optuna.trial import Trial
+
+        run_id = frozen.user_attrs.get("run_id")
+        view = self._view(TrialView.from_frozen(frozen))
+        state = info["state"] if info else "MISSING"
+        slot = self.pool.find_free(frozen.user_attrs.get("slot") or (info or {}).get("slot") or "")
+        act = ActiveTrial(view, Trial(self.study, frozen._trial_id), slot or Slot("?"),
+                          reported=set(frozen.intermediate_values))
+        if state == "RUNNING" and slot is not None:
+            self.pool.take(slot)
+            view.state = "RUNNING"
+            self.active[frozen.number] = act
+            self.observer.event(f"trial {frozen.number}: adopted its running run {run_id} on {slot.name}")
+            return
+        if state == "RUNNING":
+            self.observer.event(f"trial {frozen.number}: slot {frozen.user_attrs.get('slot')} is not in this "
+                                "run's slots: stopping it")
+            self._stop_run(run_id)
+            state = "STOPPED"
+        if state in ("FINISHED", "FAILED"):  # a genuine failure is not retried (docs/optimize.md)
+            assert info is not None
+            self.monitor.drain(act)
+            self.active[frozen.number] = act
+            self._finish(act, Ended(state, info.get("exit_code"), info.get("log_tail") or ""))
+        else:
+            self._interrupted(act, f"run {state.lower()} while no driver watched")
+
+    def _stop_orphans(self, known: set[str | None]) -> None:
+        """A run of this study that no trial in the study names (its driver died between launching it
+        and saving the study) would hold a slot unseen: stop it."""
+        for run_id in self.host.running_run_ids():
+            if is_trial_run(run_id, self.plan.study_name) and run_id not in known:
+                self.observer.event(f"stopping {run_id}: a run of this study that no trial names")
+                self._stop_run(run_id)
+
+    def _view(self, view: TrialView) -> TrialView:
+        self.views[view.number] = view
+        return view
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def loop(self, started: float) -> None:
+        deadline = started + self.plan.timeout if self.plan.timeout else None
+        while True:
+            tick = time.monotonic()
+            if self.control.abort:
+                self.stopped = "aborted"
+                return
+            counts = count_states(self.study)
+            if deadline is not None and tick > deadline and not self.stopped:
+                self.stopped = "timeout"
+                self.observer.event(f"--timeout {self.plan.timeout:g} s reached: no new trials")
+            if self.control.drain and not self.stopped:
+                self.stopped = "drained"
+            # RUNNING in the study counts every driver's running trials (a shared PostgreSQL study)
+            while (self.pool.free and not self._no_new_trials()
+                   and counts["done"] + counts["RUNNING"] < self.plan.trials):
+                self._launch(self.pool.take())
+                counts = count_states(self.study)
+            self.observer.update(list(self.views.values()), counts)
+            if not self.active:
+                return
+            self._poll_active()  # waits on the host up to poll_s, less when a trial ends
+            self.store.heartbeat()
+            if self.dirty_since is not None and time.monotonic() - self.dirty_since > PUSH_EVERY_S:
+                self._push()
+
+    def close(self) -> None:
+        """The end, however it came: stop the trials of an aborted study, save, drop the lease."""
+        if self.control.abort and self.active:
+            for act in list(self.active.values()):
+                self._stop_run(act.view.run_id)
+                self._interrupted(act, "stopped with the study")
+        self._push()
+        self.store.release()
+
+    def _no_new_trials(self) -> bool:
+        if self.consecutive_failures >= MAX_CONSECUTIVE_FAILURES and not self.stopped:
+            self.stopped = "failures"
+            self.observer.event(f"{self.consecutive_failures} trials failed in a row: no new trials")
+        return self.stopped is not None or self.control.abort
+
+    def _launch(self, slot: Slot) -> None:
+        trial = self.study.ask(self.plan.dists)
+        params = dict(trial.params)
+        run_id = f"{self.plan.study_name}-t{trial.number:03d}-{secrets.token_hex(2)}"
+        view = self._view(TrialView(trial.number, params, slot.name, slot.cuda_visible_devices, run_id,
+                                    state="LAUNCHING", launched_at=time.time()))
+        # the run id is in the study before the run exists: a driver killed in between is recoverable
+        for key, value in (("run_id", run_id), ("slot", slot.name), ("cuda_visible_devices", slot.cuda_visible_devices),
+                           ("host", self.host.host.name), ("workdir", self.host.paths.workdir),
+                           ("launched_at", view.launched_at)):
+            trial.set_user_attr(key, value)
+        self._push()
+        saved = time.time()
+        act = ActiveTrial(view, trial, slot)
+        self.active[trial.number] = act
+        env = {
+            "CUDA_VISIBLE_DEVICES": slot.cuda_visible_devices,  # "" on a CPU slot: no GPU at all
+            "THRUST_STUDY": self.plan.study_name,
+            "THRUST_TRIAL": str(trial.number),
+            "THRUST_SLOT": slot.name,
+        }
+        meta = {"study": self.plan.study_name, "trial": trial.number, "slot": slot.name, "params": dict(params)}
+        try:
+            self.host.launch(run_id, self.plan.args(params), slot.gpus, env,
+                             f"{self.plan.study_name}-trial-{trial.number}", meta)
+            view.launch_timing = {"save_s": round(saved - (view.launched_at or saved), 4),
+                                  "launch_s": round(time.time() - saved, 4)}
+        except ConnectionLostError:
+            raise
+        except ThrustError as exc:
+            # the answer may have been lost after the run started: never leave one behind on a freed slot
+            with contextlib.suppress(ThrustError):
+                self.host.stop_run(run_id)
+            self._fail(act, f"launch failed: {exc.message}")
+            return
+        view.state = "RUNNING"
+        shown = ", ".join(f"{k}={fmt(v)}" for k, v in params.items())
+        self.observer.event(f"trial {trial.number} on {slot.name}: {shown}")
+
+    def _poll_active(self) -> None:
+        """One poll of every running trial, then each one's outcome, in order."""
+        acts = list(self.active.values())
+        answer = self.monitor.poll(acts, self.plan.poll_s)
+        if answer.get("stop") and not self.control.abort:
+            self.observer.event("a stop was requested for this study (optimize --stop): stopping the trials")
+            self.host.clear_stop()
+            self.control.abort = True
+        for act in acts:
+            info = answer["runs"].get(self.monitor.run_dir(act))
+            if info is None or act.view.number not in self.active:
+                continue
+            outcome = self.monitor.outcome(act, info)
+            if isinstance(outcome, Prune):
+                self._prune(act, outcome.rung)
+            elif isinstance(outcome, Ended):
+                self._finish(act, outcome)
+
+    # -- endings: each one tells the study once ---------------------------------------------------
+    def _tell(self, act: ActiveTrial, state: str, value: float | None = None) -> None:
+        from optuna.trial import TrialState
+
+        self.active.pop(act.view.number, None)
+        act.view.ended_at = time.time()
+        act.trial.set_user_attr("ended_at", act.view.ended_at)
+        self.pool.give_back(act.slot)
+        if state == "COMPLETE":
+            self.study.tell(act.trial, value)
+        else:
+            self.study.tell(act.trial, state=TrialState[state])
+        act.view.state = state
+        self._dirty()
+
+    def _prune(self, act: ActiveTrial, rung: int) -> None:
+        self._stop_run(act.view.run_id)
+        self._tell(act, "PRUNED")
+        act.view.note = f"pruned at rung {rung}/{RUNGS}"
+        self.consecutive_failures = 0
+        self.observer.event(f"trial {act.view.number} pruned at step {act.view.step:,} "
+                            f"(return {fmt(act.view.intermediate)})")
+
+    def _finish(self, act: ActiveTrial, ended: Ended) -> None:
+        run_id = act.view.run_id or ""
+        if ended.state == "FINISHED":
+            metric, value = self.monitor.final_value(act.last)
+            if value is None:
+                self._fail(act, "finished without the metric (no episode ended?)")
+                return
+            act.trial.set_user_attr("value_metric", metric)
+            self._tell(act, "COMPLETE", value)
+            act.view.value = value
+            self.consecutive_failures = 0
+            self.observer.event(f"trial {act.view.number} complete: {value:.4g}")
+        elif ended.state == "FAILED":
+            lines = [ln for ln in ended.log_tail.strip().splitlines() if not ln.startswith("THRUST_")]
+            last = f": {lines[-1].strip()[:200]}" if lines else ""
+            self._fail(act, f"run {run_id} failed (exit code {ended.exit_code}){last}; see thrust-remote logs "
+                            f"{run_id} --host {self.host.host.name}")
+        elif run_id in self.by_us:
+            self._interrupted(act, "stopped with the study")
+        elif ended.state == "STOPPED":
+            # someone ran `thrust-remote stop` on a trial: that stops the study (and is retried later)
+            self._interrupted(act, "stopped by thrust-remote stop")
+            if not self.control.abort:
+                self.observer.event(f"trial {act.view.number} was stopped from outside: stopping the study")
+                self.control.abort = True
+        else:
+            self._interrupted(act, f"run {ended.state.lower()}")
+
+    def _fail(self, act: ActiveTrial, why: str) -> None:
+        act.trial.set_user_attr("fail_reason", why)
+        self._tell(act, "FAIL")
+        act.view.note = why
+        self.consecutive_failures += 1
+        self.observer.event(f"trial {act.view.number} failed: {why}")
+
+    def _interrupted(self, act: ActiveTrial, why: str) -> None:
+        """Not the trial's fault: FAIL it and enqueue its parameters, so the study stays at N."""
+        act.trial.set_user_attr("fail_reason", f"interrupted: {why}")
+        self._tell(act, "FAIL")
+        self.study.enqueue_trial(dict(act.view.params), user_attrs={"retry_of": act.view.number})
+        act.view.note = f"interrupted ({why}); will be retried"
+        self.observer.event(f"trial {act.view.number} interrupted ({why}); its parameters are queued again")
+
+    def _stop_run(self, run_id: str | None) -> None:
+        if not run_id:
+            return
+        self.by_us.add(run_id)
+        try:
+            self.host.stop_run(run_id, grace=10.0)
+        except ConnectionLostError:
+            raise
+        except ThrustError as exc:
+            self.reporter.warn(f"stopping {run_id}: {exc.message}")
+
+    # -- saving the study -------------------------------------------------------------------------
+    def _push(self) -> None:
+        self.store.push()
+        self.dirty_since = None
+
+    def _dirty(self) -> None:
+        """An ending needs no push of its own: the host's copy still says RUNNING, and a rerun tells
+        such a trial again from its run (same metrics, same value). The next launch's push carries it,
+        or the periodic one (PUSH_EVERY_S), or the last one."""
+        if self.dirty_since is None:
+            self.dirty_since = time.monotonic()

@@ -1,0 +1,234 @@
+"""Where a study lives: the driver's lease on the host, the study DB (a remote host's SQLite kept in
+step with a local copy, or any --storage URL), and the Optuna study opened on it (docs/optimize.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, HostConfig, JobConfig
+from ..errors import ThrustError
+from ..runner import Runner
+from . import hostops
+from .model import PRUNERS, OptimizeRequest
+
+LEASE_S = 60.0  # a remote study's driver lease: another laptop may take over after this much silence
+
+
+def default_study_name(job: JobConfig) -> str:
+    return job.name
+
+
+class StudyStore:
+    """Where the study lives, and (for a remote host's default SQLite) the copy kept in step with it."""
+
+    def __init__(self, url: str, *, runner: Runner, lease: str, remote_db: str | None = None,
+                 local_db: Path | None = None, label: str | None = None) -> None:
+        self.url = url
+        self.runner = runner
+        self.lease = lease
+        self.remote_db = remote_db
+        self.local_db = local_db
+        self.label = label or url
+        self.synced = remote_db is not None
+        self.sqlite_path: str | None = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+        self._lease_written = 0.0
+        self._token = secrets.token_hex(8)  # this driver's mark in the lease: every write checks it
+        self.pushes = 0
+        self.push_s = 0.0
+
+    @classmethod
+    def open(cls, config: Config, host: HostConfig, runner: Runner, studies_dir: str, study: str,
+             storage: str | None) -> StudyStore:
+        # one driver per study and host workdir: two would adopt each other's running trials (and two
+        # copies of a synced SQLite file would overwrite each other's trials)
+        lease = f"{studies_dir}/{study}.driver.json"
+        if storage:
+            return cls(storage, runner=runner, lease=lease, label=_redact(storage))
+        remote = f"{studies_dir}/{study}.db"
+        if host.is_local:
+            Path(remote).parent.mkdir(parents=True, exist_ok=True)
+            return cls(f"sqlite:///{remote}", runner=runner, lease=lease, label=f"sqlite:///{remote}")
+        local = config.root / ".thrust" / "study-cache" / host.name / f"{study}.db"
+        # not pulled here: the caller takes the lease first, then pulls (pulling replaces the local
+        # cache, which a driver that already holds the lease may be writing to)
+        return cls(f"sqlite:///{local}", runner=runner, lease=lease, remote_db=remote, local_db=local,
+                   label=f"{host.name}:{remote}")
+
+    # -- the synced SQLite copy -----------------------------------------------------------------
+    def pull(self) -> None:
+        """The host's copy replaces the local cache (the host's is the one that counts)."""
+        assert self.runner is not None and self.remote_db is not None and self.local_db is not None
+        self.local_db.parent.mkdir(parents=True, exist_ok=True)
+        for stale in (self.local_db, *(Path(f"{self.local_db}-{x}") for x in ("journal", "wal", "shm"))):
+            stale.unlink(missing_ok=True)
+        self.runner.makedirs(os.path.dirname(self.remote_db))
+        if self.runner.exists(self.remote_db):
+            self.runner.get(self.remote_db, self.local_db)
+
+    def push(self) -> None:
+        """A consistent snapshot (sqlite backup) of the local copy onto the host (verified, atomic)."""
+        if not self.synced:
+            return
+        assert self.runner is not None and self.remote_db is not None and self.local_db is not None
+        if not self._owned():  # a driver that lost its lease must not overwrite the study
+            raise self._lost()
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory() as tmp:
+            snap = Path(tmp) / "snapshot.db"
+            src = sqlite3.connect(self.local_db)
+            dst = sqlite3.connect(snap)
+            try:
+                src.backup(dst)
+            finally:
+                dst.close()
+                src.close()
+            self.runner.put(snap, self.remote_db)
+        self.pushes += 1
+        self.push_s += time.monotonic() - t0
+
+    # -- the lease ------------------------------------------------------------------------------
+    def acquire(self) -> None:
+        """Take the study's lease on this host: refused while another driver holds it (a live pid on
+        this machine, or a heartbeat younger than LEASE_S from another machine)."""
+        for _attempt in range(3):
+            text = hostops.lease_read(self.runner, self.lease)
+            if text is not None:
+                self._refuse_if_held(text)
+                # a dead driver's lease: take it over, then read it back (two takers: one wins)
+                hostops.lease_take_over(self.runner, self.lease, self._body())
+                self._lease_written = time.time()
+                if not self._owned():
+                    continue
+                return
+            if hostops.lease_create(self.runner, self.lease, self._body()):
+                self._lease_written = time.time()
+                return
+        raise ThrustError(f"could not take the study lease {self.lease}")
+
+    def _refuse_if_held(self, text: str) -> None:
+        try:
+            other = json.loads(text)
+        except ValueError:
+            other = {}
+        age = time.time() - float(other.get("heartbeat") or 0)
+        if other.get("hostname") == socket.gethostname():
+            pid = int(other.get("pid") or 0)
+            if pid and pid != os.getpid() and _pid_alive(pid):
+                raise ThrustError(f"this study is already being driven from this machine (pid {pid})",
+                                  "wait for it, or stop it: Ctrl-C twice there, or optimize --stop")
+        elif age < LEASE_S:
+            raise ThrustError(
+                f"this study is being driven from {other.get('hostname')} (seen {age:.0f} s ago)",
+                f"wait {LEASE_S:.0f} s after it stops; to share one study between machines, give "
+                "each its own host and use --storage postgresql://... (docs/optimize.md)")
+
+    def _body(self) -> str:
+        return json.dumps({"hostname": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time(),
+                           "token": self._token})
+
+    def _owned(self) -> bool:
+        return hostops.lease_owned(self.runner, self.lease, self._token)
+
+    def _lost(self) -> ThrustError:
+        return ThrustError(
+            f"this driver lost the study lease {self.lease} to another driver (it was silent for more than "
+            f"{LEASE_S:.0f} s); stopping here so the two do not overwrite each other's trials",
+            "the other driver goes on with the study; its trials include this one's finished ones",
+        )
+
+    def heartbeat(self, force: bool = False) -> None:
+        """Renew the lease, only while it is still ours (compare-and-swap on the host)."""
+        if not force and time.time() - self._lease_written < LEASE_S / 4:
+            return
+        if not hostops.lease_swap(self.runner, self.lease, self._body(), self._token):
+            raise self._lost()
+        self._lease_written = time.time()
+
+    def release(self) -> None:
+        """Drop the lease if it is still ours (never another driver's)."""
+        hostops.lease_release(self.runner, self.lease, self._token)
+
+
+# ------------------------------------------------------------------------------- the Optuna study
+
+def open_study(store: StudyStore, name: str, request: OptimizeRequest) -> Any:
+    """The study (created, or loaded to continue it): TPE with the constant liar, so parallel trials
+    asked before any tells spread out instead of sampling the same point."""
+    import optuna
+
+    return optuna.create_study(
+        study_name=name, storage=_storage(store), direction="maximize", load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=request.seed, constant_liar=True,
+                                           n_startup_trials=min(10, max(2, request.trials // 3))),
+        pruner=make_pruner(request),
+    )
+
+
+def _storage(store: StudyStore) -> Any:
+    import optuna
+
+    path = store.sqlite_path
+    if path is None:
+        return store.url
+
+    def connect() -> sqlite3.Connection:
+        # WAL + synchronous=NORMAL: a commit without an fsync (~5 ms instead of ~30 ms; a launch
+        # writes several), still safe against corruption; readers (optuna-dashboard) never block us
+        conn = sqlite3.connect(path, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    return optuna.storages.RDBStorage(store.url, engine_kwargs={"creator": connect})
+
+
+def make_pruner(r: OptimizeRequest) -> Any:
+    import optuna
+
+    assert r.pruner in PRUNERS
+    if r.pruner == "none":
+        return optuna.pruners.NopPruner()
+    if r.pruner == "halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, r.prune_warmup), reduction_factor=3)
+    return optuna.pruners.MedianPruner(n_startup_trials=r.prune_startup, n_warmup_steps=r.prune_warmup)
+
+
+def remember_settings(study: Any, settings: dict[str, Any], reporter: hostops.Reporter) -> int | None:
+    """Record what the study searches; warn when an earlier run of it searched something else. Returns
+    the rung size an earlier run fixed (None for a new study)."""
+    attrs = study.user_attrs
+    old = attrs.get("settings")
+    if old is not None and json.loads(json.dumps(old)) != json.loads(json.dumps(settings)):
+        reporter.warn(f"study {study.study_name} was started with other settings ({old}); "
+                      "its earlier trials still count")
+    study.set_user_attr("settings", settings)
+    return attrs.get("rung_steps")
+
+
+def _redact(url: str) -> str:
+    """postgresql://user:secret@db/x → postgresql://user:***@db/x (for messages and JSON)."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        cred, at, tail = rest.rpartition("@")
+        if ":" in cred:
+            cred = cred.split(":", 1)[0] + ":***"
+        return f"{scheme}://{cred}{at}{tail}"
+    return url
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,140 @@
+"""The end of a study: the Summary the CLI renders (and prints as JSON), parameter importances, and
+the best parameters file that `thrust-remote train JOB --params FILE` reads."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ExitCode
+from .model import OptimizeRequest, TrialView, count_states
+from .slots import Slot
+from .store import StudyStore
+
+
+@dataclass
+class Summary:
+    study: str
+    storage: str
+    job: str
+    host: str
+    metric: str
+    trials_target: int
+    counts: dict[str, int]
+    best: dict[str, Any] | None
+    importances: dict[str, float] | None
+    importance_note: str | None
+    best_params_file: str | None
+    slots: list[dict[str, Any]]
+    trials: list[TrialView]
+    wall_s: float
+    stopped: str | None  # why the study stopped before N (abort, timeout, failures), else None
+    sync: dict[str, float] = field(default_factory=dict)
+    dashboard_url: str | None = None  # what optuna-dashboard opens on this machine
+
+    @property
+    def exit_code(self) -> int:
+        if self.stopped == "aborted":
+            return 130
+        return ExitCode.OK if self.best is not None else ExitCode.FAILED
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "study": self.study, "storage": self.storage, "job": self.job, "host": self.host, "metric": self.metric,
+            "direction": "maximize", "trials_target": self.trials_target, "counts": self.counts, "best": self.best,
+            "importances": self.importances, "importance_note": self.importance_note,
+            "best_params_file": self.best_params_file, "slots": self.slots, "wall_s": round(self.wall_s, 3),
+            "stopped": self.stopped, "sync": self.sync, "dashboard_url": self.dashboard_url,
+            "trials": [t.as_json() for t in self.trials],
+        }
+
+
+def build_summary(study: Any, *, name: str, job: str, host: str, request: OptimizeRequest,
+                  fixed: Mapping[str, Any], best_file: Path, store: StudyStore, slots: Sequence[Slot],
+                  views: Mapping[int, TrialView], stopped: str | None, wall: float) -> Summary:
+    counts = count_states(study)
+    best = best_trial(study)
+    importances, note = None, None
+    if counts["COMPLETE"] >= 2:
+        importances, note = param_importances(study)
+    else:
+        note = "needs at least 2 complete trials"
+    written = None
+    if best is not None:
+        out = request.out or best_file
+        write_best_params(out, name, job, best, fixed)
+        written = str(out)
+    trials = sorted(_all_views(study, views, host), key=lambda v: v.number)
+    sync = {"pushes": store.pushes, "push_s": round(store.push_s, 3)} if store.synced else {}
+    return Summary(name, store.label, job, host, request.metric, request.trials, counts, best, importances, note,
+                   written, [{"name": s.name, "cuda_visible_devices": s.cuda_visible_devices} for s in slots],
+                   trials, wall, None if counts["done"] >= request.trials else stopped, sync,
+                   store.url if store.url.startswith("sqlite") else store.label)
+
+
+def best_trial(study: Any) -> dict[str, Any] | None:
+    try:
+        bt = study.best_trial
+    except ValueError:
+        return None
+    return {"number": bt.number, "value": bt.value, "params": dict(bt.params),
+            "run_id": bt.user_attrs.get("run_id"), "metric": bt.user_attrs.get("value_metric")}
+
+
+def _all_views(study: Any, views: Mapping[int, TrialView], host: str) -> list[TrialView]:
+    """This driver's trials, and those an earlier driver of the study ran on this host."""
+    out = dict(views)
+    for frozen in study.get_trials(deepcopy=False):
+        if frozen.number not in out and frozen.user_attrs.get("host") == host:
+            view = TrialView.from_frozen(frozen)
+            view.state = frozen.state.name
+            view.value = frozen.value
+            view.ended_at = frozen.user_attrs.get("ended_at")
+            view.first_metric_at = frozen.user_attrs.get("first_metric_at")
+            out[frozen.number] = view
+    return list(out.values())
+
+
+def param_importances(study: Any) -> tuple[dict[str, float] | None, str | None]:
+    """fANOVA when Optuna can compute it here, else PED-ANOVA; a reason instead of an exception."""
+    import optuna
+
+    errors = []
+    for evaluator in (optuna.importance.FanovaImportanceEvaluator, optuna.importance.PedAnovaImportanceEvaluator):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = optuna.importance.get_param_importances(study, evaluator=evaluator())
+            return {k: round(float(v), 4) for k, v in result.items()}, evaluator.__name__
+        except Exception as exc:  # noqa: BLE001 - any evaluator failure is just "not computable"
+            errors.append(f"{evaluator.__name__}: {exc}")
+    return None, "; ".join(errors)
+
+
+def write_best_params(path: Path, study: str, job: str, best: Mapping[str, Any], fixed: Mapping[str, Any]) -> None:
+    """The YAML that `thrust-remote train JOB --params FILE` reads: the searched values plus the flags
+    fixed with --set during the study (so the run is the trial's run)."""
+    params = {**{k: _plain(v) for k, v in best["params"].items()}, **{k: _plain(v) for k, v in fixed.items()}}
+    body = {"params": params, "study": study, "job": job, "trial": best["number"], "value": best["value"]}
+    text = (f"# best trial of study {study} (thrust-remote optimize)\n"
+            f"# use it with: thrust-remote train {job} --params {path.name}\n" + yaml.safe_dump(body, sort_keys=False))
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _plain(value: Any) -> Any:
+    """--set values arrive as strings: give numbers back their type so the YAML reads naturally."""
+    if isinstance(value, str):
+        for kind in (int, float):
+            try:
+                return kind(value)
+            except ValueError:
+                continue
+    return value
