@@ -1,14 +1,19 @@
 """The `Runner` protocol: run an argv, move files, on this machine or on a host over SSH.
 
 Every capability (doctor, sync, train, optimize) is written against `Runner` and never knows which
-implementation it holds. `LocalRunner` uses subprocess without a shell; `SSHRunner` (ssh.py) builds
-the remote command line with `shlex.join`, so an argument is always exactly one argument.
+implementation it holds. `LocalRunner` uses subprocess without a shell; `SSHRunner` (thrust_remote/ssh/)
+builds the remote command line with `shlex.join`, so an argument is always exactly one argument.
+
+The command loop is written once (`drive`), as invoke's Runner does: each runner only starts its
+command and supplies the `Process` hooks (read what arrived, exit status, liveness, kill).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import queue
 import shlex
 import shutil
 import signal
@@ -18,9 +23,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
 
-from .errors import ThrustError, TransferError, UsageError
+from .errors import ConnectionLostError, ThrustError, TransferError, UsageError
 from .names import valid_env_key
 
 # A stream callback receives ("out" | "err", one line without its newline).
@@ -209,6 +214,174 @@ class _LineSplitter:
         return b"".join(self.chunks).decode("utf-8", "replace")
 
 
+class LinkLost(Exception):  # noqa: N818 - an event the loop turns into ConnectionLostError
+    """Raised by a Process hook: the link died under the command, no exit status will come."""
+
+
+class Process(Protocol):
+    """One started command, as `drive` sees it: the hooks each runner writes (docs/architecture.md,
+    "Runners"). The loop itself (timeouts, line splitting, liveness, the result) is `drive`."""
+
+    # True when the command runs under the host's timeout(1): the loop waits a grace period past
+    # the deadline for it, and exit 124 under a timeout means "timed out". Else the loop kills.
+    host_enforces_timeout: bool
+
+    def read(self, wait: float) -> list[tuple[str, bytes]]:
+        """The output that arrived, as ("out" | "err", chunk) in order; waits up to `wait` s for some."""
+        ...
+
+    def exit_code(self) -> int | None:
+        """The exit status once the command ended and its output was read; else None. LinkLost if none
+        will ever come."""
+        ...
+
+    def alive(self) -> bool:
+        """After `liveness_timeout` s of silence: does the other end still answer?"""
+        ...
+
+    def kill(self) -> None:
+        """The deadline passed: end the command (what it printed so far is still read once)."""
+        ...
+
+    def lost(self) -> None:
+        """The link died (LinkLost): forget it, so the next command starts afresh."""
+        ...
+
+
+TIMEOUT_GRACE_S = 15.0  # past the deadline, how long the host's timeout(1) gets to end a command
+POLL_S = 0.5
+
+
+def drive(
+    process: Process,
+    args: list[str],
+    *,
+    name: str,
+    started: float,
+    timeout: float | None,
+    stream: StreamCallback | None,
+    on_bytes: BytesCallback | None,
+    liveness_timeout: float | None,
+) -> RunResult:
+    """Run the command loop over a started process: read and split output until it ends, enforce the
+    timeout (exit 124), probe a silent link, and raise ConnectionLostError (75) if it dies."""
+    splitters = {"out": _LineSplitter("out", stream, on_bytes), "err": _LineSplitter("err", stream, on_bytes)}
+    grace = TIMEOUT_GRACE_S if process.host_enforces_timeout else 0.0
+    deadline = None if timeout is None else started + timeout + grace
+    quiet_since = time.monotonic()
+    try:
+        while True:
+            wait = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
+            chunks = process.read(wait)
+            for which, data in chunks:
+                splitters[which].feed(data)
+            code = process.exit_code()
+            if code is not None:
+                break
+            now = time.monotonic()
+            if chunks:
+                quiet_since = now
+            elif liveness_timeout is not None and now - quiet_since > liveness_timeout:
+                if not process.alive():
+                    raise LinkLost
+                quiet_since = time.monotonic()
+            if deadline is not None and now >= deadline:
+                process.kill()
+                for which, data in process.read(0):
+                    splitters[which].feed(data)
+                out, err = (s.close() for s in splitters.values())
+                return RunResult(args, TIMEOUT_EXIT, out, err, now - started, True)
+    except LinkLost:
+        process.lost()
+        out, _err = (s.close() for s in splitters.values())
+        exc = ConnectionLostError(
+            f"connection to {name} lost while running {shlex.join(args[:3])}",
+            "the command may still be running on the host",
+        )
+        exc.partial_stdout = out  # type: ignore[attr-defined]
+        raise exc from None
+    out, err = (s.close() for s in splitters.values())
+    timed_out = process.host_enforces_timeout and timeout is not None and code == TIMEOUT_EXIT
+    return RunResult(args, code, out, err, time.monotonic() - started, timed_out)
+
+
+class _LocalProcess:
+    """A subprocess: two threads pump its pipes into a queue that `read` empties."""
+
+    host_enforces_timeout = False
+    PIPE_GRACE_S = 5.0  # after the process exits, how long a child that kept its pipes gets
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: str | None, stdin: bytes | None) -> None:
+        self.proc = subprocess.Popen(  # noqa: S603 - argv, no shell
+            args,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # so a timeout can kill the whole group
+        )
+        self.queue: queue.SimpleQueue[tuple[str, bytes | None]] = queue.SimpleQueue()
+        self.open_pipes = 2
+        self.exited_at: float | None = None
+        self.pumps = [threading.Thread(target=self._pump, args=(pipe, which), daemon=True)
+                      for pipe, which in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
+        for t in self.pumps:
+            t.start()
+        if stdin is not None:
+            assert self.proc.stdin is not None
+            try:
+                self.proc.stdin.write(stdin)
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def _pump(self, pipe: IO[bytes], which: str) -> None:
+        for chunk in iter(lambda: pipe.read1(65536), b""):  # type: ignore[attr-defined]
+            self.queue.put((which, chunk))
+        self.queue.put((which, None))  # this pipe is at EOF
+
+    def read(self, wait: float) -> list[tuple[str, bytes]]:
+        if self.open_pipes == 0:  # nothing more will come: wait for the exit instead
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=wait)
+            return []
+        chunks: list[tuple[str, bytes]] = []
+        try:
+            item = self.queue.get(timeout=wait) if wait > 0 else self.queue.get_nowait()
+            while True:
+                which, data = item
+                if data is None:
+                    self.open_pipes -= 1
+                else:
+                    chunks.append((which, data))
+                item = self.queue.get_nowait()
+        except queue.Empty:
+            return chunks
+
+    def exit_code(self) -> int | None:
+        returncode = self.proc.poll()
+        if returncode is None:
+            return None
+        now = time.monotonic()
+        self.exited_at = self.exited_at or now
+        if not self.queue.empty() or (self.open_pipes and now - self.exited_at < self.PIPE_GRACE_S):
+            return None
+        return _exit_code(returncode)
+
+    def alive(self) -> bool:
+        return True
+
+    def kill(self) -> None:
+        _kill_group(self.proc)
+        self.proc.wait()
+        for t in self.pumps:
+            t.join(timeout=self.PIPE_GRACE_S)
+
+    def lost(self) -> None:
+        """A local process has no link to lose."""
+
+
 @dataclass
 class LocalRunner(FileOps):
     """Runs on this machine with subprocess, never through a shell."""
@@ -236,55 +409,15 @@ class LocalRunner(FileOps):
             # what `cd DIR && cmd` says over SSH, so both runners report it alike
             return RunResult(args, 1, "", f"cd: {cwd}: No such file or directory", time.monotonic() - started)
         try:
-            proc = subprocess.Popen(  # noqa: S603 - argv, no shell
-                args,
-                cwd=cwd,
-                env=full_env,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # so a timeout can kill the whole group
-            )
+            process = _LocalProcess(args, full_env, cwd, stdin)
         except FileNotFoundError:
             return RunResult(args, 127, "", f"{args[0]}: command not found", time.monotonic() - started)
         except PermissionError as exc:
             return RunResult(args, 126, "", f"{args[0]}: {exc}", time.monotonic() - started)
         except NotADirectoryError as exc:
             return RunResult(args, 1, "", f"cd {cwd}: {exc}", time.monotonic() - started)
-
-        out = _LineSplitter("out", stream, on_bytes)
-        err = _LineSplitter("err", stream, on_bytes)
-        lock = threading.Lock()
-
-        def pump(pipe, splitter: _LineSplitter) -> None:
-            for chunk in iter(lambda: pipe.read1(65536), b""):
-                with lock:  # one callback at a time, so lines never interleave mid-line
-                    splitter.feed(chunk)
-
-        threads = [
-            threading.Thread(target=pump, args=(proc.stdout, out), daemon=True),
-            threading.Thread(target=pump, args=(proc.stderr, err), daemon=True),
-        ]
-        for t in threads:
-            t.start()
-        if stdin is not None:
-            assert proc.stdin is not None
-            try:
-                proc.stdin.write(stdin)
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            proc.wait()
-        for t in threads:
-            t.join(timeout=5)
-        code = TIMEOUT_EXIT if timed_out else _exit_code(proc.returncode)
-        return RunResult(args, code, out.close(), err.close(), time.monotonic() - started, timed_out)
+        return drive(process, args, name=self.name, started=started, timeout=timeout, stream=stream,
+                     on_bytes=on_bytes, liveness_timeout=None)
 
     def put(self, local: str | os.PathLike[str], remote: str) -> str:
         return _copy_verified(Path(local), Path(expand_home(remote, self.home())))
@@ -312,7 +445,7 @@ class LocalRunner(FileOps):
 
 
 def _exit_code(returncode: int) -> int:
-    # subprocess reports death by signal N as -N; the shell convention (and DESIGN.md) is 128+N.
+    # subprocess reports death by signal N as -N; the shell convention (docs/architecture.md, "Exit codes") is 128+N.
     return 128 - returncode if returncode < 0 else returncode
 
 

@@ -1,0 +1,236 @@
+"""The SSH layer's parts on their own: the host-side transfer program (agent/xfer.py), the helper pool,
+the SFTP fallback, and the command loop shared by both runners (runner.drive)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from thrust_remote.agent import xfer
+from thrust_remote.errors import ConnectionLostError, ExitCode, TransferError
+from thrust_remote.runner import LinkLost, LocalRunner, drive
+from thrust_remote.ssh import transfer
+
+
+def _serve(tmp_path: Path) -> subprocess.Popen:
+    """The helper exactly as the SSH side starts it: `python -S -c SOURCE serve`."""
+    proc = subprocess.Popen(transfer.xfer_argv(sys.executable, "serve"), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, cwd=tmp_path)
+    assert proc.stdout.readline() == xfer.MAGIC + b"ready\n"
+    return proc
+
+
+def _reply(proc: subprocess.Popen) -> list[str]:
+    line = proc.stdout.readline()
+    assert line.startswith(xfer.MAGIC), line
+    return line[len(xfer.MAGIC):].decode().split()
+
+
+def test_both_sides_agree_on_the_magic_prefix():
+    assert transfer.MAGIC == xfer.MAGIC
+
+
+def test_xfer_source_is_stdlib_only_and_self_contained():
+    import ast
+
+    tree = ast.parse(transfer.xfer_source())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= {"__future__", "hashlib", "os", "sys"}
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
+
+
+def test_xfer_hash_prints_sha256(tmp_path):
+    f = tmp_path / "data"
+    f.write_bytes(os.urandom(3_000_000))
+    out = subprocess.run(transfer.xfer_argv(sys.executable, "hash", str(f)), capture_output=True, text=True)
+    assert out.returncode == 0
+    assert out.stdout.strip() == hashlib.sha256(f.read_bytes()).hexdigest()
+    missing = subprocess.run(transfer.xfer_argv(sys.executable, "hash", str(tmp_path / "no")), capture_output=True)
+    assert missing.returncode != 0
+    assert xfer.main([]) == 2
+
+
+def test_serve_put_then_get_round_trip_with_odd_path(tmp_path):
+    data = os.urandom(2_500_000)
+    target = str(tmp_path / "sub dir" / "f $(x) \udcff")  # any byte may appear in a path
+    proc = _serve(tmp_path)
+    size, digest = len(data), hashlib.sha256(data).hexdigest()
+    proc.stdin.write(f"put {transfer._hex(target + '.part')} {transfer._hex(target)} {size} 640\n".encode())
+    proc.stdin.flush()
+    assert _reply(proc) == ["ok"]
+    proc.stdin.write(data + digest.encode())
+    proc.stdin.flush()
+    assert _reply(proc) == ["ok", digest]
+    written = Path(target)  # the filesystem encoding maps \udcff back to the byte 0xff
+    assert written.read_bytes() == data
+    assert written.stat().st_mode & 0o777 == 0o640
+    proc.stdin.write(f"get {transfer._hex(target)}\n".encode())
+    proc.stdin.flush()
+    assert _reply(proc) == ["ok", str(size)]
+    assert proc.stdout.read(size) == data
+    assert _reply(proc) == [digest]
+    proc.stdin.write(f"get {transfer._hex(str(tmp_path / 'missing'))}\n".encode())
+    proc.stdin.flush()
+    assert _reply(proc) == ["err", "2"]
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+
+
+def test_serve_mismatch_and_cut_leave_the_target_untouched(tmp_path):
+    target = tmp_path / "t.bin"
+    target.write_bytes(b"previous")
+    part = str(target) + ".part"
+    proc = _serve(tmp_path)
+    proc.stdin.write(f"put {transfer._hex(part)} {transfer._hex(str(target))} 4 600\n".encode())
+    proc.stdin.flush()
+    assert _reply(proc) == ["ok"]
+    proc.stdin.write(b"abcd" + b"0" * 64)
+    proc.stdin.flush()
+    assert _reply(proc)[0] == "mismatch"
+    assert target.read_bytes() == b"previous"
+    proc.stdin.write(f"put {transfer._hex(part)} {transfer._hex(str(target))} 1000 600\n".encode())
+    proc.stdin.flush()
+    assert _reply(proc) == ["ok"]
+    proc.stdin.write(b"x" * 10)
+    proc.stdin.close()  # cut in the middle
+    assert proc.wait(timeout=10) == 4
+    assert target.read_bytes() == b"previous"
+    assert Path(part).read_bytes() == b"x" * 10
+
+
+def test_concurrent_transfers_each_take_their_own_helper(sshd, tmp_path, remote_dir):
+    data = os.urandom(20_000_000)
+    (remote_dir / "big.bin").write_bytes(data)
+    runner = sshd.runner()
+    other = sshd.runner()
+    try:
+        results: list[str] = []
+        threads = [threading.Thread(target=lambda i=i: results.append(
+            runner.get(str(remote_dir / "big.bin"), tmp_path / f"got{i}.bin"))) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [hashlib.sha256(data).hexdigest()] * 2
+        pool = runner._transfer._idle
+        assert len(pool) == 2 and pool[0].chan is not pool[1].chan  # two helpers, both reusable
+        assert runner._transfer._lock is not other._transfer._lock  # no lock shared by every runner
+    finally:
+        runner.close()
+        other.close()
+
+
+def test_host_without_python_falls_back_to_sftp(sshd, tmp_path, remote_dir):
+    runner = sshd.runner(python="/nonexistent/python3")
+    data = os.urandom(3_000_000)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    expected = hashlib.sha256(data).hexdigest()
+    try:
+        assert runner.put(src, str(remote_dir / "a" / "b.bin")) == expected
+        assert runner._transfer._unusable is not None  # the helper could not start there
+        assert (remote_dir / "a" / "b.bin").read_bytes() == data
+        assert not (remote_dir / "a" / "b.bin.part").exists()
+        assert runner.get(str(remote_dir / "a" / "b.bin"), tmp_path / "back.bin") == expected
+        assert runner.remote_sha256(str(remote_dir / "a" / "b.bin")) == expected  # sha256sum
+        with pytest.raises(TransferError):
+            runner.get(str(remote_dir / "missing"), tmp_path / "m")
+    finally:
+        runner.close()
+
+
+def test_dead_sftp_channel_is_reopened_once(sshd, remote_dir):
+    runner = sshd.runner()
+    try:
+        assert runner.exists(str(remote_dir))
+        runner.sftp().close()  # the SFTP channel dies, the connection lives
+        assert runner.exists(str(remote_dir))
+        assert not runner.exists(str(remote_dir / "nope"))
+    finally:
+        runner.close()
+
+
+class _Fake:
+    """A Process whose hooks are scripted: what `drive` does with them is the test."""
+
+    host_enforces_timeout = False
+
+    def __init__(self, chunks: list[tuple[str, bytes]], answers: bool = True) -> None:
+        self.chunks = chunks
+        self.answers = answers
+        self.killed = self.forgotten = False
+
+    def read(self, wait: float) -> list[tuple[str, bytes]]:
+        if self.chunks:
+            return [self.chunks.pop(0)]
+        time.sleep(min(wait, 0.05))
+        return []
+
+    def exit_code(self) -> int | None:
+        return None
+
+    def alive(self) -> bool:
+        return self.answers
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def lost(self) -> None:
+        self.forgotten = True
+
+
+def test_drive_times_out_with_124_and_keeps_output():
+    fake = _Fake([("out", b"one\ntw"), ("out", b"o\n")])
+    lines: list[tuple[str, str]] = []
+    result = drive(fake, ["x"], name="h", started=time.monotonic(), timeout=0.3,
+                   stream=lambda n, line: lines.append((n, line)), on_bytes=None, liveness_timeout=None)
+    assert (result.exit_code, result.timed_out, result.stdout) == (124, True, "one\ntwo\n")
+    assert lines == [("out", "one"), ("out", "two")]
+    assert fake.killed
+
+
+def test_drive_silent_dead_link_is_connection_lost_with_partial_stdout():
+    fake = _Fake([("out", b"partial")], answers=False)
+    with pytest.raises(ConnectionLostError) as info:
+        drive(fake, ["x"], name="h", started=time.monotonic(), timeout=None, stream=None, on_bytes=None,
+              liveness_timeout=0.1)
+    assert info.value.exit_code == ExitCode.CONNECTION_LOST
+    assert info.value.partial_stdout == "partial"
+    assert fake.forgotten
+
+
+def test_drive_link_lost_from_a_hook():
+    class Dying(_Fake):
+        def exit_code(self) -> int | None:
+            raise LinkLost
+
+    with pytest.raises(ConnectionLostError):
+        drive(Dying([]), ["x"], name="h", started=time.monotonic(), timeout=None, stream=None, on_bytes=None,
+              liveness_timeout=None)
+
+
+def test_local_runner_stdin_raw_bytes_and_missing_commands(tmp_path):
+    runner = LocalRunner()
+    assert runner.run(["cat"], stdin=b"in put").stdout == "in put"
+    raw: list[tuple[str, bytes]] = []
+    result = runner.run(["sh", "-c", "printf 'a\\0b'; printf e >&2"], on_bytes=lambda n, b: raw.append((n, b)))
+    assert sorted(raw) == [("err", b"e"), ("out", b"a\0b")] and result.stdout == ""
+    assert runner.run(["no-such-command-thrust"]).exit_code == 127
+    script = tmp_path / "noexec"
+    script.write_text("#!/bin/sh\n")
+    assert runner.run([str(script)]).exit_code == 126
+    started = time.monotonic()
+    result = runner.run(["sleep", "5"], timeout=0.3)
+    assert result.timed_out and result.exit_code == 124 and time.monotonic() - started < 3
+    # a child that keeps the pipes open does not hold the result past the grace period
+    started = time.monotonic()
+    assert runner.run(["sh", "-c", "sleep 8 & echo done"]).stdout == "done\n"
+    assert time.monotonic() - started < 8

@@ -1,0 +1,159 @@
+"""Verified file transfers, the host's side: `xfer serve` (the streaming helper) and `xfer hash PATH`.
+
+Stdlib only and self-contained: thrust_remote's SSH layer runs this file's source with
+`python -S -c SOURCE serve` before anything is uploaded to the host (the agent itself is uploaded
+with a transfer), so it must import nothing from the package. It is also an agent subcommand.
+
+`hash PATH` prints the file's sha256 (hex). The host's hashlib (~1.6 GB/s) beats sha256sum (~0.3 GB/s).
+
+`serve` speaks this protocol on stdin/stdout (docs/architecture.md, "Transfers"); it lives as long
+as its channel, one request at a time:
+
+- Every line the helper says starts with MAGIC (an rc file may print before the helper starts, and
+  the client skips up to the first MAGIC line). The first line is `MAGIC ready`.
+- A request is one line. Paths travel hex-encoded behind an `x` (utf-8, surrogateescape), so any
+  byte may appear in them.
+
+      get xPATH
+          -> ok SIZE | err 2 (no such file) | err 3 HEXMSG
+          then SIZE bytes, then a line: SHA256 of those bytes | short (the file shrank: the bytes
+          after its end are zeros, sent only to keep the stream in step)
+      put xPART xTARGET SIZE MODE
+          -> ok | err 3 HEXMSG           (the parent of TARGET is made; PART is opened)
+          then the client sends SIZE bytes and its SHA256 (64 hex characters, no newline)
+          -> ok SHA256                   (equal: PART chmod MODE (octal), renamed to TARGET)
+           | mismatch SHA256             (PART stays, TARGET untouched)
+           | err 3 HEXMSG                (a write failed; PART stays, TARGET untouched)
+
+  If stdin ends in the middle of a put, the helper exits with status 4: PART keeps the partial
+  data and TARGET is untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+MAGIC = b"\x1ethrust-xfer-1\x1e"
+BLOCK = 1 << 20
+
+
+class Helper:
+    """The `serve` loop over a pair of binary streams."""
+
+    def __init__(self, rfile, wfile) -> None:  # noqa: ANN001 - binary file objects
+        self.rfile = rfile
+        self.wfile = wfile
+
+    def say(self, *words: str) -> None:
+        self.wfile.write(MAGIC + " ".join(words).encode() + b"\n")
+        self.wfile.flush()
+
+    def fail(self, exc: OSError | str) -> None:
+        self.say("err", "3", str(exc).encode().hex())
+
+    def get(self, path: str) -> None:
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - closed below; open errors are replies
+        except FileNotFoundError:
+            self.say("err", "2")
+            return
+        except OSError as exc:
+            self.fail(exc)
+            return
+        with fh:
+            left = os.fstat(fh.fileno()).st_size
+            self.say("ok", str(left))
+            digest = hashlib.sha256()
+            while left:
+                block = fh.read(min(left, BLOCK))
+                if not block:
+                    break
+                digest.update(block)
+                self.wfile.write(block)
+                left -= len(block)
+            shrank = left > 0
+            while left:  # keep the stream in step with the size announced, then say so
+                n = min(left, BLOCK)
+                self.wfile.write(bytes(n))
+                left -= n
+            self.wfile.flush()
+            self.say("short" if shrank else digest.hexdigest())
+
+    def put(self, part: str, target: str, size: int, mode: int) -> None:
+        try:
+            parent = os.path.dirname(target)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            fh = open(part, "wb")  # noqa: SIM115 - closed below, after the data is read
+        except OSError as exc:
+            self.fail(exc)
+            return
+        self.say("ok")
+        digest = hashlib.sha256()
+        error = ""
+        while size:
+            block = self.rfile.read(min(size, BLOCK))
+            if not block:
+                sys.exit(4)  # cut: .part stays, the target is untouched
+            size -= len(block)
+            if not error:  # after a failed write, keep reading so the stream stays in step
+                try:
+                    digest.update(block)
+                    fh.write(block)
+                except OSError as exc:
+                    error = str(exc)
+        try:
+            fh.close()
+            os.chmod(part, mode)
+        except OSError as exc:
+            error = error or str(exc)
+        ours = digest.hexdigest()
+        theirs = self.rfile.read(64).decode()
+        if error:
+            self.fail(error)
+        elif theirs != ours:
+            self.say("mismatch", ours)
+        else:
+            os.replace(part, target)
+            self.say("ok", ours)
+
+    def serve(self) -> int:
+        self.say("ready")
+        for line in iter(self.rfile.readline, b""):
+            words = [w.decode() for w in line.split()]
+            if not words:
+                continue
+            paths = [bytes.fromhex(w[1:]).decode("utf-8", "surrogateescape") for w in words[1:3]]
+            if words[0] == "get":
+                self.get(paths[0])
+            elif words[0] == "put":
+                self.put(paths[0], paths[1], int(words[3]), int(words[4], 8))
+        return 0
+
+
+def sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["serve"] and len(argv) == 1:
+        return Helper(sys.stdin.buffer, sys.stdout.buffer).serve()
+    if argv[:1] == ["hash"] and len(argv) == 2:
+        try:
+            print(sha256_of(argv[1]))
+        except OSError as exc:
+            print(f"xfer hash: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    print("usage: xfer serve | xfer hash PATH", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
