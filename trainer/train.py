@@ -1,8 +1,10 @@
 """Train a PPO policy on a batched env: `python -m trainer.train --env snake|cartpole [...]`.
 
 Every hyperparameter is a flag taking one value, spelled with hyphens (`--learning-rate 3e-4`): these
-names are the contract with `thrust-remote train --set KEY=VALUE` and the optimizer. Flags not given
-take the env's preset (`PRESETS`). Run `python -m trainer.train --help` for the list.
+names are the contract with `thrust-remote train --set KEY=VALUE` and the optimizer. They are the
+fields of `trainer.args.TrainArgs`; flags not given take the env's preset (`trainer.args.PRESETS`),
+else TrainArgs' default. Run `python -m trainer.train --help` for the list. A value out of a flag's
+range exits 64 (usage); a bad type or choice exits 2 (argparse).
 
 Output (stdout; rank 0 only):
 - `THRUST_METRICS {json}` once per report (`--log-interval` seconds, and at the end), the same object
