@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import torch
 
-from trainer.envs import make_env
+from trainer.envs.registry import get_spec, spec_for_dims
 
 ActFn = Callable[[torch.Tensor], torch.Tensor]  # obs [B, obs_dim] -> actions [B]
 
@@ -33,14 +32,16 @@ def evaluate(
     env_name: str,
     episodes: int = 100,
     seed: int = 0,
-    grid_size: int = 10,
-    action_mode: str = "relative",
     device: str = "cpu",
     max_steps: int = 1_000_000,
+    **settings: Any,
 ) -> dict[str, Any]:
-    """Run `episodes` episodes (one per env, in parallel) and summarise their scores."""
-    extra = {"action_mode": action_mode} if env_name == "snake" else {}
-    env = make_env(env_name, episodes, device=device, grid_size=grid_size, **extra)
+    """Run `episodes` episodes (one per env, in parallel) and summarise their scores.
+
+    `settings`: the env's (its spec's `settings`, e.g. `grid_size=6`); None or absent: its default."""
+    spec = get_spec(env_name)
+    params = spec.params(settings)
+    env = spec.make(episodes, device=device, **spec.settings_of(params))
     obs = env.reset(seed=seed)
     score = torch.zeros(episodes)
     length = torch.zeros(episodes)
@@ -50,12 +51,11 @@ def evaluate(
         actions = act(obs)
         obs, reward, terminated, truncated, _ = env.step(actions)
         reward, terminated, truncated = reward.cpu(), terminated.cpu(), truncated.cpu()
-        gained = reward if env_name == "cartpole" else reward.clamp(min=0)
-        score += gained * running
+        score += spec.episode_score(reward) * running
         length += running.to(torch.float32)
-        if env_name == "snake":
-            # A win is the only termination that comes with a reward of +1.
-            won |= running & terminated & (reward > 0)
+        won_now = spec.won(reward, terminated)
+        if won_now is not None:
+            won |= running & won_now
         running &= ~(terminated | truncated)
         if step % 50 == 49 and not running.any():
             break
@@ -70,9 +70,9 @@ def evaluate(
         "length_mean": float(length.mean()),
         "unfinished": int(running.sum()),
     }
-    if env_name == "snake":
-        result["grid_size"] = grid_size
-        result["full_board_fraction"] = float(won.float().mean())
+    result.update(spec.eval_fields(params))
+    if spec.win_metric is not None:
+        result[spec.win_metric] = float(won.float().mean())
     return result
 
 
@@ -107,27 +107,24 @@ def random_actor(n_actions: int, seed: int = 0) -> ActFn:
 
 
 def onnx_meta(path: Path) -> dict[str, Any]:
-    """env, grid_size, action_mode of an exported model: from manifest.json, else from its shapes."""
+    """The env and its settings for an exported model: from manifest.json, else from its shapes."""
     manifest = path.with_name("manifest.json")
     if manifest.is_file():
         m = json.loads(manifest.read_text())
         if m.get("file") in (None, path.name):
-            return {"env": m["env"], "grid_size": m.get("grid_size") or 10, "action_mode": m.get("action_mode")}
+            spec = get_spec(m["env"])
+            return {"env": spec.name, **spec.settings_of(spec.params(m))}
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     obs_dim = session.get_inputs()[0].shape[1]
     n_actions = session.get_outputs()[0].shape[1]
-    if obs_dim == 4:
-        return {"env": "cartpole", "grid_size": 10, "action_mode": None}
-    g = math.isqrt((obs_dim - 8) // 3)
-    if 3 * g * g + 8 != obs_dim:
-        raise ValueError(f"cannot tell the env of a model with {obs_dim} inputs")
-    return {"env": "snake", "grid_size": g, "action_mode": "relative" if n_actions == 3 else "absolute"}
+    spec, settings = spec_for_dims(obs_dim, n_actions)
+    return {"env": spec.name, **settings}
 
 
 def load_actor(path: str) -> tuple[ActFn, dict[str, Any]]:
-    """An acting function and the env settings for a checkpoint, run directory or .onnx file."""
+    """An acting function and `{"env": name, **its settings}` for a checkpoint, run dir or .onnx file."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist")
@@ -137,8 +134,8 @@ def load_actor(path: str) -> tuple[ActFn, dict[str, Any]]:
 
     state = load_checkpoint(p)
     cfg = state["config"]
-    meta = {"env": cfg["env"], "grid_size": cfg.get("grid_size", 10), "action_mode": cfg.get("action_mode")}
-    return torch_actor(policy_from_checkpoint(state)), meta
+    spec = get_spec(cfg["env"])
+    return torch_actor(policy_from_checkpoint(state)), {"env": spec.name, **spec.settings_of(spec.params(cfg))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,12 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     torch.set_num_threads(1)
-    kw = {"grid_size": meta["grid_size"] or 10, "action_mode": meta["action_mode"] or "relative"}
-    result = evaluate(act, meta["env"], args.episodes, args.seed, **kw)
+    env_name, settings = meta["env"], {k: v for k, v in meta.items() if k != "env"}
+    result = evaluate(act, env_name, args.episodes, args.seed, **settings)
     result["path"] = args.path
     if args.random:
-        n_actions = 2 if meta["env"] == "cartpole" else (3 if kw["action_mode"] == "relative" else 4)
-        result["random"] = evaluate(random_actor(n_actions, args.seed), meta["env"], args.episodes, args.seed, **kw)
+        spec = get_spec(env_name)
+        n_actions = spec.n_actions(spec.params(settings))
+        result["random"] = evaluate(random_actor(n_actions, args.seed), env_name, args.episodes, args.seed, **settings)
     if args.json:
         print(json.dumps(result))
     else:

@@ -34,22 +34,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.envs.registry import get_spec
+
 OPSET = 18
 TOLERANCE = 1e-5
 
 
 class ExportError(RuntimeError):
     """The exported model is invalid or does not match the torch policy."""
-
-
-def env_dims(env: str, grid_size: int | None, action_mode: str | None) -> tuple[int, int]:
-    """(obs_dim, n_actions) of an env as configured."""
-    if env == "cartpole":
-        return 4, 2
-    if env == "snake":
-        g = grid_size or 10
-        return 3 * g * g + 8, 3 if (action_mode or "relative") == "relative" else 4
-    raise ValueError(f"unknown env {env!r}")
 
 
 def git_commit() -> str | None:
@@ -79,12 +71,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def sample_observations(env_name: str, grid_size: int | None, action_mode: str | None) -> torch.Tensor:
+def sample_observations(env_name: str, **settings: Any) -> torch.Tensor:
     """Observations the policy really sees: from the env, under random actions."""
-    from trainer.envs import make_env
-
-    extra = {"action_mode": action_mode or "relative"} if env_name == "snake" else {}
-    env = make_env(env_name, 32, grid_size=grid_size or 10, **extra)
+    env = get_spec(env_name).make(32, **settings)
     gen = torch.Generator().manual_seed(0)
     seen = [env.reset(seed=0).clone()]
     for _ in range(8):
@@ -137,16 +126,19 @@ def export_onnx(
     out: str | os.PathLike[str],
     *,
     env_name: str,
-    grid_size: int | None = None,
-    action_mode: str | None = None,
     policy_kind: str = "mlp",
     steps: int = 0,
     final_return: float | None = None,
+    **settings: Any,
 ) -> Path:
-    """Write `out` (.onnx) and `manifest.json` beside it; returns the model path."""
+    """Write `out` (.onnx) and `manifest.json` beside it; returns the model path.
+
+    `settings`: the env's (its spec's `settings`, e.g. `grid_size=6, action_mode="relative"`)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    obs_dim, n_actions = env_dims(env_name, grid_size, action_mode)
+    spec = get_spec(env_name)
+    params = spec.params(settings)
+    obs_dim, n_actions = spec.obs_dim(params), spec.n_actions(params)
     model = copy.deepcopy(policy).to("cpu").eval()
     example = torch.zeros(2, obs_dim)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -169,7 +161,7 @@ def export_onnx(
         )
     del chatter
     try:
-        diff = check_parity(tmp, model, obs_dim, sample_observations(env_name, grid_size, action_mode))
+        diff = check_parity(tmp, model, obs_dim, sample_observations(env_name, **spec.settings_of(params)))
         if not parity_ok(diff):
             raise ExportError(f"onnxruntime differs from torch: {diff} (tolerance {TOLERANCE})")
         os.replace(tmp, out)
@@ -187,8 +179,7 @@ def export_onnx(
             {"name": "value", "shape": ["batch", 1], "dtype": "float32"},
         ],
         "env": env_name,
-        "grid_size": grid_size if env_name == "snake" else None,
-        "action_mode": action_mode if env_name == "snake" else None,
+        **spec.manifest_fields(params),
         "obs_dim": obs_dim,
         "n_actions": n_actions,
         "policy": policy_kind,
@@ -219,13 +210,14 @@ def policy_from_checkpoint(state: dict[str, Any]) -> nn.Module:
     from trainer.policy import build_policy
 
     cfg = state["config"]
-    obs_dim, n_actions = env_dims(cfg["env"], cfg.get("grid_size"), cfg.get("action_mode"))
+    spec = get_spec(cfg["env"])
+    params = spec.params(cfg)
     policy = build_policy(
         cfg["policy"],
-        obs_dim,
-        n_actions,
+        spec.obs_dim(params),
+        spec.n_actions(params),
         cfg["hidden"],
-        grid_size=cfg.get("grid_size") if cfg["env"] == "snake" else None,
+        grid_size=spec.cnn_grid(params),
         activation=cfg.get("activation", "tanh"),
     )
     policy.load_state_dict(state["model"])
@@ -243,14 +235,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     cfg = state["config"]
+    spec = get_spec(cfg["env"])
     out = export_onnx(
         policy_from_checkpoint(state),
         args.out,
-        env_name=cfg["env"],
-        grid_size=cfg.get("grid_size") if cfg["env"] == "snake" else None,
-        action_mode=cfg.get("action_mode") if cfg["env"] == "snake" else None,
+        env_name=spec.name,
         policy_kind=cfg["policy"],
         steps=int(state["step"]),
+        **spec.settings_of(spec.params(cfg)),
     )
     print(json.dumps({"model": str(out), "manifest": str(out.with_name("manifest.json"))}))
     return 0

@@ -16,6 +16,8 @@ import math
 import torch
 from torch import nn
 
+from trainer.envs.snake import FEATURES, PLANES, obs_size
+
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "silu": nn.SiLU}
 
 
@@ -59,20 +61,20 @@ class CNNPolicy(nn.Module):
         super().__init__()
         self.g = grid_size
         g2 = grid_size * grid_size
-        self.planes = 3 * g2
+        self.planes = PLANES * g2
         self.conv = nn.Sequential(
-            _init(nn.Conv2d(3, channels // 2, 3, padding=1), math.sqrt(2)),
+            _init(nn.Conv2d(PLANES, channels // 2, 3, padding=1), math.sqrt(2)),
             nn.ReLU(),
             _init(nn.Conv2d(channels // 2, channels, 3, padding=1), math.sqrt(2)),
             nn.ReLU(),
             nn.Flatten(),
         )
-        self.trunk = nn.Sequential(_init(nn.Linear(channels * g2 + 8, hidden), math.sqrt(2)), nn.ReLU())
+        self.trunk = nn.Sequential(_init(nn.Linear(channels * g2 + FEATURES, hidden), math.sqrt(2)), nn.ReLU())
         self.actor = _init(nn.Linear(hidden, n_actions), 0.01)
         self.critic = _init(nn.Linear(hidden, 1), 1.0)
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        planes = obs[:, : self.planes].reshape(-1, 3, self.g, self.g)
+        planes = obs[:, : self.planes].reshape(-1, PLANES, self.g, self.g)
         return self.trunk(torch.cat((self.conv(planes), obs[:, self.planes :]), dim=1))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +92,7 @@ def build_policy(
     if kind == "mlp":
         return MLPPolicy(obs_dim, n_actions, hidden=hidden, activation=activation)
     if kind == "cnn":
-        if grid_size is None or obs_dim != 3 * grid_size * grid_size + 8:
+        if grid_size is None or obs_dim != obs_size(grid_size):
             raise ValueError("the cnn policy reads snake observations: it needs --env snake")
         return CNNPolicy(grid_size, n_actions, hidden=hidden)
     raise ValueError(f"unknown policy {kind!r}: expected 'mlp' or 'cnn'")

@@ -17,47 +17,52 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from torch import nn
 
+from trainer.args import TrainArgs, default_of
 from trainer.policy import log_prob_entropy, sample_actions
 
 
 @dataclass
 class PPOConfig:
-    num_envs: int = 8
+    """The update's settings. Defaults and help of the ones that are trainer flags come from
+    trainer.args.TrainArgs (`PPOConfig.from_args` builds one from parsed flags)."""
+
+    num_envs: int = default_of("num_envs")
     """environments stepped together (on this rank)"""
-    num_steps: int = 32
-    """rollout length per env per iteration"""
-    learning_rate: float = 2.5e-3
-    """Adam step size at the start (annealed linearly to 0 when anneal_lr)"""
-    anneal_lr: bool = True
-    """anneal the learning rate over the planned iterations"""
-    gamma: float = 0.99
-    """discount"""
-    gae_lambda: float = 0.95
-    """GAE lambda"""
-    num_minibatches: int = 4
-    """minibatches per epoch"""
-    update_epochs: int = 2
-    """passes over each rollout"""
+    num_steps: int = default_of("num_steps")
+    learning_rate: float = default_of("learning_rate")
+    anneal_lr: bool = bool(default_of("anneal_lr"))
+    gamma: float = default_of("gamma")
+    gae_lambda: float = default_of("gae_lambda")
+    num_minibatches: int = default_of("num_minibatches")
+    update_epochs: int = default_of("update_epochs")
     norm_adv: bool = True
     """normalise advantages per minibatch"""
-    clip_coef: float = 0.2
-    """policy ratio clip"""
+    clip_coef: float = default_of("clip_coef")
     clip_vloss: bool = True
     """clip the value update around the old values"""
-    ent_coef: float = 0.0
-    """entropy bonus weight"""
-    vf_coef: float = 0.5
-    """value loss weight"""
-    max_grad_norm: float = 0.5
-    """global gradient norm clip"""
+    ent_coef: float = default_of("ent_coef")
+    vf_coef: float = default_of("vf_coef")
+    max_grad_norm: float = default_of("max_grad_norm")
     target_kl: float | None = None
-    """stop the epochs of one update once the approximate KL exceeds this (None: never)"""
+    """stop the epochs of one update once the approximate KL exceeds this (None: never; flag 0 = off)"""
+
+    @classmethod
+    def from_args(cls, args: TrainArgs, num_envs: int) -> PPOConfig:
+        """The config for parsed trainer flags, with this rank's share of the envs."""
+        names = {f.name for f in fields(cls)} & {f.name for f in fields(args)}
+        values = {name: getattr(args, name) for name in names}
+        values.update(
+            num_envs=num_envs,
+            anneal_lr=bool(args.anneal_lr),
+            target_kl=args.target_kl if args.target_kl and args.target_kl > 0 else None,
+        )
+        return cls(**values)
 
 
 class Adam:
@@ -216,7 +221,11 @@ def ppo_update(
 
 
 class PPO:
-    """One env batch + one policy + Adam. `iteration()` = collect a rollout, then update."""
+    """One env batch + one policy + Adam. `iteration()` = collect a rollout, then update.
+
+    `score` turns a rollout's rewards into per-step score points (the env spec's `score`, e.g. apples
+    for snake); None: an episode's score is its return.
+    """
 
     def __init__(
         self,
@@ -225,8 +234,10 @@ class PPO:
         cfg: PPOConfig,
         train_model: nn.Module | None = None,
         kl_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        score: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         self.env = env
+        self.score = score
         self.policy = policy
         self.train_model = train_model if train_model is not None else policy  # a DDP wrapper, if any
         self.cfg = cfg
@@ -285,7 +296,8 @@ class PPO:
         fresh = (prev < 0).to(buf.rewards.dtype)
         d = done.to(buf.rewards.dtype)
         carried = (self.ep_return, self.ep_score, self.ep_length)
-        series = (buf.rewards, buf.rewards.clamp(min=0), torch.ones_like(buf.rewards))
+        points = buf.rewards if self.score is None else self.score(buf.rewards)
+        series = (buf.rewards, points, torch.ones_like(buf.rewards))
         totals = []
         for i, (carry, x) in enumerate(zip(carried, series, strict=True)):
             c = torch.cat((torch.zeros_like(x[:1]), x.cumsum(dim=0)))  # c[k] = sum of x[:k]

@@ -2,7 +2,8 @@
 
 Both envs share one interface (see `BatchedEnv`): `reset(seed) -> obs`, `step(actions) ->
 (obs, reward, terminated, truncated, info)`, with auto-reset and `info["final_obs"]` holding the
-observation of the state that ended, so truncated episodes can bootstrap from its value.
+observation of the state that ended, so truncated episodes can bootstrap from its value. What each env
+is (sizes, settings, score, export facts) is its spec in `trainer.envs.registry`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from trainer.envs.cartpole import CartPole, CartPoleParams
+from trainer.envs.registry import SPECS, EnvSpec, get_spec
 from trainer.envs.snake import Snake, SnakeParams
 
 
@@ -20,6 +22,8 @@ class BatchedEnv(Protocol):
     obs_dim: int
     n_actions: int
     device: torch.device
+    generator: torch.Generator  # the env's random stream (checkpointed with the run)
+    max_return: float  # the best return one episode can get (bounds a greedy evaluation)
 
     def reset(self, seed: int | None = None) -> torch.Tensor: ...
 
@@ -28,15 +32,19 @@ class BatchedEnv(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]: ...
 
 
-def make_env(
-    name: str, num_envs: int, device: torch.device | str = "cpu", grid_size: int = 10, **kwargs: Any
-) -> BatchedEnv:
-    """Build an env by name ("cartpole" or "snake")."""
-    if name == "cartpole":
-        return CartPole(num_envs, device=device)
-    if name == "snake":
-        return Snake(num_envs, SnakeParams(grid_size=grid_size, **kwargs), device=device)
-    raise ValueError(f"unknown env {name!r}: expected 'cartpole' or 'snake'")
+def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", **settings: Any) -> BatchedEnv:
+    """Build `num_envs` envs of the env called `name`; `settings` as in its spec (e.g. grid_size)."""
+    return get_spec(name).make(num_envs, device=device, **settings)
 
 
-__all__ = ["BatchedEnv", "CartPole", "CartPoleParams", "Snake", "SnakeParams", "make_env"]
+__all__ = [
+    "SPECS",
+    "BatchedEnv",
+    "CartPole",
+    "CartPoleParams",
+    "EnvSpec",
+    "Snake",
+    "SnakeParams",
+    "get_spec",
+    "make_env",
+]

@@ -35,6 +35,14 @@ class CartPoleParams:
     reset_bound: float = 0.05
 
     @property
+    def obs_dim(self) -> int:
+        return CartPole.obs_dim
+
+    @property
+    def n_actions(self) -> int:
+        return CartPole.n_actions
+
+    @property
     def total_mass(self) -> float:
         return self.masspole + self.masscart
 

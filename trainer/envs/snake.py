@@ -36,6 +36,16 @@ import torch
 _DR = (-1, 0, 1, 0)
 _DC = (0, 1, 0, -1)
 
+# The observation (docs/snake.md): PLANES board planes of G*G values (head, body, apple), then
+# FEATURES values (direction one-hot, danger straight/left/right, hunger).
+PLANES = 3
+FEATURES = 8
+
+
+def obs_size(grid_size: int) -> int:
+    """Length of one observation on a `grid_size` board: the only place this formula is written."""
+    return PLANES * grid_size * grid_size + FEATURES
+
 
 @dataclass(frozen=True)
 class SnakeParams:
@@ -57,7 +67,7 @@ class SnakeParams:
 
     @property
     def obs_dim(self) -> int:
-        return 3 * self.grid_size**2 + 8
+        return obs_size(self.grid_size)
 
     @property
     def n_actions(self) -> int:
@@ -215,7 +225,7 @@ class Snake:
         """`float32[N, 3*G*G + 8]` per docs/snake.md (into `out` when given)."""
         g, n2 = self.g, self.cells_n
         n = self.num_envs
-        obs = torch.zeros(n, 3 * n2 + 8, device=self.device) if out is None else out.zero_()
+        obs = torch.zeros(n, self.obs_dim, device=self.device) if out is None else out.zero_()
         obs.scatter_(1, self.head[:, None], 1.0)
         obs[:, n2 : 2 * n2] = self.cells.to(torch.float32) / self.length[:, None].to(torch.float32)
         has_apple = (self.apple >= 0).to(torch.float32)

@@ -1,0 +1,372 @@
+"""Every flag of `python -m trainer.train`, in one place: the `TrainArgs` dataclass.
+
+Each field is one flag: its name (`learning_rate` is `--learning-rate`), type, default, choices and
+range (the field's metadata), and its help (the one-line docstring under the field, CleanRL style).
+From it come the trainer's argparse parser (`build_parser`), the per-env presets (`PRESETS`: overrides
+of the defaults for flags left unset), `flag_specs()` and `parse_flag()` for tools that check flags
+before anything runs (thrust-remote on the laptop), and `PPOConfig`'s defaults (trainer/ppo.py).
+
+Stdlib only, no torch: the laptop-side tool imports this module (see docs/architecture.md).
+
+Value formats (the contract with `thrust-remote train --set KEY=VALUE` and the optimizer):
+- integers also as `2e7` or `20_000_000` (configs and optimizers produce both);
+- switches take one optional value: `--resume`, `--resume true`, `--resume 0`;
+- every flag takes one value, spelled with hyphens.
+
+Errors: a bad type or a value outside `choices` is an argparse error (exit 2); a value outside a
+flag's range is a usage error (`UsageError`, the trainer exits 64). `parse_flag` raises ValueError for
+all of these, so a tool rejects exactly what the trainer would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Per-env overrides of TrainArgs' defaults for flags left unset.
+# CartPole: small and fast. Over 20 seeds (greedy eval every 2 iterations) 2 minibatches solved in a
+# median 7.9k steps, worst 12.8k: the most robust variant tried (4 minibatches: worst 23.6k; tanh:
+# worst 31.7k).
+# Snake (10x10): small batches of many cheap updates learned fastest per second on a 2-core CPU:
+# greedy eval mean 72 apples (23% full boards) after the default 8M steps (~3 min), vs 19 apples for
+# 1024 envs with a 128-wide MLP after 8M. On a GPU, pass a larger --num-envs.
+# Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal).
+PRESETS: dict[str, dict[str, Any]] = {
+    "cartpole": {
+        "total_steps": 100_000,
+        "num_minibatches": 2,
+        "target_return": 475.0,
+    },
+    "snake": {
+        "num_envs": 128,
+        "total_steps": 8_000_000,
+        "learning_rate": 2e-3,
+        "ent_coef": 0.01,
+    },
+}
+
+
+class UsageError(ValueError):
+    """A flag value the trainer refuses (out of range, or not a number where one is needed)."""
+
+
+def flag(
+    default: Any = dataclasses.MISSING,
+    *,
+    choices: tuple[Any, ...] | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    min_exclusive: bool = False,
+    words: tuple[str, ...] = (),
+    type: type | None = None,  # when the annotation is wider than the flag's type
+    metavar: str | None = None,
+) -> Any:
+    """A TrainArgs field with its flag facts in the metadata (read by `flag_specs`)."""
+    meta = {
+        "choices": choices,
+        "min": min,
+        "max": max,
+        "min_exclusive": min_exclusive,
+        "words": words,
+        "type": type,
+        "metavar": metavar,
+    }
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class TrainArgs:
+    """The trainer's flags. Defaults apply when neither the command line nor the env's preset sets one."""
+
+    env: str = flag(choices=tuple(sorted(PRESETS)))
+    """which environment"""
+    num_envs: int | str = flag(8, min=1, words=("auto",), type=int)
+    """total envs over all ranks, or 'auto' (sized from device memory)"""
+    total_steps: int = flag(1_000_000, min=1)
+    """env steps to train for (all ranks together)"""
+    device: str = flag("auto", choices=("auto", "cpu", "cuda"))
+    """where to train; auto: CUDA when available"""
+    seed: int = flag(1)
+    """random seed (each rank and each resume offsets it)"""
+    run_dir: str | None = flag(None)
+    """default runs/<env>-<UTC timestamp>-<pid>"""
+    resume: bool = flag(False)
+    """continue from the latest checkpoint in --run-dir, if any"""
+    export: str | None = flag(None, metavar="PATH")
+    """write the final policy as ONNX (+ manifest.json)"""
+    policy: str = flag("mlp", choices=("mlp", "cnn"))
+    """network: mlp, or cnn (reads snake's board planes)"""
+    activation: str = flag("relu", choices=("tanh", "relu", "silu"))
+    """MLP activation"""
+    learning_rate: float = flag(2.5e-3, min=0, min_exclusive=True)
+    """Adam step size at the start (annealed linearly to 0 when --anneal-lr 1)"""
+    num_steps: int = flag(32, min=1)
+    """rollout length per env per iteration"""
+    num_minibatches: int = flag(4, min=1)
+    """minibatches per epoch"""
+    update_epochs: int = flag(2, min=1)
+    """passes over each rollout"""
+    clip_coef: float = flag(0.2, min=0)
+    """policy ratio clip (and value clip)"""
+    ent_coef: float = flag(0.0, min=0)
+    """entropy bonus weight"""
+    vf_coef: float = flag(0.5, min=0)
+    """value loss weight"""
+    gamma: float = flag(0.99, min=0, max=1)
+    """discount"""
+    gae_lambda: float = flag(0.95, min=0, max=1)
+    """GAE lambda"""
+    hidden: int = flag(64, min=1)
+    """network width"""
+    grid_size: int = flag(10, min=4)
+    """snake board side"""
+    action_mode: str = flag("relative", choices=("relative", "absolute"))
+    """snake actions"""
+    target_kl: float = flag(0.0, min=0)
+    """early-stop epochs above this KL; 0 = off"""
+    max_grad_norm: float = flag(0.5, min=0, min_exclusive=True)
+    """global gradient norm clip"""
+    anneal_lr: int = flag(1, choices=(0, 1))
+    """1: linear LR decay to 0"""
+    target_return: float = flag(0.0)
+    """stop when greedy eval reaches this; 0 = off"""
+    eval_episodes: int = flag(20, min=1)
+    """episodes of each greedy evaluation"""
+    eval_every: int = flag(2, min=1)
+    """iterations between --target-return checks"""
+    log_interval: float = flag(1.0, min=0)
+    """seconds between THRUST_METRICS reports"""
+    checkpoint_interval: float = flag(120.0, min=0)
+    """seconds between checkpoints"""
+    threads: int = flag(0, min=0)
+    """torch CPU threads; 0 = 1 on CPU (see main), torch's default on CUDA"""
+    dist_timeout: float = flag(600.0, min=0, min_exclusive=True)
+    """process-group timeout, seconds"""
+    tensorboard: bool = flag(False)
+    """also write TensorBoard event files (needs tensorboard)"""
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """One trainer flag, as a tool outside the trainer needs to know it."""
+
+    name: str  # dashed: "total-steps"
+    field: str  # TrainArgs attribute: "total_steps"
+    type: type  # int, float, str or bool
+    default: Any  # TrainArgs' default, or the preset's when flag_specs(env) was asked
+    choices: tuple[Any, ...] | None
+    help: str
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    words: tuple[str, ...] = ()  # words accepted besides a value of `type` ("auto")
+    required: bool = False
+    metavar: str | None = None
+
+    def range_text(self) -> str | None:
+        if self.min is None and self.max is None:
+            return None
+        parts = []
+        if self.min is not None:
+            parts.append(f"{'>' if self.min_exclusive else '>='} {self.min}")
+        if self.max is not None:
+            parts.append(f"<= {self.max}")
+        return " and ".join(parts)
+
+
+# ------------------------------------------------------------------------------------ value parsing
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def parse_int(text: str) -> int:
+    """An integer, also written as 2e7 or 20_000_000 (configs and optimizers produce both)."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise ValueError(f"expected an integer, got {text!r}") from None
+    if not value.is_integer():
+        raise ValueError(f"expected an integer, got {text!r}")
+    return int(value)
+
+
+_CONVERT: dict[type, Any] = {int: parse_int, float: float, str: str, bool: parse_bool}
+
+
+def convert(spec: FlagSpec, text: str) -> Any:
+    """`text` as a value of the flag's type (or one of its words); ValueError if it is not one."""
+    if text in spec.words:
+        return text
+    try:
+        return _CONVERT[spec.type](text)
+    except ValueError as e:
+        if spec.words:
+            raise ValueError(f"{e} (or {' or '.join(repr(w) for w in spec.words)})") from None
+        if spec.type is float:
+            raise ValueError(f"expected a number, got {text!r}") from None
+        raise
+
+
+def check_range(spec: FlagSpec, value: Any) -> None:
+    """UsageError when a number is outside the flag's range (written so NaN is outside too)."""
+    if value in spec.words or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    low_ok = spec.min is None or (value > spec.min if spec.min_exclusive else value >= spec.min)
+    high_ok = spec.max is None or value <= spec.max
+    if not (low_ok and high_ok):
+        raise UsageError(f"--{spec.name} must be {spec.range_text()}")
+
+
+def parse_flag(name: str, text: str) -> Any:
+    """The value `--name text` gives the trainer; ValueError (with the reason) where it refuses it."""
+    specs = flag_specs()
+    spec = specs.get(name)
+    if spec is None:
+        raise ValueError(f"--{name}: not a trainer flag (known: {', '.join(sorted(specs))})")
+    try:
+        value = convert(spec, text)
+    except ValueError as e:
+        raise ValueError(f"--{name}: {e}") from None
+    if spec.choices is not None and value not in spec.choices:
+        raise ValueError(f"--{name}: {value!r} is not one of {', '.join(map(str, spec.choices))}")
+    check_range(spec, value)
+    return value
+
+
+# ----------------------------------------------------------------------------------- the flag table
+@functools.lru_cache(maxsize=1)
+def _field_docs() -> dict[str, str]:
+    """The docstring under each TrainArgs field (the way CleanRL/tyro read them: from the source)."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrainArgs")
+    docs = {}
+    for node, after in zip(cls.body, cls.body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = after.value.value.strip()
+    return docs
+
+
+def _flag_type(f: dataclasses.Field[Any], hint: Any) -> type:
+    if f.metadata.get("type") is not None:
+        return f.metadata["type"]
+    members = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+    return members[0]
+
+
+@functools.cache
+def _specs(env: str | None) -> dict[str, FlagSpec]:
+    hints = typing.get_type_hints(TrainArgs)
+    docs = _field_docs()
+    preset = PRESETS.get(env, {}) if env else {}
+    out = {}
+    for f in dataclasses.fields(TrainArgs):
+        name = f.name.replace("_", "-")
+        required = f.default is dataclasses.MISSING
+        m = f.metadata
+        out[name] = FlagSpec(
+            name=name,
+            field=f.name,
+            type=_flag_type(f, hints[f.name]),
+            default=preset.get(f.name, None if required else f.default),
+            choices=m.get("choices"),
+            help=docs[f.name],
+            min=m.get("min"),
+            max=m.get("max"),
+            min_exclusive=m.get("min_exclusive", False),
+            words=m.get("words", ()),
+            required=required,
+            metavar=m.get("metavar"),
+        )
+    return out
+
+
+def flag_specs(env: str | None = None) -> dict[str, FlagSpec]:
+    """Every trainer flag by dashed name; with `env`, the defaults are that env's preset values."""
+    if env is not None and env not in PRESETS:
+        raise ValueError(f"unknown env {env!r}: expected one of {', '.join(sorted(PRESETS))}")
+    return dict(_specs(env))
+
+
+def default_of(field_name: str) -> Any:
+    """TrainArgs' default for one field (PPOConfig takes its defaults from here)."""
+    return _specs(None)[field_name.replace("_", "-")].default
+
+
+# --------------------------------------------------------------------------------------- argparse
+def _argparse_type(spec: FlagSpec) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            return convert(spec, text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The trainer's parser, generated from TrainArgs. Every default is None: "not given", so the
+    env's preset (or TrainArgs' default) can fill it in (`parse_args`)."""
+    p = argparse.ArgumentParser(prog="python -m trainer.train", description="Train a PPO policy on a batched env.")
+    for spec in flag_specs().values():
+        help_text = spec.help + (f" (must be {spec.range_text()})" if spec.range_text() else "")
+        kw: dict[str, Any] = {"help": help_text, "default": None, "dest": spec.field}
+        if spec.type is bool:
+            # Switches also take one value (`--resume true`), since `thrust-remote train --set
+            # resume=true` passes every job arg as `--key value`.
+            kw.update(nargs="?", const=True, metavar="BOOL")
+        if spec.words:
+            # Today's contract: a bad --num-envs is a usage error (exit 64), checked in parse_args.
+            kw["metavar"] = spec.field.upper()
+        else:
+            kw["type"] = _argparse_type(spec)
+        if spec.choices is not None:
+            kw["choices"] = spec.choices
+        if spec.required:
+            kw["required"] = True
+        if spec.metavar:
+            kw["metavar"] = spec.metavar
+        p.add_argument(f"--{spec.name}", **kw)
+    return p
+
+
+def resolve(given: dict[str, Any]) -> TrainArgs:
+    """TrainArgs from flag values (None = not given): the value, else the env's preset, else the default.
+
+    Raises UsageError where a value is out of its flag's range (or a worded flag's text is neither)."""
+    specs = _specs(given["env"])
+    values = {}
+    for spec in specs.values():
+        value = given.get(spec.field)
+        if value is None:
+            value = spec.default
+        elif isinstance(value, str) and spec.type is not str:
+            try:
+                value = convert(spec, value)
+            except ValueError as e:
+                raise UsageError(f"--{spec.name}: {e}") from None
+        check_range(spec, value)
+        values[spec.field] = value
+    return TrainArgs(**values)
+
+
+def parse_args(argv: list[str] | None = None) -> TrainArgs:
+    """Parse the trainer's command line. argparse exits 2 on a bad type or choice; a value out of
+    range raises UsageError (exit 64 in trainer.train)."""
+    return resolve(vars(build_parser().parse_args(argv)))

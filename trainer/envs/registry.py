@@ -1,0 +1,153 @@
+"""What each env is, in one place: an `EnvSpec` per env, looked up by name with `get_spec`.
+
+train, eval, export and the PPO loop ask the spec, never the env's name: how to build a batch of it,
+its observation size and action count, which trainer flags configure it (`settings`, TrainArgs field
+names that are also fields of its params class), how an episode's score is counted, what a won
+episode is, and what the export manifest and an evaluation record about it. Adding an env is adding
+one spec here (and its preset in trainer/args.py). See docs/architecture.md.
+
+`settings` travel as plain dicts (`{"grid_size": 6, "action_mode": "relative"}`): from TrainArgs, from
+a checkpoint's config, from a manifest. `spec.params(values)` keeps the keys the env reads, drops the
+rest and those that are None (its params class' default then applies).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from trainer.envs.cartpole import CartPole, CartPoleParams
+from trainer.envs.snake import FEATURES, PLANES, Snake, SnakeParams, obs_size
+
+ScoreFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+class EnvSpec:
+    """Facts about one env. Subclass, override what differs from these defaults, and register it."""
+
+    name: ClassVar[str]
+    params_cls: ClassVar[type[Any]]
+    settings: ClassVar[tuple[str, ...]] = ()
+    # Per-step points of an episode's score from its rewards, or None: the env has no score apart
+    # from its return (the trainer then reports no `score_mean`).
+    score: ClassVar[ScoreFn | None] = None
+    # The eval result key for the fraction of won episodes, when the env can be won (see `won`).
+    win_metric: ClassVar[str | None] = None
+
+    def params(self, values: Mapping[str, Any] | None = None, **more: Any) -> Any:
+        """The params for these settings (keys this env does not read are ignored)."""
+        given = {**(values or {}), **more}
+        return self.params_cls(**{k: given[k] for k in self.settings if given.get(k) is not None})
+
+    def settings_of(self, params: Any) -> dict[str, Any]:
+        return {k: getattr(params, k) for k in self.settings}
+
+    def build(self, num_envs: int, params: Any, device: torch.device | str) -> Any:
+        raise NotImplementedError
+
+    def make(self, num_envs: int, device: torch.device | str = "cpu", seed: int = 0, **settings: Any) -> Any:
+        """`num_envs` envs on `device`, their random stream seeded with `seed` (reset(seed) reseeds)."""
+        env = self.build(num_envs, self.params(settings), device)
+        env.generator.manual_seed(seed)
+        return env
+
+    def obs_dim(self, params: Any) -> int:
+        return int(params.obs_dim)
+
+    def n_actions(self, params: Any) -> int:
+        return int(params.n_actions)
+
+    def episode_score(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Per-step score points: `score(rewards)`, or the rewards themselves when there is no score."""
+        return rewards if self.score is None else self.score(rewards)
+
+    def won(self, reward: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor | None:
+        """Which envs won their episode this step; None when the env cannot be won."""
+        return None
+
+    def cnn_grid(self, params: Any) -> int | None:
+        """The board side the cnn policy reads, or None: the env's observations are not a board."""
+        return None
+
+    def manifest_fields(self, params: Any) -> dict[str, Any]:
+        """The env's fields of an exported model's manifest.json (the web page reads them)."""
+        return {"grid_size": None, "action_mode": None}
+
+    def eval_fields(self, params: Any) -> dict[str, Any]:
+        """Facts an evaluation result records about the env it ran."""
+        return {}
+
+    def settings_from_dims(self, obs_dim: int, n_actions: int) -> dict[str, Any] | None:
+        """Settings under which this env has these sizes (a model without a manifest), else None."""
+        return None
+
+
+class CartPoleSpec(EnvSpec):
+    name = "cartpole"
+    params_cls = CartPoleParams
+
+    def build(self, num_envs: int, params: Any, device: torch.device | str) -> CartPole:
+        return CartPole(num_envs, params, device=device)
+
+    def settings_from_dims(self, obs_dim: int, n_actions: int) -> dict[str, Any] | None:
+        return {} if obs_dim == CartPoleParams().obs_dim else None
+
+
+def _apples(rewards: torch.Tensor) -> torch.Tensor:
+    """Snake's score is apples eaten: the +1 rewards (a death's -1 takes none away)."""
+    return rewards.clamp(min=0)
+
+
+class SnakeSpec(EnvSpec):
+    name = "snake"
+    params_cls = SnakeParams
+    settings = ("grid_size", "action_mode")
+    score = staticmethod(_apples)
+    win_metric = "full_board_fraction"
+
+    def build(self, num_envs: int, params: Any, device: torch.device | str) -> Snake:
+        return Snake(num_envs, params, device=device)
+
+    def won(self, reward: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
+        # A win (a full board) is the only termination that comes with a reward of +1.
+        return terminated & (reward > 0)
+
+    def cnn_grid(self, params: Any) -> int:
+        return int(params.grid_size)
+
+    def manifest_fields(self, params: Any) -> dict[str, Any]:
+        return {"grid_size": params.grid_size, "action_mode": params.action_mode}
+
+    def eval_fields(self, params: Any) -> dict[str, Any]:
+        return {"grid_size": params.grid_size}
+
+    def settings_from_dims(self, obs_dim: int, n_actions: int) -> dict[str, Any] | None:
+        if obs_dim < obs_size(4):
+            return None
+        g = math.isqrt((obs_dim - FEATURES) // PLANES)
+        if obs_size(g) != obs_dim:
+            return None
+        return {"grid_size": g, "action_mode": "relative" if n_actions == 3 else "absolute"}
+
+
+SPECS: dict[str, EnvSpec] = {spec.name: spec for spec in (CartPoleSpec(), SnakeSpec())}
+
+
+def get_spec(name: str) -> EnvSpec:
+    """The spec of the env called `name`; ValueError naming the known ones otherwise."""
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise ValueError(f"unknown env {name!r}: expected one of {', '.join(map(repr, sorted(SPECS)))}") from None
+
+
+def spec_for_dims(obs_dim: int, n_actions: int) -> tuple[EnvSpec, dict[str, Any]]:
+    """The first env (in SPECS order) with these sizes, and its settings; ValueError if none has them."""
+    for spec in SPECS.values():
+        settings = spec.settings_from_dims(obs_dim, n_actions)
+        if settings is not None:
+            return spec, settings
+    raise ValueError(f"cannot tell the env of a model with {obs_dim} inputs")
