@@ -6,17 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from trainer.args import flag_specs
+
 from ..config import Config, JobConfig
 from ..errors import ConfigError, UsageError
 
-# The trainer's flags (trainer/train.py build_parser; a test keeps this list equal to it). Searching
-# a name not in here would only fail later, on the host, as an argparse error in every trial.
-TRAINER_FLAGS = frozenset({
-    "env", "num-envs", "total-steps", "device", "seed", "run-dir", "resume", "export", "policy", "activation",
-    "learning-rate", "num-steps", "num-minibatches", "update-epochs", "clip-coef", "ent-coef", "vf-coef", "gamma",
-    "gae-lambda", "hidden", "grid-size", "action-mode", "target-kl", "max-grad-norm", "anneal-lr", "target-return",
-    "eval-episodes", "eval-every", "log-interval", "checkpoint-interval", "threads", "dist-timeout", "tensorboard",
-})
+# The trainer's flags come from its one table (trainer/args.py TrainArgs, torch-free): searching a
+# name not in it would only fail later, on the host, as an argparse error in every trial.
+TRAINER_FLAGS = frozenset(flag_specs())
 # Flags that name files or switch modes: the study decides them, not the sampler.
 NOT_SEARCHABLE = frozenset({"env", "run-dir", "resume", "export", "tensorboard"})
 
