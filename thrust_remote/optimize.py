@@ -43,6 +43,7 @@ from .config import Config, HostConfig, JobConfig
 from .errors import ConfigError, ConnectionLostError, ExitCode, ThrustError, UsageError
 from .names import valid_id
 from .runner import Runner
+from .session import HostSession
 
 # The trainer's flags (trainer/train.py build_parser; a test keeps this list equal to it). Searching
 # a name not in here would only fail later, on the host, as an argparse error in every trial.
@@ -90,56 +91,6 @@ PUSH_EVERY_S = 10.0  # the longest a finished trial's result waits before it is 
 LEASE_S = 60.0  # a remote study's driver lease: another laptop may take over after this much silence
 METRICS = ("auto", "eval_return", "return_mean", "score_mean")
 PRUNERS = ("median", "halving", "none")
-
-# One command per poll for every running trial. It waits on the host up to argv[4] seconds, and
-# returns early when a run ends (its exit_code appears), writes its first metrics, or a stop is asked:
-# a freed slot is seen in ~50 ms instead of half a poll period, without polling more often. Then the
-# state (the supervisor's own rules, from the uploaded supervise.py) first and the new whole lines of
-# metrics.jsonl second, so a run seen ended has had all its lines read; and the run's slot from
-# run.json (for adoption).
-POLL_SCRIPT = r"""
-import importlib.util, json, os, sys, time
-req = json.loads(sys.argv[2]); deadline = time.monotonic() + float(sys.argv[4])
-def first_metrics(d):
-    try:
-        return os.path.getsize(os.path.join(d, "metrics.jsonl")) > 0
-    except OSError:
-        return False
-def ended():
-    if os.path.exists(sys.argv[3]):
-        return True
-    return any(not os.path.isdir(d) or os.path.exists(os.path.join(d, "exit_code")) or (o == 0 and first_metrics(d))
-               for d, o in req)
-while time.monotonic() < deadline and not ended():
-    time.sleep(0.05)
-spec = importlib.util.spec_from_file_location("thrust_supervise", sys.argv[1])
-sup = importlib.util.module_from_spec(spec); spec.loader.exec_module(sup)
-out = {"runs": {}, "stop": os.path.exists(sys.argv[3])}
-for run_dir, offset in req:
-    if not os.path.isdir(run_dir):
-        out["runs"][run_dir] = {"state": "MISSING", "data": "", "offset": offset, "more": False}
-        continue
-    st = sup.run_state(run_dir)
-    try:
-        with open(os.path.join(run_dir, "metrics.jsonl"), "rb") as fh:
-            fh.seek(offset); data = fh.read(1 << 20)
-    except FileNotFoundError:
-        data = b""
-    cut = data.rfind(b"\n") + 1
-    meta = sup._read_json(os.path.join(run_dir, "run.json")) or {}
-    tail = ""
-    if st["state"] == "FAILED":  # the reason a trial failed, for the table and the study
-        try:
-            with open(os.path.join(run_dir, "log"), "rb") as fh:
-                fh.seek(max(0, os.path.getsize(fh.name) - 2000)); tail = fh.read().decode("utf-8", "replace")
-        except OSError:
-            pass
-    out["runs"][run_dir] = {"state": st["state"], "exit_code": st["exit_code"],
-                            "data": data[:cut].decode("utf-8", "replace"), "offset": offset + cut,
-                            "more": len(data) == 1 << 20, "slot": meta.get("slot"), "log_tail": tail}
-print(json.dumps(out))
-"""
-
 
 # ------------------------------------------------------------------------------------ search space
 
@@ -582,14 +533,14 @@ class Optimizer:
         import optuna
 
         started = time.monotonic()
-        prepared = pipeline.prepare(self.config, self.job, self.host, self.runner, self.reporter,
-                                    args_for_preflight=self._args({}))
+        prepared = pipeline.prepare(self.config, self.job, HostSession.open(self.runner, self.host, self.config),
+                                    self.reporter, args_for_preflight=self._args({}))
+        self.session = prepared.session
         self.prepared = prepared
         self.paths = prepared.paths
         self.slots = plan_slots(prepared.report.facts, self.host, self.request.gpus, self.request.parallel,
                                 self.request.slots_per_gpu)
         self.free = list(self.slots)
-        self.sup = runs.ensure_supervisor(self.runner, self.paths, self.host.python)
         self.stop_file = f"{self.paths.thrust}/studies/{self.study_name}.stop"
         self.runner.run(["mkdir", "-p", "--", f"{self.paths.thrust}/studies"]).check("mkdir studies")
         self.store = StudyStore.open(self.config, self.host, self.runner, self.paths, self.study_name,
@@ -718,7 +669,7 @@ class Optimizer:
     def _stop_orphans(self, known: set[str | None]) -> None:
         """A run of this study that no trial in the study names (its driver died between launching it
         and saving the study) would hold a slot unseen: stop it."""
-        for r in runs.list_runs(self.runner, self.host, self.paths):
+        for r in runs.list_runs(self.session):
             if r["state"] == "RUNNING" and is_trial_run(r["run_id"], self.study_name) and r["run_id"] not in known:
                 self.observer.event(f"stopping {r['run_id']}: a run of this study that no trial names")
                 self._stop_run(r["run_id"])
@@ -794,7 +745,7 @@ class Optimizer:
         except ThrustError as exc:
             # the answer may have been lost after the run started: never leave one behind on a freed slot
             with contextlib.suppress(ThrustError):
-                runs.stop(self.runner, self.host, self.paths, run_id)
+                runs.stop(self.session, run_id)
             self._fail(act, f"launch failed: {exc.message}")
             return
         view.state = "RUNNING"
@@ -811,7 +762,7 @@ class Optimizer:
             "THRUST_SLOT": slot.name,
         }
         pipeline.launch_prepared(
-            self.prepared, self.runner, args=self._args(params), run_id=run_id, gpus=slot.gpus, nproc=1,
+            self.prepared, args=self._args(params), run_id=run_id, gpus=slot.gpus, nproc=1,
             extra_env=env, lock_job=f"{self.study_name}-trial-{number}", export=False,
             meta_extra={"study": self.study_name, "trial": number, "slot": slot.name, "params": dict(params)},
         )
@@ -821,8 +772,8 @@ class Optimizer:
         return answer["runs"]
 
     def _poll_offsets(self, request: Sequence[tuple[str, int]], wait: float = 0.0) -> dict[str, Any]:
-        result = self.runner.run([self.host.python, "-c", POLL_SCRIPT, self.sup[1], json.dumps(request),
-                                  self.stop_file, f"{wait:.3f}"], timeout=60 + wait)
+        result = self.session.agent("poll", "--runs", json.dumps(request), "--stop-file", self.stop_file,
+                                    "--wait", f"{wait:.3f}", timeout=60 + wait)
         if not result.ok:
             raise ThrustError(f"polling the trials on {self.host.name} failed: {result.stderr.strip()[-300:]}")
         return json.loads(result.stdout.strip().splitlines()[-1])
@@ -982,7 +933,7 @@ class Optimizer:
             return
         self.by_us.add(run_id)
         try:
-            runs.stop(self.runner, self.host, self.paths, run_id, grace=10.0)
+            runs.stop(self.session, run_id, grace=10.0)
         except ConnectionLostError:
             raise
         except ThrustError as exc:
@@ -1095,13 +1046,14 @@ def is_trial_run(run_id: object, study: str) -> bool:
 
 def request_stop(runner: Runner, host: HostConfig, config: Config, study: str) -> list[str]:
     """Stop a study from anywhere: tell its driver (the stop file), then stop its running trials."""
-    paths = runs.host_paths(runner, host, config)
+    session = HostSession.open(runner, host, config)
+    paths = session.paths
     runner.run(["mkdir", "-p", "--", f"{paths.thrust}/studies"]).check("mkdir studies")
     runner.run(["sh", "-c", 'date > "$1"', "sh", f"{paths.thrust}/studies/{study}.stop"]).check("write stop file")
     stopped = []
-    for r in runs.list_runs(runner, host, paths):
+    for r in runs.list_runs(session):
         if r["state"] == "RUNNING" and is_trial_run(r["run_id"], study):
-            runs.stop(runner, host, paths, r["run_id"])
+            runs.stop(session, r["run_id"])
             stopped.append(r["run_id"])
     return stopped
 
