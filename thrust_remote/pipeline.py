@@ -92,6 +92,7 @@ class Launched:
     sync: SyncResult | None
     setup_skipped: bool
     timings: dict[str, float]
+    spec: JobSpec = field(default_factory=dict)  # the job as the host saw it (buildenv.job_spec)
 
     def as_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "host": self.host, "run_dir": self.run_dir, "pid": self.pid,
@@ -325,7 +326,7 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
         _save_patch(session, run_dir, prepared.local)
     return Launched(run_id, run_dir, int(answer["pid"]), session.name, job.name,
                     sync_result.commit if sync_result else None, session.paths, sync_result, prepared.setup_skipped,
-                    timings)
+                    timings, prepared.spec)
 
 
 def start(config: Config, request: TrainRequest, session: HostSession, reporter: Reporter | None = None) -> Launched:
@@ -416,7 +417,7 @@ def train(config: Config, request: TrainRequest, session: HostSession,
         return TrainOutcome(launched, status, None, code, timings)
     reporter.step("fetching the model")
     t0 = time.monotonic()
-    fetched = finish(config, session, request.job, launched.run_dir)
+    fetched = finish(config, session, request.job, launched.run_dir, spec=launched.spec)
     timings["fetch"] = time.monotonic() - t0
     return TrainOutcome(launched, status, fetched, code, timings)
 
@@ -427,11 +428,13 @@ def export_target(config: Config, job: JobConfig) -> tuple[Path, str]:
     return target.parent, target.stem
 
 
-def finish(config: Config, session: HostSession, job: JobConfig, run_dir: str) -> artifacts.FetchResult:
-    """Fetch the run's model into web/public (verified, atomic). Cargo jobs fetch `artifact:`."""
+def finish(config: Config, session: HostSession, job: JobConfig, run_dir: str, *,
+           spec: JobSpec | None = None) -> artifacts.FetchResult:
+    """Fetch the run's model into web/public (verified, atomic). Cargo jobs fetch `artifact:`.
+    `spec` is the job's spec when the caller has it already (train), else it is made here (fetch)."""
     dest, stem = export_target(config, job)
     if job.kind == "cargo":
         if not job.artifact:
             raise ThrustError(f"job {job.name} has no `artifact:` to fetch", exit_code=ExitCode.USAGE)
-        stage_cargo_artifact(session, run_dir, buildenv.job_spec(job))
+        stage_cargo_artifact(session, run_dir, spec or buildenv.job_spec(job))
     return artifacts.fetch_run_model(session.runner, run_dir, stem, dest)
