@@ -4,7 +4,8 @@
     .venv/bin/python bench/bench_train_overhead.py [--repeat 5]
 
 Prints a table of medians per stage. The "laptop" is a clone of this repo; the "host" a directory
-reached only through SSH, as in the tests.
+reached only through SSH, as in the tests. Each round is one `pipeline.train` (the function the CLI
+calls), following the run's log to its end with a silent reporter; training time is not counted.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import _start_sshd  # noqa: E402
 
-from thrust_remote import pipeline, runs  # noqa: E402
+from thrust_remote import pipeline  # noqa: E402
 from thrust_remote.config import load_config  # noqa: E402
+from thrust_remote.session import HostSession  # noqa: E402
 from thrust_remote.ssh import SSHRunner  # noqa: E402
 
 
@@ -43,24 +45,20 @@ def main() -> None:
         config = load_config(project / "thrust.yaml", environ={})
         host = config.host("sandbox")
         job = config.job("cartpole")
-        fast = ["--total-steps", "3000", "--target-return", "0"]
+        request = pipeline.TrainRequest(job=job, host=host, sets=["total-steps=3000", "target-return=0"])
         rows: dict[str, list[float]] = {}
         for i in range(args.repeat + 1):  # the first round pays the one-time sync/setup: not counted
             runner = SSHRunner.from_host(host)
             t0 = time.monotonic()
             runner.run(["true"])
             connect = time.monotonic() - t0
-            prepared = pipeline.prepare(config, job, host, runner)
-            launched = pipeline.launch_prepared(prepared, runner, args=[*pipeline.job_arguments(job, {}, {}), *fast])
-            while runs.status(runner, host, launched.paths, launched.run_id)["state"] == "RUNNING":
-                time.sleep(0.2)
-            t1 = time.monotonic()
-            pipeline.finish(config, runner, job, launched.run_dir, launched.paths, host.python)
-            fetch = time.monotonic() - t1
+            outcome = pipeline.train(config, request, HostSession.open(runner, host, config))
             runner.close()
+            if outcome.exit_code != 0:
+                raise SystemExit(f"the run ended {outcome.status}")
             if i == 0:
                 continue
-            timings = {"connect": connect, **launched.timings, "fetch": fetch}
+            timings = {"connect": connect, **outcome.timings}
             timings["total"] = sum(timings.values())
             for k, v in timings.items():
                 rows.setdefault(k, []).append(v)

@@ -1,7 +1,7 @@
 """envcheck: the host side of `thrust-remote doctor`. Standard library only, Python 3.8+.
 
 Runs on the GPU host with the host's python (`python -m envcheck --json`, or as the zipapp doctor
-uploads) and prints one JSON report: {"host", "facts", "checks"} (DESIGN.md). The checks are
+uploads) and prints one JSON report: {"host", "facts", "checks"} (docs/architecture.md, "JSON shapes"). The checks are
 computed here so the report is complete on its own; the laptop side only renders it and applies
 the safe fixes.
 

@@ -37,103 +37,15 @@ def start(timeout: float, python: str | None = None) -> TorchProbe:
     return TorchProbe(python or sys.executable, smi, timeout)
 
 
+def child_source() -> str:
+    """The child program (torch_child.py) as text for `python -c`: read through the package loader,
+    so it works from the zipapp as well as from a checkout."""
+    import pkgutil
 
-# What the child prints: a JSON line on stdout at every stage (the facts so far) and "stage: X" on
-# stderr, so a probe killed at its deadline still says what it learned and where it hung (import
-# torch vs. CUDA init vs. the kernel). The last line has stage "done" (or "failed": no torch).
-TORCH_PROBE = r"""
-import json, os, subprocess, sys, time
-t0 = time.time()
-out = {"ok": False}
-def stage(name):
-    # progress goes out as it happens: a probe killed at its deadline still tells what it learned
-    out["stage"] = name
-    sys.stderr.write("stage: " + name + "\n")
-    sys.stderr.flush()
-    sys.stdout.write(json.dumps(out) + "\n")
-    sys.stdout.flush()
-stage("import torch")
-try:
-    import torch
-except BaseException as exc:
-    out["error"] = "%s: %s" % (type(exc).__name__, exc)
-    stage("failed"); sys.exit(0)
-out["import_s"] = round(time.time() - t0, 3)
-out["version"] = str(torch.__version__)
-out["file"] = torch.__file__
-out["lib_dir"] = os.path.join(os.path.dirname(torch.__file__), "lib")
-out["cuda_version"] = torch.version.cuda
-try:
-    out["cxx11_abi"] = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
-except Exception:
-    out["cxx11_abi"] = None
-stage("cuda init")
-try:
-    out["cuda_available"] = bool(torch.cuda.is_available())
-    out["device_count"] = torch.cuda.device_count() if out["cuda_available"] else 0
-except BaseException as exc:
-    out["cuda_available"] = False
-    out["device_count"] = 0
-    out["cuda_error"] = "%s: %s" % (type(exc).__name__, exc)
-devices = []
-for i in range(out["device_count"]):
-    p = torch.cuda.get_device_properties(i)
-    devices.append({"index": i, "name": p.name, "memory_mib": p.total_memory // (1 << 20),
-                    "capability": "%d.%d" % (p.major, p.minor)})
-out["devices"] = devices
-if out["device_count"] > 1:
-    stage("nccl")
-    try:
-        import torch.distributed as dist
-        out["nccl_available"] = bool(dist.is_available() and dist.is_nccl_available())
-        v = torch.cuda.nccl.version()
-        out["nccl_version"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-    except BaseException as exc:
-        out["nccl_available"] = False
-        out["nccl_error"] = "%s: %s" % (type(exc).__name__, exc)
-if out["cuda_available"]:
-    stage("cuda matmul")
-    try:
-        a = torch.randn(256, 256, device="cuda"); b = torch.randn(256, 256, device="cuda")
-        t = time.time(); c = a @ b; torch.cuda.synchronize()
-        ms = (time.time() - t) * 1000
-        err = (c.cpu() - a.cpu() @ b.cpu()).abs().max().item()
-        out["matmul"] = {"ok": err < 1e-1, "ms": round(ms, 3), "max_abs_err": err}
-    except BaseException as exc:
-        out["matmul"] = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
-    smi = sys.argv[1] if len(sys.argv) > 1 else ""
-    if smi and out["matmul"].get("ok"):
-        stage("utilization probe")
-        # queue ~0.5 s of matmuls without waiting, sample nvidia-smi while they run, then sync;
-        # the count comes from one timed matmul so a T4 and an H100 are both busy for that long
-        try:
-            x = torch.randn(4096, 4096, device="cuda")
-            y = x @ x; torch.cuda.synchronize()
-            t = time.time(); y = x @ x; torch.cuda.synchronize()
-            one = max(time.time() - t, 1e-4)
-            n = int(min(2000, max(10, 0.5 / one)))
-            for _ in range(n):
-                y = x @ x
-            samples = []
-            for _ in range(2):
-                time.sleep(0.12)
-                r = subprocess.run([smi, "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"],
-                                   capture_output=True, text=True, timeout=5)
-                for line in r.stdout.splitlines():
-                    parts = [p.strip() for p in line.split(",")]
-                    if len(parts) == 2 and parts[1].isdigit():
-                        samples.append({"index": int(parts[0]), "utilization_pct": int(parts[1])})
-            torch.cuda.synchronize()
-            out["gpu_probe"] = {"samples": samples, "matmuls": n, "matmul_ms": round(one * 1000, 3),
-                                "max_pct": max([s["utilization_pct"] for s in samples] or [0])}
-        except BaseException as exc:
-            out["gpu_probe"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
-out["ok"] = True
-out["elapsed_s"] = round(time.time() - t0, 3)
-stage("done")
-# skip interpreter teardown: unloading torch costs ~0.3 s and the parent only waits for the exit
-os._exit(0)
-"""
+    data = pkgutil.get_data(__package__ or "envcheck", "torch_child.py")
+    if data is None:
+        raise OSError("envcheck/torch_child.py is missing")
+    return data.decode("utf-8")
 
 
 class TorchProbe:
@@ -146,7 +58,7 @@ class TorchProbe:
         self.error: str | None = None
         try:
             self.proc = subprocess.Popen(
-                [python, "-c", TORCH_PROBE, nvidia_smi or ""],
+                [python, "-c", child_source(), nvidia_smi or ""],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,

@@ -415,15 +415,18 @@ def test_study_lease_is_compare_and_swap(tmp_path):
     """A driver that lost its lease can neither renew it, nor push over the study, nor release the
     new driver's lease."""
     from thrust_remote.errors import ThrustError
+    from thrust_remote.config import HostConfig
     from thrust_remote.optimize import StudyStore
     from thrust_remote.runner import LocalRunner
+    from thrust_remote.session import HostSession
 
+    session = HostSession.open(LocalRunner(), HostConfig("local", workdir=str(tmp_path / "work")))
     lease = str(tmp_path / "study.driver.json")
     remote = str(tmp_path / "host" / "study.db")
-    a = StudyStore(f"sqlite:///{tmp_path / 'a.db'}", runner=LocalRunner(), lease=lease, remote_db=remote,
+    a = StudyStore(f"sqlite:///{tmp_path / 'a.db'}", session=session, lease=lease, remote_db=remote,
                    local_db=tmp_path / "a.db")
     a.acquire()
-    b = StudyStore(f"sqlite:///{tmp_path / 'b.db'}", runner=LocalRunner(), lease=lease, remote_db=remote,
+    b = StudyStore(f"sqlite:///{tmp_path / 'b.db'}", session=session, lease=lease, remote_db=remote,
                    local_db=tmp_path / "b.db")
     a.heartbeat(force=True)  # while it is ours, renewing works
     # b takes over (as after a >60 s silence of a, from another machine): a must notice, not overwrite

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from envcheck.nvsmi import summarize
-from thrust_remote import pipeline, supervise
+from thrust_remote import pipeline
+from thrust_remote.agent import runs as supervise
 from thrust_remote.config import HostConfig, JobConfig
 from thrust_remote.errors import ConfigError, UsageError
 
 DATA = Path(__file__).parent / "data" / "nvidia_smi"
+REPO_PATH = os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])
 HOST = HostConfig(name="gpu", address="gpu-box", python="python3")
 
 
@@ -91,9 +93,9 @@ def test_python_argv_uses_torchrun_standalone_for_several_processes():
 
 def _launch(tmp_path: Path, argv: list[str], job: str = "j") -> dict:
     out = subprocess.run(
-        [sys.executable, supervise.__file__, "launch", "--run-dir", str(tmp_path / "runs" / "r1"), "--cwd",
+        [sys.executable, "-m", "thrust_remote.agent", "launch", "--run-dir", str(tmp_path / "runs" / "r1"), "--cwd",
          str(tmp_path), "--lock", str(tmp_path / "locks" / f"{job}.lock"), "--marker", "m1", "--", *argv],
-        capture_output=True, text=True, check=False,
+        capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": REPO_PATH},
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -131,10 +133,12 @@ def test_supervisor_state_is_lost_when_the_pid_was_recycled(tmp_path):
 def test_env_values_never_reach_a_command_line_and_run_files_are_private(tmp_path):
     from thrust_remote import runs
     from thrust_remote.runner import LocalRunner
+    from thrust_remote.session import HostSession
 
     host = HostConfig(name="local", python=sys.executable)
     paths = runs.HostPaths(str(tmp_path))
-    answer = runs.launch(LocalRunner(), host, paths, run_id="r-secret", job="j", argv=["sh", "-c",
+    session = HostSession(LocalRunner(), host, paths)
+    answer = runs.launch(session, run_id="r-secret", job="j", argv=["sh", "-c",
                          'printf "%s" "$API_TOKEN" > token; sleep 3'], cwd=str(tmp_path),
                          env={"API_TOKEN": "hunter2-secret"}, meta={"env_keys": ["API_TOKEN"]})
     run_dir = Path(paths.run("r-secret"))
@@ -151,4 +155,4 @@ def test_env_values_never_reach_a_command_line_and_run_files_are_private(tmp_pat
     while not (tmp_path / "token").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (tmp_path / "token").read_text() == "hunter2-secret"  # the job itself got the value
-    runs.stop(LocalRunner(), host, paths, "r-secret", grace=2)
+    runs.stop(session, "r-secret", grace=2)

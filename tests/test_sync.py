@@ -4,13 +4,19 @@ history (amend) syncs again; the dirty patch comes and goes; a busy workdir is n
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from thrust_remote.config import HostConfig
 from thrust_remote.runner import LocalRunner
-from thrust_remote.runs import HostPaths
+from thrust_remote.session import HostPaths, HostSession
 from thrust_remote.sync import local_state, sync
+
+
+def _session(paths: HostPaths) -> HostSession:
+    return HostSession(LocalRunner(), HostConfig(name="local", python=sys.executable), paths)
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -32,11 +38,11 @@ def repo(tmp_path: Path) -> Path:
 
 def test_amended_commit_syncs_again_by_bundle(repo, tmp_path):
     host = HostPaths(str(tmp_path / "host"))
-    first = sync(LocalRunner(), host, local_state(repo))
+    first = sync(_session(host), local_state(repo))
     assert first.method == "bundle"
     (repo / "a.txt").write_text("one, amended\n")
     _git(repo, "commit", "-q", "--amend", "-am", "amended")  # history rewritten: not a fast-forward
-    second = sync(LocalRunner(), host, local_state(repo))
+    second = sync(_session(host), local_state(repo))
     assert second.method == "bundle"
     assert _git(Path(host.workdir), "rev-parse", "HEAD") == _git(repo, "rev-parse", "HEAD")
     assert (Path(host.workdir) / "a.txt").read_text() == "one, amended\n"
@@ -47,14 +53,14 @@ def test_dirty_patch_applies_and_the_next_clean_sync_removes_it(repo, tmp_path):
     (repo / "a.txt").write_text("dirty\n")
     (repo / "new.txt").write_text("added, staged\n")
     _git(repo, "add", "new.txt")
-    result = sync(LocalRunner(), host, local_state(repo))
+    result = sync(_session(host), local_state(repo))
     assert result.dirty
     assert (Path(host.workdir) / "a.txt").read_text() == "dirty\n"
     assert (Path(host.workdir) / "new.txt").read_text() == "added, staged\n"
     _git(repo, "checkout", "-q", "--", "a.txt")
     _git(repo, "rm", "-q", "--cached", "new.txt")
     (repo / "new.txt").unlink()
-    clean = sync(LocalRunner(), host, local_state(repo))
+    clean = sync(_session(host), local_state(repo))
     assert not clean.dirty
     assert (Path(host.workdir) / "a.txt").read_text() == "one\n"
     assert not (Path(host.workdir) / "new.txt").exists()
@@ -64,22 +70,22 @@ def test_unchanged_tree_is_left_alone_and_a_busy_workdir_is_never_changed(repo, 
     from thrust_remote.errors import ThrustError
 
     host = HostPaths(str(tmp_path / "host"))
-    sync(LocalRunner(), host, local_state(repo))
-    again = sync(LocalRunner(), host, local_state(repo), busy=lambda: ["run-1"])
+    sync(_session(host), local_state(repo))
+    again = sync(_session(host), local_state(repo), busy=lambda: ["run-1"])
     assert again.method == "up-to-date"  # nothing to change: a running job is no obstacle
     before = _git(Path(host.workdir), "rev-parse", "HEAD")
     (repo / "a.txt").write_text("two\n")
     _git(repo, "commit", "-q", "-am", "two")
     with pytest.raises(ThrustError, match="in use by running run"):
-        sync(LocalRunner(), host, local_state(repo), busy=lambda: ["run-1"])
+        sync(_session(host), local_state(repo), busy=lambda: ["run-1"])
     assert _git(Path(host.workdir), "rev-parse", "HEAD") == before
     assert (Path(host.workdir) / "a.txt").read_text() == "one\n"
 
 
 def test_a_hand_edit_on_the_host_is_put_back(repo, tmp_path):
     host = HostPaths(str(tmp_path / "host"))
-    sync(LocalRunner(), host, local_state(repo))
+    sync(_session(host), local_state(repo))
     (Path(host.workdir) / "a.txt").write_text("edited on the host\n")
-    result = sync(LocalRunner(), host, local_state(repo))
+    result = sync(_session(host), local_state(repo))
     assert result.method == "up-to-date"
     assert (Path(host.workdir) / "a.txt").read_text() == "one\n"

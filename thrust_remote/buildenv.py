@@ -5,7 +5,12 @@ pipeline runs envcheck (doctor.run_doctor or doctor.collect_facts), then asks th
 env and the argv. The rules live in envcheck.buildenv (standard library, also used on the host to
 judge the env and fingerprint builds); this module adapts them to JobConfig and the Runner.
 
+The job crosses to the host as one plain spec (`job_spec(job)`: what envcheck's `--job-json`
+carries), built once per train at the boundary and passed on; every function here takes that spec
+(a JobConfig is still accepted and converted, for callers outside the pipeline).
+
 Pipeline for a cargo job:
+    job = job_spec(job_config)
     report = doctor.run_doctor(runner, host, job); facts = report.facts
     env = build_env(facts, job)                          # same env for build and run
     if report.check("stale-build").status in ("fail", "warn"):   # the env changed since the last build
@@ -21,8 +26,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeAlias
 
 from envcheck import buildenv as _core
 
@@ -32,18 +38,27 @@ from .runner import Runner
 FINGERPRINT_FILE = _core.FINGERPRINT_FILE
 rustflags = _core.rustflags
 
+JobSpec: TypeAlias = dict[str, Any]  # a job as plain JSON-able data (docs/architecture.md, "JSON shapes")
+JobLike: TypeAlias = "JobConfig | JobSpec"
 
-def job_dict(job: JobConfig | None) -> dict[str, Any]:
-    """A JobConfig as the plain dict envcheck takes (what `--job-json` carries)."""
+
+def job_spec(job: JobConfig | Mapping[str, Any] | None) -> JobSpec:
+    """A JobConfig as the plain dict envcheck takes (what `--job-json` carries). A spec is returned
+    as it is: the conversion happens once, where the job leaves the laptop's config."""
     if job is None:
         return {}
+    if isinstance(job, Mapping):
+        return job  # type: ignore[return-value]
     data = asdict(job)
     data["args"] = list(job.args) if job.kind == "cargo" else dict(job.args)  # tuples/mappings -> JSON
     data["env"] = dict(job.env)
     return data
 
 
-def build_env(facts: dict, job: JobConfig) -> dict[str, str]:
+job_dict = job_spec  # the name envcheck's tests and older callers know
+
+
+def build_env(facts: dict, job: JobLike) -> dict[str, str]:
     """Variables to set (on top of the host's own env) for a job's build and run.
 
     cargo: LIBTORCH_USE_PYTORCH=1, LD_LIBRARY_PATH=<torch>/lib:..., LD_PRELOAD=libtorch_cuda.so:
@@ -51,57 +66,57 @@ def build_env(facts: dict, job: JobConfig) -> dict[str, str]:
     LIBTORCH_BYPASS_VERSION_CHECK=1 only with bypass_version_check, then job.env.
     python: PYTHONUNBUFFERED=1, PYTHONFAULTHANDLER=1, then job.env.
     """
-    return _core.job_env(facts, job_dict(job))
+    return _core.job_env(facts, job_spec(job))
 
 
-def python_env(facts: dict, job: JobConfig) -> dict[str, str]:
-    return _core.python_env(facts, job_dict(job))
+def python_env(facts: dict, job: JobLike) -> dict[str, str]:
+    return _core.python_env(facts, job_spec(job))
 
 
-def crate_dir(facts: dict, job: JobConfig) -> str:
+def crate_dir(facts: dict, job: JobLike) -> str:
     """The crate's absolute directory on the host (workdir/job.crate), as envcheck resolved it."""
     crate = facts.get("crate") or {}
     if crate.get("dir"):
         return crate["dir"]
     workdir = (facts.get("workdir") or {}).get("path") or "."
-    return os.path.normpath(os.path.join(workdir, job.crate))
+    return os.path.normpath(os.path.join(workdir, job_spec(job).get("crate") or "."))
 
 
-def cargo_build_argv(facts: dict, job: JobConfig) -> list[str]:
+def cargo_build_argv(facts: dict, job: JobLike) -> list[str]:
     """[cargo, +TOOLCHAIN, build, --release, --example, X]; run with cwd=crate_dir and build_env."""
-    return _core.cargo_build_argv(facts, job_dict(job))
+    return _core.cargo_build_argv(facts, job_spec(job))
 
 
-def cargo_clean_argv(facts: dict, job: JobConfig) -> list[str]:
+def cargo_clean_argv(facts: dict, job: JobLike) -> list[str]:
     """[cargo, clean] with the cargo envcheck found (~/.cargo/bin is often not on an SSH PATH);
     run with cwd=crate_dir and build_env (it carries CARGO_TARGET_DIR when the job sets one)."""
     return [_core.cargo_bin(facts), "clean"]
 
 
-def cargo_run_argv(facts: dict, job: JobConfig) -> list[str]:
+def cargo_run_argv(facts: dict, job: JobLike) -> list[str]:
     """[<target>/release/examples/X, *job.args]: the built binary itself, not `cargo run`."""
-    return _core.cargo_run_argv(facts, job_dict(job))
+    return _core.cargo_run_argv(facts, job_spec(job))
 
 
-def target_dir(facts: dict, job: JobConfig) -> str:
+def target_dir(facts: dict, job: JobLike) -> str:
     crate = facts.get("crate") or {}
     if crate.get("target_dir"):
         return crate["target_dir"]
-    return _core.target_dir(crate_dir(facts, job), job_dict(job), facts.get("env") or {})
+    return _core.target_dir(crate_dir(facts, job), job_spec(job), facts.get("env") or {})
 
 
-def fingerprint(facts: dict, job: JobConfig) -> dict:
+def fingerprint(facts: dict, job: JobLike) -> dict:
     """{'version', 'digest', 'inputs'} for the current env: torch version/lib/CUDA/ABI, toolchain,
     profile and the build variables torch-sys and the linker read."""
-    return _core.fingerprint(facts, job_dict(job))
+    return _core.fingerprint(facts, job_spec(job))
 
 
-def fingerprint_path(facts: dict, job: JobConfig) -> str:
+def fingerprint_path(facts: dict, job: JobLike) -> str:
     """<target dir>/.thrust-build-env.json (inside target/, so `cargo clean` removes it too)."""
     return os.path.join(target_dir(facts, job), FINGERPRINT_FILE)
 
 
-def write_fingerprint(runner: Runner, facts: dict, job: JobConfig) -> str:
+def write_fingerprint(runner: Runner, facts: dict, job: JobLike) -> str:
     """After a successful cargo build: store the env it used on the host. Returns the remote path."""
     path = fingerprint_path(facts, job)
     with tempfile.TemporaryDirectory(prefix="thrust-fp-") as tmp:

@@ -1,50 +1,36 @@
 """`doctor`'s core: run envcheck on a host in one remote command, and apply the safe fixes.
 
-envcheck travels as one zipapp (`envcheck-<sha>.pyz` in ~/.cache/thrust-remote on the host),
-uploaded only when that exact version is not already there. The common case is therefore a single
-remote command: a tiny `sh` script that checks the file, resolves the host's python and execs it.
+envcheck travels as one zipapp (`envcheck-<sha>.pyz` in ~/.cache/thrust-remote on the host, built
+and run by thrust_remote.payload like the host agent), uploaded only when that exact version is not
+already there. The common case is therefore a single remote command: `[python, pyz, *args]`.
 Rendering is the CLI's job; this module returns data (Report, FixResult) and raises ThrustError.
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
-import io
 import json
 import os
 import re
 import tempfile
 import time
-import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-import envcheck
 from envcheck.checks import BUILD_RS_LINES, CHECK_IDS
 from envcheck.probe import NO_AS_NEEDED_RE
 
-from .buildenv import job_dict
+from . import payload
+from .buildenv import job_spec
 from .config import HostConfig, JobConfig
 from .errors import ExitCode, ThrustError, UnreachableError
 from .runner import Runner
 
-CACHE_DIR = "~/.cache/thrust-remote"
-MISSING_EXIT = 96  # the launcher's "no envcheck-<sha>.pyz here yet": upload, then run again
-NO_PYTHON_EXIT = 127
+CACHE_DIR = payload.CACHE_DIR
 STATUSES = ("ok", "warn", "fail", "skip")
-
-# $1 = the host's python as configured (may start with ~/), $2 = the .pyz, then envcheck's args.
-_LAUNCHER = r"""
-py=$1; f=$2; shift 2
-case $f in "~/"*) f="$HOME/${f#"~/"}";; esac
-[ -f "$f" ] || { echo "thrust-remote: envcheck not uploaded yet" >&2; exit 96; }
-case $py in "~/"*) py="$HOME/${py#"~/"}";; esac
-command -v "$py" >/dev/null 2>&1 || { echo "thrust-remote: python '$py' not found (PATH=$PATH)" >&2; exit 127; }
-exec "$py" "$f" "$@"
-"""
+Job = JobConfig | Mapping[str, Any] | None  # a JobConfig or the plain spec (buildenv.job_spec)
 
 
 @dataclass(frozen=True)
@@ -72,7 +58,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """DESIGN.md: 0 when nothing fails, 1 when a check fails."""
+        """0 when nothing fails, 1 when a check fails (docs/architecture.md, "Exit codes")."""
         return int(ExitCode.FAILED) if self.failed else int(ExitCode.OK)
 
     def check(self, cid: str) -> Check:
@@ -85,7 +71,7 @@ class Report:
         return {s: sum(1 for c in self.checks if c.status == s) for s in STATUSES}
 
     def to_json(self) -> dict:
-        """Exactly DESIGN.md's shape: {"host", "facts", "checks": [{id, title, status, detail, fix}]}."""
+        """docs/architecture.md's shape: {"host", "facts", "checks": [{id, title, status, detail, fix}]}."""
         return {
             "host": self.host,
             "facts": self.facts,
@@ -117,77 +103,40 @@ class FixResult:
 # the envcheck payload
 
 
-@lru_cache(maxsize=1)
 def envcheck_payload() -> tuple[bytes, str]:
     """envcheck as a zipapp (bytes, sha256). Fixed timestamps, so the same code -> the same hash."""
-    # __path__, not __file__: an editable install made before envcheck/__init__.py existed maps it
-    # as a namespace package, whose __file__ is None
-    root = Path(next(iter(envcheck.__path__)))
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        files = sorted(p for p in root.glob("*.py"))
-        main = "import sys\nfrom envcheck.cli import main\nsys.exit(main())\n"
-        for name, data in [("__main__.py", main.encode())] + [(f"envcheck/{p.name}", p.read_bytes()) for p in files]:
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            zf.writestr(info, data)
-    data = buf.getvalue()
-    return data, hashlib.sha256(data).hexdigest()
+    built = payload.envcheck()
+    return built.data, built.sha256
 
 
 def payload_path() -> str:
     """Where the payload lives on a host (its `~` is the host's home)."""
-    return f"{CACHE_DIR}/envcheck-{envcheck_payload()[1][:16]}.pyz"
+    return payload.envcheck().remote
 
 
 def upload_payload(runner: Runner) -> str:
-    data, digest = envcheck_payload()
-    with tempfile.TemporaryDirectory(prefix="thrust-envcheck-") as tmp:
-        local = os.path.join(tmp, "envcheck.pyz")
-        with open(local, "wb") as fh:
-            fh.write(data)
-        got = runner.put(local, payload_path())
-    if got != digest:  # put verifies its own copy; this catches a stale file at the same path
-        raise ThrustError(f"envcheck upload to {runner.name} has sha256 {got}, expected {digest}",
-                          exit_code=ExitCode.TRANSFER)
-    return payload_path()
+    return payload.upload(runner, payload.envcheck())
 
 
-def envcheck_args(host: HostConfig, job: JobConfig | None, workdir: str | None = None,
+def envcheck_args(host: HostConfig, job: Job, workdir: str | None = None,
                   torch_timeout: float = 30.0) -> list[str]:
     args = ["--json", "--workdir", workdir or host.workdir, "--host", host.name,
             "--torch-timeout", f"{torch_timeout:g}"]
     if job is not None:
-        args += ["--job-json", json.dumps(job_dict(job), sort_keys=True)]
+        args += ["--job-json", json.dumps(job_spec(job), sort_keys=True)]
     if host.gpus:
         args += ["--gpus", ",".join(str(g) for g in host.gpus)]
     return args
 
 
-def _launch(runner: Runner, host: HostConfig, args: list[str], timeout: float):
-    argv = ["sh", "-c", _LAUNCHER, "sh", host.python, payload_path(), *args]
-    return runner.run(argv, timeout=timeout)
-
-
-def run_envcheck(runner: Runner, host: HostConfig, job: JobConfig | None = None, *,
+def run_envcheck(runner: Runner, host: HostConfig, job: Job = None, *,
                  workdir: str | None = None, torch_timeout: float = 30.0) -> Report:
-    """One remote command (two plus an upload the first time a host sees this envcheck version)."""
+    """One remote command (two plus an upload the first time a host sees this envcheck version).
+    A host without the configured python is UnreachableError (69), from payload.run_pyz."""
     started = time.monotonic()
     args = envcheck_args(host, job, workdir, torch_timeout)
     timeout = torch_timeout + 30.0
-    result = _launch(runner, host, args, timeout)
-    uploaded = False
-    if result.exit_code == MISSING_EXIT and "not uploaded yet" in result.stderr:
-        upload_payload(runner)
-        uploaded = True
-        result = _launch(runner, host, args, timeout)
-    if result.exit_code == NO_PYTHON_EXIT and "thrust-remote: python" in result.stderr:
-        raise UnreachableError(
-            f"{runner.name}: {result.stderr.strip().splitlines()[-1].removeprefix('thrust-remote: ')}",
-            f"install python3 on {runner.name}, or set `python:` under hosts.{host.name} in thrust.yaml "
-            "to an interpreter that exists there (ideally the one with torch)",
-        )
+    result, uploaded = payload.run_pyz(runner, host, payload.envcheck(), args, timeout=timeout)
     if result.timed_out:
         raise ThrustError(f"envcheck on {runner.name} did not finish in {timeout:g} s",
                           "run it by hand to see where it hangs: "
@@ -205,7 +154,7 @@ def run_envcheck(runner: Runner, host: HostConfig, job: JobConfig | None = None,
     return Report.from_json(doc, time.monotonic() - started, uploaded)
 
 
-def run_doctor(runner: Runner, host: HostConfig, job: JobConfig | None = None, *,
+def run_doctor(runner: Runner, host: HostConfig, job: Job = None, *,
                workdir: str | None = None, torch_timeout: float = 30.0) -> Report:
     """The whole checklist for `host` (and `job`, when given): a Report with every check id.
 
@@ -219,7 +168,7 @@ def run_doctor(runner: Runner, host: HostConfig, job: JobConfig | None = None, *
     return report
 
 
-def collect_facts(runner: Runner, host: HostConfig, job: JobConfig | None = None, **kw) -> dict:
+def collect_facts(runner: Runner, host: HostConfig, job: Job = None, **kw) -> dict:
     """Just the facts (for buildenv): what the train pipeline needs before a build or a run."""
     return run_envcheck(runner, host, job, **kw).facts
 

@@ -1,4 +1,4 @@
-"""One error type and the exit-code table (DESIGN.md) that every command shares.
+"""One error type and the exit-code table (docs/architecture.md, "Exit codes") that every command shares.
 
 Library code raises `ThrustError`; the CLI's single top-level handler turns it into a short message,
 an optional hint and the exit code. Tracebacks only with `--debug`.

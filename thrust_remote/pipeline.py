@@ -1,14 +1,14 @@
 """`thrust-remote train JOB`: sync → preflight → setup → launch → follow → fetch.
 
-The core takes a Runner and a Reporter and never prints; the CLI renders. Every stage is a function
-so optimize (many runs) and tests can use them one by one.
+`train()` owns the whole sequence and reports through a Reporter; it never prints (the CLI renders,
+the overhead bench passes a silent reporter). Every stage is also a function of its own, so optimize
+(many runs from one prepared host) and tests can use them one by one. The job's config becomes one
+plain spec (buildenv.job_spec) once, in `prepare`, and that spec is what every stage and the host
+see (docs/architecture.md, "The flow of one train").
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,27 +18,52 @@ from typing import Any, Protocol
 import yaml
 
 from . import artifacts, buildenv, doctor, runs
+from .buildenv import JobSpec
 from .config import Config, HostConfig, JobConfig
-from .errors import ConfigError, ExitCode, ThrustError, UsageError
+from .errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
+from .gpus import select_gpus
 from .names import valid_id
-from .runner import Runner
+from .session import HostPaths, HostSession
+from .stages import (  # noqa: F401 - re-exported: the stages are part of the pipeline's API
+    CRITICAL_CHECKS,
+    TRAINER_REQUIREMENTS,
+    envcheck_report,
+    preflight,
+    setup_cargo,
+    setup_python,
+    stage_cargo_artifact,
+)
 from .sync import LocalState, SyncResult, local_state, sync
-
-# What the built-in trainer imports besides torch; torch itself is never installed by us.
-TRAINER_REQUIREMENTS = ("numpy", "onnx", "onnxruntime", "onnxscript")
-CRITICAL_CHECKS = ("python", "torch-import")
 
 
 class Reporter(Protocol):
+    """What the pipeline tells its caller. Following a run adds three calls: `following` when the
+    log starts, `log` with its bytes exactly as the host wrote them (progress is parsed from them:
+    THRUST_METRICS lines), `followed` when following ends for any reason (end, detach, lost link)."""
+
     def step(self, message: str) -> None: ...
     def warn(self, message: str) -> None: ...
+    def following(self, run_id: str, offset: int) -> None: ...
+    def log(self, chunk: bytes) -> None: ...
+    def followed(self) -> None: ...
 
 
 class NullReporter:
+    """Says nothing; a base for reporters that only care about some of the calls."""
+
     def step(self, message: str) -> None:
         pass
 
     def warn(self, message: str) -> None:
+        pass
+
+    def following(self, run_id: str, offset: int) -> None:
+        pass
+
+    def log(self, chunk: bytes) -> None:
+        pass
+
+    def followed(self) -> None:
         pass
 
 
@@ -52,6 +77,8 @@ class TrainRequest:
     params_file: Path | None = None  # YAML of parameters (optimize's best params)
     run_id: str | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    detach: bool = False  # return once the run has started
+    fetch: bool = True  # fetch the model when the run finished
 
 
 @dataclass
@@ -62,14 +89,26 @@ class Launched:
     host: str
     job: str
     commit: str | None
-    paths: runs.HostPaths
+    paths: HostPaths
     sync: SyncResult | None
     setup_skipped: bool
     timings: dict[str, float]
+    spec: JobSpec = field(default_factory=dict)  # the job as the host saw it (buildenv.job_spec)
 
     def as_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "host": self.host, "run_dir": self.run_dir, "pid": self.pid,
                 "job": self.job, "commit": self.commit}
+
+
+@dataclass
+class TrainOutcome:
+    """What `train` did. `status` is None when detached; `fetched` None when not fetched."""
+
+    launched: Launched
+    status: dict | None
+    fetched: artifacts.FetchResult | None
+    exit_code: int
+    timings: dict[str, float]
 
 
 # ------------------------------------------------------------------------------------------ args
@@ -121,38 +160,6 @@ def job_arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, 
     return out
 
 
-def select_gpus(spec: str | None, facts: Mapping[str, Any], host: HostConfig) -> list[int]:
-    """`--gpus 2` → the first two free; `--gpus 0,2` → those (checked against the host's list)."""
-    if not spec:
-        return []
-    smi = facts.get("nvidia_smi") or {}
-    gpus = smi.get("gpus") or []
-    have = [int(g.get("index", i)) for i, g in enumerate(gpus)]
-    if host.gpus:
-        have = [g for g in have if g in host.gpus]
-    if not have:
-        raise UsageError(f"--gpus {spec}: {host.name} has no GPUs that nvidia-smi lists",
-                         "leave --gpus out to train on the CPU, or use --nproc N for several CPU processes")
-    if spec.isdigit():
-        want = int(spec)
-        if want < 1 or want > len(have):
-            raise UsageError(f"--gpus {spec}: {host.name} has {len(have)} GPU(s): {have}")
-
-        def busy(g: dict) -> float:
-            return float(g.get("utilization_pct") or 0) + float(g.get("memory_used_mib") or 0) / 1024
-
-        by_load = sorted((g for g in gpus if int(g.get("index", -1)) in have), key=busy)
-        return sorted(int(g["index"]) for g in by_load[:want])
-    try:
-        chosen = [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"--gpus {spec!r}: expected a count like 2 or a list like 0,2") from None
-    bad = [g for g in chosen if g not in have]
-    if bad or len(set(chosen)) != len(chosen):
-        raise UsageError(f"--gpus {spec}: {host.name} has GPUs {have}; {bad or 'duplicates'} not among them")
-    return chosen
-
-
 def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int, export: bool = True) -> list[str]:
     entry = ["-m", "trainer.train", *args, "--run-dir", run_dir]
     if export:
@@ -164,178 +171,7 @@ def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int,
     return [host.python, "-u", *entry]
 
 
-# ------------------------------------------------------------------------------------------ stages
-
-def preflight(report: doctor.Report, job: JobConfig, args: Sequence[str], host: HostConfig) -> None:
-    """Stop before launching when the host cannot run the job at all."""
-    for cid in CRITICAL_CHECKS:
-        try:
-            check = report.check(cid)
-        except KeyError:
-            continue
-        if check.status == "fail":
-            raise ThrustError(
-                f"{host.name}: {check.title}: {check.detail}",
-                check.fix or "run: thrust-remote doctor --host " + host.name,
-                ExitCode.UNAVAILABLE,
-            )
-    wants_cuda = "cuda" in [a.lower() for a in args] or "--cuda" in args
-    if wants_cuda and not report.facts.get("cuda_available"):
-        check = report.check("cuda-available")
-        raise ThrustError(
-            f"{host.name}: the job asks for CUDA but it is not available there: {check.detail}",
-            check.fix or "train on the CPU (drop --device cuda) or fix the driver: thrust-remote doctor",
-            ExitCode.FAILED,
-        )
-
-
-# A cheap look at what the envcheck report depends on, without importing torch (which is most of
-# envcheck's time): the interpreter, where torch is installed and when, the NVIDIA driver, the GPUs
-# visible. While none of that changed, the last passing report of this job is still true.
-_PREFLIGHT_PROBE = r"""
-import hashlib, importlib.util, json, os, sys
-spec = importlib.util.find_spec("torch")
-loc = spec.origin if spec and spec.origin else None
-def mtime(p):
-    try:
-        return os.stat(p).st_mtime_ns
-    except OSError:
-        return None
-try:
-    driver = open("/proc/driver/nvidia/version").read()
-except OSError:
-    driver = None
-try:
-    gpus = sorted(os.listdir("/proc/driver/nvidia/gpus"))  # a GPU added or removed: check afresh
-except OSError:
-    gpus = None
-key = json.dumps({"exe": os.path.realpath(sys.executable), "version": sys.version, "torch": loc,
-                  "torch_mtime": mtime(os.path.join(os.path.dirname(loc), "version.py")) if loc else None,
-                  "driver": driver, "gpus": gpus, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                  "extra": sys.argv[2]},
-                 sort_keys=True)
-path = os.path.join(sys.argv[1], "preflight-" + hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
-try:
-    with open(path) as fh:
-        print(fh.read())
-except OSError:
-    print(json.dumps({"miss": path}))
-"""
-
-
-def envcheck_report(runner: Runner, host: HostConfig, job: JobConfig, paths: runs.HostPaths) -> doctor.Report:
-    """doctor.run_doctor, reusing the host's cached report of a python job while nothing it depends on
-    changed (one short command instead of a torch import). Cargo jobs are always checked afresh: their
-    facts include the build itself."""
-    if job.kind != "python":
-        return doctor.run_doctor(runner, host, job, workdir=paths.workdir)
-    extra = json.dumps([buildenv.job_dict(job), doctor.payload_path(), paths.workdir], sort_keys=True)
-    probe = runner.run([host.python, "-c", _PREFLIGHT_PROBE, paths.thrust, extra], timeout=60)
-    cache_path = None
-    if probe.ok:
-        try:
-            doc = json.loads(probe.stdout)
-        except ValueError:
-            doc = {}
-        if "checks" in doc and "facts" in doc:
-            return doctor.Report.from_json(doc)
-        cache_path = doc.get("miss")
-    report = doctor.run_doctor(runner, host, job, workdir=paths.workdir)
-    if cache_path and not report.failed:
-        runner.run(["mkdir", "-p", "--", paths.thrust])
-        runner.run(["sh", "-c", 'cat > "$1.tmp" && mv -f "$1.tmp" "$1"', "sh", cache_path],
-                   stdin=json.dumps(report.to_json()).encode())
-    return report
-
-
-def setup_python(runner: Runner, host: HostConfig, paths: runs.HostPaths, facts: Mapping[str, Any],
-                 local: LocalState | None, reporter: Reporter) -> bool:
-    """Make sure the host's python has the trainer's requirements. Returns True when skipped (cached).
-
-    Torch comes from the host as it is: pip runs with `torch==<host version>` as a constraint, so it
-    fails rather than replace it.
-    """
-    torch_version = str(facts.get("torch") or "")
-    pyproject = local.root / "pyproject.toml" if local else None
-    spec = {
-        "python": host.python,
-        "python_version": facts.get("python"),
-        "torch": torch_version,
-        "requirements": TRAINER_REQUIREMENTS,
-        "pyproject": hashlib.sha256(pyproject.read_bytes()).hexdigest() if pyproject and pyproject.exists() else None,
-    }
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-    stamp = f"{paths.thrust}/setup-python.json"
-    cached = runner.run(["cat", "--", stamp])
-    if cached.ok:
-        try:
-            if json.loads(cached.stdout).get("key") == key:
-                return True
-        except ValueError:
-            pass
-    reporter.step("setting up the host's python (first run, or something it depends on changed)")
-    probe = runner.run(
-        [host.python, "-c",
-         "import importlib.util,json,sys\n"
-         "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))",
-         *TRAINER_REQUIREMENTS],
-        timeout=60,
-    )
-    missing = json.loads(probe.stdout) if probe.ok else list(TRAINER_REQUIREMENTS)
-    if missing:
-        reporter.step(f"installing {', '.join(missing)} into {host.python} (torch pinned to {torch_version})")
-        constraint = f"{paths.thrust}/constraints.txt"
-        runner.run(["mkdir", "-p", "--", paths.thrust]).check("mkdir .thrust")
-        runner.run(["sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh", f"torch=={torch_version}", constraint]).check(
-            "write constraints"
-        )
-        result = runner.run([host.python, "-m", "pip", "install", "-q", "-c", constraint, *missing], timeout=1800)
-        if not result.ok:
-            raise ThrustError(
-                f"installing {', '.join(missing)} on {host.name} failed: {result.stderr.strip()[-400:]}",
-                f"install them into {host.python} by hand, or point hosts.{host.name}.python at a venv that has them",
-                ExitCode.UNAVAILABLE,
-            )
-    runner.run(["mkdir", "-p", "--", paths.thrust]).check("mkdir .thrust")
-    runner.run(["sh", "-c", 'printf "%s" "$1" > "$2"', "sh", json.dumps({"key": key, **spec}), stamp]).check(
-        "write setup stamp"
-    )
-    return False
-
-
-def setup_cargo(runner: Runner, host: HostConfig, job: JobConfig, report: doctor.Report, sync_result: SyncResult | None,
-                reporter: Reporter) -> bool:
-    """cargo +TOOLCHAIN build --release --example X under buildenv's env; clean first when the env changed.
-
-    Skipped when the same commit/patch was already built with the same env fingerprint.
-    """
-    facts = report.facts
-    env = buildenv.build_env(facts, job)
-    crate = buildenv.crate_dir(facts, job)
-    fp = buildenv.fingerprint(facts, job)
-    build_key = hashlib.sha256(
-        json.dumps([fp.get("digest"), sync_result.commit if sync_result else None,
-                    sync_result.patch_sha256 if sync_result else None, job.example, job.toolchain]).encode()
-    ).hexdigest()
-    stamp = f"{buildenv.target_dir(facts, job)}/.thrust-build-key"
-    binary = buildenv.cargo_run_argv(facts, job)[0]
-    if runner.run(["cat", "--", stamp]).stdout.strip() == build_key and runner.exists(binary):
-        return True
-    stale = report.check("stale-build")
-    if stale.status in ("fail", "warn"):
-        reporter.step(f"the build env changed since the last build ({stale.detail}): cargo clean")
-        runner.run(buildenv.cargo_clean_argv(facts, job), env=env, cwd=crate, timeout=600).check("cargo clean")
-    reporter.step("building: " + " ".join(buildenv.cargo_build_argv(facts, job)))
-    result = runner.run(buildenv.cargo_build_argv(facts, job), env=env, cwd=crate, timeout=3600,
-                        stream=lambda _n, line: None)
-    if not result.ok:
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-        raise ThrustError(f"cargo build failed on {host.name} (exit {result.exit_code}):\n{tail}",
-                          f"reproduce with: thrust-remote doctor --host {host.name} --job {job.name}")
-    buildenv.write_fingerprint(runner, facts, job)
-    runner.run(["sh", "-c", 'printf "%s" "$1" > "$2"', "sh", build_key, stamp]).check("write build stamp")
-    return False
-
+# ------------------------------------------------------------------------------------------ sequence
 
 @dataclass
 class Prepared:
@@ -343,8 +179,8 @@ class Prepared:
 
     config: Config
     job: JobConfig
-    host: HostConfig
-    paths: runs.HostPaths
+    spec: JobSpec  # the job as the host sees it, converted once (buildenv.job_spec)
+    session: HostSession
     report: doctor.Report
     env: dict[str, str]
     cwd: str
@@ -353,58 +189,71 @@ class Prepared:
     setup_skipped: bool
     timings: dict[str, float]
 
+    @property
+    def host(self) -> HostConfig:
+        return self.session.host
 
-def prepare(config: Config, job: JobConfig, host: HostConfig, runner: Runner, reporter: Reporter | None = None,
-            *, args_for_preflight: Sequence[str] = ()) -> Prepared:
-    """sync (remote hosts) → envcheck preflight → setup (python deps / cargo build), each timed."""
-    reporter = reporter or NullReporter()
-    timings: dict[str, float] = {}
-    t0 = time.monotonic()
-    paths = runs.host_paths(runner, host, config)
-    # what we run: the exact local commit (synced to a remote host; the project itself when local)
+    @property
+    def paths(self) -> HostPaths:
+        return self.session.paths
+
+
+def _sync_stage(config: Config, session: HostSession,
+                reporter: Reporter) -> tuple[LocalState | None, SyncResult | None]:
+    """What we run: the exact local commit (synced to a remote host; the project itself when local)."""
     local: LocalState | None
     try:
         local = local_state(config.root)
     except ThrustError:
-        if not host.is_local:
+        if not session.host.is_local:
             raise
         local = None
-    sync_result: SyncResult | None = None
-    if not host.is_local:
+    if not session.host.is_local:
         assert local is not None
-        reporter.step(f"syncing {local.commit[:12]} to {host.name}:{paths.workdir}")
-        sync_result = sync(runner, paths, local, step=reporter.step,
-                           busy=lambda: [r["run_id"] for r in runs.list_runs(runner, host, paths)
-                                         if r["state"] == "RUNNING"])
-        for w in sync_result.warnings:
+        reporter.step(f"syncing {local.commit[:12]} to {session.name}:{session.paths.workdir}")
+        result = sync(session, local, step=reporter.step,
+                      busy=lambda: [r["run_id"] for r in runs.list_runs(session) if r["state"] == "RUNNING"])
+        for w in result.warnings:
             reporter.warn(w)
-    elif local is not None:
-        sync_result = SyncResult(local.commit, "local", local.dirty, local.patch_sha256, local.untracked)
-        if local.dirty:
-            reporter.warn("the working tree has uncommitted changes: they are what runs (recorded in run.json)")
+        return local, result
+    if local is None:
+        return None, None
+    if local.dirty:
+        reporter.warn("the working tree has uncommitted changes: they are what runs (recorded in run.json)")
+    return local, SyncResult(local.commit, "local", local.dirty, local.patch_sha256, local.untracked)
+
+
+def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Reporter | None = None,
+            *, args_for_preflight: Sequence[str] = ()) -> Prepared:
+    """sync (remote hosts) → envcheck preflight → setup (python deps / cargo build), each timed."""
+    reporter = reporter or NullReporter()
+    spec = buildenv.job_spec(job)  # the one conversion: from here on the host's view of the job
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    local, sync_result = _sync_stage(config, session, reporter)
     timings["sync"] = time.monotonic() - t0
 
     t1 = time.monotonic()
-    reporter.step(f"checking {host.name} (envcheck)")
-    report = envcheck_report(runner, host, job, paths)
-    preflight(report, job, [*job_arguments(job, {}, {}), *args_for_preflight], host)
+    reporter.step(f"checking {session.name} (envcheck)")
+    report = envcheck_report(session, spec)
+    preflight(report, spec, [*job_arguments(job, {}, {}), *args_for_preflight], session)
     timings["preflight"] = time.monotonic() - t1
 
     t2 = time.monotonic()
-    env = dict(buildenv.build_env(report.facts, job))
+    env = dict(buildenv.build_env(report.facts, spec))
     if sync_result is not None:
         env.setdefault("THRUST_COMMIT", sync_result.commit)
     if job.kind == "cargo":
-        skipped = setup_cargo(runner, host, job, report, sync_result, reporter)
-        cwd = buildenv.crate_dir(report.facts, job)
+        skipped = setup_cargo(session, spec, report, sync_result, reporter)
+        cwd = buildenv.crate_dir(report.facts, spec)
     else:
-        skipped = setup_python(runner, host, paths, report.facts, local, reporter)
-        cwd = paths.workdir
+        skipped = setup_python(session, report.facts, local, reporter)
+        cwd = session.paths.workdir
     timings["setup"] = time.monotonic() - t2
-    return Prepared(config, job, host, paths, report, env, cwd, local, sync_result, skipped, timings)
+    return Prepared(config, job, spec, session, report, env, cwd, local, sync_result, skipped, timings)
 
 
-def launch_prepared(prepared: Prepared, runner: Runner, *, args: Sequence[str], run_id: str | None = None,
+def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | None = None,
                     gpus: Sequence[int] = (), nproc: int | None = None, extra_env: Mapping[str, str] | None = None,
                     lock_job: str | None = None, reporter: Reporter | None = None, export: bool = True,
                     meta_extra: Mapping[str, Any] | None = None) -> Launched:
@@ -414,17 +263,17 @@ def launch_prepared(prepared: Prepared, runner: Runner, *, args: Sequence[str], 
     into run.json."""
     reporter = reporter or NullReporter()
     t3 = time.monotonic()
-    job, host, paths = prepared.job, prepared.host, prepared.paths
+    job, session = prepared.job, prepared.session
     env = dict(prepared.env)
     env.update(extra_env or {})
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     run_id = runs.check_run_id(run_id) if run_id else runs.new_run_id(job.name)
-    run_dir = paths.run(run_id)
+    run_dir = session.paths.run(run_id)
     if job.kind == "cargo":
-        argv = [*buildenv.cargo_run_argv(prepared.report.facts, job)[:1], *args]
+        argv = [*buildenv.cargo_run_argv(prepared.report.facts, prepared.spec)[:1], *args]
     else:
-        argv = python_argv(host, args, run_dir, nproc or max(1, len(gpus)), export=export)
+        argv = python_argv(session.host, args, run_dir, nproc or max(1, len(gpus)), export=export)
     sync_result = prepared.sync
     meta = {
         "argv": argv,
@@ -439,34 +288,107 @@ def launch_prepared(prepared: Prepared, runner: Runner, *, args: Sequence[str], 
         **(meta_extra or {}),
     }
     reporter.step(f"launching run {run_id}")
-    answer = runs.launch(runner, host, paths, run_id=run_id, job=lock_job or job.name, argv=argv,
-                         cwd=prepared.cwd, env=env, meta={**meta, "job": job.name})
+    answer = runs.launch(session, run_id=run_id, job=lock_job or job.name, argv=argv, cwd=prepared.cwd, env=env,
+                         meta={**meta, "job": job.name})
     timings = {**prepared.timings, "launch": time.monotonic() - t3}
     if sync_result is not None and sync_result.dirty and prepared.local is not None:
-        _save_patch(runner, run_dir, prepared.local)
-    return Launched(run_id, run_dir, int(answer["pid"]), host.name, job.name,
-                    sync_result.commit if sync_result else None, paths, sync_result, prepared.setup_skipped, timings)
+        _save_patch(session, run_dir, prepared.local)
+    return Launched(run_id, run_dir, int(answer["pid"]), session.name, job.name,
+                    sync_result.commit if sync_result else None, session.paths, sync_result, prepared.setup_skipped,
+                    timings, prepared.spec)
 
 
-def start(config: Config, request: TrainRequest, runner: Runner, reporter: Reporter | None = None) -> Launched:
+def start(config: Config, request: TrainRequest, session: HostSession, reporter: Reporter | None = None) -> Launched:
     """Everything up to a running, detached job on the host."""
     sets = parse_sets(request.sets)
     params = load_params(request.params_file) if request.params_file else {}
     args = job_arguments(request.job, sets, params)
-    prepared = prepare(config, request.job, request.host, runner, reporter, args_for_preflight=args)
+    prepared = prepare(config, request.job, session, reporter, args_for_preflight=args)
     gpus = select_gpus(request.gpus, prepared.report.facts, request.host)
-    return launch_prepared(prepared, runner, args=args, run_id=request.run_id, gpus=gpus, nproc=request.nproc,
+    return launch_prepared(prepared, args=args, run_id=request.run_id, gpus=gpus, nproc=request.nproc,
                            extra_env=request.extra_env, reporter=reporter)
 
 
-def _save_patch(runner: Runner, run_dir: str, local: LocalState) -> None:
+def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".patch") as tmp:
         tmp.write(local.patch)
         tmp.flush()
-        runner.put(tmp.name, f"{run_dir}/uncommitted.patch")
+        session.runner.put(tmp.name, f"{run_dir}/uncommitted.patch")
 
+
+def reattach_command(run_id: str, host: HostConfig, offset: int | None = None) -> str:
+    import shlex
+
+    argv = ["thrust-remote", "logs", run_id, "--follow", "--host", host.name]
+    if offset:
+        argv += ["--offset", str(offset)]
+    return shlex.join(argv)
+
+
+def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0) -> tuple[dict, int]:
+    """Stream the log to the reporter until the run ends; returns (status, offset).
+
+    Ctrl-C detaches (Detached, exit 75) and a lost link is ConnectionLostError (75); both carry the
+    command that reattaches from the byte offset reached, so no byte is lost or repeated."""
+    host = session.host
+    delivered = 0
+
+    def on_bytes(chunk: bytes) -> None:
+        nonlocal delivered
+        reporter.log(chunk)
+        delivered += len(chunk)
+
+    reporter.following(run_id, offset)
+    try:
+        try:
+            position = runs.follow_log(session, run_id, offset=offset, follow=True, on_bytes=on_bytes)
+        finally:
+            reporter.followed()
+    except KeyboardInterrupt:
+        raise Detached(
+            f"from run {run_id}; it goes on on {host.name}",
+            f"reattach with: {reattach_command(run_id, host, offset + delivered)}   (from where you left; "
+            f"without --offset for the whole log; stop it with: thrust-remote stop {run_id} "
+            f"--host {host.name})",
+        ) from None
+    except ConnectionLostError as exc:
+        reached = getattr(exc, "offset", offset + delivered)
+        raise ConnectionLostError(
+            f"connection to {host.name} lost while following run {run_id}; the run goes on",
+            f"reattach with: {reattach_command(run_id, host, reached)}",
+        ) from None
+    return runs.status(session, run_id), position
+
+
+def exit_code_for(status: dict) -> int:
+    """A run's exit code as the CLI's: 0 when FINISHED, the job's own code, else 1."""
+    if status.get("state") == "FINISHED":
+        return 0
+    code = status.get("exit_code")
+    if isinstance(code, int) and code != 0:
+        return code
+    return ExitCode.FAILED
+
+
+def train(config: Config, request: TrainRequest, session: HostSession,
+          reporter: Reporter | None = None) -> TrainOutcome:
+    """The whole sequence: sync → preflight → setup → launch → follow → fetch (docs/architecture.md)."""
+    reporter = reporter or NullReporter()
+    launched = start(config, request, session, reporter)
+    timings = dict(launched.timings)
+    if request.detach:
+        return TrainOutcome(launched, None, None, 0, timings)
+    status, _offset = follow(session, launched.run_id, reporter)
+    code = exit_code_for(status)
+    if status["state"] != "FINISHED" or not request.fetch:
+        return TrainOutcome(launched, status, None, code, timings)
+    reporter.step("fetching the model")
+    t0 = time.monotonic()
+    fetched = finish(config, session, request.job, launched.run_dir, spec=launched.spec)
+    timings["fetch"] = time.monotonic() - t0
+    return TrainOutcome(launched, status, fetched, code, timings)
 
 
 def export_target(config: Config, job: JobConfig) -> tuple[Path, str]:
@@ -475,34 +397,13 @@ def export_target(config: Config, job: JobConfig) -> tuple[Path, str]:
     return target.parent, target.stem
 
 
-def finish(config: Config, runner: Runner, launched_job: JobConfig, run_dir: str, paths: runs.HostPaths,
-           python: str = "python3") -> artifacts.FetchResult:
-    """Fetch the run's model into web/public (verified, atomic). Cargo jobs fetch `artifact:`."""
-    dest, stem = export_target(config, launched_job)
-    if launched_job.kind == "cargo":
-        if not launched_job.artifact:
-            raise ThrustError(f"job {launched_job.name} has no `artifact:` to fetch", exit_code=ExitCode.USAGE)
-        _stage_cargo_artifact(runner, run_dir, launched_job, paths, python)
-    return artifacts.fetch_run_model(runner, run_dir, stem, dest)
-
-
-def _stage_cargo_artifact(runner: Runner, run_dir: str, job: JobConfig, paths: runs.HostPaths, python: str) -> None:
-    """Copy the crate's artifact into the run dir with a manifest, so fetch treats both kinds alike.
-    The artifact path is relative to the crate in the host's workdir (never to a shell's cwd)."""
-    crate = os.path.normpath(os.path.join(paths.workdir, job.crate))
-    src = os.path.normpath(os.path.join(crate, job.artifact or ""))
-    script = (
-        "import hashlib,json,os,shutil,sys\n"
-        "src,run=sys.argv[1],sys.argv[2]\n"
-        "dst=os.path.join(run,'model.onnx')\n"
-        "shutil.copyfile(src,dst)\n"
-        "data=open(dst,'rb').read()\n"
-        "m={'sha256':hashlib.sha256(data).hexdigest(),'bytes':len(data),'job':sys.argv[3],'source':src}\n"
-        "open(os.path.join(run,'manifest.json'),'w').write(json.dumps(m))\n"
-    )
-    result = runner.run([python, "-c", script, src, run_dir, job.name])
-    if not result.ok:
-        raise ThrustError(
-            f"the cargo job's artifact {src} could not be staged on the host: {result.stderr.strip()[-300:]}",
-            f"check `artifact:` of job {job.name} (relative to the crate, {crate}) and that the run wrote it",
-        )
+def finish(config: Config, session: HostSession, job: JobConfig, run_dir: str, *,
+           spec: JobSpec | None = None) -> artifacts.FetchResult:
+    """Fetch the run's model into web/public (verified, atomic). Cargo jobs fetch `artifact:`.
+    `spec` is the job's spec when the caller has it already (train), else it is made here (fetch)."""
+    dest, stem = export_target(config, job)
+    if job.kind == "cargo":
+        if not job.artifact:
+            raise ThrustError(f"job {job.name} has no `artifact:` to fetch", exit_code=ExitCode.USAGE)
+        stage_cargo_artifact(session, run_dir, spec or buildenv.job_spec(job))
+    return artifacts.fetch_run_model(session.runner, run_dir, stem, dest)

@@ -1,112 +1,31 @@
 """Detached runs on a host: launch, status, list, logs from a byte offset, stop.
 
-Everything that must outlive the link happens on the host, in supervise.py (uploaded once per
-version). This module only builds argv for it and reads its JSON answers, through any Runner.
+Everything that must outlive the link happens on the host, in the agent's `runs` module
+(thrust_remote/agent/runs.py). This module only builds its argv and reads its JSON answers, through
+a HostSession (docs/architecture.md, "The run directory" and "JSON shapes").
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
-from . import supervise
-from .config import Config, HostConfig
-from .errors import ConnectionLostError, ExitCode, ThrustError, UsageError
-from .names import valid_id
-from .runner import Runner, expand_home
+from .errors import ConnectionLostError, ExitCode, ThrustError
+from .session import HostPaths, HostSession, check_run_id, host_paths, parse_json
 
 STATES = ("RUNNING", "FINISHED", "FAILED", "LOST", "STOPPED")
-
-
-@dataclass(frozen=True)
-class HostPaths:
-    """Where things live on one host, absolute (no `~`: quoting would stop its expansion)."""
-
-    workdir: str
-
-    @property
-    def thrust(self) -> str:
-        return f"{self.workdir}/.thrust"
-
-    @property
-    def runs(self) -> str:
-        return f"{self.thrust}/runs"
-
-    def run(self, run_id: str) -> str:
-        check_run_id(run_id)
-        return f"{self.runs}/{run_id}"
-
-    def lock(self, job: str) -> str:
-        return f"{self.thrust}/locks/{job}.lock"
-
-    @property
-    def bin(self) -> str:
-        return f"{self.thrust}/bin"
-
-
-def host_paths(runner: Runner, host: HostConfig, config: Config | None = None) -> HostPaths:
-    workdir = host.workdir
-    if host.is_local and not os.path.isabs(os.path.expanduser(workdir)):
-        # the local host's workdir is relative to the project (thrust.yaml's directory)
-        base = config.root if config else Path.cwd()
-        workdir = str((base / workdir).resolve())
-    elif workdir.startswith("~"):
-        workdir = expand_home(workdir, runner.home())
-    elif not workdir.startswith("/"):
-        # relative to the home directory, as ssh itself would take it; made absolute because the
-        # trainer runs with the workdir as its cwd and would otherwise nest it twice
-        workdir = f"{runner.home().rstrip('/')}/{workdir}"
-    return HostPaths(workdir.rstrip("/") or "/")
-
-
-def check_run_id(run_id: str) -> str:
-    if not valid_id(run_id):
-        raise UsageError(f"run id {run_id!r} is not valid (letters, digits, '_', '-', '.')")
-    return run_id
+__all__ = ["STATES", "HostPaths", "HostSession", "check_run_id", "follow_log", "host_paths", "launch",
+           "list_runs", "new_run_id", "status", "stop"]
 
 
 def new_run_id(job: str) -> str:
     return f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 
-def _supervisor_source() -> bytes:
-    return Path(supervise.__file__).read_bytes()
-
-
-def ensure_supervisor(runner: Runner, paths: HostPaths, python: str) -> list[str]:
-    """Upload supervise.py under a name carrying its hash (so versions never mix); argv to run it.
-    Checked once per runner: a study polls and launches many times over one connection."""
-    source = _supervisor_source()
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    remote = f"{paths.bin}/supervise-{digest}.py"
-    checked: set[str] = runner.__dict__.setdefault("_thrust_supervisor_checked", set())
-    if remote not in checked:
-        if not runner.exists(remote):
-            runner.put(Path(supervise.__file__), remote)
-        checked.add(remote)
-    return [python, remote]
-
-
-def _json(result, what: str):
-    if not result.ok:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-        raise ThrustError(f"{what} failed on the host (exit {result.exit_code}): {' / '.join(tail)}")
-    try:
-        return json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise ThrustError(f"{what}: unexpected answer from the host: {result.stdout[-200:]!r}") from None
-
-
 def launch(
-    runner: Runner,
-    host: HostConfig,
-    paths: HostPaths,
+    session: HostSession,
     *,
     run_id: str,
     job: str,
@@ -116,10 +35,10 @@ def launch(
     meta: Mapping[str, object],
 ) -> dict:
     """Start argv detached under the supervisor; returns {"pid", "run_dir", "marker"}."""
-    sup = ensure_supervisor(runner, paths, host.python)
+    host, paths = session.host, session.paths
     marker = secrets.token_hex(8)
-    command = [
-        *sup, "launch",
+    args = [
+        "launch",
         "--run-dir", paths.run(run_id),
         "--cwd", cwd,
         "--lock", paths.lock(job),
@@ -127,9 +46,10 @@ def launch(
         "--stdin",
         "--", *argv,
     ]
+    # meta and env go on stdin: a command line is world-readable (ps), env values may be secrets
     payload = json.dumps({"meta": {"job": job, "host": host.name, **meta}, "env": dict(env)}).encode()
     try:
-        result = runner.run(command, timeout=60, stdin=payload)
+        result = session.agent(*args, timeout=60, stdin=payload)
     except ConnectionLostError as exc:
         raise ConnectionLostError(
             f"connection to {host.name} lost while launching run {run_id}; it may have started",
@@ -155,32 +75,28 @@ def launch(
     return answer
 
 
-def status(runner: Runner, host: HostConfig, paths: HostPaths, run_id: str) -> dict:
-    sup = ensure_supervisor(runner, paths, host.python)
-    if not runner.exists(paths.run(run_id)):
+def status(session: HostSession, run_id: str) -> dict:
+    run_dir = session.paths.run(run_id)
+    if not session.runner.exists(run_dir):
         raise ThrustError(
-            f"no run {run_id!r} on {host.name} (looked in {paths.runs})",
-            f"list the runs with: thrust-remote runs --host {host.name}",
+            f"no run {run_id!r} on {session.name} (looked in {session.paths.runs})",
+            f"list the runs with: thrust-remote runs --host {session.name}",
         )
-    return _json(runner.run([*sup, "status", "--run-dir", paths.run(run_id)], timeout=60), "status")
+    return session.agent_json("status", "status", "--run-dir", run_dir)
 
 
-def list_runs(runner: Runner, host: HostConfig, paths: HostPaths) -> list[dict]:
-    sup = ensure_supervisor(runner, paths, host.python)
-    return _json(runner.run([*sup, "list", "--runs-dir", paths.runs], timeout=60), "runs")
+def list_runs(session: HostSession) -> list[dict]:
+    return session.agent_json("runs", "list", "--runs-dir", session.paths.runs)
 
 
-def stop(runner: Runner, host: HostConfig, paths: HostPaths, run_id: str, grace: float = 10.0) -> dict:
-    sup = ensure_supervisor(runner, paths, host.python)
-    status(runner, host, paths, run_id)  # a clear error for an unknown id
-    result = runner.run([*sup, "stop", "--run-dir", paths.run(run_id), "--grace", str(grace)], timeout=grace + 60)
-    return _json(result, "stop")
+def stop(session: HostSession, run_id: str, grace: float = 10.0) -> dict:
+    status(session, run_id)  # a clear error for an unknown id
+    result = session.agent("stop", "--run-dir", session.paths.run(run_id), "--grace", str(grace), timeout=grace + 60)
+    return parse_json(result, "stop")
 
 
 def follow_log(
-    runner: Runner,
-    host: HostConfig,
-    paths: HostPaths,
+    session: HostSession,
     run_id: str,
     *,
     offset: int = 0,
@@ -192,7 +108,6 @@ def follow_log(
     The offset is counted from the bytes actually delivered, so after a lost link (ConnectionLostError,
     carrying `.offset`) a reattach from that offset repeats and loses nothing.
     """
-    sup = ensure_supervisor(runner, paths, host.python)
     position = offset
 
     def take(name: str, chunk: bytes) -> None:
@@ -201,16 +116,16 @@ def follow_log(
             on_bytes(chunk)
             position += len(chunk)
 
-    argv = [*sup, "logs", "--run-dir", paths.run(run_id), "--offset", str(offset)]
+    args = ["logs", "--run-dir", session.paths.run(run_id), "--offset", str(offset)]
     if follow:
-        argv.append("--follow")
+        args.append("--follow")
     try:
-        result = runner.run(argv, on_bytes=take)
+        result = session.agent(*args, timeout=None, on_bytes=take)
     except ThrustError as exc:
         exc.offset = position  # type: ignore[attr-defined]
         raise
     if result.exit_code == 2:
-        raise ThrustError(f"run {run_id} on {host.name} has no log yet ({paths.run(run_id)}/log)")
+        raise ThrustError(f"run {run_id} on {session.name} has no log yet ({session.paths.run(run_id)}/log)")
     if not result.ok:
         raise ThrustError(f"reading the log of {run_id} failed with exit code {result.exit_code}")
     return position

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -18,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ExitCode, ThrustError
-from .runner import Runner
-from .runs import HostPaths
+from .session import HostSession
 
 Step = Callable[[str], None]
 
@@ -93,136 +93,110 @@ def local_state(root: Path) -> LocalState:
     )
 
 
-class _Host:
+def _host_git(session: HostSession, *args: str, timeout: float = 120):
     """git on the host, in the workdir."""
-
-    def __init__(self, runner: Runner, workdir: str) -> None:
-        self.runner = runner
-        self.workdir = workdir
-
-    def git(self, *args: str, timeout: float = 120):
-        return self.runner.run(["git", "-C", self.workdir, *args], timeout=timeout)
+    return session.runner.run(["git", "-C", session.paths.workdir, *args], timeout=timeout)
 
 
-# One round trip to learn the host's state. A constant script: the workdir and commit arrive as
-# positional arguments ($1, $2), never spliced into the text.
-_STATE_SCRIPT = r"""
-command -v git >/dev/null 2>&1 || { echo git=no; exit 0; }
-echo git=yes
-if [ -d "$1/.git" ] && git -C "$1" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  echo repo=yes
-  echo "head=$(git -C "$1" rev-parse -q --verify HEAD 2>/dev/null)"
-  echo "applied=$(cat "$1/.thrust/applied-patch" 2>/dev/null)"
-  echo "current=$(git -C "$1" diff HEAD --binary 2>/dev/null | sha256sum | cut -c1-64)"
-  if git -C "$1" cat-file -e "$2^{commit}" 2>/dev/null; then echo have=yes; else
-    echo have=no
-    printf 'known='
-    { git -C "$1" rev-parse -q --verify HEAD; git -C "$1" for-each-ref --format='%(objectname)'; } 2>/dev/null \
-      | tr '\n' ' '
-    echo
-  fi
-else
-  echo repo=no
-fi
-"""
-
-# One round trip to put the checkout at the commit (and apply the patch when $3 names one).
-_CHECKOUT_SCRIPT = r"""
-set -e
-cd "$1"
-mkdir -p .thrust .git/info
-grep -qxF /.thrust/ .git/info/exclude 2>/dev/null || printf '%s\n' /.thrust/ >> .git/info/exclude
-git reset -q --hard
-git checkout -q --force --detach "$2"
-if [ -n "$3" ]; then git apply --index --whitespace=nowarn "$3"; fi
-# what we left: the local patch's sha and the tree's own diff, so the next sync can tell it is untouched
-printf '%s %s\n' "$4" "$(git diff HEAD --binary | sha256sum | cut -c1-64)" > .thrust/applied-patch
-git rev-parse HEAD
-"""
-
-
-def _host_state(runner: Runner, workdir: str, commit: str) -> dict[str, str]:
-    res = runner.run(["sh", "-c", _STATE_SCRIPT, "sh", workdir, commit], timeout=120)
-    state = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+def _host_state(session: HostSession, commit: str) -> dict:
+    """One round trip: the agent's git-state (docs/architecture.md, "The host agent")."""
+    res = session.agent("git-state", "--workdir", session.paths.workdir, "--commit", commit, timeout=120)
+    try:
+        state = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        state = {}
     if not res.ok or "git" not in state:
-        raise ThrustError(f"cannot inspect {workdir} on {runner.name}: {res.stderr.strip()[-300:]}")
+        raise ThrustError(f"cannot inspect {session.paths.workdir} on {session.runner.name}: "
+                          f"{res.stderr.strip()[-300:]}")
     return state
 
 
-def sync(runner: Runner, paths: HostPaths, local: LocalState, *, step: Step = lambda _: None,
+def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None,
          busy: Callable[[], list[str]] | None = None) -> SyncResult:
     """`busy` lists the runs that still use the workdir: the tree is never changed under them."""
-    host = _Host(runner, paths.workdir)
-    warnings: list[str] = []
-    method = "up-to-date"
-    bundle_bytes = 0
-    state = _host_state(runner, paths.workdir, local.commit)
-    if state["git"] != "yes":
+    runner, workdir = session.runner, session.paths.workdir
+    state = _host_state(session, local.commit)
+    if not state["git"]:
         raise ThrustError(
             f"git is not installed on {runner.name}",
             "install it there (e.g. apt-get install git)",
             ExitCode.UNAVAILABLE,
         )
-    if state.get("repo") != "yes":
+    method = "up-to-date"
+    if not state.get("repo"):
         method = "clone"
-        step(f"first sync: setting up {paths.workdir}")
-        cloned = False
-        if local.origin:
-            res = runner.run(["git", "clone", "-q", "--no-checkout", "--", local.origin, paths.workdir], timeout=300)
-            cloned = res.ok
-        if not cloned:
-            runner.run(["mkdir", "-p", "--", paths.workdir]).check("mkdir workdir")
-            host.git("init", "-q").check("git init on the host")
-        state = _host_state(runner, paths.workdir, local.commit)
+        state = _first_sync(session, local, step)
     patch_id = local.patch_sha256 or "none"
     untouched = (
         state.get("head") == local.commit
-        and state.get("applied", "").split() == [patch_id, state.get("current", "")]
+        and state.get("applied", "").split() == [patch_id, state.get("current")]
     )
     if untouched:
-        step(f"{paths.workdir} is already at {local.commit[:12]}" + (" with the same patch" if local.patch else ""))
+        step(f"{workdir} is already at {local.commit[:12]}" + (" with the same patch" if local.patch else ""))
         return SyncResult(local.commit, "up-to-date", local.dirty, local.patch_sha256, local.untracked, 0,
                           _warnings(local))
-    running = busy() if busy and state.get("repo") == "yes" else []
+    running = busy() if busy and state.get("repo") else []
     if running:
         raise ThrustError(
-            f"{paths.workdir} on {runner.name} is in use by running run(s) {', '.join(running)}; syncing "
+            f"{workdir} on {runner.name} is in use by running run(s) {', '.join(running)}; syncing "
             f"{local.commit[:12]} would change their code under them",
             "wait for them (thrust-remote runs), stop them (thrust-remote stop RUN_ID), or give this host "
             "another workdir",
         )
-    if state.get("have") != "yes":
-        fetched = False
-        if local.origin:
-            step("fetching the commit from origin on the host")
-            fetched = host.git("fetch", "-q", "--", local.origin, local.commit, timeout=300).ok
-            fetched = fetched and host.git("cat-file", "-e", f"{local.commit}^{{commit}}").ok
-        if fetched:
-            method = "fetch" if method != "clone" else "clone"
-        else:
-            step("sending the missing commits as a git bundle")
-            known = set(state.get("known", "").split())
-            bundle_bytes = _send_bundle(runner, host, paths, local, known)
-            method = "bundle"
+    bundle_bytes = 0
+    if not state.get("have"):
+        method, bundle_bytes = _bring_commit(session, local, state, method, step)
+    _checkout(session, local, patch_id, step)
+    return SyncResult(local.commit, method, local.dirty, local.patch_sha256, local.untracked, bundle_bytes,
+                      _warnings(local))
+
+
+def _first_sync(session: HostSession, local: LocalState, step: Step) -> dict:
+    """An empty workdir: clone from origin when the host can reach it, else `git init` (and a bundle)."""
+    workdir = session.paths.workdir
+    step(f"first sync: setting up {workdir}")
+    cloned = False
+    if local.origin:
+        res = session.runner.run(["git", "clone", "-q", "--no-checkout", "--", local.origin, workdir], timeout=300)
+        cloned = res.ok
+    if not cloned:
+        session.runner.makedirs(workdir)
+        _host_git(session, "init", "-q").check("git init on the host")
+    return _host_state(session, local.commit)
+
+
+def _bring_commit(session: HostSession, local: LocalState, state: dict, method: str, step: Step) -> tuple[str, int]:
+    """The host lacks the commit: fetch it from origin there, else send a bundle. (method, bundle bytes)"""
+    if local.origin:
+        step("fetching the commit from origin on the host")
+        fetched = _host_git(session, "fetch", "-q", "--", local.origin, local.commit, timeout=300).ok
+        if fetched and _host_git(session, "cat-file", "-e", f"{local.commit}^{{commit}}").ok:
+            return ("fetch" if method != "clone" else "clone"), 0
+    step("sending the missing commits as a git bundle")
+    return "bundle", _send_bundle(session, local, set(state.get("known") or ()))
+
+
+def _checkout(session: HostSession, local: LocalState, patch_id: str, step: Step) -> None:
     remote_patch = ""
     if local.patch:
         step("sending uncommitted changes as a patch")
-        remote_patch = f"{paths.thrust}/sync.patch"
+        remote_patch = f"{session.paths.thrust}/sync.patch"
         with tempfile.NamedTemporaryFile(suffix=".patch") as tmp:
             tmp.write(local.patch)
             tmp.flush()
-            runner.put(tmp.name, remote_patch)
+            session.runner.put(tmp.name, remote_patch)
     step(f"checking out {local.commit[:12]}")
-    # reset --hard first drops the previous run's patch (it was applied with --index)
-    res = runner.run(["sh", "-c", _CHECKOUT_SCRIPT, "sh", paths.workdir, local.commit, remote_patch, patch_id],
-                     timeout=300)
+    res = session.agent("git-checkout", "--workdir", session.paths.workdir, "--commit", local.commit,
+                        "--patch", remote_patch, "--patch-id", patch_id, timeout=300)
     if not res.ok:
-        raise ThrustError(f"checking out {local.commit[:12]} on {runner.name} failed: {res.stderr.strip()[-400:]}")
-    head = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+        raise ThrustError(f"checking out {local.commit[:12]} on {session.runner.name} failed: "
+                          f"{res.stderr.strip()[-400:]}")
+    try:
+        head = json.loads(res.stdout.strip().splitlines()[-1]).get("head", "")
+    except (ValueError, IndexError):
+        head = ""
     if head != local.commit:
         raise ThrustError(f"the host's checkout is at {head[:12]}, expected {local.commit[:12]}")
-    warnings.extend(_warnings(local))
-    return SyncResult(local.commit, method, local.dirty, local.patch_sha256, local.untracked, bundle_bytes, warnings)
 
 
 def _warnings(local: LocalState) -> list[str]:
@@ -239,7 +213,7 @@ def _warnings(local: LocalState) -> list[str]:
     return out
 
 
-def _send_bundle(runner: Runner, host: _Host, paths: HostPaths, local: LocalState, known: set[str]) -> int:
+def _send_bundle(session: HostSession, local: LocalState, known: set[str]) -> int:
     # What the host already has and we know too: those commits (and their history) stay out.
     exclude = [
         f"^{c}" for c in sorted(known)
@@ -254,10 +228,9 @@ def _send_bundle(runner: Runner, host: _Host, paths: HostPaths, local: LocalStat
         finally:
             _git(local.root, "update-ref", "-d", ref, check=False)
         size = bundle.stat().st_size
-        remote = f"{paths.thrust}/sync.bundle"
-        runner.run(["mkdir", "-p", "--", paths.thrust]).check("mkdir .thrust")
-        runner.put(bundle, remote)
+        remote = f"{session.paths.thrust}/sync.bundle"
+        session.runner.put(bundle, remote)  # put makes the parent directories
     # "+": the ref moves wherever the laptop's HEAD went (amend, rebase, another branch), not only forward
-    host.git("fetch", "-q", remote, f"+{ref}:{ref}").check("fetching the bundle on the host")
-    runner.run(["rm", "-f", "--", remote])
+    _host_git(session, "fetch", "-q", remote, f"+{ref}:{ref}").check("fetching the bundle on the host")
+    session.runner.run(["rm", "-f", "--", remote])
     return size

@@ -1,23 +1,24 @@
 """Following a run's log at the CLI edge: a rich progress bar on a terminal, the raw bytes otherwise.
 
-Ctrl-C detaches (the run goes on) and a lost link ends with exit 75; both print the exact command
-that reattaches from the byte offset reached, so no line is lost or repeated.
+The following itself (Ctrl-C detaches, a lost link ends with exit 75, both with the command that
+reattaches from the byte offset reached) is pipeline.follow; this module only renders what it
+reports (LogReporter).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .. import runs
-from ..config import HostConfig
+from .. import pipeline
 from ..console import console, err_console
-from ..errors import ConnectionLostError, Detached, ExitCode
-from ..runner import Runner
+from ..pipeline import exit_code_for, reattach_command
+from ..session import HostSession
+
+__all__ = ["LogReporter", "LogView", "exit_code_for", "follow", "reattach_command", "say"]
 
 
 class LogView:
@@ -96,47 +97,29 @@ class LogView:
         self.progress.update(self.task, completed=step, total=total, steps=steps, stats="  ".join(stats))
 
 
-def reattach_command(run_id: str, host: HostConfig, offset: int | None = None) -> str:
-    argv = ["thrust-remote", "logs", run_id, "--follow", "--host", host.name]
-    if offset:
-        argv += ["--offset", str(offset)]
-    return shlex.join(argv)
+class LogReporter(pipeline.NullReporter):
+    """A pipeline Reporter that renders a followed log through a LogView."""
+
+    def __init__(self, fancy: bool | None = None) -> None:
+        self.fancy = console.is_terminal if fancy is None else fancy
+        self.view: LogView | None = None
+
+    def following(self, run_id: str, offset: int) -> None:
+        self.view = LogView(run_id, self.fancy).__enter__()
+
+    def log(self, chunk: bytes) -> None:
+        if self.view is not None:
+            self.view.feed(chunk)
+
+    def followed(self) -> None:
+        if self.view is not None:
+            self.view.__exit__(None, None, None)
+            self.view = None
 
 
-def follow(runner: Runner, host: HostConfig, paths: runs.HostPaths, run_id: str, *, offset: int = 0,
-           fancy: bool | None = None) -> tuple[dict, int]:
+def follow(session: HostSession, run_id: str, *, offset: int = 0, fancy: bool | None = None) -> tuple[dict, int]:
     """Stream until the run ends; returns (status, offset). Raises ThrustError 75 on detach/lost link."""
-    fancy = console.is_terminal if fancy is None else fancy
-    view = LogView(run_id, fancy)
-    position = offset
-    try:
-        with view:
-            position = runs.follow_log(runner, host, paths, run_id, offset=offset, follow=True, on_bytes=view.feed)
-    except KeyboardInterrupt:
-        raise Detached(
-            f"from run {run_id}; it goes on on {host.name}",
-            f"reattach with: {reattach_command(run_id, host, offset + view.offset)}   (from where you left; "
-            f"without --offset for the whole log; stop it with: thrust-remote stop {run_id} "
-            f"--host {host.name})",
-        ) from None
-    except ConnectionLostError as exc:
-        reached = getattr(exc, "offset", position)
-        raise ConnectionLostError(
-            f"connection to {host.name} lost while following run {run_id}; the run goes on",
-            f"reattach with: {reattach_command(run_id, host, reached)}",
-        ) from None
-    status = runs.status(runner, host, paths, run_id)
-    return status, position
-
-
-def exit_code_for(status: dict) -> int:
-    state = status.get("state")
-    if state == "FINISHED":
-        return 0
-    code = status.get("exit_code")
-    if isinstance(code, int) and code != 0:
-        return code
-    return ExitCode.FAILED
+    return pipeline.follow(session, run_id, LogReporter(fancy), offset=offset)
 
 
 def say(message: str) -> None:

@@ -42,7 +42,7 @@ for _name in COMMAND_MODULES:
 
 
 def run(argv: list[str] | None = None) -> None:
-    """Console-script entry: run the app and map every failure to DESIGN.md's exit codes."""
+    """Console-script entry: run the app and map every failure to the exit codes of docs/architecture.md."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or _env_flag("THRUST_DEBUG")
     try:

@@ -10,6 +10,7 @@ from rich.table import Table
 from .. import pipeline, runs
 from ..console import console
 from ..errors import ThrustError
+from ..session import HostSession
 from .common import get_config, open_runner
 from .follow import exit_code_for, follow, say
 
@@ -25,20 +26,24 @@ def register(app: typer.Typer) -> None:
     app.command("fetch", help="Fetch a finished run's model into web/public (verified).")(fetch)
 
 
-def _open(ctx: typer.Context, host: str | None):
+def _open(ctx: typer.Context, host: str | None) -> HostSession:
     config = get_config(ctx)
     host_cfg = config.host(host)
     runner = open_runner(host_cfg)
-    return config, host_cfg, runner, runs.host_paths(runner, host_cfg, config)
+    try:
+        return HostSession.open(runner, host_cfg, config)
+    except BaseException:
+        runner.close()
+        raise
 
 
 def list_runs(ctx: typer.Context, host: str | None = HOST_OPT,
               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    _config, host_cfg, runner, paths = _open(ctx, host)
+    session = _open(ctx, host)
     try:
-        items = runs.list_runs(runner, host_cfg, paths)
+        items = runs.list_runs(session)
     finally:
-        runner.close()
+        session.runner.close()
     if as_json:
         typer.echo(json.dumps(items, indent=2))
         return
@@ -54,11 +59,11 @@ def list_runs(ctx: typer.Context, host: str | None = HOST_OPT,
 
 def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    _config, host_cfg, runner, paths = _open(ctx, host)
+    session = _open(ctx, host)
     try:
-        st = runs.status(runner, host_cfg, paths, runs.check_run_id(run_id))
+        st = runs.status(session, runs.check_run_id(run_id))
     finally:
-        runner.close()
+        session.runner.close()
     if as_json:
         typer.echo(json.dumps(st))
         return
@@ -71,31 +76,31 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
 def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
          follow_: bool = typer.Option(False, "--follow", "-f", help="Keep following until the run ends."),
          offset: int = typer.Option(0, "--offset", min=0, help="Start at this byte of the log.")) -> None:
-    _config, host_cfg, runner, paths = _open(ctx, host)
+    session = _open(ctx, host)
     runs.check_run_id(run_id)
     try:
         if follow_:
-            st, _ = follow(runner, host_cfg, paths, run_id, offset=offset, fancy=False)
+            st, _ = follow(session, run_id, offset=offset, fancy=False)
             code = exit_code_for(st)
             if code:
                 say(f"run {run_id} ended {st['state']} (exit code {st.get('exit_code')})")
             raise typer.Exit(code)
         import sys
 
-        runs.status(runner, host_cfg, paths, run_id)  # a clear error for an unknown id
-        runs.follow_log(runner, host_cfg, paths, run_id, offset=offset, follow=False,
+        runs.status(session, run_id)  # a clear error for an unknown id
+        runs.follow_log(session, run_id, offset=offset, follow=False,
                         on_bytes=lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush()))
     finally:
-        runner.close()
+        session.runner.close()
 
 
 def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
          grace: float = typer.Option(10.0, "--grace", help="Seconds between TERM and KILL.")) -> None:
-    _config, host_cfg, runner, paths = _open(ctx, host)
+    session = _open(ctx, host)
     try:
-        answer = runs.stop(runner, host_cfg, paths, runs.check_run_id(run_id), grace)
+        answer = runs.stop(session, runs.check_run_id(run_id), grace)
     finally:
-        runner.close()
+        session.runner.close()
     if answer.get("stopped"):
         how = "killed after the grace period" if answer.get("killed") else "stopped"
         console.print(f"{run_id}: {how} ({answer.get('state')})")
@@ -104,13 +109,14 @@ def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
 
 
 def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT) -> None:
-    config, host_cfg, runner, paths = _open(ctx, host)
+    config = get_config(ctx)
+    session = _open(ctx, host)
     try:
-        st = runs.status(runner, host_cfg, paths, runs.check_run_id(run_id))
+        st = runs.status(session, runs.check_run_id(run_id))
         job_name = st.get("job")
         if not job_name:
             raise ThrustError(f"run {run_id} has no job recorded")
-        result = pipeline.finish(config, runner, config.job(job_name), paths.run(run_id), paths, host_cfg.python)
+        result = pipeline.finish(config, session, config.job(job_name), session.paths.run(run_id))
     finally:
-        runner.close()
+        session.runner.close()
     console.print(f"{result.model} ({result.bytes:,} bytes, sha256 {result.sha256[:12]}…) + {result.manifest.name}")

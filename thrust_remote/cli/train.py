@@ -1,4 +1,4 @@
-"""`thrust-remote train JOB`: the whole pipeline; the core is thrust_remote.pipeline."""
+"""`thrust-remote train JOB`: the whole pipeline is pipeline.train; this module only renders."""
 
 from __future__ import annotations
 
@@ -11,13 +11,16 @@ from rich.markup import escape
 
 from .. import pipeline
 from ..console import console, err_console
-from ..errors import ThrustError
+from ..session import HostSession
 from .common import get_config, open_runner
-from .follow import exit_code_for, follow, reattach_command, say
+from .follow import LogReporter, reattach_command, say
 
 
-class CliReporter:
-    def __init__(self, quiet: bool = False) -> None:
+class CliReporter(LogReporter):
+    """Steps and warnings on stderr; a followed log as LogReporter renders it."""
+
+    def __init__(self, quiet: bool = False, fancy: bool | None = None) -> None:
+        super().__init__(fancy)
         self.quiet = quiet
 
     def step(self, message: str) -> None:
@@ -26,6 +29,10 @@ class CliReporter:
 
     def warn(self, message: str) -> None:
         err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
+
+    def following(self, run_id: str, offset: int) -> None:
+        say(f"following {run_id} (Ctrl-C detaches; the run goes on)")
+        super().following(run_id, offset)
 
 
 def register(app: typer.Typer) -> None:
@@ -50,35 +57,35 @@ def train(
     host_cfg = config.host(host)
     job_cfg = config.job(job)
     runner = open_runner(host_cfg)
-    reporter = CliReporter(quiet=as_json)
     started = time.monotonic()
     try:
         request = pipeline.TrainRequest(job=job_cfg, host=host_cfg, gpus=gpus, nproc=nproc, sets=sets,
-                                        params_file=params)
-        launched = pipeline.start(config, request, runner, reporter)
-        if detach:
-            if as_json:
-                typer.echo(json.dumps(launched.as_json()))
-            else:
-                console.print(f"run [bold]{launched.run_id}[/] started on {host_cfg.name} (pid {launched.pid})")
-                console.print(f"follow it with: {reattach_command(launched.run_id, host_cfg)}", highlight=False)
-            return
-        say(f"following {launched.run_id} (Ctrl-C detaches; the run goes on)")
-        status, _offset = follow(runner, host_cfg, launched.paths, launched.run_id)
-        code = exit_code_for(status)
-        if status["state"] != "FINISHED":
-            say(f"run {launched.run_id} ended {status['state']} (exit code {status.get('exit_code')})")
-            raise typer.Exit(code)
-        if not no_fetch:
-            reporter.step("fetching the model")
-            result = pipeline.finish(config, runner, job_cfg, launched.run_dir, launched.paths, host_cfg.python)
-            say(
-                f"model: {result.model} ({result.bytes:,} bytes, sha256 {result.sha256[:12]}…), "
-                f"manifest {result.manifest.name}; checked with onnx + onnxruntime"
-            )
-            say("see it play: thrust-remote play")
-        say(f"done in {time.monotonic() - started:.1f} s")
-    except ThrustError:
-        raise
+                                        params_file=params, detach=detach, fetch=not no_fetch)
+        session = HostSession.open(runner, host_cfg, config)
+        outcome = pipeline.train(config, request, session, CliReporter(quiet=as_json))
     finally:
         runner.close()
+    _render(outcome, host_cfg, as_json, started)
+
+
+def _render(outcome: pipeline.TrainOutcome, host_cfg, as_json: bool, started: float) -> None:
+    launched = outcome.launched
+    if outcome.status is None:  # detached
+        if as_json:
+            typer.echo(json.dumps(launched.as_json()))
+        else:
+            console.print(f"run [bold]{launched.run_id}[/] started on {host_cfg.name} (pid {launched.pid})")
+            console.print(f"follow it with: {reattach_command(launched.run_id, host_cfg)}", highlight=False)
+        return
+    status = outcome.status
+    if status["state"] != "FINISHED":
+        say(f"run {launched.run_id} ended {status['state']} (exit code {status.get('exit_code')})")
+        raise typer.Exit(outcome.exit_code)
+    result = outcome.fetched
+    if result is not None:
+        say(
+            f"model: {result.model} ({result.bytes:,} bytes, sha256 {result.sha256[:12]}…), "
+            f"manifest {result.manifest.name}; checked with onnx + onnxruntime"
+        )
+        say("see it play: thrust-remote play")
+    say(f"done in {time.monotonic() - started:.1f} s")

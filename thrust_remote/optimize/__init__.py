@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from ..gpus import host_gpus
 from .driver import Optimizer, request_stop
-from .hostops import POLL_SCRIPT
 from .model import (
     DEFAULT_LOG_INTERVAL,
     METRICS,
@@ -47,7 +46,7 @@ from .store import LEASE_S, StudyStore, default_study_name
 from .summary import Summary, param_importances, write_best_params
 
 __all__ = [
-    "DEFAULT_LOG_INTERVAL", "DEFAULT_SEARCH", "LEASE_S", "METRICS", "NOT_SEARCHABLE", "POLL_SCRIPT", "PRUNERS",
+    "DEFAULT_LOG_INTERVAL", "DEFAULT_SEARCH", "LEASE_S", "METRICS", "NOT_SEARCHABLE", "PRUNERS",
     "PUSH_EVERY_S", "RUNGS", "TRAINER_FLAGS", "Control", "NullObserver", "Observer", "OptimizeRequest", "Optimizer",
     "Slot", "SlotPool", "StudyStore", "Summary", "TrialView", "default_study_name", "distributions", "host_gpus",
     "is_trial_run", "param_importances", "plan_slots", "request_stop", "search_space", "write_best_params",

@@ -70,8 +70,8 @@ class Optimizer:
         r = self.request
         prepared = hostops.prepare(self.config, self.job, self.host, self.runner, self.reporter, self._args({}))
         pool = SlotPool(plan_slots(prepared.report.facts, self.host, r.gpus, r.parallel, r.slots_per_gpu))
-        host = StudyHost.open(self.runner, prepared, self.study_name)
-        store = StudyStore.open(self.config, self.host, self.runner, hostops.studies_dir(prepared.paths),
+        host = StudyHost.open(prepared, self.study_name)
+        store = StudyStore.open(self.config, self.host, prepared.session, hostops.studies_dir(prepared.paths),
                                 self.study_name, r.storage)
         store.acquire()  # before anything is touched: a refused second driver must change nothing
         host.clear_stop()
@@ -112,11 +112,11 @@ class Optimizer:
 
 def request_stop(runner: Runner, host: HostConfig, config: Config, study: str) -> list[str]:
     """Stop a study from anywhere: tell its driver (the stop file), then stop its running trials."""
-    paths = hostops.host_paths(runner, host, config)
-    hostops.write_stop(runner, f"{hostops.studies_dir(paths)}/{study}.stop")
+    session = hostops.open_session(runner, host, config)
+    hostops.write_stop(session, f"{hostops.studies_dir(session.paths)}/{study}.stop")
     stopped = []
-    for run_id in hostops.running_run_ids(runner, host, paths):
+    for run_id in hostops.running_run_ids(session):
         if is_trial_run(run_id, study):
-            hostops.stop_run(runner, host, paths, run_id)
+            hostops.stop_run(session, run_id)
             stopped.append(run_id)
     return stopped

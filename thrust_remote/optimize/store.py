@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config import Config, HostConfig, JobConfig
 from ..errors import ThrustError
-from ..runner import Runner
+from ..session import HostSession
 from . import hostops
 from .model import PRUNERS, OptimizeRequest
 
@@ -29,10 +29,11 @@ def default_study_name(job: JobConfig) -> str:
 class StudyStore:
     """Where the study lives, and (for a remote host's default SQLite) the copy kept in step with it."""
 
-    def __init__(self, url: str, *, runner: Runner, lease: str, remote_db: str | None = None,
+    def __init__(self, url: str, *, session: HostSession, lease: str, remote_db: str | None = None,
                  local_db: Path | None = None, label: str | None = None) -> None:
         self.url = url
-        self.runner = runner
+        self.session = session
+        self.runner = session.runner
         self.lease = lease
         self.remote_db = remote_db
         self.local_db = local_db
@@ -45,21 +46,21 @@ class StudyStore:
         self.push_s = 0.0
 
     @classmethod
-    def open(cls, config: Config, host: HostConfig, runner: Runner, studies_dir: str, study: str,
+    def open(cls, config: Config, host: HostConfig, session: HostSession, studies_dir: str, study: str,
              storage: str | None) -> StudyStore:
         # one driver per study and host workdir: two would adopt each other's running trials (and two
         # copies of a synced SQLite file would overwrite each other's trials)
         lease = f"{studies_dir}/{study}.driver.json"
         if storage:
-            return cls(storage, runner=runner, lease=lease, label=_redact(storage))
+            return cls(storage, session=session, lease=lease, label=_redact(storage))
         remote = f"{studies_dir}/{study}.db"
         if host.is_local:
             Path(remote).parent.mkdir(parents=True, exist_ok=True)
-            return cls(f"sqlite:///{remote}", runner=runner, lease=lease, label=f"sqlite:///{remote}")
+            return cls(f"sqlite:///{remote}", session=session, lease=lease, label=f"sqlite:///{remote}")
         local = config.root / ".thrust" / "study-cache" / host.name / f"{study}.db"
         # not pulled here: the caller takes the lease first, then pulls (pulling replaces the local
         # cache, which a driver that already holds the lease may be writing to)
-        return cls(f"sqlite:///{local}", runner=runner, lease=lease, remote_db=remote, local_db=local,
+        return cls(f"sqlite:///{local}", session=session, lease=lease, remote_db=remote, local_db=local,
                    label=f"{host.name}:{remote}")
 
     # -- the synced SQLite copy -----------------------------------------------------------------
@@ -99,16 +100,16 @@ class StudyStore:
         """Take the study's lease on this host: refused while another driver holds it (a live pid on
         this machine, or a heartbeat younger than LEASE_S from another machine)."""
         for _attempt in range(3):
-            text = hostops.lease_read(self.runner, self.lease)
+            text = hostops.lease_read(self.session, self.lease)
             if text is not None:
                 self._refuse_if_held(text)
                 # a dead driver's lease: take it over, then read it back (two takers: one wins)
-                hostops.lease_take_over(self.runner, self.lease, self._body())
+                hostops.lease_take_over(self.session, self.lease, self._body())
                 self._lease_written = time.time()
                 if not self._owned():
                     continue
                 return
-            if hostops.lease_create(self.runner, self.lease, self._body()):
+            if hostops.lease_create(self.session, self.lease, self._body()):
                 self._lease_written = time.time()
                 return
         raise ThrustError(f"could not take the study lease {self.lease}")
@@ -135,7 +136,7 @@ class StudyStore:
                            "token": self._token})
 
     def _owned(self) -> bool:
-        return hostops.lease_owned(self.runner, self.lease, self._token)
+        return hostops.lease_owned(self.session, self.lease, self._token)
 
     def _lost(self) -> ThrustError:
         return ThrustError(
@@ -148,13 +149,13 @@ class StudyStore:
         """Renew the lease, only while it is still ours (compare-and-swap on the host)."""
         if not force and time.time() - self._lease_written < LEASE_S / 4:
             return
-        if not hostops.lease_swap(self.runner, self.lease, self._body(), self._token):
+        if not hostops.lease_swap(self.session, self.lease, self._body(), self._token):
             raise self._lost()
         self._lease_written = time.time()
 
     def release(self) -> None:
         """Drop the lease if it is still ours (never another driver's)."""
-        hostops.lease_release(self.runner, self.lease, self._token)
+        hostops.lease_release(self.session, self.lease, self._token)
 
 
 # ------------------------------------------------------------------------------- the Optuna study

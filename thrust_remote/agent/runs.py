@@ -1,11 +1,10 @@
-"""The run supervisor that lives on the host. Standard library only: it is uploaded and run with the
-host's python before anything is installed there.
+"""The agent's run supervisor: detached runs on the host (docs/architecture.md, "The run directory").
 
-    python3 supervise.py launch --run-dir D --cwd W --job J --lock L --meta JSON --env JSON -- ARGV...
-    python3 supervise.py status --run-dir D
-    python3 supervise.py list --runs-dir R
-    python3 supervise.py logs --run-dir D --offset N [--follow]
-    python3 supervise.py stop --run-dir D [--grace S]
+    agent launch --run-dir D --cwd W --lock L [--marker M] [--stdin] [--meta JSON --env JSON] -- ARGV...
+    agent status --run-dir D
+    agent list --runs-dir R
+    agent logs --run-dir D --offset N [--follow]
+    agent stop --run-dir D [--grace S]
 
 `launch` double-forks: the supervisor becomes a session leader with every stream redirected (so the
 SSH channel closes at once and the run survives the link), starts the job in a process group of its
@@ -45,7 +44,7 @@ def _write_atomic(path: str, data: str) -> None:
     os.replace(tmp, path)
 
 
-def _read_json(path: str) -> dict | None:
+def read_json(path: str) -> dict | None:
     try:
         with open(path) as fh:
             return json.load(fh)
@@ -92,8 +91,8 @@ def _alive(pid: int | None, start: str | None, marker: str | None, *, in_env: bo
 
 
 def run_state(run_dir: str) -> dict:
-    """The DESIGN.md status object for one run directory."""
-    meta = _read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    """The status object of one run directory (docs/architecture.md, "JSON shapes")."""
+    meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
     exit_text = None
     with contextlib.suppress(OSError), open(os.path.join(run_dir, EXIT_CODE)) as fh:
         exit_text = fh.read().strip()
@@ -275,7 +274,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    meta = _read_json(os.path.join(args.run_dir, RUN_JSON)) or {}
+    meta = read_json(os.path.join(args.run_dir, RUN_JSON)) or {}
     state = run_state(args.run_dir)
     if state["state"] != "RUNNING":
         print(json.dumps({"stopped": False, "state": state["state"]}))
@@ -339,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, job_argv = argv[:i], argv[i + 1 :]
-    parser = argparse.ArgumentParser(prog="supervise.py")
+    parser = argparse.ArgumentParser(prog="agent")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("launch")
     p.add_argument("--run-dir", required=True)
@@ -367,6 +366,3 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_launch(args, job_argv)
     return {"status": cmd_status, "list": cmd_list, "logs": cmd_logs, "stop": cmd_stop}[args.cmd](args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

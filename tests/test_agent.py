@@ -1,0 +1,249 @@
+"""The host agent as the host runs it: the zipapp built from thrust_remote/agent (deterministic, by
+content hash), its subcommands' argv and JSON (write-file, lease, poll, git-state, missing-modules,
+preflight), and payload.run_pyz's upload-and-retry and missing-python error."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import thrust_remote.agent
+from thrust_remote import payload
+from thrust_remote.config import HostConfig
+from thrust_remote.errors import ExitCode, UnreachableError
+from thrust_remote.runner import LocalRunner
+from thrust_remote.session import HostPaths, HostSession
+
+AGENT_DIR = Path(next(iter(thrust_remote.agent.__path__)))
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("agent") / "agent.pyz"
+    path.write_bytes(payload.agent().data)
+    return path
+
+
+def agent(pyz: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    # -I: isolated, as on a host where thrust_remote is not importable
+    return subprocess.run([sys.executable, "-I", str(pyz), *args], input=stdin, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def answer(proc: subprocess.CompletedProcess) -> dict:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class HomeRunner(LocalRunner):
+    """A LocalRunner whose home is a test directory (where payloads are uploaded)."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__()
+        self._test_home = str(home)
+
+    def home(self) -> str:
+        return self._test_home
+
+
+# ------------------------------------------------------------------------------ the zipapp
+
+
+def test_zipapp_is_deterministic_and_self_contained() -> None:
+    first = payload.agent()
+    again = payload.build_zipapp("agent", AGENT_DIR, "thrust_agent", "__main__")
+    assert first.data == again.data and first.sha256 == again.sha256
+    archive = zipfile.ZipFile(io.BytesIO(first.data))
+    names = archive.namelist()
+    assert names[0] == "__main__.py"
+    assert {"thrust_agent/__main__.py", "thrust_agent/runs.py", "thrust_agent/lease.py",
+            "thrust_agent/poll.py"} <= set(names)
+    assert all(archive.getinfo(n).date_time == (1980, 1, 1, 0, 0, 0) for n in names)
+    assert first.remote == f"~/.cache/thrust-remote/agent-{first.sha256[:16]}.pyz"
+
+
+def test_unknown_subcommand_is_a_usage_error_and_xfer_is_imported_lazily(pyz: Path) -> None:
+    proc = agent(pyz, "nope")
+    assert proc.returncode == 2 and "usage: agent" in proc.stderr
+    # `status` works whether or not the xfer module (another engineer's) is in the package
+    st = answer(agent(pyz, "status", "--run-dir", "/nonexistent/run-1"))
+    assert st["state"] == "LOST" and st["run_id"] == "run-1"
+
+
+def test_agent_imports_only_the_standard_library_and_itself() -> None:
+    for source in AGENT_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                tops = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: the agent's own modules
+                    continue
+                tops = {(node.module or "").split(".")[0]}
+            else:
+                continue
+            assert tops <= sys.stdlib_module_names | {"__future__"}, (source.name, tops)
+
+
+# ------------------------------------------------------------------------------ write-file
+
+
+def test_write_file_is_atomic_owner_only_and_makes_parents(pyz: Path, tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "secret.json"
+    proc = agent(pyz, "write-file", str(target), stdin='{"token": "x"}')
+    assert proc.returncode == 0, proc.stderr
+    got = answer(proc)
+    assert got["path"] == str(target) and got["bytes"] == 14 and len(got["sha256"]) == 64
+    assert target.read_text() == '{"token": "x"}'
+    assert (target.stat().st_mode & 0o777) == 0o600
+    assert [p.name for p in target.parent.iterdir()] == ["secret.json"]  # no temporary left behind
+
+
+# ------------------------------------------------------------------------------ lease
+
+
+def test_lease_create_is_exclusive_and_renew_release_need_our_token(pyz: Path, tmp_path: Path) -> None:
+    lease = str(tmp_path / "studies" / "s.driver.json")
+    assert answer(agent(pyz, "lease", "read", lease)) == {"present": False, "text": "", "lease": {}}
+    ours = json.dumps({"hostname": "a", "pid": 1, "heartbeat": 1.0, "token": "tok-a"})
+    made = agent(pyz, "lease", "create", lease, stdin=ours)
+    assert made.returncode == 0 and answer(made) == {"created": True}
+    again = agent(pyz, "lease", "create", lease, stdin="other")
+    assert again.returncode == 3 and answer(again) == {"created": False}
+    read = answer(agent(pyz, "lease", "read", lease))
+    assert read["present"] and read["lease"]["token"] == "tok-a" and read["text"] == ours
+
+    theirs = agent(pyz, "lease", "renew", lease, "--token", "tok-b", stdin="stolen")
+    assert theirs.returncode == 3 and answer(theirs) == {"renewed": False}
+    assert Path(lease).read_text() == ours
+    renewed = json.dumps({"hostname": "a", "pid": 1, "heartbeat": 2.0, "token": "tok-a"})
+    assert answer(agent(pyz, "lease", "renew", lease, "--token", "tok-a", stdin=renewed)) == {"renewed": True}
+    assert json.loads(Path(lease).read_text())["heartbeat"] == 2.0
+
+    assert answer(agent(pyz, "lease", "release", lease, "--token", "tok-b")) == {"released": False}
+    assert Path(lease).exists()
+    assert answer(agent(pyz, "lease", "release", lease, "--token", "tok-a")) == {"released": True}
+    assert not Path(lease).exists()
+
+
+def test_lease_read_of_junk_counts_as_present_but_empty(pyz: Path, tmp_path: Path) -> None:
+    lease = tmp_path / "s.driver.json"
+    lease.write_text("not json")
+    assert answer(agent(pyz, "lease", "read", str(lease))) == {"present": True, "text": "not json", "lease": {}}
+
+
+def test_lease_stop_writes_the_stop_file(pyz: Path, tmp_path: Path) -> None:
+    stop = tmp_path / "studies" / "s.stop"
+    assert answer(agent(pyz, "lease", "stop", str(stop))) == {"path": str(stop)}
+    assert stop.read_text().startswith(time.strftime("%Y-"))
+
+
+# ------------------------------------------------------------------------------ poll
+
+
+def _run_dir(root: Path, name: str, *, metrics: str = "", exit_code: int | None = None) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"run_id": name, "slot": "gpu0", "marker": "m"}))
+    (d / "metrics.jsonl").write_text(metrics)
+    (d / "log").write_text("line 1\nboom\n")
+    if exit_code is not None:
+        (d / "exit_code").write_text(json.dumps({"exit_code": exit_code, "ended_at": "now"}))
+    return d
+
+
+def test_poll_answers_state_and_whole_new_metric_lines(pyz: Path, tmp_path: Path) -> None:
+    done = _run_dir(tmp_path, "t1", metrics='{"step": 1}\n{"step": 2}\n{"step": 3', exit_code=0)
+    failed = _run_dir(tmp_path, "t2", exit_code=3)
+    missing = tmp_path / "t3"
+    request = [[str(done), 0], [str(failed), 0], [str(missing), 7]]
+    started = time.monotonic()
+    got = answer(agent(pyz, "poll", "--runs", json.dumps(request), "--stop-file", str(tmp_path / "stop"),
+                       "--wait", "20"))
+    assert time.monotonic() - started < 10  # a run has ended: no waiting
+    assert got["stop"] is False
+    one = got["runs"][str(done)]
+    assert one["state"] == "FINISHED" and one["exit_code"] == 0 and one["slot"] == "gpu0"
+    assert one["data"] == '{"step": 1}\n{"step": 2}\n' and one["offset"] == 24 and one["more"] is False
+    assert got["runs"][str(failed)]["state"] == "FAILED" and got["runs"][str(failed)]["log_tail"] == "line 1\nboom\n"
+    assert got["runs"][str(missing)] == {"state": "MISSING", "data": "", "offset": 7, "more": False}
+    later = answer(agent(pyz, "poll", "--runs", json.dumps([[str(done), 24]]), "--stop-file", "/nonexistent"))
+    assert later["runs"][str(done)]["data"] == "" and later["runs"][str(done)]["offset"] == 24
+
+
+def test_poll_returns_early_on_the_stop_file(pyz: Path, tmp_path: Path) -> None:
+    stop = tmp_path / "s.stop"
+    stop.write_text("now")
+    started = time.monotonic()
+    got = answer(agent(pyz, "poll", "--runs", "[]", "--stop-file", str(stop), "--wait", "30"))
+    assert got == {"runs": {}, "stop": True} and time.monotonic() - started < 10
+
+
+# ------------------------------------------------------------------------------ probes and checkout
+
+
+def test_missing_modules_and_preflight_miss(pyz: Path, tmp_path: Path) -> None:
+    assert answer(agent(pyz, "missing-modules", "json", "surely_not_a_module_x")) == ["surely_not_a_module_x"]
+    miss = answer(agent(pyz, "preflight", "--cache-dir", str(tmp_path), "--extra", "job"))["miss"]
+    assert miss.startswith(str(tmp_path / "preflight-")) and miss.endswith(".json")
+    Path(miss).write_text(json.dumps({"host": "h", "facts": {}, "checks": []}))
+    assert answer(agent(pyz, "preflight", "--cache-dir", str(tmp_path), "--extra", "job"))["host"] == "h"
+    other = answer(agent(pyz, "preflight", "--cache-dir", str(tmp_path), "--extra", "another job"))
+    assert other["miss"] != miss
+
+
+def test_git_state_of_a_directory_that_is_no_repository(pyz: Path, tmp_path: Path) -> None:
+    assert answer(agent(pyz, "git-state", "--workdir", str(tmp_path), "--commit", "0" * 40)) == {
+        "git": True, "repo": False}
+
+
+# ------------------------------------------------------------------------------ run_pyz and HostSession
+
+
+def test_run_pyz_uploads_when_the_host_lacks_it_then_reuses_it(tmp_path: Path) -> None:
+    runner = HomeRunner(tmp_path)
+    host = HostConfig(name="local", python=sys.executable)
+    result, uploaded = payload.run_pyz(runner, host, payload.agent(), ["missing-modules", "json"])
+    assert uploaded and result.ok and json.loads(result.stdout) == []
+    remote = tmp_path / payload.agent().remote.removeprefix("~/")
+    assert remote.is_file()
+    result, uploaded = payload.run_pyz(runner, host, payload.agent(), ["missing-modules", "json"])
+    assert not uploaded and result.ok
+
+
+def test_run_pyz_streams_and_still_recognises_a_missing_file(tmp_path: Path) -> None:
+    runner = HomeRunner(tmp_path)
+    host = HostConfig(name="local", python=sys.executable)
+    chunks: list[tuple[str, bytes]] = []
+    result, uploaded = payload.run_pyz(runner, host, payload.agent(), ["list", "--runs-dir", str(tmp_path / "r")],
+                                       on_bytes=lambda n, c: chunks.append((n, c)))
+    assert uploaded and result.ok
+    assert json.loads(b"".join(c for n, c in chunks if n == "out")) == []
+
+
+def test_a_missing_python_is_exit_69_naming_it(tmp_path: Path) -> None:
+    runner = HomeRunner(tmp_path)
+    host = HostConfig(name="local", python="/nonexistent/bin/python3")
+    with pytest.raises(UnreachableError) as err:
+        payload.run_pyz(runner, host, payload.agent(), ["list", "--runs-dir", str(tmp_path)])
+    assert err.value.exit_code == ExitCode.UNAVAILABLE
+    assert "python '/nonexistent/bin/python3' not found" in err.value.message
+    assert "hosts.local" in (err.value.hint or "") and "doctor" in (err.value.hint or "")
+
+
+def test_host_session_agent_argv_and_json(tmp_path: Path) -> None:
+    runner = HomeRunner(tmp_path)
+    session = HostSession(runner, HostConfig(name="local", python="~/py/bin/python"), HostPaths(str(tmp_path)))
+    argv = session.agent_argv("status", "--run-dir", "/x")
+    assert argv == [f"{tmp_path}/py/bin/python", str(tmp_path / payload.agent().remote.removeprefix("~/")),
+                    "status", "--run-dir", "/x"]
+    real = HostSession(runner, HostConfig(name="local", python=sys.executable), HostPaths(str(tmp_path)))
+    assert real.agent_json("runs", "list", "--runs-dir", str(tmp_path / "none")) == []
+    assert os.path.exists(argv[1])  # uploaded on the way

@@ -1,0 +1,42 @@
+"""`python agent.pyz SUBCOMMAND ...`: dispatch to the module that owns the subcommand.
+
+Modules are imported only when their subcommand runs: every remote action pays one python start-up,
+so a `status` must not import what `git-checkout` needs (docs/architecture.md, "The host agent").
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, whether the module's own parser sees the subcommand word itself)
+COMMANDS: dict[str, tuple[str, bool]] = {
+    "launch": ("runs", True),
+    "status": ("runs", True),
+    "list": ("runs", True),
+    "logs": ("runs", True),
+    "stop": ("runs", True),
+    "write-file": ("files", False),
+    "git-state": ("checkout", True),
+    "git-checkout": ("checkout", True),
+    "preflight": ("probe", True),
+    "missing-modules": ("probe", True),
+    "stage-artifact": ("artifact", False),
+    "poll": ("poll", False),
+    "lease": ("lease", False),
+    "xfer": ("xfer", False),  # engineer A's transfer helper: `xfer serve`, `xfer hash PATH`
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        sys.stderr.write(f"usage: agent {{{','.join(COMMANDS)}}} ...\n")
+        return 2
+    name, keeps_word = COMMANDS[argv[0]]
+    module = importlib.import_module(f".{name}", __package__)
+    return int(module.main(argv if keeps_word else argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""`agent write-file PATH [--mode OCTAL]`: stdin to PATH atomically, owner-only by default.
+
+For writes that `Runner.write_text` (a verified upload) does not fit: content produced next to a
+command that runs anyway. Parents are made (0700); the file is written to a temporary name in the
+same directory, fsynced, then renamed, so a reader sees the old content or the new, never half.
+Answer: {"path", "bytes", "sha256"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import sys
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)  # the umask may have taken bits from the mode asked for
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agent write-file")
+    parser.add_argument("path")
+    parser.add_argument("--mode", default="600", help="octal file mode (default 600: owner only)")
+    args = parser.parse_args(argv)
+    data = sys.stdin.buffer.read()
+    try:
+        write_atomic(args.path, data, int(args.mode, 8))
+    except OSError as exc:
+        sys.stderr.write(f"write-file {args.path}: {exc}\n")
+        return 1
+    print(json.dumps({"path": args.path, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+    return 0

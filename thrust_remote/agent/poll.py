@@ -1,0 +1,86 @@
+"""`agent poll --runs JSON --stop-file F [--wait S]`: one command per poll for every running trial.
+
+--runs is [[run_dir, offset], ...]. The command waits on the host up to S seconds and returns early
+when a run ends (its exit_code appears or its directory vanishes), a run polled from offset 0 writes
+its first metrics, or the stop file F appears: a freed slot is seen in ~50 ms instead of half a poll
+period, without polling more often. Then, per run, the state first (runs.run_state) and the new
+whole lines of metrics.jsonl second, so a run seen ended has had all its lines read.
+
+Answer: {"stop": bool, "runs": {run_dir: {"state", "exit_code", "data", "offset", "more", "slot",
+"log_tail"}}}; a missing run directory is {"state": "MISSING", "data": "", "offset", "more": false}.
+`more` says a 1 MiB read did not reach the end; `log_tail` (FAILED only) is the log's last 2000 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from .runs import EXIT_CODE, LOG, RUN_JSON, read_json, run_state
+
+METRICS = "metrics.jsonl"
+CHUNK = 1 << 20
+TAIL = 2000
+
+
+def _has_metrics(run_dir: str) -> bool:
+    try:
+        return os.path.getsize(os.path.join(run_dir, METRICS)) > 0
+    except OSError:
+        return False
+
+
+def _something_happened(runs: list[tuple[str, int]], stop_file: str) -> bool:
+    if os.path.exists(stop_file):
+        return True
+    return any(not os.path.isdir(d) or os.path.exists(os.path.join(d, EXIT_CODE)) or (o == 0 and _has_metrics(d))
+               for d, o in runs)
+
+
+def _log_tail(run_dir: str) -> str:
+    try:
+        with open(os.path.join(run_dir, LOG), "rb") as fh:
+            fh.seek(max(0, os.path.getsize(fh.name) - TAIL))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _one(run_dir: str, offset: int) -> dict:
+    if not os.path.isdir(run_dir):
+        return {"state": "MISSING", "data": "", "offset": offset, "more": False}
+    st = run_state(run_dir)  # before the read: a run seen ended has had all its lines read
+    try:
+        with open(os.path.join(run_dir, METRICS), "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(CHUNK)
+    except FileNotFoundError:
+        data = b""
+    cut = data.rfind(b"\n") + 1
+    meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    return {"state": st["state"], "exit_code": st["exit_code"], "data": data[:cut].decode("utf-8", "replace"),
+            "offset": offset + cut, "more": len(data) == CHUNK, "slot": meta.get("slot"),
+            "log_tail": _log_tail(run_dir) if st["state"] == "FAILED" else ""}
+
+
+def poll(runs: list[tuple[str, int]], stop_file: str, wait: float) -> dict:
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and not _something_happened(runs, stop_file):
+        time.sleep(0.05)
+    out: dict = {"runs": {}, "stop": os.path.exists(stop_file)}
+    for run_dir, offset in runs:
+        out["runs"][run_dir] = _one(run_dir, int(offset))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agent poll")
+    parser.add_argument("--runs", required=True, help="JSON: [[run_dir, offset], ...]")
+    parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--wait", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    runs = [(str(d), int(o)) for d, o in json.loads(args.runs)]
+    print(json.dumps(poll(runs, args.stop_file, args.wait)))
+    return 0
