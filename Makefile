@@ -41,6 +41,7 @@ $(WEB_STAMP): $(wildcard web/package.json web/package-lock.json)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) tools/room_sizes.py --top 3
 
 test: $(STAMP) system-deps web-deps
 	$(VENV)/bin/ruff check .

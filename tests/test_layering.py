@@ -1,0 +1,54 @@
+"""The package rules of docs/architecture.md ("Packages and what each may import"), checked on the
+source: what runs on a host imports only the standard library, the trainer never imports the tool,
+the tool takes only the torch-free flag table from the trainer, and no room outgrows one reading."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+# envcheck's torch probe: the one module that imports torch on purpose, in a child process with a
+# timeout, so a broken torch becomes a fact in the report instead of a crash
+PROBES_TORCH = {"envcheck/torch_child.py"}
+
+
+def imports(package: str) -> dict[str, set[str]]:
+    """module path -> the top-level names it imports (relative imports count as the package)."""
+    out: dict[str, set[str]] = {}
+    for path in (ROOT / package).rglob("*.py"):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                names.add("." if node.level else node.module or "")
+        out[str(path.relative_to(ROOT))] = names
+    return out
+
+
+def test_host_side_packages_import_only_the_standard_library():
+    for package in ("thrust_remote/agent", "envcheck"):
+        own = package.split("/")[-1]
+        for module, names in imports(package).items():
+            if module in PROBES_TORCH:
+                continue
+            foreign = {n for n in names if n != "." and n.split(".")[0] not in STDLIB
+                       and not n.startswith(own) and not n.startswith(package.replace("/", "."))}
+            assert not foreign, f"{module} imports {foreign}: the host may not have them"
+
+
+def test_trainer_never_imports_the_tool_and_the_tool_takes_only_trainer_args():
+    for module, names in imports("trainer").items():
+        assert not {n for n in names if n.startswith("thrust_remote")}, module
+    for module, names in imports("thrust_remote").items():
+        trainer = {n for n in names if n.split(".")[0] == "trainer"}
+        assert trainer <= {"trainer.args"}, f"{module} imports {trainer} (torch) on the laptop"
+
+
+def test_no_room_over_the_size_limits_and_no_host_program_in_a_string():
+    result = subprocess.run([sys.executable, "tools/room_sizes.py"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
