@@ -52,3 +52,14 @@ def test_trainer_never_imports_the_tool_and_the_tool_takes_only_trainer_args():
 def test_no_room_over_the_size_limits_and_no_host_program_in_a_string():
     result = subprocess.run([sys.executable, "tools/room_sizes.py"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_every_package_directory_is_in_the_wheel():
+    """A subpackage missing from pyproject's list works in the editable install and is absent from a
+    wheel: the agent, say, would never reach a host."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {str(p.parent.relative_to(ROOT)).replace("/", ".")
+             for top in ("thrust_remote", "envcheck", "trainer") for p in (ROOT / top).rglob("__init__.py")}
+    assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"
