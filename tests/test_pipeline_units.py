@@ -12,50 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from envcheck.nvsmi import summarize
 from thrust_remote import pipeline
 from thrust_remote.agent import runs as supervise
 from thrust_remote.config import HostConfig, JobConfig
 from thrust_remote.errors import ConfigError, UsageError
 
-DATA = Path(__file__).parent / "data" / "nvidia_smi"
 REPO_PATH = os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])
 HOST = HostConfig(name="gpu", address="gpu-box", python="python3")
 
 
-def facts(name: str) -> dict:
-    listing = DATA / f"{name}.list"
-    smi = summarize((DATA / f"{name}.csv").read_text(), 0, listing.read_text() if listing.exists() else "")
-    return {"nvidia_smi": smi}
-
-
-def test_gpus_count_picks_the_least_busy():
-    # GPU 1 is at 100% with 40 GB used, GPU 3 at 37%: two free ones are 0 and 2
-    assert pipeline.select_gpus("2", facts("a100_four_gpus"), HOST) == [0, 2]
-    assert pipeline.select_gpus("3", facts("a100_four_gpus"), HOST) == [0, 2, 3]
-
-
-def test_gpus_list_is_checked_against_the_host():
-    assert pipeline.select_gpus("0,2", facts("a100_four_gpus"), HOST) == [0, 2]
-    with pytest.raises(UsageError, match=r"has GPUs \[0, 1, 2, 3\]"):
-        pipeline.select_gpus("0,7", facts("a100_four_gpus"), HOST)
-    with pytest.raises(UsageError, match="has 4 GPU"):
-        pipeline.select_gpus("5", facts("a100_four_gpus"), HOST)
-    with pytest.raises(UsageError, match="duplicates"):
-        pipeline.select_gpus("1,1", facts("a100_four_gpus"), HOST)
-
-
-def test_gpus_respect_the_configured_subset():
-    host = HostConfig(name="gpu", address="gpu-box", gpus=(2, 3))
-    assert pipeline.select_gpus("1", facts("a100_four_gpus"), host) == [2]
-    with pytest.raises(UsageError):
-        pipeline.select_gpus("0", facts("a100_four_gpus"), host)
-
-
-def test_gpus_on_a_cpu_host_are_refused():
-    with pytest.raises(UsageError, match="no GPUs"):
-        pipeline.select_gpus("1", {"nvidia_smi": {"gpus": []}}, HOST)
-    assert pipeline.select_gpus(None, {}, HOST) == []
+# select_gpus's tests moved with it to tests/test_gpus.py
 
 
 def test_sets_params_and_job_args_merge_last_wins(tmp_path):
