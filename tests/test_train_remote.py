@@ -286,6 +286,20 @@ def test_injection_in_set_values_and_job_names_never_executes(cli, project, tmp_
     assert not marker.exists()
 
 
+def test_nonsense_trainer_values_are_refused_before_anything_is_synced(cli, project, remote_dir):
+    """`--set total-steps=-5` used to train one iteration and exit 0; `--set lr=0.1` synced, launched
+    and died on the host with an argparse dump, leaving a FAILED run. Now: 64, and the host untouched."""
+    cases = [("total-steps=-5", "--total-steps must be >= 1"), ("total-steps=0", "--total-steps must be >= 1"),
+             ("lr=0.1", "--lr: not a trainer flag"), ("learning-rate=abc", "expected a number"),
+             ("policy=transformer", "not one of"), ("gamma=1.5", "--gamma")]
+    for item, says in cases:
+        res = cli("train", "cartpole", "--set", item, cwd=project)
+        assert res.returncode == ExitCode.USAGE, (item, res.stderr)
+        assert says in res.stderr and "--set" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+    assert not (remote_dir / "thrust").exists()  # nothing was synced, no run was left behind
+
+
 def test_cut_or_corrupt_fetch_leaves_web_public_untouched(cli, project, remote_dir, sshd):
     done = cli("train", "cartpole", *FAST, cwd=project)
     assert done.returncode == 0, done.stderr

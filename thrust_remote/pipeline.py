@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import yaml
 
+from trainer.args import parse_flag
+
 from . import artifacts, buildenv, doctor, runs
 from .buildenv import JobSpec
 from .config import Config, HostConfig, JobConfig
@@ -158,6 +160,24 @@ def job_arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, 
         else:
             out += [f"--{key}", str(value)]
     return out
+
+
+def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+    """The built-in trainer's flags, checked here against its own table (trainer/args.py) before
+    anything is synced: an unknown name, a bad type, a value outside its choices or range is a usage
+    error (64) naming where it came from, not an argparse dump from the host and a FAILED run."""
+    if job.kind != "python":
+        return
+    sources = [(dict(job.args), f"jobs.{job.name}.args"), (params, "--params"), (sets, "--set")]  # type: ignore[arg-type]
+    for values, where in sources:
+        for key, value in values.items():
+            if value is None or value is False:
+                continue
+            try:
+                parse_flag(str(key), "true" if value is True else str(value))
+            except ValueError as exc:
+                raise UsageError(f"{where}: {exc}",
+                                 "python -m trainer.train --help lists every flag with its range") from None
 
 
 def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int, export: bool = True) -> list[str]:
@@ -302,6 +322,7 @@ def start(config: Config, request: TrainRequest, session: HostSession, reporter:
     """Everything up to a running, detached job on the host."""
     sets = parse_sets(request.sets)
     params = load_params(request.params_file) if request.params_file else {}
+    check_trainer_args(request.job, sets, params)
     args = job_arguments(request.job, sets, params)
     prepared = prepare(config, request.job, session, reporter, args_for_preflight=args)
     gpus = select_gpus(request.gpus, prepared.report.facts, request.host)
