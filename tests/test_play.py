@@ -232,3 +232,20 @@ def test_cli_lists_the_models_of_the_project_in_thrust_yaml(tmp_path: Path) -> N
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_a_port_out_of_range_is_a_usage_error_not_an_internal_one(port: str) -> None:
+    result = subprocess.run([*CLI, "play", "--no-open", "--port", port], capture_output=True, text=True,
+                            timeout=60, env=cli_env(), check=False)
+    assert result.returncode == 64, result.stderr
+    assert "--port" in result.stderr and "internal error" not in result.stderr
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    result = subprocess.run([*CLI, "--version"], capture_output=True, text=True, timeout=60, env=cli_env(),
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"thrust-remote {version('thrust-remote')}"

@@ -26,6 +26,14 @@ app = typer.Typer(
 COMMAND_MODULES: tuple[str, ...] = ("hosts", "play", "doctor", "train", "runs", "optimize", "init")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"thrust-remote {version('thrust-remote')}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _global(
     ctx: typer.Context,
@@ -33,6 +41,8 @@ def _global(
         None, "--config", envvar="THRUST_CONFIG", help="Path of thrust.yaml (default: nearest one upwards)."
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the version and exit."),
 ) -> None:
     ctx.obj = AppState(config_path=config, debug=debug or _env_flag("THRUST_DEBUG"))
 

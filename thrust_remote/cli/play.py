@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
 
 def play(
     ctx: typer.Context,
-    port: int = typer.Option(8765, "--port", "-p", help="Port on 127.0.0.1 (0: any free port)."),
+    port: int = typer.Option(8765, "--port", "-p", min=0, max=65535,
+                             help="Port on 127.0.0.1 (0: any free port)."),
     model: Path | None = typer.Option(
         None, "--model", help="A model to play: <x>.onnx with <x>.json beside it, or a run's model.onnx."
     ),
