@@ -414,8 +414,8 @@ def test_study_in_postgresql(cli, tmp_path):
 def test_study_lease_is_compare_and_swap(tmp_path):
     """A driver that lost its lease can neither renew it, nor push over the study, nor release the
     new driver's lease."""
-    from thrust_remote.errors import ThrustError
     from thrust_remote.config import HostConfig
+    from thrust_remote.errors import ThrustError
     from thrust_remote.optimize import StudyStore
     from thrust_remote.runner import LocalRunner
     from thrust_remote.session import HostSession
