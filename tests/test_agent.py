@@ -242,8 +242,10 @@ def test_host_session_agent_argv_and_json(tmp_path: Path) -> None:
     runner = HomeRunner(tmp_path)
     session = HostSession(runner, HostConfig(name="local", python="~/py/bin/python"), HostPaths(str(tmp_path)))
     argv = session.agent_argv("status", "--run-dir", "/x")
-    assert argv == [f"{tmp_path}/py/bin/python", str(tmp_path / payload.agent().remote.removeprefix("~/")),
+    # a stdlib-only subcommand runs without site-packages (-S); one that looks for torch does not
+    assert argv == [f"{tmp_path}/py/bin/python", "-S", str(tmp_path / payload.agent().remote.removeprefix("~/")),
                     "status", "--run-dir", "/x"]
+    assert "-S" not in session.agent_argv("missing-modules", "torch")
     real = HostSession(runner, HostConfig(name="local", python=sys.executable), HostPaths(str(tmp_path)))
     assert real.agent_json("runs", "list", "--runs-dir", str(tmp_path / "none")) == []
-    assert os.path.exists(argv[1])  # uploaded on the way
+    assert os.path.exists(argv[2])  # uploaded on the way

@@ -117,10 +117,11 @@ def _cannot_open(result: RunResult, stderr: str, remote: str) -> bool:
 
 def run_pyz(runner: Runner, host: HostConfig, payload: Payload, args: Sequence[str], *,
             timeout: float | None = None, stdin: bytes | None = None,
-            on_bytes: BytesCallback | None = None) -> tuple[RunResult, bool]:
-    """Run the payload with the host's python; (result, whether it was uploaded on the way)."""
+            on_bytes: BytesCallback | None = None, flags: Sequence[str] = ()) -> tuple[RunResult, bool]:
+    """Run the payload with the host's python (and interpreter `flags`, such as -S); (result, whether
+    it was uploaded on the way)."""
     remote = expand_home(payload.remote, runner.home())
-    argv = [python_of(runner, host), remote, *args]
+    argv = [python_of(runner, host), *flags, remote, *args]
 
     def once() -> tuple[RunResult, str]:
         tail = _ErrTail(on_bytes) if on_bytes is not None else None

@@ -70,6 +70,16 @@ def host_paths(runner: Runner, host: HostConfig, config: Config | None = None) -
     return HostPaths(workdir.rstrip("/") or "/")
 
 
+# Agent subcommands that look at the host's installed packages (torch, numpy...). The others import
+# only the standard library, so they run with `python -S`: no site-packages scan and no .pth files,
+# ~35 ms less per call on a venv python (each sync, launch, status and poll is such a call).
+NEEDS_SITE = frozenset({"preflight", "missing-modules"})
+
+
+def _flags(args: tuple[str, ...]) -> tuple[str, ...]:
+    return () if args and args[0] in NEEDS_SITE else ("-S",)
+
+
 @dataclass
 class HostSession:
     runner: Runner
@@ -87,13 +97,14 @@ class HostSession:
     def agent_argv(self, *args: str) -> list[str]:
         """The exact argv that runs an agent subcommand on this host."""
         home = self.runner.home()
-        return [payload.python_of(self.runner, self.host), expand_home(payload.agent().remote, home), *args]
+        return [payload.python_of(self.runner, self.host), *_flags(args), expand_home(payload.agent().remote, home),
+                *args]
 
     def agent(self, *args: str, timeout: float | None = 60, stdin: bytes | None = None,
               on_bytes: BytesCallback | None = None) -> RunResult:
         """Run an agent subcommand (uploading the agent first when this host lacks this version)."""
         result, _ = payload.run_pyz(self.runner, self.host, payload.agent(), args, timeout=timeout, stdin=stdin,
-                                    on_bytes=on_bytes)
+                                    on_bytes=on_bytes, flags=_flags(args))
         return result
 
     def agent_json(self, what: str, *args: str, timeout: float | None = 60, stdin: bytes | None = None) -> Any:
