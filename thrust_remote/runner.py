@@ -18,6 +18,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -134,8 +135,6 @@ class FileOps:
         return None
 
     def write_text(self, path: str, text: str) -> None:
-        import tempfile
-
         with tempfile.TemporaryDirectory(prefix="thrust-write-") as tmp:
             local = os.path.join(tmp, "data")
             fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
