@@ -403,8 +403,8 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
 
     def on_bytes(chunk: bytes) -> None:
         nonlocal delivered
+        delivered += len(chunk)  # counted first: a Ctrl-C while it is shown must not replay it
         reporter.log(chunk)
-        delivered += len(chunk)
         for line in lines.feed(chunk):
             progress.take(line)
 

@@ -209,4 +209,5 @@ class LogReporter(pipeline.NullReporter):
 
 
 def say(message: str) -> None:
-    err_console.print(message, highlight=False)
+    """A line on stderr, never wrapped: the commands it names must paste back whole."""
+    err_console.print(message, highlight=False, markup=False, soft_wrap=True)
