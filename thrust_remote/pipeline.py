@@ -9,6 +9,7 @@ see (docs/architecture.md, "The flow of one train").
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from .config import Config, HostConfig, JobConfig
 from .errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
 from .gpus import select_gpus
 from .names import valid_id
+from .progress import LineSplitter, RunProgress
 from .session import HostPaths, HostSession
 from .stages import (  # noqa: F401 - re-exported: the stages are part of the pipeline's API
     CRITICAL_CHECKS,
@@ -105,13 +107,31 @@ class Launched:
 
 @dataclass
 class TrainOutcome:
-    """What `train` did. `status` is None when detached; `fetched` None when not fetched."""
+    """What `train` (or a reattach, `reattach`) did. `status` is None when detached; `fetched` None when
+    not fetched; `fetchable` False for a run that is not a train run of a configured job (an optimize
+    trial: nothing to fetch); `progress` what its log said (the last metrics, THRUST_DONE)."""
 
     launched: Launched
     status: dict | None
     fetched: artifacts.FetchResult | None
     exit_code: int
     timings: dict[str, float]
+    progress: RunProgress = field(default_factory=RunProgress)
+    fetchable: bool = True
+
+    def as_json(self, wall_s: float) -> dict[str, Any]:
+        """`train --json` (attached) and `logs -f --json`: docs/architecture.md, "JSON shapes"."""
+        status = self.status or {}
+        fetched = self.fetched
+        return {
+            "run_id": self.launched.run_id, "host": self.launched.host, "job": self.launched.job,
+            "commit": self.launched.commit, "run_dir": self.launched.run_dir,
+            "state": status.get("state"), "exit_code": self.exit_code, "job_exit_code": status.get("exit_code"),
+            "model": str(fetched.model) if fetched else None, "manifest": str(fetched.manifest) if fetched else None,
+            "sha256": fetched.sha256 if fetched else None, "bytes": fetched.bytes if fetched else None,
+            **self.progress.summary(),
+            "wall_s": round(wall_s, 3), "timings": {k: round(v, 3) for k, v in self.timings.items()},
+        }
 
 
 # ------------------------------------------------------------------------------------------ args
@@ -340,27 +360,54 @@ def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:
         session.runner.put(tmp.name, f"{run_dir}/uncommitted.patch")
 
 
-def reattach_command(run_id: str, host: HostConfig, offset: int | None = None) -> str:
+def _cli(*argv: str, config_path: Path | str | None = None) -> str:
+    """A thrust-remote command line for a hint: the same --config the user gave (a global option, so
+    before the command)."""
     import shlex
 
-    argv = ["thrust-remote", "logs", run_id, "--follow", "--host", host.name]
+    glob = ["--config", str(config_path)] if config_path else []
+    return shlex.join(["thrust-remote", *glob, *argv])
+
+
+def reattach_command(run_id: str, host: HostConfig, offset: int | None = None,
+                     config_path: Path | str | None = None) -> str:
+    """`logs RUN --follow`: the progress view again and, for a train run, the fetch at its end."""
+    argv = ["logs", run_id, "--follow", "--host", host.name]
     if offset:
         argv += ["--offset", str(offset)]
-    return shlex.join(argv)
+    return _cli(*argv, config_path=config_path)
 
 
-def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0) -> tuple[dict, int]:
-    """Stream the log to the reporter until the run ends; returns (status, offset).
+def fetch_command(run_id: str, host: HostConfig, config_path: Path | str | None = None) -> str:
+    return _cli("fetch", run_id, "--host", host.name, config_path=config_path)
+
+
+@dataclass
+class Followed:
+    """A followed run's end: its status, the log offset reached and what the log said."""
+
+    status: dict
+    offset: int
+    progress: RunProgress
+
+
+def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0,
+           config_path: Path | str | None = None) -> Followed:
+    """Stream the log to the reporter until the run ends.
 
     Ctrl-C detaches (Detached, exit 75) and a lost link is ConnectionLostError (75); both carry the
-    command that reattaches from the byte offset reached, so no byte is lost or repeated."""
+    command that reattaches from the byte offset reached, so no byte is lost or repeated (and
+    `config_path`, the --config the user gave, so the command is exactly the one to type)."""
     host = session.host
     delivered = 0
+    lines, progress = LineSplitter(), RunProgress()
 
     def on_bytes(chunk: bytes) -> None:
         nonlocal delivered
+        delivered += len(chunk)  # counted first: a Ctrl-C while it is shown must not replay it
         reporter.log(chunk)
-        delivered += len(chunk)
+        for line in lines.feed(chunk):
+            progress.take(line)
 
     reporter.following(run_id, offset)
     try:
@@ -371,17 +418,19 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
     except KeyboardInterrupt:
         raise Detached(
             f"from run {run_id}; it goes on on {host.name}",
-            f"reattach with: {reattach_command(run_id, host, offset + delivered)}   (from where you left; "
-            f"without --offset for the whole log; stop it with: thrust-remote stop {run_id} "
-            f"--host {host.name})",
+            f"reattach with: {reattach_command(run_id, host, offset + delivered, config_path)}   (from where you "
+            f"left; without --offset for the whole log; stop it with: "
+            f"{_cli('stop', run_id, '--host', host.name, config_path=config_path)})",
         ) from None
     except ConnectionLostError as exc:
         reached = getattr(exc, "offset", offset + delivered)
         raise ConnectionLostError(
             f"connection to {host.name} lost while following run {run_id}; the run goes on",
-            f"reattach with: {reattach_command(run_id, host, reached)}",
+            f"reattach with: {reattach_command(run_id, host, reached, config_path)}",
         ) from None
-    return runs.status(session, run_id), position
+    for line in lines.close():
+        progress.take(line)
+    return Followed(runs.status(session, run_id), position, progress)
 
 
 def exit_code_for(status: dict) -> int:
@@ -394,24 +443,60 @@ def exit_code_for(status: dict) -> int:
     return ExitCode.FAILED
 
 
-def train(config: Config, request: TrainRequest, session: HostSession,
-          reporter: Reporter | None = None) -> TrainOutcome:
-    """The whole sequence: sync → preflight → setup → launch → follow → fetch (docs/architecture.md)."""
+def train(config: Config, request: TrainRequest, session: HostSession, reporter: Reporter | None = None, *,
+          config_path: Path | str | None = None) -> TrainOutcome:
+    """The whole sequence: sync → preflight → setup → launch → follow → fetch (docs/architecture.md).
+    `config_path` (the --config the user gave) goes into the reattach hints."""
     reporter = reporter or NullReporter()
     launched = start(config, request, session, reporter)
-    timings = dict(launched.timings)
     if request.detach:
-        return TrainOutcome(launched, None, None, 0, timings)
-    status, _offset = follow(session, launched.run_id, reporter)
+        return TrainOutcome(launched, None, None, 0, dict(launched.timings))
+    return _follow_to_end(config, session, launched, request.job, reporter, fetch=request.fetch,
+                          force=request.force, config_path=config_path)
+
+
+def reattach(config: Config, session: HostSession, run_id: str, reporter: Reporter | None = None, *,
+             offset: int = 0, fetch: bool = True, force: bool = False,
+             config_path: Path | str | None = None) -> TrainOutcome:
+    """`logs RUN --follow`: follow a run already started and end it as `train` would: a train run of a
+    configured job that FINISHED gets its model fetched (`finish`), and the exit code is the job's."""
+    reporter = reporter or NullReporter()
+    status = runs.status(session, run_id)
+    job = _train_job(config, session, run_id, status)
+    launched = Launched(run_id, session.paths.run(run_id), int(status.get("pid") or 0), session.name,
+                        str(status.get("job") or ""), status.get("commit"), session.paths, None, True, {})
+    return _follow_to_end(config, session, launched, job, reporter, fetch=fetch, force=force, offset=offset,
+                          config_path=config_path)
+
+
+def _train_job(config: Config, session: HostSession, run_id: str, status: dict) -> JobConfig | None:
+    """The configured job a run was trained for; None for an optimize trial (run.json has `trial`:
+    it exported nothing) or a job this config no longer has."""
+    try:
+        meta = json.loads(session.runner.read_text(f"{session.paths.run(run_id)}/run.json") or "{}")
+    except ValueError:
+        meta = {}
+    if not isinstance(meta, dict) or "trial" in meta:
+        return None
+    return config.jobs.get(str(status.get("job") or ""))
+
+
+def _follow_to_end(config: Config, session: HostSession, launched: Launched, job: JobConfig | None,
+                   reporter: Reporter, *, fetch: bool, force: bool = False, offset: int = 0,
+                   config_path: Path | str | None) -> TrainOutcome:
+    """follow → fetch, shared by `train` and `reattach`."""
+    timings = dict(launched.timings)
+    followed = follow(session, launched.run_id, reporter, offset=offset, config_path=config_path)
+    status = followed.status
     code = exit_code_for(status)
-    if status["state"] != "FINISHED" or not request.fetch:
-        return TrainOutcome(launched, status, None, code, timings)
-    reporter.step("fetching the model")
-    t0 = time.monotonic()
-    fetched = finish(config, session, request.job, launched.run_dir, spec=launched.spec, run_id=launched.run_id,
-                     status=status, force=request.force)
-    timings["fetch"] = time.monotonic() - t0
-    return TrainOutcome(launched, status, fetched, code, timings)
+    fetched = None
+    if status["state"] == "FINISHED" and fetch and job is not None:
+        reporter.step("fetching the model")
+        t0 = time.monotonic()
+        fetched = finish(config, session, job, launched.run_dir, spec=launched.spec, run_id=launched.run_id,
+                         status=status, force=force)
+        timings["fetch"] = time.monotonic() - t0
+    return TrainOutcome(launched, status, fetched, code, timings, followed.progress, fetchable=job is not None)
 
 
 def export_target(config: Config, job: JobConfig) -> tuple[Path, str]:

@@ -1,111 +1,202 @@
-"""Following a run's log at the CLI edge: a rich progress bar on a terminal, the raw bytes otherwise.
+"""Following a run's log at the CLI edge: one progress line, laid out for the width it has.
+
+Three ways to show a followed log (the log's own text lines always pass through; the trainer's
+`THRUST_*` JSON lines never reach the screen):
+- `live` (a terminal): a progress line redrawn in place (bar, %, steps, score, eta, sps...), fields
+  dropped least important first so it fits the terminal's width and the bar stays;
+- `lines` (a pipe, a file, CI): the same facts as one plain line every `interval` seconds and at the end;
+- `raw` (`logs -f --raw`): the log's bytes exactly, for a transcript equal to the host's log.
 
 The following itself (Ctrl-C detaches, a lost link ends with exit 75, both with the command that
-reattaches from the byte offset reached) is pipeline.follow; this module only renders what it
-reports (LogReporter).
+reattaches from the byte offset reached) is pipeline.follow; this module only renders what it reports.
 """
 
 from __future__ import annotations
 
-import json
 import sys
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.live import Live
+from rich.text import Text
 
 from .. import pipeline
 from ..console import console, err_console
 from ..pipeline import exit_code_for, reattach_command
-from ..session import HostSession
+from ..progress import LineSplitter, RunProgress
 
-__all__ = ["LogReporter", "LogView", "exit_code_for", "follow", "reattach_command", "say"]
+__all__ = ["LogReporter", "LogView", "exit_code_for", "progress_line", "reattach_command", "say"]
+
+MIN_BAR, COMFY_BAR, MAX_BAR = 10, 20, 40
+FILLED, EMPTY = "━", "─"
+
+
+# ------------------------------------------------------------------------------------------ layout
+
+def _si(n: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def _duration(seconds: float) -> str:
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _fields(m: Mapping[str, Any], elapsed: float | None) -> tuple[str, list[list[str]]]:
+    """(the % field, the optional fields most important first, each as its variants widest first)."""
+    step, total = m.get("step") or 0, m.get("total_steps")
+    pct = f"{min(100.0, 100.0 * step / total):3.0f}%" if total else ""
+    steps = [f"{step:,}/{total:,} steps", f"{_si(step)}/{_si(total)}"] if total else [f"{step:,} steps", _si(step)]
+    optional = [steps]
+    ret = [f"return {m['return_mean']:.2f}", f"ret {m['return_mean']:.1f}"] if m.get("return_mean") is not None else []
+    if m.get("score_mean") is not None:  # an env's own score (snake: apples) before its return
+        optional.append([f"score {m['score_mean']:.2f}"])
+    elif ret:
+        optional.append(ret)
+    sps = m.get("sps")
+    if sps and total and total > step:
+        optional.append([f"eta {_duration((total - step) / sps)}"])
+    if sps is not None:
+        optional.append([f"{sps:,.0f} sps", f"{_si(sps)} sps"])
+    if ret and m.get("score_mean") is not None:
+        optional.append(ret)
+    if m.get("gpu_util") is not None:
+        optional.append([f"GPU {m['gpu_util']:.0f}%"])
+    if elapsed is not None:
+        optional.append([f"elapsed {_duration(elapsed)}"])
+    return pct, optional
+
+
+def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar: bool) -> tuple[str, int]:
+    """(the line, how many of its first characters are the bar's filled part)."""
+    if not m:
+        text = "waiting for the first metrics"
+        return (text if width is None else text[:width]), 0
+    pct, optional = _fields(m, elapsed)
+    if not bar or width is None:
+        return "  ".join(([pct.strip()] if pct else []) + [v[0] for v in optional]), 0
+    step, total = m.get("step") or 0, m.get("total_steps")
+    # first every field in its wide form beside a comfortable bar, dropping the least important; when
+    # not even steps and the score fit so, the narrow forms beside a shorter bar (docs/architecture.md)
+    for variant, min_bar, min_keep in ((0, COMFY_BAR, min(2, len(optional))), (1, MIN_BAR, 0)):
+        for keep in range(len(optional), min_keep - 1, -1):
+            parts = ([pct] if pct else []) + [f[min(variant, len(f) - 1)] for f in optional[:keep]]
+            text = "  ".join(parts)
+            room = width - len(text) - 1
+            if room >= min_bar:
+                n = min(room, MAX_BAR)
+                filled = int(n * min(1.0, step / total)) if total else 0
+                return f"{FILLED * filled}{EMPTY * (n - filled)} {text}", filled
+    n = max(0, width - len(pct) - 1)  # narrower than a bar and its %: what fits of them
+    filled = int(n * min(1.0, step / total)) if total else 0
+    return f"{FILLED * filled}{EMPTY * (n - filled)} {pct}"[:width], min(filled, width)
+
+
+def progress_line(m: Mapping[str, Any], width: int | None = None, *, elapsed: float | None = None,
+                  bar: bool = True) -> str:
+    """One progress line from a THRUST_METRICS object, at most `width` characters: a bar (kept, 10-40
+    wide), %, steps, score (else return), eta, sps, return, GPU, elapsed. What does not fit is dropped
+    from the end, wide forms first, then narrow forms beside a shorter bar. `width=None` or
+    `bar=False`: every field, no bar (the plain `lines` mode)."""
+    return _layout(m, width, elapsed, bar)[0]
+
+
+# ------------------------------------------------------------------------------------------ the view
+
+class _LiveLine:
+    """The redrawn line: laid out at render time, so it follows the terminal's width."""
+
+    def __init__(self, view: LogView) -> None:
+        self.view = view
+
+    def __rich_console__(self, _console: Console, options: ConsoleOptions) -> RenderResult:
+        line, filled = _layout(self.view.progress.metrics, options.max_width, self.view.elapsed(), True)
+        text = Text(line, no_wrap=True, overflow="crop")
+        text.stylize("cyan", 0, filled)
+        yield text
 
 
 class LogView:
-    """Consumes log bytes: keeps the offset, parses THRUST_METRICS lines, renders or copies."""
+    """Consumes log bytes and shows them in one of the three modes (see the module's docstring)."""
 
-    def __init__(self, run_id: str, fancy: bool) -> None:
-        self.run_id = run_id
-        self.fancy = fancy
-        self.pending = b""
+    def __init__(self, run_id: str, mode: str = "lines", *, out: Console | None = None,
+                 clock: Callable[[], float] = time.monotonic, interval: float = 5.0) -> None:
+        if mode not in ("live", "lines", "raw"):
+            raise ValueError(f"mode {mode!r}")
+        self.run_id, self.mode, self.out = run_id, mode, out or console
+        self.clock, self.interval = clock, interval
+        self.started = clock()
+        self.lines, self.progress = LineSplitter(), RunProgress()
         self.offset = 0  # bytes consumed: where a reattach continues
-        self.progress: Progress | None = None
-        self.task = None
-        self.last: dict[str, Any] = {}
+        self.live: Live | None = None
+        self.printed_at: float | None = None  # when the last plain progress line was printed
+        self.printed_updates = 0
+
+    @property
+    def last(self) -> dict[str, Any]:
+        return self.progress.metrics
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
 
     def __enter__(self) -> LogView:
-        if self.fancy:
-            self.progress = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                TextColumn("{task.fields[steps]}"),
-                TextColumn("{task.fields[stats]}"),
-                TimeElapsedColumn(),
-                console=console,
-                transient=False,
-            )
-            self.progress.start()
-            self.task = self.progress.add_task(self.run_id, total=None, steps="starting", stats="")
+        if self.mode == "live":
+            self.live = Live(_LiveLine(self), console=self.out, refresh_per_second=4, transient=False)
+            self.live.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.pending:
-            self._line(self.pending)
-            self.pending = b""
-        if self.progress is not None:
-            self.progress.stop()
+        for text in self.lines.close():
+            self._line(text)
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        if self.mode == "lines" and self.progress.updates > self.printed_updates:
+            self._print_progress()  # the end: the last metrics, whatever the interval
 
     def feed(self, chunk: bytes) -> None:
         self.offset += len(chunk)
-        if not self.fancy:
+        if self.mode == "raw":
             sys.stdout.buffer.write(chunk)  # byte for byte: a transcript equals the host's log
             sys.stdout.buffer.flush()
-        self.pending += chunk
-        *lines, self.pending = self.pending.split(b"\n")
-        for line in lines:
-            self._line(line)
+        for text in self.lines.feed(chunk):
+            self._line(text)
+        due = self.printed_at is None or self.clock() - self.printed_at >= self.interval
+        if self.mode == "lines" and self.progress.updates > self.printed_updates and due:
+            self._print_progress()
 
-    def _line(self, raw: bytes) -> None:
-        text = raw.decode("utf-8", "replace")
-        if text.startswith("THRUST_METRICS "):
-            try:
-                self.last = json.loads(text.split(" ", 1)[1])
-            except ValueError:
-                return
-            self._update()
+    def _line(self, text: str) -> None:
+        if self.progress.take(text) or self.mode == "raw":
             return
-        if self.fancy and self.progress is not None:
-            if text.startswith(("THRUST_INFO ", "THRUST_DONE ")):
-                return
-            self.progress.console.print(text, markup=False, highlight=False)
+        self.out.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
-    def _update(self) -> None:
-        if self.progress is None or self.task is None:
-            return
-        m = self.last
-        stats = []
-        if m.get("sps") is not None:
-            stats.append(f"{m['sps']:,.0f} SPS")
-        if m.get("return_mean") is not None:
-            stats.append(f"return {m['return_mean']:.2f}")
-        if m.get("score_mean") is not None:
-            stats.append(f"score {m['score_mean']:.2f}")
-        if m.get("gpu_util") is not None:
-            stats.append(f"GPU {m['gpu_util']:.0f}%")
-        step, total = m.get("step") or 0, m.get("total_steps")
-        steps = f"{step:,}/{total:,} steps" if total else f"{step:,} steps"
-        self.progress.update(self.task, completed=step, total=total, steps=steps, stats="  ".join(stats))
+    def _print_progress(self) -> None:
+        self.printed_at, self.printed_updates = self.clock(), self.progress.updates
+        line = progress_line(self.progress.metrics, None, elapsed=self.elapsed(), bar=False)
+        self.out.print(f"{self.run_id}: {line}", markup=False, highlight=False, emoji=False, soft_wrap=True)
 
 
 class LogReporter(pipeline.NullReporter):
-    """A pipeline Reporter that renders a followed log through a LogView."""
+    """A pipeline Reporter that renders a followed log through a LogView: `live` on a terminal,
+    `lines` otherwise, `raw` when asked; on `out` (stdout by default; stderr for --json)."""
 
-    def __init__(self, fancy: bool | None = None) -> None:
-        self.fancy = console.is_terminal if fancy is None else fancy
+    def __init__(self, fancy: bool | None = None, *, out: Console | None = None, raw: bool = False) -> None:
+        self.out = out or console
+        self.fancy = self.out.is_terminal if fancy is None else fancy
+        self.mode = "raw" if raw else "live" if self.fancy else "lines"
         self.view: LogView | None = None
 
     def following(self, run_id: str, offset: int) -> None:
-        self.view = LogView(run_id, self.fancy).__enter__()
+        self.view = LogView(run_id, self.mode, out=self.out).__enter__()
 
     def log(self, chunk: bytes) -> None:
         if self.view is not None:
@@ -117,10 +208,6 @@ class LogReporter(pipeline.NullReporter):
             self.view = None
 
 
-def follow(session: HostSession, run_id: str, *, offset: int = 0, fancy: bool | None = None) -> tuple[dict, int]:
-    """Stream until the run ends; returns (status, offset). Raises ThrustError 75 on detach/lost link."""
-    return pipeline.follow(session, run_id, LogReporter(fancy), offset=offset)
-
-
 def say(message: str) -> None:
-    err_console.print(message, highlight=False)
+    """A line on stderr, never wrapped: the commands it names must paste back whole."""
+    err_console.print(message, highlight=False, markup=False, soft_wrap=True)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import time
 
 import typer
 from rich.table import Table
 
 from .. import pipeline, runs
-from ..console import console
+from ..console import console, err_console
 from ..errors import ThrustError
 from ..session import HostSession
-from .common import get_config, open_runner
-from .follow import exit_code_for, follow, say
+from .common import get_config, open_runner, state
+from .follow import say
+from .train import CliReporter, show_outcome
 
 HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: default_host).")
 STATE_STYLE = {"RUNNING": "cyan", "FINISHED": "green", "FAILED": "red", "LOST": "yellow", "STOPPED": "magenta"}
@@ -74,17 +76,20 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
 
 
 def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
-         follow_: bool = typer.Option(False, "--follow", "-f", help="Keep following until the run ends."),
-         offset: int = typer.Option(0, "--offset", min=0, help="Start at this byte of the log.")) -> None:
+         follow_: bool = typer.Option(False, "--follow", "-f", help="Follow until the run ends, with the progress "
+                                      "view of train; a train run's model is then fetched, as train does."),
+         offset: int = typer.Option(0, "--offset", min=0, help="Start at this byte of the log."),
+         no_fetch: bool = typer.Option(False, "--no-fetch", help="With --follow: do not fetch the model; print "
+                                       "the fetch command instead."),
+         raw: bool = typer.Option(False, "--raw", help="With --follow: the log's bytes exactly, no progress view."),
+         as_json: bool = typer.Option(False, "--json", help="With --follow: print the result as train --json does "
+                                      "(progress to stderr).")) -> None:
     session = _open(ctx, host)
     runs.check_run_id(run_id)
     try:
         if follow_:
-            st, _ = follow(session, run_id, offset=offset, fancy=False)
-            code = exit_code_for(st)
-            if code:
-                say(f"run {run_id} ended {st['state']} (exit code {st.get('exit_code')})")
-            raise typer.Exit(code)
+            _reattach(ctx, session, run_id, offset=offset, fetch=not no_fetch, raw=raw, as_json=as_json)
+            return
         import sys
 
         runs.status(session, run_id)  # a clear error for an unknown id
@@ -92,6 +97,22 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
                         on_bytes=lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush()))
     finally:
         session.runner.close()
+
+
+def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, offset: int, fetch: bool, raw: bool,
+              as_json: bool) -> None:
+    """`logs -f`: the pipeline's reattach (follow, then fetch a finished train run) rendered as train's
+    end is; the exit code is the job's (docs/architecture.md, "Exit codes")."""
+    started = time.monotonic()
+    config_path = state(ctx).config_path
+    reporter = CliReporter(quiet=as_json, out=err_console if as_json else None, raw=raw)
+    outcome = pipeline.reattach(get_config(ctx), session, run_id, reporter, offset=offset, fetch=fetch,
+                                config_path=config_path)
+    if not outcome.fetchable and not as_json:  # not a train run: nothing to fetch, only the end to tell
+        if outcome.exit_code:
+            say(f"run {run_id} ended {outcome.status['state']} (exit code {outcome.status.get('exit_code')})")
+        raise typer.Exit(outcome.exit_code)
+    show_outcome(ctx, outcome, session.host, as_json, started, config_path)
 
 
 def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,

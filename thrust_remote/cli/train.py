@@ -1,4 +1,6 @@
-"""`thrust-remote train JOB`: the whole pipeline is pipeline.train; this module only renders."""
+"""`thrust-remote train JOB`: the whole pipeline is pipeline.train; this module only renders.
+
+`logs RUN --follow` (cli/runs.py) ends a reattached train run through the same `show_outcome`."""
 
 from __future__ import annotations
 
@@ -7,13 +9,15 @@ import time
 from pathlib import Path
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 
 from .. import pipeline
+from ..config import HostConfig
 from ..console import console, err_console
 from ..serve import PLAYABLE_ENVS
 from ..session import HostSession
-from .common import get_config, open_runner
+from .common import get_config, open_runner, state
 from .follow import LogReporter, reattach_command, say
 from .kept import command, render_fetched, say_line
 
@@ -21,8 +25,9 @@ from .kept import command, render_fetched, say_line
 class CliReporter(LogReporter):
     """Steps and warnings on stderr; a followed log as LogReporter renders it."""
 
-    def __init__(self, quiet: bool = False, fancy: bool | None = None) -> None:
-        super().__init__(fancy)
+    def __init__(self, quiet: bool = False, fancy: bool | None = None, *, out: Console | None = None,
+                 raw: bool = False) -> None:
+        super().__init__(fancy, out=out, raw=raw)
         self.quiet = quiet
 
     def step(self, message: str) -> None:
@@ -53,34 +58,51 @@ def train(
     params: Path | None = typer.Option(None, "--params", help="YAML of parameters (e.g. optimize's best)."),
     detach: bool = typer.Option(False, "--detach", help="Return once the run has started."),
     no_fetch: bool = typer.Option(False, "--no-fetch", help="Do not fetch the model when the run finishes."),
-    as_json: bool = typer.Option(False, "--json", help="With --detach: print the run as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object (with --detach: the "
+                                 "started run); progress goes to stderr."),
     force: bool = typer.Option(False, "--force", help="Place the new model in web/public even when it scores "
                                "clearly worse than the placed one (it is kept in .thrust/fetched/ either way)."),
 ) -> None:
     config = get_config(ctx)
     host_cfg = config.host(host)
     job_cfg = config.job(job)
+    config_path = state(ctx).config_path  # repeated in every command a hint names
     runner = open_runner(host_cfg)
     started = time.monotonic()
     try:
         request = pipeline.TrainRequest(job=job_cfg, host=host_cfg, gpus=gpus, nproc=nproc, sets=sets,
                                         params_file=params, detach=detach, fetch=not no_fetch, force=force)
         session = HostSession.open(runner, host_cfg, config)
-        outcome = pipeline.train(config, request, session, CliReporter(quiet=as_json))
+        # --json: stdout carries the one JSON object; the progress view goes to stderr
+        reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
+        outcome = pipeline.train(config, request, session, reporter, config_path=config_path)
     finally:
         runner.close()
-    _render(ctx, outcome, host_cfg, as_json, started, config.root)
+    _render(ctx, outcome, host_cfg, as_json, started, config_path)
 
 
-def _render(ctx: typer.Context, outcome: pipeline.TrainOutcome, host_cfg, as_json: bool, started: float,
-            root: Path) -> None:
+def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, host_cfg: HostConfig, as_json: bool,
+                 started: float, config_path: Path | None = None) -> None:
+    """How a followed train run ends on screen (train, and `logs -f` of a train run); raises typer.Exit
+    with the job's exit code when it did not finish."""
+    _render(ctx, outcome, host_cfg, as_json, started, config_path)
+
+
+def _render(ctx: typer.Context, outcome: pipeline.TrainOutcome, host_cfg: HostConfig, as_json: bool,
+            started: float, config_path: Path | None = None) -> None:
     launched = outcome.launched
     if outcome.status is None:  # detached
         if as_json:
             typer.echo(json.dumps(launched.as_json()))
         else:
             console.print(f"run [bold]{launched.run_id}[/] started on {host_cfg.name} (pid {launched.pid})")
-            console.print(f"follow it with: {reattach_command(launched.run_id, host_cfg)}", highlight=False)
+            console.print(f"follow it with: {reattach_command(launched.run_id, host_cfg, None, config_path)}",
+                          highlight=False, soft_wrap=True)
+        return
+    if as_json:  # docs/architecture.md, "JSON shapes": the one object on stdout, whatever the end
+        typer.echo(json.dumps(outcome.as_json(time.monotonic() - started)))
+        if outcome.exit_code:
+            raise typer.Exit(outcome.exit_code)
         return
     status = outcome.status
     if status["state"] != "FINISHED":
@@ -91,13 +113,15 @@ def _render(ctx: typer.Context, outcome: pipeline.TrainOutcome, host_cfg, as_jso
         raise typer.Exit(outcome.exit_code)
     result = outcome.fetched
     if result is not None:
-        render_fetched(ctx, result, host_cfg.name, root)
+        render_fetched(ctx, result, host_cfg.name, get_config(ctx).root)
         env = _manifest_env(result.kept / "manifest.json")
         if env in PLAYABLE_ENVS:
             say("see it play: thrust-remote play")
         else:
             say(f"(the browser page plays {', '.join(PLAYABLE_ENVS)} only: this {env} model is kept, not playable "
                 "there)")
+    elif outcome.fetchable:
+        say(f"not fetched; fetch the model with: {pipeline.fetch_command(launched.run_id, host_cfg, config_path)}")
     say(f"done in {time.monotonic() - started:.1f} s")
 
 

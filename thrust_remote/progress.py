@@ -1,0 +1,85 @@
+"""A run's progress, read from its log: the trainer's `TAG {json}` lines (docs/architecture.md,
+"JSON shapes": THRUST_METRICS / THRUST_INFO / THRUST_DONE) split out of raw log bytes.
+
+Library code: it parses and keeps state, it never prints. The pipeline keeps one to report the last
+metrics of a followed run (`train --json`); the CLI's follow view keeps one to draw its progress line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+TAGS = ("THRUST_METRICS", "THRUST_INFO", "THRUST_DONE")
+
+
+def parse_tagged(text: str) -> tuple[str | None, dict[str, Any] | None]:
+    """(tag, object) for a `TAG {json}` line; (tag, None) when its JSON is junk; (None, None) otherwise."""
+    tag, sep, rest = text.partition(" ")
+    if not sep or tag not in TAGS:
+        return None, None
+    try:
+        obj = json.loads(rest)
+    except ValueError:
+        return tag, None
+    return tag, obj if isinstance(obj, dict) else None
+
+
+class LineSplitter:
+    """Raw log bytes in, whole decoded lines out; a line split across chunks (or a UTF-8 character
+    split across them) is joined before it is decoded."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        return [line.decode("utf-8", "replace").rstrip("\r") for line in lines]
+
+    def close(self) -> list[str]:
+        """The last line when the log does not end with a newline."""
+        rest, self.pending = self.pending, b""
+        return [rest.decode("utf-8", "replace").rstrip("\r")] if rest else []
+
+
+class RunProgress:
+    """The latest THRUST_METRICS object, the run's THRUST_INFO facts and its THRUST_DONE summary."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, Any] = {}
+        self.info: dict[str, Any] = {}
+        self.done: dict[str, Any] = {}
+        self.updates = 0  # metrics lines taken: a view redraws when this moves
+
+    def take(self, text: str) -> bool:
+        """Take one log line; True when it was one of the trainer's tagged lines (shown or not)."""
+        tag, obj = parse_tagged(text)
+        if tag is None:
+            return False
+        if obj is None:
+            return True  # a tagged line with broken JSON: never shown raw, never fatal
+        if tag == "THRUST_METRICS":
+            self.metrics = obj
+            self.updates += 1
+        elif tag == "THRUST_INFO":
+            self.info.update(obj)
+        else:
+            self.done = obj
+        return True
+
+    def summary(self) -> dict[str, Any]:
+        """What `train --json` reports of the run's training: steps, score, returns, solved."""
+        m, d = self.metrics, self.done
+        score = m.get("score_mean")
+        ret = d.get("return_mean", m.get("return_mean"))
+        return {
+            "steps": d.get("step", m.get("step")),
+            "total_steps": d.get("total_steps", m.get("total_steps")),
+            # snake's score is apples; an env without a score of its own is scored by its return
+            "score": score if score is not None else ret,
+            "return_mean": ret,
+            "eval_return": d.get("eval_return"),
+            "solved": d.get("solved"),
+            "train_wall_s": d.get("wall_s"),
+        }
