@@ -179,7 +179,8 @@ def check_on_host(session: HostSession, job: JobConfig, cwd: str, label: str) ->
         return
     if job.requirements or job.requirements_file:
         return  # the job's requirements may install it; python's own error says so otherwise
-    probe = session.agent("missing-modules", job.module, timeout=60)
+    # the top-level name only: find_spec("a.b") imports a, and raises when a is missing
+    probe = session.agent("missing-modules", job.module.split(".")[0], timeout=60)
     if probe.ok and parse_json(probe, "missing-modules"):
         raise _missing(label, job, "module", f"module {job.module} is neither in the synced commit "
                        f"({', '.join(module_paths(job.module))}) nor installed on {session.name}",
