@@ -50,8 +50,12 @@ def job_spec(job: JobConfig | Mapping[str, Any] | None) -> JobSpec:
     if isinstance(job, Mapping):
         return job  # type: ignore[return-value]
     data = asdict(job)
-    data["args"] = list(job.args) if job.kind == "cargo" else dict(job.args)  # tuples/mappings -> JSON
-    data["env"] = dict(job.env)
+    data["args"] = dict(job.args) if isinstance(job.args, Mapping) else list(job.args)  # tuples/mappings -> JSON
+    for key in ("env", "metrics", "objective"):
+        data[key] = dict(getattr(job, key))
+    for key in ("requirements", "command", "artifacts"):
+        data[key] = list(getattr(job, key))
+    del data["lines"]  # where thrust.yaml wrote it: not the host's business, and not part of any cache key
     return data
 
 

@@ -9,6 +9,7 @@ No file at all is fine: the host `local` and the jobs `snake` and `cartpole` alw
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -24,7 +25,9 @@ CONFIG_NAME = "thrust.yaml"
 LOCAL = "local"
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
-JOB_KINDS = ("python", "cargo")
+# trainer: the built-in trainer; python: your own script or module; command: any argv; cargo: tch-rs.
+# `kind: python` without script:/module: is the built-in trainer (what it meant before kinds existed).
+JOB_KINDS = ("trainer", "python", "cargo", "command")
 
 # Environment overrides: THRUST_* variable -> what it sets. Flags still win over these.
 ENV_SETTINGS = {
@@ -53,12 +56,27 @@ class HostConfig:
 
 @dataclass(frozen=True)
 class JobConfig:
+    """One job of thrust.yaml (docs/architecture.md, "Config (thrust.yaml)": the job kinds)."""
+
     name: str
-    kind: str = "python"
-    # python jobs: trainer flags as a mapping (--key value); cargo jobs: a list of argv items
+    kind: str = "trainer"
+    # trainer: flags as a mapping (--key value); python: a list (passed as is) or a mapping;
+    # cargo: a list of argv items; command: none (its argv is `command`)
     args: Mapping[str, Any] | tuple[str, ...] = field(default_factory=dict)
     export: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    requirements: tuple[str, ...] = ()  # pip specs for the job's venv (python jobs)
+    requirements_file: str | None = None  # a requirements file in the repo
+    script: str | None = None  # python: a path in the repo, run as `PYTHON SCRIPT ARGS...`
+    module: str | None = None  # python: run as `PYTHON -m MODULE ARGS...`
+    nproc: int | None = None  # processes under torchrun (None: one, or one per GPU with --gpus)
+    command: tuple[str, ...] = ()  # command: the argv, run as is in the checkout
+    artifacts: tuple[str, ...] = ()  # globs under the job's working directory on the host
+    metrics: Mapping[str, str] = field(default_factory=dict)  # {"tensorboard": DIR}; default THRUST_METRICS lines
+    objective: Mapping[str, str] = field(default_factory=dict)  # {"metric": NAME, "mode": "max"|"min"}
+    # thrust.yaml's line of each key the job wrote, and of the job's name under "job": a check after
+    # the sync (a script missing from the synced commit) names file:line as the loader does
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
     # cargo jobs
     toolchain: str = "stable"
     example: str | None = None
@@ -233,9 +251,19 @@ _HOST_KEYS = (
     "address", "workdir", "python", "identity", "known_hosts", "host_key_policy", "gpus", "connect_timeout",
 )
 _JOB_KEYS = (
-    "kind", "args", "export", "env", "toolchain", "example", "crate", "artifact", "tch_version",
-    "bypass_version_check",
+    "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
+    "export", "env", "toolchain", "example", "crate", "artifact", "tch_version", "bypass_version_check",
 )
+# Keys only some kinds take: another kind's job names them as an error (the cargo keys stay lenient).
+_KIND_ONLY = {
+    "script": ("python",),
+    "module": ("python",),
+    "command": ("command",),
+    "args": ("trainer", "python", "cargo"),
+    "requirements": ("trainer", "python"),
+    "nproc": ("trainer", "python"),
+}
+_MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 def parse_config_text(text: str, path: Path | None = None) -> Config:
@@ -339,55 +367,199 @@ def _parse_host(reader: _Reader, name: str, node: yaml.Node, name_node: yaml.Nod
 def _parse_job(
     reader: _Reader, name: str, node: yaml.Node, base: JobConfig | None, name_node: yaml.Node
 ) -> JobConfig:
-    values: dict[str, Any] = {}
-    kind = "python"
-    args_node: yaml.Node | None = None
-    for key, key_node, value in reader.mapping(node, f"jobs.{name}"):
+    keys = {key: (key_node, value) for key, key_node, value in reader.mapping(node, f"jobs.{name}")}
+    for key, (key_node, _value) in keys.items():
+        if key not in _JOB_KEYS:
+            raise reader.unknown(key_node, f"jobs.{name}.{key}", _JOB_KEYS)
+    kind = _job_kind(reader, name, keys, base)
+    values: dict[str, Any] = {"kind": kind} if "kind" in keys else {}
+    for key, (key_node, value) in keys.items():
         f = f"jobs.{name}.{key}"
-        if key == "kind":
-            kind = reader.choice(value, f, JOB_KINDS)
-            values["kind"] = kind
-        elif key == "args":
-            args_node = value
-        elif key in ("export", "example", "artifact", "toolchain", "tch_version", "crate"):
-            text = reader.string(value, f, nullable=key in ("export", "example", "artifact"))
-            if text is not None and (not text or text.startswith("-")):
-                raise reader.fail(value, f, "expected a non-empty value that does not start with '-'")
-            values[key] = text
-        elif key == "env":
-            env = {}
-            for k, k_node, v in reader.mapping(value, f):
-                from .names import valid_env_key
-
-                if not valid_env_key(k):
-                    raise reader.fail(k_node, f"{f}.{k}", "not a valid environment variable name")
-                scalar = reader.scalar(v, f"{f}.{k}")
-                if isinstance(scalar, dict | list):
-                    raise reader.fail(v, f"{f}.{k}", "expected a string")
-                env[k] = "" if scalar is None else str(scalar)
-            values["env"] = env
-        elif key == "bypass_version_check":
-            values[key] = reader.boolean(value, f)
-        else:
-            raise reader.unknown(key_node, f, _JOB_KEYS)
-    if args_node is not None:
-        f = f"jobs.{name}.args"
-        if kind == "cargo":
-            if not isinstance(args_node, yaml.SequenceNode):
-                raise reader.fail(args_node, f, f"a cargo job takes a list of arguments, got {_kind(args_node)}")
-            values["args"] = tuple(str(reader.scalar(item, f)) for item in args_node.value)
-        else:
-            args = {}
-            for k, k_node, v in reader.mapping(args_node, f):
-                if not valid_id(k) or k.startswith("-"):
-                    raise reader.fail(k_node, f"{f}.{k}", "trainer flag names are plain words like total-steps")
-                val = reader.scalar(v, f"{f}.{k}")
-                args[k] = val
-            values["args"] = args
+        allowed = _KIND_ONLY.get(key, JOB_KINDS)
+        if kind not in allowed:
+            raise reader.fail(key_node, f, f"not for a {kind} job (only {', '.join(allowed)} jobs take it)")
+        if key == "module" and "script" in keys:
+            raise reader.fail(key_node, f, "give script: or module:, not both")
+        if key != "kind":
+            values.update(_job_value(reader, kind, key, f, value))
     if kind == "cargo" and not (values.get("example") or (base and base.example)):
         raise reader.fail(name_node, f"jobs.{name}.example", "a cargo job needs `example:` (the --example to build)")
+    if kind == "command" and "command" not in keys:
+        raise reader.fail(name_node, f"jobs.{name}.command",
+                          "a command job needs `command:`, a list like [bash, devops/train.sh]")
+    values["lines"] = {"job": _line(name_node), **{key: _line(kn) for key, (kn, _v) in keys.items()}}
     start = base if base is not None and base.kind == kind else JobConfig(name=name, kind=kind)
     return replace(start, **values)
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _job_kind(reader: _Reader, name: str, keys: Mapping[str, tuple[yaml.Node, yaml.Node]],
+              base: JobConfig | None) -> str:
+    """`kind:` as written, else what the keys say; `kind: python` without script:/module: is the
+    built-in trainer, as it was before the kinds existed (docs/architecture.md, "Config")."""
+    if "kind" in keys:
+        kind = reader.choice(keys["kind"][1], f"jobs.{name}.kind", JOB_KINDS)
+        if kind == "python" and "script" not in keys and "module" not in keys:
+            return "trainer"
+        return kind
+    if "script" in keys or "module" in keys:
+        return "python"
+    if "command" in keys:
+        return "command"
+    return base.kind if base is not None else "trainer"
+
+
+def _job_value(reader: _Reader, kind: str, key: str, f: str, value: yaml.Node) -> dict[str, Any]:
+    """One key of a job as JobConfig field(s)."""
+    if key in ("export", "example", "artifact", "toolchain", "tch_version", "crate"):
+        text = reader.string(value, f, nullable=key in ("export", "example", "artifact"))
+        if text is not None and (not text or text.startswith("-")):
+            raise reader.fail(value, f, "expected a non-empty value that does not start with '-'")
+        return {key: text}
+    if key == "bypass_version_check":
+        return {key: reader.boolean(value, f)}
+    if key == "env":
+        return {key: _job_env(reader, f, value)}
+    if key == "args":
+        return {key: _job_args(reader, kind, f, value)}
+    if key == "script":
+        return {key: _repo_path(reader, f, value)}
+    if key == "module":
+        module = reader.string(value, f) or ""
+        if not _MODULE_RE.match(module):
+            raise reader.fail(value, f, f"expected a dotted module name like train.ppo, got {module!r}")
+        return {key: module}
+    if key == "command":
+        return {key: _job_command(reader, f, value)}
+    if key == "requirements":
+        if isinstance(value, yaml.ScalarNode):
+            return {"requirements_file": _repo_path(reader, f, value)}
+        expected = "a requirements file or a list of pip specs like [gymnasium>=1.0]"
+        return {key: tuple(_words(reader, f, value, expected, pip=True))}
+    if key == "nproc":
+        n = reader.scalar(value, f)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise reader.fail(value, f, f"expected a number of processes (an integer >= 1), got {_pytype(n)}")
+        return {key: n}
+    if key == "artifacts":
+        return {key: tuple(_repo_path(reader, f, item) for item in _items(reader, f, value, "a list of globs"))}
+    if key == "metrics":
+        return {key: _job_metrics(reader, f, value)}
+    return {key: _job_objective(reader, f, value)}
+
+
+def _job_env(reader: _Reader, f: str, node: yaml.Node) -> dict[str, str]:
+    from .names import valid_env_key
+
+    env = {}
+    for k, k_node, v in reader.mapping(node, f):
+        if not valid_env_key(k):
+            raise reader.fail(k_node, f"{f}.{k}", "not a valid environment variable name")
+        scalar = reader.scalar(v, f"{f}.{k}")
+        if isinstance(scalar, dict | list):
+            raise reader.fail(v, f"{f}.{k}", "expected a string")
+        env[k] = "" if scalar is None else str(scalar)
+    return env
+
+
+def _job_args(reader: _Reader, kind: str, f: str, node: yaml.Node) -> Mapping[str, Any] | tuple[str, ...]:
+    """cargo: a list; python: a list (passed as is) or a mapping (--key value); trainer: a mapping."""
+    if isinstance(node, yaml.SequenceNode) and kind == "cargo":
+        return tuple(str(reader.scalar(item, f)) for item in node.value)
+    if isinstance(node, yaml.SequenceNode) and kind == "python":
+        return tuple(_words(reader, f, node, "a list of arguments"))
+    if kind == "cargo":
+        raise reader.fail(node, f, f"a cargo job takes a list of arguments, got {_kind(node)}")
+    if kind == "trainer" and isinstance(node, yaml.SequenceNode):
+        raise reader.fail(node, f, "the built-in trainer takes a mapping of flags like {total-steps: 1000}; "
+                                   "a list of arguments is for your own code: add script: or module:")
+    args = {}
+    for k, k_node, v in reader.mapping(node, f):
+        if not valid_id(k) or k.startswith("-"):
+            raise reader.fail(k_node, f"{f}.{k}", "flag names are plain words like total-steps")
+        args[k] = reader.scalar(v, f"{f}.{k}")
+    return args
+
+
+def _job_command(reader: _Reader, f: str, node: yaml.Node) -> tuple[str, ...]:
+    """A list only: a string would need a shell's rules (quotes, $VAR, &&, globs) that no split
+    applies faithfully; the list is the argv that runs, as is (docs/architecture.md, "Config")."""
+    if isinstance(node, yaml.ScalarNode) and isinstance(reader.scalar(node, f), str):
+        import shlex
+
+        try:
+            example = yaml.safe_dump(shlex.split(node.value), default_flow_style=True, width=10**6).strip()
+        except ValueError:
+            example = "[bash, train.sh]"
+        raise reader.fail(node, f, f"expected a list (the argv, run as is, no shell), got a string; write it "
+                                   f"as {example}, or [bash, -c, '...'] for shell syntax")
+    words = _words(reader, f, node, "a list like [bash, devops/train.sh]")
+    if not words:
+        raise reader.fail(node, f, "expected a non-empty list like [bash, devops/train.sh]")
+    if words[0].startswith("-"):
+        raise reader.fail(node, f, "the program (the first item) may not start with '-'")
+    return tuple(words)
+
+
+def _items(reader: _Reader, f: str, node: yaml.Node, expected: str) -> list[yaml.Node]:
+    if not isinstance(node, yaml.SequenceNode):
+        raise reader.fail(node, f, f"expected {expected}, got {_kind(node)}")
+    return list(node.value)
+
+
+def _words(reader: _Reader, f: str, node: yaml.Node, expected: str, *, pip: bool = False) -> list[str]:
+    """A list of single values (strings or numbers) as strings; `pip`: each a requirement, no option."""
+    out = []
+    for item in _items(reader, f, node, expected):
+        value = reader.scalar(item, f)
+        if value is None or isinstance(value, bool):
+            raise reader.fail(item, f, f"expected a string (quote it), got {_pytype(value)}")
+        text = str(value)
+        if pip and (not text.strip() or text.startswith("-") or "\n" in text):
+            raise reader.fail(item, f, f"expected a pip requirement like numpy>=1.26, got {text!r}")
+        out.append(text)
+    return out
+
+
+def _repo_path(reader: _Reader, f: str, node: yaml.Node) -> str:
+    """A path (or a glob) relative to the checkout, staying inside it."""
+    text = reader.string(node, f) or ""
+    parts = text.replace("\\", "/").split("/")
+    if not text.strip() or text.startswith(("-", "/", "~")) or ".." in parts or "\n" in text:
+        raise reader.fail(node, f, f"expected a path inside the repository (relative, no '..'), got {text!r}")
+    return text
+
+
+def _job_metrics(reader: _Reader, f: str, node: yaml.Node) -> dict[str, str]:
+    out = {}
+    for k, k_node, v in reader.mapping(node, f):
+        if k != "tensorboard":
+            raise reader.unknown(k_node, f"{f}.{k}", ("tensorboard",))
+        out[k] = _repo_path(reader, f"{f}.{k}", v)
+    return out
+
+
+def _job_objective(reader: _Reader, f: str, node: yaml.Node) -> dict[str, str]:
+    if not isinstance(node, yaml.MappingNode):
+        raise reader.fail(node, f, f"expected {{metric: NAME, mode: max|min}}, got {_kind(node)}")
+    out: dict[str, str] = {}
+    for k, k_node, v in reader.mapping(node, f):
+        if k == "metric":
+            metric = reader.string(v, f"{f}.metric") or ""
+            if not metric.strip() or "\n" in metric:
+                raise reader.fail(v, f"{f}.metric", "expected a metric name like charts/episodic_return")
+            out[k] = metric
+        elif k == "mode":
+            out[k] = reader.choice(v, f"{f}.mode", ("max", "min"))
+        else:
+            raise reader.unknown(k_node, f"{f}.{k}", ("metric", "mode"))
+    for needed in ("metric", "mode"):
+        if needed not in out:
+            raise reader.fail(node, f"{f}.{needed}", "missing; expected {metric: NAME, mode: max|min}")
+    return out
 
 
 def _parse_search(reader: _Reader, job: str, node: yaml.Node) -> dict[str, dict[str, Any]]:

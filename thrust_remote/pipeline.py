@@ -20,7 +20,7 @@ import yaml
 
 from trainer.args import parse_flag
 
-from . import artifacts, buildenv, doctor, runs
+from . import artifacts, buildenv, doctor, jobs, payload, runs
 from .buildenv import JobSpec
 from .config import Config, HostConfig, JobConfig
 from .errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
@@ -166,29 +166,17 @@ def load_params(path: Path) -> dict[str, Any]:
 
 
 def job_arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
-    """The job's own args, then the params file, then --set (last wins: argparse keeps the last)."""
-    if job.kind == "cargo":
-        out = list(job.args)  # type: ignore[arg-type]
-        merged: dict[str, Any] = {**params, **sets}
-    else:
-        out = []
-        merged = {**dict(job.args), **params, **sets}  # type: ignore[arg-type]
-    for key, value in merged.items():
-        if value is None or value is False:
-            continue
-        if value is True:
-            out.append(f"--{key}")
-        else:
-            out += [f"--{key}", str(value)]
-    return out
+    """The job's own args, then the params file, then --set (last wins: argparse keeps the last);
+    a command job gets KEY=VALUE words (jobs.arguments, docs/architecture.md "Config")."""
+    return jobs.arguments(job, sets, params)
 
 
 def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> None:
     """The built-in trainer's flags, checked here against its own table (trainer/args.py) before
     anything is synced: an unknown name, a bad type, a value outside its choices or range is a usage
     error (64) naming where it came from, not an argparse dump from the host and a FAILED run."""
-    if job.kind != "python":
-        return
+    if job.kind != "trainer":
+        return  # your own code's flags are its own business: it sees them as given
     sources = [(dict(job.args), f"jobs.{job.name}.args"), (params, "--params"), (sets, "--set")]  # type: ignore[arg-type]
     for values, where in sources:
         for key, value in values.items():
@@ -202,14 +190,8 @@ def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[
 
 
 def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int, export: bool = True) -> list[str]:
-    entry = ["-m", "trainer.train", *args, "--run-dir", run_dir]
-    if export:
-        entry += ["--export", f"{run_dir}/model.onnx"]
-    if nproc > 1:
-        # --standalone: a private rendezvous on a free port, so two runs on one host never collide
-        return [host.python, "-u", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                "--max-restarts=0", *entry]
-    return [host.python, "-u", *entry]
+    """The built-in trainer's argv with the host's python (jobs.job_argv has every kind's)."""
+    return jobs.job_argv(JobConfig(name="trainer"), host.python, args, run_dir=run_dir, nproc=nproc, export=export)
 
 
 # ------------------------------------------------------------------------------------------ sequence
@@ -229,6 +211,7 @@ class Prepared:
     sync: SyncResult | None
     setup_skipped: bool
     timings: dict[str, float]
+    python: str  # the interpreter that runs the job on the host (PYTHON in jobs.job_argv)
 
     @property
     def host(self) -> HostConfig:
@@ -269,9 +252,13 @@ def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Repo
     """sync (remote hosts) → envcheck preflight → setup (python deps / cargo build), each timed."""
     reporter = reporter or NullReporter()
     spec = buildenv.job_spec(job)  # the one conversion: from here on the host's view of the job
+    label = jobs.config_label(config.path)
+    jobs.check_before_sync(job, session, config.root, label)  # a script that cannot be there: before syncing
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     local, sync_result = _sync_stage(config, session, reporter)
+    if job.kind != "cargo":
+        jobs.check_on_host(session, job, session.paths.workdir, label)
     timings["sync"] = time.monotonic() - t0
 
     t1 = time.monotonic()
@@ -291,30 +278,31 @@ def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Repo
         skipped = setup_python(session, report.facts, local, reporter)
         cwd = session.paths.workdir
     timings["setup"] = time.monotonic() - t2
-    return Prepared(config, job, spec, session, report, env, cwd, local, sync_result, skipped, timings)
+    python = payload.python_of(session.runner, session.host)
+    return Prepared(config, job, spec, session, report, env, cwd, local, sync_result, skipped, timings, python)
 
 
 def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | None = None,
                     gpus: Sequence[int] = (), nproc: int | None = None, extra_env: Mapping[str, str] | None = None,
                     lock_job: str | None = None, reporter: Reporter | None = None, export: bool = True,
                     meta_extra: Mapping[str, Any] | None = None) -> Launched:
-    """Start one detached run. `args` are the trainer's flags (job_arguments); `gpus` become
-    CUDA_VISIBLE_DEVICES; `lock_job` names the lock (default: the job's name); `export=False` skips
-    the ONNX export (seconds per run that a hyperparameter trial does not need); `meta_extra` goes
-    into run.json."""
+    """Start one detached run. `args` are the job's arguments (job_arguments); `gpus` become
+    CUDA_VISIBLE_DEVICES and GPU_LIST; `nproc` processes under torchrun (default: the job's `nproc:`,
+    else one per GPU); `lock_job` names the lock (default: the job's name); `export=False` skips the
+    ONNX export (seconds per run that a hyperparameter trial does not need); `meta_extra` goes into
+    run.json. The argv and env of each kind: jobs.py (docs/architecture.md, "Config")."""
     reporter = reporter or NullReporter()
     t3 = time.monotonic()
     job, session = prepared.job, prepared.session
-    env = dict(prepared.env)
-    env.update(extra_env or {})
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     run_id = runs.check_run_id(run_id) if run_id else runs.new_run_id(job.name)
     run_dir = session.paths.run(run_id)
+    env = jobs.job_env(job, {**prepared.env, **(extra_env or {})}, run_id=run_id, run_dir=run_dir,
+                       python=prepared.python, gpus=gpus, export=export)
     if job.kind == "cargo":
         argv = [*buildenv.cargo_run_argv(prepared.report.facts, prepared.spec)[:1], *args]
     else:
-        argv = python_argv(session.host, args, run_dir, nproc or max(1, len(gpus)), export=export)
+        argv = jobs.job_argv(job, prepared.python, args, run_dir=run_dir,
+                             nproc=jobs.process_count(job, nproc, gpus), export=export)
     sync_result = prepared.sync
     meta = {
         "argv": argv,

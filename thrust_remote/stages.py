@@ -32,7 +32,9 @@ class Steps(Protocol):
 def preflight(report: doctor.Report, spec: JobSpec, args: Sequence[str], session: HostSession) -> None:
     """Stop before launching when the host cannot run the job at all."""
     host = session.host
-    for cid in CRITICAL_CHECKS:
+    # a command job brings its own interpreter and libraries: only the agent's python must be there
+    critical = ("python",) if spec.get("kind") == "command" else CRITICAL_CHECKS
+    for cid in critical:
         try:
             check = report.check(cid)
         except KeyError:
@@ -54,11 +56,11 @@ def preflight(report: doctor.Report, spec: JobSpec, args: Sequence[str], session
 
 
 def envcheck_report(session: HostSession, spec: JobSpec) -> doctor.Report:
-    """doctor.run_doctor, reusing the host's cached report of a python job while nothing it depends on
+    """doctor.run_doctor, reusing the host's cached report of a non-cargo job while nothing it depends on
     changed (the agent's `preflight`: one short command instead of a torch import). Cargo jobs are
     always checked afresh: their facts include the build itself."""
     runner, host, paths = session.runner, session.host, session.paths
-    if spec.get("kind") != "python":
+    if spec.get("kind") == "cargo":
         return doctor.run_doctor(runner, host, spec, workdir=paths.workdir)
     extra = json.dumps([spec, doctor.payload_path(), paths.workdir], sort_keys=True)
     probe = session.agent("preflight", "--cache-dir", paths.thrust, "--extra", extra, timeout=60)

@@ -49,9 +49,9 @@ DEFAULT_SEARCH: dict[str, dict[str, dict[str, Any]]] = {
 
 def search_space(config: Config, job: JobConfig, fixed: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The job's space (thrust.yaml `search:` or the built-in one) minus the flags fixed with --set."""
-    if job.kind != "python":
+    if job.kind != "trainer":
         raise UsageError(f"optimize runs the built-in trainer; job {job.name!r} is a {job.kind} job",
-                         "optimize a python job (snake, cartpole, or one with kind: python)")
+                         "optimize a trainer job (snake, cartpole, or one with kind: trainer)")
     where = f"{config.path or 'thrust.yaml'}: search.{job.name}"
     if job.name in config.search:
         space = {k: dict(v) for k, v in config.search[job.name].items()}
