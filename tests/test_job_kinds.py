@@ -297,8 +297,8 @@ def user_project(sshd, tmp_path_factory) -> tuple[Path, Path]:
     return proj, workdir
 
 
-def _train(cli, proj: Path, job: str, *extra: str):
-    result = cli("train", job, "--no-fetch", *extra, cwd=proj)
+def _train(cli, proj: Path, job: str, *extra: str, fetch: bool = False):
+    result = cli("train", job, *([] if fetch else ["--no-fetch"]), *extra, cwd=proj)
     match = re.search(r"launching run (\S+)", result.stderr)
     return result, (match.group(1) if match else None)
 
@@ -342,8 +342,10 @@ def test_nproc_2_runs_the_script_under_torchrun_with_gloo(cli, user_project):
 @pytest.mark.slow
 def test_module_job_runs_with_python_m(cli, user_project):
     proj, workdir = user_project
-    result, run_id = _train(cli, proj, "mod", "--set", "steps=1")
+    # no export: the run is not a model to fetch, and train says nothing about one
+    result, run_id = _train(cli, proj, "mod", "--set", "steps=1", fetch=True)
     assert result.returncode == 0, result.stderr
+    assert "model.onnx" not in result.stderr and "fetch" not in result.stderr
     seen = _seen(workdir, run_id, "seen-module-0.json")
     assert seen["argv"] == ["--tag", "module", "--steps", "1"]
     argv = json.loads((workdir / ".thrust" / "runs" / run_id / "run.json").read_text())["argv"]
@@ -353,7 +355,7 @@ def test_module_job_runs_with_python_m(cli, user_project):
 @pytest.mark.slow
 def test_command_job_gets_words_and_the_run_env(cli, user_project):
     proj, workdir = user_project
-    result, run_id = _train(cli, proj, "sweep", "--set", "trainer.lr=0.5")
+    result, run_id = _train(cli, proj, "sweep", "--set", "trainer.lr=0.5", fetch=True)
     assert result.returncode == 0, result.stderr
     run_dir = workdir / ".thrust" / "runs" / run_id
     assert (run_dir / "words.txt").read_text().splitlines() == ["base=1", "trainer.lr=0.5"]
@@ -374,7 +376,7 @@ def test_selected_gpus_reach_a_command_job_as_gpu_list(sshd, user_project):
         session = HostSession.open(runner, config.host("sandbox"), config)
         prepared = pipeline.prepare(config, config.job("sweep"), session)
         launched = pipeline.launch_prepared(prepared, args=[], gpus=[1, 3])
-        status, _ = pipeline.follow(session, launched.run_id, pipeline.NullReporter())
+        status = pipeline.follow(session, launched.run_id, pipeline.NullReporter()).status
     finally:
         runner.close()
     assert status["state"] == "FINISHED"

@@ -270,7 +270,10 @@ def _stage(runner: Runner, run_dir: str, staging: Path, run: RunFacts) -> tuple[
             f"see its log with: thrust-remote logs {run.run_id} --host {run.host}",
         )
     model_sha = runner.get(f"{run_dir}/{MODEL}", staging / MODEL)
-    runner.get(f"{run_dir}/{MANIFEST}", staging / MANIFEST)
+    if runner.exists(f"{run_dir}/{MANIFEST}"):
+        runner.get(f"{run_dir}/{MANIFEST}", staging / MANIFEST)
+    else:  # your own job wrote only $THRUST_EXPORT: the manifest records what we know of it
+        (staging / MANIFEST).write_text(json.dumps({"sha256": model_sha, "job": run.job, "source": "THRUST_EXPORT"}))
     has_metrics = runner.exists(f"{run_dir}/{METRICS}")
     if has_metrics:
         runner.get(f"{run_dir}/{METRICS}", staging / METRICS)

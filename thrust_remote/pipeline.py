@@ -478,6 +478,7 @@ def _follow_to_end(config: Config, session: HostSession, launched: Launched, job
     status = followed.status
     code = exit_code_for(status)
     fetched = None
+    job = job if job is not None and exports_model(job) else None
     if status["state"] == "FINISHED" and fetch and job is not None:
         reporter.step("fetching the model")
         t0 = time.monotonic()
@@ -485,6 +486,12 @@ def _follow_to_end(config: Config, session: HostSession, launched: Launched, job
                          status=status, force=force)
         timings["fetch"] = time.monotonic() - t0
     return TrainOutcome(launched, status, fetched, code, timings, followed.progress, fetchable=job is not None)
+
+
+def exports_model(job: JobConfig) -> bool:
+    """The trainer and cargo jobs always leave a model in the run dir; your own python or command job
+    only when it says so with `export:` (it writes $THRUST_EXPORT)."""
+    return job.kind in ("trainer", "cargo") or bool(job.export)
 
 
 def export_target(config: Config, job: JobConfig) -> tuple[Path, str]:
