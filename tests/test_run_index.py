@@ -53,7 +53,7 @@ def test_index_lookup_of_unknown_or_damaged_entries_is_none(tmp_path):
     index.record(tmp_path, _entry("r1"))
     (tmp_path / ".thrust" / "index" / "r1.json").write_text("{not json")
     assert index.lookup(tmp_path, "r1") is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not valid"):
         index.record(tmp_path, _entry("../escape"))
 
 
