@@ -160,7 +160,7 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     # Held while we check and until the new run's run.json exists: two launches claiming the same
     # GPUs cannot both win. Runs of the same job and commit may run side by side (each its own run
-    # dir); only what would collide is refused (docs/architecture.md, "The host agent").
+    # dir); only what would collide is refused (docs/architecture.md, "Concurrent runs").
     fcntl.flock(lock_fd, fcntl.LOCK_EX)
     gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else []
     clash = _collision(run_dir, gpus)

@@ -75,12 +75,15 @@ def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
             out += listing.runs if listing.runs is not None else [{"host": listing.host, "error": listing.error}]
         typer.echo(json.dumps(out, indent=2))
     else:
-        rows = []
+        rows, notes = [], []
         for listing in listings:
             if listing.runs is None:
-                rows.append((listing.host, "", _unreachable(listing), "", "", "", "", listing.error or ""))
+                # piped: the reason in the row (one line per host for grep); on a terminal: under the table
+                why = "" if console.is_terminal else listing.error or ""
+                rows.append((listing.host, "", _unreachable(listing), "", "", "", "", why))
+                notes.append(f"{listing.host}: {listing.error}")
             rows += [(listing.host, *_row(r)) for r in listing.runs or []]
-        _print_table(("host", *COLUMNS), rows)
+        _print_table(("host", *COLUMNS), rows, notes)
     answered = [listing for listing in listings if listing.runs is not None]
     if not answered:  # no host answered: the first one's reason is the exit code (69 for a timeout)
         raise typer.Exit(listings[0].exit_code if listings else 0)
@@ -100,7 +103,7 @@ def _row(r: dict) -> tuple[str, ...]:
             r.get("ended_at") or "", (r.get("commit") or "")[:12], r["run_id"])
 
 
-def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = ()) -> None:
     """A rich table on a terminal; without one (a pipe, CI) plain columns with every value whole,
     so `runs | grep` and `awk` see full run ids, never `cart…`."""
     if not console.is_terminal:
@@ -117,6 +120,8 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         cells[state_at] = f"[{style}]{cells[state_at]}[/]" if style else cells[state_at]
         table.add_row(*cells)
     console.print(table)
+    for note in notes:
+        console.print(f"[red]{escape(note)}[/]", highlight=False)
 
 
 def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
