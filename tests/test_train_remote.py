@@ -198,10 +198,8 @@ def test_kill_9_job_is_failed_and_stop_leaves_nothing_alive(cli, project, remote
     assert started.returncode == 0, started.stderr
     info = json.loads(started.stdout)
     assert _wait_state(cli, project, info["run_id"], ("RUNNING",))["state"] == "RUNNING"
-    # the same job cannot run twice at once
-    second = cli("train", "cartpole", *long, "--detach", cwd=project)
-    assert second.returncode == ExitCode.FAILED
-    assert "already running" in second.stderr
+    # a second run of the same job and code may run beside it; what would collide (other code synced
+    # under it, GPUs it holds) is refused: tests/test_run_index.py
     # the pid is the host's (sshd runs in its own pid namespace here): kill it there, as a user would
     killed = cli("exec", "--", "kill", "-9", str(info["pid"]), cwd=project)
     assert killed.returncode == 0, killed.stderr

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
@@ -20,11 +20,11 @@ import yaml
 
 from trainer.args import parse_flag
 
-from . import artifacts, buildenv, doctor, jobs, payload, runs
+from . import artifacts, buildenv, doctor, index, jobs, payload, runs
 from .buildenv import JobSpec
 from .config import Config, HostConfig, JobConfig
 from .errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
-from .gpus import select_gpus
+from .gpus import host_gpus, select_gpus
 from .names import valid_id
 from .progress import LineSplitter, RunProgress
 from .session import HostPaths, HostSession
@@ -82,6 +82,7 @@ class TrainRequest:
     run_id: str | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
     detach: bool = False  # return once the run has started
+    share_gpus: bool = False  # --allow-shared-gpus: run on GPUs a RUNNING run holds
     fetch: bool = True  # fetch the model when the run finished
     force: bool = False  # place the fetched model even when it scores clearly worse than the placed one
 
@@ -284,13 +285,15 @@ def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Repo
 
 def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | None = None,
                     gpus: Sequence[int] = (), nproc: int | None = None, extra_env: Mapping[str, str] | None = None,
-                    lock_job: str | None = None, reporter: Reporter | None = None, export: bool = True,
+                    exclusive_gpus: bool = False, reporter: Reporter | None = None, export: bool = True,
                     meta_extra: Mapping[str, Any] | None = None) -> Launched:
     """Start one detached run. `args` are the job's arguments (job_arguments); `gpus` become
     CUDA_VISIBLE_DEVICES and GPU_LIST; `nproc` processes under torchrun (default: the job's `nproc:`,
-    else one per GPU); `lock_job` names the lock (default: the job's name); `export=False` skips the
-    ONNX export (seconds per run that a hyperparameter trial does not need); `meta_extra` goes into
-    run.json. The argv and env of each kind: jobs.py (docs/architecture.md, "Config")."""
+    else one per GPU); `exclusive_gpus` makes the host refuse the launch when a RUNNING run holds one of
+    them (runs of the same job and code otherwise run side by side, each in its own run dir);
+    `export=False` skips the ONNX export (seconds per run that a hyperparameter trial does not need);
+    `meta_extra` goes into run.json. The argv and env of each kind: jobs.py (docs/architecture.md,
+    "Config")."""
     reporter = reporter or NullReporter()
     t3 = time.monotonic()
     job, session = prepared.job, prepared.session
@@ -317,8 +320,8 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
         **(meta_extra or {}),
     }
     reporter.step(f"launching run {run_id}")
-    answer = runs.launch(session, run_id=run_id, job=lock_job or job.name, argv=argv, cwd=prepared.cwd, env=env,
-                         meta={**meta, "job": job.name})
+    answer = runs.launch(session, run_id=run_id, job=job.name, argv=argv, cwd=prepared.cwd, env=env,
+                         meta={**meta, "job": job.name}, claim_gpus=gpus if exclusive_gpus else ())
     timings = {**prepared.timings, "launch": time.monotonic() - t3}
     if sync_result is not None and sync_result.dirty and prepared.local is not None:
         _save_patch(session, run_dir, prepared.local)
@@ -334,9 +337,43 @@ def start(config: Config, request: TrainRequest, session: HostSession, reporter:
     check_trainer_args(request.job, sets, params)
     args = job_arguments(request.job, sets, params)
     prepared = prepare(config, request.job, session, reporter, args_for_preflight=args)
-    gpus = select_gpus(request.gpus, prepared.report.facts, request.host)
-    return launch_prepared(prepared, args=args, run_id=request.run_id, gpus=gpus, nproc=request.nproc,
-                           extra_env=request.extra_env, reporter=reporter)
+    gpus = choose_gpus(request, prepared.report.facts,
+                       lambda: {} if request.share_gpus else runs.gpus_taken(session))
+    launched = launch_prepared(prepared, args=args, run_id=request.run_id, gpus=gpus, nproc=request.nproc,
+                               extra_env=request.extra_env, reporter=reporter,
+                               exclusive_gpus=bool(gpus) and not request.share_gpus)
+    _remember(config, launched, reporter or NullReporter())
+    return launched
+
+
+def choose_gpus(request: TrainRequest, facts: Mapping[str, Any], taken: Callable[[], Mapping[int, str]]) -> list[int]:
+    """`--gpus`: a list is taken as given (the host refuses GPUs a RUNNING run holds, unless
+    shared); a count picks among the GPUs no RUNNING run holds (`taken`: GPU -> run id)."""
+    spec = (request.gpus or "").strip()
+    if not spec.isdigit():
+        return select_gpus(request.gpus, facts, request.host)
+    held = taken()
+    free = [g for g in host_gpus(facts, request.host) if g not in held]
+    if held and int(spec) > len(free):
+        other = sorted(set(held.values()))[0]
+        raise ThrustError(
+            f"--gpus {spec}: {request.host.name} has {len(free)} GPU(s) free; "
+            f"{', '.join(f'GPU {g}: {r}' for g, r in sorted(held.items()))} (RUNNING)",
+            f"{runs.see_or_stop(other, request.host.name)}; or share them with --allow-shared-gpus",
+        )
+    return select_gpus(request.gpus, facts, replace(request.host, gpus=tuple(free)) if held else request.host)
+
+
+def _remember(config: Config, launched: Launched, reporter: Reporter) -> None:
+    """The run in the project's local index, so status/logs/stop/fetch find its host without --host."""
+    entry = index.IndexEntry(run_id=launched.run_id, host=launched.host, job=launched.job, commit=launched.commit,
+                             started_at=index.now(), run_dir=launched.run_dir,
+                             config=str(config.path.resolve()) if config.path else None)
+    try:
+        index.record(config.root, entry)
+    except OSError as exc:
+        reporter.warn(f"run {launched.run_id} is not in the local index ({exc}): give --host {launched.host} "
+                      "to status, logs, stop and fetch")
 
 
 def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:

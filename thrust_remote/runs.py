@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from .errors import ConnectionLostError, ExitCode, ThrustError
 from .session import HostPaths, HostSession, check_run_id, host_paths, parse_json
 
 STATES = ("RUNNING", "FINISHED", "FAILED", "LOST", "STOPPED")
 __all__ = ["STATES", "HostPaths", "HostSession", "check_run_id", "follow_log", "host_paths", "launch",
-           "list_runs", "new_run_id", "status", "stop"]
+           "HostListing", "launch_lock", "list_hosts", "list_runs", "new_run_id", "see_or_stop", "status", "stop"]
 
 
 def new_run_id(job: str) -> str:
@@ -33,15 +35,20 @@ def launch(
     cwd: str,
     env: Mapping[str, str],
     meta: Mapping[str, object],
+    claim_gpus: Sequence[int] = (),
 ) -> dict:
-    """Start argv detached under the supervisor; returns {"pid", "run_dir", "marker"}."""
+    """Start argv detached under the supervisor; returns {"pid", "run_dir", "marker"}.
+
+    Several runs of one job may run at once, each in its own run dir. `claim_gpus`: refuse (under
+    the host's launch lock) when a RUNNING run holds one of these GPUs (docs/architecture.md)."""
     host, paths = session.host, session.paths
     marker = secrets.token_hex(8)
     args = [
         "launch",
         "--run-dir", paths.run(run_id),
         "--cwd", cwd,
-        "--lock", paths.lock(job),
+        "--lock", launch_lock(paths),
+        *(["--gpus", ",".join(str(g) for g in claim_gpus)] if claim_gpus else []),
         "--marker", marker,
         "--stdin",
         "--", *argv,
@@ -60,14 +67,7 @@ def launch(
         answer = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {}
     except ValueError:
         answer = {}
-    if answer.get("error") == "locked":
-        other = answer.get("run_id")
-        raise ThrustError(
-            f"job {job!r} is already running on {host.name} as run {other}",
-            f"wait for it (thrust-remote logs {other} -f --host {host.name}) or stop it "
-            f"(thrust-remote stop {other} --host {host.name})",
-            ExitCode.FAILED,
-        )
+    _refused(answer, run_id, host.name)
     if not result.ok or "pid" not in answer:
         raise ThrustError(
             f"could not launch {argv[0]} on {host.name}: {answer.get('error') or result.stderr.strip()[-300:]}"
@@ -75,18 +75,100 @@ def launch(
     return answer
 
 
+def launch_lock(paths: HostPaths) -> str:
+    """The host's one launch lock: held only while a launch checks for collisions and starts."""
+    return f"{paths.thrust}/locks/launch.lock"
+
+
+def see_or_stop(run_id: str, host: str) -> str:
+    """The exact commands that show and stop a run, with its host (a hint's tail)."""
+    return (f"see it with: thrust-remote status {run_id} --host {host}; "
+            f"stop it with: thrust-remote stop {run_id} --host {host}")
+
+
+def _refused(answer: Mapping[str, object], run_id: str, host: str) -> None:
+    """The agent's refusals (exit 3) as errors that name the other run and how to reach it."""
+    other = str(answer.get("run_id"))
+    if answer.get("error") == "exists":
+        raise ThrustError(f"run {run_id} is already running on {host}", see_or_stop(run_id, host),
+                          ExitCode.FAILED)
+    if answer.get("error") == "gpus-taken":
+        gpus = ",".join(str(g) for g in answer.get("gpus") or [])  # type: ignore[union-attr]
+        raise ThrustError(
+            f"GPU {gpus} on {host} is taken by running run {other}",
+            f"{see_or_stop(other, host)}; or choose other GPUs with --gpus, or share them with "
+            f"--allow-shared-gpus",
+            ExitCode.FAILED,
+        )
+
+
 def status(session: HostSession, run_id: str) -> dict:
     run_dir = session.paths.run(run_id)
     if not session.runner.exists(run_dir):
         raise ThrustError(
             f"no run {run_id!r} on {session.name} (looked in {session.paths.runs})",
-            f"list the runs with: thrust-remote runs --host {session.name}",
+            f"find it on every configured host with: thrust-remote runs --all "
+            f"(or: thrust-remote runs --host {session.name})",
         )
     return session.agent_json("status", "status", "--run-dir", run_dir)
 
 
-def list_runs(session: HostSession) -> list[dict]:
-    return session.agent_json("runs", "list", "--runs-dir", session.paths.runs)
+def list_runs(session: HostSession, timeout: float | None = 60) -> list[dict]:
+    return session.agent_json("runs", "list", "--runs-dir", session.paths.runs, timeout=timeout)
+
+
+def gpus_taken(session: HostSession) -> dict[int, str]:
+    """GPU index -> the RUNNING run that holds it (run.json `gpus`, what `--gpus` gave it)."""
+    taken: dict[int, str] = {}
+    for run in list_runs(session):
+        if run.get("state") == "RUNNING":
+            for gpu in run.get("gpus") or []:
+                taken.setdefault(int(gpu), run["run_id"])
+    return taken
+
+
+@dataclass
+class HostListing:
+    """One host's answer to `runs --all`: its runs, or why there are none (`error`, `exit_code`)."""
+
+    host: str
+    runs: list[dict] | None = None
+    error: str | None = None
+    exit_code: int = 0
+
+
+def list_hosts(hosts: Sequence[str], open_session: Callable[[str], HostSession],
+               timeout: float) -> list[HostListing]:
+    """Every host's runs, listed in parallel, one thread per host, in the order given. A host that
+    fails, or has not answered within `timeout` seconds (connecting included), is a listing with
+    an error. Threads still waiting on a dead host are daemons: they never hold up the exit."""
+    results: dict[str, HostListing] = {}
+    guard = threading.Lock()
+
+    def one(name: str) -> None:
+        try:
+            session = open_session(name)
+            try:
+                items = list_runs(session, timeout=timeout)
+            finally:
+                session.runner.close()
+            listing = HostListing(name, runs=[{**r, "host": name} for r in items])
+        except ThrustError as exc:
+            listing = HostListing(name, error=exc.message, exit_code=exc.exit_code)
+        except Exception as exc:  # a thread's failure must reach the caller as data, not vanish
+            listing = HostListing(name, error=f"{type(exc).__name__}: {exc}", exit_code=ExitCode.FAILED)
+        with guard:
+            results[name] = listing
+
+    threads = [threading.Thread(target=one, args=(h,), name=f"runs-{h}", daemon=True) for h in hosts]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with guard:
+        return [results.get(h) or HostListing(h, error=f"no answer within {timeout:g} s",
+                                              exit_code=ExitCode.UNAVAILABLE) for h in hosts]
 
 
 def stop(session: HostSession, run_id: str, grace: float = 10.0) -> dict:

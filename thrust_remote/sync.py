@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ExitCode, ThrustError
+from .runs import see_or_stop
 from .session import HostSession
 
 Step = Callable[[str], None]
@@ -137,11 +138,15 @@ def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None
                           _warnings(local))
     running = busy() if busy and state.get("repo") else []
     if running:
+        # Runs of the same commit and patch share the workdir freely (the `untouched` return above);
+        # other code would change under these runs (docs/architecture.md, "Concurrent runs").
+        what = f"{local.commit[:12]}{' + uncommitted changes' if local.patch else ''}"
+        first, name = running[0], session.name
         raise ThrustError(
-            f"{workdir} on {runner.name} is in use by running run(s) {', '.join(running)}; syncing "
-            f"{local.commit[:12]} would change their code under them",
-            "wait for them (thrust-remote runs), stop them (thrust-remote stop RUN_ID), or give this host "
-            "another workdir",
+            f"{workdir} on {name} is in use by running run(s) {', '.join(running)}; syncing {what} "
+            "would change their code under them",
+            f"{see_or_stop(first, name)}; or wait for it to end (thrust-remote logs {first} -f --host "
+            f"{name}), or give this host another workdir",
         )
     bundle_bytes = 0
     if not state.get("have"):

@@ -1,6 +1,6 @@
 """The agent's run supervisor: detached runs on the host (docs/architecture.md, "The run directory").
 
-    agent launch --run-dir D --cwd W --lock L [--marker M] [--stdin] [--meta JSON --env JSON] -- ARGV...
+    agent launch --run-dir D --cwd W --lock L [--gpus LIST] [--marker M] [--stdin] [--meta JSON --env JSON] -- ARGV...
     agent status --run-dir D
     agent list --runs-dir R
     agent logs --run-dir D --offset N [--follow]
@@ -127,6 +127,7 @@ def run_state(run_dir: str) -> dict:
         "host": meta.get("host"),
         "job": meta.get("job"),
         "commit": meta.get("commit"),
+        "gpus": meta.get("gpus") or [],
     }
 
 
@@ -134,18 +135,38 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _collision(run_dir: str, gpus: list[int]) -> dict | None:
+    """What a launch into run_dir claiming `gpus` would collide with: the same run dir still
+    RUNNING, or a RUNNING run of the same runs directory holding one of those GPUs (its run.json
+    `gpus`). None when nothing does. Called under the launch lock."""
+    if os.path.exists(os.path.join(run_dir, RUN_JSON)) and run_state(run_dir)["state"] == "RUNNING":
+        return {"error": "exists", "run_id": os.path.basename(run_dir)}
+    if not gpus:
+        return None
+    runs_dir = os.path.dirname(run_dir)
+    for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else ():
+        other = os.path.join(runs_dir, name)
+        held = (read_json(os.path.join(other, RUN_JSON)) or {}).get("gpus") or []
+        shared = sorted({int(g) for g in held if isinstance(g, int)} & set(gpus))
+        if shared and other != run_dir and run_state(other)["state"] == "RUNNING":
+            return {"error": "gpus-taken", "run_id": name, "gpus": shared}
+    return None
+
+
 def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     run_dir = os.path.abspath(args.run_dir)
     lock_path = args.lock
     os.makedirs(os.path.dirname(lock_path), exist_ok=True)
     lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # held while we check and claim: two launches cannot both win
-    current = os.read(lock_fd, 4096).decode().strip()
-    if current:
-        other = os.path.join(os.path.dirname(run_dir), current)
-        if current != os.path.basename(run_dir) and run_state(other)["state"] == "RUNNING":
-            print(json.dumps({"error": "locked", "run_id": current}))
-            return 3
+    # Held while we check and until the new run's run.json exists: two launches claiming the same
+    # GPUs cannot both win. Runs of the same job and commit may run side by side (each its own run
+    # dir); only what would collide is refused (docs/architecture.md, "Concurrent runs").
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else []
+    clash = _collision(run_dir, gpus)
+    if clash:
+        print(json.dumps(clash))
+        return 3
     os.makedirs(run_dir, mode=0o700, exist_ok=True)  # the run's files are the user's alone
     # meta and env arrive on stdin, not argv: a command line is world-readable (ps), env values are not
     payload = json.loads(sys.stdin.read() or "{}") if args.stdin else {}
@@ -180,9 +201,6 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     report = b""
     while chunk := os.read(read_end, 65536):
         report += chunk
-    os.ftruncate(lock_fd, 0)
-    os.lseek(lock_fd, 0, 0)
-    os.write(lock_fd, os.path.basename(run_dir).encode())
     os.close(lock_fd)
     sys.stdout.write(report.decode() + "\n")
     return 0 if b'"pid"' in report else 1
@@ -343,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("launch")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--cwd", required=True)
-    p.add_argument("--lock", required=True)
+    p.add_argument("--lock", required=True, help="the host's launch lock file (flock)")
+    p.add_argument("--gpus", default="", help="GPU indices this run claims: refused if a RUNNING run holds one")
     p.add_argument("--meta", default="{}")
     p.add_argument("--env", default="{}")
     p.add_argument("--marker", default="")

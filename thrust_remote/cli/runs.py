@@ -4,32 +4,38 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from .. import pipeline, runs
+from .. import index, pipeline, runs
 from ..console import console, err_console
-from ..errors import ThrustError
+from ..errors import ExitCode, ThrustError, UsageError
 from ..session import HostSession
 from .common import get_config, open_runner, state
 from .follow import say
 from .train import CliReporter, show_outcome
 
-HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: default_host).")
+HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: the run's host from the "
+                        "local index, else default_host).")
 STATE_STYLE = {"RUNNING": "cyan", "FINISHED": "green", "FAILED": "red", "LOST": "yellow", "STOPPED": "magenta"}
 
 
 def register(app: typer.Typer) -> None:
-    app.command("runs", help="List the runs on a host.")(list_runs)
+    app.command("runs", help="List the runs on a host (--all: on every configured host).")(list_runs)
     app.command("status", help="State of one run: RUNNING, FINISHED, FAILED, STOPPED or LOST.")(status)
     app.command("logs", help="Print a run's log from a byte offset; --follow until it ends.")(logs)
     app.command("stop", help="Stop a run: TERM its process group, KILL after a grace period.")(stop)
     app.command("fetch", help="Fetch a finished run's model into web/public (verified).")(fetch)
 
 
-def _open(ctx: typer.Context, host: str | None) -> HostSession:
+def _open(ctx: typer.Context, host: str | None, run_id: str | None = None) -> HostSession:
+    """A session on `--host`, else (for a run id) the host the local index recorded, else the default."""
     config = get_config(ctx)
+    if run_id is not None:
+        host = index.resolve_host(config, runs.check_run_id(run_id), host)
     host_cfg = config.host(host)
     runner = open_runner(host_cfg)
     try:
@@ -39,8 +45,18 @@ def _open(ctx: typer.Context, host: str | None) -> HostSession:
         raise
 
 
-def list_runs(ctx: typer.Context, host: str | None = HOST_OPT,
+def list_runs(ctx: typer.Context,
+              host: str | None = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml "
+                                              "(default: default_host)."),
+              all_hosts: bool = typer.Option(False, "--all", help="Every configured host's runs, asked in parallel."),
+              timeout: float = typer.Option(10.0, "--timeout", min=0.1,
+                                            help="With --all: seconds to wait for each host."),
               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    if all_hosts:
+        if host:
+            raise UsageError("give --all or --host, not both")
+        _list_all(ctx, timeout, as_json)
+        return
     session = _open(ctx, host)
     try:
         items = runs.list_runs(session)
@@ -49,19 +65,70 @@ def list_runs(ctx: typer.Context, host: str | None = HOST_OPT,
     if as_json:
         typer.echo(json.dumps(items, indent=2))
         return
-    table = Table("job", "state", "exit", "started", "ended", "commit")
-    table.add_column("run", no_wrap=True)
-    for r in items:
-        style = STATE_STYLE.get(r["state"], "")
-        code = r.get("exit_code")
-        table.add_row(r.get("job") or "", f"[{style}]{r['state']}[/]", "" if code is None else str(code),
-                      r.get("started_at") or "", r.get("ended_at") or "", (r.get("commit") or "")[:12], r["run_id"])
+    _print_table(COLUMNS, [_row(r) for r in items])
+
+
+def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
+    config = get_config(ctx)
+    listings = runs.list_hosts(list(config.hosts), lambda name: _open(ctx, name), timeout)
+    if as_json:
+        out: list[dict] = []
+        for listing in listings:
+            out += listing.runs if listing.runs is not None else [{"host": listing.host, "error": listing.error}]
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        rows, notes = [], []
+        for listing in listings:
+            if listing.runs is None:
+                # piped: the reason in the row (one line per host for grep); on a terminal: under the table
+                why = "" if console.is_terminal else listing.error or ""
+                rows.append((listing.host, "", _unreachable(listing), "", "", "", "", why))
+                notes.append(f"{listing.host}: {listing.error}")
+            rows += [(listing.host, *_row(r)) for r in listing.runs or []]
+        _print_table(("host", *COLUMNS), rows, notes)
+    answered = [listing for listing in listings if listing.runs is not None]
+    if not answered:  # no host answered: the first one's reason is the exit code (69 for a timeout)
+        raise typer.Exit(listings[0].exit_code if listings else 0)
+
+
+def _unreachable(listing: runs.HostListing) -> str:
+    down = (ExitCode.UNAVAILABLE, ExitCode.UNKNOWN_HOST, ExitCode.CONNECTION_LOST)
+    return "UNREACHABLE" if listing.exit_code in down else "ERROR"
+
+
+COLUMNS = ("job", "state", "exit", "started", "ended", "commit", "run")
+
+
+def _row(r: dict) -> tuple[str, ...]:
+    code = r.get("exit_code")
+    return (r.get("job") or "", r["state"], "" if code is None else str(code), r.get("started_at") or "",
+            r.get("ended_at") or "", (r.get("commit") or "")[:12], r["run_id"])
+
+
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = ()) -> None:
+    """A rich table on a terminal; without one (a pipe, CI) plain columns with every value whole,
+    so `runs | grep` and `awk` see full run ids, never `cart…`."""
+    if not console.is_terminal:
+        widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
+        for line in (headers, *rows):
+            typer.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+        return
+    table = Table(*headers[:-1])
+    table.add_column(headers[-1], no_wrap=True)
+    state_at = list(headers).index("state")
+    for row in rows:
+        style = STATE_STYLE.get(row[state_at], "red" if row[state_at] else "")
+        cells = [escape(c) for c in row]
+        cells[state_at] = f"[{style}]{cells[state_at]}[/]" if style else cells[state_at]
+        table.add_row(*cells)
     console.print(table)
+    for note in notes:
+        console.print(f"[red]{escape(note)}[/]", highlight=False)
 
 
 def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    session = _open(ctx, host)
+    session = _open(ctx, host, run_id)
     try:
         st = runs.status(session, runs.check_run_id(run_id))
     finally:
@@ -84,7 +151,7 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
          raw: bool = typer.Option(False, "--raw", help="With --follow: the log's bytes exactly, no progress view."),
          as_json: bool = typer.Option(False, "--json", help="With --follow: print the result as train --json does "
                                       "(progress to stderr).")) -> None:
-    session = _open(ctx, host)
+    session = _open(ctx, host, run_id)
     runs.check_run_id(run_id)
     try:
         if follow_:
@@ -117,7 +184,7 @@ def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, offset: 
 
 def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
          grace: float = typer.Option(10.0, "--grace", help="Seconds between TERM and KILL.")) -> None:
-    session = _open(ctx, host)
+    session = _open(ctx, host, run_id)
     try:
         answer = runs.stop(session, runs.check_run_id(run_id), grace)
     finally:
@@ -133,7 +200,7 @@ def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | Non
           force: bool = typer.Option(False, "--force", help="Place the model in web/public even when its run did "
                                      "not FINISH or it scores clearly worse than the placed one.")) -> None:
     config = get_config(ctx)
-    session = _open(ctx, host)
+    session = _open(ctx, host, run_id)
     try:
         st = runs.status(session, runs.check_run_id(run_id))
         job_name = st.get("job")

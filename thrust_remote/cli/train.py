@@ -54,6 +54,8 @@ def train(
     host: str | None = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: default_host)."),
     gpus: str | None = typer.Option(None, "--gpus", help="N (the first N free GPUs) or a list like 0,2."),
     nproc: int | None = typer.Option(None, "--nproc", help="Processes under torchrun (default: one per GPU)."),
+    share_gpus: bool = typer.Option(False, "--allow-shared-gpus",
+                                    help="Run on --gpus that a RUNNING run already holds (refused otherwise)."),
     sets: list[str] = typer.Option([], "--set", help="KEY=VALUE: override a trainer flag (repeatable)."),
     params: Path | None = typer.Option(None, "--params", help="YAML of parameters (e.g. optimize's best)."),
     detach: bool = typer.Option(False, "--detach", help="Return once the run has started."),
@@ -71,7 +73,8 @@ def train(
     started = time.monotonic()
     try:
         request = pipeline.TrainRequest(job=job_cfg, host=host_cfg, gpus=gpus, nproc=nproc, sets=sets,
-                                        params_file=params, detach=detach, fetch=not no_fetch, force=force)
+                                        params_file=params, detach=detach, fetch=not no_fetch, force=force,
+                                        share_gpus=share_gpus)
         session = HostSession.open(runner, host_cfg, config)
         # --json: stdout carries the one JSON object; the progress view goes to stderr
         reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)

@@ -171,7 +171,7 @@ class StudyHost:
         """One trial = one detached run, without `--export`: a trial's ONNX export would cost seconds
         each and nobody reads it (`train --params` makes the model of the best one)."""
         pipeline.launch_prepared(self.prepared, args=args, run_id=run_id, gpus=gpus, nproc=1,
-                                 extra_env=env, lock_job=lock_job, export=False, meta_extra=meta)
+                                 extra_env=env, export=False, meta_extra=meta)
 
 
 def studies_dir(paths: HostPaths) -> str:
