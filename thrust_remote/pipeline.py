@@ -522,7 +522,11 @@ def _follow_to_end(config: Config, session: HostSession, launched: Launched, job
         fetched = finish(config, session, job, launched.run_dir, spec=launched.spec, run_id=launched.run_id,
                          status=status, force=force)
         timings["fetch"] = time.monotonic() - t0
-    return TrainOutcome(launched, status, fetched, code, timings, followed.progress, fetchable=job is not None)
+    # a run that did not finish is worth a fetch hint only when it left a model (a stopped trainer
+    # exports; a killed one usually has none)
+    fetchable = job is not None and (status["state"] == "FINISHED"
+                                     or session.runner.exists(f"{launched.run_dir}/{artifacts.MODEL}"))
+    return TrainOutcome(launched, status, fetched, code, timings, followed.progress, fetchable=fetchable)
 
 
 def exports_model(job: JobConfig) -> bool:

@@ -109,10 +109,11 @@ def _render(ctx: typer.Context, outcome: pipeline.TrainOutcome, host_cfg: HostCo
         return
     status = outcome.status
     if status["state"] != "FINISHED":
-        say(f"run {launched.run_id} ended {status['state']} (exit code {status.get('exit_code')}); its model, "
-            "if it exported one, was not fetched")
-        say_line(f"keep it (not placed): {command(ctx, 'fetch', launched.run_id, host=host_cfg.name)}")
-        say_line(f"place it anyway: {command(ctx, 'fetch', launched.run_id, '--force', host=host_cfg.name)}")
+        say(f"run {launched.run_id} ended {status['state']} (exit code {status.get('exit_code')})")
+        if outcome.fetchable:  # it left a model behind: the user decides, nothing is placed by itself
+            say("its model was not fetched")
+            say_line(f"keep it (not placed): {command(ctx, 'fetch', launched.run_id, host=host_cfg.name)}")
+            say_line(f"place it anyway: {command(ctx, 'fetch', launched.run_id, '--force', host=host_cfg.name)}")
         raise typer.Exit(outcome.exit_code)
     result = outcome.fetched
     if result is not None:
