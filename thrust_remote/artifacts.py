@@ -12,7 +12,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import HostConfig
 from .errors import ExitCode, ThrustError, TransferError
+from .hints import command_hint
 from .runner import Runner
 
 MODEL = "model.onnx"
@@ -58,7 +60,8 @@ def verify_model(model: Path, manifest: dict) -> float:
     return float(np.abs(first).max())
 
 
-def fetch_run_model(runner: Runner, run_dir: str, job: str, dest: Path) -> FetchResult:
+def fetch_run_model(runner: Runner, run_dir: str, job: str, dest: Path, *,
+                    host: HostConfig | None = None) -> FetchResult:
     """Fetch <run_dir>/model.onnx + manifest.json (+ metrics.jsonl) into dest as <job>.*"""
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".incoming-{job}-", dir=dest) as tmp:
@@ -66,7 +69,8 @@ def fetch_run_model(runner: Runner, run_dir: str, job: str, dest: Path) -> Fetch
         if not runner.exists(f"{run_dir}/{MODEL}"):
             raise ThrustError(
                 f"the run has no {MODEL} in {run_dir} (did training finish and export?)",
-                "see its log with: thrust-remote logs RUN_ID",
+                "see its log with: " + command_hint("logs", os.path.basename(run_dir.rstrip("/")),
+                                                    host=host or runner.name),
             )
         model_sha = runner.get(f"{run_dir}/{MODEL}", staging / MODEL)
         runner.get(f"{run_dir}/{MANIFEST}", staging / MANIFEST)

@@ -24,6 +24,7 @@ from .buildenv import JobSpec
 from .config import Config, HostConfig, JobConfig
 from .errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
 from .gpus import select_gpus
+from .hints import command_hint
 from .names import valid_id
 from .session import HostPaths, HostSession
 from .stages import (  # noqa: F401 - re-exported: the stages are part of the pipeline's API
@@ -340,12 +341,8 @@ def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:
 
 
 def reattach_command(run_id: str, host: HostConfig, offset: int | None = None) -> str:
-    import shlex
-
-    argv = ["thrust-remote", "logs", run_id, "--follow", "--host", host.name]
-    if offset:
-        argv += ["--offset", str(offset)]
-    return shlex.join(argv)
+    extra = ["--offset", str(offset)] if offset else []
+    return command_hint("logs", run_id, "--follow", *extra, host=host)
 
 
 def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0) -> tuple[dict, int]:
@@ -371,8 +368,7 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
         raise Detached(
             f"from run {run_id}; it goes on on {host.name}",
             f"reattach with: {reattach_command(run_id, host, offset + delivered)}   (from where you left; "
-            f"without --offset for the whole log; stop it with: thrust-remote stop {run_id} "
-            f"--host {host.name})",
+            f"without --offset for the whole log; stop it with: {command_hint('stop', run_id, host=host)})",
         ) from None
     except ConnectionLostError as exc:
         reached = getattr(exc, "offset", offset + delivered)
@@ -427,4 +423,4 @@ def finish(config: Config, session: HostSession, job: JobConfig, run_dir: str, *
         if not job.artifact:
             raise ThrustError(f"job {job.name} has no `artifact:` to fetch", exit_code=ExitCode.USAGE)
         stage_cargo_artifact(session, run_dir, spec or buildenv.job_spec(job))
-    return artifacts.fetch_run_model(session.runner, run_dir, stem, dest)
+    return artifacts.fetch_run_model(session.runner, run_dir, stem, dest, host=session.host)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from .errors import ConnectionLostError, ExitCode, ThrustError
+from .hints import command_hint
 from .session import HostPaths, HostSession, check_run_id, host_paths, parse_json
 
 STATES = ("RUNNING", "FINISHED", "FAILED", "LOST", "STOPPED")
@@ -53,8 +54,8 @@ def launch(
     except ConnectionLostError as exc:
         raise ConnectionLostError(
             f"connection to {host.name} lost while launching run {run_id}; it may have started",
-            f"check with: thrust-remote status {run_id} --host {host.name}, then "
-            f"thrust-remote logs {run_id} --follow --host {host.name}",
+            f"check with: {command_hint('status', run_id, host=host)}, then "
+            f"{command_hint('logs', run_id, '--follow', host=host)}",
         ) from exc
     try:
         answer = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {}
@@ -64,8 +65,8 @@ def launch(
         other = answer.get("run_id")
         raise ThrustError(
             f"job {job!r} is already running on {host.name} as run {other}",
-            f"wait for it (thrust-remote logs {other} -f --host {host.name}) or stop it "
-            f"(thrust-remote stop {other} --host {host.name})",
+            f"wait for it ({command_hint('logs', str(other), '--follow', host=host)}) or stop it "
+            f"({command_hint('stop', str(other), host=host)})",
             ExitCode.FAILED,
         )
     if not result.ok or "pid" not in answer:
@@ -80,7 +81,7 @@ def status(session: HostSession, run_id: str) -> dict:
     if not session.runner.exists(run_dir):
         raise ThrustError(
             f"no run {run_id!r} on {session.name} (looked in {session.paths.runs})",
-            f"list the runs with: thrust-remote runs --host {session.name}",
+            f"list the runs with: {command_hint('runs', host=session.host)}",
         )
     return session.agent_json("status", "status", "--run-dir", run_dir)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ExitCode, ThrustError
+from .hints import command_hint
 from .session import HostSession
 
 Step = Callable[[str], None]
@@ -140,8 +141,9 @@ def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None
         raise ThrustError(
             f"{workdir} on {runner.name} is in use by running run(s) {', '.join(running)}; syncing "
             f"{local.commit[:12]} would change their code under them",
-            "wait for them (thrust-remote runs), stop them (thrust-remote stop RUN_ID), or give this host "
-            "another workdir",
+            f"wait for them ({command_hint('runs', host=session.host)}), stop them ("
+            + "; ".join(command_hint("stop", run, host=session.host) for run in running)
+            + "), or give this host another workdir",
         )
     bundle_bytes = 0
     if not state.get("have"):
