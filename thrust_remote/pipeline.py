@@ -341,8 +341,8 @@ def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:
 
 
 def reattach_command(run_id: str, host: HostConfig, offset: int | None = None) -> str:
-    extra = ["--offset", str(offset)] if offset else []
-    return command_hint("logs", run_id, "--follow", *extra, host=host)
+    command = command_hint("logs", run_id, "--follow", host=host)
+    return f"{command} --offset {offset}" if offset else command
 
 
 def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0) -> tuple[dict, int]:
