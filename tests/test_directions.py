@@ -15,13 +15,16 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from thrust_remote.config import HostConfig
+from thrust_remote.config import HostConfig, load_config
 from thrust_remote.doctor import Check, Report, with_config
 from thrust_remote.hints import command_hint
+from thrust_remote.runner import LocalRunner
+from thrust_remote.session import resolve_python
 
 REPO = Path(__file__).resolve().parent.parent
 EXE = str(Path(sys.executable).parent / "thrust-remote")
@@ -94,6 +97,24 @@ def test_envcheck_fixes_that_are_commands_get_the_config() -> None:
 
 
 # ------------------------------------------------------------------------------------------ `~` in python:
+
+
+def test_python_paths_resolve_on_the_host_like_ssh_would(sshd, tmp_path: Path) -> None:
+    runner = sshd.runner()
+    try:
+        home = str(Path.home())  # the sshd account is this one
+        for python, want in (("~/v/bin/python", f"{home}/v/bin/python"), ("v/bin/python", f"{home}/v/bin/python"),
+                             ("python3", "python3"), ("/opt/py/bin/python", "/opt/py/bin/python")):
+            assert resolve_python(runner, sshd.host_config(python=python)) == want
+    finally:
+        runner.close()
+    # the local host: `~` is this account's home, a relative path is the project's
+    (tmp_path / "thrust.yaml").write_text("hosts:\n  local:\n    python: .venv/bin/python\n")
+    config = load_config(tmp_path / "thrust.yaml", environ={})
+    local = LocalRunner(name="local")
+    assert resolve_python(local, config.host("local"), config) == str(config.root / ".venv" / "bin" / "python")
+    tilde = replace(config.host("local"), python="~/x/bin/python")
+    assert resolve_python(local, tilde, config) == str(Path.home() / "x" / "bin" / "python")
 
 
 @pytest.mark.slow
