@@ -122,7 +122,7 @@ def probe_disk(workdir: str) -> dict:
 
 
 # Where users keep the environment that has torch, relative to their home, in the order doctor
-# prefers them (docs/architecture.md, "doctor"): venvs first, then conda envs, then conda's base.
+# prefers them (docs/doctor.md, "ssh-python"): venvs first, then conda envs, then conda's base.
 HOME_ENV_GLOBS = (
     "venv", ".venv", "*/.venv", "*/venv",
     "miniconda3/envs/*", "anaconda3/envs/*", "miniforge3/envs/*", "miniconda3", "anaconda3", "miniforge3",

@@ -2,7 +2,7 @@
 
 A hint that names a command must act on the same host and the same thrust.yaml as the command that
 printed it: `thrust-remote stop RUN_ID` alone would act on the default host (docs/architecture.md,
-"Exit codes and hints"). So every such hint is built here, with `--host NAME` and, when the user
+"Exit codes"). So every such hint is built here, with `--host NAME` and, when the user
 named a config file (`--config` / THRUST_CONFIG), the global `--config PATH` before the subcommand.
 """
 

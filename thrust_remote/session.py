@@ -73,7 +73,7 @@ def host_paths(runner: Runner, host: HostConfig, config: Config | None = None) -
 
 
 def resolve_python(runner: Runner, host: HostConfig, config: Config | None = None) -> str:
-    """`python:` as an argv[0] that means the same from any cwd (docs/architecture.md, "Hosts").
+    """`python:` as an argv[0] that means the same from any cwd (docs/architecture.md, "Config (thrust.yaml)").
 
     `~` and `~/x` are the home of the account the runner acts as (over SSH the remote $HOME, asked
     once per connection); a relative path with a '/' is relative to that home, as ssh itself would
