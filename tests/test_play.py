@@ -249,3 +249,62 @@ def test_version_prints_the_installed_version() -> None:
                             check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"thrust-remote {version('thrust-remote')}"
+
+
+def kept_model(project: Path, run_id: str, fetched_at: str, **info: object) -> Path:
+    """A kept model as `fetch` leaves it: .thrust/fetched/<run-id>/ with fetch.json."""
+    run = project / ".thrust" / "fetched" / run_id
+    fake_model(run, "model", env=info.pop("env", "snake"), sha256=f"sha-{run_id}")
+    (run / "model.json").rename(run / "manifest.json")
+    (run / "metrics.jsonl").write_text('{"step": 1, "score_mean": 3.5}\n')
+    (run / "fetch.json").write_text(json.dumps({"run_id": run_id, "host": "sandbox", "job": "snake",
+                                                "state": "FINISHED", "steps": 5, "score": 3.5, "score_kind": "apples",
+                                                "fetched_at": fetched_at, "sha256": f"sha-{run_id}", **info}))
+    return run
+
+
+def test_api_models_lists_the_kept_models_newest_first_and_serves_them(tmp_path: Path) -> None:
+    public = tmp_path / "web" / "public"
+    fake_model(public, "snake", sha256="sha-snake-b", final_return=1.0)
+    kept_model(tmp_path, "snake-a", "2026-11-23T10:00:00.000+00:00", state="STOPPED")
+    kept_model(tmp_path, "snake-b", "2026-11-23T12:00:00.000+00:00", steps=300_000)
+    kept_model(tmp_path, "cartpole-c", "2026-11-23T11:00:00.000+00:00", env="cartpole", job="cartpole")
+    (tmp_path / ".thrust" / "fetched" / ".incoming-snake-d-x").mkdir()  # a fetch in progress
+    site = Site(web_dir=WEB, public_dir=public, project_root=tmp_path)
+    with PlayServer(site, port=0) as srv:
+        rows = json.loads(get(srv.url + "api/models")[2])["models"]
+        assert [(r["name"], r["group"]) for r in rows] == [
+            ("snake", "placed"), ("snake-b", "kept"), ("cartpole-c", "kept"), ("snake-a", "kept")]
+        assert rows[0]["run_id"] == "snake-b"  # the placed model is that kept run's
+        b = rows[1]
+        assert (b["steps"], b["score"], b["score_kind"], b["state"], b["placed"]) == (300_000, 3.5, "apples",
+                                                                                      "FINISHED", True)
+        assert rows[3]["state"] == "STOPPED" and rows[3]["placed"] is False
+        assert [r["playable"] for r in rows] == [True, True, False, True]
+        assert get(srv.url + b["model"])[2] == b"not really onnx"
+        assert get(srv.url + b["metrics"])[0] == 200
+        assert get(srv.url + "kept/snake-b/fetch.json")[0] == 200
+        for path in ("kept/snake-b/other.txt", "kept/.incoming-snake-d-x/model.onnx", "kept/snake-b/../../thrust.yaml",
+                     "kept/..%2F..%2Fthrust.yaml/model.onnx"):
+            assert get(srv.url + path)[0] == 404, path
+
+
+def test_cli_says_which_models_the_page_cannot_play(tmp_path: Path) -> None:
+    if not ORT_DIST.is_dir():
+        pytest.skip("web/node_modules is missing (make web-deps)")
+    fake_model(tmp_path / "web" / "public", "snake")
+    kept_model(tmp_path, "cartpole-c", "2026-11-23T11:00:00.000+00:00", env="cartpole", job="cartpole")
+    proc = subprocess.Popen([*CLI, "play", "--public", str(tmp_path / "web" / "public"), "--no-open", "--port", "0"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        assert proc.stdout is not None
+        first, second = proc.stdout.readline(), proc.stdout.readline()
+        assert "models: snake; 1 kept" in first, first
+        assert "not playable" in second and "cartpole-c" in second and "snake only" in second, second
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -321,7 +321,7 @@ def test_cut_or_corrupt_fetch_leaves_web_public_untouched(cli, project, remote_d
     def cut() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            parts = list(public.glob(".incoming-*/*.part"))
+            parts = list((project / ".thrust" / "fetched").glob(".incoming-*/*.part"))
             if parts and parts[0].stat().st_size > 5_000_000:
                 sshd.kill_sessions()
                 return

@@ -250,3 +250,50 @@ def test_page_without_models_says_how_to_make_one(page: Any, tmp_path: Path) -> 
     with PlayServer(Site(web_dir=default_web_dir(), public_dir=tmp_path), port=0) as srv:
         open_page(page, srv, "")
         assert "thrust-remote train snake" in page.locator("#error").text_content()
+
+
+def keep(project: Path, models: Path, run_id: str, *, fetched_at: str, env: str = "snake", **info: Any) -> None:
+    """A kept model (.thrust/fetched/<run-id>/) made of the tiny test model, with its fetch.json."""
+    run = project / ".thrust" / "fetched" / run_id
+    run.mkdir(parents=True)
+    shutil.copy(models / "tiny.onnx", run / "model.onnx")
+    shutil.copy(models / "tiny.json", run / "manifest.json")
+    if env != "snake":
+        edit_manifest(run / "manifest.json", env=env, grid_size=None)
+    sha = json.loads((run / "manifest.json").read_text())["sha256"]
+    (run / "fetch.json").write_text(json.dumps({"run_id": run_id, "host": "gpu", "job": env, "fetched_at": fetched_at,
+                                                "sha256": sha, **info}))
+
+
+def test_picker_lists_kept_models_newest_first_with_steps_and_score(page: Any, tmp_path: Path, models: Path) -> None:
+    public = tmp_path / "web" / "public"
+    public.mkdir(parents=True)
+    export_policy(public / "snake.onnx", seed=5)  # the placed model: not one of the kept ones
+    keep(tmp_path, models, "snake-old", fetched_at="2026-11-23T10:00:00.000+00:00", state="FINISHED",
+         steps=8_000_000, score=61.2, score_kind="apples")
+    keep(tmp_path, models, "snake-new", fetched_at="2026-11-23T12:00:00.000+00:00", state="STOPPED",
+         steps=300_000, score=2, score_kind="apples")
+    keep(tmp_path, models, "cartpole-x", fetched_at="2026-11-23T11:00:00.000+00:00", env="cartpole",
+         state="FINISHED", steps=6000, score=500, score_kind="eval return")
+    site = Site(web_dir=default_web_dir(), public_dir=public, project_root=tmp_path)
+    with PlayServer(site, port=0) as srv:
+        open_page(page, srv, "?speed=max")
+        groups = page.locator("#model-select optgroup").evaluate_all(
+            "gs => gs.map((g) => [g.label, Array.from(g.children, (o) => o.textContent)])")
+        assert [label for label, _ in groups] == ["placed in web/public", "kept runs, newest first"]
+        assert groups[1][1] == [
+            "snake-new · STOPPED · 300,000 steps · 2.00 apples",
+            "cartpole-x · FINISHED · 6,000 steps · 500.00 eval return (cartpole: not playable here)",
+            "snake-old · FINISHED · 8,000,000 steps · 61.20 apples",
+        ]
+        assert page.locator("#model-select").input_value() == "snake"  # the placed model opens first
+        note = page.locator("#models-note")
+        assert note.is_visible() and "cartpole-x (cartpole)" in note.text_content()
+        assert "plays snake only" in note.text_content()
+        page.select_option("#model-select", "snake-old")
+        page.wait_for_function("window.thrust.state.entry?.name === 'snake-old' && window.thrust.state.policy !== null "
+                               "&& window.thrust.state.moves >= 20")
+        assert page.locator("#error").is_hidden()
+        panel = page.locator("#manifest").text_content()
+        assert "snake-old" in panel and "61.20 apples" in panel and "FINISHED" in panel
+        assert page.js_errors == []

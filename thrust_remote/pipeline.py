@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 import yaml
@@ -82,6 +82,7 @@ class TrainRequest:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     detach: bool = False  # return once the run has started
     fetch: bool = True  # fetch the model when the run finished
+    force: bool = False  # place the fetched model even when it scores clearly worse than the placed one
 
 
 @dataclass
@@ -403,7 +404,8 @@ def train(config: Config, request: TrainRequest, session: HostSession,
         return TrainOutcome(launched, status, None, code, timings)
     reporter.step("fetching the model")
     t0 = time.monotonic()
-    fetched = finish(config, session, request.job, launched.run_dir, spec=launched.spec)
+    fetched = finish(config, session, request.job, launched.run_dir, spec=launched.spec, run_id=launched.run_id,
+                     status=status, force=request.force)
     timings["fetch"] = time.monotonic() - t0
     return TrainOutcome(launched, status, fetched, code, timings)
 
@@ -415,12 +417,19 @@ def export_target(config: Config, job: JobConfig) -> tuple[Path, str]:
 
 
 def finish(config: Config, session: HostSession, job: JobConfig, run_dir: str, *,
-           spec: JobSpec | None = None) -> artifacts.FetchResult:
-    """Fetch the run's model into web/public (verified, atomic). Cargo jobs fetch `artifact:`.
-    `spec` is the job's spec when the caller has it already (train), else it is made here (fetch)."""
+           spec: JobSpec | None = None, run_id: str | None = None, status: Mapping[str, Any] | None = None,
+           force: bool = False) -> artifacts.FetchResult:
+    """Fetch the run's model (verified), keep it in .thrust/fetched/<run-id>/ and place it in web/public
+    when its run FINISHED and it is not clearly worse than the placed one, or with `force`
+    (docs/architecture.md, "Kept models"). Cargo jobs fetch `artifact:`. `spec` and `status` are the
+    job's spec and the run's status when the caller has them already (train), else made here (fetch)."""
     dest, stem = export_target(config, job)
+    run_id = run_id or PurePosixPath(run_dir).name
+    status = status if status is not None else runs.status(session, run_id)
     if job.kind == "cargo":
         if not job.artifact:
             raise ThrustError(f"job {job.name} has no `artifact:` to fetch", exit_code=ExitCode.USAGE)
         stage_cargo_artifact(session, run_dir, spec or buildenv.job_spec(job))
-    return artifacts.fetch_run_model(session.runner, run_dir, stem, dest, host=session.host)
+    run = artifacts.RunFacts(run_id, session.name, job.name, status.get("state"), status.get("exit_code"))
+    return artifacts.fetch_run_model(session.runner, run_dir, stem, dest, project_root=config.root, run=run,
+                                     force=force)

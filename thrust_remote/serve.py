@@ -4,8 +4,12 @@ Paths it serves (all on 127.0.0.1):
 - `/` and everything under it: the files of web/ (the page, src/, node_modules/onnxruntime-web/dist).
 - `/public/<name>`: the model directory (default web/public): `<job>.onnx`, `<job>.json` (manifest),
   `<job>.metrics.jsonl` (learning curve).
-- `/api/models`: JSON `{"models": [{name, model, manifest, metrics, env, steps, final_return, ...}]}`,
-  one entry per `<job>.onnx` that has a `<job>.json` beside it, plus the `--model` one if given.
+- `/kept/<run-id>/model.onnx|manifest.json|metrics.jsonl|fetch.json`: the models kept per run in
+  `<project>/.thrust/fetched/` (docs/architecture.md, "Kept models").
+- `/api/models`: JSON `{"models": [{name, group, model, manifest, metrics, env, steps, score, score_kind,
+  playable, ...}]}`: the `--model` one if given, then one entry per `<job>.onnx` that has a `<job>.json`
+  beside it (group "placed"), then every kept model, newest fetch first (group "kept", with run_id,
+  host, job, state, fetched_at, placed). `playable` is false for envs the page cannot play (not snake).
 - `/models/<name>.onnx|.json|.metrics.jsonl`: a model given by path (`--model PATH`).
 
 Every response carries `Cross-Origin-Opener-Policy: same-origin` and `Cross-Origin-Embedder-Policy:
@@ -26,10 +30,16 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from . import artifacts
 from .errors import ThrustError
 
 log = logging.getLogger(__name__)
 
+# The envs the page (web/src/snake.js) can play; other models are listed but marked not playable.
+PLAYABLE_ENVS = ("snake",)
+KEPT_FILES = (artifacts.MODEL, artifacts.MANIFEST, artifacts.METRICS, artifacts.FETCH_INFO)
+KEPT_INFO_KEYS = ("run_id", "host", "job", "state", "exit_code", "steps", "score", "score_kind", "fetched_at",
+                  "sha256", "note")
 MANIFEST_SUMMARY_KEYS = ("env", "grid_size", "action_mode", "policy", "steps", "final_return", "obs_dim")
 MIME_TYPES = {
     ".wasm": "application/wasm",
@@ -136,46 +146,73 @@ def _summary(manifest: Path) -> dict[str, Any]:
     return {k: data[k] for k in MANIFEST_SUMMARY_KEYS if k in data}
 
 
+def _playable(row: dict[str, Any]) -> bool:
+    return row.get("env", "snake") in PLAYABLE_ENVS
+
+
+def _manifest_sha(manifest: Path) -> str | None:
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("sha256") if isinstance(data, dict) else None
+
+
 @dataclass
 class Site:
-    """What the server shows: the web/ directory, the model directory, and an extra model."""
+    """What the server shows: the web/ directory, the model directory, an extra model, and the
+    models kept per run under `<project_root>/.thrust/fetched/`."""
 
     web_dir: Path = field(default_factory=default_web_dir)
     public_dir: Path | None = None
     extra: ModelFiles | None = None
+    project_root: Path | None = None
 
     def __post_init__(self) -> None:
         self.web_dir = self.web_dir.resolve()
         self.public_dir = (self.public_dir or self.web_dir / "public").resolve()
+
+    @property
+    def kept_dir(self) -> Path | None:
+        return artifacts.kept_root(self.project_root).resolve() if self.project_root is not None else None
 
     def models(self) -> list[dict[str, Any]]:
         assert self.public_dir is not None
         rows: list[dict[str, Any]] = []
         if self.extra is not None:
             e = self.extra
-            rows.append(
-                {
-                    "name": e.name,
-                    "model": f"models/{e.name}.onnx",
-                    "manifest": f"models/{e.name}.json",
-                    "metrics": f"models/{e.name}.metrics.jsonl" if e.metrics else None,
-                    **_summary(e.manifest),
-                }
-            )
+            rows.append({"name": e.name, "group": "given", "model": f"models/{e.name}.onnx",
+                         "manifest": f"models/{e.name}.json",
+                         "metrics": f"models/{e.name}.metrics.jsonl" if e.metrics else None, **_summary(e.manifest)})
+        kept = artifacts.list_kept(self.project_root) if self.project_root is not None else []
+        placed: set[str] = set()
         taken = {r["name"] for r in rows}
         for m in find_models(self.public_dir):
             if m.name in taken:
                 continue
             q = urllib.parse.quote(m.name)
-            rows.append(
-                {
-                    "name": m.name,
-                    "model": f"public/{q}.onnx",
-                    "manifest": f"public/{q}.json",
-                    "metrics": f"public/{q}.metrics.jsonl" if m.metrics else None,
-                    **_summary(m.manifest),
-                }
-            )
+            sha = _manifest_sha(m.manifest)
+            placed.add(sha or "")
+            source = next((k for k in kept if sha and k.get("sha256") == sha), None)
+            score, kind = artifacts.score_of(_summary(m.manifest), m.metrics)
+            rows.append({"name": m.name, "group": "placed", "model": f"public/{q}.onnx", "manifest": f"public/{q}.json",
+                         "metrics": f"public/{q}.metrics.jsonl" if m.metrics else None, **_summary(m.manifest),
+                         "score": score, "score_kind": kind, "run_id": source.get("run_id") if source else None})
+        taken = {r["name"] for r in rows}
+        for k in kept:
+            name = k["dir"].name
+            if name in taken:
+                continue
+            q = urllib.parse.quote(name)
+            summary = _summary(k["dir"] / artifacts.MANIFEST)
+            has_metrics = (k["dir"] / artifacts.METRICS).is_file()
+            rows.append({"name": name, "group": "kept", "model": f"kept/{q}/{artifacts.MODEL}",
+                         "manifest": f"kept/{q}/{artifacts.MANIFEST}",
+                         "metrics": f"kept/{q}/{artifacts.METRICS}" if has_metrics else None, **summary,
+                         **{key: k.get(key) for key in KEPT_INFO_KEYS if key in k},
+                         "placed": k.get("sha256") in placed})
+        for row in rows:
+            row["playable"] = _playable(row)
         return rows
 
     def check(self) -> None:
@@ -188,8 +225,9 @@ class Site:
                 hint=f"run `make web-deps` (or `cd {self.web_dir} && npm ci`)",
             )
         if not self.models():
+            kept = f" and {self.kept_dir} holds no kept model" if self.kept_dir is not None else ""
             raise ThrustError(
-                f"no model to play: {self.public_dir} has no <job>.onnx with its <job>.json", hint=TRAIN_HINT
+                f"no model to play: {self.public_dir} has no <job>.onnx with its <job>.json{kept}", hint=TRAIN_HINT
             )
 
     def resolve(self, url_path: str) -> Path | None:
@@ -205,6 +243,8 @@ class Site:
             if e.metrics is not None:
                 files[f"{e.name}.metrics.jsonl"] = e.metrics
             return files.get(parts[1])
+        if parts[:1] == ["kept"]:
+            return self._kept_file(parts[1:])
         if parts[:1] == ["public"]:
             base, rest = self.public_dir, parts[1:]
         else:
@@ -218,6 +258,15 @@ class Site:
             # node_modules may be a symlink farm; allow what stays under web/ after resolving
             if not str(target.resolve()).startswith(str(self.web_dir)):
                 return None
+        return target if target.is_file() else None
+
+
+    def _kept_file(self, parts: list[str]) -> Path | None:
+        """kept/<run-id>/<one of KEPT_FILES>, nothing else under .thrust/ (not a fetch in progress)."""
+        kept = self.kept_dir
+        if kept is None or len(parts) != 2 or parts[0].startswith(".") or parts[1] not in KEPT_FILES:
+            return None
+        target = kept / parts[0] / parts[1]
         return target if target.is_file() else None
 
 

@@ -9,7 +9,7 @@ import typer
 
 from ..console import console
 from ..errors import ThrustError
-from ..serve import ModelFiles, PlayServer, Site, default_web_dir, find_models
+from ..serve import PLAYABLE_ENVS, ModelFiles, PlayServer, Site, default_web_dir, find_models
 from .common import get_config
 
 
@@ -33,14 +33,21 @@ def play(
     no_open: bool = typer.Option(False, "--no-open", help="Print the URL; do not open a browser."),
 ) -> None:
     extra = ModelFiles.from_model_path(model) if model is not None else None
-    site = Site(web_dir=default_web_dir(), public_dir=public or project_models_dir(ctx), extra=extra)
+    site = Site(web_dir=default_web_dir(), public_dir=public or project_models_dir(ctx), extra=extra,
+                project_root=project_root(ctx))
     site.check()
     server = PlayServer(site, port=port)
     url = server.url
     if extra is not None:
         url += f"?model={extra.name}"
-    names = ", ".join(m["name"] for m in site.models())
-    console.print(f"serving {site.web_dir} (models: {names})")
+    models = site.models()
+    names = ", ".join(m["name"] for m in models if m["group"] != "kept") or "none placed"
+    kept = sum(m["group"] == "kept" for m in models)
+    console.print(f"serving {site.web_dir} (models: {names}; {kept} kept in {site.kept_dir})", soft_wrap=True)
+    unplayable = [m["name"] for m in models if not m["playable"]]
+    if unplayable:
+        console.print(f"listed but not playable in the page (it plays {', '.join(PLAYABLE_ENVS)} only): "
+                      f"{', '.join(unplayable)}", soft_wrap=True)
     console.print(f"open [bold]{url}[/]  (Ctrl-C stops)", soft_wrap=True)
     if not no_open:
         webbrowser.open(url)
@@ -50,6 +57,14 @@ def play(
         console.print("stopped")
     finally:
         server.httpd.server_close()
+
+
+def project_root(ctx: typer.Context) -> Path:
+    """The project whose kept models (.thrust/fetched/) the page lists: thrust.yaml's, else here."""
+    try:
+        return get_config(ctx).root
+    except ThrustError:
+        return Path.cwd()  # a broken thrust.yaml should not stop the demo; `train` reports it
 
 
 def project_models_dir(ctx: typer.Context) -> Path | None:

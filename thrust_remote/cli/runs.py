@@ -108,7 +108,9 @@ def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
         console.print(f"{run_id}: not running ({answer.get('state')})")
 
 
-def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT) -> None:
+def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
+          force: bool = typer.Option(False, "--force", help="Place the model in web/public even when its run did "
+                                     "not FINISH or it scores clearly worse than the placed one.")) -> None:
     config = get_config(ctx)
     session = _open(ctx, host)
     try:
@@ -116,7 +118,11 @@ def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | Non
         job_name = st.get("job")
         if not job_name:
             raise ThrustError(f"run {run_id} has no job recorded")
-        result = pipeline.finish(config, session, config.job(job_name), session.paths.run(run_id))
+        result = pipeline.finish(config, session, config.job(job_name), session.paths.run(run_id), run_id=run_id,
+                                 status=st, force=force)
     finally:
         session.runner.close()
-    console.print(f"{result.model} ({result.bytes:,} bytes, sha256 {result.sha256[:12]}…) + {result.manifest.name}")
+    from .kept import render_fetched
+
+    render_fetched(ctx, result, session.name, config.root)
+    typer.echo(result.model)  # the placed model, or the kept one when not placed

@@ -11,9 +11,11 @@ from rich.markup import escape
 
 from .. import pipeline
 from ..console import console, err_console
+from ..serve import PLAYABLE_ENVS
 from ..session import HostSession
 from .common import get_config, open_runner
 from .follow import LogReporter, reattach_command, say
+from .kept import command, render_fetched, say_line
 
 
 class CliReporter(LogReporter):
@@ -52,6 +54,8 @@ def train(
     detach: bool = typer.Option(False, "--detach", help="Return once the run has started."),
     no_fetch: bool = typer.Option(False, "--no-fetch", help="Do not fetch the model when the run finishes."),
     as_json: bool = typer.Option(False, "--json", help="With --detach: print the run as JSON."),
+    force: bool = typer.Option(False, "--force", help="Place the new model in web/public even when it scores "
+                               "clearly worse than the placed one (it is kept in .thrust/fetched/ either way)."),
 ) -> None:
     config = get_config(ctx)
     host_cfg = config.host(host)
@@ -60,15 +64,16 @@ def train(
     started = time.monotonic()
     try:
         request = pipeline.TrainRequest(job=job_cfg, host=host_cfg, gpus=gpus, nproc=nproc, sets=sets,
-                                        params_file=params, detach=detach, fetch=not no_fetch)
+                                        params_file=params, detach=detach, fetch=not no_fetch, force=force)
         session = HostSession.open(runner, host_cfg, config)
         outcome = pipeline.train(config, request, session, CliReporter(quiet=as_json))
     finally:
         runner.close()
-    _render(outcome, host_cfg, as_json, started)
+    _render(ctx, outcome, host_cfg, as_json, started, config.root)
 
 
-def _render(outcome: pipeline.TrainOutcome, host_cfg, as_json: bool, started: float) -> None:
+def _render(ctx: typer.Context, outcome: pipeline.TrainOutcome, host_cfg, as_json: bool, started: float,
+            root: Path) -> None:
     launched = outcome.launched
     if outcome.status is None:  # detached
         if as_json:
@@ -79,13 +84,26 @@ def _render(outcome: pipeline.TrainOutcome, host_cfg, as_json: bool, started: fl
         return
     status = outcome.status
     if status["state"] != "FINISHED":
-        say(f"run {launched.run_id} ended {status['state']} (exit code {status.get('exit_code')})")
+        say(f"run {launched.run_id} ended {status['state']} (exit code {status.get('exit_code')}); its model, "
+            "if it exported one, was not fetched")
+        say_line(f"keep it (not placed): {command(ctx, 'fetch', launched.run_id, host=host_cfg.name)}")
+        say_line(f"place it anyway: {command(ctx, 'fetch', launched.run_id, '--force', host=host_cfg.name)}")
         raise typer.Exit(outcome.exit_code)
     result = outcome.fetched
     if result is not None:
-        say(
-            f"model: {result.model} ({result.bytes:,} bytes, sha256 {result.sha256[:12]}…), "
-            f"manifest {result.manifest.name}; checked with onnx + onnxruntime"
-        )
-        say("see it play: thrust-remote play")
+        render_fetched(ctx, result, host_cfg.name, root)
+        env = _manifest_env(result.kept / "manifest.json")
+        if env in PLAYABLE_ENVS:
+            say("see it play: thrust-remote play")
+        else:
+            say(f"(the browser page plays {', '.join(PLAYABLE_ENVS)} only: this {env} model is kept, not playable "
+                "there)")
     say(f"done in {time.monotonic() - started:.1f} s")
+
+
+def _manifest_env(path: Path) -> str | None:
+    try:
+        env = json.loads(path.read_text()).get("env")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return env if isinstance(env, str) else None

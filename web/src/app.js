@@ -22,6 +22,7 @@ const ui = {
   mode: $("mode"),
   pause: $("pause"),
   manifest: $("manifest"),
+  modelsNote: $("models-note"),
 };
 
 const state = {
@@ -96,23 +97,68 @@ async function listModels() {
   return [];
 }
 
-function fillPicker() {
-  ui.select.replaceChildren();
-  for (const entry of state.models) {
-    const option = document.createElement("option");
-    option.value = entry.name;
-    const extra = entry.steps ? ` · ${Number(entry.steps).toLocaleString("en")} steps` : "";
-    const other = entry.env !== undefined && entry.env !== "snake" ? ` (${entry.env}: not playable here)` : "";
-    option.textContent = `${entry.name}${extra}${other}`;
-    ui.select.append(option);
-  }
-  ui.select.disabled = state.models.length === 0;
+const GROUPS = [
+  ["given", "given with --model"],
+  ["placed", "placed in web/public"],
+  ["kept", "kept runs, newest first"],
+];
+
+/** The page plays snake only: anything else is listed, marked, and named in the note. */
+function playable(entry) {
+  return entry.playable ?? (entry.env === undefined || entry.env === "snake");
 }
 
-function showManifest(manifest) {
+function scoreText(entry) {
+  if (typeof entry.score !== "number") return null;
+  return `${entry.score.toFixed(2)} ${entry.score_kind ?? "score"}`;
+}
+
+function optionLabel(entry) {
+  const parts = [entry.name];
+  if (entry.group === "kept" && entry.state) parts.push(entry.state);
+  if (entry.steps) parts.push(`${Number(entry.steps).toLocaleString("en")} steps`);
+  const score = scoreText(entry);
+  if (score) parts.push(score);
+  let label = parts.join(" · ");
+  if (entry.group === "kept" && entry.placed) label += " (placed)";
+  if (!playable(entry)) label += ` (${entry.env}: not playable here)`;
+  return label;
+}
+
+function fillPicker() {
+  ui.select.replaceChildren();
+  const known = new Set(GROUPS.map(([key]) => key));
+  for (const [key, title] of [...GROUPS, [null, "models"]]) {
+    const entries = state.models.filter((m) => (key === null ? !known.has(m.group) : m.group === key));
+    if (entries.length === 0) continue;
+    const group = document.createElement("optgroup");
+    group.label = title;
+    for (const entry of entries) {
+      const option = document.createElement("option");
+      option.value = entry.name;
+      option.textContent = optionLabel(entry);
+      if (!playable(entry)) option.dataset.unplayable = "true";
+      group.append(option);
+    }
+    ui.select.append(group);
+  }
+  ui.select.disabled = state.models.length === 0;
+  const unplayable = state.models.filter((m) => !playable(m));
+  ui.modelsNote.hidden = unplayable.length === 0;
+  ui.modelsNote.textContent = unplayable.length
+    ? `Listed but not playable here (this page plays snake only): ${unplayable.map((m) => `${m.name} (${m.env})`).join(", ")}.`
+    : "";
+}
+
+function showManifest(manifest, entry) {
   ui.manifest.replaceChildren();
   if (!manifest) return;
   const rows = [
+    ["run", entry?.run_id],
+    ["host", entry?.host],
+    ["state", entry?.state],
+    ["score", entry && scoreText(entry)],
+    ["fetched", entry?.fetched_at],
     ["env", manifest.env],
     ["grid", manifest.grid_size && `${manifest.grid_size}×${manifest.grid_size}`],
     ["actions", manifest.action_mode && `${manifest.action_mode} (${manifest.n_actions ?? "?"})`],
@@ -174,7 +220,7 @@ async function loadModel(name) {
       return;
     }
     state.policy = policy;
-    showManifest(policy.manifest);
+    showManifest(policy.manifest, entry);
     newGame(policy.settings);
     const t = policy.timings;
     api.loadTimings = t;
@@ -481,8 +527,8 @@ async function main() {
     markReady();
     return;
   }
-  const playable = state.models.find((m) => m.env === undefined || m.env === "snake") ?? state.models[0];
-  const wanted = params.get("model") ?? playable.name;
+  const first = state.models.find(playable) ?? state.models[0];
+  const wanted = params.get("model") ?? first.name;
   ui.select.value = wanted;
   await loadModel(wanted);
 }
