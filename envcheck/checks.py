@@ -49,6 +49,69 @@ DISK_FAIL = 2 * GIB  # a tch-rs release build alone takes ~1-2 GB of target/
 DISK_WARN = 10 * GIB
 
 
+# PyTorch's CUDA wheel indices (WHEEL_INDEX + tag), one per CUDA toolkit, with the first and last
+# torch minor each carries (None: still carried by the newest release when this was written, 2.9).
+# A driver runs wheels built for its own CUDA version or an older one, so a fix takes the newest
+# index <= the driver's CUDA (nvidia-smi's "CUDA Version"); a host without a GPU takes .../whl/cpu.
+# Source: pytorch.org/get-started/previous-versions. This table is the only place to update.
+WHEEL_INDEX = "https://download.pytorch.org/whl/"
+TORCH_CUDA_INDICES = (
+    ("cu118", (11, 8), (2, 0), (2, 7)),
+    ("cu121", (12, 1), (2, 1), (2, 5)),
+    ("cu124", (12, 4), (2, 4), (2, 6)),
+    ("cu126", (12, 6), (2, 6), None),
+    ("cu128", (12, 8), (2, 7), None),
+    ("cu129", (12, 9), (2, 8), None),
+    ("cu130", (13, 0), (2, 9), None),
+)
+VENV = "~/venv"  # where doctor's fix makes a venv when the host's python refuses pip (PEP 668)
+
+
+def wheel_tag(driver_cuda: str | None, torch: str | None = None) -> str | None:
+    """The newest index in TORCH_CUDA_INDICES at or below the driver's CUDA that carries `torch` (a
+    version like "2.5", when one is pinned). When a pinned torch is only built for a newer CUDA of the
+    same major, its oldest such index (CUDA minor-version compatibility: a 12.x driver >= 525 runs
+    12.y wheels); None when the driver's CUDA is unknown or too old."""
+    cuda = tables.parse_version(driver_cuda)
+    if not cuda or len(cuda) < 2:
+        return None
+    want = tables.parse_version(torch)
+    carries = [
+        (tag, need) for tag, need, first, last in TORCH_CUDA_INDICES
+        if not want or (first <= want[:2] and (last is None or want[:2] <= last))
+    ]
+    fits = [tag for tag, need in carries if need <= cuda[:2]]
+    if fits:
+        return fits[-1]
+    compatible = [tag for tag, need in carries if want and need[0] == cuda[0]]
+    return compatible[0] if compatible else None
+
+
+def driver_cuda(smi: dict) -> str | None:
+    """The newest CUDA the driver runs: nvidia-smi's header, else the driver table (tables.CUDA_DRIVER)."""
+    if smi.get("cuda_version"):
+        return smi["cuda_version"]
+    driver = smi.get("driver_version")
+    ok = [cuda for cuda, need in tables.CUDA_DRIVER.items() if tables.version_at_least(driver, need)]
+    return tables.fmt(max(ok)) if ok else None
+
+
+def display_path(path: str, home: str | None) -> str:
+    """`~/x` for a path under the host's home: what a thrust.yaml line should say (portable, short)."""
+    if home and home != "/" and path.startswith(home.rstrip("/") + "/"):
+        return "~" + path[len(home.rstrip("/")):]
+    return path
+
+
+def choose_python(others: list, home: str | None) -> str | None:
+    """The interpreter to put in `python:`: the first with torch, in probe order (probe.python_candidates:
+    the workdir's venv, venvs under home, conda envs, then system ones), shown as `~/...` when under home."""
+    for other in others:
+        if other.get("torch"):
+            return display_path(other["path"], home)
+    return None
+
+
 def result(cid: str, status: str, detail: str, fix: str | None = None) -> dict:
     return {"id": cid, "title": TITLES[cid], "status": status, "detail": detail, "fix": fix}
 
@@ -83,13 +146,39 @@ class Ctx:
             detail = "for tch-rs (cargo) jobs: pass --job NAME"
         return result(cid, SKIP, detail + (f" ({why})" if why else ""))
 
+    def index_url(self, version: str | None = None) -> str | None:
+        """The wheel index for this host: CPU without a GPU, else wheel_tag of the driver's CUDA."""
+        if not self.has_gpu:
+            return WHEEL_INDEX + "cpu"
+        tag = wheel_tag(driver_cuda(self.smi), version)
+        return WHEEL_INDEX + tag if tag else None
+
+    def pip_args(self, version: str | None = None) -> list[str]:
+        """`-m pip install torch[==X.*] [--index-url URL]`: what follows the interpreter."""
+        url = self.index_url(version)
+        return ["-m", "pip", "install", f"torch=={version}.*" if version else "torch",
+                *(["--index-url", url] if url else [])]
+
     def pip_torch(self, version: str | None = None) -> str:
-        spec = f"torch=={version}.*" if version else "torch"
-        cmd = [self.python, "-m", "pip", "install", spec]
-        cuda = self.probe.get("cuda_version")
-        if cuda:
-            cmd += ["--index-url", f"https://download.pytorch.org/whl/cu{cuda.replace('.', '')}"]
-        return shlex.join(cmd)
+        return shlex.join([self.python, *self.pip_args(version)])
+
+    def install_torch(self, version: str | None = None) -> str:
+        """A command that gives this host a working torch: into `python:` when pip may write there (a venv,
+        a conda env), else into a new venv, which `python:` must then name (a distribution's python
+        refuses pip: PEP 668)."""
+        env = self.facts.get("python_env") or {}
+        if env.get("venv") or env.get("conda") or (env and not env.get("externally_managed")):
+            return self.pip_torch(version)
+        venv_python = f"{VENV}/bin/python"
+        # `~` stays unquoted so the user's shell expands it; everything else is quoted
+        steps = [f"{shlex.quote(self.python)} -m venv {VENV}", f"{venv_python} {shlex.join(self.pip_args(version))}"]
+        if env and not env.get("ensurepip"):
+            steps.insert(0, "sudo apt-get install -y python3-venv")
+        return " && ".join(steps) + f"   # then in thrust.yaml: hosts.{self.host}.python: {venv_python}"
+
+    def doctor_cmd(self, *args: str) -> str:
+        """A thrust-remote command for this host (the laptop adds --config: thrust_remote/hints.py)."""
+        return shlex.join(["thrust-remote", "doctor", *args, "--host", self.host])
 
     def cd_crate(self, cmd: list[str]) -> str:
         return f"cd {shlex.quote(self.crate_dir)} && {shlex.join(cmd)}"
@@ -119,7 +208,10 @@ def check_torch_import(c: Ctx) -> dict:
         return result("torch-import", FAIL, f"{c.python}: {err}",
                       f"{c.python} -c 'import torch'   # run by hand to see where it hangs")
     if "No module named 'torch'" in err or "ModuleNotFoundError" in err:
-        return result("torch-import", FAIL, f"{c.python} has no torch: {err}", c.pip_torch(_wanted_torch(c)))
+        other = choose_python(c.facts.get("other_pythons") or [], c.facts.get("home"))
+        fix = (f"set `python: {other}` under hosts.{c.host} in thrust.yaml (it has torch; see ssh-python)"
+               if other else c.install_torch(_wanted_torch(c)))
+        return result("torch-import", FAIL, f"{c.python} has no torch: {err}", fix)
     return result("torch-import", FAIL, f"import torch failed in {c.python}: {err}",
                   c.pip_torch(_wanted_torch(c)).replace(" install ", " install --force-reinstall ", 1))
 
@@ -157,16 +249,6 @@ def check_torch_version(c: Ctx) -> dict:
     return result(cid, FAIL, detail + "; torch-sys refuses to build against it", c.pip_torch(tables.fmt(want)))
 
 
-def _wheel_for_driver(driver: str | None) -> str:
-    """The PyTorch wheel index for this driver. Recent torch releases ship cu126/cu128 (and cu130)
-    wheels only; a 12.x driver below 12.8's runs cu126 through CUDA minor-version compatibility."""
-    if tables.version_at_least(driver, "570.26"):
-        return "cu128"
-    if tables.version_at_least(driver, "525.60.13"):
-        return "cu126"
-    return "cu118"
-
-
 def check_cuda(c: Ctx) -> dict:
     cid = "cuda-available"
     p = c.probe
@@ -189,10 +271,8 @@ def check_cuda(c: Ctx) -> dict:
                       "no /dev/nvidia*): training runs on the CPU",
                       "train on a GPU host: add it under hosts: in thrust.yaml and pass --host")
     if not p.get("cuda_version"):
-        tag = _wheel_for_driver(c.smi.get("driver_version"))
         return result(cid, FAIL, f"the host has {c.gpu_count or 'a'} GPU(s) but torch {p.get('version')} is a "
-                      "CPU-only build", f"{c.python} -m pip install --force-reinstall torch "
-                      f"--index-url https://download.pytorch.org/whl/{tag}")
+                      "CPU-only build", c.pip_torch().replace(" install ", " install --force-reinstall ", 1))
     why = p.get("cuda_error") or "torch.cuda.is_available() is False"
     cvd = c.env.get("CUDA_VISIBLE_DEVICES")
     hint = f"; CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else ""
@@ -252,9 +332,9 @@ def check_driver(c: Ctx) -> dict:
         return result(cid, WARN, detail + f"; runs through minor-version compatibility (>= {floor}), "
                       "but PTX JIT and newer CUDA APIs fail",
                       f"upgrade the NVIDIA driver to >= {exact}, or install a torch wheel for an older CUDA")
+    older = c.pip_torch() if c.index_url() else None
     return result(cid, FAIL, detail + (f" (minimum {floor} for CUDA {cuda.split('.')[0]}.x)" if floor else ""),
-                  f"upgrade the NVIDIA driver to >= {exact}, or {c.pip_torch().split(' --index-url')[0]} "
-                  f"--index-url https://download.pytorch.org/whl/{_wheel_for_driver(driver)}")
+                  f"upgrade the NVIDIA driver to >= {exact}" + (f", or {older}" if older else ""))
 
 
 _CVD_TOKEN = re.compile(r"^(\d+|GPU-[0-9A-Fa-f-]+|MIG-[0-9A-Za-z/-]+)$")
@@ -508,7 +588,7 @@ def check_build_rs(c: Ctx) -> dict:
         return result(cid, SKIP, f"no Cargo.toml in {c.crate_dir} (not synced yet?)")
     br = c.crate.get("build_rs") or {}
     path = c.crate.get("build_rs_path") or "build.rs"
-    fix = f"thrust-remote doctor --job {c.job_name} --fix   # adds to fn main() in {path}: " + " ".join(BUILD_RS_LINES)
+    fix = c.doctor_cmd("--job", c.job_name, "--fix") + f"   # adds to fn main() in {path}: " + " ".join(BUILD_RS_LINES)
     if br.get("no_as_needed") and br.get("links_torch_after"):
         return result(cid, OK, f"{path} passes -Wl,--no-as-needed then -ltorch")
     why = ("thrust-remote's RUSTFLAGS cover its own builds, but a manual `cargo build` would drop libtorch_cuda")
@@ -624,14 +704,18 @@ def check_torch_libs(c: Ctx) -> dict:
 def check_ssh_python(c: Ctx) -> dict:
     cid = "ssh-python"
     others = c.facts.get("other_pythons") or []
-    with_torch = [o["path"] for o in others if o.get("torch")]
+    home = c.facts.get("home")
     if c.torch_ok:
         return result(cid, OK, f"{c.python} (hosts.{c.host}.python) has torch {c.probe.get('version')}")
-    if with_torch:
-        return result(cid, FAIL, f"{c.python} (hosts.{c.host}.python) has no torch, but {with_torch[0]} does",
-                      f"set `python: {with_torch[0]}` under hosts.{c.host} in thrust.yaml")
-    return result(cid, SKIP, f"no python on this host has torch ({c.python}"
-                  + "".join(f", {o['path']}" for o in others) + "); see torch-import")
+    chosen = choose_python(others, home)
+    if chosen:
+        with_torch = [display_path(o["path"], home) for o in others if o.get("torch")]
+        return result(cid, FAIL, f"{c.python} (hosts.{c.host}.python) has no torch, but "
+                      f"{', '.join(with_torch)} {'does' if len(with_torch) == 1 else 'do'}",
+                      f"set `python: {chosen}` under hosts.{c.host} in thrust.yaml")
+    looked = ", ".join(display_path(o["path"], home) for o in others)
+    return result(cid, SKIP, f"no python on this host has torch ({c.python}" + (f", {looked}" if looked else "")
+                  + "; looked in ~/venv, ~/.venv, ~/*/.venv, ~/*/venv and conda envs); see torch-import")
 
 
 def check_disk(c: Ctx) -> dict:

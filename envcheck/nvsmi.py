@@ -21,6 +21,8 @@ QUERY_ARGV = [
 LIST_ARGV = ["nvidia-smi", "-L"]
 
 NO_DEVICES = "No devices were found"
+# plain `nvidia-smi` prints the newest CUDA the driver supports in its header ("CUDA Version: 12.4")
+_CUDA_VERSION_RE = re.compile(r"CUDA Version:\s*(\d+\.\d+)")
 
 _LIST_GPU_RE = re.compile(r"^GPU (\d+): (.*?) \(UUID: (GPU-[0-9A-Za-z-]+)\)\s*$")
 _LIST_MIG_RE = re.compile(r"^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[0-9A-Za-z/-]+)\)\s*$")
@@ -75,6 +77,12 @@ def parse_list(text: str) -> list[dict]:
         if m and gpus:
             gpus[-1]["mig"].append({"profile": m.group(1), "device": int(m.group(2)), "uuid": m.group(3)})
     return gpus
+
+
+def parse_cuda_version(text: str) -> str | None:
+    """The driver's CUDA version from plain `nvidia-smi` output ("12.4"), or None when it is not there."""
+    m = _CUDA_VERSION_RE.search(text or "")
+    return m.group(1) if m else None
 
 
 def summarize(query_out: str, query_rc: int, list_out: str = "") -> dict:

@@ -59,6 +59,9 @@ def probe_nvidia_smi() -> dict:
     query = run_cmd([path, *nvsmi.QUERY_ARGV[1:]], timeout=10)
     listing = run_cmd([path, *nvsmi.LIST_ARGV[1:]], timeout=10) if query["rc"] == 0 else {"out": ""}
     summary = nvsmi.summarize(query["out"] or query["err"], query["rc"], listing["out"])
+    # the header's "CUDA Version" picks the PyTorch wheel index in doctor's fixes (checks.wheel_tag)
+    header = run_cmd([path], timeout=10) if summary["gpus"] else {"out": ""}
+    summary["cuda_version"] = nvsmi.parse_cuda_version(header["out"])
     return {**base, "found": True, "exit_code": query["rc"], **summary}
 
 
@@ -118,22 +121,38 @@ def probe_disk(workdir: str) -> dict:
     return {"path": path, "free_bytes": usage.free, "total_bytes": usage.total}
 
 
+# Where users keep the environment that has torch, relative to their home, in the order doctor
+# prefers them (docs/doctor.md, "ssh-python"): venvs first, then conda envs, then conda's base.
+HOME_ENV_GLOBS = (
+    "venv", ".venv", "*/.venv", "*/venv",
+    "miniconda3/envs/*", "anaconda3/envs/*", "miniforge3/envs/*", "miniconda3", "anaconda3", "miniforge3",
+)
+MAX_OTHER_PYTHONS = 24  # each costs one interpreter start (~30 ms); a home with hundreds of projects is capped
+
+
+def python_candidates(workdir: str, home: str) -> list[str]:
+    """Interpreters a user might mean, most likely first: the workdir's .venv, the environments under
+    home (HOME_ENV_GLOBS; `*` skips hidden directories, as a shell does), then the PATH's and system ones."""
+    out = [os.path.join(workdir, ".venv", "bin", "python")]
+    for pattern in HOME_ENV_GLOBS:
+        out += [os.path.join(d, "bin", "python") for d in sorted(glob.glob(os.path.join(home, pattern)))]
+    out += [shutil.which("python3"), shutil.which("python"), "/usr/bin/python3", "/usr/local/bin/python3"]
+    return [c for c in out if c]
+
+
 def probe_other_pythons(workdir: str) -> list[dict]:
     """Other interpreters a user might mean, and whether each has torch (find_spec: no import)."""
     me = os.path.abspath(sys.executable)
     seen = {me}
     found = []
-    candidates = [shutil.which("python3"), shutil.which("python"),
-                  os.path.join(workdir, ".venv", "bin", "python"), os.path.expanduser("~/.venv/bin/python"),
-                  "/usr/bin/python3", "/usr/local/bin/python3"]
-    for cand in candidates:
-        if not cand or not os.access(cand, os.X_OK):
-            continue
+    for cand in python_candidates(workdir, os.path.expanduser("~")):
+        # abspath, not realpath: a venv's python is a symlink to its base, and they differ in packages
         cand = os.path.abspath(cand)
-        if cand in seen:
+        if cand in seen or not os.access(cand, os.X_OK):
             continue
         seen.add(cand)
         found.append(cand)
+    found = found[:MAX_OTHER_PYTHONS]
 
     def has_torch(path: str) -> dict:
         r = run_cmd([path, "-c", "import importlib.util as u;s=u.find_spec('torch');print(s.origin if s else '')"],
@@ -141,8 +160,24 @@ def probe_other_pythons(workdir: str) -> list[dict]:
         return {"path": path, "torch": bool(r["rc"] == 0 and r["out"].strip()), "on_path": path in (
             shutil.which("python3"), shutil.which("python"))}
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(has_torch, found))
+
+
+def python_env() -> dict:
+    """What kind of interpreter this is, for doctor's torch fix: pip may install into a venv or a conda
+    env, while a distribution's python refuses (PEP 668's EXTERNALLY-MANAGED) and needs a venv, which
+    needs ensurepip (Debian's python3-venv package)."""
+    import importlib.util
+    import sysconfig
+
+    stdlib = sysconfig.get_paths().get("stdlib") or ""
+    return {
+        "venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
+        "conda": os.path.isdir(os.path.join(sys.prefix, "conda-meta")),
+        "externally_managed": os.path.isfile(os.path.join(stdlib, "EXTERNALLY-MANAGED")),
+        "ensurepip": importlib.util.find_spec("ensurepip") is not None,
+    }
 
 
 _LOCK_PKG_RE = re.compile(r'^\[\[package\]\]\s*\nname\s*=\s*"([^"]+)"\s*\nversion\s*=\s*"([^"]+)"', re.M)
@@ -288,6 +323,8 @@ def collect(
         "machine": platform.machine(),
         "python": platform.python_version(),
         "python_path": sys.executable,
+        "python_env": python_env(),
+        "home": os.path.expanduser("~"),
         "torch": torch.get("version"),
         "cuda_available": torch.get("cuda_available"),
         "torch_probe": torch,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,36 @@ def test_init_writes_a_config_that_loads_and_never_overwrites(cli, tmp_path):
     again = cli("init", cwd=tmp_path)
     assert again.returncode == ExitCode.USAGE
     assert (tmp_path / "thrust.yaml").read_text() == "default_host: local\n# mine\n"
+
+
+def _git_init(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    return path.resolve()
+
+
+def test_config_elsewhere_only_configures_the_git_tree_you_stand_in(tmp_path, monkeypatch):
+    project = _git_init(tmp_path / "project")
+    (project / "sub").mkdir()
+    elsewhere = tmp_path / "elsewhere" / "thrust.yaml"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("hosts:\n  a:\n    address: box\n")
+    monkeypatch.chdir(project / "sub")
+    cfg = load_config(elsewhere, environ={})
+    assert cfg.root == project  # not elsewhere/: the project is where the command runs
+    assert cfg.given_path == str(elsewhere.resolve()) and cfg.host("a").config_path == str(elsewhere.resolve())
+    # named through THRUST_CONFIG counts as given too; a file found upwards is not repeated in hints
+    assert load_config(environ={"THRUST_CONFIG": str(elsewhere)}).given_path == str(elsewhere.resolve())
+    (project / "thrust.yaml").write_text("hosts:\n  a:\n    address: box\n")
+    found = load_config(environ={})
+    assert found.root == project and found.given_path is None and found.host("a").config_path is None
+
+
+def test_config_elsewhere_without_git_makes_the_cwd_the_project(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere" / "thrust.yaml"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("default_host: local\n")
+    here = tmp_path / "plain"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert load_config(elsewhere, environ={}).root == here

@@ -81,7 +81,7 @@ def test_local_table_shows_rows_and_fixes(cli, tmp_path: Path, bare_python: Path
     assert proc.returncode == 1, proc.stderr
     for cid in CHECK_IDS:
         assert cid in proc.stdout
-    assert "FAIL" in proc.stdout and f"fix: {bare_python} -m pip install torch" in proc.stdout
+    assert "FAIL" in proc.stdout and f"fix: {bare_python} -m pip install torch --index-url" in proc.stdout
 
 
 def test_python_without_torch_fails_the_torch_row_with_its_fix(cli, tmp_path: Path, bare_python: Path) -> None:
@@ -90,7 +90,9 @@ def test_python_without_torch_fails_the_torch_row_with_its_fix(cli, tmp_path: Pa
     assert proc.returncode == 1, proc.stderr
     rows = report_of(proc)
     assert rows["torch-import"]["status"] == "fail"
-    assert rows["torch-import"]["fix"] == f"{bare_python} -m pip install torch"
+    # a venv takes pip: torch goes into it, from this host's wheel index (cpu: no GPU here)
+    assert rows["torch-import"]["fix"].startswith(f"{bare_python} -m pip install torch --index-url "
+                                                  "https://download.pytorch.org/whl/")
     # the venv's python has no torch, but this test's does: the doctor names it
     assert rows["ssh-python"]["status"] in ("fail", "skip")
 

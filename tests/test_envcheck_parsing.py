@@ -149,7 +149,8 @@ def test_cpu_wheel_on_gpu_host_names_the_cuda_wheel() -> None:
     r = by_id(f)
     assert r["cuda-available"]["status"] == "fail"
     assert "CPU-only build" in r["cuda-available"]["detail"]
-    assert "https://download.pytorch.org/whl/cu126" in r["cuda-available"]["fix"]  # driver 550: cu126 via minor compat
+    # driver 550 runs CUDA 12.4: the newest wheel index at or below it is cu124
+    assert r["cuda-available"]["fix"].endswith("--index-url https://download.pytorch.org/whl/cu124")
 
 
 @pytest.mark.parametrize(
@@ -299,3 +300,88 @@ def test_git_dubious_ownership_names_the_safe_directory_fix() -> None:
                 "error": "fatal: detected dubious ownership in repository at '/srv/thrust'"}
     r = by_id(f)["git"]
     assert r["status"] == "fail" and r["fix"] == "git config --global --add safe.directory /srv/thrust"
+
+
+# ---------------------------------------------------------------- doctor's torch fix: wheel index, venv, which python
+
+
+def test_driver_cuda_from_the_header_else_from_the_driver_table() -> None:
+    assert nvsmi.parse_cuda_version(read("l4_one_gpu.txt")) == "12.4"
+    assert nvsmi.parse_cuda_version(read("no_devices.txt")) is None
+    assert checks.driver_cuda({"cuda_version": "12.9", "driver_version": "550.54.15"}) == "12.9"
+    assert checks.driver_cuda({"driver_version": "550.54.15"}) == "12.4"  # no header: the driver table
+    assert checks.driver_cuda({"driver_version": "535.183.01"}) == "12.2"
+    assert checks.driver_cuda({}) is None
+
+
+@pytest.mark.parametrize(
+    ("cuda", "torch", "tag"),
+    [("12.4", None, "cu124"),  # the newest index at or below the driver's CUDA
+     ("12.2", None, "cu121"), ("12.8", None, "cu128"), ("12.9", None, "cu129"), ("13.0", None, "cu130"),
+     ("13.2", None, "cu130"), ("11.8", None, "cu118"), ("11.4", None, None), (None, None, None),
+     ("12.8", "2.5", "cu124"),  # a pinned torch: only the indices that carry it
+     ("12.4", "2.13", "cu126"),  # built only for newer 12.x: CUDA minor-version compatibility
+     ("11.8", "2.13", None)],
+)
+def test_wheel_index_for_the_drivers_cuda(cuda: str | None, torch: str | None, tag: str | None) -> None:
+    assert checks.wheel_tag(cuda, torch) == tag
+
+
+def _no_torch(**python_env: bool) -> dict:
+    """A GPU host (driver 550: CUDA 12.4) whose `python:` has no torch."""
+    f = gpu_facts("l4_one_gpu.csv", "l4_one_gpu.list", ok=False, version=None, cuda_version=None,
+                  cuda_available=False, error="ModuleNotFoundError: No module named 'torch'", lib_dir=None)
+    f["nvidia_smi"]["cuda_version"] = nvsmi.parse_cuda_version(read("l4_one_gpu.txt"))
+    f["python_path"] = "/usr/bin/python3"
+    f["python_env"] = {"venv": False, "conda": False, "externally_managed": True, "ensurepip": True, **python_env}
+    return f
+
+
+def test_missing_torch_in_a_system_python_is_a_venv_with_the_drivers_wheels() -> None:
+    fix = by_id(_no_torch())["torch-import"]["fix"]
+    assert fix == ("/usr/bin/python3 -m venv ~/venv && ~/venv/bin/python -m pip install torch --index-url "
+                   "https://download.pytorch.org/whl/cu124"
+                   "   # then in thrust.yaml: hosts.gpu.python: ~/venv/bin/python")
+    no_ensurepip = by_id(_no_torch(ensurepip=False))["torch-import"]["fix"]
+    assert no_ensurepip.startswith("sudo apt-get install -y python3-venv && /usr/bin/python3 -m venv ~/venv && ")
+
+
+def test_missing_torch_in_a_venv_or_conda_env_installs_into_it() -> None:
+    for kind in ("venv", "conda"):
+        fix = by_id(_no_torch(**{kind: True}))["torch-import"]["fix"]
+        assert fix == "/usr/bin/python3 -m pip install torch --index-url https://download.pytorch.org/whl/cu124"
+
+
+def test_missing_torch_without_a_gpu_takes_the_cpu_index() -> None:
+    f = _no_torch(venv=True)
+    f["nvidia_smi"] = {"found": False, "gpus": [], "gpu_count": 0, "dev_nodes": 0}
+    assert by_id(f)["torch-import"]["fix"].endswith("--index-url https://download.pytorch.org/whl/cpu")
+
+
+def test_ssh_python_names_the_venv_under_home_that_has_torch() -> None:
+    f = _no_torch()
+    f["home"] = "/home/ann"
+    f["other_pythons"] = [{"path": "/home/ann/venv/bin/python", "torch": False},
+                          {"path": "/home/ann/proj/.venv/bin/python", "torch": True},
+                          {"path": "/home/ann/miniconda3/envs/rl/bin/python", "torch": True},
+                          {"path": "/usr/local/bin/python3", "torch": True}]
+    r = by_id(f)
+    assert r["ssh-python"]["status"] == "fail"
+    assert r["ssh-python"]["fix"] == "set `python: ~/proj/.venv/bin/python` under hosts.gpu in thrust.yaml"
+    assert "~/miniconda3/envs/rl/bin/python" in r["ssh-python"]["detail"]
+    assert "~/proj/.venv/bin/python" in r["torch-import"]["fix"]  # switching beats installing
+    assert checks.display_path("/home/ann2/x", "/home/ann") == "/home/ann2/x"
+    assert checks.choose_python([{"path": "/usr/bin/python3", "torch": False}], "/home/ann") is None
+
+
+def test_python_candidates_search_the_users_environments_in_order(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    for d in ("venv", ".venv", "b/.venv", "a/venv", ".hidden/venv", "miniforge3/envs/rl", "anaconda3/envs/x",
+              "miniconda3"):
+        (home / d).mkdir(parents=True)
+    found = probe.python_candidates(str(tmp_path / "wd"), str(home))
+    rel = [os.path.relpath(p, home) for p in found if p.startswith(str(home))]
+    assert rel == ["venv/bin/python", ".venv/bin/python", "b/.venv/bin/python", "a/venv/bin/python",
+                   "anaconda3/envs/x/bin/python", "miniforge3/envs/rl/bin/python",
+                   "miniconda3/bin/python", "anaconda3/bin/python", "miniforge3/bin/python"]  # conda bases last
+    assert found[0] == str(tmp_path / "wd" / ".venv" / "bin" / "python")

@@ -62,13 +62,16 @@ def test_report_has_every_check_and_the_torch_facts() -> None:
     assert wall < 10
 
 
-def test_python_without_torch_is_a_failing_row_with_the_fix(bare_venv: Path) -> None:
-    doc, _ = envcheck(bare_venv)
+def test_python_without_torch_is_a_failing_row_with_the_fix(bare_venv: Path, tmp_path: Path) -> None:
+    # an empty home and workdir: no other python with torch to point at instead
+    doc, _ = envcheck(bare_venv, "--workdir", str(tmp_path), env={**os.environ, "HOME": str(tmp_path)})
     r = rows(doc)
     assert doc["facts"]["torch"] is None
     assert r["torch-import"]["status"] == "fail"
     assert "No module named 'torch'" in r["torch-import"]["detail"]
-    assert r["torch-import"]["fix"] == f"{bare_venv} -m pip install torch"
+    # a venv takes pip: torch goes into it, from the wheel index for this host (cpu without a GPU)
+    assert r["torch-import"]["fix"].startswith(f"{bare_venv} -m pip install torch --index-url "
+                                               "https://download.pytorch.org/whl/")
     assert r["cuda-available"]["status"] == "skip"
 
 
@@ -109,7 +112,8 @@ def test_gpu_host_facts_through_nvidia_smi_on_path(tmp_path: Path) -> None:
     smi = bindir / "nvidia-smi"
     smi.write_text(
         "#!/bin/sh\n"
-        f'case "$1" in -L) cat {DATA / "l4_one_gpu.list"};; *) cat {DATA / "l4_one_gpu.csv"};; esac\n'
+        f'case "$1" in -L) cat {DATA / "l4_one_gpu.list"};; "") cat {DATA / "l4_one_gpu.txt"};; '
+        f'*) cat {DATA / "l4_one_gpu.csv"};; esac\n'
     )
     smi.chmod(0o755)
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "1"}
@@ -123,4 +127,6 @@ def test_gpu_host_facts_through_nvidia_smi_on_path(tmp_path: Path) -> None:
 
     if torch.version.cuda is None:
         assert r["cuda-available"]["status"] == "fail" and "CPU-only build" in r["cuda-available"]["detail"]
-        assert "--index-url https://download.pytorch.org/whl/cu126" in r["cuda-available"]["fix"]
+        # the header's "CUDA Version: 12.4": the newest wheel index at or below it
+        assert r["cuda-available"]["fix"].endswith("--index-url https://download.pytorch.org/whl/cu124")
+    assert doc["facts"]["nvidia_smi"]["cuda_version"] == "12.4"

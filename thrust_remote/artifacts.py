@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ExitCode, ThrustError, TransferError
+from .hints import command_hint
 from .runner import Runner
 
 MODEL = "model.onnx"
@@ -267,7 +268,7 @@ def _stage(runner: Runner, run_dir: str, staging: Path, run: RunFacts) -> tuple[
     if not runner.exists(f"{run_dir}/{MODEL}"):
         raise ThrustError(
             f"run {run.run_id} has no {MODEL} in {run_dir} (did training finish and export?)",
-            f"see its log with: thrust-remote logs {run.run_id} --host {run.host}",
+            "see its log with: " + command_hint("logs", run.run_id, host=run.host),
         )
     model_sha = runner.get(f"{run_dir}/{MODEL}", staging / MODEL)
     if runner.exists(f"{run_dir}/{MANIFEST}"):

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,9 @@ class HostConfig:
     host_key_policy: str = "strict"
     gpus: tuple[int, ...] | None = None
     connect_timeout: float = 10.0
+    # not a thrust.yaml key: the config file the user named (--config / THRUST_CONFIG), absolute, so
+    # that a hint's command reads the same file (hints.command_hint); None when it was found by search
+    config_path: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -93,11 +98,19 @@ class Config:
     hosts: Mapping[str, HostConfig] = field(default_factory=dict)
     jobs: Mapping[str, JobConfig] = field(default_factory=dict)
     search: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+    # the user named this file (--config / THRUST_CONFIG) rather than it being found upwards
+    given: bool = False
 
     @property
+    def given_path(self) -> str | None:
+        """The config file as hints repeat it (`--config PATH`, absolute): only when the user named it."""
+        return str(self.path.resolve()) if self.given and self.path else None
+
+    @cached_property
     def root(self) -> Path:
-        """The project directory: where thrust.yaml is, else the current directory."""
-        return self.path.parent if self.path else Path.cwd()
+        """The project: the git work tree the command runs in (the config only configures it, wherever
+        it lives); outside git, the directory of a thrust.yaml found upwards, else the current directory."""
+        return project_root(Path.cwd(), None if self.given else self.path)
 
     def host(self, name: str | None = None) -> HostConfig:
         from .errors import UnknownHostError
@@ -141,6 +154,18 @@ def local_host(workdir: str | None = None) -> HostConfig:
 # loading
 
 
+def project_root(cwd: Path, found_config: Path | None = None) -> Path:
+    """`git rev-parse --show-toplevel` of cwd; outside a work tree, the found thrust.yaml's directory or cwd."""
+    try:
+        proc = subprocess.run(["git", "-C", str(cwd), "rev-parse", "--show-toplevel"], capture_output=True,
+                              text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        proc = None
+    if proc is not None and proc.returncode == 0 and proc.stdout.strip():
+        return Path(proc.stdout.strip())
+    return found_config.parent if found_config else cwd
+
+
 def find_config(start: Path | None = None) -> Path | None:
     """thrust.yaml in the current directory or the nearest parent (like git finds .git)."""
     here = (start or Path.cwd()).resolve()
@@ -167,6 +192,10 @@ def load_config(
     else:
         cfg_path = find_config()
     config = parse_config_text(cfg_path.read_text(), cfg_path) if cfg_path else _defaults(None)
+    if explicit and cfg_path:
+        given = str(cfg_path.resolve())
+        hosts = {name: replace(h, config_path=given) for name, h in config.hosts.items()}
+        config = replace(config, hosts=hosts, given=True)
     host = default_host or env.get("THRUST_HOST") or None
     if host:
         reason = bad_name_reason(host, "host name")

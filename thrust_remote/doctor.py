@@ -15,18 +15,20 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from envcheck.checks import BUILD_RS_LINES, CHECK_IDS
 from envcheck.probe import NO_AS_NEEDED_RE
 
-from . import payload
+from . import hints, payload
 from .buildenv import job_spec
 from .config import HostConfig, JobConfig
-from .errors import ExitCode, ThrustError, UnreachableError
+from .errors import ExitCode, ThrustError
+from .hints import command_hint
 from .runner import Runner
+from .session import bad_python, python_problem
 
 CACHE_DIR = payload.CACHE_DIR
 STATUSES = ("ok", "warn", "fail", "skip")
@@ -146,12 +148,26 @@ def run_envcheck(runner: Runner, host: HostConfig, job: Job = None, *,
         if not isinstance(doc, dict) or "checks" not in doc:
             raise ValueError("no checks in the report")
     except ValueError:
+        # not executable, not a Python, too old: say which, with doctor's own hint (exit 69)
+        reason = python_problem(runner, host)
         tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
-        raise UnreachableError(
-            f"{host.python} on {runner.name} could not run envcheck (exit {result.exit_code}): {tail}",
-            f"envcheck needs Python 3.8+; set `python:` under hosts.{host.name} in thrust.yaml",
-        ) from None
-    return Report.from_json(doc, time.monotonic() - started, uploaded)
+        raise bad_python(runner, host, f"could not run envcheck (exit {result.exit_code}): "
+                         f"{reason or tail}; envcheck needs Python 3.8+") from None
+    return with_config(Report.from_json(doc, time.monotonic() - started, uploaded), host.config_path)
+
+
+def with_config(report: Report, config_path: str | None) -> Report:
+    """envcheck runs on the host and cannot know the thrust.yaml the user named: its fixes that are
+    thrust-remote commands get `--config PATH` here, like every other hint (thrust_remote/hints.py)."""
+    if not config_path:
+        return report
+    prefix = f"{hints.PROG} "
+    with_path = command_hint("", config=config_path) + " "
+    report.checks = [
+        replace(c, fix=c.fix.replace(prefix, with_path, 1)) if c.fix and c.fix.startswith(prefix) else c
+        for c in report.checks
+    ]
+    return report
 
 
 def run_doctor(runner: Runner, host: HostConfig, job: Job = None, *,

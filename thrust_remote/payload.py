@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .config import HostConfig
 from .errors import ExitCode, ThrustError, UnreachableError
+from .hints import command_hint
 from .runner import BytesCallback, Runner, RunResult, expand_home
 
 CACHE_DIR = "~/.cache/thrust-remote"
@@ -145,5 +146,5 @@ def missing_python(runner: Runner, host: HostConfig) -> UnreachableError:
         f"{runner.name}: python '{python_of(runner, host)}' not found (PATH={path.stdout.strip()})",
         f"install python3 on {runner.name}, or set `python:` under hosts.{host.name} in thrust.yaml "
         "to an interpreter that exists there (ideally the one with torch); check with: "
-        f"thrust-remote doctor --host {host.name}",
+        + command_hint("doctor", host=host),
     )

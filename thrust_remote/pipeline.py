@@ -25,6 +25,7 @@ from .buildenv import JobSpec
 from .config import Config, HostConfig, JobConfig
 from .errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
 from .gpus import host_gpus, select_gpus
+from .hints import command_hint
 from .names import valid_id
 from .progress import LineSplitter, RunProgress
 from .session import HostPaths, HostSession
@@ -359,7 +360,7 @@ def choose_gpus(request: TrainRequest, facts: Mapping[str, Any], taken: Callable
         raise ThrustError(
             f"--gpus {spec}: {request.host.name} has {len(free)} GPU(s) free; "
             f"{', '.join(f'GPU {g}: {r}' for g, r in sorted(held.items()))} (RUNNING)",
-            f"{runs.see_or_stop(other, request.host.name)}; or share them with --allow-shared-gpus",
+            f"{runs.see_or_stop(other, request.host)}; or share them with --allow-shared-gpus",
         )
     return select_gpus(request.gpus, facts, replace(request.host, gpus=tuple(free)) if held else request.host)
 
@@ -385,26 +386,15 @@ def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:
         session.runner.put(tmp.name, f"{run_dir}/uncommitted.patch")
 
 
-def _cli(*argv: str, config_path: Path | str | None = None) -> str:
-    """A thrust-remote command line for a hint: the same --config the user gave (a global option, so
-    before the command)."""
-    import shlex
-
-    glob = ["--config", str(config_path)] if config_path else []
-    return shlex.join(["thrust-remote", *glob, *argv])
-
-
 def reattach_command(run_id: str, host: HostConfig, offset: int | None = None,
                      config_path: Path | str | None = None) -> str:
     """`logs RUN --follow`: the progress view again and, for a train run, the fetch at its end."""
-    argv = ["logs", run_id, "--follow", "--host", host.name]
-    if offset:
-        argv += ["--offset", str(offset)]
-    return _cli(*argv, config_path=config_path)
+    args = [run_id, "--follow", *(["--offset", str(offset)] if offset else [])]
+    return command_hint("logs", *args, host=host, config=config_path)
 
 
 def fetch_command(run_id: str, host: HostConfig, config_path: Path | str | None = None) -> str:
-    return _cli("fetch", run_id, "--host", host.name, config_path=config_path)
+    return command_hint("fetch", run_id, host=host, config=config_path)
 
 
 @dataclass
@@ -445,7 +435,7 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
             f"from run {run_id}; it goes on on {host.name}",
             f"reattach with: {reattach_command(run_id, host, offset + delivered, config_path)}   (from where you "
             f"left; without --offset for the whole log; stop it with: "
-            f"{_cli('stop', run_id, '--host', host.name, config_path=config_path)})",
+            f"{command_hint('stop', run_id, host=host, config=config_path)})",
         ) from None
     except ConnectionLostError as exc:
         reached = getattr(exc, "offset", offset + delivered)

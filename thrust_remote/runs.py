@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .config import HostConfig
 from .errors import ConnectionLostError, ExitCode, ThrustError
+from .hints import command_hint
 from .session import HostPaths, HostSession, check_run_id, host_paths, parse_json
 
 STATES = ("RUNNING", "FINISHED", "FAILED", "LOST", "STOPPED")
@@ -60,14 +62,14 @@ def launch(
     except ConnectionLostError as exc:
         raise ConnectionLostError(
             f"connection to {host.name} lost while launching run {run_id}; it may have started",
-            f"check with: thrust-remote status {run_id} --host {host.name}, then "
-            f"thrust-remote logs {run_id} --follow --host {host.name}",
+            f"check with: {command_hint('status', run_id, host=host)}, then "
+            f"{command_hint('logs', run_id, '--follow', host=host)}",
         ) from exc
     try:
         answer = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {}
     except ValueError:
         answer = {}
-    _refused(answer, run_id, host.name)
+    _refused(answer, run_id, host)
     if not result.ok or "pid" not in answer:
         raise ThrustError(
             f"could not launch {argv[0]} on {host.name}: {answer.get('error') or result.stderr.strip()[-300:]}"
@@ -80,22 +82,23 @@ def launch_lock(paths: HostPaths) -> str:
     return f"{paths.thrust}/locks/launch.lock"
 
 
-def see_or_stop(run_id: str, host: str) -> str:
+def see_or_stop(run_id: str, host: HostConfig | str) -> str:
     """The exact commands that show and stop a run, with its host (a hint's tail)."""
-    return (f"see it with: thrust-remote status {run_id} --host {host}; "
-            f"stop it with: thrust-remote stop {run_id} --host {host}")
+    return (f"see it with: {command_hint('status', run_id, host=host)}; "
+            f"stop it with: {command_hint('stop', run_id, host=host)}")
 
 
-def _refused(answer: Mapping[str, object], run_id: str, host: str) -> None:
+def _refused(answer: Mapping[str, object], run_id: str, host: HostConfig) -> None:
     """The agent's refusals (exit 3) as errors that name the other run and how to reach it."""
     other = str(answer.get("run_id"))
+    name = host.name
     if answer.get("error") == "exists":
-        raise ThrustError(f"run {run_id} is already running on {host}", see_or_stop(run_id, host),
+        raise ThrustError(f"run {run_id} is already running on {name}", see_or_stop(run_id, host),
                           ExitCode.FAILED)
     if answer.get("error") == "gpus-taken":
         gpus = ",".join(str(g) for g in answer.get("gpus") or [])  # type: ignore[union-attr]
         raise ThrustError(
-            f"GPU {gpus} on {host} is taken by running run {other}",
+            f"GPU {gpus} on {name} is taken by running run {other}",
             f"{see_or_stop(other, host)}; or choose other GPUs with --gpus, or share them with "
             f"--allow-shared-gpus",
             ExitCode.FAILED,
@@ -107,8 +110,9 @@ def status(session: HostSession, run_id: str) -> dict:
     if not session.runner.exists(run_dir):
         raise ThrustError(
             f"no run {run_id!r} on {session.name} (looked in {session.paths.runs})",
-            f"find it on every configured host with: thrust-remote runs --all "
-            f"(or: thrust-remote runs --host {session.name})",
+            f"find it on every configured host with: "
+            f"{command_hint('runs', '--all', config=session.host.config_path)} "
+            f"(or: {command_hint('runs', host=session.host)})",
         )
     return session.agent_json("status", "status", "--run-dir", run_dir)
 

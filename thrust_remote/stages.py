@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from . import buildenv, doctor
 from .buildenv import JobSpec
 from .errors import ExitCode, ThrustError
+from .hints import command_hint
 from .session import HostSession, parse_json
 from .sync import LocalState, SyncResult
 
@@ -42,7 +43,7 @@ def preflight(report: doctor.Report, spec: JobSpec, args: Sequence[str], session
         if check.status == "fail":
             raise ThrustError(
                 f"{host.name}: {check.title}: {check.detail}",
-                check.fix or "run: thrust-remote doctor --host " + host.name,
+                check.fix or "run: " + command_hint("doctor", host=host),
                 ExitCode.UNAVAILABLE,
             )
     wants_cuda = "cuda" in [a.lower() for a in args] or "--cuda" in args
@@ -50,7 +51,8 @@ def preflight(report: doctor.Report, spec: JobSpec, args: Sequence[str], session
         check = report.check("cuda-available")
         raise ThrustError(
             f"{host.name}: the job asks for CUDA but it is not available there: {check.detail}",
-            check.fix or "train on the CPU (drop --device cuda) or fix the driver: thrust-remote doctor",
+            check.fix or "train on the CPU (drop --device cuda) or fix the driver: "
+            + command_hint("doctor", host=host),
             ExitCode.FAILED,
         )
 
@@ -153,7 +155,8 @@ def setup_cargo(session: HostSession, spec: JobSpec, report: doctor.Report, sync
     if not result.ok:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
         raise ThrustError(f"cargo build failed on {session.name} (exit {result.exit_code}):\n{tail}",
-                          f"reproduce with: thrust-remote doctor --host {session.name} --job {spec.get('name')}")
+                          "reproduce with: "
+                          + command_hint("doctor", "--job", str(spec.get("name")), host=session.host))
     buildenv.write_fingerprint(runner, facts, spec)
     runner.write_text(stamp, build_key)
     return False

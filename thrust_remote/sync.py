@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ExitCode, ThrustError
+from .hints import command_hint
 from .runs import see_or_stop
 from .session import HostSession
 
@@ -145,8 +146,8 @@ def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None
         raise ThrustError(
             f"{workdir} on {name} is in use by running run(s) {', '.join(running)}; syncing {what} "
             "would change their code under them",
-            f"{see_or_stop(first, name)}; or wait for it to end (thrust-remote logs {first} -f --host "
-            f"{name}), or give this host another workdir",
+            f"{see_or_stop(first, session.host)}; or wait for it to end "
+            f"({command_hint('logs', first, '-f', host=session.host)}), or give this host another workdir",
         )
     bundle_bytes = 0
     if not state.get("have"):

@@ -14,6 +14,7 @@ from rich.table import Table
 from ..config import Config, HostConfig
 from ..console import console, err_console
 from ..doctor import FixResult, Report, apply_fixes, run_doctor
+from ..session import resolve_host
 from .common import get_config, open_runner
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
@@ -41,6 +42,8 @@ def doctor(
     out = err_console if as_json else console
     runner = open_runner(host_cfg)
     try:
+        # `python:` means what it means for every other command (session.resolve_python)
+        host_cfg = resolve_host(runner, host_cfg, config)
         report = run_doctor(runner, host_cfg, job_cfg, workdir=workdir)
         if fix:
             local_crate = _local_crate(config, job_cfg)

@@ -3,7 +3,6 @@ not, why and the exact command that places it anyway (docs/architecture.md, "Kep
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +11,13 @@ from rich.markup import escape
 
 from ..artifacts import WORSE_MARGIN, FetchResult, relative
 from ..console import err_console
+from ..hints import command_hint
 from .common import state
 
 
 def command(ctx: typer.Context, *argv: str, host: str) -> str:
     """`thrust-remote [--config C] ARGV --host H`: a hint that acts on the host and config the user gave."""
-    config = state(ctx).config_path
-    head = ["thrust-remote", *(["--config", str(config)] if config else [])]
-    return shlex.join([*head, *argv, "--host", host])
+    return command_hint(argv[0], *argv[1:], host=host, config=state(ctx).config().given_path)
 
 
 def score_text(score: Any, kind: Any) -> str:

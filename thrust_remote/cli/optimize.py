@@ -18,6 +18,7 @@ from .. import optimize as core
 from ..config import Config, HostConfig, JobConfig
 from ..console import console, err_console
 from ..errors import UsageError
+from ..hints import command_hint
 from .common import get_config, open_runner
 from .train import CliReporter
 
@@ -106,7 +107,9 @@ def optimize(
     if job is None:
         names = sorted(config.search)
         if len(names) != 1:
-            raise UsageError("name the job to optimize (e.g. thrust-remote optimize cartpole --trials 20)")
+            example = command_hint("optimize", "cartpole", "--trials", "20", host=host,
+                                   config=config.given_path)
+            raise UsageError(f"name the job to optimize (e.g. {example})")
         job = names[0]
     job_cfg = config.job(job)
     host_cfg = config.host(host)
@@ -137,7 +140,7 @@ def optimize(
     if as_json:
         typer.echo(json.dumps(summary.as_json(), indent=2))
     else:
-        render_summary(summary)
+        render_summary(summary, host_cfg)
     raise typer.Exit(summary.exit_code)
 
 
@@ -175,7 +178,7 @@ def _sigint_handler(control: core.Control) -> Callable[[int, FrameType | None], 
     return on_sigint
 
 
-def render_summary(s: core.Summary) -> None:
+def render_summary(s: core.Summary, host: HostConfig | None = None) -> None:
     c = s.counts
     console.print(f"study [bold]{escape(s.study)}[/] ({escape(s.storage)}): {c.get('COMPLETE', 0)} complete, "
                   f"{c.get('PRUNED', 0)} pruned, {c.get('FAIL', 0)} failed of {s.trials_target} "
@@ -194,6 +197,6 @@ def render_summary(s: core.Summary) -> None:
     console.print(table)
     if s.importances is None:
         console.print(f"importances not computed: {escape(s.importance_note or '')}", highlight=False)
-    console.print(f"best params: {s.best_params_file}  →  thrust-remote train {s.job} --params "
-                  f"{s.best_params_file}", highlight=False)
+    train = command_hint("train", s.job, "--params", str(s.best_params_file), host=host or s.host)
+    console.print(f"best params: {s.best_params_file}  →  {train}", highlight=False)
     console.print(f"dashboard: optuna-dashboard {escape(s.dashboard_url or s.storage)}", highlight=False)

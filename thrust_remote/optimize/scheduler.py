@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConnectionLostError, ThrustError
+from ..hints import command_hint
 from .hostops import Reporter, StudyHost
 from .model import (
     MAX_CONSECUTIVE_FAILURES,
@@ -256,8 +257,8 @@ class Scheduler:
         elif ended.state == "FAILED":
             lines = [ln for ln in ended.log_tail.strip().splitlines() if not ln.startswith("THRUST_")]
             last = f": {lines[-1].strip()[:200]}" if lines else ""
-            self._fail(act, f"run {run_id} failed (exit code {ended.exit_code}){last}; see thrust-remote logs "
-                            f"{run_id} --host {self.host.host.name}")
+            self._fail(act, f"run {run_id} failed (exit code {ended.exit_code}){last}; see "
+                            + command_hint("logs", run_id, host=self.host.host))
         elif run_id in self.by_us:
             self._interrupted(act, "stopped with the study")
         elif ended.state == "STOPPED":

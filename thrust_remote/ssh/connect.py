@@ -190,14 +190,9 @@ def connect_error(exc: BaseException, target: Target, conn: Connection) -> BaseE
             f"  ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(str(target.known_hosts))}\n"
             "and connect again to trust the new one",
         )
-    if isinstance(exc, AuthenticationException):
-        who = f"{conn.user}@{conn.host}:{conn.port}"
-        key = f"key {target.identity}" if target.identity else "your keys/agent"
-        return AuthError(
-            f"authentication failed for {who} with {key}: {exc}",
-            f"check that the public key is in ~{conn.user}/.ssh/authorized_keys on the host "
-            "(ssh-copy-id), or set `identity:` for this host",
-        )
+    if isinstance(exc, AuthenticationException) or (
+            isinstance(exc, SSHException) and "no authentication methods available" in str(exc).lower()):
+        return _auth_error(exc, target, conn)
     if isinstance(exc, socket.gaierror):
         return UnknownHostError(
             f"cannot resolve host {conn.host!r}: {exc.strerror or exc}",
@@ -206,7 +201,7 @@ def connect_error(exc: BaseException, target: Target, conn: Connection) -> BaseE
     if isinstance(exc, NoValidConnectionsError | TimeoutError | ConnectionError | OSError):
         return UnreachableError(
             f"cannot connect to {conn.host}:{conn.port}: {exc}",
-            "is the host up and sshd listening? try: ssh -v " + shlex.quote(str(target.address)),
+            "is the host up and sshd listening? try: " + ssh_command(target),
         )
     if isinstance(exc, SSHException | EOFError):
         if target.identity and "private key" in str(exc).lower():
@@ -216,3 +211,51 @@ def connect_error(exc: BaseException, target: Target, conn: Connection) -> BaseE
             )
         return UnreachableError(f"SSH handshake with {conn.host}:{conn.port} failed: {exc}")
     return exc
+
+
+def ssh_command(target: Target) -> str:
+    """The OpenSSH command that tries the same connection (`user@host:port` is not valid ssh)."""
+    argv = ["ssh", "-v"]
+    if target.identity:
+        argv += ["-i", target.identity]
+    if target.address.port:
+        argv += ["-p", str(target.address.port)]
+    host = target.address.host
+    argv.append(f"{target.address.user}@{host}" if target.address.user else host)
+    return shlex.join(argv)
+
+
+# paramiko's look_for_keys: these names under ~/.ssh (and ~/ssh), plus each one's -cert.pub
+DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ed25519")
+
+
+def identities_tried(target: Target, conn: Connection) -> list[str]:
+    """The key files this connection offered or looked for, in paramiko's order (SSHClient._auth):
+    the configured key (`identity:`, else ssh config's IdentityFile), then, without `identity:`,
+    the default names under ~/.ssh; each marked when it does not exist."""
+    if target.identity:
+        files = [target.identity]
+    else:
+        configured = conn.connect_kwargs.get("key_filename") or []
+        files = [configured] if isinstance(configured, str) else list(configured)
+        files += [os.path.expanduser(f"~/.ssh/{name}") for name in DEFAULT_KEYS]
+    return [f if os.path.isfile(f) else f"{f} (missing)" for f in dict.fromkeys(files)]
+
+
+def _auth_error(exc: BaseException, target: Target, conn: Connection) -> AuthError:
+    """Refused or nothing to offer: exit 77, naming the key files tried and how to name the right one."""
+    who = f"{conn.user}@{conn.host}:{conn.port}"
+    tried = ", ".join(identities_tried(target, conn))
+    agent = "" if target.identity else (
+        "; ssh-agent: " + ("SSH_AUTH_SOCK is set" if os.environ.get("SSH_AUTH_SOCK") else "none (SSH_AUTH_SOCK unset)"))
+    alias = getattr(conn, "original_host", None) or conn.host
+    name_it = (f"name the private key: `identity: ~/.ssh/KEY` under hosts.{target.name} in thrust.yaml, "
+               f"or `IdentityFile ~/.ssh/KEY` under `Host {alias}` in ~/.ssh/config")
+    if isinstance(exc, AuthenticationException):
+        return AuthError(
+            f"authentication failed for {who}: {exc} (tried: {tried}{agent})",
+            f"check that the public key is in ~{conn.user}/.ssh/authorized_keys on the host (ssh-copy-id), "
+            f"or {name_it}",
+        )
+    return AuthError(f"no key to offer to {who} (tried: {tried}{agent})",
+                     f"{name_it}; make one with ssh-keygen -t ed25519 and install it with ssh-copy-id")

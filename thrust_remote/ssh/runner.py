@@ -54,7 +54,7 @@ class SSHRunner(FileOps):
         )
         self.name = name
         self.address = address
-        self.python = python
+        self._python = python
         self.connect_timeout = connect_timeout
         # a silent command is probed after this many seconds, and declared lost after as many more
         self.liveness_timeout = liveness_timeout
@@ -80,6 +80,12 @@ class SSHRunner(FileOps):
             python=host.python,
             connect_timeout=host.connect_timeout,
         )
+
+    @property
+    def python(self) -> str:
+        """The configured python as an argv[0] (the xfer helper's): `~/...` is the host's home, since a
+        quoted argument is never expanded by the remote shell."""
+        return self._path(self._python)
 
     # ------------------------------------------------------------------ connection
 

@@ -1,0 +1,260 @@
+"""Issue 12, "Wrong directions": `~` in `python:` means the host's home for every command; a wrong
+`python:` is 69 with doctor's hint; hints name the same --host and --config; a closed port's hint is
+valid ssh; no key to offer is 77 with the keys tried; doctor finds torch in the user's venvs; and
+`--config` elsewhere leaves the project where the command runs. Real sshd (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from thrust_remote.config import HostConfig, load_config
+from thrust_remote.doctor import Check, Report, with_config
+from thrust_remote.hints import command_hint
+from thrust_remote.runner import LocalRunner
+from thrust_remote.session import resolve_python
+
+REPO = Path(__file__).resolve().parent.parent
+EXE = str(Path(sys.executable).parent / "thrust-remote")
+FAST = ["--set", "total-steps=6000", "--set", "target-return=0", "--set", "log-interval=0.2"]
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _venv_with_our_packages(path: Path) -> Path:
+    """A real venv whose python sees this test's site-packages (torch, numpy, onnx...) through a .pth
+    file: `--system-site-packages` would not, since this python is itself a venv's (TESTING.md)."""
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    subprocess.run([base, "-m", "venv", "--without-pip", str(path)], check=True)
+    site = next((path / "lib").glob("python3*/site-packages"))
+    (site / "thrust_test_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return path / "bin" / "python"
+
+
+@pytest.fixture
+def home_venv() -> Iterator[str]:
+    """A venv under the real home of the sshd test user (the account is this one), as `~/...`.
+    The directory is hidden so doctor's `~/*/venv` search of other tests running now never sees it."""
+    home = Path.home()
+    top = Path(tempfile.mkdtemp(prefix=".thrust-test-", dir=home))
+    try:
+        _venv_with_our_packages(top / "venv")
+        yield f"~/{top.relative_to(home)}/venv/bin/python"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _with_python(cfg: Path, sshd, python: str) -> Path:
+    text = cfg.read_text()
+    assert f"python: {sshd.host_config().python}" in text
+    cfg.write_text(text.replace(f"python: {sshd.host_config().python}", f"python: {python}"))
+    return cfg
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A clone of this repository at its HEAD: the laptop's project."""
+    proj = tmp_path / "project"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(proj)], check=True)
+    _git(proj, "config", "user.email", "t@example.com")
+    _git(proj, "config", "user.name", "t")
+    _git(proj, "remote", "remove", "origin")
+    return proj
+
+
+# ------------------------------------------------------------------------------------------ hints
+
+
+def test_command_hint_carries_host_and_config() -> None:
+    host = HostConfig(name="gpu", address="u@h", config_path="/cfg dir/thrust.yaml")
+    assert command_hint("stop", "snake-1", host=host) == \
+        "thrust-remote --config '/cfg dir/thrust.yaml' stop snake-1 --host gpu"
+    assert command_hint("runs", host="gpu") == "thrust-remote runs --host gpu"
+    assert command_hint("play") == "thrust-remote play"
+
+
+def test_envcheck_fixes_that_are_commands_get_the_config() -> None:
+    report = Report("gpu", {}, [Check("build-rs-no-as-needed", "t", "warn", "d",
+                                      "thrust-remote doctor --job x --fix --host gpu   # adds ..."),
+                                Check("git", "t", "fail", "d", "sudo apt-get install -y git")])
+    fixed = with_config(report, "/p/thrust.yaml")
+    assert fixed.checks[0].fix == "thrust-remote --config /p/thrust.yaml doctor --job x --fix --host gpu   # adds ..."
+    assert fixed.checks[1].fix == "sudo apt-get install -y git"
+
+
+# ------------------------------------------------------------------------------------------ `~` in python:
+
+
+def test_python_paths_resolve_on_the_host_like_ssh_would(sshd, tmp_path: Path) -> None:
+    runner = sshd.runner()
+    try:
+        home = str(Path.home())  # the sshd account is this one
+        for python, want in (("~/v/bin/python", f"{home}/v/bin/python"), ("v/bin/python", f"{home}/v/bin/python"),
+                             ("python3", "python3"), ("/opt/py/bin/python", "/opt/py/bin/python")):
+            assert resolve_python(runner, sshd.host_config(python=python)) == want
+    finally:
+        runner.close()
+    # the local host: `~` is this account's home, a relative path is the project's
+    (tmp_path / "thrust.yaml").write_text("hosts:\n  local:\n    python: .venv/bin/python\n")
+    config = load_config(tmp_path / "thrust.yaml", environ={})
+    local = LocalRunner(name="local")
+    assert resolve_python(local, config.host("local"), config) == str(config.root / ".venv" / "bin" / "python")
+    tilde = replace(config.host("local"), python="~/x/bin/python")
+    assert resolve_python(local, tilde, config) == str(Path.home() / "x" / "bin" / "python")
+
+
+@pytest.mark.slow
+def test_tilde_python_is_the_hosts_home_for_every_command(cli, sshd, remote_dir, project, home_venv) -> None:
+    cfg = _with_python(sshd.thrust_yaml(project / "thrust.yaml", workdir=str(remote_dir / "thrust")), sshd,
+                       home_venv)
+    _git(project, "add", "thrust.yaml")
+    _git(project, "commit", "-q", "-m", "thrust.yaml")
+    train = cli("train", "cartpole", *FAST, cwd=project)
+    assert train.returncode == 0, train.stderr
+    run_id = re.search(r"(?:launching run|following) (cartpole[\w.-]+)", train.stderr).group(1)
+    run = json.loads((remote_dir / "thrust" / ".thrust" / "runs" / run_id / "run.json").read_text())
+    expanded = str(Path.home()) + home_venv[1:]
+    assert run["argv"][0] == expanded  # the venv's python, not a literal '~/...'
+    for args in (["runs"], ["status", run_id], ["logs", run_id], ["stop", run_id], ["fetch", run_id],
+                 ["doctor", "--json"]):
+        proc = cli("--config", str(cfg), *args, "--host", "sandbox", cwd=project)
+        assert proc.returncode == 0, (args, proc.stderr)
+    assert run_id in cli("runs", "--json", cwd=project).stdout
+
+
+def _bad_pythons(tmp: Path) -> dict[str, tuple[str, str]]:
+    not_exec = tmp / "python-not-executable"
+    not_exec.write_text("#!/bin/sh\n")
+    not_exec.chmod(0o644)
+    return {
+        "missing": ("~/.thrust-no-such-dir/bin/python", "does not exist"),
+        "not-executable": (str(not_exec), "not executable"),
+        "not-python": ("/bin/true", "not a Python interpreter"),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["missing", "not-executable", "not-python"])
+def test_wrong_python_is_69_with_doctors_hint_on_every_command(cli, sshd, remote_dir, project, tmp_path,
+                                                                 kind) -> None:
+    python, words = _bad_pythons(tmp_path)[kind]
+    cfg = _with_python(sshd.thrust_yaml(tmp_path / "thrust.yaml", workdir=str(remote_dir / "thrust")), sshd, python)
+    # a run directory on the host, so status/logs/stop/fetch get as far as running the agent
+    (remote_dir / "thrust" / ".thrust" / "runs" / "cartpole-x1").mkdir(parents=True)
+    hint = f"thrust-remote --config {cfg.resolve()} doctor --host sandbox"
+    for args in (["runs"], ["status", "cartpole-x1"], ["logs", "cartpole-x1"], ["stop", "cartpole-x1"],
+                 ["fetch", "cartpole-x1"], ["doctor"], ["train", "cartpole", *FAST]):
+        proc = cli("--config", str(cfg), *args, "--host", "sandbox", cwd=project)
+        assert proc.returncode == 69, (args, proc.stderr)
+        if kind != "missing" or args[0] == "runs":  # a missing one keeps payload's own "not found" wording
+            assert words in proc.stderr or "not found" in proc.stderr, (args, proc.stderr)
+        assert hint in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_busy_workdir_hint_names_host_and_config_and_its_stop_works(cli, sshd, remote_dir, project, tmp_path) -> None:
+    cfg = sshd.thrust_yaml(tmp_path / "elsewhere.yaml", workdir=str(remote_dir / "thrust"))
+    long = ["--set", "total-steps=100000000", "--set", "target-return=0"]
+    first = cli("--config", str(cfg), "train", "cartpole", "--detach", *long, cwd=project)
+    assert first.returncode == 0, first.stderr
+    run_id = re.search(r"launching run (cartpole[\w.-]+)", first.stderr).group(1)
+    (project / "NOTES.txt").write_text("a change\n")
+    _git(project, "add", "NOTES.txt")
+    _git(project, "commit", "-q", "-m", "notes")
+    busy = cli("--config", str(cfg), "train", "cartpole", "--detach", *long, cwd=project)
+    assert busy.returncode == 1 and "is in use by running run(s)" in busy.stderr, busy.stderr
+    at = f"thrust-remote --config {cfg.resolve()}"
+    assert f"{at} runs --host sandbox" in busy.stderr
+    stop = f"{at} stop {run_id} --host sandbox"
+    assert stop in busy.stderr
+    # the hint is a command that works as printed, from where the user stands
+    done = subprocess.run([EXE, *shlex.split(stop)[1:]], cwd=project, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(cli("--config", str(cfg), "status", run_id, "--json", cwd=project).stdout)["state"] == "STOPPED"
+
+
+# ------------------------------------------------------------------------------------------ connecting
+
+
+def test_closed_port_hint_is_a_valid_ssh_command(cli, tmp_path: Path) -> None:
+    cfg = tmp_path / "thrust.yaml"
+    cfg.write_text("hosts:\n  dead:\n    address: someone@127.0.0.1:1\n    connect_timeout: 3\n")
+    proc = cli("--config", str(cfg), "doctor", "--host", "dead")
+    assert proc.returncode == 69, proc.stderr
+    assert "try: ssh -v -p 1 someone@127.0.0.1" in proc.stderr
+    command = shlex.split(proc.stderr.split("try: ", 1)[1].splitlines()[0])
+    # ssh itself parses it: -G prints the configuration it would use and connects nowhere
+    parsed = subprocess.run([command[0], "-G", *command[1:]], capture_output=True, text=True, timeout=30)
+    assert parsed.returncode == 0, parsed.stderr
+    assert "port 1" in parsed.stdout.splitlines() and "user someone" in parsed.stdout.splitlines()
+
+
+def test_no_key_to_offer_is_77_naming_the_keys_tried(sshd, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    cfg = tmp_path / "thrust.yaml"
+    cfg.write_text(f"hosts:\n  box:\n    address: {sshd.address}\n    known_hosts: {sshd.known_hosts}\n"
+                   "    connect_timeout: 5\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "THRUST_CONFIG")}
+    proc = subprocess.run([EXE, "--config", str(cfg), "runs", "--host", "box"], capture_output=True, text=True,
+                          env={**env, "HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200"}, timeout=60)
+    assert proc.returncode == 77, proc.stderr
+    assert "no key to offer" in proc.stderr
+    assert f"{home}/.ssh/id_ed25519 (missing)" in proc.stderr and f"{home}/.ssh/id_rsa (missing)" in proc.stderr
+    assert "identity: ~/.ssh/KEY" in proc.stderr and "IdentityFile" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ doctor finds torch
+
+
+def test_doctor_finds_torch_in_a_venv_under_home(cli, tmp_path: Path) -> None:
+    """A real run: the configured python has no torch; a project venv under $HOME has it."""
+    home = tmp_path / "home"
+    _venv_with_our_packages(home / "proj" / ".venv")
+    bare = tmp_path / "bare"
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    subprocess.run([base, "-m", "venv", "--without-pip", str(bare)], check=True)
+    cfg = tmp_path / "thrust.yaml"
+    cfg.write_text(f"hosts:\n  local:\n    python: {bare}/bin/python\n    workdir: {tmp_path}\n")
+    proc = cli("--config", str(cfg), "doctor", "--json", env={"HOME": str(home)})
+    assert proc.returncode == 1, proc.stderr
+    rows = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert rows["ssh-python"]["status"] == "fail"
+    assert rows["ssh-python"]["fix"] == "set `python: ~/proj/.venv/bin/python` under hosts.local in thrust.yaml"
+    assert "~/proj/.venv/bin/python" in rows["torch-import"]["fix"]
+    # and that line works: `~` is this account's home (here $HOME) for doctor as for every command
+    cfg.write_text(f"hosts:\n  local:\n    python: ~/proj/.venv/bin/python\n    workdir: {tmp_path}\n")
+    again = cli("--config", str(cfg), "doctor", "--json", env={"HOME": str(home)})
+    rows = {c["id"]: c for c in json.loads(again.stdout)["checks"]}
+    assert rows["torch-import"]["status"] == "ok" and rows["ssh-python"]["status"] == "ok", again.stderr
+
+
+# ------------------------------------------------------------------------------------------ --config elsewhere
+
+
+@pytest.mark.slow
+def test_config_elsewhere_configures_the_project_you_stand_in(cli, project, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cfg = elsewhere / "thrust.yaml"
+    cfg.write_text("default_host: local\n")
+    sub = project / "trainer"
+    proc = cli("--config", str(cfg), "train", "cartpole", *FAST, cwd=sub)
+    assert proc.returncode == 0, proc.stderr
+    assert (project / "web" / "public" / "cartpole.onnx").is_file()
+    assert not (elsewhere / "web").exists()
