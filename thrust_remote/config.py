@@ -59,6 +59,8 @@ class JobConfig:
     args: Mapping[str, Any] | tuple[str, ...] = field(default_factory=dict)
     export: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    requirements: tuple[str, ...] = ()  # pip specs for the job's venv (python jobs)
+    requirements_file: str | None = None  # a requirements file in the repo
     # cargo jobs
     toolchain: str = "stable"
     example: str | None = None

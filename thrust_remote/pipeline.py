@@ -19,7 +19,7 @@ import yaml
 
 from trainer.args import parse_flag
 
-from . import artifacts, buildenv, doctor, runs
+from . import artifacts, buildenv, doctor, payload, runs
 from .buildenv import JobSpec
 from .config import Config, HostConfig, JobConfig
 from .errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
@@ -180,15 +180,20 @@ def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[
                                  "python -m trainer.train --help lists every flag with its range") from None
 
 
-def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int, export: bool = True) -> list[str]:
-    entry = ["-m", "trainer.train", *args, "--run-dir", run_dir]
+def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int, export: bool = True, *,
+                python: str | None = None, trainer: str | None = None) -> list[str]:
+    """The built-in trainer's argv: `python` (the job's venv; default the host's `python:`) runs the
+    `trainer` zipapp uploaded by setup (default: `-m trainer.train` from the cwd's checkout)."""
+    python = python or host.python
+    entry = [trainer] if trainer else ["-m", "trainer.train"]
+    entry += [*args, "--run-dir", run_dir]
     if export:
         entry += ["--export", f"{run_dir}/model.onnx"]
     if nproc > 1:
         # --standalone: a private rendezvous on a free port, so two runs on one host never collide
-        return [host.python, "-u", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        return [python, "-u", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                 "--max-restarts=0", *entry]
-    return [host.python, "-u", *entry]
+    return [python, "-u", *entry]
 
 
 # ------------------------------------------------------------------------------------------ sequence
@@ -204,10 +209,12 @@ class Prepared:
     report: doctor.Report
     env: dict[str, str]
     cwd: str
+    python: str  # the interpreter that runs the job: the job's venv python (the host's own for cargo jobs)
     local: LocalState | None
     sync: SyncResult | None
     setup_skipped: bool
     timings: dict[str, float]
+    trainer: str | None = None  # the built-in trainer's zipapp on the host (kind: trainer)
 
     @property
     def host(self) -> HostConfig:
@@ -263,14 +270,18 @@ def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Repo
     env = dict(buildenv.build_env(report.facts, spec))
     if sync_result is not None:
         env.setdefault("THRUST_COMMIT", sync_result.commit)
+    trainer = None
     if job.kind == "cargo":
         skipped = setup_cargo(session, spec, report, sync_result, reporter)
         cwd = buildenv.crate_dir(report.facts, spec)
+        python = payload.python_of(session.runner, session.host)
     else:
-        skipped = setup_python(session, report.facts, local, reporter)
+        venv = setup_python(session, job, report.facts, local, reporter)
+        skipped, python, trainer = venv.skipped, venv.python, venv.trainer
         cwd = session.paths.workdir
     timings["setup"] = time.monotonic() - t2
-    return Prepared(config, job, spec, session, report, env, cwd, local, sync_result, skipped, timings)
+    return Prepared(config, job, spec, session, report, env, cwd, python=python, local=local, sync=sync_result,
+                    setup_skipped=skipped, timings=timings, trainer=trainer)
 
 
 def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | None = None,
@@ -293,7 +304,8 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
     if job.kind == "cargo":
         argv = [*buildenv.cargo_run_argv(prepared.report.facts, prepared.spec)[:1], *args]
     else:
-        argv = python_argv(session.host, args, run_dir, nproc or max(1, len(gpus)), export=export)
+        argv = python_argv(session.host, args, run_dir, nproc or max(1, len(gpus)), export=export,
+                           python=prepared.python, trainer=prepared.trainer)
     sync_result = prepared.sync
     meta = {
         "argv": argv,
