@@ -16,6 +16,7 @@ the clear one doctor has always given (exit 69). See docs/architecture.md, "The 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import os
 import tempfile
@@ -92,9 +93,13 @@ def trainer() -> Payload:
     """The built-in trainer (`kind: trainer`), so it runs from any project, not only from a checkout
     of this repository: `python trainer-<sha>.pyz FLAGS` is `python -m trainer.train FLAGS`, with the
     zipapp first on sys.path (a project's own `trainer/` directory cannot shadow it)."""
-    import trainer as package
-
-    return build_zipapp("trainer", Path(next(iter(package.__path__))), "trainer", "train", as_main=True)
+    # found, not imported: the laptop never imports the trainer's torch side (tests/test_layering.py)
+    spec = importlib.util.find_spec("trainer")
+    if spec is None or not spec.submodule_search_locations:
+        raise ThrustError("the built-in trainer package is not installed next to thrust-remote",
+                          "reinstall thrust-remote (its wheel carries trainer/)", ExitCode.CONFIG)
+    return build_zipapp("trainer", Path(next(iter(spec.submodule_search_locations))), "trainer", "train",
+                        as_main=True)
 
 
 def upload(runner: Runner, payload: Payload) -> str:
