@@ -78,15 +78,18 @@ def torchrun(python: str, nproc: int) -> list[str]:
 
 
 def job_argv(job: JobConfig, python: str, args: Sequence[str], *, run_dir: str, nproc: int,
-             export: bool = True) -> list[str]:
-    """The argv a trainer, python or command job runs (cargo's comes from buildenv.cargo_run_argv)."""
+             export: bool = True, trainer: str | None = None) -> list[str]:
+    """The argv a trainer, python or command job runs (cargo's comes from buildenv.cargo_run_argv).
+    `trainer`: the built-in trainer's zipapp on the host (uploaded by setup), else `-m trainer.train`
+    from the checkout."""
     if job.kind == "command":
         return [*job.command, *args]
     if job.kind == "python":
         entry = [job.script] if job.script else ["-m", str(job.module)]
         entry += list(args)
     else:
-        entry = ["-m", TRAINER_MODULE, *args, "--run-dir", run_dir]
+        entry = [trainer] if trainer else ["-m", TRAINER_MODULE]
+        entry += [*args, "--run-dir", run_dir]
         if export:
             entry += ["--export", f"{run_dir}/{EXPORT_NAME}"]
     if nproc > 1:

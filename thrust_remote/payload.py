@@ -1,7 +1,8 @@
 """The programs thrust-remote runs on a host, shipped as zipapps uploaded by content hash.
 
-Two payloads: envcheck (doctor's checklist) and the host agent (thrust_remote/agent: runs, checkout,
-probes, poll, lease...). Both are built here the same way, deterministically (sorted files, fixed
+Three payloads: envcheck (doctor's checklist), the host agent (thrust_remote/agent: runs, checkout,
+probes, poll, lease, venv...) and the built-in trainer (trainer/, run by `kind: trainer` jobs with the
+job's venv python). All are built here the same way, deterministically (sorted files, fixed
 timestamps and modes, so the same code gives the same bytes and the same hash), and live on the host
 as `~/.cache/thrust-remote/<name>-<sha16>.pyz`: outside any workdir (the agent runs before the first
 sync, which clones into an empty workdir), and versions never mix.
@@ -15,6 +16,7 @@ the clear one doctor has always given (exit 69). See docs/architecture.md, "The 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import os
 import tempfile
@@ -47,12 +49,19 @@ class Payload:
         return f"{CACHE_DIR}/{self.name}-{self.sha256[:16]}.pyz"
 
 
-def build_zipapp(name: str, package_dir: Path, package: str, entry_module: str) -> Payload:
-    """`package_dir/*.py` as package `package` in a zipapp whose __main__ runs `package.entry_module.main`."""
+def build_zipapp(name: str, package_dir: Path, package: str, entry_module: str, *, as_main: bool = False) -> Payload:
+    """`package_dir`'s .py files (subpackages too) as package `package` in a zipapp whose __main__ runs
+    `package.entry_module.main`, or with `as_main` runs that module as `python -m` would (its own
+    `if __name__ == "__main__"` block included)."""
     buf = io.BytesIO()
-    main = f"import sys\nfrom {package}.{entry_module} import main\nsys.exit(main())\n"
+    if as_main:
+        module = f"{package}.{entry_module}"
+        main = f"import runpy\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+    else:
+        main = f"import sys\nfrom {package}.{entry_module} import main\nsys.exit(main())\n"
     files = [("__main__.py", main.encode())]
-    files += [(f"{package}/{p.name}", p.read_bytes()) for p in sorted(package_dir.glob("*.py"))]
+    sources = sorted(p.relative_to(package_dir) for p in package_dir.rglob("*.py") if "__pycache__" not in p.parts)
+    files += [(f"{package}/{rel.as_posix()}", (package_dir / rel).read_bytes()) for rel in sources]
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for arcname, data in files:
             info = zipfile.ZipInfo(arcname, date_time=_ZIP_TIME)
@@ -78,6 +87,20 @@ def agent() -> Payload:
 
     # under its own name in the zip: on the host it is a top-level package, not part of thrust_remote
     return build_zipapp("agent", Path(next(iter(package.__path__))), "thrust_agent", "__main__")
+
+
+@lru_cache(maxsize=1)
+def trainer() -> Payload:
+    """The built-in trainer (`kind: trainer`), so it runs from any project, not only from a checkout
+    of this repository: `python trainer-<sha>.pyz FLAGS` is `python -m trainer.train FLAGS`, with the
+    zipapp first on sys.path (a project's own `trainer/` directory cannot shadow it)."""
+    # found, not imported: the laptop never imports the trainer's torch side (tests/test_layering.py)
+    spec = importlib.util.find_spec("trainer")
+    if spec is None or not spec.submodule_search_locations:
+        raise ThrustError("the built-in trainer package is not installed next to thrust-remote",
+                          "reinstall thrust-remote (its wheel carries trainer/)", ExitCode.CONFIG)
+    return build_zipapp("trainer", Path(next(iter(spec.submodule_search_locations))), "trainer", "train",
+                        as_main=True)
 
 
 def upload(runner: Runner, payload: Payload) -> str:

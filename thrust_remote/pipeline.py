@@ -191,9 +191,13 @@ def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[
                                  "python -m trainer.train --help lists every flag with its range") from None
 
 
-def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int, export: bool = True) -> list[str]:
-    """The built-in trainer's argv with the host's python (jobs.job_argv has every kind's)."""
-    return jobs.job_argv(JobConfig(name="trainer"), host.python, args, run_dir=run_dir, nproc=nproc, export=export)
+def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int, export: bool = True, *,
+                python: str | None = None, trainer: str | None = None) -> list[str]:
+    """The built-in trainer's argv: `python` (the job's venv; default the host's `python:`) runs the
+    `trainer` zipapp uploaded by setup (default: `-m trainer.train` from the cwd's checkout);
+    jobs.job_argv has every kind's."""
+    return jobs.job_argv(JobConfig(name="trainer"), python or host.python, args, run_dir=run_dir, nproc=nproc,
+                         export=export, trainer=trainer)
 
 
 # ------------------------------------------------------------------------------------------ sequence
@@ -209,11 +213,13 @@ class Prepared:
     report: doctor.Report
     env: dict[str, str]
     cwd: str
+    python: str  # the interpreter that runs the job: the job's venv python (the host's own for cargo jobs)
     local: LocalState | None
     sync: SyncResult | None
     setup_skipped: bool
     timings: dict[str, float]
-    python: str  # the interpreter that runs the job on the host (PYTHON in jobs.job_argv)
+    python: str  # the interpreter that runs the job on the host (PYTHON in jobs.job_argv): the job's venv
+    trainer: str | None = None  # the built-in trainer's zipapp on the host (kind: trainer)
 
     @property
     def host(self) -> HostConfig:
@@ -273,15 +279,18 @@ def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Repo
     env = dict(buildenv.build_env(report.facts, spec))
     if sync_result is not None:
         env.setdefault("THRUST_COMMIT", sync_result.commit)
+    trainer = None
     if job.kind == "cargo":
         skipped = setup_cargo(session, spec, report, sync_result, reporter)
         cwd = buildenv.crate_dir(report.facts, spec)
+        python = payload.python_of(session.runner, session.host)
     else:
-        skipped = setup_python(session, report.facts, local, reporter)
+        venv = setup_python(session, job, report.facts, local, reporter)
+        skipped, python, trainer = venv.skipped, venv.python, venv.trainer
         cwd = session.paths.workdir
     timings["setup"] = time.monotonic() - t2
-    python = payload.python_of(session.runner, session.host)
-    return Prepared(config, job, spec, session, report, env, cwd, local, sync_result, skipped, timings, python)
+    return Prepared(config, job, spec, session, report, env, cwd, python=python, local=local, sync=sync_result,
+                    setup_skipped=skipped, timings=timings, trainer=trainer)
 
 
 def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | None = None,
@@ -306,7 +315,7 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
         argv = [*buildenv.cargo_run_argv(prepared.report.facts, prepared.spec)[:1], *args]
     else:
         argv = jobs.job_argv(job, prepared.python, args, run_dir=run_dir,
-                             nproc=jobs.process_count(job, nproc, gpus), export=export)
+                             nproc=jobs.process_count(job, nproc, gpus), export=export, trainer=prepared.trainer)
     sync_result = prepared.sync
     meta = {
         "argv": argv,

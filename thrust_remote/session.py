@@ -53,6 +53,11 @@ class HostPaths:
         return f"{self.thrust}/locks/{job}.lock"
 
     @property
+    def venvs(self) -> str:
+        """The jobs' virtualenvs, one per requirements/python/torch key (agent `venv ensure`)."""
+        return f"{self.thrust}/venvs"
+
+    @property
     def bin(self) -> str:
         return f"{self.thrust}/bin"
 

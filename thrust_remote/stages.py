@@ -1,5 +1,5 @@
 """The stages between a synced checkout and a launch: preflight (envcheck, cached) and setup
-(the python requirements, or the cargo build), plus staging a cargo run's artifact for fetch.
+(the job's venv with its requirements, or the cargo build), plus staging a cargo run's artifact.
 
 Each takes a HostSession and the job's plain spec (buildenv.job_spec, built once per train by the
 pipeline), and reports through the pipeline's Reporter (anything with `step`). Every remote action
@@ -12,12 +12,15 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import buildenv, doctor
+from . import buildenv, doctor, payload
 from .buildenv import JobSpec
+from .config import JobConfig
 from .errors import ExitCode, ThrustError
 from .hints import command_hint
+from .runner import expand_home
 from .session import HostSession, parse_json
 from .sync import LocalState, SyncResult
 
@@ -81,49 +84,100 @@ def envcheck_report(session: HostSession, spec: JobSpec) -> doctor.Report:
     return report
 
 
-def setup_python(session: HostSession, facts: Mapping[str, Any], local: LocalState | None, reporter: Steps) -> bool:
-    """Make sure the host's python has the trainer's requirements. Returns True when skipped (cached).
+@dataclass(frozen=True)
+class VenvSetup:
+    """What the setup stage made ready: the job's venv and, for the built-in trainer, its payload."""
 
-    Torch comes from the host as it is: pip runs with `torch==<host version>` as a constraint, so it
-    fails rather than replace it.
-    """
-    runner, host, paths = session.runner, session.host, session.paths
-    torch_version = str(facts.get("torch") or "")
-    pyproject = local.root / "pyproject.toml" if local else None
-    spec = {
-        "python": host.python,
-        "python_version": facts.get("python"),
-        "torch": torch_version,
-        "requirements": TRAINER_REQUIREMENTS,
-        "pyproject": hashlib.sha256(pyproject.read_bytes()).hexdigest() if pyproject and pyproject.exists() else None,
-    }
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-    stamp = f"{paths.thrust}/setup-python.json"
-    if _stamp_key(runner.read_text(stamp)) == key:
+    python: str  # the venv's python: the interpreter that runs the job
+    venv: str
+    skipped: bool  # the venv was there already (nothing changed)
+    trainer: str | None  # the trainer zipapp on the host (kind: trainer), else None
+
+
+def is_builtin_trainer(job: JobConfig) -> bool:
+    """`kind: trainer`, or `kind: python` with neither `script:` nor `module:` (issue 11: that keeps
+    meaning the built-in trainer; those two fields come with the other job kinds)."""
+    if job.kind == "trainer":
         return True
-    reporter.step("setting up the host's python (first run, or something it depends on changed)")
-    probe = session.agent("missing-modules", *TRAINER_REQUIREMENTS, timeout=60)
-    missing = parse_json(probe, "missing-modules") if probe.ok else list(TRAINER_REQUIREMENTS)
-    if missing:
-        reporter.step(f"installing {', '.join(missing)} into {host.python} (torch pinned to {torch_version})")
-        constraint = f"{paths.thrust}/constraints.txt"
-        runner.write_text(constraint, f"torch=={torch_version}\n")
-        result = runner.run([host.python, "-m", "pip", "install", "-q", "-c", constraint, *missing], timeout=1800)
-        if not result.ok:
-            raise ThrustError(
-                f"installing {', '.join(missing)} on {host.name} failed: {result.stderr.strip()[-400:]}",
-                f"install them into {host.python} by hand, or point hosts.{host.name}.python at a venv that has them",
-                ExitCode.UNAVAILABLE,
-            )
-    runner.write_text(stamp, json.dumps({"key": key, **spec}))
-    return False
+    return job.kind == "python" and not job.script and not job.module
 
 
-def _stamp_key(text: str | None) -> str | None:
+def job_requirements(job: JobConfig) -> tuple[str, ...]:
+    """The pip specs of the job's venv: the trainer's own for the built-in trainer, then the job's."""
+    return (*(TRAINER_REQUIREMENTS if is_builtin_trainer(job) else ()), *job.requirements)
+
+
+def venv_key(session: HostSession, facts: Mapping[str, Any], specs: Sequence[str], requirements_file: str | None,
+             file_sha256: str | None) -> str:
+    """The venv's name: a hash of what it is made from (docs/architecture.md, "The run directory")."""
+    spec = {
+        "layout": 1,  # how the venv is made (agent/venv.py); bumped when that changes
+        "python": session.host.python,
+        "python_path": facts.get("python_path"),
+        "python_version": facts.get("python"),
+        "torch": facts.get("torch"),
+        "requirements": list(specs),
+        "requirements_file": [requirements_file, file_sha256],
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _file_sha256(local: LocalState | None, name: str | None) -> str | None:
+    """The requirements file's content as the laptop has it: the host's checkout is the same commit
+    plus the same patch, so its hash keys the venv without a look at the host."""
+    path = local.root / name if local and name else None
     try:
-        return json.loads(text).get("key") if text else None
-    except (ValueError, AttributeError):
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path else None
+    except OSError:
         return None
+
+
+def setup_python(session: HostSession, job: JobConfig, facts: Mapping[str, Any], local: LocalState | None,
+                 reporter: Steps) -> VenvSetup:
+    """The job's venv under <workdir>/.thrust/venvs/<key> (agent `venv ensure`), with its requirements
+    installed: one cheap check when nothing changed. The host's torch is used as it is: the venv sees
+    the host python's packages, and pip runs with `torch==<host version>` as a constraint, so it fails
+    rather than replace it. The built-in trainer's payload is uploaded when the host lacks it."""
+    runner, paths = session.runner, session.paths
+    specs = job_requirements(job)
+    requirements = os.path.join(paths.workdir, job.requirements_file) if job.requirements_file else None
+    key = venv_key(session, facts, specs, job.requirements_file, _file_sha256(local, job.requirements_file))
+    trainer = expand_home(payload.trainer().remote, runner.home()) if is_builtin_trainer(job) else None
+    torch_version = str(facts.get("torch") or "")
+    argv = ["venv", "ensure", "--dir", paths.venvs, "--key", key]
+    argv += ["--constraint", f"torch=={torch_version}"] if torch_version else []
+    argv += ["--requirements", requirements] if requirements else []
+    argv += ["--expect", trainer] if trainer else []
+    answer = _ensure(session, job, [*argv, "--check", "--", *specs])
+    if trainer and trainer in answer.get("missing", ()):
+        reporter.step(f"uploading the built-in trainer ({payload.trainer().sha256[:12]})")
+        payload.upload(runner, payload.trainer())
+    if answer["skipped"]:
+        reporter.step(f"setup skipped: the job's venv is up to date ({answer['venv']})")
+        return VenvSetup(answer["python"], answer["venv"], True, trainer)
+    reporter.step(f"setting up the host's python: a venv at {answer['venv']} "
+                  "(first run, or its requirements, python or torch changed)")
+    wanted = [*(["-r " + job.requirements_file] if job.requirements_file else []), *specs]
+    if wanted:
+        pinned = f" (torch pinned to {torch_version})" if torch_version else ""
+        reporter.step(f"installing {', '.join(wanted)} into it{pinned}")
+    answer = _ensure(session, job, [*argv, "--", *specs])
+    return VenvSetup(answer["python"], answer["venv"], False, trainer)
+
+
+def _ensure(session: HostSession, job: JobConfig, argv: Sequence[str]) -> dict[str, Any]:
+    """Agent `venv ensure`; a failure (exit 69) shows pip's last lines: nothing is launched."""
+    result = session.agent(*argv, timeout=3600)
+    if result.exit_code == ExitCode.UNAVAILABLE:
+        doc = parse_json(result, "venv ensure", check=False)
+        where = f"jobs.{job.name}.requirements / requirements_file"
+        raise ThrustError(
+            f"setting up the job's venv on {session.name} failed: {doc.get('error')}\n{doc.get('tail') or ''}".rstrip(),
+            f"nothing was launched; fix the requirements ({where}) or the host's python "
+            f"(hosts.{session.name}.python) and run again: the venv is made afresh",
+            ExitCode.UNAVAILABLE,
+        )
+    return parse_json(result, "venv ensure")
 
 
 def setup_cargo(session: HostSession, spec: JobSpec, report: doctor.Report, sync_result: SyncResult | None,

@@ -24,9 +24,9 @@ import argparse
 import ast
 import dataclasses
 import functools
+import pkgutil
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 # Per-env overrides of TrainArgs' defaults for flags left unset.
@@ -248,7 +248,9 @@ def parse_flag(name: str, text: str) -> Any:
 @functools.lru_cache(maxsize=1)
 def _field_docs() -> dict[str, str]:
     """The docstring under each TrainArgs field (the way CleanRL/tyro read them: from the source)."""
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    # through the module's loader, not the file system: on a host the trainer runs from a zipapp
+    source = pkgutil.get_data(__package__ or "trainer", "args.py") or b""
+    tree = ast.parse(source.decode("utf-8"))
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrainArgs")
     docs = {}
     for node, after in zip(cls.body, cls.body[1:], strict=False):

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "poll": ("poll", False),
     "lease": ("lease", False),
     "xfer": ("xfer", False),  # engineer A's transfer helper: `xfer serve`, `xfer hash PATH`
+    "venv": ("venv", False),  # `venv ensure`: the job's virtualenv (docs/architecture.md, "The host agent")
 }
 
 

@@ -1,0 +1,256 @@
+"""The job's venv on the host (agent `venv ensure`, stages.setup_python) and the built-in trainer
+shipped as a payload, so `kind: trainer` jobs run from any project.
+
+The "host" is this machine reached over a real sshd (tests/conftest.py). pip really installs: a tiny
+wheel built here by hand (no network, no build backend); the trainer's own requirements (numpy, onnx,
+onnxruntime, onnxscript) are already satisfied through the host python's site-packages, which the
+venv sees.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from thrust_remote import pipeline
+from thrust_remote.config import JobConfig, load_config
+from thrust_remote.errors import ExitCode, ThrustError
+from thrust_remote.session import HostSession
+
+REPO = Path(__file__).resolve().parent.parent
+HOST_PYTHON = Path(sys.executable)
+FAST = ["--set", "total-steps=2048", "--set", "target-return=0", "--set", "log-interval=0.2"]
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_wheel(where: Path, name: str, version: str) -> Path:
+    """A pure-python wheel of package `name` whose `VERSION` is `version`, written by hand."""
+    files = {
+        f"{name}/__init__.py": f"VERSION = {version!r}\n".encode(),
+        f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                              b"Tag: py3-none-any\n",
+    }
+    record = "".join(
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for path, data in files.items()
+    ) + f"{name}-{version}.dist-info/RECORD,,\n"
+    files[f"{name}-{version}.dist-info/RECORD"] = record.encode()
+    wheel = where / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    return wheel
+
+
+def fresh_project(path: Path, sshd, remote_dir: Path, *, python: Path = HOST_PYTHON,
+                  files: dict[str, str] | None = None) -> Path:
+    """A new git project that is not this repository: a thrust.yaml (and `files`), nothing else."""
+    path.mkdir(parents=True)
+    _git(path, "init", "-q")
+    _git(path, "config", "user.email", "t@example.com")
+    _git(path, "config", "user.name", "t")
+    sshd.thrust_yaml(path / "thrust.yaml", workdir=str(remote_dir / "thrust"))
+    text = (path / "thrust.yaml").read_text().replace(f"python: {HOST_PYTHON}", f"python: {python}")
+    (path / "thrust.yaml").write_text(text)
+    for name, content in (files or {}).items():
+        (path / name).write_text(content)
+    _git(path, "add", "-A")
+    _git(path, "commit", "-q", "-m", "a project with only a thrust.yaml")
+    return path
+
+
+class Steps(pipeline.NullReporter):
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+
+    def step(self, message: str) -> None:
+        self.steps.append(message)
+
+
+def _prepare(project: Path, sshd, job: JobConfig) -> tuple[pipeline.Prepared, list[str]]:
+    config = load_config(project / "thrust.yaml")
+    host = config.host()
+    runner = sshd.runner()
+    reporter = Steps()
+    try:
+        prepared = pipeline.prepare(config, job, HostSession.open(runner, host, config), reporter)
+    finally:
+        runner.close()
+    return prepared, reporter.steps
+
+
+def _venv_python_import(python: str, module: str) -> str:
+    out = subprocess.run([python, "-c", f"import {module}; print({module}.VERSION)"], capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip()
+
+
+# ------------------------------------------------------------------------------------ the agent alone
+
+def _agent(*args: str) -> subprocess.CompletedProcess:
+    # as on a host: -S, like every stdlib-only subcommand (session._flags)
+    return subprocess.run([sys.executable, "-S", "-m", "thrust_remote.agent", "venv", "ensure", *args],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+
+
+def test_agent_venv_ensure_once_concurrently_and_a_cut_build_is_redone(tmp_path):
+    wheel = make_wheel(tmp_path, "thrusttiny", "0.1")
+    root = tmp_path / "venvs"
+    args = ["--dir", str(root), "--key", "k1", "--constraint", "torch==0", "--", str(wheel)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-S", "-m", "thrust_remote.agent", "venv", "ensure", *args]
+    both = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]
+    answers = [json.loads(p.communicate(timeout=300)[0]) for p in both]
+    assert sorted(a["created"] for a in answers) == [False, True]  # the flock: built once
+    assert all(a["python"] == str(root / "k1" / "bin" / "python") for a in answers)
+    assert _venv_python_import(answers[0]["python"], "thrusttiny") == "0.1"
+    # the venv sees the host python's torch (a venv of a venv would not, without the .pth)
+    subprocess.run([answers[0]["python"], "-c", "import torch, numpy"], check=True)
+
+    again = _agent(*args)
+    assert json.loads(again.stdout)["skipped"] is True
+
+    (root / "k1" / ".thrust-venv.json").unlink()  # as if the install had been cut before the stamp
+    redone = json.loads(_agent(*args).stdout)
+    assert redone["created"] is True and redone["skipped"] is False
+
+
+def test_agent_venv_ensure_failing_pip_is_69_with_its_last_lines(tmp_path):
+    result = _agent("--dir", str(tmp_path / "venvs"), "--key", "bad", "--", "--no-index")
+    assert result.returncode == ExitCode.UNAVAILABLE
+    doc = json.loads(result.stdout)
+    assert "pip install failed" in doc["error"]
+    assert "--no-index" in doc["tail"]  # pip's own words: a spec is never taken as an option
+    assert not (tmp_path / "venvs" / "bad" / ".thrust-venv.json").exists()
+
+
+# ------------------------------------------------------------------------------------ over SSH
+
+@pytest.mark.slow
+def test_venv_made_then_skipped_then_new_when_requirements_change(tmp_path, sshd, remote_dir):
+    project = fresh_project(tmp_path / "project", sshd, remote_dir)
+    job = JobConfig(name="cartpole", args={"env": "cartpole"}, requirements=(str(make_wheel(tmp_path, "thrusttiny",
+                                                                                             "0.1")),))
+    first, steps = _prepare(project, sshd, job)
+    venvs = remote_dir / "thrust" / ".thrust" / "venvs"
+    assert first.python.startswith(f"{venvs}/") and first.python.endswith("/bin/python")
+    assert first.setup_skipped is False
+    assert any("setting up the host's python" in s for s in steps)
+    assert any("installing numpy, onnx, onnxruntime, onnxscript, " in s for s in steps)
+    assert _venv_python_import(first.python, "thrusttiny") == "0.1"
+    assert first.trainer and Path(first.trainer).is_file()  # the trainer payload is on the host
+
+    second, steps = _prepare(project, sshd, job)
+    assert second.setup_skipped is True
+    assert second.python == first.python
+    assert [s for s in steps if "venv" in s] == [f"setup skipped: the job's venv is up to date "
+                                                 f"({Path(first.python).parent.parent})"]
+    assert not any("installing" in s or "uploading" in s for s in steps)
+
+    changed = replace(job, requirements=(str(make_wheel(tmp_path, "thrusttiny", "0.2")),))
+    third, steps = _prepare(project, sshd, changed)
+    assert third.setup_skipped is False and third.python != first.python
+    assert _venv_python_import(third.python, "thrusttiny") == "0.2"
+    assert sorted(p.name for p in venvs.iterdir() if p.is_dir()) == sorted(
+        Path(p).parent.parent.name for p in (first.python, third.python))
+
+
+@pytest.mark.slow
+def test_failing_requirement_is_69_with_pips_lines_and_nothing_launched(tmp_path, sshd, remote_dir):
+    project = fresh_project(tmp_path / "project", sshd, remote_dir,
+                            files={"requirements.txt": "--no-index\nthrust-no-such-package-zz==1.0\n"})
+    job = JobConfig(name="cartpole", args={"env": "cartpole"}, requirements_file="requirements.txt")
+    config = load_config(project / "thrust.yaml")
+    runner = sshd.runner()
+    request = pipeline.TrainRequest(job=job, host=config.host(), sets=["total-steps=2048"])
+    try:
+        with pytest.raises(ThrustError) as caught:
+            pipeline.train(config, request, HostSession.open(runner, config.host(), config))
+    finally:
+        runner.close()
+    assert caught.value.exit_code == ExitCode.UNAVAILABLE
+    assert "thrust-no-such-package-zz" in str(caught.value)  # pip's own last lines
+    assert "No matching distribution" in str(caught.value) or "Could not find" in str(caught.value)
+    assert "nothing was launched" in (caught.value.hint or "")
+    runs = remote_dir / "thrust" / ".thrust" / "runs"
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def externally_managed_python(root: Path) -> Path:
+    """A python install whose stdlib carries PEP 668's EXTERNALLY-MANAGED marker (as Debian 12's and
+    Ubuntu 24.04's do) and whose site-packages has torch & co: the interpreter under this test's venv,
+    copied, with its stdlib linked and this venv's packages named by a .pth (as a distro's would be)."""
+    base = Path(sys.base_prefix)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    lib = root / "lib" / version
+    (lib / "site-packages").mkdir(parents=True)
+    (root / "bin").mkdir()
+    exe = root / "bin" / version
+    exe.write_bytes(Path(os.path.realpath(sys._base_executable)).read_bytes())  # type: ignore[attr-defined]
+    exe.chmod(0o755)
+    for entry in (base / "lib" / version).iterdir():
+        if entry.name != "site-packages":
+            (lib / entry.name).symlink_to(entry)
+    (lib / "EXTERNALLY-MANAGED").write_text("[externally-managed]\nError=this python is managed by the test\n")
+    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "torch").is_dir())
+    (lib / "site-packages" / "distro-packages.pth").write_text(site + "\n")
+    return exe
+
+
+@pytest.mark.slow
+def test_externally_managed_python_gets_its_venv_and_trains(tmp_path, sshd, remote_dir, cli):
+    python = externally_managed_python(tmp_path / "system-python")
+    wheel = make_wheel(tmp_path, "thrusttiny", "0.1")
+    refused = subprocess.run([str(python), "-m", "pip", "install", "--no-index", str(wheel)], capture_output=True,
+                             text=True, check=False)
+    assert refused.returncode != 0 and "externally-managed-environment" in refused.stderr  # as on Debian 12
+
+    project = fresh_project(tmp_path / "project", sshd, remote_dir, python=python)
+    result = cli("train", "cartpole", *FAST, cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert "setting up the host's python: a venv at" in result.stderr
+    assert (project / "web" / "public" / "cartpole.onnx").stat().st_size > 0
+    run_dir = next((remote_dir / "thrust" / ".thrust" / "runs").iterdir())
+    argv = json.loads((run_dir / "run.json").read_text())["argv"]
+    venv = Path(argv[0]).parent.parent
+    assert venv.parent == remote_dir / "thrust" / ".thrust" / "venvs"
+    assert f"home = {python.parent}\n" in (venv / "pyvenv.cfg").read_text()  # made from that python
+
+    # and a requirement of the job's own installs into that venv, never into the managed python
+    job = JobConfig(name="cartpole", args={"env": "cartpole"}, requirements=(str(wheel),))
+    prepared, _steps = _prepare(project, sshd, job)
+    assert _venv_python_import(prepared.python, "thrusttiny") == "0.1"
+    assert subprocess.run([str(python), "-c", "import thrusttiny"], capture_output=True, check=False).returncode
+
+
+@pytest.mark.slow
+def test_builtin_trainer_from_a_fresh_project_trains_cartpole_then_skips_setup(tmp_path, sshd, remote_dir, cli):
+    project = fresh_project(tmp_path / "project", sshd, remote_dir)
+    assert sorted(p.name for p in project.iterdir()) == [".git", "thrust.yaml"]
+    first = cli("train", "cartpole", *FAST, cwd=project)
+    assert first.returncode == 0, first.stderr
+    assert (project / "web" / "public" / "cartpole.onnx").stat().st_size > 0
+    assert "setting up the host's python" in first.stderr
+    assert not (remote_dir / "thrust" / "trainer").exists()  # it ran from the payload, not the checkout
+    run_dirs = sorted((remote_dir / "thrust" / ".thrust" / "runs").iterdir())
+    argv = json.loads((run_dirs[0] / "run.json").read_text())["argv"]
+    assert "/.thrust/venvs/" in argv[0] and Path(argv[2]).name.startswith("trainer-")
+
+    second = cli("train", "cartpole", *FAST, cwd=project)
+    assert second.returncode == 0, second.stderr
+    assert "setup skipped: the job's venv is up to date" in second.stderr
+    assert "setting up the host's python" not in second.stderr

@@ -1,0 +1,185 @@
+"""The job's virtualenv on the host: made once per set of requirements, python and torch.
+
+    agent venv ensure --dir D --key K [--constraint SPEC]... [--requirements FILE] [--expect PATH]...
+                      [--check] -- [SPEC...]
+        {"python": "D/K/bin/python", "venv": "D/K", "created": bool, "installed": [...], "skipped": bool,
+         "missing": [each --expect PATH that does not exist]}
+        exit 69 with {"error", "exit_code", "tail"} when the venv cannot be made or pip fails
+
+The venv is D/K (K: the caller's hash of the requirements and the python/torch versions), made with
+`--system-site-packages` by the python that runs the agent (the host's `python:`), so the host's own
+torch is the one a job imports and pip never replaces it (`--constraint torch==X`). `python -m venv`
+run by a python that is itself a venv (or a conda env) bases the new venv on the interpreter under it,
+whose site-packages lack the user's torch; so a `.pth` file in the new venv names every site directory
+the host's python has (docs/architecture.md, "The host agent"). A venv ignores PEP 668's
+EXTERNALLY-MANAGED marker: that is what makes Debian 12 / Ubuntu 24.04 system pythons work.
+
+Done means D/K/.thrust-venv.json exists: written last, atomically, so a cut build never counts. The
+build runs under an flock on D/K.lock (two runs at once build it once); a directory without the
+stamp is a cut build, removed and made again. `--check` only answers (`skipped` false: not built).
+`--expect` names files the caller needs next (the trainer payload), to save it a round trip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterator, Sequence
+
+from .files import write_atomic
+
+UNAVAILABLE = 69  # docs/architecture.md, "Exit codes": a failed setup
+STAMP = ".thrust-venv.json"
+PTH = "_thrust_host_site.pth"
+TAIL_LINES = 15
+
+
+class SetupFailed(Exception):
+    def __init__(self, message: str, exit_code: int, output: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.tail = "\n".join(output.strip().splitlines()[-TAIL_LINES:])
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _stamp(venv: str, key: str) -> dict | None:
+    try:
+        with open(os.path.join(venv, STAMP)) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("key") == key else None
+
+
+def host_site_dirs() -> list[str]:
+    """The host python's own site directories (site-packages, user site, .pth additions), in order.
+
+    The agent runs with `python -S`: site is run here, in this short-lived process, to learn them."""
+    if sys.flags.no_site:
+        import site
+
+        site.main()
+    stdlib = [p for p in {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")} if p]
+    out: list[str] = []
+    for entry in sys.path[1:]:  # [0] is the agent's own zipapp
+        path = os.path.abspath(entry) if entry else ""
+        if not path or not os.path.isdir(path) or path in out:
+            continue
+        if any(path == s or path.startswith(s.rstrip("/") + "/") for s in stdlib):
+            continue
+        out.append(path)
+    return out
+
+
+def _run(argv: Sequence[str], what: str, timeout: float = 3600) -> str:
+    proc = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise SetupFailed(f"{what} failed (exit {proc.returncode})", proc.returncode, proc.stdout)
+    return proc.stdout
+
+
+def _site_packages(venv: str) -> str:
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return os.path.join(venv, "lib", version, "site-packages")
+
+
+def _make(venv: str) -> str:
+    """A venv at `venv` that sees the host python's packages; returns its python. Without pip of its
+    own when the host's pip reaches it through the .pth (seconds saved); ensurepip otherwise."""
+    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], "python -m venv")
+    python = os.path.join(venv, "bin", "python")
+    site_dir = _site_packages(venv)
+    os.makedirs(site_dir, exist_ok=True)
+    dirs = [d for d in host_site_dirs() if not d.startswith(venv.rstrip("/") + "/")]
+    write_atomic(os.path.join(site_dir, PTH), "".join(f"{d}\n" for d in dirs).encode(), 0o644)
+    probe = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, check=False, timeout=120)
+    if probe.returncode != 0:
+        try:
+            _run([python, "-m", "ensurepip", "--default-pip"], "ensurepip")
+        except SetupFailed as exc:
+            raise SetupFailed(f"the venv has no pip: the host's python has neither pip nor ensurepip "
+                              f"(Debian/Ubuntu: apt-get install python3-venv); {exc}", exc.exit_code,
+                              exc.tail) from None
+    return python
+
+
+def _install(python: str, venv: str, constraints: Sequence[str], requirements: str | None,
+             specs: Sequence[str]) -> list[str]:
+    wanted = ([f"-r {requirements}"] if requirements else []) + list(specs)
+    if not wanted:
+        return []
+    constraint_file = os.path.join(venv, "constraints.txt")
+    write_atomic(constraint_file, "".join(f"{c}\n" for c in constraints).encode(), 0o644)
+    argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-c", constraint_file]
+    if requirements:
+        argv += ["-r", requirements]
+    _run([*argv, "--", *specs], "pip install")  # `--`: a spec is never an option
+    return wanted
+
+
+def ensure(root: str, key: str, constraints: Sequence[str], requirements: str | None, specs: Sequence[str],
+           check: bool = False) -> dict:
+    venv = os.path.join(root, key)
+    answer = {"python": os.path.join(venv, "bin", "python"), "venv": venv, "created": False, "installed": [],
+              "skipped": True}
+    if _stamp(venv, key) is not None:
+        return answer
+    answer["skipped"] = False
+    if check:
+        return answer
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    with _locked(f"{venv}.lock"):
+        if _stamp(venv, key) is not None:  # another run built it while we waited
+            return {**answer, "skipped": True}
+        if os.path.lexists(venv):  # a cut build: never half-trusted
+            shutil.rmtree(venv)
+        python = _make(venv)
+        installed = _install(python, venv, constraints, requirements, specs)
+        stamp = {"key": key, "constraints": list(constraints), "requirements": requirements, "specs": list(specs),
+                 "base": sys.executable}
+        write_atomic(os.path.join(venv, STAMP), json.dumps(stamp).encode(), 0o644)
+    return {**answer, "python": python, "created": True, "installed": installed}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agent venv")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("ensure")
+    p.add_argument("--dir", required=True, help="where the venvs live (<workdir>/.thrust/venvs)")
+    p.add_argument("--key", required=True)
+    p.add_argument("--constraint", action="append", default=[], help="a pip constraint, e.g. torch==2.13.0")
+    p.add_argument("--requirements", help="a requirements file (absolute)")
+    p.add_argument("--expect", action="append", default=[], help="a path to report in `missing` when absent")
+    p.add_argument("--check", action="store_true", help="only say whether the venv is ready")
+    p.add_argument("specs", nargs="*")
+    args = parser.parse_args(argv)
+    if "/" in args.key or args.key in ("", ".", ".."):
+        parser.error(f"--key {args.key!r}: expected a plain name")
+    missing = [path for path in args.expect if not os.path.exists(path)]
+    try:
+        answer = ensure(args.dir, args.key, args.constraint, args.requirements, args.specs, check=args.check)
+    except (SetupFailed, OSError, subprocess.TimeoutExpired) as exc:
+        tail = exc.tail if isinstance(exc, SetupFailed) else ""
+        print(json.dumps({"error": str(exc), "exit_code": getattr(exc, "exit_code", None), "tail": tail,
+                          "missing": missing}))
+        sys.stderr.write(f"venv ensure: {exc}\n{tail}\n")
+        return UNAVAILABLE
+    print(json.dumps({**answer, "missing": missing}))
+    return 0
