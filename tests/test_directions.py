@@ -128,7 +128,10 @@ def test_tilde_python_is_the_hosts_home_for_every_command(cli, sshd, remote_dir,
     run_id = re.search(r"(?:launching run|following) (cartpole[\w.-]+)", train.stderr).group(1)
     run = json.loads((remote_dir / "thrust" / ".thrust" / "runs" / run_id / "run.json").read_text())
     expanded = str(Path.home()) + home_venv[1:]
-    assert run["argv"][0] == expanded  # the venv's python, not a literal '~/...'
+    # the job runs in its venv on the host, made from `python:` expanded there (never a literal '~/...')
+    venv = Path(run["argv"][0]).parent.parent
+    assert venv.parent == remote_dir / "thrust" / ".thrust" / "venvs"
+    assert json.loads((venv / ".thrust-venv.json").read_text())["base"] == expanded
     for args in (["runs"], ["status", run_id], ["logs", run_id], ["stop", run_id], ["fetch", run_id],
                  ["doctor", "--json"]):
         proc = cli("--config", str(cfg), *args, "--host", "sandbox", cwd=project)
