@@ -31,7 +31,8 @@ def play(
         help="Directory of models to list (default: where thrust.yaml's jobs export, else web/public).",
         show_default=False,
     ),
-    no_open: bool = typer.Option(False, "--no-open", help="Only print the URL; do not open a browser (default: open it)."),
+    no_open: bool = typer.Option(False, "--no-open",
+                                 help="Only print the URL; do not open a browser (default: open it)."),
 ) -> None:
     extra = ModelFiles.from_model_path(model) if model is not None else None
     site = Site(web_dir=default_web_dir(), public_dir=public or project_models_dir(ctx), extra=extra)
