@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .config import CONFIG_NAME
 from .errors import ExitCode, ThrustError
 from .hints import command_hint
 from .runs import see_or_stop
@@ -213,10 +214,17 @@ def _warnings(local: LocalState) -> list[str]:
             f"uncommitted changes sent as a patch ({len(local.patch)} bytes, {len(changed)} files: "
             f"{', '.join(changed[:5])}{'…' if len(changed) > 5 else ''}); commit them to make the run reproducible"
         )
-    if local.untracked:
-        shown = ", ".join(local.untracked[:5]) + ("…" if len(local.untracked) > 5 else "")
-        out.append(f"{len(local.untracked)} untracked files were not sent: {shown}")
+    untracked = [u for u in local.untracked if not _tool_owned(u)]
+    if untracked:
+        shown = ", ".join(untracked[:5]) + ("…" if len(untracked) > 5 else "")
+        out.append(f"{len(untracked)} untracked files were not sent: {shown} (`git add` them to send them, "
+                   "or list them in .gitignore to silence this)")
     return out
+
+
+def _tool_owned(path: str) -> bool:
+    """thrust.yaml and .thrust/ are this tool's own files, not code the run is missing: no warning."""
+    return Path(path).name == CONFIG_NAME or Path(path).parts[:1] == (".thrust",)
 
 
 def _send_bundle(session: HostSession, local: LocalState, known: set[str]) -> int:

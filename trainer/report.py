@@ -23,6 +23,12 @@ def emit(tag: str, obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def say(line: str) -> None:
+    """One plain log line on stdout, for people (no tag: tools show it as it is)."""
+    sys.stdout.write(line.rstrip("\n") + "\n")
+    sys.stdout.flush()
+
+
 def finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 

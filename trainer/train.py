@@ -14,6 +14,8 @@ Output (stdout; rank 0 only):
 - `THRUST_INFO {json}` for decisions worth seeing (the device, the `--num-envs auto` choice, resume).
 - `THRUST_DONE {json}` last: step, total_steps, wall_s, return_mean, eval_return, solved, run_dir,
   checkpoint, export.
+- `solved: eval return R >= TARGET at step S of TOTAL, stopping early`, a plain line (no tag), when
+  `--target-return` is reached.
 - a rich progress bar, only when stdout is a terminal (the lines above print above it, one line each).
 
 Run directory (`--run-dir`, default `runs/<env>-<UTC timestamp>-<pid>`): metrics.jsonl, checkpoints/
@@ -57,7 +59,7 @@ from trainer.dist import Dist  # noqa: E402
 from trainer.envs.registry import EnvSpec, get_spec  # noqa: E402
 from trainer.policy import build_policy  # noqa: E402
 from trainer.ppo import PPO, PPOConfig, evaluate_greedy  # noqa: E402
-from trainer.report import RunLog, Window, emit, finite, gpu_fields  # noqa: E402
+from trainer.report import RunLog, Window, emit, finite, gpu_fields, say  # noqa: E402
 
 # build_parser and PRESETS stay importable from here (tests/test_optimize.py reads the flags).
 __all__ = ["PRESETS", "Trainer", "build_parser", "main", "parse_args"]
@@ -289,6 +291,8 @@ class Trainer:
                 self.losses = dict(zip(keys, loss_t.tolist(), strict=True))
             if self.log is not None and (now - self.window.t >= args.log_interval or last_iter or self.solved):
                 self._report(self.log, now)
+            if self.solved and self.log is not None:
+                say(self._solved_line())
             if dist.is_main and now - last_ckpt_t >= args.checkpoint_interval:
                 self.checkpoint()
                 last_ckpt_t = now
@@ -324,6 +328,12 @@ class Trainer:
         )
         self.eval_return = float(self.dist.mean(scores.mean()))
         self.solved = self.eval_return >= args.target_return
+
+    def _solved_line(self) -> str:
+        """The plain line that says why a run ends before --total-steps."""
+        total = self.num_iterations * self.batch_per_iter
+        return (f"solved: eval return {self.eval_return:.1f} >= {self.args.target_return:g} at step "
+                f"{self.global_step:,} of {total:,}, stopping early")
 
     def _report(self, log: RunLog, now: float) -> None:
         """Rank 0: one THRUST_METRICS line, the same row in metrics.jsonl (and TensorBoard)."""

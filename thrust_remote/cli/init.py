@@ -54,4 +54,8 @@ def init(force: bool = typer.Option(False, "--force", help="Overwrite an existin
         raise UsageError(f"{path} already exists", "use --force to overwrite it")
     parse_config_text(TEMPLATE, path)  # the template itself must always be a valid config
     path.write_text(TEMPLATE)
-    console.print(f"wrote {path}; add a host under `hosts:`, then: thrust-remote doctor --host NAME")
+    # soft_wrap: rich never breaks these lines, so the path and the command stay whole and can be
+    # copied; the command is short and on its own line, so even a narrow terminal keeps it whole.
+    console.print(f"wrote {path}", soft_wrap=True, highlight=False, markup=False)
+    console.print("next: add a host under `hosts:`, then check it with", soft_wrap=True, markup=False)
+    console.print("  thrust-remote doctor --host NAME", soft_wrap=True, highlight=False, markup=False)

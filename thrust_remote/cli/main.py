@@ -5,15 +5,39 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from ..console import err_console
 from ..errors import ExitCode, ThrustError
 from .common import AppState, _env_flag
 
+
+class _SwitchesTakeNoValue:
+    """Help shows a switch (`--json`, `--help`) as a bare flag: typer's rich help prints the type of
+    every option, `<bool>` for switches too, as if they took a value; a switch's metavar "" blanks it."""
+
+    def get_params(self, ctx: typer.Context) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class SwitchCommand(_SwitchesTakeNoValue, TyperCommand):
+    """A command whose help shows switches as flags (see `_SwitchesTakeNoValue`)."""
+
+
+class SwitchGroup(_SwitchesTakeNoValue, TyperGroup):
+    """The top-level group, with the same help for its switches (`--debug`, `--version`, `--help`)."""
+
+
 app = typer.Typer(
+    cls=SwitchGroup,
     name="thrust-remote",
     help="Take an RL job from a laptop to a GPU box over SSH and get a working model back.",
     no_args_is_help=True,
@@ -49,6 +73,9 @@ def _global(
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"{__package__}.{_name}").register(app)
+for _info in app.registered_commands:
+    if _info.cls in (None, TyperCommand):  # typer's default; a command's own class is left alone
+        _info.cls = SwitchCommand
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -14,7 +14,8 @@ from .common import get_config
 
 
 def register(app: typer.Typer) -> None:
-    app.command("play", help="Serve the browser demo (web/) on 127.0.0.1 and open it.")(play)
+    app.command("play", help="Serve the browser demo (web/) on 127.0.0.1 and print its URL; unless --no-open, "
+                "also open it in a browser when this machine has one.")(play)
 
 
 def play(
@@ -30,7 +31,8 @@ def play(
         help="Directory of models to list (default: where thrust.yaml's jobs export, else web/public).",
         show_default=False,
     ),
-    no_open: bool = typer.Option(False, "--no-open", help="Print the URL; do not open a browser."),
+    no_open: bool = typer.Option(False, "--no-open",
+                                 help="Only print the URL; do not open a browser (default: open it)."),
 ) -> None:
     extra = ModelFiles.from_model_path(model) if model is not None else None
     site = Site(web_dir=default_web_dir(), public_dir=public or project_models_dir(ctx), extra=extra,

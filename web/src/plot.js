@@ -21,22 +21,29 @@ export function parseMetrics(text) {
   return points;
 }
 
-/** Round-number tick values covering [lo, hi]. */
-function ticks(lo, hi, count) {
+/** Round-number tick values covering [lo, hi], spaced 1, 2 or 5 times a power of ten;
+ * `integer`: never closer than 1 apart (env steps are whole numbers). */
+export function ticks(lo, hi, count, { integer = false } = {}) {
   if (hi === lo) return [lo];
   const raw = (hi - lo) / count;
   const mag = 10 ** Math.floor(Math.log10(raw));
-  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
+  let step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
+  if (integer) step = Math.max(step, 1);
   const out = [];
   for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(v);
   return out;
 }
 
-function fmt(v) {
-  const a = Math.abs(v);
-  if (a >= 1e6) return `${+(v / 1e6).toFixed(1)}M`;
-  if (a >= 1e3) return `${+(v / 1e3).toFixed(1)}k`;
-  return `${+v.toFixed(2)}`;
+/** Labels for evenly spaced tick values: one unit for the axis (k, M) and as many decimals as the
+ * spacing needs, so neighbouring labels always differ (5.55k and 5.6k, never 5.6k twice). */
+export function tickLabels(values) {
+  const big = Math.max(...values.map(Math.abs));
+  const [div, unit] = big >= 1e6 ? [1e6, "M"] : big >= 1e3 ? [1e3, "k"] : [1, ""];
+  if (values.length < 2) return values.map((v) => `${+(v / div).toFixed(3)}${unit}`);
+  const step = Math.abs(values[1] - values[0]) / div;
+  // a step of 0.1 needs 1 decimal, 0.05 needs 2; the epsilon absorbs float noise in the step
+  const decimals = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
+  return values.map((v) => `${(v / div).toFixed(decimals)}${unit}`);
 }
 
 /** Draw the points on the canvas (device-pixel aware); a message when there are none. */
@@ -76,15 +83,17 @@ export function drawCurve(canvas, points, { title = "return (mean) vs steps", co
   ctx.lineWidth = 1;
   ctx.fillStyle = "#777";
   ctx.textAlign = "right";
-  for (const v of ticks(y0, y1, 4)) {
+  const yTicks = ticks(y0, y1, 4);
+  tickLabels(yTicks).forEach((label, i) => {
     ctx.beginPath();
-    ctx.moveTo(pad.left, sy(v));
-    ctx.lineTo(pad.left + w, sy(v));
+    ctx.moveTo(pad.left, sy(yTicks[i]));
+    ctx.lineTo(pad.left + w, sy(yTicks[i]));
     ctx.stroke();
-    ctx.fillText(fmt(v), pad.left - 4, sy(v) + 4);
-  }
+    ctx.fillText(label, pad.left - 4, sy(yTicks[i]) + 4);
+  });
   ctx.textAlign = "center";
-  for (const v of ticks(x0, x1, 5)) ctx.fillText(fmt(v), sx(v), pad.top + h + 15);
+  const xTicks = ticks(x0, x1, 5, { integer: true });
+  tickLabels(xTicks).forEach((label, i) => ctx.fillText(label, sx(xTicks[i]), pad.top + h + 15));
   ctx.textAlign = "left";
 
   ctx.strokeStyle = color;

@@ -1,0 +1,122 @@
+"""What a new user read and tripped over (issue 12, "Runs and output"): switches shown as taking a
+`<bool>`, play's help, init's hint wrapped mid-command, the untracked-files warning about the tool's own
+files, and the trainer's early stop that said nothing. (The chart's ticks: tests/js/plot.test.mjs.)"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from thrust_remote.cli.main import app
+from thrust_remote.config import HostConfig
+from thrust_remote.runner import LocalRunner
+from thrust_remote.session import HostPaths, HostSession
+from thrust_remote.sync import local_state, sync
+
+COMMANDS = [info.name for info in app.registered_commands]
+
+
+# ----------------------------------------------------------------------------------------- help
+
+@pytest.mark.parametrize("command", [[], *([name] for name in COMMANDS)], ids=lambda c: " ".join(c) or "top")
+def test_help_shows_switches_as_flags_not_as_taking_a_bool(cli, command):
+    result = cli(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "<bool>" not in result.stdout
+    help_line = next(line for line in result.stdout.splitlines() if "--help" in line)
+    assert re.search(r"--help\s+-h\s+Show this message", help_line), help_line
+
+
+def test_switches_are_still_listed_and_still_refuse_a_value(cli):
+    result = cli("train", "--help")
+    for switch in ("--detach", "--no-fetch", "--json"):
+        line = next(x for x in result.stdout.splitlines() if switch + " " in x)
+        assert not re.search(re.escape(switch) + r"\s+<", line), line
+    assert "<str>" in result.stdout  # options that take a value keep their type
+    refused = cli("hosts", "--json=yes")
+    assert refused.returncode == 64
+    assert "does not take a value" in refused.stderr
+
+
+def test_play_help_says_what_play_does_by_default(cli):
+    top = " ".join(cli("--help").stdout.split())
+    own = " ".join(cli("play", "--help").stdout.split())
+    for text in (top, own):
+        assert "print its URL" in text
+        assert "unless --no-open, also open it in a browser" in text
+    assert "Only print the URL; do not open a browser (default: open it)." in own.replace("│ ", "")
+
+
+# ----------------------------------------------------------------------------------------- init
+
+@pytest.mark.parametrize("columns", ["60", "80"])
+def test_init_never_wraps_its_path_or_its_command(cli, tmp_path, columns):
+    project = tmp_path / ("a-project-directory-with-a-rather-long-name-" * 2) / "sub"
+    project.mkdir(parents=True)
+    result = cli("init", cwd=project, env={"COLUMNS": columns})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert f"wrote {project / 'thrust.yaml'}" in lines, lines
+    assert "  thrust-remote doctor --host NAME" in lines, lines
+
+
+# ------------------------------------------------------------------------------ untracked warning
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True)
+
+
+def _untracked_warnings(repo: Path, host: Path) -> list[str]:
+    session = HostSession(LocalRunner(), HostConfig(name="local", python=sys.executable), HostPaths(str(host)))
+    return [w for w in sync(session, local_state(repo)).warnings if "untracked" in w]
+
+
+def test_untracked_warning_skips_the_tools_own_files_and_says_how_to_silence_it(tmp_path):
+    repo = tmp_path / "laptop"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.email=t@example.com", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "one")
+    (repo / "thrust.yaml").write_text("default_host: local\n")
+    (repo / ".thrust" / "runs").mkdir(parents=True)
+    (repo / ".thrust" / "runs" / "index.json").write_text("{}\n")
+    assert _untracked_warnings(repo, tmp_path / "host") == []
+
+    (repo / "scratch.txt").write_text("notes\n")
+    (warning,) = _untracked_warnings(repo, tmp_path / "host")
+    assert "1 untracked files were not sent: scratch.txt" in warning
+    assert "thrust.yaml" not in warning
+    assert ".thrust" not in warning
+    assert "`git add` them to send them, or list them in .gitignore to silence this" in warning
+
+
+# ------------------------------------------------------------------------------------ early stop
+
+def test_trainer_says_solved_stopping_early_in_a_plain_line(tmp_path):
+    # a target an untrained policy already reaches: the first evaluation solves it
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--env", "cartpole", "--target-return", "5", "--eval-every", "1",
+         "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    solved = [i for i, line in enumerate(lines) if line.startswith("solved:")]
+    assert len(solved) == 1, lines
+    line = lines[solved[0]]
+    assert re.fullmatch(r"solved: eval return \d+\.\d >= 5 at step 256 of 100,096, stopping early", line), line
+    assert lines[-1].startswith("THRUST_DONE ")
+    assert solved[0] < len(lines) - 1
+
+
+def test_trainer_says_nothing_of_solving_when_it_runs_to_the_end(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--env", "cartpole", "--total-steps", "512", "--target-return", "0",
+         "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert not [line for line in result.stdout.splitlines() if line.startswith("solved")]
