@@ -115,3 +115,18 @@ def test_env_specs_know_sizes_scores_and_settings() -> None:
         spec_for_dims(20, 3)
     env = snake.make(5, grid_size=6)
     assert env.reset(seed=0).shape == (5, 3 * 36 + 8)
+
+
+def test_gym_ids_get_a_spec_and_the_gym_preset() -> None:
+    spec = get_spec("Acrobot-v1")
+    params = spec.params({"grid_size": 6})  # settings of other envs are ignored
+    assert (spec.name, spec.obs_dim(params), spec.n_actions(params), spec.settings_of(params)) == (
+        "Acrobot-v1", 6, 3, {})
+    assert get_spec("Acrobot-v1") is spec
+    args = parse_args(["--env", "CartPole-v1"])
+    assert (args.total_steps, args.num_minibatches, args.eval_every, args.target_return, args.vector) == (
+        100_000, 2, 8, 475.0, "sync")
+    with pytest.raises(ValueError, match="or a gymnasium id"):
+        get_spec("pong")
+    with pytest.raises(ValueError, match="unknown env: .*discrete"):
+        flag_specs("Pendulum-v1")

@@ -25,7 +25,7 @@ from .session import HostSession, parse_json
 from .sync import LocalState, SyncResult
 
 # What the built-in trainer imports besides torch; torch itself is never installed by us.
-TRAINER_REQUIREMENTS = ("numpy", "onnx", "onnxruntime", "onnxscript")
+TRAINER_REQUIREMENTS = ("numpy", "onnx", "onnxruntime", "onnxscript", "gymnasium")
 CRITICAL_CHECKS = ("python", "torch-import")
 
 

@@ -6,7 +6,9 @@ From it come the trainer's argparse parser (`build_parser`), the per-env presets
 of the defaults for flags left unset), `flag_specs()` and `parse_flag()` for tools that check flags
 before anything runs (thrust-remote on the laptop), and `PPOConfig`'s defaults (trainer/ppo.py).
 
-Stdlib only, no torch: the laptop-side tool imports this module (see docs/architecture.md).
+Stdlib only, no torch: the laptop-side tool imports this module (see docs/architecture.md). `--env`
+is a built-in name (PRESETS) or a gymnasium id; for the latter, trainer.gym_ids imports gymnasium
+(lazily) and checks the id is registered with a discrete action space and a flat Box observation.
 
 Value formats (the contract with `thrust-remote train --set KEY=VALUE` and the optimizer):
 - integers also as `2e7` or `20_000_000` (configs and optimizers produce both);
@@ -36,7 +38,8 @@ from typing import Any
 # Snake (10x10): small batches of many cheap updates learned fastest per second on a 2-core CPU:
 # greedy eval mean 72 apples (23% full boards) after the default 8M steps (~3 min), vs 19 apples for
 # 1024 envs with a 128-wide MLP after 8M. On a GPU, pass a larger --num-envs.
-# Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal).
+# Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal). Gymnasium
+# ids take GYM_PRESET (see `preset_of`).
 PRESETS: dict[str, dict[str, Any]] = {
     "cartpole": {
         "total_steps": 100_000,
@@ -50,6 +53,49 @@ PRESETS: dict[str, dict[str, Any]] = {
         "ent_coef": 0.01,
     },
 }
+
+
+# Any gymnasium id: the cartpole preset (gymnasium's CartPole-v1 is the same env, stepped in Python),
+# with the id's own `reward_threshold` as --target-return (gymnasium's "solved"; 0 = off when it has
+# none). An env stepped in Python makes a greedy evaluation cost as much as training, hence
+# --eval-every 8. Measured on a 2-core CPU (tests/test_gym_envs.py): CartPole-v1 solved in ~7k steps;
+# Acrobot-v1's greedy eval past -100 after 20-45k steps, and -82..-89 over 100 episodes after 100k.
+GYM_PRESET: dict[str, Any] = {
+    "total_steps": 100_000,
+    "num_minibatches": 2,
+    "eval_every": 8,
+}
+
+
+def check_env(name: str, strict: bool = False) -> str:
+    """`name` when it is an env the trainer can train; ValueError saying why not otherwise.
+
+    A gymnasium id that needs a package this machine lacks is accepted unless `strict` (the laptop
+    cannot check it, the host will; the trainer itself parses strictly)."""
+    if name in PRESETS:
+        return name
+    from trainer.gym_ids import GymEnvError, NotRegistered, gym_facts
+
+    try:
+        facts = gym_facts(name)
+    except NotRegistered as e:
+        builtin = ", ".join(sorted(PRESETS))
+        raise ValueError(f"{name!r} is not one of {builtin}, nor a registered gymnasium id ({e})") from None
+    except GymEnvError as e:
+        raise ValueError(str(e)) from None
+    if facts.missing and strict:
+        raise ValueError(f"{name} needs a package this machine lacks: {facts.missing}")
+    return name
+
+
+def preset_of(env: str) -> dict[str, Any]:
+    """The overrides of TrainArgs' defaults for `env` (a built-in name or a checked gymnasium id)."""
+    if env in PRESETS:
+        return PRESETS[env]
+    from trainer.gym_ids import gym_facts
+
+    threshold = gym_facts(env).reward_threshold
+    return {**GYM_PRESET, "target_return": float(threshold or 0.0)}
 
 
 class UsageError(ValueError):
@@ -84,8 +130,10 @@ def flag(
 class TrainArgs:
     """The trainer's flags. Defaults apply when neither the command line nor the env's preset sets one."""
 
-    env: str = flag(choices=tuple(sorted(PRESETS)))
-    """which environment"""
+    env: str = flag()
+    """which environment: snake, cartpole, or a gymnasium id (CartPole-v1, Acrobot-v1, ...)"""
+    vector: str = flag("sync", choices=("sync", "async"))
+    """gymnasium ids: step the envs in this process (sync) or one process each (async)"""
     num_envs: int | str = flag(8, min=1, words=("auto",), type=int)
     """total envs over all ranks, or 'auto' (sized from device memory)"""
     total_steps: int = flag(1_000_000, min=1)
@@ -204,8 +252,12 @@ def parse_int(text: str) -> int:
 _CONVERT: dict[type, Any] = {int: parse_int, float: float, str: str, bool: parse_bool}
 
 
-def convert(spec: FlagSpec, text: str) -> Any:
-    """`text` as a value of the flag's type (or one of its words); ValueError if it is not one."""
+def convert(spec: FlagSpec, text: str, strict: bool = False) -> Any:
+    """`text` as a value of the flag's type (or one of its words); ValueError if it is not one.
+
+    `--env` is checked here (`check_env`, with `strict`), as a choice would be."""
+    if spec.field == "env":
+        return check_env(text, strict)
     if text in spec.words:
         return text
     try:
@@ -276,7 +328,7 @@ def _flag_type(f: dataclasses.Field[Any], hint: Any) -> type:
 def _specs(env: str | None) -> dict[str, FlagSpec]:
     hints = typing.get_type_hints(TrainArgs)
     docs = _field_docs()
-    preset = PRESETS.get(env, {}) if env else {}
+    preset = preset_of(env) if env else {}
     out = {}
     for f in dataclasses.fields(TrainArgs):
         name = f.name.replace("_", "-")
@@ -301,8 +353,11 @@ def _specs(env: str | None) -> dict[str, FlagSpec]:
 
 def flag_specs(env: str | None = None) -> dict[str, FlagSpec]:
     """Every trainer flag by dashed name; with `env`, the defaults are that env's preset values."""
-    if env is not None and env not in PRESETS:
-        raise ValueError(f"unknown env {env!r}: expected one of {', '.join(sorted(PRESETS))}")
+    if env is not None:
+        try:
+            check_env(env)
+        except ValueError as e:
+            raise ValueError(f"unknown env: {e}") from None
     return dict(_specs(env))
 
 
@@ -315,7 +370,7 @@ def default_of(field_name: str) -> Any:
 def _argparse_type(spec: FlagSpec) -> Any:
     def parse(text: str) -> Any:
         try:
-            return convert(spec, text)
+            return convert(spec, text, strict=True)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
 

@@ -5,10 +5,10 @@ checkpoint file, a run directory (its latest checkpoint) or an exported `.onnx` 
 from the `manifest.json` beside it, else inferred from the input width).
 
 Each of the N episodes runs in its own env of one batch, with argmax actions, until it ends (CartPole:
-at most 500 steps; snake: death, win, or hunger truncation). Score: the return for CartPole, apples
-eaten for snake. Output: mean, median, max, min of the score, mean episode length, and for snake
-`full_board_fraction` (episodes that filled the board). `--random` scores a uniform random policy on
-the same envs, for comparison.
+at most 500 steps; snake: death, win, or hunger truncation; a gymnasium id: its own termination or
+time limit). Score: the return for CartPole and gymnasium ids, apples eaten for snake. Output: mean,
+median, max, min of the score, mean episode length, and for snake `full_board_fraction` (episodes that
+filled the board). `--random` scores a uniform random policy on the same envs, for comparison.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from trainer.envs.registry import get_spec, spec_for_dims
+from trainer.envs.registry import close_env, get_spec, spec_for_dims
 
 ActFn = Callable[[torch.Tensor], torch.Tensor]  # obs [B, obs_dim] -> actions [B]
 
@@ -59,6 +59,7 @@ def evaluate(
         running &= ~(terminated | truncated)
         if step % 50 == 49 and not running.any():
             break
+    close_env(env)
     result: dict[str, Any] = {
         "env": env_name,
         "episodes": episodes,

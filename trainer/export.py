@@ -8,8 +8,10 @@ within 1e-5 (max abs diff) plus float32 rounding of their magnitude (see `parity
 `ExportError`. The measured differences are recorded in the manifest (`max_abs_diff`).
 
 `manifest.json` is written beside the model (same directory): sha256, bytes, opset, inputs/outputs
-(name, shape, dtype), env, grid_size, action_mode, obs_dim, n_actions, policy, steps, final_return,
-commit (THRUST_COMMIT, else `git rev-parse HEAD` when in a git checkout, else null), created_at.
+(name, shape, dtype), env (a built-in name or a gymnasium id), playable (whether the web page can play
+it: snake only), grid_size, action_mode, (gymnasium ids) gymnasium_version, obs_dim, n_actions, policy,
+steps, final_return, commit (THRUST_COMMIT, else `git rev-parse HEAD` when in a git checkout, else
+null), created_at.
 
 CLI: `python -m trainer.export --checkpoint CKPT_OR_RUN_DIR --out model.onnx`.
 """
@@ -34,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.envs.registry import get_spec
+from trainer.envs.registry import close_env, get_spec
 
 OPSET = 18
 TOLERANCE = 1e-5
@@ -79,6 +81,7 @@ def sample_observations(env_name: str, **settings: Any) -> torch.Tensor:
     for _ in range(8):
         obs, *_ = env.step(torch.randint(0, env.n_actions, (32,), generator=gen))
         seen.append(obs.clone())
+    close_env(env)
     return torch.cat(seen)
 
 
@@ -179,6 +182,7 @@ def export_onnx(
             {"name": "value", "shape": ["batch", 1], "dtype": "float32"},
         ],
         "env": env_name,
+        "playable": spec.playable,
         **spec.manifest_fields(params),
         "obs_dim": obs_dim,
         "n_actions": n_actions,

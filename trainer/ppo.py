@@ -370,12 +370,15 @@ def evaluate_greedy(
 
     With `target` and `max_return` (the best return one episode can get), the evaluation gives up as
     soon as the mean can no longer reach `target`; unfinished episodes then keep their partial return,
-    so the mean stays below `target`. That makes frequent "is it solved yet?" checks cheap.
+    so the mean stays below `target`. That makes frequent "is it solved yet?" checks cheap. When the
+    env's rewards are never positive (`env.rewards_never_positive`, e.g. Acrobot-v1's -1 per step), an
+    unfinished episode's return can only fall, so what it has lost already counts too.
     """
     obs = env.reset(seed=seed)
     returns = torch.zeros(env.num_envs, device=env.device)
     running = torch.ones(env.num_envs, dtype=torch.bool, device=env.device)
     allowed_loss = None if target is None or max_return is None else episodes * (max_return - target)
+    only_falls = bool(getattr(env, "rewards_never_positive", False))
     for step in range(max_steps):
         logits, _ = policy(obs)
         obs, reward, terminated, truncated, _ = env.step(logits.argmax(dim=1))
@@ -386,7 +389,7 @@ def evaluate_greedy(
             if not bool(running.any()):
                 break
             if allowed_loss is not None:
-                lost = float(((max_return - returns) * ~running).sum())
+                lost = float(((max_return - returns) * (~running | only_falls)).sum())
                 if lost > allowed_loss:
                     break
     return returns[:episodes]

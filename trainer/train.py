@@ -1,4 +1,7 @@
-"""Train a PPO policy on a batched env: `python -m trainer.train --env snake|cartpole [...]`.
+"""Train a PPO policy on a batched env: `python -m trainer.train --env snake|cartpole|GYM_ID [...]`.
+
+`--env` also takes a gymnasium id with a discrete action space and a flat Box observation
+(`CartPole-v1`, `Acrobot-v1`): gymnasium's vector env, `--vector sync|async` (trainer/envs/gym.py).
 
 Every hyperparameter is a flag taking one value, spelled with hyphens (`--learning-rate 3e-4`): these
 names are the contract with `thrust-remote train --set KEY=VALUE` and the optimizer. They are the
@@ -29,9 +32,9 @@ attempts share it; THRUST_TEST_CRASH_AT_STEP=N makes the first attempt checkpoin
 for testing that). Two runs on one host: use `torchrun --standalone` (or
 `--rdzv-backend=c10d --rdzv-endpoint=localhost:0`), which picks a free port per run.
 
-`--target-return R` (default 475 for cartpole, off for snake): every `--eval-every` iterations a greedy
-evaluation over `--eval-episodes` fresh envs runs (abandoned as soon as R is out of reach, so it is
-cheap); at a mean >= R training stops early ("solved": true in THRUST_DONE).
+`--target-return R` (default 475 for cartpole, a gymnasium id's `reward_threshold`, off for snake):
+every `--eval-every` iterations a greedy evaluation over `--eval-episodes` fresh envs runs (abandoned as
+soon as R is out of reach, so it is cheap); at a mean >= R training stops early ("solved": true in THRUST_DONE).
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ import torch  # noqa: E402 - the start time above includes torch's import
 from trainer.args import PRESETS, TrainArgs, UsageError, build_parser, flag_specs, parse_args  # noqa: E402
 from trainer.checkpoint import load_latest, save_checkpoint  # noqa: E402
 from trainer.dist import Dist  # noqa: E402
-from trainer.envs.registry import EnvSpec, get_spec  # noqa: E402
+from trainer.envs.registry import EnvSpec, close_env, get_spec  # noqa: E402
+from trainer.gym_ids import GymEnvError  # noqa: E402
 from trainer.policy import build_policy  # noqa: E402
 from trainer.ppo import PPO, PPOConfig, evaluate_greedy  # noqa: E402
 from trainer.report import RunLog, Window, emit, finite, gpu_fields, say  # noqa: E402
@@ -77,9 +81,12 @@ class TrainError(Exception):
 
 # ------------------------------------------------------------------------------------------ setup
 def choose_num_envs(args: TrainArgs, obs_dim: int, device: torch.device, world: int) -> tuple[int, str]:
-    """`--num-envs auto`: the preset on CPU; on CUDA a power of two using ~1/4 of free memory."""
+    """`--num-envs auto`: the preset on CPU or for a gymnasium id (stepped in Python); on CUDA a power
+    of two using ~1/4 of free memory."""
     if device.type != "cuda":
         return int(flag_specs(args.env)["num-envs"].default), "cpu: the preset"
+    if args.env not in PRESETS:
+        return int(flag_specs(args.env)["num-envs"].default), "gymnasium env: the preset"
     free, _total = torch.cuda.mem_get_info(device)
     # Rollout storage (obs + final obs) dominates; x3 covers activations of the update minibatches.
     per_env = args.num_steps * (2 * obs_dim + 12) * 4 * 3
@@ -188,13 +195,13 @@ class Trainer:
         if self.log is not None:
             total = self.num_iterations * self.batch_per_iter
             self.log.start_progress(f"{args.env}", total=total, completed=self.global_step)
-        if args.target_return and args.target_return > 0:
+        if args.target_return:  # 0 = off; below 0 is a target too (Acrobot-v1: -100)
             self.eval_env = self.spec.make(args.eval_episodes, self.device, **self.settings)
 
     def _build(self) -> None:
         """The env batch, the policy, PPO (the policy wrapped in DDP across ranks)."""
         args, dist = self.args, self.dist
-        self.env = self.spec.make(self.num_envs, self.device, **self.settings)
+        self.env = self.spec.make(self.num_envs, self.device, **self.settings, **self.spec.run_options(args))
         torch.manual_seed(args.seed)
         self.policy = build_policy(
             args.policy,
@@ -381,6 +388,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------- finish
     def finish(self) -> int:
+        close_env(self.env)  # a gymnasium vector env's workers (--vector async)
+        if self.eval_env is not None:
+            close_env(self.eval_env)
         ckpt_path = self.checkpoint()
         export_path, export_error = None, None
         if self.log is not None:
@@ -445,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainError as e:
         print(e, file=sys.stderr)
         return e.code
+    except GymEnvError as e:  # gymnasium could not give the env the trainer needs (trainer/envs/gym.py)
+        print(e, file=sys.stderr)
+        return EXIT_FAILED
     trainer.loop()
     return trainer.finish()
 

@@ -6,6 +6,9 @@ names that are also fields of its params class), how an episode's score is count
 episode is, and what the export manifest and an evaluation record about it. Adding an env is adding
 one spec here (and its preset in trainer/args.py). See docs/architecture.md.
 
+Besides the built-in names, `get_spec` takes any gymnasium id the trainer can train (trainer.gym_ids
+checks it): a `GymSpec`, stepping gymnasium's own vector env through trainer/envs/gym.py.
+
 `settings` travel as plain dicts (`{"grid_size": 6, "action_mode": "relative"}`): from TrainArgs, from
 a checkpoint's config, from a manifest. `spec.params(values)` keeps the keys the env reads, drops the
 rest and those that are None (its params class' default then applies).
@@ -13,14 +16,18 @@ rest and those that are None (its params class' default then applies).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from trainer.envs.cartpole import CartPole, CartPoleParams
+from trainer.envs.gym import GymVectorEnv
 from trainer.envs.snake import FEATURES, PLANES, Snake, SnakeParams, obs_size
+from trainer.gym_ids import GymEnvError, GymFacts, NotRegistered, gym_facts
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -36,6 +43,8 @@ class EnvSpec:
     score: ClassVar[ScoreFn | None] = None
     # The eval result key for the fraction of won episodes, when the env can be won (see `won`).
     win_metric: ClassVar[str | None] = None
+    # Whether the web page can play a model of this env (manifest.json `playable`): snake only.
+    playable: ClassVar[bool] = False
 
     def params(self, values: Mapping[str, Any] | None = None, **more: Any) -> Any:
         """The params for these settings (keys this env does not read are ignored)."""
@@ -53,6 +62,10 @@ class EnvSpec:
         env = self.build(num_envs, self.params(settings), device)
         env.generator.manual_seed(seed)
         return env
+
+    def run_options(self, args: Any) -> dict[str, Any]:
+        """Keyword arguments of `make` for the training env that are not settings (how, not what, to step)."""
+        return {}
 
     def obs_dim(self, params: Any) -> int:
         return int(params.obs_dim)
@@ -107,6 +120,7 @@ class SnakeSpec(EnvSpec):
     settings = ("grid_size", "action_mode")
     score = staticmethod(_apples)
     win_metric = "full_board_fraction"
+    playable = True
 
     def build(self, num_envs: int, params: Any, device: torch.device | str) -> Snake:
         return Snake(num_envs, params, device=device)
@@ -133,15 +147,68 @@ class SnakeSpec(EnvSpec):
         return {"grid_size": g, "action_mode": "relative" if n_actions == 3 else "absolute"}
 
 
+@dataclass(frozen=True)
+class GymParams:
+    env_id: str
+    obs_dim: int
+    n_actions: int
+
+
+class GymSpec(EnvSpec):
+    """A gymnasium id: no settings (the id is the env); `--vector` picks sync or async stepping."""
+
+    params_cls = GymParams
+
+    def __init__(self, facts: GymFacts) -> None:
+        self.facts = facts
+        self.name = facts.env_id  # type: ignore[misc] - per instance: one spec per id
+
+    def params(self, values: Mapping[str, Any] | None = None, **more: Any) -> GymParams:
+        return GymParams(self.facts.env_id, int(self.facts.obs_dim or 0), int(self.facts.n_actions or 0))
+
+    def make(
+        self, num_envs: int, device: torch.device | str = "cpu", seed: int = 0, vector: str = "sync", **settings: Any
+    ) -> GymVectorEnv:
+        env = GymVectorEnv(self.facts, num_envs, device, vector)
+        env.generator.manual_seed(seed)
+        return env
+
+    def run_options(self, args: Any) -> dict[str, Any]:
+        return {"vector": args.vector}
+
+    def manifest_fields(self, params: Any) -> dict[str, Any]:
+        import gymnasium
+
+        return {**super().manifest_fields(params), "gymnasium_version": gymnasium.__version__}
+
+
 SPECS: dict[str, EnvSpec] = {spec.name: spec for spec in (CartPoleSpec(), SnakeSpec())}
 
 
+@functools.cache
+def _gym_spec(env_id: str) -> GymSpec:
+    facts = gym_facts(env_id)
+    if facts.missing:
+        raise GymEnvError(f"{env_id} needs a package this machine lacks: {facts.missing}")
+    return GymSpec(facts)
+
+
 def get_spec(name: str) -> EnvSpec:
-    """The spec of the env called `name`; ValueError naming the known ones otherwise."""
-    try:
+    """The spec of the env called `name` (a built-in name or a gymnasium id); ValueError saying why not."""
+    if name in SPECS:
         return SPECS[name]
-    except KeyError:
-        raise ValueError(f"unknown env {name!r}: expected one of {', '.join(map(repr, sorted(SPECS)))}") from None
+    try:
+        return _gym_spec(name)
+    except NotRegistered as e:
+        known = ", ".join(map(repr, sorted(SPECS)))
+        raise ValueError(f"unknown env {name!r}: expected one of {known}, or a gymnasium id ({e})") from None
+
+
+def close_env(env: Any) -> None:
+    """Release what an env holds (a gymnasium vector env's worker processes); the torch envs hold nothing."""
+    close = getattr(env, "close", None)
+    if close is not None:
+        close()
 
 
 def spec_for_dims(obs_dim: int, n_actions: int) -> tuple[EnvSpec, dict[str, Any]]:
