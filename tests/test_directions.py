@@ -182,7 +182,7 @@ def test_busy_workdir_hint_names_host_and_config_and_its_stop_works(cli, sshd, r
     busy = cli("--config", str(cfg), "train", "cartpole", "--detach", *long, cwd=project)
     assert busy.returncode == 1 and "is in use by running run(s)" in busy.stderr, busy.stderr
     at = f"thrust-remote --config {cfg.resolve()}"
-    assert f"{at} runs --host sandbox" in busy.stderr
+    assert f"{at} status {run_id} --host sandbox" in busy.stderr
     stop = f"{at} stop {run_id} --host sandbox"
     assert stop in busy.stderr
     # the hint is a command that works as printed, from where the user stands

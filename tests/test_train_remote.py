@@ -159,7 +159,7 @@ def test_lost_link_exits_75_run_goes_on_and_logs_resume_byte_exact(cli, project,
     err_text = err.decode()
     assert proc.returncode == ExitCode.CONNECTION_LOST, err_text
     assert "the run goes on" in err_text
-    match = re.search(r"reattach with: (thrust-remote logs \S+ --follow --host sandbox(?: --offset (\d+))?)", err_text)
+    match = re.search(r"reattach with: (thrust-remote logs \S+ --follow(?: --offset (\d+))? --host sandbox)", err_text)
     assert match, err_text
     run_id = _run_id_from(err_text)
     offset = match.group(2) or "0"

@@ -108,9 +108,9 @@ class Config:
 
     @cached_property
     def root(self) -> Path:
-        """The project: the git work tree the command runs in (the config only configures it, wherever
-        it lives); outside git, the directory of a thrust.yaml found upwards, else the current directory."""
-        return project_root(Path.cwd(), None if self.given else self.path)
+        """The project: the git work tree the thrust.yaml belongs to; a config kept outside any work
+        tree (`--config /elsewhere/thrust.yaml`) only configures the work tree the command runs in."""
+        return project_root(Path.cwd(), self.path)
 
     def host(self, name: str | None = None) -> HostConfig:
         from .errors import UnknownHostError
@@ -154,16 +154,27 @@ def local_host(workdir: str | None = None) -> HostConfig:
 # loading
 
 
-def project_root(cwd: Path, found_config: Path | None = None) -> Path:
-    """`git rev-parse --show-toplevel` of cwd; outside a work tree, the found thrust.yaml's directory or cwd."""
+def project_root(cwd: Path, config: Path | None = None) -> Path:
+    """The work tree holding the config, else the one holding cwd, else the config's directory or cwd.
+
+    The config's own tree wins so that a library caller (or `--config` from outside any repo) gets the
+    project that file describes, whatever directory the process happens to stand in."""
+    for where in ([config.resolve().parent] if config else []) + [cwd]:
+        top = _work_tree(where)
+        if top:
+            return top
+    return config.resolve().parent if config else cwd
+
+
+def _work_tree(where: Path) -> Path | None:
+    """`git rev-parse --show-toplevel` of a directory, or None outside a work tree."""
     try:
-        proc = subprocess.run(["git", "-C", str(cwd), "rev-parse", "--show-toplevel"], capture_output=True,
+        proc = subprocess.run(["git", "-C", str(where), "rev-parse", "--show-toplevel"], capture_output=True,
                               text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
-        proc = None
-    if proc is not None and proc.returncode == 0 and proc.stdout.strip():
-        return Path(proc.stdout.strip())
-    return found_config.parent if found_config else cwd
+        return None
+    top = proc.stdout.strip()
+    return Path(top) if proc.returncode == 0 and top else None
 
 
 def find_config(start: Path | None = None) -> Path | None:
