@@ -1,0 +1,108 @@
+"""`agent list-files --run-dir R -- GLOB...`: the files a run's artifact globs match on the host.
+
+A glob is relative to the run's cwd (run.json's `cwd`: the host's checkout, a cargo job's crate);
+one that starts with `$THRUST_RUN_DIR/` is relative to the run directory R itself. `**` matches any
+depth; a directory that matches stands for every file under it. Only regular files are listed, each
+once. A match whose real path is outside its base (a symlink out, a `..`) is refused, never listed:
+the laptop fetches only what is under the workdir or the run dir (docs/architecture.md, "Artifacts").
+
+Answer: {"cwd", "files": [{"base": "cwd" | "run", "path" (relative to the base, '/'-separated),
+"abs", "size", "mtime", "sha256"}], "unmatched": [GLOB...], "refused": [GLOB or PATH...]}.
+Exit 2 with {"error"} when R has no run.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import sys
+
+RUN_PREFIX = "$THRUST_RUN_DIR/"
+BLOCK = 1 << 20
+
+
+def sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _inside(path: str, base: str) -> bool:
+    real = os.path.realpath(path)
+    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def _files_under(match: str) -> list[str]:
+    """A matched file, or every file under a matched directory (symlinked directories not followed)."""
+    if not os.path.isdir(match):
+        return [match] if os.path.isfile(match) else []
+    out = []
+    for root, _dirs, names in os.walk(match):
+        out += [os.path.join(root, name) for name in names]
+    return sorted(out)
+
+
+def _bad_glob(pattern: str) -> bool:
+    parts = pattern.replace("\\", "/").split("/")
+    return not pattern.strip() or pattern.startswith(("/", "~")) or ".." in parts
+
+
+def list_files(cwd: str, run_dir: str, patterns: list[str]) -> dict:
+    files: dict[str, dict] = {}
+    unmatched: list[str] = []
+    refused: list[str] = []
+    for pattern in patterns:
+        base_name, base, rel_pattern = "cwd", cwd, pattern
+        if pattern.startswith(RUN_PREFIX):
+            base_name, base, rel_pattern = "run", run_dir, pattern[len(RUN_PREFIX):]
+        if _bad_glob(rel_pattern):
+            refused.append(pattern)
+            continue
+        real_base = os.path.realpath(base)
+        found = 0
+        for match in sorted(glob.glob(os.path.join(glob.escape(base), rel_pattern), recursive=True)):
+            for path in _files_under(match):
+                if not _inside(path, real_base):
+                    refused.append(os.path.relpath(path, base))
+                    continue
+                found += 1
+                rel = os.path.relpath(path, base).replace(os.sep, "/")
+                key = f"{base_name}:{rel}"
+                if key in files:
+                    continue
+                st = os.stat(path)
+                files[key] = {"base": base_name, "path": rel, "abs": os.path.abspath(path), "size": st.st_size,
+                              "mtime": st.st_mtime, "sha256": sha256_of(path)}
+        if not found:
+            unmatched.append(pattern)
+    return {"cwd": cwd, "files": list(files.values()), "unmatched": unmatched, "refused": refused}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agent list-files")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("globs", nargs="*")
+    args = parser.parse_args(argv)
+    run_dir = os.path.abspath(args.run_dir)
+    try:
+        with open(os.path.join(run_dir, "run.json")) as fh:
+            cwd = json.load(fh)["cwd"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(json.dumps({"error": f"{run_dir}/run.json: {exc}"}))
+        return 2
+    try:
+        answer = list_files(os.path.abspath(cwd), run_dir, args.globs)
+    except OSError as exc:
+        print(json.dumps({"error": str(exc)}))
+        return 1
+    print(json.dumps(answer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
