@@ -18,6 +18,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,9 @@ RUN_LOCAL = "THRUST_RUN_DIR"  # where the run dir's files land under artifacts/
 # which resume or re-export a run; model.onnx is inference only, and metrics.jsonl already comes
 # with the model (artifacts.py).
 TRAINER_DEFAULT = (f"{RUN_PREFIX}checkpoints/**",)
+# Files in flight at once: each is one transfer helper's channel on the host (sshd's default
+# MaxSessions is 10 per connection), and many small files are latency-bound, not bandwidth-bound.
+WORKERS = 4
 
 
 @dataclass
@@ -102,7 +106,7 @@ def _read_record(path: Path) -> dict[str, dict[str, Any]]:
 
 def _write_record(path: Path, files: dict[str, dict[str, Any]]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps({"files": files}, separators=(",", ":")) + "\n")  # compact: 1,000s of rows
     os.replace(tmp, path)
 
 
@@ -118,13 +122,11 @@ def local_sha256(path: Path, recorded: dict[str, Any] | None) -> str | None:
 
 
 def _target(dest: Path, name: str) -> Path | None:
-    """dest/name, or None when name would leave dest."""
-    target = dest / name
-    try:
-        target.resolve().relative_to(dest.resolve())
-    except ValueError:
+    """dest/name, or None when name would leave dest (absolute, or a `..` part)."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
         return None
-    return target
+    return dest.joinpath(*parts)
 
 
 def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_root: Path, globs: Sequence[str], *,
@@ -146,27 +148,52 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     record_path = dest.parent / RECORD
     record = _read_record(record_path)
     try:
-        for entry in answer["files"]:
-            _fetch_one(session, dest, entry, record, result)
+        _fetch_changed(session, dest, answer["files"], record, result)
     finally:
         _write_record(record_path, record)
         result.seconds = time.monotonic() - started
     return result
 
 
-def _fetch_one(session: HostSession, dest: Path, entry: dict[str, Any], record: dict[str, dict[str, Any]],
-               result: DirFetch) -> None:
-    name = local_name(entry)
-    target = _target(dest, name)
-    if target is None:
-        raise TransferError(f"artifacts: the host named {name!r}, which is outside {dest}")
-    if local_sha256(target, record.get(name)) == entry["sha256"]:
-        result.unchanged.append(name)
-    else:
-        sha = session.runner.get(entry["abs"], target)  # verified; .part until both ends agree
-        result.fetched.append(name)
-        result.bytes += target.stat().st_size
-        entry = {**entry, "sha256": sha}
+def _fetch_changed(session: HostSession, dest: Path, entries: list[dict[str, Any]],
+                   record: dict[str, dict[str, Any]], result: DirFetch) -> None:
+    """Skip the files whose local sha256 is the host's; get the others, WORKERS at a time. Every file
+    that completed is recorded even when another one fails (the next fetch skips it)."""
+    todo: list[tuple[str, Path, dict[str, Any]]] = []
+    for entry in entries:
+        name = local_name(entry)
+        target = _target(dest, name)
+        if target is None:
+            raise TransferError(f"artifacts: the host named {name!r}, which is outside {dest}")
+        if local_sha256(target, record.get(name)) == entry["sha256"]:
+            result.unchanged.append(name)
+            _remember(record, name, target, entry, entry["sha256"])
+        else:
+            todo.append((name, target, entry))
+    if not todo:
+        return
+    with ThreadPoolExecutor(max_workers=min(WORKERS, len(todo))) as pool:
+        futures = {pool.submit(session.runner.get, entry["abs"], target): (name, target, entry)
+                   for name, target, entry in todo}
+        failed: BaseException | None = None
+        for future in as_completed(futures):
+            name, target, entry = futures[future]
+            try:
+                sha = future.result()  # verified: .part until both ends agree
+            except BaseException as exc:  # noqa: BLE001 - the first failure is raised once all stopped
+                if failed is None:
+                    failed = exc
+                    for other in futures:
+                        other.cancel()
+                continue
+            result.fetched.append(name)
+            result.bytes += target.stat().st_size
+            _remember(record, name, target, entry, sha)
+    if failed is not None:
+        raise failed
+
+
+def _remember(record: dict[str, dict[str, Any]], name: str, target: Path, entry: dict[str, Any], sha: str) -> None:
     st = target.stat()
-    record[name] = {"sha256": entry["sha256"], "size": entry["size"], "mtime": entry["mtime"],
+    record[name] = {"sha256": sha, "size": entry["size"], "mtime": entry["mtime"],
                     "local_size": st.st_size, "local_mtime_ns": st.st_mtime_ns}

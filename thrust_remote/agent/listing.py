@@ -32,19 +32,32 @@ def sha256_of(path: str) -> str:
     return digest.hexdigest()
 
 
-def _inside(path: str, base: str) -> bool:
-    real = os.path.realpath(path)
-    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+class _Real:
+    """Real paths with each directory resolved once: one lstat per file, not one per component."""
+
+    def __init__(self) -> None:
+        self.dirs: dict[str, str] = {}
+
+    def __call__(self, path: str) -> str:
+        parent, name = os.path.split(path)
+        real_parent = self.dirs.get(parent)
+        if real_parent is None:
+            real_parent = self.dirs[parent] = os.path.realpath(parent)
+        full = os.path.join(real_parent, name)
+        return os.path.realpath(full) if os.path.islink(full) else full
 
 
-def _files_under(match: str) -> list[str]:
-    """A matched file, or every file under a matched directory (symlinked directories not followed)."""
-    if not os.path.isdir(match):
-        return [match] if os.path.isfile(match) else []
-    out = []
-    for root, _dirs, names in os.walk(match):
-        out += [os.path.join(root, name) for name in names]
-    return sorted(out)
+def _candidates(base: str, pattern: str) -> list[str]:
+    """The files a glob names under base: its file matches, and every file under a directory match
+    (a pattern ending in `**` lists those files itself)."""
+    out: list[str] = []
+    for match in sorted(glob.glob(os.path.join(glob.escape(base), pattern), recursive=True)):
+        if not os.path.isdir(match):
+            out.append(match)
+        elif not pattern.endswith("**"):
+            for root, _dirs, names in os.walk(match):  # symlinked directories are not followed
+                out += [os.path.join(root, name) for name in sorted(names)]
+    return out
 
 
 def _bad_glob(pattern: str) -> bool:
@@ -56,6 +69,7 @@ def list_files(cwd: str, run_dir: str, patterns: list[str]) -> dict:
     files: dict[str, dict] = {}
     unmatched: list[str] = []
     refused: list[str] = []
+    real = _Real()
     for pattern in patterns:
         base_name, base, rel_pattern = "cwd", cwd, pattern
         if pattern.startswith(RUN_PREFIX):
@@ -63,20 +77,19 @@ def list_files(cwd: str, run_dir: str, patterns: list[str]) -> dict:
         if _bad_glob(rel_pattern):
             refused.append(pattern)
             continue
-        real_base = os.path.realpath(base)
+        inside = os.path.realpath(base).rstrip(os.sep) + os.sep
         found = 0
-        for match in sorted(glob.glob(os.path.join(glob.escape(base), rel_pattern), recursive=True)):
-            for path in _files_under(match):
-                if not _inside(path, real_base):
-                    refused.append(os.path.relpath(path, base))
-                    continue
-                found += 1
-                rel = os.path.relpath(path, base).replace(os.sep, "/")
-                key = f"{base_name}:{rel}"
-                if key in files:
-                    continue
+        for path in _candidates(base, rel_pattern):
+            rel = path[len(base):].lstrip(os.sep)
+            if not real(path).startswith(inside) or not os.path.isfile(path):
+                if os.path.lexists(path) and not os.path.isdir(path):
+                    refused.append(rel)  # a symlink out of its base
+                continue
+            found += 1
+            key = f"{base_name}:{rel}"
+            if key not in files:
                 st = os.stat(path)
-                files[key] = {"base": base_name, "path": rel, "abs": os.path.abspath(path), "size": st.st_size,
+                files[key] = {"base": base_name, "path": rel.replace(os.sep, "/"), "abs": path, "size": st.st_size,
                               "mtime": st.st_mtime, "sha256": sha256_of(path)}
         if not found:
             unmatched.append(pattern)
