@@ -310,6 +310,9 @@ def fetch_run_model(runner: Runner, run_dir: str, stem: str, dest: Path, *, proj
             "sha256": sha, "placed": False, "target": relative(dest / f"{stem}.onnx", project_root),
         }
         _write_json(staging / FETCH_INFO, info)
+        for name in ("artifacts", "artifacts.json"):  # the run's artifacts (fetchdir.py) stay with it
+            if (kept / name).exists():
+                os.replace(kept / name, staging / name)
         _replace_dir(staging, kept)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -20,7 +20,7 @@ import yaml
 
 from trainer.args import parse_flag
 
-from . import artifacts, buildenv, doctor, index, jobs, payload, runs
+from . import artifacts, buildenv, doctor, fetchdir, index, jobs, payload, runs
 from .buildenv import JobSpec
 from .config import Config, HostConfig, JobConfig
 from .errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
@@ -120,6 +120,7 @@ class TrainOutcome:
     timings: dict[str, float]
     progress: RunProgress = field(default_factory=RunProgress)
     fetchable: bool = True
+    artifacts: fetchdir.DirFetch | None = None  # the job's artifacts, when fetched (fetchdir.py)
 
     def as_json(self, wall_s: float) -> dict[str, Any]:
         """`train --json` (attached) and `logs -f --json`: docs/architecture.md, "JSON shapes"."""
@@ -131,6 +132,7 @@ class TrainOutcome:
             "state": status.get("state"), "exit_code": self.exit_code, "job_exit_code": status.get("exit_code"),
             "model": str(fetched.model) if fetched else None, "manifest": str(fetched.manifest) if fetched else None,
             "sha256": fetched.sha256 if fetched else None, "bytes": fetched.bytes if fetched else None,
+            "artifacts": self.artifacts.as_json() if self.artifacts else None,
             **self.progress.summary(),
             "wall_s": round(wall_s, 3), "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
@@ -513,19 +515,37 @@ def _follow_to_end(config: Config, session: HostSession, launched: Launched, job
     followed = follow(session, launched.run_id, reporter, offset=offset, config_path=config_path)
     status = followed.status
     code = exit_code_for(status)
-    fetched = None
-    job = job if job is not None and exports_model(job) else None
+    fetched = got = None
     if status["state"] == "FINISHED" and fetch and job is not None:
-        reporter.step("fetching the model")
         t0 = time.monotonic()
-        fetched = finish(config, session, job, launched.run_dir, spec=launched.spec, run_id=launched.run_id,
-                         status=status, force=force)
-        timings["fetch"] = time.monotonic() - t0
+        if exports_model(job):
+            reporter.step("fetching the model")
+            fetched = finish(config, session, job, launched.run_dir, spec=launched.spec, run_id=launched.run_id,
+                             status=status, force=force)
+            timings["fetch"] = time.monotonic() - t0
+        got = fetch_artifacts(config, session, job, launched.run_dir, launched.run_id, reporter)
+        if got is not None:
+            timings["artifacts"] = got.seconds
+    job = job if job is not None and exports_model(job) else None
     # a run that did not finish is worth a fetch hint only when it left a model (a stopped trainer
     # exports; a killed one usually has none)
     fetchable = job is not None and (status["state"] == "FINISHED"
                                      or session.runner.exists(f"{launched.run_dir}/{artifacts.MODEL}"))
-    return TrainOutcome(launched, status, fetched, code, timings, followed.progress, fetchable=fetchable)
+    return TrainOutcome(launched, status, fetched, code, timings, followed.progress, fetchable=fetchable,
+                        artifacts=got)
+
+
+def fetch_artifacts(config: Config, session: HostSession, job: JobConfig, run_dir: str, run_id: str,
+                    reporter: Reporter) -> fetchdir.DirFetch | None:
+    """The job's artifacts into .thrust/fetched/<run-id>/artifacts/, only what changed (fetchdir.py);
+    None when the job has none. A glob that matches nothing is a warning."""
+    globs = fetchdir.artifact_globs(job)
+    if not globs:
+        return None
+    reporter.step("fetching the artifacts")
+    got = fetchdir.fetch_artifacts(session, run_dir, run_id, config.root, globs, warn=reporter.warn)
+    reporter.step(got.summary(config.root))
+    return got
 
 
 def exports_model(job: JobConfig) -> bool:

@@ -47,7 +47,7 @@ app = typer.Typer(
 )
 
 # Each module defines `register(app)`. Add a command by adding its module here.
-COMMAND_MODULES: tuple[str, ...] = ("hosts", "play", "doctor", "train", "runs", "optimize", "init")
+COMMAND_MODULES: tuple[str, ...] = ("hosts", "play", "doctor", "train", "runs", "optimize", "init", "tensorboard")
 
 
 def _print_version(value: bool) -> None:

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .. import index, pipeline, runs
+from .. import fetchdir, index, pipeline, runs
 from ..console import console, err_console
 from ..errors import ExitCode, ThrustError, UsageError
 from ..session import HostSession
@@ -28,7 +28,8 @@ def register(app: typer.Typer) -> None:
     app.command("status", help="State of one run: RUNNING, FINISHED, FAILED, STOPPED or LOST.")(status)
     app.command("logs", help="Print a run's log from a byte offset; --follow until it ends.")(logs)
     app.command("stop", help="Stop a run: TERM its process group, KILL after a grace period.")(stop)
-    app.command("fetch", help="Fetch a finished run's model into web/public (verified).")(fetch)
+    app.command("fetch", help="Fetch a run's model into web/public and its artifacts into .thrust/fetched/RUN/"
+                "artifacts/ (verified; again: only what changed).")(fetch)
 
 
 def _open(ctx: typer.Context, host: str | None, run_id: str | None = None) -> HostSession:
@@ -201,15 +202,26 @@ def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | Non
                                      "not FINISH or it scores clearly worse than the placed one.")) -> None:
     config = get_config(ctx)
     session = _open(ctx, host, run_id)
+    result = got = None
     try:
         st = runs.status(session, runs.check_run_id(run_id))
         job_name = st.get("job")
         if not job_name:
             raise ThrustError(f"run {run_id} has no job recorded")
-        result = pipeline.finish(config, session, config.job(job_name), session.paths.run(run_id), run_id=run_id,
-                                 status=st, force=force)
+        job, run_dir = config.job(job_name), session.paths.run(run_id)
+        if pipeline.exports_model(job):
+            result = pipeline.finish(config, session, job, run_dir, run_id=run_id, status=st, force=force)
+        elif not fetchdir.artifact_globs(job):
+            raise UsageError(f"job {job_name} exports no model and has no `artifacts:`: nothing to fetch",
+                             f"add `export:` or `artifacts:` under jobs.{job_name} in thrust.yaml")
+        reporter = CliReporter()
+        got = pipeline.fetch_artifacts(config, session, job, run_dir, run_id, reporter)
     finally:
         session.runner.close()
+    if result is None:
+        assert got is not None
+        typer.echo(got.dest)
+        return
     from .kept import render_fetched
 
     render_fetched(ctx, result, session.name, config.root)

@@ -1,0 +1,189 @@
+"""A run's artifacts brought home (docs/architecture.md, "Artifacts"): over a real sshd, a project that
+is not this repository runs a command job that writes files under its cwd and its run dir; they come
+back into .thrust/fetched/<run-id>/artifacts/ verified, a second fetch transfers nothing, a changed
+file comes again, a glob that matches nothing warns, and a cut transfer leaves no file under its
+final name and the next fetch completes it. The host side's listing is also checked on its own."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from thrust_remote.agent import listing
+from thrust_remote.errors import ExitCode
+
+EXE = str(Path(sys.executable).parent / "thrust-remote")
+
+WRITE = """\
+#!/bin/sh
+mkdir -p runs/tb/sub models
+echo "event-1 $THRUST_RUN_ID" > runs/tb/events.out.1
+echo "event-2" > runs/tb/sub/events.out.2
+printf 'weights' > models/a.pt
+echo "in the run dir" > "$THRUST_RUN_DIR/out.txt"
+"""
+
+JOBS = """\
+jobs:
+  writer:
+    kind: command
+    command: [sh, write.sh]
+    artifacts: ["runs/**", "models/*.pt", "$THRUST_RUN_DIR/out.txt", "nothing/*.bin"]
+    metrics: {tensorboard: runs/tb}
+  plain:
+    kind: command
+    command: [sh, -c, "true"]
+"""
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def trained(sshd, tmp_path_factory) -> tuple[Path, Path, str, subprocess.CompletedProcess]:
+    """(project, host workdir, run id, train's result): one run of the writer job, fetched by train."""
+    proj = tmp_path_factory.mktemp("arts") / "project"
+    proj.mkdir()
+    (proj / "write.sh").write_text(WRITE)
+    workdir = Path(tempfile.mkdtemp(prefix="remote-", dir=sshd.root / "remote-home")) / "arts"
+    sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(workdir), rest=JOBS)
+    subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    _git(proj, "config", "user.email", "t@example.com")
+    _git(proj, "config", "user.name", "t")
+    _git(proj, "add", "-A")
+    _git(proj, "commit", "-q", "-m", "writer")
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    result = subprocess.run([EXE, "train", "writer"], cwd=proj, capture_output=True, text=True, env=env, timeout=300)
+    match = re.search(r"launching run (\S+)", result.stderr)
+    assert result.returncode == 0 and match, result.stderr
+    return proj, workdir, match.group(1), result
+
+
+def _fetch(cli, proj: Path, run_id: str) -> tuple[subprocess.CompletedProcess, int]:
+    """`fetch RUN`: its result and how many files it transferred (what it reports)."""
+    result = cli("fetch", run_id, cwd=proj)
+    match = re.search(r"\((\d+) fetched", result.stderr)
+    return result, int(match.group(1)) if match else -1
+
+
+def test_train_fetches_the_artifacts_verified_and_warns_for_a_glob_that_matches_nothing(trained):
+    proj, workdir, run_id, result = trained
+    dest = proj / ".thrust" / "fetched" / run_id / "artifacts"
+    assert f".thrust/fetched/{run_id}/artifacts/" in result.stderr
+    assert "'nothing/*.bin' matches nothing" in result.stderr  # a warning, and the run still exit 0
+    run_dir = workdir / ".thrust" / "runs" / run_id
+    expected = {
+        "runs/tb/events.out.1": workdir / "runs/tb/events.out.1",
+        "runs/tb/sub/events.out.2": workdir / "runs/tb/sub/events.out.2",
+        "models/a.pt": workdir / "models/a.pt",
+        "THRUST_RUN_DIR/out.txt": run_dir / "out.txt",
+    }
+    got = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert got == sorted(expected)
+    for name, source in expected.items():
+        assert (dest / name).read_bytes() == source.read_bytes(), name
+    record = json.loads((dest.parent / "artifacts.json").read_text())["files"]
+    assert {name: row["sha256"] for name, row in record.items()} == {n: _sha(p) for n, p in expected.items()}
+    assert not list(dest.rglob("*.part"))
+    # .thrust/ keeps its `*` .gitignore: the next sync does not take fetched files for untracked ones
+    assert (proj / ".thrust" / ".gitignore").read_text() == "*\n"
+
+
+def test_a_second_fetch_transfers_nothing_and_a_changed_file_comes_again(cli, trained):
+    proj, workdir, run_id, _ = trained
+    dest = proj / ".thrust" / "fetched" / run_id / "artifacts"
+    inodes = {p: p.stat().st_ino for p in dest.rglob("*") if p.is_file()}
+    again, n = _fetch(cli, proj, run_id)
+    assert again.returncode == 0, again.stderr
+    assert n == 0, again.stderr
+    assert again.stdout.strip() == str(dest)  # no model: the artifacts dir is what fetch names
+    assert {p: p.stat().st_ino for p in dest.rglob("*") if p.is_file()} == inodes  # nothing rewritten
+    (workdir / "runs/tb/events.out.1").write_text("event-1, appended later\n")
+    changed, n = _fetch(cli, proj, run_id)
+    assert changed.returncode == 0, changed.stderr
+    assert n == 1, changed.stderr
+    assert (dest / "runs/tb/events.out.1").read_text() == "event-1, appended later\n"
+    assert (dest / "models/a.pt").stat().st_ino == inodes[dest / "models/a.pt"]
+
+
+def test_a_cut_fetch_leaves_no_half_file_and_the_next_fetch_completes(cli, sshd, trained):
+    proj, workdir, run_id, _ = trained
+    dest = proj / ".thrust" / "fetched" / run_id / "artifacts"
+    big = workdir / "models" / "big.pt"
+    big.write_bytes(os.urandom(150_000_000))
+    proc = subprocess.Popen([EXE, "fetch", run_id], cwd=proj, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    cut_done = threading.Event()
+
+    def cut() -> None:
+        part = dest / "models" / "big.pt.part"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if part.exists() and part.stat().st_size > 5_000_000:
+                sshd.kill_sessions()
+                cut_done.set()
+                return
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=cut, daemon=True)
+    watcher.start()
+    _out, err = proc.communicate(timeout=120)
+    watcher.join()
+    try:
+        assert cut_done.is_set(), "the transfer ended before it could be cut"
+        assert proc.returncode == ExitCode.TRANSFER == 74, err
+        assert not (dest / "models" / "big.pt").exists()  # never a half file under the final name
+        done, n = _fetch(cli, proj, run_id)
+        assert done.returncode == 0, done.stderr
+        assert n == 1, done.stderr  # only the file the cut left missing
+        assert _sha(dest / "models" / "big.pt") == _sha(big)
+    finally:
+        big.unlink()
+
+
+def test_a_job_with_no_model_and_no_artifacts_has_nothing_to_fetch(cli, trained):
+    proj, _workdir, _run_id, _ = trained
+    result = cli("train", "plain", cwd=proj)
+    assert result.returncode == 0, result.stderr
+    assert "artifacts" not in result.stderr
+    run_id = re.search(r"launching run (\S+)", result.stderr).group(1)
+    fetched = cli("fetch", run_id, cwd=proj)
+    assert fetched.returncode == ExitCode.USAGE, fetched.stderr
+    assert "nothing to fetch" in fetched.stderr and "Traceback" not in fetched.stderr
+
+
+# ------------------------------------------------------------------------------------------ the host side
+
+def test_listing_refuses_what_leaves_its_base_and_lists_each_file_once(tmp_path):
+    cwd, run_dir, outside = tmp_path / "w", tmp_path / "w" / ".thrust" / "runs" / "r", tmp_path / "secret"
+    (cwd / "runs" / "a").mkdir(parents=True)
+    run_dir.mkdir(parents=True)
+    outside.mkdir()
+    (outside / "key").write_text("no")
+    (cwd / "runs" / "a" / "ev").write_text("1")
+    (cwd / "runs" / "link").symlink_to(outside / "key")
+    (run_dir / "m.jsonl").write_text("{}")
+    answer = listing.list_files(str(cwd), str(run_dir),
+                                ["runs", "runs/**", "../secret/*", "/etc/passwd", "$THRUST_RUN_DIR/*.jsonl", "x/*"])
+    names = sorted((f["base"], f["path"]) for f in answer["files"])
+    assert names == [("cwd", "runs/a/ev"), ("run", "m.jsonl")]  # a directory match means its files; once each
+    assert "runs/link" in answer["refused"]  # a symlink out of the workdir
+    assert {"../secret/*", "/etc/passwd"} <= set(answer["refused"])
+    assert answer["unmatched"] == ["x/*"]
+    row = next(f for f in answer["files"] if f["path"] == "runs/a/ev")
+    assert row["sha256"] == hashlib.sha256(b"1").hexdigest() and row["size"] == 1

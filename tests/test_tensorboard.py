@@ -1,0 +1,181 @@
+"""`thrust-remote tensorboard RUN_ID` (docs/architecture.md, "TensorBoard"): the local one on the fetched
+artifacts, the host's one through a local port forward over the real test sshd, the forward itself
+against a plain http.server on the "host", and the errors (not installed: 69 with the pip command)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from thrust_remote import tboard
+from thrust_remote.config import load_config
+from thrust_remote.errors import ExitCode
+from thrust_remote.session import HostSession
+from thrust_remote.ssh.forward import LocalForward
+
+EXE = str(Path(sys.executable).parent / "thrust-remote")
+JOBS = "jobs:\n  writer:\n    kind: command\n    command: [sh, w.sh]\n    metrics: {tensorboard: runs/tb}\n"
+RUN = "writer-20261123-000000-1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback only
+        return response.read()
+
+
+def _poll(url: str, proc: subprocess.Popen, deadline_s: float = 90) -> bytes:
+    """The first answer from url while proc runs (a TensorBoard takes seconds to start)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            return _get(url, timeout=2)
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"{url} never answered (exit {proc.poll()})")
+
+
+@pytest.fixture
+def project(sshd, remote_dir, tmp_path) -> tuple[Path, Path]:
+    """(project, host workdir) with the writer job, and a run dir on the host: run.json says its cwd and
+    the job's python (THRUST_PYTHON), as the agent's launch writes them."""
+    workdir = remote_dir / "w"
+    sshd.thrust_yaml(tmp_path / "thrust.yaml", workdir=str(workdir), rest=JOBS)
+    run_dir = workdir / ".thrust" / "runs" / RUN
+    run_dir.mkdir(parents=True)
+    (workdir / "runs" / "tb").mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"cwd": str(workdir), "env": {"THRUST_PYTHON": sys.executable}}))
+    return tmp_path, workdir
+
+
+def test_argv_binds_loopback_and_the_host_plan_uses_the_jobs_python_and_dir(sshd, project):
+    proj, workdir = project
+    assert tboard.tensorboard_argv("/v/bin/python", "/w/runs", 0) == [
+        "/v/bin/python", "-m", "tensorboard.main", "--logdir", "/w/runs", "--host", "127.0.0.1", "--port", "0"]
+    config = load_config(proj / "thrust.yaml", environ={})
+    runner = sshd.runner(workdir=str(workdir))
+    try:
+        session = HostSession.open(runner, config.host("sandbox"), config)
+        argv, logdir = tboard.remote_plan(session, RUN, config.job("writer"))
+        assert logdir == f"{workdir}/runs/tb" and argv[0] == sys.executable
+        _argv, no_tb = tboard.remote_plan(session, RUN, None)  # no job known: the run dir
+        assert no_tb == f"{workdir}/.thrust/runs/{RUN}"
+        with pytest.raises(Exception, match="no .*run.json") as info:
+            tboard.remote_plan(session, "writer-not-there", None)
+        assert info.value.exit_code == ExitCode.USAGE
+    finally:
+        runner.close()
+
+
+def test_wait_for_url_reads_until_the_port_and_stops_when_it_ends():
+    chunks = iter([b"TensorFlow installation not found\r\n", b"TensorBoard 2.21 at http://127.0.0.1:41", b"23/ ("])
+    assert tboard.wait_for_url(lambda _w: next(chunks))[0] == 4123
+    ended = iter([b"No module named tensorboard\r\n", None])
+    port, said = tboard.wait_for_url(lambda _w: next(ended))
+    assert port is None and b"No module named tensorboard" in said
+
+
+def test_local_forward_over_the_real_sshd_reaches_a_server_on_the_host(sshd, tmp_path):
+    (tmp_path / "hello.txt").write_bytes(b"through the tunnel\n" * 5000)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    runner = sshd.runner()
+    try:
+        with LocalForward(runner.transport, ("127.0.0.1", server.server_address[1])) as forward:
+            assert forward.port != server.server_address[1]
+            results: list[bytes] = []
+            threads = [threading.Thread(target=lambda: results.append(
+                _get(f"http://127.0.0.1:{forward.port}/hello.txt"))) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert results == [b"through the tunnel\n" * 5000] * 4  # concurrent connections, each whole
+            assert not forward.errors
+    finally:
+        runner.close()
+        server.shutdown()
+
+
+def test_not_installed_is_69_with_the_pip_command(project, tmp_path):
+    proj, _workdir = project
+    stub = tmp_path / "stub" / "tensorboard"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stub.parent), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([EXE, "tensorboard", RUN, "--job", "writer"], cwd=proj, capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == ExitCode.UNAVAILABLE == 69, result.stderr
+    assert "pip install 'thrust-remote[tensorboard]'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_nothing_fetched_says_how_to_fetch(cli, project):
+    proj, _workdir = project
+    result = cli("tensorboard", RUN, "--job", "writer", cwd=proj)
+    assert result.returncode == ExitCode.USAGE, result.stderr
+    assert f"thrust-remote fetch {RUN}" in result.stderr
+
+
+@pytest.mark.slow
+def test_local_tensorboard_serves_the_fetched_dir(project):
+    proj, _workdir = project
+    logdir = proj / ".thrust" / "fetched" / RUN / "artifacts" / "runs" / "tb"
+    logdir.mkdir(parents=True)
+    port = _free_port()
+    proc = subprocess.Popen([EXE, "tensorboard", RUN, "--job", "writer", "--port", str(port)], cwd=proj,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        answer = json.loads(_poll(f"http://127.0.0.1:{port}/data/logdir", proc))
+        assert answer["logdir"] == str(logdir)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_remote_tensorboard_through_the_forward_and_gone_after_ctrl_c(project):
+    proj, workdir = project
+    port = _free_port()
+    proc = subprocess.Popen([EXE, "tensorboard", RUN, "--job", "writer", "--remote", "--port", str(port)], cwd=proj,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    logdir = f"{workdir}/runs/tb"
+    try:
+        answer = json.loads(_poll(f"http://127.0.0.1:{port}/data/logdir", proc))
+        assert answer["logdir"] == logdir  # the host's TensorBoard, on the job's dir there
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert f"http://127.0.0.1:{port}/" in err
+
+    def host_tensorboards() -> list[int]:
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            if logdir in (p.info["cmdline"] or []) and "tensorboard.main" in (p.info["cmdline"] or []):
+                out.append(p.pid)
+        return out
+
+    deadline = time.monotonic() + 30
+    while host_tensorboards() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not host_tensorboards()  # the pty's hang-up ended it: nothing left on the host

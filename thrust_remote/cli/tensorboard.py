@@ -1,0 +1,60 @@
+"""`tensorboard RUN_ID`: TensorBoard on a run's fetched artifacts, or `--remote` on the host through an
+SSH port forward (the core is tboard.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import typer
+from rich.markup import escape
+
+from .. import tboard
+from ..artifacts import relative
+from ..console import err_console
+from .common import get_config
+from .runs import HOST_OPT, _open
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tensorboard", help="TensorBoard on a run's fetched artifacts (or, with --remote, on the host "
+                "through an SSH port forward); Ctrl-C stops it.")(tensorboard)
+
+
+def _say(text: str) -> None:
+    err_console.print(escape(text), highlight=False, soft_wrap=True)
+
+
+def tensorboard(
+    ctx: typer.Context,
+    run_id: str = typer.Argument(...),
+    host: str | None = HOST_OPT,
+    port: int = typer.Option(tboard.DEFAULT_PORT, "--port", "-p", min=0, max=65535,
+                             help="Port on 127.0.0.1 here (0: any free port)."),
+    remote: bool = typer.Option(False, "--remote", help="Run TensorBoard on the host (the job's python) on what "
+                                "the run wrote there, reached through an SSH port forward."),
+    job_name: str | None = typer.Option(None, "--job", help="The run's job, when the local index does not know "
+                                        "it (its `metrics.tensorboard` names the dir)."),
+) -> None:
+    config = get_config(ctx)
+    job = tboard.job_of(config, run_id, job_name)
+    if not remote:
+        tboard.require_tensorboard()
+        logdir = tboard.local_logdir(config, run_id, job)
+        _say(f"TensorBoard on {relative(logdir, config.root)}/ (Ctrl-C stops it)")
+        argv = tboard.tensorboard_argv(sys.executable, str(logdir), port)
+        try:
+            code = subprocess.run(argv).returncode  # noqa: S603 - argv, no shell; its URL is its own line
+        except KeyboardInterrupt:
+            code = 0  # the user stopped it: TensorBoard got the same Ctrl-C
+        raise typer.Exit(code)
+    session = _open(ctx, host, run_id)
+    try:
+        argv, logdir = tboard.remote_plan(session, run_id, job)
+        _say(f"starting TensorBoard on {session.name}:{logdir}")
+        tboard.serve_remote(session, argv, port,
+                            lambda url: _say(f"TensorBoard ({session.name}, through SSH): {url} (Ctrl-C stops it)"))
+    except KeyboardInterrupt:
+        pass  # the user stopped it; serve_remote hung up the host's TensorBoard
+    finally:
+        session.runner.close()
