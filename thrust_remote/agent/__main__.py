@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "lease": ("lease", False),
     "xfer": ("xfer", False),  # engineer A's transfer helper: `xfer serve`, `xfer hash PATH`
     "venv": ("venv", False),  # `venv ensure`: the job's virtualenv (docs/architecture.md, "The host agent")
+    "scalars": ("scalars", False),  # TensorBoard scalars, run by the job's venv python (not -S)
 }
 
 
