@@ -281,3 +281,23 @@ def test_scalars_without_tensorboard_says_so(tmp_path):
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
     assert result.returncode == scalars.MISSING
     assert json.loads(result.stdout)["error"] == "missing"
+
+
+def test_follow_view_of_your_own_job_shows_its_metrics_never_its_json():
+    import io
+
+    from rich.console import Console
+
+    from thrust_remote.cli.follow import LogView, progress_line
+
+    buf = io.StringIO()
+    out = Console(file=buf, width=100, force_terminal=False, color_system=None)
+    with LogView("r1", "lines", out=out) as view:
+        view.feed(b'epoch 1 done\nTHRUST_METRICS {"step": 200, "charts/episodic_return": 12.5, '
+                  b'"losses/value_loss": 0.0031}\nTHRUST_METRICS {broken\nepoch 2 done\n')
+    text = buf.getvalue()
+    assert "epoch 1 done" in text and "epoch 2 done" in text  # plain lines pass through
+    assert "{" not in text and "THRUST_METRICS" not in text
+    assert "r1: 200 steps  charts/episodic_return 12.5  losses/value_loss 0.0031" in text
+    narrow = progress_line({"step": 200, "charts/episodic_return": 12.5, "losses/value_loss": 0.0031}, 50)
+    assert len(narrow) <= 50 and "episodic_return 12.5" in narrow

@@ -52,7 +52,7 @@ class OwnMonitor(Monitor):
             self.read_scalars([a for a in acts if answer["runs"].get(self.run_dir(a), {}).get("state") == "RUNNING"])
         return answer
 
-    def read_scalars(self, acts: Sequence[ActiveTrial], prune: bool = True) -> None:
+    def read_scalars(self, acts: Sequence[ActiveTrial]) -> None:
         """New TensorBoard points of these trials, into their series (pruning is for the next feed)."""
         self.tb_read_at = time.monotonic()
         if not acts:
