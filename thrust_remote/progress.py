@@ -11,6 +11,19 @@ import json
 from typing import Any
 
 TAGS = ("THRUST_METRICS", "THRUST_INFO", "THRUST_DONE")
+# what the built-in trainer's progress line shows by name; a job of your own has its own names
+TRAINER_SHOWN = frozenset({"step", "total_steps", "sps", "return_mean", "score_mean", "gpu_util"})
+
+
+def own_metrics(m: dict[str, Any], limit: int = 3) -> list[tuple[str, float]]:
+    """A job of your own's THRUST_METRICS object (no return_mean / score_mean): its first `limit`
+    numeric metrics in the order it wrote them, for the progress line (docs/architecture.md,
+    "JSON shapes": THRUST_METRICS). The trainer's object gives none: its line is laid out by name."""
+    if m.get("return_mean") is not None or m.get("score_mean") is not None:
+        return []
+    out = [(k, float(v)) for k, v in m.items()
+           if k not in TRAINER_SHOWN and isinstance(v, int | float) and not isinstance(v, bool)]
+    return out[:limit]
 
 
 def parse_tagged(text: str) -> tuple[str | None, dict[str, Any] | None]:

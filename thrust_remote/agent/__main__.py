@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "xfer": ("xfer", False),  # engineer A's transfer helper: `xfer serve`, `xfer hash PATH`
     "venv": ("venv", False),  # `venv ensure`: the job's virtualenv (docs/architecture.md, "The host agent")
     "list-files": ("listing", False),  # a run's artifacts with size, mtime, sha256 (fetchdir.py)
+    "scalars": ("scalars", False),  # TensorBoard scalars, run by the job's venv python (not -S)
 }
 
 

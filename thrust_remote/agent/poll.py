@@ -1,8 +1,11 @@
 """`agent poll --runs JSON --stop-file F [--wait S]`: one command per poll for every running trial.
 
---runs is [[run_dir, offset], ...]. The command waits on the host up to S seconds and returns early
-when a run ends (its exit_code appears or its directory vanishes), a run polled from offset 0 writes
-its first metrics, or the stop file F appears: a freed slot is seen in ~50 ms instead of half a poll
+--runs is [[run_dir, offset], ...] or [[run_dir, offset, "log"], ...]: "log" reads the run's log instead
+of metrics.jsonl and keeps only its `THRUST_METRICS {json}` lines, tag stripped (a job of your own
+reports that way; docs/architecture.md, "JSON shapes"), the offset being the log's.
+The command waits on the host up to S seconds and returns early when a run ends (its exit_code
+appears or its directory vanishes), a run polled from offset 0 writes its first metrics (metrics.jsonl
+only), or the stop file F appears: a freed slot is seen in ~50 ms instead of half a poll
 period, without polling more often. Then, per run, the state first (runs.run_state) and the new
 whole lines of metrics.jsonl second, so a run seen ended has had all its lines read.
 
@@ -21,6 +24,7 @@ import time
 from .runs import EXIT_CODE, LOG, RUN_JSON, read_json, run_state
 
 METRICS = "metrics.jsonl"
+TAG = b"THRUST_METRICS "
 CHUNK = 1 << 20
 TAIL = 2000
 
@@ -32,11 +36,11 @@ def _has_metrics(run_dir: str) -> bool:
         return False
 
 
-def _something_happened(runs: list[tuple[str, int]], stop_file: str) -> bool:
+def _something_happened(runs: list[tuple[str, int, str]], stop_file: str) -> bool:
     if os.path.exists(stop_file):
         return True
-    return any(not os.path.isdir(d) or os.path.exists(os.path.join(d, EXIT_CODE)) or (o == 0 and _has_metrics(d))
-               for d, o in runs)
+    return any(not os.path.isdir(d) or os.path.exists(os.path.join(d, EXIT_CODE))
+               or (o == 0 and src == "metrics" and _has_metrics(d)) for d, o, src in runs)
 
 
 def _log_tail(run_dir: str) -> str:
@@ -48,30 +52,36 @@ def _log_tail(run_dir: str) -> str:
         return ""
 
 
-def _one(run_dir: str, offset: int) -> dict:
+def _tagged(data: bytes) -> bytes:
+    """The JSON of each `THRUST_METRICS {json}` line of a log, one a line."""
+    return b"".join(line[len(TAG):] + b"\n" for line in data.splitlines() if line.startswith(TAG))
+
+
+def _one(run_dir: str, offset: int, source: str = "metrics") -> dict:
     if not os.path.isdir(run_dir):
         return {"state": "MISSING", "data": "", "offset": offset, "more": False}
     st = run_state(run_dir)  # before the read: a run seen ended has had all its lines read
     try:
-        with open(os.path.join(run_dir, METRICS), "rb") as fh:
+        with open(os.path.join(run_dir, LOG if source == "log" else METRICS), "rb") as fh:
             fh.seek(offset)
             data = fh.read(CHUNK)
     except FileNotFoundError:
         data = b""
     cut = data.rfind(b"\n") + 1
+    lines = _tagged(data[:cut]) if source == "log" else data[:cut]
     meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
-    return {"state": st["state"], "exit_code": st["exit_code"], "data": data[:cut].decode("utf-8", "replace"),
+    return {"state": st["state"], "exit_code": st["exit_code"], "data": lines.decode("utf-8", "replace"),
             "offset": offset + cut, "more": len(data) == CHUNK, "slot": meta.get("slot"),
             "log_tail": _log_tail(run_dir) if st["state"] == "FAILED" else ""}
 
 
-def poll(runs: list[tuple[str, int]], stop_file: str, wait: float) -> dict:
+def poll(runs: list[tuple[str, int, str]], stop_file: str, wait: float) -> dict:
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and not _something_happened(runs, stop_file):
         time.sleep(0.05)
     out: dict = {"runs": {}, "stop": os.path.exists(stop_file)}
-    for run_dir, offset in runs:
-        out["runs"][run_dir] = _one(run_dir, int(offset))
+    for run_dir, offset, source in runs:
+        out["runs"][run_dir] = _one(run_dir, int(offset), source)
     return out
 
 
@@ -81,6 +91,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--stop-file", required=True)
     parser.add_argument("--wait", type=float, default=0.0)
     args = parser.parse_args(argv)
-    runs = [(str(d), int(o)) for d, o in json.loads(args.runs)]
+    runs = [(str(r[0]), int(r[1]), str(r[2]) if len(r) > 2 else "metrics") for r in json.loads(args.runs)]
     print(json.dumps(poll(runs, args.stop_file, args.wait)))
     return 0

@@ -25,7 +25,7 @@ from rich.text import Text
 from .. import pipeline
 from ..console import console, err_console
 from ..pipeline import exit_code_for, reattach_command
-from ..progress import LineSplitter, RunProgress
+from ..progress import LineSplitter, RunProgress, own_metrics
 
 __all__ = ["LogReporter", "LogView", "exit_code_for", "progress_line", "reattach_command", "say"]
 
@@ -69,6 +69,8 @@ def _fields(m: Mapping[str, Any], elapsed: float | None) -> tuple[str, list[list
         optional.append([f"{sps:,.0f} sps", f"{_si(sps)} sps"])
     if ret and m.get("score_mean") is not None:
         optional.append(ret)
+    for name, value in own_metrics(dict(m)):  # a job of your own: its first numeric metrics, by name
+        optional.append([f"{name} {value:.4g}", f"{name.rsplit('/', 1)[-1]} {value:.3g}"])
     if m.get("gpu_util") is not None:
         optional.append([f"GPU {m['gpu_util']:.0f}%"])
     if elapsed is not None:

@@ -24,6 +24,8 @@ from .model import (
     is_trial_run,
 )
 from .monitor import Monitor
+from .objective import objective_for
+from .ownmonitor import OwnMonitor
 from .scheduler import Plan, Scheduler
 from .slots import SlotPool, plan_slots
 from .space import distributions, search_space
@@ -54,13 +56,28 @@ class Optimizer:
         self.study_name = request.study or default_study_name(self.job)
         if not valid_id(self.study_name):
             raise UsageError(f"--study {self.study_name!r}: use letters, digits, '_', '-', '.'")
+        self.objective = objective_for(config, self.job, request.metric)
         self.fixed = hostops.parse_sets(request.sets)
         self.space = search_space(config, self.job, self.fixed)
         self.dists = distributions(self.space)
         self.injected: dict[str, str] = {}
-        job_args = dict(self.job.args)  # type: ignore[arg-type]
-        if "log-interval" not in self.fixed and "log-interval" not in job_args:
-            self.injected["log-interval"] = DEFAULT_LOG_INTERVAL
+        if self.job.kind == "trainer":
+            job_args = dict(self.job.args)  # type: ignore[arg-type]
+            if "log-interval" not in self.fixed and "log-interval" not in job_args:
+                self.injected["log-interval"] = DEFAULT_LOG_INTERVAL
+        self._check_shared_events(request.parallel or 1)
+
+    def _check_shared_events(self, slots: int) -> None:
+        """Event files in one DIR of the shared checkout cannot be told apart between trials that run
+        at the same time: with several slots, DIR must name the run (docs/architecture.md, "optimize")."""
+        o = self.objective
+        if o.source == "tensorboard" and slots > 1 and not o.per_run_dir:
+            raise UsageError(
+                f"{slots} trials at once would write TensorBoard events into the same {o.events_dir}/ "
+                "of the host's checkout, and their scalars could not be told apart",
+                f"use --parallel 1, or write events under {o.events_dir}/$THRUST_RUN_ID (e.g. "
+                f"SummaryWriter(os.path.join({o.events_dir!r}, os.environ['THRUST_RUN_ID']))) and set "
+                f"metrics: {{tensorboard: {o.events_dir}/$THRUST_RUN_ID}}")
 
     def _args(self, params: Mapping[str, Any]) -> list[str]:
         return hostops.trial_args(self.job, {**self.injected, **self.fixed}, params)
@@ -70,7 +87,10 @@ class Optimizer:
         r = self.request
         prepared = hostops.prepare(self.config, self.job, self.host, self.runner, self.reporter, self._args({}))
         pool = SlotPool(plan_slots(prepared.report.facts, self.host, r.gpus, r.parallel, r.slots_per_gpu))
+        self._check_shared_events(len(pool.slots))
         host = StudyHost.open(prepared, self.study_name)
+        if self.objective.source == "tensorboard":
+            host.scalars([], self.objective.metric)  # tensorboard importable there? (else 78, with the fix)
         store = StudyStore.open(self.config, self.host, prepared.session, hostops.studies_dir(prepared.paths),
                                 self.study_name, r.storage)
         store.acquire()  # before anything is touched: a refused second driver must change nothing
@@ -80,17 +100,23 @@ class Optimizer:
         self.reporter.step(f"study {self.study_name} in {store.label}; slots: "
                            + ", ".join(f"{s.name} (CUDA_VISIBLE_DEVICES={s.cuda_visible_devices!r})"
                                        for s in pool.slots))
-        study = open_study(store, self.study_name, r)
-        settings = {"job": self.job.name, "space": self.space, "fixed": self.fixed, "metric": r.metric}
-        monitor = Monitor(host, study, r.metric, remember_settings(study, settings, self.reporter))
+        study = open_study(store, self.study_name, r, self.objective.direction)
+        o = self.objective
+        settings = {"job": self.job.name, "space": self.space, "fixed": self.fixed, "metric": o.metric}
+        if o.own:
+            settings["mode"] = o.mode
+        rung_steps = remember_settings(study, settings, self.reporter)
+        monitor = OwnMonitor(host, study, o, rung_steps) if o.own else Monitor(host, study, o.metric, rung_steps)
         plan = Plan(self.study_name, self.dists, self._args, r.trials, r.timeout, r.poll_s)
         scheduler = Scheduler(plan, study, host, store, monitor, pool, self.observer, self.control, self.reporter)
         self.control.started = True
         self._drive(scheduler, started)
+        if scheduler.fatal is not None:
+            raise scheduler.fatal
         return build_summary(study, name=self.study_name, job=self.job.name, host=self.host.name, request=r,
                              fixed=self.fixed, best_file=self.config.root / f"{self.study_name}-best.yaml",
                              store=store, slots=pool.slots, views=scheduler.views, stopped=scheduler.stopped,
-                             wall=time.monotonic() - started)
+                             wall=time.monotonic() - started, metric=o.metric, direction=o.direction)
 
     def _drive(self, scheduler: Scheduler, started: float) -> None:
         ok = False

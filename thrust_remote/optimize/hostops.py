@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import pipeline, runs
+from .. import jobs, payload, pipeline, runs
 from ..config import Config, HostConfig, JobConfig
-from ..errors import ThrustError
+from ..errors import ConfigError, ThrustError
 from ..runner import Runner
 from ..session import HostPaths, HostSession
 
@@ -28,15 +28,39 @@ NOT_OURS = 3  # the agent's `lease create/renew` exit code: the file exists / no
 
 # ------------------------------------------------------------------------------------------ poll
 
-def poll(session: HostSession, request: Sequence[tuple[str, int]], stop_path: str,
+def poll(session: HostSession, request: Sequence[Sequence[Any]], stop_path: str,
          wait: float = 0.0) -> dict[str, Any]:
-    """One command for every (run_dir, byte offset) in `request`: {"runs": {run_dir: {state, exit_code,
-    data, offset, more, slot, log_tail}}, "stop": bool}. Waits on the host up to `wait` seconds."""
+    """One command for every (run_dir, byte offset[, "log"]) in `request`: {"runs": {run_dir: {state,
+    exit_code, data, offset, more, slot, log_tail}}, "stop": bool}. Waits on the host up to `wait`
+    seconds. "log": the THRUST_METRICS lines of the run's log instead of metrics.jsonl."""
     result = session.agent("poll", "--runs", json.dumps(request), "--stop-file", stop_path,
                            "--wait", f"{wait:.3f}", timeout=60 + wait)
     if not result.ok:
         raise ThrustError(f"polling the trials on {session.name} failed: {result.stderr.strip()[-300:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+# ------------------------------------------------------------------------------ TensorBoard scalars
+
+def scalars(prepared: Prepared, request: Sequence[tuple[str, str, int]], tag: str) -> dict[str, Any]:
+    """`agent scalars` with the job's venv python (site-packages on: it imports tensorboard):
+    {run_dir: {"tags": [...], "points": [[step, value], ...]}} for each (run_dir, events_dir, since_step)."""
+    host = replace(prepared.host, python=prepared.python)
+    result, _ = payload.run_pyz(prepared.session.runner, host, payload.agent(),
+                                ["scalars", "--runs", json.dumps(request), "--tag", tag], timeout=120)
+    lines = result.stdout.strip().splitlines()
+    answer = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    if answer.get("error") == "missing":
+        job = prepared.job.name
+        raise ConfigError(
+            f"job {job!r} reads TensorBoard scalars (metrics: {{tensorboard: ...}}), but its python on "
+            f"{prepared.host.name} cannot import tensorboard ({answer.get('detail')})",
+            f"add it to the job's requirements in thrust.yaml: jobs.{job}.requirements: [tensorboard] "
+            "(or a `tensorboard` line in its requirements file)")
+    if not result.ok or "runs" not in answer:
+        tail = (result.stderr or result.stdout).strip()[-300:]
+        raise ThrustError(f"reading TensorBoard scalars on {prepared.host.name} failed: {tail}")
+    return answer["runs"]
+
 
 # ----------------------------------------------------------------------------------------- lease
 
@@ -154,8 +178,11 @@ class StudyHost:
     def run_dir(self, run_id: str) -> str:
         return self.paths.run(run_id)
 
-    def poll(self, request: Sequence[tuple[str, int]], wait: float = 0.0) -> dict[str, Any]:
+    def poll(self, request: Sequence[Sequence[Any]], wait: float = 0.0) -> dict[str, Any]:
         return poll(self.session, request, self.stop_path, wait)
+
+    def scalars(self, request: Sequence[tuple[str, str, int]], tag: str) -> dict[str, Any]:
+        return scalars(self.prepared, request, tag)
 
     def clear_stop(self) -> None:
         clear_stop(self.session, self.stop_path)
@@ -170,7 +197,9 @@ class StudyHost:
                lock_job: str, meta: Mapping[str, Any]) -> None:
         """One trial = one detached run, without `--export`: a trial's ONNX export would cost seconds
         each and nobody reads it (`train --params` makes the model of the best one)."""
-        pipeline.launch_prepared(self.prepared, args=args, run_id=run_id, gpus=gpus, nproc=1,
+        job = self.prepared.job
+        nproc = 1 if job.kind == "trainer" else jobs.process_count(job, None, gpus)  # a DDP job stays one
+        pipeline.launch_prepared(self.prepared, args=args, run_id=run_id, gpus=gpus, nproc=nproc,
                                  extra_env=env, export=False, meta_extra=meta)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ThrustError
 from .hostops import StudyHost
 from .model import RUNGS, TrialView
 from .slots import Slot
@@ -26,6 +27,9 @@ class ActiveTrial:
     offset: int = 0  # bytes of metrics.jsonl read so far
     last: dict[str, Any] = field(default_factory=dict)  # the latest non-null value of each metric
     reported: set[int] = field(default_factory=set)  # rungs reported to the study
+    # a job of your own (OwnMonitor): the objective's (step, value) points, and every metric name seen
+    series: list[tuple[int, float]] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,13 @@ class Monitor:
     def run_dir(self, act: ActiveTrial) -> str:
         return self.host.run_dir(act.view.run_id or "")
 
+    def entry(self, act: ActiveTrial, offset: int) -> tuple[Any, ...]:
+        """A trial's part of a poll request: the trainer's metrics.jsonl from `offset`."""
+        return (self.run_dir(act), offset)
+
     def poll(self, acts: Sequence[ActiveTrial], wait: float) -> dict[str, Any]:
         """New lines of every trial: waits on the host up to `wait`, less when a trial ends."""
-        return self.host.poll([(self.run_dir(a), a.offset) for a in acts], wait=wait)
+        return self.host.poll([self.entry(a, a.offset) for a in acts], wait=wait)
 
     def snapshot(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The state of these runs (by run directory), no metrics consumed: for resuming."""
@@ -76,7 +84,7 @@ class Monitor:
         """Read a whole metrics.jsonl (a run that ended while nobody watched); no pruning."""
         act.offset = 0
         while True:
-            answer = self.host.poll([(self.run_dir(act), act.offset)])["runs"]
+            answer = self.host.poll([self.entry(act, act.offset)])["runs"]
             got = next(iter(answer.values()))
             self.feed(act, got.get("data") or "", prune=False)
             act.offset = int(got.get("offset", act.offset))
@@ -121,6 +129,14 @@ class Monitor:
             return None
         view.intermediate = float(value)
         return view.step // self.rung_steps
+
+    def final(self, act: ActiveTrial) -> tuple[str, float | None]:
+        """(the metric used, the trial's value) once its run FINISHED and every line of it was read."""
+        return self.final_value(act.last)
+
+    def missing(self, act: ActiveTrial) -> ThrustError | None:
+        """The error that stops the study when a finished trial lacks the metric (own jobs only)."""
+        return None
 
     def final_value(self, last: Mapping[str, Any]) -> tuple[str, float | None]:
         """(the metric used, its value in the trial's last metrics line)."""

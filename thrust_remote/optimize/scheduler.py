@@ -60,6 +60,7 @@ class Scheduler:
         self.stopped: str | None = None  # why no new trials start (timeout, drained, failures, aborted)
         self.by_us: set[str] = set()  # run ids we are stopping (pruned or aborted)
         self.dirty_since: float | None = None  # the local copy has changes the host's lacks
+        self.fatal: ThrustError | None = None  # the study cannot work (a metric that never appears)
 
     # -- resume -----------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -245,9 +246,9 @@ class Scheduler:
     def _finish(self, act: ActiveTrial, ended: Ended) -> None:
         run_id = act.view.run_id or ""
         if ended.state == "FINISHED":
-            metric, value = self.monitor.final_value(act.last)
+            metric, value = self.monitor.final(act)
             if value is None:
-                self._fail(act, "finished without the metric (no episode ended?)")
+                self._missing(act)
                 return
             act.trial.set_user_attr("value_metric", metric)
             self._tell(act, "COMPLETE", value)
@@ -269,6 +270,18 @@ class Scheduler:
                 self.control.abort = True
         else:
             self._interrupted(act, f"run {ended.state.lower()}")
+
+    def _missing(self, act: ActiveTrial) -> None:
+        """A finished trial without the metric. A job of your own whose first finished trial never
+        reported it is misconfigured: stop the study (the running trials too) with that error."""
+        error = self.monitor.missing(act)
+        if error is None or count_states(self.study)["COMPLETE"] > 0:
+            self._fail(act, "finished without the metric (no episode ended?)")
+            return
+        self._fail(act, error.message)
+        if self.fatal is None:
+            self.fatal = error
+            self.control.abort = True
 
     def _fail(self, act: ActiveTrial, why: str) -> None:
         act.trial.set_user_attr("fail_reason", why)

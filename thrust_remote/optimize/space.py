@@ -50,8 +50,7 @@ DEFAULT_SEARCH: dict[str, dict[str, dict[str, Any]]] = {
 def search_space(config: Config, job: JobConfig, fixed: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The job's space (thrust.yaml `search:` or the built-in one) minus the flags fixed with --set."""
     if job.kind != "trainer":
-        raise UsageError(f"optimize runs the built-in trainer; job {job.name!r} is a {job.kind} job",
-                         "optimize a trainer job (snake, cartpole, or one with kind: trainer)")
+        return own_space(config, job, fixed)
     where = f"{config.path or 'thrust.yaml'}: search.{job.name}"
     if job.name in config.search:
         space = {k: dict(v) for k, v in config.search[job.name].items()}
@@ -65,16 +64,37 @@ def search_space(config: Config, job: JobConfig, fixed: Mapping[str, Any]) -> di
         if name not in TRAINER_FLAGS or name in NOT_SEARCHABLE:
             known = ", ".join(sorted(TRAINER_FLAGS - NOT_SEARCHABLE))
             raise ConfigError(f"{where}.{name}: not a trainer flag that can be searched", f"known: {known}")
-        spec = space[name]
-        if "choices" in spec:
-            bad = [c for c in spec["choices"] if not isinstance(c, str | int | float | bool) and c is not None]
-            if bad:
-                raise ConfigError(f"{where}.{name}.choices: {bad[0]!r} is not a plain value")
-        elif not all(isinstance(spec.get(k), int | float) for k in ("low", "high")) or spec["low"] >= spec["high"]:
-            raise ConfigError(f"{where}.{name}: expected {{low: X, high: Y}} with X < Y, or {{choices: [...]}}")
+        _check_spec(where, name, space[name])
     for name in fixed:
         if name not in TRAINER_FLAGS:
             raise UsageError(f"--set {name}=...: not a trainer flag", f"known: {', '.join(sorted(TRAINER_FLAGS))}")
+    return _unfixed(space, fixed)
+
+
+def own_space(config: Config, job: JobConfig, fixed: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A python or command job's space: thrust.yaml `search.<job>` only (its flags are its own, so any
+    plain name may be searched; each arrives as `--name value`, or `name=value` for a command job)."""
+    where = f"{config.path or 'thrust.yaml'}: search.{job.name}"
+    if job.name not in config.search:
+        raise ConfigError(f"job {job.name!r} has no search space",
+                          f"add search.{job.name} to thrust.yaml, e.g. search: {{{job.name}: "
+                          "{lr: {low: 1.0e-4, high: 1.0e-2, log: true}}}")
+    space = {k: dict(v) for k, v in config.search[job.name].items()}
+    for name, spec in space.items():
+        _check_spec(where, name, spec)
+    return _unfixed(space, fixed)
+
+
+def _check_spec(where: str, name: str, spec: Mapping[str, Any]) -> None:
+    if "choices" in spec:
+        bad = [c for c in spec["choices"] if not isinstance(c, str | int | float | bool) and c is not None]
+        if bad:
+            raise ConfigError(f"{where}.{name}.choices: {bad[0]!r} is not a plain value")
+    elif not all(isinstance(spec.get(k), int | float) for k in ("low", "high")) or spec["low"] >= spec["high"]:
+        raise ConfigError(f"{where}.{name}: expected {{low: X, high: Y}} with X < Y, or {{choices: [...]}}")
+
+
+def _unfixed(space: dict[str, dict[str, Any]], fixed: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     space = {k: v for k, v in space.items() if k not in fixed}
     if not space:
         raise UsageError("every searched parameter is fixed with --set: nothing left to search")

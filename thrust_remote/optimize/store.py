@@ -160,13 +160,13 @@ class StudyStore:
 
 # ------------------------------------------------------------------------------- the Optuna study
 
-def open_study(store: StudyStore, name: str, request: OptimizeRequest) -> Any:
+def open_study(store: StudyStore, name: str, request: OptimizeRequest, direction: str = "maximize") -> Any:
     """The study (created, or loaded to continue it): TPE with the constant liar, so parallel trials
     asked before any tells spread out instead of sampling the same point."""
     import optuna
 
     return optuna.create_study(
-        study_name=name, storage=_storage(store), direction="maximize", load_if_exists=True,
+        study_name=name, storage=_storage(store), direction=direction, load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=request.seed, constant_liar=True,
                                            n_startup_trials=min(10, max(2, request.trials // 3))),
         pruner=make_pruner(request),

@@ -37,6 +37,7 @@ class Summary:
     stopped: str | None  # why the study stopped before N (abort, timeout, failures), else None
     sync: dict[str, float] = field(default_factory=dict)
     dashboard_url: str | None = None  # what optuna-dashboard opens on this machine
+    direction: str = "maximize"
 
     @property
     def exit_code(self) -> int:
@@ -47,7 +48,7 @@ class Summary:
     def as_json(self) -> dict[str, Any]:
         return {
             "study": self.study, "storage": self.storage, "job": self.job, "host": self.host, "metric": self.metric,
-            "direction": "maximize", "trials_target": self.trials_target, "counts": self.counts, "best": self.best,
+            "direction": self.direction, "trials_target": self.trials_target, "counts": self.counts, "best": self.best,
             "importances": self.importances, "importance_note": self.importance_note,
             "best_params_file": self.best_params_file, "slots": self.slots, "wall_s": round(self.wall_s, 3),
             "stopped": self.stopped, "sync": self.sync, "dashboard_url": self.dashboard_url,
@@ -57,7 +58,8 @@ class Summary:
 
 def build_summary(study: Any, *, name: str, job: str, host: str, request: OptimizeRequest,
                   fixed: Mapping[str, Any], best_file: Path, store: StudyStore, slots: Sequence[Slot],
-                  views: Mapping[int, TrialView], stopped: str | None, wall: float) -> Summary:
+                  views: Mapping[int, TrialView], stopped: str | None, wall: float,
+                  metric: str | None = None, direction: str = "maximize") -> Summary:
     counts = count_states(study)
     best = best_trial(study)
     importances, note = None, None
@@ -72,10 +74,10 @@ def build_summary(study: Any, *, name: str, job: str, host: str, request: Optimi
         written = str(out)
     trials = sorted(_all_views(study, views, host), key=lambda v: v.number)
     sync = {"pushes": store.pushes, "push_s": round(store.push_s, 3)} if store.synced else {}
-    return Summary(name, store.label, job, host, request.metric, request.trials, counts, best, importances, note,
-                   written, [{"name": s.name, "cuda_visible_devices": s.cuda_visible_devices} for s in slots],
+    return Summary(name, store.label, job, host, metric or request.metric, request.trials, counts, best, importances,
+                   note, written, [{"name": s.name, "cuda_visible_devices": s.cuda_visible_devices} for s in slots],
                    trials, wall, None if counts["done"] >= request.trials else stopped, sync,
-                   store.url if store.url.startswith("sqlite") else store.label)
+                   store.url if store.url.startswith("sqlite") else store.label, direction)
 
 
 def best_trial(study: Any) -> dict[str, Any] | None:
