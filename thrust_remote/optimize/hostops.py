@@ -179,7 +179,7 @@ class StudyHost:
         stop_run(self.session, run_id, grace)
 
     def launch(self, run_id: str, args: Sequence[str], gpus: Sequence[int], env: Mapping[str, str],
-               lock_job: str, meta: Mapping[str, Any]) -> None:
+               meta: Mapping[str, Any]) -> None:
         """One trial = one detached run, without `--export`: a trial's ONNX export would cost seconds
         each and nobody reads it (`train --params` makes the model of the best one)."""
         job = self.prepared.job
