@@ -249,6 +249,7 @@ SHOW_ENV = '''\
 echo "GPU_LIST=${GPU_LIST-unset} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}"
 echo "${GPU_LIST-unset}|${CUDA_VISIBLE_DEVICES-unset}|$THRUST_RUN_ID" > "$THRUST_RUN_DIR/gpus.txt"
 printf '%s\\n' "$@" > "$THRUST_RUN_DIR/words.txt"
+command -v python > "$THRUST_RUN_DIR/python.txt"
 '''
 
 JOBS = """\
@@ -362,6 +363,9 @@ def test_command_job_gets_words_and_the_run_env(cli, user_project):
     # no --gpus on this CPU host: neither variable is set, the job sees the host's GPUs as they are
     assert (run_dir / "gpus.txt").read_text().strip() == f"unset|unset|{run_id}"
     assert "GPU_LIST=unset" in (run_dir / "log").read_text()
+    # `python` in a command job is its venv's (activated), so what its requirements installed is there
+    venvs = workdir / ".thrust" / "venvs"
+    assert Path((run_dir / "python.txt").read_text().strip()).parent.parent.parent == venvs
 
 
 @pytest.mark.slow

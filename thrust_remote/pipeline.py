@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
@@ -20,7 +21,7 @@ import yaml
 
 from trainer.args import parse_flag
 
-from . import artifacts, buildenv, doctor, fetchdir, index, jobs, payload, runs
+from . import artifacts, buildenv, doctor, fetchdir, index, jobs, payload, runs, scalarwatch
 from .buildenv import JobSpec
 from .config import Config, HostConfig, JobConfig
 from .errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
@@ -28,6 +29,7 @@ from .gpus import host_gpus, select_gpus
 from .hints import command_hint
 from .names import valid_id
 from .progress import LineSplitter, RunProgress
+from .scalarwatch import ScalarSource, ScalarWatch
 from .session import HostPaths, HostSession
 from .stages import (  # noqa: F401 - re-exported: the stages are part of the pipeline's API
     CRITICAL_CHECKS,
@@ -42,14 +44,16 @@ from .sync import LocalState, SyncResult, local_state, sync
 
 
 class Reporter(Protocol):
-    """What the pipeline tells its caller. Following a run adds three calls: `following` when the
+    """What the pipeline tells its caller. Following a run adds four calls: `following` when the
     log starts, `log` with its bytes exactly as the host wrote them (progress is parsed from them:
-    THRUST_METRICS lines), `followed` when following ends for any reason (end, detach, lost link)."""
+    THRUST_METRICS lines), `metrics` with a metrics object read elsewhere (a job's TensorBoard
+    scalars, from another thread), `followed` when following ends for any reason (end, detach, lost link)."""
 
     def step(self, message: str) -> None: ...
     def warn(self, message: str) -> None: ...
     def following(self, run_id: str, offset: int) -> None: ...
     def log(self, chunk: bytes) -> None: ...
+    def metrics(self, obj: dict[str, Any]) -> None: ...
     def followed(self) -> None: ...
 
 
@@ -66,6 +70,9 @@ class NullReporter:
         pass
 
     def log(self, chunk: bytes) -> None:
+        pass
+
+    def metrics(self, obj: dict[str, Any]) -> None:
         pass
 
     def followed(self) -> None:
@@ -418,8 +425,9 @@ class Followed:
 
 
 def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0,
-           config_path: Path | str | None = None) -> Followed:
-    """Stream the log to the reporter until the run ends.
+           config_path: Path | str | None = None, scalars: ScalarSource | None = None) -> Followed:
+    """Stream the log to the reporter until the run ends; with `scalars`, the job's TensorBoard
+    scalars are read on the host meanwhile (every few seconds, and at the end) as its progress.
 
     Ctrl-C detaches (Detached, exit 75) and a lost link is ConnectionLostError (75); both carry the
     command that reattaches from the byte offset reached, so no byte is lost or repeated (and
@@ -435,10 +443,15 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
         for line in lines.feed(chunk):
             progress.take(line)
 
+    def on_metrics(obj: dict[str, Any]) -> None:
+        progress.take_metrics(obj)
+        reporter.metrics(obj)
+
     reporter.following(run_id, offset)
     try:
         try:
-            position = runs.follow_log(session, run_id, offset=offset, follow=True, on_bytes=on_bytes)
+            with _watching(session, scalars, on_metrics, reporter.warn):
+                position = runs.follow_log(session, run_id, offset=offset, follow=True, on_bytes=on_bytes)
         finally:
             reporter.followed()
     except KeyboardInterrupt:
@@ -457,6 +470,11 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
     for line in lines.close():
         progress.take(line)
     return Followed(runs.status(session, run_id), position, progress)
+
+
+def _watching(session: HostSession, source: ScalarSource | None, on_metrics: Callable[[dict[str, Any]], None],
+              on_warn: Callable[[str], None]) -> AbstractContextManager[Any]:
+    return ScalarWatch(session, source, on_metrics, on_warn) if source is not None else nullcontext()
 
 
 def exit_code_for(status: dict) -> int:
@@ -512,7 +530,8 @@ def _follow_to_end(config: Config, session: HostSession, launched: Launched, job
                    config_path: Path | str | None) -> TrainOutcome:
     """follow → fetch, shared by `train` and `reattach`."""
     timings = dict(launched.timings)
-    followed = follow(session, launched.run_id, reporter, offset=offset, config_path=config_path)
+    followed = follow(session, launched.run_id, reporter, offset=offset, config_path=config_path,
+                      scalars=scalarwatch.source_for(session, launched.run_id, job))
     status = followed.status
     code = exit_code_for(status)
     fetched = got = None

@@ -81,6 +81,12 @@ class RunProgress:
             self.done = obj
         return True
 
+    def take_metrics(self, obj: dict[str, Any]) -> None:
+        """A metrics object from elsewhere than the log (TensorBoard scalars read on the host): merged
+        over the last one, so a job that also prints THRUST_METRICS lines keeps both."""
+        self.metrics = {**self.metrics, **obj}
+        self.updates += 1
+
     def summary(self) -> dict[str, Any]:
         """What `train --json` reports of the run's training: steps, score, returns, solved."""
         m, d = self.metrics, self.done

@@ -49,9 +49,6 @@ class HostPaths:
         check_run_id(run_id)
         return f"{self.runs}/{run_id}"
 
-    def lock(self, job: str) -> str:
-        return f"{self.thrust}/locks/{job}.lock"
-
     @property
     def venvs(self) -> str:
         """The jobs' virtualenvs, one per requirements/python/torch key (agent `venv ensure`)."""

@@ -176,6 +176,7 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     env = dict(os.environ)
     env.update(payload.get("env", json.loads(args.env)))
     env["THRUST_RUN_MARKER"] = marker
+    _activate(env)
     env["THRUST_RUN_DIR"] = run_dir
     env["PYTHONUNBUFFERED"] = "1"
     meta.update(
@@ -204,6 +205,17 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     os.close(lock_fd)
     sys.stdout.write(report.decode() + "\n")
     return 0 if b'"pid"' in report else 1
+
+
+def _activate(env: dict) -> None:
+    """The job's venv first on PATH, as its `bin/activate` would do: a command job's `python`, `pip`
+    or `torchrun` is then the venv's, with the requirements it was given (docs/architecture.md,
+    "The job's venv"). PATH is the host's own here, which the laptop cannot know."""
+    python = env.get("THRUST_PYTHON") or ""
+    venv = os.path.dirname(os.path.dirname(python))
+    if python and os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+        env["VIRTUAL_ENV"] = venv
+        env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", os.defpath)
 
 
 def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, report_fd: int, marker: str) -> None:

@@ -1,4 +1,5 @@
-"""`agent scalars --runs JSON --tag TAG`: a job's TensorBoard scalars, read on the host for optimize.
+"""`agent scalars --runs JSON [--tag TAG]`: a job's TensorBoard scalars, read on the host (optimize's
+objective with --tag; without it, the follow view's progress: the latest point of every tag).
 
 Unlike the other subcommands this one runs with the job's venv python and its site-packages (no -S):
 it reads event files with TensorBoard's own reader (tensorboard.backend.event_processing), imported
@@ -8,7 +9,8 @@ only here, so every other subcommand stays stdlib-only (docs/architecture.md, "T
 that were created since the run started (the creation time in their name, `events.out.tfevents.<unix
 time>.<host>...`, not before run.json's `started_ts`), so the earlier runs' files in the same checkout
 do not count. Answer, one JSON line: {"runs": {run_dir: {"tags": [every scalar tag seen], "points":
-[[step, value], ...] of TAG with step > since_step, by step}}}. Without tensorboard importable:
+[[step, value], ...] of TAG with step > since_step, by step}}}; without --tag, "latest": {tag: [step,
+value]} (each tag's point of the highest step) in place of "points". Without tensorboard importable:
 {"error": "missing", "detail": ...} and exit 3.
 """
 
@@ -50,28 +52,34 @@ def event_files(events_dir: str, since: float) -> list[str]:
     return sorted(out)
 
 
-def read_run(run_dir: str, events_dir: str, since_step: int, tag: str) -> dict:
+def read_run(run_dir: str, events_dir: str, since_step: int, tag: str | None) -> dict:
     from tensorboard.backend.event_processing import event_accumulator as ea
 
     meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
     started = float(meta.get("started_ts") or 0.0)
     tags: set[str] = set()
-    points: dict[int, float] = {}
+    series: dict[str, dict[int, float]] = {}
     for path in event_files(events_dir, started):
         acc = ea.EventAccumulator(path, size_guidance={ea.SCALARS: 0})  # 0: keep every point
         acc.Reload()
-        tags.update(acc.Tags().get("scalars", []))
-        if tag in acc.Tags().get("scalars", []):
-            for ev in acc.Scalars(tag):
+        found = acc.Tags().get("scalars", [])
+        tags.update(found)
+        for name in found if tag is None else [tag] if tag in found else []:
+            points = series.setdefault(name, {})
+            for ev in acc.Scalars(name):
                 if ev.step > since_step and math.isfinite(ev.value):
                     points[int(ev.step)] = float(ev.value)
+    if tag is None:
+        latest = {name: [max(points), points[max(points)]] for name, points in sorted(series.items()) if points}
+        return {"tags": sorted(tags), "latest": latest}
+    points = series.get(tag, {})
     return {"tags": sorted(tags), "points": [[s, points[s]] for s in sorted(points)]}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agent scalars")
     parser.add_argument("--runs", required=True, help="JSON: [[run_dir, events_dir, since_step], ...]")
-    parser.add_argument("--tag", required=True)
+    parser.add_argument("--tag", help="one tag's points; without it, every tag's latest point")
     args = parser.parse_args(argv)
     try:
         import tensorboard.backend.event_processing.event_accumulator  # noqa: F401

@@ -14,6 +14,7 @@ reattaches from the byte offset reached) is pipeline.follow; this module only re
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -142,6 +143,7 @@ class LogView:
         self.live: Live | None = None
         self.printed_at: float | None = None  # when the last plain progress line was printed
         self.printed_updates = 0
+        self.lock = threading.Lock()  # log bytes and scalars (ScalarWatch's thread) both update it
 
     @property
     def last(self) -> dict[str, Any]:
@@ -166,6 +168,17 @@ class LogView:
             self._print_progress()  # the end: the last metrics, whatever the interval
 
     def feed(self, chunk: bytes) -> None:
+        with self.lock:
+            self._feed(chunk)
+
+    def take_metrics(self, obj: dict[str, Any]) -> None:
+        """Metrics from elsewhere than the log (a job's TensorBoard scalars): shown like its lines'."""
+        with self.lock:
+            self.progress.take_metrics(obj)
+            if self.mode == "lines":
+                self._print_progress()  # they come every few seconds already: no interval to wait
+
+    def _feed(self, chunk: bytes) -> None:
         self.offset += len(chunk)
         if self.mode == "raw":
             sys.stdout.buffer.write(chunk)  # byte for byte: a transcript equals the host's log
@@ -203,6 +216,11 @@ class LogReporter(pipeline.NullReporter):
     def log(self, chunk: bytes) -> None:
         if self.view is not None:
             self.view.feed(chunk)
+
+    def metrics(self, obj: dict[str, Any]) -> None:
+        view = self.view
+        if view is not None:
+            view.take_metrics(obj)
 
     def followed(self) -> None:
         if self.view is not None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from .. import jobs, payload, pipeline, runs
+from .. import jobs, pipeline, runs, scalarwatch
 from ..config import Config, HostConfig, JobConfig
-from ..errors import ConfigError, ThrustError
+from ..errors import ThrustError
 from ..runner import Runner
 from ..session import HostPaths, HostSession
 
@@ -44,22 +44,7 @@ def poll(session: HostSession, request: Sequence[Sequence[Any]], stop_path: str,
 def scalars(prepared: Prepared, request: Sequence[tuple[str, str, int]], tag: str) -> dict[str, Any]:
     """`agent scalars` with the job's venv python (site-packages on: it imports tensorboard):
     {run_dir: {"tags": [...], "points": [[step, value], ...]}} for each (run_dir, events_dir, since_step)."""
-    host = replace(prepared.host, python=prepared.python)
-    result, _ = payload.run_pyz(prepared.session.runner, host, payload.agent(),
-                                ["scalars", "--runs", json.dumps(request), "--tag", tag], timeout=120)
-    lines = result.stdout.strip().splitlines()
-    answer = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
-    if answer.get("error") == "missing":
-        job = prepared.job.name
-        raise ConfigError(
-            f"job {job!r} reads TensorBoard scalars (metrics: {{tensorboard: ...}}), but its python on "
-            f"{prepared.host.name} cannot import tensorboard ({answer.get('detail')})",
-            f"add it to the job's requirements in thrust.yaml: jobs.{job}.requirements: [tensorboard] "
-            "(or a `tensorboard` line in its requirements file)")
-    if not result.ok or "runs" not in answer:
-        tail = (result.stderr or result.stdout).strip()[-300:]
-        raise ThrustError(f"reading TensorBoard scalars on {prepared.host.name} failed: {tail}")
-    return answer["runs"]
+    return scalarwatch.read_scalars(prepared.session, prepared.python, request, tag, prepared.job.name)
 
 
 # ----------------------------------------------------------------------------------------- lease
@@ -194,7 +179,7 @@ class StudyHost:
         stop_run(self.session, run_id, grace)
 
     def launch(self, run_id: str, args: Sequence[str], gpus: Sequence[int], env: Mapping[str, str],
-               lock_job: str, meta: Mapping[str, Any]) -> None:
+               meta: Mapping[str, Any]) -> None:
         """One trial = one detached run, without `--export`: a trial's ONNX export would cost seconds
         each and nobody reads it (`train --params` makes the model of the best one)."""
         job = self.prepared.job

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from ..config import Config, JobConfig
 from ..errors import ConfigError, UsageError
 from ..jobs import config_label
-
-RUN_ID_VARS = ("${THRUST_RUN_ID}", "$THRUST_RUN_ID")
+from ..scalarwatch import RUN_ID_VARS, events_path
 
 
 @dataclass(frozen=True)
@@ -40,10 +39,7 @@ class Objective:
         return any(v in (self.events_dir or "") for v in RUN_ID_VARS)
 
     def events_under(self, cwd: str, run_id: str) -> str:
-        path = self.events_dir or "."
-        for var in RUN_ID_VARS:
-            path = path.replace(var, run_id)
-        return f"{cwd}/{path}"
+        return events_path(cwd, self.events_dir, run_id)
 
     def better(self, a: float, b: float) -> bool:
         return a < b if self.mode == "min" else a > b

@@ -186,8 +186,7 @@ class Scheduler:
         }
         meta = {"study": self.plan.study_name, "trial": trial.number, "slot": slot.name, "params": dict(params)}
         try:
-            self.host.launch(run_id, self.plan.args(params), slot.gpus, env,
-                             f"{self.plan.study_name}-trial-{trial.number}", meta)
+            self.host.launch(run_id, self.plan.args(params), slot.gpus, env, meta)
             view.launch_timing = {"save_s": round(saved - (view.launched_at or saved), 4),
                                   "launch_s": round(time.time() - saved, 4)}
         except ConnectionLostError:
