@@ -8,7 +8,7 @@ WEB_STAMP := web/node_modules/.installed
 SYS_STAMP := $(VENV)/.system-deps
 APT_PACKAGES := openssh-server rsync chromium
 
-.PHONY: demo test lint setup system-deps web-deps bench clean
+.PHONY: demo test lint setup system-deps web-deps bench clean wheel
 
 setup: $(STAMP)
 
@@ -54,8 +54,17 @@ demo: $(STAMP) web-deps
 	$(VENV)/bin/thrust-remote train snake --host local $(DEMO_ARGS)
 	@echo "now watch it play: $(VENV)/bin/thrust-remote play"
 
+# A wheel that carries the page `play` serves: tools/stage_web.py copies web/'s page and the three
+# onnxruntime-web files it loads into thrust_remote/web-page/ (gitignored, pyproject's package-data),
+# then `python -m build` builds in an isolated env (it fetches setuptools from the package index).
+WHEEL_DIR ?= dist
+wheel: $(STAMP) web-deps
+	$(PY) tools/stage_web.py
+	$(PY) -m build --version >/dev/null 2>&1 || $(PY) -m pip install -q --disable-pip-version-check build
+	$(PY) -m build --outdir $(WHEEL_DIR) .
+
 bench: $(STAMP) system-deps
 	$(PY) bench/bench_train_overhead.py
 
 clean:
-	rm -rf $(VENV) web/node_modules .pytest_cache .ruff_cache
+	rm -rf $(VENV) web/node_modules .pytest_cache .ruff_cache thrust_remote/web-page dist build

@@ -1,4 +1,8 @@
-"""The static server behind `thrust-remote play`: web/ with COOP/COEP headers and a model listing.
+"""The static server behind `thrust-remote play`: the page with COOP/COEP headers and a model listing.
+
+Where the page comes from (`default_web_dir`): web/ of the repository in a checkout (development),
+else the copy an installed wheel carries as `thrust_remote/web-page/` (the page plus only the
+onnxruntime-web files it loads, `ORT_FILES`; `make wheel` stages them, `stage_page`).
 
 Paths it serves (all on 127.0.0.1):
 - `/` and everything under it: the files of web/ (the page, src/, node_modules/onnxruntime-web/dist).
@@ -22,6 +26,7 @@ import json
 import logging
 import os
 import posixpath
+import shutil
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
@@ -75,9 +80,45 @@ HEADLESS_CHROMIUM_ARGS = [
 ]
 
 
+# The page's own files, relative to web/, and the onnxruntime-web files it loads: web/src/model.js imports
+# ort.wasm.min.mjs (the wasm-only build), which loads ort-wasm-simd-threaded.mjs and its .wasm from
+# `wasmPaths`. The other 140 MB of node_modules are never requested, so the wheel carries only these.
+PAGE_FILES = ("index.html", "src/*.js", "src/*.css")
+ORT_DIST = "node_modules/onnxruntime-web/dist"
+ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+PACKAGED_WEB = Path(__file__).resolve().parent / "web-page"
+CHECKOUT_WEB = Path(__file__).resolve().parent.parent / "web"
+
+
+def in_checkout() -> bool:
+    """True when this package runs from the repository (editable install or PYTHONPATH), not a wheel."""
+    root = CHECKOUT_WEB.parent
+    return (root / "pyproject.toml").is_file() and (CHECKOUT_WEB / "index.html").is_file()
+
+
 def default_web_dir() -> Path:
-    """web/ of this checkout (thrust_remote is installed in editable mode from the repository)."""
-    return Path(__file__).resolve().parent.parent / "web"
+    """web/ of the checkout when there is one (so edits show at once), else the page the wheel carries."""
+    return CHECKOUT_WEB if in_checkout() else PACKAGED_WEB
+
+
+def stage_page(web_dir: Path, dest: Path) -> list[Path]:
+    """Copy the page (PAGE_FILES) and the onnxruntime-web files it loads (ORT_FILES) from web_dir into
+    dest, replacing what was there; returns the files written. Raises ThrustError if one is missing."""
+    sources = [p for pattern in PAGE_FILES for p in sorted(web_dir.glob(pattern))]
+    sources += [web_dir / ORT_DIST / name for name in ORT_FILES]
+    missing = [str(p) for p in sources if not p.is_file()]
+    if missing or not (web_dir / "index.html").is_file():
+        raise ThrustError(f"cannot stage the page: missing {', '.join(missing) or web_dir / 'index.html'}",
+                          hint="run `make web-deps` first (it installs onnxruntime-web into web/node_modules)")
+    if dest.exists():
+        shutil.rmtree(dest)
+    written = []
+    for src in sources:
+        target = dest / src.relative_to(web_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, target)
+        written.append(target)
+    return written
 
 
 @dataclass(frozen=True)
@@ -170,7 +211,9 @@ class Site:
 
     def __post_init__(self) -> None:
         self.web_dir = self.web_dir.resolve()
-        self.public_dir = (self.public_dir or self.web_dir / "public").resolve()
+        # the wheel's page has no models beside it: then the default is web/public of where play runs
+        default_public = Path("web/public") if self.web_dir == PACKAGED_WEB else self.web_dir / "public"
+        self.public_dir = (self.public_dir or default_public).resolve()
 
     @property
     def kept_dir(self) -> Path | None:
@@ -217,9 +260,16 @@ class Site:
 
     def check(self) -> None:
         """Raise ThrustError unless there is a page, onnxruntime-web and at least one model."""
+        missing = [name for name in ORT_FILES if not (self.web_dir / ORT_DIST / name).is_file()]
+        if self.web_dir == PACKAGED_WEB and (missing or not (self.web_dir / "index.html").is_file()):
+            # a wheel built without staging (`pip install .` straight from a checkout)
+            raise ThrustError(
+                f"this installation of thrust-remote lacks the page or its onnxruntime-web files ({self.web_dir})",
+                hint="install a wheel built with `make wheel`, which stages them into thrust_remote/web-page/",
+            )
         if not (self.web_dir / "index.html").is_file():
             raise ThrustError(f"the web page is missing: {self.web_dir / 'index.html'}")
-        if not (self.web_dir / "node_modules" / "onnxruntime-web" / "dist").is_dir():
+        if missing:
             raise ThrustError(
                 f"onnxruntime-web is not installed in {self.web_dir / 'node_modules'}",
                 hint=f"run `make web-deps` (or `cd {self.web_dir} && npm ci`)",

@@ -1,0 +1,213 @@
+"""The wheel: built from this tree, installed into a fresh venv outside the repo, it trains the built-in
+`cartpole` over a real sshd from a project that has only a thrust.yaml, and `play` serves the page and
+the onnxruntime-web files it carries (thrust_remote/web-page/, staged as `make wheel` does).
+
+Built offline (`pip wheel --no-build-isolation`, this venv's setuptools) from a copy of the tree, so the
+checkout is not touched; `make wheel` runs the same staging, then `python -m build`. The new venv gets
+torch & co. from this venv's site-packages through a .pth naming a directory of links to them, minus
+every trace of this repo's editable install: what imports as thrust_remote there is the wheel's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from email.message import Message
+from pathlib import Path
+
+import pytest
+from test_host_venv import FAST, fresh_project
+from test_web_browser import CHROMIUM, export_policy
+
+from thrust_remote import serve
+from thrust_remote.errors import ThrustError
+from thrust_remote.serve import HEADLESS_CHROMIUM_ARGS, ORT_DIST, ORT_FILES, PlayServer, Site, stage_page
+
+REPO = Path(__file__).resolve().parent.parent
+OURS = ("thrust_remote", "trainer", "envcheck", "__editable__", "thrust-remote")  # this repo's install
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "THRUST_CONFIG", "VIRTUAL_ENV")}
+    return {**env, "COLUMNS": "200", "NO_COLOR": "1"}
+
+
+def build_wheel(tmp: Path) -> Path:
+    """The tree's files (tracked and untracked, not ignored) copied to tmp/src, the page staged into
+    the copy's package, and a wheel built from it into tmp/wheels."""
+    src = tmp / "src"
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"],
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        path = REPO / rel
+        if rel.startswith("web/node_modules") or not path.is_file() or path.is_symlink():
+            continue
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, src / rel)
+    stage_page(REPO / "web", src / "thrust_remote" / "web-page")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp / "wheels"), str(src)], check=True, env=_clean_env(), capture_output=True)
+    return next((tmp / "wheels").glob("thrust_remote-*.whl"))
+
+
+def fresh_venv(path: Path) -> Path:
+    """A venv whose own site-packages is empty (no pip or setuptools of its own to shadow newer ones) and
+    which sees this venv's third-party packages (not this repo) through a .pth; returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    site = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p, "torch").is_dir())
+    links = path.parent / "inherited-site-packages"
+    links.mkdir()
+    for entry in site.iterdir():
+        if not entry.name.startswith(OURS) and entry.suffix != ".pth":
+            (links / entry.name).symlink_to(entry)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (path / "lib" / version / "site-packages" / "inherited.pth").write_text(f"{links}\n")
+    return path / "bin" / "python"
+
+
+def _get(url: str) -> tuple[int, Message, bytes]:
+    """Status, headers (looked up case-insensitively) and body of a GET."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, b""
+
+
+def _serve_and_check(exe: Path, project: Path, model: str, page: Path) -> str:
+    """Start `thrust-remote play --model`, fetch the page and the ort files, stop it; returns its output."""
+    proc = subprocess.Popen([str(exe), "play", "--model", model, "--no-open", "--port", "0"], cwd=project,
+                            env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # play prints the URL once it listens; it exits (ending this) on error
+            lines.append(line)
+            if line.startswith("open http://"):
+                break
+        url = lines[-1].split()[1].split("?", 1)[0] if lines and lines[-1].startswith("open ") else None
+        assert url, "".join(lines)
+        status, headers, body = _get(url)
+        assert status == 200 and body == (REPO / "web" / "index.html").read_bytes()
+        assert headers["Cross-Origin-Opener-Policy"] == "same-origin"
+        assert headers["Cross-Origin-Embedder-Policy"] == "require-corp"
+        assert _get(url + "src/model.js")[2] == (REPO / "web" / "src" / "model.js").read_bytes()
+        for name in ORT_FILES:
+            status, headers, body = _get(f"{url}{ORT_DIST}/{name}")
+            assert status == 200 and body == (page / ORT_DIST / name).read_bytes() and len(body) > 0
+            assert headers["Content-Type"] == ("application/wasm" if name.endswith(".wasm") else "text/javascript")
+            assert headers["Cross-Origin-Embedder-Policy"] == "require-corp"
+        assert _get(f"{url}{ORT_DIST}/ort.webgpu.min.mjs")[0] == 404  # only what the page loads is carried
+        status, _headers, body = _get(url + "api/models")
+        assert status == 200 and b'"name": "cartpole"' in body
+        assert _get(url + "models/cartpole.onnx")[2] == (project / model).read_bytes()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=30)[0]
+    return "".join(lines) + out
+
+
+def _have_ort() -> bool:
+    return all((REPO / "web" / ORT_DIST / name).is_file() for name in ORT_FILES)
+
+
+def test_staging_without_onnxruntime_web_says_to_run_make_web_deps(tmp_path: Path) -> None:
+    web = tmp_path / "web"
+    (web / "src").mkdir(parents=True)
+    (web / "index.html").write_text("<!doctype html>")
+    with pytest.raises(ThrustError, match="ort-wasm-simd-threaded.wasm") as info:
+        stage_page(web, tmp_path / "web-page")
+    assert "make web-deps" in (info.value.hint or "")
+    assert not (tmp_path / "web-page").exists()
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_an_install_without_the_staged_page_says_to_build_with_make_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, staged: bool
+) -> None:
+    """A wheel built without `make wheel`'s staging (`pip install .`): no page, or the page without
+    onnxruntime-web, is a clear error naming `make wheel`, not a page that fails in the browser."""
+    page = tmp_path / "site-packages" / "thrust_remote" / "web-page"
+    page.mkdir(parents=True)
+    if staged:
+        (page / "index.html").write_text("<!doctype html>")
+    monkeypatch.setattr(serve, "PACKAGED_WEB", page)  # where an installed package would look
+    with pytest.raises(ThrustError, match="lacks the page or its onnxruntime-web files") as info:
+        Site(web_dir=page, public_dir=tmp_path).check()
+    assert "make wheel" in (info.value.hint or "")
+
+
+@pytest.mark.browser
+def test_the_staged_page_plays_in_chromium_with_only_the_ort_files_it_carries(tmp_path: Path) -> None:
+    """What the wheel carries is enough: the staged copy (no node_modules beyond ORT_FILES) runs a model
+    in real Chromium, cross-origin isolated (threads), and no request of the page fails."""
+    if not CHROMIUM.exists() or not _have_ort():
+        pytest.skip("needs /usr/bin/chromium and web/node_modules (make system-deps web-deps)")
+    staged = tmp_path / "web-page"
+    written = stage_page(REPO / "web", staged)
+    assert sorted(p.name for p in written if ORT_DIST in p.as_posix()) == sorted(ORT_FILES)
+    public = tmp_path / "public"
+    public.mkdir()
+    export_policy(public / "tiny.onnx")
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    failed: list[str] = []
+    with PlayServer(Site(web_dir=staged, public_dir=public), port=0) as server, sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=str(CHROMIUM),
+                                                        headless=True, args=HEADLESS_CHROMIUM_ARGS)
+        try:
+            page = context.new_page()
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+            page.goto(server.url + "?model=tiny&speed=max&seed=3")
+            page.wait_for_function("window.thrust !== undefined")
+            page.evaluate("window.thrust.ready")
+            page.wait_for_function("window.thrust.state.moves >= 50", timeout=30_000)
+            assert page.locator("#error").is_hidden(), page.locator("#error").text_content()
+            assert page.evaluate("crossOriginIsolated") is True
+        finally:
+            context.close()
+    assert errors == []
+    assert failed == []
+
+
+@pytest.mark.slow
+def test_wheel_in_a_clean_venv_trains_cartpole_from_a_fresh_project_and_plays(tmp_path, sshd, remote_dir):
+    if not _have_ort():
+        pytest.skip("web/node_modules is missing (make web-deps)")
+    wheel = build_wheel(tmp_path / "build")
+    python = fresh_venv(tmp_path / "elsewhere" / "venv")
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
+                              "--disable-pip-version-check", str(wheel)],
+                             capture_output=True, text=True, env=_clean_env(), check=False)
+    assert install.returncode == 0, install.stdout + install.stderr
+    where = subprocess.run([str(python), "-c", "import thrust_remote, trainer; print(thrust_remote.__file__); "
+                            "print(trainer.__file__)"], capture_output=True, text=True, env=_clean_env(),
+                           cwd=tmp_path, check=True).stdout.split()
+    venv = python.parent.parent
+    assert all(Path(p).is_relative_to(venv) for p in where), where  # the wheel's code, not this repo's
+    page = Path(where[0]).parent / "web-page"
+    assert (page / "index.html").is_file()
+
+    project = fresh_project(tmp_path / "project", sshd, remote_dir)
+    assert sorted(p.name for p in project.iterdir()) == [".git", "thrust.yaml"]
+    exe = venv / "bin" / "thrust-remote"
+    train = subprocess.run([str(exe), "train", "cartpole", *FAST], cwd=project, env=_clean_env(),
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert train.returncode == 0, train.stderr
+    run_id = train.stdout.split(":", 1)[0]
+    status = subprocess.run([str(exe), "status", run_id, "--json"], cwd=project, env=_clean_env(),
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(status.stdout)["state"] == "FINISHED"
+    assert (project / "web" / "public" / "cartpole.onnx").stat().st_size > 0
+
+    out = _serve_and_check(exe, project, "web/public/cartpole.onnx", page)
+    assert f"serving {page}" in out
+    assert "stopped" in out
