@@ -13,7 +13,7 @@ processes hits every method alike:
 - then CHANGED files are appended to on the host, and each method fetches again (incremental).
 
 Every local tree is checked against the host's after each fetch. Medians (and all rounds) are
-printed, with what thrust-remote transferred.
+printed, with the files each method transferred, and the ratios of the medians, ours / each rsync.
 """
 
 from __future__ import annotations
@@ -155,6 +155,13 @@ def main() -> int:
             counts = sorted({r[name][phase][1] for r in rounds})
             cells.append(f"{statistics.median(times):6.2f} ({' '.join(f'{t:.2f}' for t in times)}) {counts}")
         print(f"{name:42} {cells[0]:>28} {cells[1]:>28}")
+    def median(name: str, phase: str) -> float:
+        return statistics.median(r[name][phase][0] for r in rounds)
+
+    ours_name, *peers = rounds[0]
+    for peer in peers:
+        ratios = [f"{ph} {median(ours_name, ph) / median(peer, ph):.2f}x" for ph in ("first", "incremental")]
+        print(f"ratio thrust-remote / {peer}: {', '.join(ratios)}")
     return 0
 
 
