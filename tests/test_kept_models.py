@@ -31,7 +31,8 @@ def make_run(runs_dir: Path, run_id: str, *, seed: int, score: float, state: str
     manifest = tiny_policy(run_dir / "model.onnx", seed=seed, env=env, steps=steps)
     (run_dir / "metrics.jsonl").write_text(metrics_lines(score=score, env=env, steps=steps))
     job = env
-    (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "job": job, "host": "sandbox"}))
+    (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "job": job, "host": "sandbox",
+                                                  "cwd": str(runs_dir.parent.parent)}))
     code = {"FINISHED": 0, "FAILED": 1, "STOPPED": 143}[state]
     (run_dir / "exit_code").write_text(json.dumps({"exit_code": code, "ended_at": "2026-11-23T10:00:00Z"}))
     if state == "STOPPED":

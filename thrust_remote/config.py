@@ -110,7 +110,7 @@ class Config:
     def root(self) -> Path:
         """The project: the git work tree the thrust.yaml belongs to; a config kept outside any work
         tree (`--config /elsewhere/thrust.yaml`) only configures the work tree the command runs in."""
-        return project_root(Path.cwd(), self.path)
+        return project_root(Path.cwd(), self.path, given=self.given)
 
     def host(self, name: str | None = None) -> HostConfig:
         from .errors import UnknownHostError
@@ -154,8 +154,9 @@ def local_host(workdir: str | None = None) -> HostConfig:
 # loading
 
 
-def project_root(cwd: Path, config: Path | None = None) -> Path:
-    """The work tree holding the config, else the one holding cwd, else the config's directory or cwd.
+def project_root(cwd: Path, config: Path | None = None, *, given: bool = False) -> Path:
+    """The work tree holding the config, else the one holding cwd; outside git, the directory of a
+    config found upwards, else cwd (a config named with --config only configures where you stand).
 
     The config's own tree wins so that a library caller (or `--config` from outside any repo) gets the
     project that file describes, whatever directory the process happens to stand in."""
@@ -163,7 +164,7 @@ def project_root(cwd: Path, config: Path | None = None) -> Path:
         top = _work_tree(where)
         if top:
             return top
-    return config.resolve().parent if config else cwd
+    return config.resolve().parent if config and not given else cwd
 
 
 def _work_tree(where: Path) -> Path | None:

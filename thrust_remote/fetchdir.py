@@ -62,6 +62,8 @@ class DirFetch:
                 "unchanged": len(self.unchanged), "bytes": self.bytes, "warnings": self.warnings}
 
     def summary(self, root: Path) -> str:
+        if not self.files and not self.dest.exists():
+            return "artifacts: nothing matched on the host, nothing fetched"
         try:
             where = f"{self.dest.relative_to(root)}/"
         except ValueError:
@@ -143,6 +145,9 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     for text in result.warnings:
         if warn:
             warn(text)
+    if not answer["files"] and not dest.exists():
+        result.seconds = time.monotonic() - started
+        return result  # nothing to bring: no empty directory beside the run's model
     _ensure_kept_root(project_root)  # .thrust/.gitignore: fetched files are never synced back as untracked
     dest.mkdir(parents=True, exist_ok=True)
     record_path = dest.parent / RECORD
