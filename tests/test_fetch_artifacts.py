@@ -187,3 +187,35 @@ def test_listing_refuses_what_leaves_its_base_and_lists_each_file_once(tmp_path)
     assert answer["unmatched"] == ["x/*"]
     row = next(f for f in answer["files"] if f["path"] == "runs/a/ev")
     assert row["sha256"] == hashlib.sha256(b"1").hexdigest() and row["size"] == 1
+
+
+def test_listing_skips_what_an_earlier_run_left_in_the_shared_checkout(tmp_path):
+    cwd, run_dir = tmp_path / "w", tmp_path / "w" / ".thrust" / "runs" / "r"
+    (cwd / "runs").mkdir(parents=True)
+    run_dir.mkdir(parents=True)
+    (cwd / "runs" / "old.txt").write_text("an earlier run's")
+    (cwd / "runs" / "new.txt").write_text("this run's")
+    (run_dir / "out.txt").write_text("the run dir is the run's own, whatever its time")
+    started = time.time()
+    os.utime(cwd / "runs" / "old.txt", (started - 3600, started - 3600))
+    os.utime(run_dir / "out.txt", (started - 3600, started - 3600))
+    answer = listing.list_files(str(cwd), str(run_dir), ["runs/*", "runs/old*", "$THRUST_RUN_DIR/*"], since=started - 1)
+    assert sorted((f["base"], f["path"]) for f in answer["files"]) == [("cwd", "runs/new.txt"), ("run", "out.txt")]
+    assert answer["older"] == 1 and answer["unmatched"] == ["runs/old*"]
+
+
+@pytest.mark.slow
+def test_a_later_run_does_not_bring_back_what_an_earlier_one_left(cli, trained):
+    proj, workdir, first_id, _ = trained
+    stale = workdir / "models" / "stale.pt"
+    stale.write_text("left by an earlier run")
+    an_hour_ago = time.time() - 3600
+    os.utime(stale, (an_hour_ago, an_hour_ago))
+    result = cli("train", "writer", cwd=proj)
+    assert result.returncode == 0, result.stderr
+    run_id = re.search(r"launching run (\S+)", result.stderr).group(1)
+    assert run_id != first_id
+    dest = proj / ".thrust" / "fetched" / run_id / "artifacts"
+    assert (dest / "models" / "a.pt").is_file()  # this run rewrote it
+    assert not (dest / "models" / "stale.pt").exists()
+    assert "older than this run" in result.stderr

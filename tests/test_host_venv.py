@@ -254,3 +254,16 @@ def test_builtin_trainer_from_a_fresh_project_trains_cartpole_then_skips_setup(t
     assert second.returncode == 0, second.stderr
     assert "setup skipped: the job's venv is up to date" in second.stderr
     assert "setting up the host's python" not in second.stderr
+
+
+def test_the_torch_pin_matches_the_hosts_torch_whatever_its_local_label():
+    """A PyPI CUDA wheel reports `2.15.0+cu132` in torch.__version__ but `2.15.0` in its metadata: the
+    pin must be satisfied by both (it was `==2.15.0+cu132`, and pip refused a `torch` requirement)."""
+    from packaging.specifiers import SpecifierSet
+
+    from thrust_remote.stages import torch_release
+
+    pin = SpecifierSet(f"=={torch_release('2.15.0+cu132')}")
+    assert pin.contains("2.15.0") and pin.contains("2.15.0+cu132") and pin.contains("2.15.0+cpu")
+    assert not pin.contains("2.16.0")
+    assert torch_release(None) == ""

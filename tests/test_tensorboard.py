@@ -179,3 +179,14 @@ def test_remote_tensorboard_through_the_forward_and_gone_after_ctrl_c(project):
     while host_tensorboards() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not host_tensorboards()  # the pty's hang-up ended it: nothing left on the host
+
+
+def test_a_host_python_without_tensorboard_says_to_add_it_to_the_requirements(tmp_path):
+    """What `python -m tensorboard.main` prints on a python without it (the real interpreter's words)."""
+    from types import SimpleNamespace
+
+    said = subprocess.run([sys.executable, "-S", "-m", "tensorboard.main"], capture_output=True, cwd=tmp_path).stderr
+    assert b"No module named" in said
+    error = tboard.start_failed(SimpleNamespace(name="nubox"), said)
+    assert error.exit_code == ExitCode.UNAVAILABLE
+    assert "not installed in the job's python on nubox" in str(error) and "requirements" in error.hint

@@ -140,6 +140,9 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     answer = list_remote(session, run_dir, globs)
     for pattern in answer.get("unmatched", []):
         result.warnings.append(f"artifacts: {pattern!r} matches nothing on {session.name} (under {answer.get('cwd')})")
+    if answer.get("older"):
+        result.warnings.append(f"artifacts: {answer['older']} matching file(s) under {answer.get('cwd')} on "
+                               f"{session.name} are older than this run (an earlier run's): not fetched")
     for path in answer.get("refused", []):
         result.warnings.append(f"artifacts: {path!r} is outside the run's directories on {session.name}: not fetched")
     for text in result.warnings:

@@ -132,6 +132,13 @@ def _file_sha256(local: LocalState | None, name: str | None) -> str | None:
         return None
 
 
+def torch_release(version: object) -> str:
+    """The host torch's version as a pip pin can match it: `torch.__version__` carries a local label
+    (`2.15.0+cu132`) that a PyPI wheel's own metadata lacks (`2.15.0`), so `==2.15.0+cu132` would
+    make pip fail on the torch it already has; `==2.15.0` matches both (PEP 440 ignores the label)."""
+    return str(version or "").split("+", 1)[0]
+
+
 def setup_python(session: HostSession, job: JobConfig, facts: Mapping[str, Any], local: LocalState | None,
                  reporter: Steps) -> VenvSetup:
     """The job's venv under <workdir>/.thrust/venvs/<key> (agent `venv ensure`), with its requirements
@@ -143,7 +150,7 @@ def setup_python(session: HostSession, job: JobConfig, facts: Mapping[str, Any],
     requirements = os.path.join(paths.workdir, job.requirements_file) if job.requirements_file else None
     key = venv_key(session, facts, specs, job.requirements_file, _file_sha256(local, job.requirements_file))
     trainer = expand_home(payload.trainer().remote, runner.home()) if is_builtin_trainer(job) else None
-    torch_version = str(facts.get("torch") or "")
+    torch_version = torch_release(facts.get("torch"))
     argv = ["venv", "ensure", "--dir", paths.venvs, "--key", key]
     argv += ["--constraint", f"torch=={torch_version}"] if torch_version else []
     argv += ["--requirements", requirements] if requirements else []

@@ -96,7 +96,8 @@ def wait_for_url(read: Callable[[float], bytes | None], deadline_s: float = STAR
 def start_failed(session: HostSession, said: bytes) -> ThrustError:
     text = said.decode("utf-8", "replace").replace("\r", "")
     tail = " / ".join(line for line in text.strip().splitlines()[-3:] if line.strip())
-    if "No module named tensorboard" in text:
+    # `python -m tensorboard.main` says it quoted (ModuleNotFoundError), `import` errors unquoted
+    if re.search(r"No module named '?tensorboard\b", text):
         return ThrustError(f"tensorboard is not installed in the job's python on {session.name}",
                            "add tensorboard to the job's `requirements:` (what writes the events has it)",
                            exit_code=ExitCode.UNAVAILABLE)

@@ -6,8 +6,12 @@ depth; a directory that matches stands for every file under it. Only regular fil
 once. A match whose real path is outside its base (a symlink out, a `..`) is refused, never listed:
 the laptop fetches only what is under the workdir or the run dir (docs/architecture.md, "Artifacts").
 
+Under the cwd (the checkout every run of the workdir shares) only files modified since the run
+started (run.json's `started_ts`) are this run's: older ones were left by an earlier run or came with
+the checkout, and are counted in "older", not listed; a glob that matches only those is "unmatched".
+
 Answer: {"cwd", "files": [{"base": "cwd" | "run", "path" (relative to the base, '/'-separated),
-"abs", "size", "mtime", "sha256"}], "unmatched": [GLOB...], "refused": [GLOB or PATH...]}.
+"abs", "size", "mtime", "sha256"}], "unmatched": [GLOB...], "refused": [GLOB or PATH...], "older": N}.
 Exit 2 with {"error"} when R has no run.json.
 """
 
@@ -65,8 +69,13 @@ def _bad_glob(pattern: str) -> bool:
     return not pattern.strip() or pattern.startswith(("/", "~")) or ".." in parts
 
 
-def list_files(cwd: str, run_dir: str, patterns: list[str]) -> dict:
+# file times come from the kernel's coarse clock, which may lag time.time() by a tick or two
+MTIME_SLACK_S = 0.05
+
+
+def list_files(cwd: str, run_dir: str, patterns: list[str], since: float | None = None) -> dict:
     files: dict[str, dict] = {}
+    older: set[str] = set()
     unmatched: list[str] = []
     refused: list[str] = []
     real = _Real()
@@ -85,15 +94,19 @@ def list_files(cwd: str, run_dir: str, patterns: list[str]) -> dict:
                 if os.path.lexists(path) and not os.path.isdir(path):
                     refused.append(rel)  # a symlink out of its base
                 continue
-            found += 1
             key = f"{base_name}:{rel}"
+            st = os.stat(path)
+            if base_name == "cwd" and since is not None and st.st_mtime < since - MTIME_SLACK_S:
+                older.add(key)
+                continue
+            found += 1
             if key not in files:
-                st = os.stat(path)
                 files[key] = {"base": base_name, "path": rel.replace(os.sep, "/"), "abs": path, "size": st.st_size,
                               "mtime": st.st_mtime, "sha256": sha256_of(path)}
         if not found:
             unmatched.append(pattern)
-    return {"cwd": cwd, "files": list(files.values()), "unmatched": unmatched, "refused": refused}
+    return {"cwd": cwd, "files": list(files.values()), "unmatched": unmatched, "refused": refused,
+            "older": len(older)}
 
 
 def main(argv: list[str]) -> int:
@@ -104,12 +117,13 @@ def main(argv: list[str]) -> int:
     run_dir = os.path.abspath(args.run_dir)
     try:
         with open(os.path.join(run_dir, "run.json")) as fh:
-            cwd = json.load(fh)["cwd"]
+            meta = json.load(fh)
+        cwd, since = meta["cwd"], meta.get("started_ts")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(json.dumps({"error": f"{run_dir}/run.json: {exc}"}))
         return 2
     try:
-        answer = list_files(os.path.abspath(cwd), run_dir, args.globs)
+        answer = list_files(os.path.abspath(cwd), run_dir, args.globs, float(since) if since else None)
     except OSError as exc:
         print(json.dumps({"error": str(exc)}))
         return 1
