@@ -330,7 +330,7 @@ def test_own_script_runs_finished_with_its_run_env(cli, user_project):
 def test_nproc_2_runs_the_script_under_torchrun_with_gloo(cli, user_project):
     proj, workdir = user_project
     result, run_id = _train(cli, proj, "ddp")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stderr + result.stdout
     for rank in (0, 1):
         seen = _seen(workdir, run_id, f"seen-ddp-{rank}.json")
         assert seen["env"]["WORLD_SIZE"] == "2" and seen["env"]["RANK"] == str(rank)

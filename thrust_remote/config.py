@@ -12,7 +12,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
-from .names import bad_name_reason, parse_address, valid_id
+from .names import bad_name_reason, parse_address, valid_host, valid_id
 
 CONFIG_NAME = "thrust.yaml"
 LOCAL = "local"
@@ -50,6 +50,12 @@ class HostConfig:
     host_key_policy: str = "strict"
     gpus: tuple[int, ...] | None = None
     connect_timeout: float = 10.0
+    # several hosts, one run (docs/architecture.md, "Several hosts"): how the other nodes reach this
+    # one when it is node 0 (default: the address its SSH connection resolves to), a fixed rendezvous
+    # port (default: a free one, checked there), the interface NCCL/gloo use (default: from `ip route get`)
+    rdzv_address: str | None = None
+    rdzv_port: int | None = None
+    ifname: str | None = None
     # not a thrust.yaml key: the config file the user named (--config / THRUST_CONFIG), absolute, so
     # that a hint's command reads the same file (hints.command_hint); None when it was found by search
     config_path: str | None = None
@@ -98,6 +104,7 @@ class Config:
     hosts: Mapping[str, HostConfig] = field(default_factory=dict)
     jobs: Mapping[str, JobConfig] = field(default_factory=dict)
     search: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> host names, in node order
     # the user named this file (--config / THRUST_CONFIG) rather than it being found upwards
     given: bool = False
 
@@ -116,6 +123,11 @@ class Config:
         from .errors import UnknownHostError
 
         name = name or self.default_host
+        if name not in self.hosts and name in self.groups:
+            from .errors import UsageError
+
+            raise UsageError(f"{name!r} is a group of hosts ({', '.join(self.groups[name])}); this command "
+                             "takes one host", "name one of them with --host")
         if name not in self.hosts:
             known = ", ".join(sorted(self.hosts))
             where = f" in {self.path}" if self.path else " (no thrust.yaml found)"
@@ -124,6 +136,22 @@ class Config:
                 f"add it under `hosts:` in {CONFIG_NAME} (address: user@host[:port] or an ~/.ssh/config alias)",
             )
         return self.hosts[name]
+
+    def host_list(self, names: Sequence[str] | None) -> list[HostConfig]:
+        """`--host a --host b` (a group name stands for its hosts, in order): the hosts, node 0 first.
+        None or empty: the default host alone. A host named twice is a usage error."""
+        from .errors import UsageError
+
+        out: list[HostConfig] = []
+        for name in names or [self.default_host]:
+            members = self.groups.get(name, (name,)) if name not in self.hosts else (name,)
+            for member in members:
+                host = self.host(member)
+                if host in out:
+                    raise UsageError(f"host {member!r} is named twice (--host / groups: in {CONFIG_NAME})",
+                                     "name each host once: every host is one node of the run")
+                out.append(host)
+        return out
 
     def job(self, name: str) -> JobConfig:
         if name not in self.jobs:
@@ -287,9 +315,10 @@ class _Reader:
         return yaml.safe_load(yaml.serialize(node))
 
 
-_TOP_KEYS = ("default_host", "hosts", "jobs", "search")
+_TOP_KEYS = ("default_host", "hosts", "groups", "jobs", "search")
 _HOST_KEYS = (
     "address", "workdir", "python", "identity", "known_hosts", "host_key_policy", "gpus", "connect_timeout",
+    "rdzv_address", "rdzv_port", "ifname",
 )
 _JOB_KEYS = (
     "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
@@ -304,6 +333,7 @@ _KIND_ONLY = {
     "requirements": ("trainer", "python"),
     "nproc": ("trainer", "python"),
 }
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$")  # Linux: at most 15 bytes
 _MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
@@ -323,6 +353,8 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
     search: dict[str, dict[str, dict[str, Any]]] = {}
     default_host = LOCAL
     default_host_node: yaml.Node | None = None
+    groups: dict[str, tuple[str, ...]] = {}
+    group_nodes: dict[str, yaml.Node] = {}
     for key, key_node, value in reader.mapping(root, ""):
         if key == "default_host":
             default_host = reader.string(value, key) or LOCAL
@@ -331,6 +363,11 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
             for name, name_node, host_node in reader.mapping(value, "hosts"):
                 _check_name(reader, name_node, f"hosts.{name}", name)
                 hosts[name] = _parse_host(reader, name, host_node, name_node)
+        elif key == "groups":
+            for name, name_node, members in reader.mapping(value, "groups"):
+                _check_name(reader, name_node, f"groups.{name}", name)
+                groups[name] = tuple(_words(reader, f"groups.{name}", members, "a list of host names"))
+                group_nodes[name] = members
         elif key == "jobs":
             for name, name_node, job_node in reader.mapping(value, "jobs"):
                 _check_name(reader, name_node, f"jobs.{name}", name)
@@ -346,7 +383,24 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
         raise reader.fail(
             default_host_node, "default_host", f"{default_host!r} is not a host defined under hosts:"
         )
-    return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search)
+    _check_groups(reader, groups, group_nodes, hosts)
+    return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search, groups=groups)
+
+
+def _check_groups(reader: _Reader, groups: Mapping[str, tuple[str, ...]], nodes: Mapping[str, yaml.Node],
+                  hosts: Mapping[str, HostConfig]) -> None:
+    """Each group names hosts defined under `hosts:`, each once, and no group shadows a host."""
+    for name, members in groups.items():
+        where = f"groups.{name}"
+        if name in hosts:
+            raise reader.fail(nodes[name], where, f"{name!r} is also a host's name; give the group another name")
+        if not members:
+            raise reader.fail(nodes[name], where, "expected a non-empty list of host names")
+        for member in members:
+            if member not in hosts:
+                raise reader.fail(nodes[name], where, f"{member!r} is not a host defined under hosts:")
+        if len(set(members)) != len(members):
+            raise reader.fail(nodes[name], where, "a host is listed twice; each host is one node")
 
 
 def _check_name(reader: _Reader, node: yaml.Node, field_name: str, name: str) -> None:
@@ -389,6 +443,19 @@ def _parse_host(reader: _Reader, name: str, node: yaml.Node, name_node: yaml.Nod
                     raise reader.fail(item, f, f"expected a GPU index (integer >= 0), got {v!r}")
                 gpus.append(v)
             values[key] = tuple(gpus)
+        elif key in ("rdzv_address", "ifname"):
+            text = reader.string(value, f) or ""
+            ok = valid_host(text) if key == "rdzv_address" else bool(_IFNAME_RE.match(text))
+            if not ok:
+                what = "an IP address or host name the other nodes reach" if key == "rdzv_address" else \
+                    "a network interface name like eth0 (ip -o link lists them)"
+                raise reader.fail(value, f, f"expected {what}, got {text!r}")
+            values[key] = text
+        elif key == "rdzv_port":
+            port = reader.scalar(value, f)
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise reader.fail(value, f, f"expected a TCP port (1-65535), got {port!r}")
+            values[key] = port
         elif key == "connect_timeout":
             t = reader.number(value, f)
             if t <= 0:
