@@ -65,15 +65,16 @@ class SSHServer:
     wrapper: subprocess.Popen
     log: Path
     _extra: dict = field(default_factory=dict)
+    ip: str = "127.0.0.1"  # where it listens (an address in a network namespace: tests/netns.py)
 
     @property
     def address(self) -> str:
-        return f"{self.user}@127.0.0.1:{self.port}"
+        return f"{self.user}@{self.ip}:{self.port}"
 
     @property
     def known_hosts_line(self) -> str:
         pub = (self.host_key.with_suffix(".pub")).read_text().split()
-        return f"[127.0.0.1]:{self.port} {pub[0]} {pub[1]}"
+        return f"[{self.ip}]:{self.port} {pub[0]} {pub[1]}"
 
     def host_config(self, name: str = "sandbox", **overrides) -> HostConfig:
         base = HostConfig(
@@ -148,7 +149,8 @@ class SSHServer:
         return len(pids)
 
 
-def _start_sshd(root: Path) -> SSHServer:
+def _start_sshd(root: Path, ip: str = "127.0.0.1", netns: str | None = None) -> SSHServer:
+    """A private sshd on `ip` (inside network namespace `netns` when given: tests/netns.py)."""
     if not Path(SSHD).exists():
         pytest.skip("openssh-server is not installed (make test installs it)")
     root.mkdir(parents=True, exist_ok=True)
@@ -165,7 +167,7 @@ def _start_sshd(root: Path) -> SSHServer:
     log = root / "sshd.log"
     config.write_text(
         f"Port {port}\n"
-        "ListenAddress 127.0.0.1\n"
+        f"ListenAddress {ip}\n"
         f"HostKey {host_key}\n"
         f"PidFile {root / 'sshd.pid'}\n"
         f"AuthorizedKeysFile {authorized}\n"
@@ -182,7 +184,8 @@ def _start_sshd(root: Path) -> SSHServer:
     )
     Path("/run/sshd").mkdir(exist_ok=True)
     wrapper = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", SSHD, "-D", "-e", "-f", str(config)],
+        [*(["ip", "netns", "exec", netns] if netns else []),
+         "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", SSHD, "-D", "-e", "-f", str(config)],
         stdout=open(log, "ab"),  # noqa: SIM115 - lives as long as the server
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -190,7 +193,7 @@ def _start_sshd(root: Path) -> SSHServer:
     deadline = time.monotonic() + 10
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            with socket.create_connection((ip, port), timeout=1) as s:
                 if s.recv(16).startswith(b"SSH-2.0"):
                     break
         except OSError:
@@ -199,7 +202,7 @@ def _start_sshd(root: Path) -> SSHServer:
             raise RuntimeError(f"sshd did not start: {log.read_text()}")
         time.sleep(0.02)
     known_hosts = root / "known_hosts"
-    server = SSHServer(root, port, user, client_key, host_key, known_hosts, wrapper, log)
+    server = SSHServer(root, port, user, client_key, host_key, known_hosts, wrapper, log, ip=ip)
     known_hosts.write_text(server.known_hosts_line + "\n")
     (root / "remote-home").mkdir(exist_ok=True)
     return server

@@ -32,6 +32,7 @@ class IndexEntry:
     started_at: str
     run_dir: str
     config: str | None = None  # the thrust.yaml that named the host, when there was one
+    nodes: tuple[str, ...] = ()  # a run over several hosts: every node's host, node 0 (`host`) first
 
     def as_json(self) -> dict[str, object]:
         return asdict(self)
@@ -87,6 +88,7 @@ def lookup(root: Path, run_id: str) -> IndexEntry | None:
         started_at=str(data.get("started_at") or ""),
         run_dir=str(data.get("run_dir") or ""),
         config=data.get("config"),
+        nodes=tuple(str(n) for n in data.get("nodes") or () if isinstance(n, str)),
     )
 
 

@@ -7,7 +7,9 @@ runs (docs/architecture.md, "Config (thrust.yaml)": the job kinds).
     command   COMMAND... [KEY=VALUE...]       (as is: no shell, no interpreter added)
 
 With several processes a trainer or python job runs under `PYTHON -u -m torch.distributed.run
---standalone --nproc-per-node=N --max-restarts=0` (the same SCRIPT or `-m MODULE` after it).
+--standalone --nproc-per-node=N --max-restarts=0` (the same SCRIPT or `-m MODULE` after it); on
+several hosts under `--nnodes=N --node-rank=I --rdzv-backend=c10d --rdzv-endpoint=ADDR:PORT
+--rdzv-id=RUN_ID` instead of `--standalone` (Rendezvous, multinode.py).
 Every job runs with the checkout as its cwd and THRUST_RUN_ID, THRUST_RUN_DIR, THRUST_PYTHON,
 THRUST_EXPORT (when it exports), CUDA_VISIBLE_DEVICES and GPU_LIST (when GPUs are selected).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +74,40 @@ def process_count(job: JobConfig, nproc: int | None, gpus: Sequence[int]) -> int
     return job.nproc or max(1, len(gpus))
 
 
-def torchrun(python: str, nproc: int) -> list[str]:
+@dataclass(frozen=True)
+class Rendezvous:
+    """One node's part of a run over several hosts: torchrun's c10d rendezvous at node 0's
+    `address:port`, keyed by the run id (docs/architecture.md, "Several hosts")."""
+
+    nnodes: int
+    node_rank: int
+    address: str  # node 0's address as every node reaches it
+    port: int
+    run_id: str
+    local_addr: str | None = None  # this node's own address as the others reach it
+    max_restarts: int = 0
+
+    def argv(self) -> list[str]:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        # is_host said outright: torchrun would guess it from the hostname, which every node of one
+        # machine (or every network namespace) shares; --local-addr likewise for the workers' store
+        return [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={host}:{self.port}", f"--rdzv-id={self.run_id}",
+                f"--rdzv-conf=is_host={'true' if self.node_rank == 0 else 'false'}",
+                *([f"--local-addr={self.local_addr}"] if self.local_addr else []),
+                f"--max-restarts={self.max_restarts}"]
+
+
+def torchrun(python: str, nproc: int, rdzv: Rendezvous | None = None) -> list[str]:
+    base = [python, "-u", "-m", "torch.distributed.run"]
+    if rdzv is not None:
+        return [*base, f"--nproc-per-node={nproc}", *rdzv.argv()]
     # --standalone: a private rendezvous on a free port, so two runs on one host never collide
-    return [python, "-u", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--max-restarts=0"]
+    return [*base, "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0"]
 
 
 def job_argv(job: JobConfig, python: str, args: Sequence[str], *, run_dir: str, nproc: int,
-             export: bool = True, trainer: str | None = None) -> list[str]:
+             export: bool = True, trainer: str | None = None, rdzv: Rendezvous | None = None) -> list[str]:
     """The argv a trainer, python or command job runs (cargo's comes from buildenv.cargo_run_argv).
     `trainer`: the built-in trainer's zipapp on the host (uploaded by setup), else `-m trainer.train`
     from the checkout."""
@@ -92,8 +121,8 @@ def job_argv(job: JobConfig, python: str, args: Sequence[str], *, run_dir: str, 
         entry += [*args, "--run-dir", run_dir]
         if export:
             entry += ["--export", f"{run_dir}/{EXPORT_NAME}"]
-    if nproc > 1:
-        return [*torchrun(python, nproc), *entry]  # torchrun takes `-m MODULE` and a script path alike
+    if nproc > 1 or rdzv is not None:
+        return [*torchrun(python, nproc, rdzv), *entry]  # torchrun takes `-m MODULE` and a script path alike
     return [python, "-u", *entry]
 
 

@@ -264,10 +264,31 @@ def _sync_stage(config: Config, session: HostSession,
     return local, SyncResult(local.commit, "local", local.dirty, local.patch_sha256, local.untracked)
 
 
+@dataclass
+class Checked:
+    """A host synced and checked (preflight passed), not yet set up: where several nodes are compared
+    before any of them installs anything (multinode.py)."""
+
+    config: Config
+    job: JobConfig
+    spec: JobSpec
+    session: HostSession
+    report: doctor.Report
+    local: LocalState | None
+    sync: SyncResult | None
+    timings: dict[str, float]
+
+
 def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Reporter | None = None,
             *, args_for_preflight: Sequence[str] = ()) -> Prepared:
     """sync (remote hosts) → envcheck preflight → setup (python deps / cargo build), each timed."""
     reporter = reporter or NullReporter()
+    return set_up(check(config, job, session, reporter, args_for_preflight=args_for_preflight), reporter)
+
+
+def check(config: Config, job: JobConfig, session: HostSession, reporter: Reporter, *,
+          args_for_preflight: Sequence[str] = ()) -> Checked:
+    """sync (remote hosts) → envcheck preflight: the host runs this commit and can run the job."""
     spec = buildenv.job_spec(job)  # the one conversion: from here on the host's view of the job
     label = jobs.config_label(config.path)
     jobs.check_before_sync(job, session, config.root, label)  # a script that cannot be there: before syncing
@@ -283,36 +304,41 @@ def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Repo
     report = envcheck_report(session, spec)
     preflight(report, spec, [*job_arguments(job, {}, {}), *args_for_preflight], session)
     timings["preflight"] = time.monotonic() - t1
+    return Checked(config, job, spec, session, report, local, sync_result, timings)
 
+
+def set_up(checked: Checked, reporter: Reporter) -> Prepared:
+    """The job's venv (python deps, the trainer zipapp) or its cargo build, cached per host."""
+    job, session, report, sync_result = checked.job, checked.session, checked.report, checked.sync
     t2 = time.monotonic()
-    env = dict(buildenv.build_env(report.facts, spec))
+    env = dict(buildenv.build_env(report.facts, checked.spec))
     if sync_result is not None:
         env.setdefault("THRUST_COMMIT", sync_result.commit)
     trainer = None
     if job.kind == "cargo":
-        skipped = setup_cargo(session, spec, report, sync_result, reporter)
-        cwd = buildenv.crate_dir(report.facts, spec)
+        skipped = setup_cargo(session, checked.spec, report, sync_result, reporter)
+        cwd = buildenv.crate_dir(report.facts, checked.spec)
         python = payload.python_of(session.runner, session.host)
     else:
-        venv = setup_python(session, job, report.facts, local, reporter)
+        venv = setup_python(session, job, report.facts, checked.local, reporter)
         skipped, python, trainer = venv.skipped, venv.python, venv.trainer
         cwd = session.paths.workdir
-    timings["setup"] = time.monotonic() - t2
-    return Prepared(config, job, spec, session, report, env, cwd, python=python, local=local, sync=sync_result,
-                    setup_skipped=skipped, timings=timings, trainer=trainer)
+    timings = {**checked.timings, "setup": time.monotonic() - t2}
+    return Prepared(checked.config, job, checked.spec, session, report, env, cwd, python=python,
+                    local=checked.local, sync=sync_result, setup_skipped=skipped, timings=timings, trainer=trainer)
 
 
 def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | None = None,
                     gpus: Sequence[int] = (), nproc: int | None = None, extra_env: Mapping[str, str] | None = None,
                     exclusive_gpus: bool = False, reporter: Reporter | None = None, export: bool = True,
-                    meta_extra: Mapping[str, Any] | None = None) -> Launched:
+                    meta_extra: Mapping[str, Any] | None = None, rdzv: jobs.Rendezvous | None = None) -> Launched:
     """Start one detached run. `args` are the job's arguments (job_arguments); `gpus` become
     CUDA_VISIBLE_DEVICES and GPU_LIST; `nproc` processes under torchrun (default: the job's `nproc:`,
     else one per GPU); `exclusive_gpus` makes the host refuse the launch when a RUNNING run holds one of
     them (runs of the same job and code otherwise run side by side, each in its own run dir);
     `export=False` skips the ONNX export (seconds per run that a hyperparameter trial does not need);
-    `meta_extra` goes into run.json. The argv and env of each kind: jobs.py (docs/architecture.md,
-    "Config")."""
+    `meta_extra` goes into run.json; `rdzv`: this node's part of a run over several hosts (multinode.py).
+    The argv and env of each kind: jobs.py (docs/architecture.md, "Config")."""
     reporter = reporter or NullReporter()
     t3 = time.monotonic()
     job, session = prepared.job, prepared.session
@@ -324,7 +350,8 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
         argv = [*buildenv.cargo_run_argv(prepared.report.facts, prepared.spec)[:1], *args]
     else:
         argv = jobs.job_argv(job, prepared.python, args, run_dir=run_dir,
-                             nproc=jobs.process_count(job, nproc, gpus), export=export, trainer=prepared.trainer)
+                             nproc=jobs.process_count(job, nproc, gpus), export=export, trainer=prepared.trainer,
+                             rdzv=rdzv)
     sync_result = prepared.sync
     meta = {
         "argv": argv,
@@ -536,15 +563,7 @@ def _follow_to_end(config: Config, session: HostSession, launched: Launched, job
     code = exit_code_for(status)
     fetched = got = None
     if status["state"] == "FINISHED" and fetch and job is not None:
-        t0 = time.monotonic()
-        if exports_model(job):
-            reporter.step("fetching the model")
-            fetched = finish(config, session, job, launched.run_dir, spec=launched.spec, run_id=launched.run_id,
-                             status=status, force=force)
-            timings["fetch"] = time.monotonic() - t0
-        got = fetch_artifacts(config, session, job, launched.run_dir, launched.run_id, reporter)
-        if got is not None:
-            timings["artifacts"] = got.seconds
+        fetched, got = fetch_finished(config, session, launched, job, status, reporter, force=force, timings=timings)
     job = job if job is not None and exports_model(job) else None
     # a run that did not finish is worth a fetch hint only when it left a model (a stopped trainer
     # exports; a killed one usually has none)
@@ -552,6 +571,23 @@ def _follow_to_end(config: Config, session: HostSession, launched: Launched, job
                                      or session.runner.exists(f"{launched.run_dir}/{artifacts.MODEL}"))
     return TrainOutcome(launched, status, fetched, code, timings, followed.progress, fetchable=fetchable,
                         artifacts=got)
+
+
+def fetch_finished(config: Config, session: HostSession, launched: Launched, job: JobConfig, status: dict,
+                   reporter: Reporter, *, force: bool, timings: dict[str, float],
+                   ) -> tuple[artifacts.FetchResult | None, fetchdir.DirFetch | None]:
+    """A FINISHED run's model (when the job exports one) and artifacts, each timed into `timings`."""
+    fetched = None
+    t0 = time.monotonic()
+    if exports_model(job):
+        reporter.step("fetching the model")
+        fetched = finish(config, session, job, launched.run_dir, spec=launched.spec, run_id=launched.run_id,
+                         status=status, force=force)
+        timings["fetch"] = time.monotonic() - t0
+    got = fetch_artifacts(config, session, job, launched.run_dir, launched.run_id, reporter)
+    if got is not None:
+        timings["artifacts"] = got.seconds
+    return fetched, got
 
 
 def fetch_artifacts(config: Config, session: HostSession, job: JobConfig, run_dir: str, run_id: str,

@@ -175,9 +175,14 @@ def list_hosts(hosts: Sequence[str], open_session: Callable[[str], HostSession],
                                               exit_code=ExitCode.UNAVAILABLE) for h in hosts]
 
 
-def stop(session: HostSession, run_id: str, grace: float = 10.0) -> dict:
+def stop(session: HostSession, run_id: str, grace: float = 10.0, *,
+         peer_failed: Mapping[str, object] | None = None) -> dict:
+    """TERM the run's process group, KILL after `grace`. `peer_failed` ({node, host, why}): a node of a
+    run over several hosts stopped because that node failed; it ends FAILED, not STOPPED."""
     status(session, run_id)  # a clear error for an unknown id
-    result = session.agent("stop", "--run-dir", session.paths.run(run_id), "--grace", str(grace), timeout=grace + 60)
+    extra = ["--peer-failed", json.dumps(dict(peer_failed))] if peer_failed else []
+    result = session.agent("stop", "--run-dir", session.paths.run(run_id), "--grace", str(grace), *extra,
+                           timeout=grace + 60)
     return parse_json(result, "stop")
 
 

@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "venv": ("venv", False),  # `venv ensure`: the job's virtualenv (docs/architecture.md, "The host agent")
     "list-files": ("listing", False),  # a run's artifacts with size, mtime, sha256 (fetchdir.py)
     "scalars": ("scalars", False),  # TensorBoard scalars, run by the job's venv python (not -S)
+    "route-dev": ("netinfo", True),  # several hosts: the interface that reaches node 0
+    "free-port": ("netinfo", True),  # several hosts: the rendezvous port, free on node 0
 }
 
 

@@ -4,7 +4,10 @@
     agent status --run-dir D
     agent list --runs-dir R
     agent logs --run-dir D --offset N [--follow]
-    agent stop --run-dir D [--grace S]
+    agent stop --run-dir D [--grace S] [--peer-failed JSON]
+
+A node of a run over several hosts (run.json has `node` and `watch_peers`) also runs peerwatch.py's
+watch in its supervisor, and `stop --peer-failed` ends it FAILED for the node named, not STOPPED.
 
 `launch` double-forks: the supervisor becomes a session leader with every stream redirected (so the
 SSH channel closes at once and the run survives the link), starts the job in a process group of its
@@ -27,7 +30,10 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
+
+from . import peerwatch
 
 RUN_JSON = "run.json"
 LOG = "log"
@@ -99,12 +105,12 @@ def run_state(run_dir: str) -> dict:
     stopped = os.path.exists(os.path.join(run_dir, STOPPED))
     marker = meta.get("marker")
     exit_code: int | None = None
-    ended_at = None
+    ended_at = ended_ts = None
     if exit_text:
         try:
             end = json.loads(exit_text)
             exit_code = int(end["exit_code"])
-            ended_at = end.get("ended_at")
+            ended_at, ended_ts = end.get("ended_at"), end.get("ended_ts")
         except (ValueError, KeyError, TypeError):
             exit_code = None
     if exit_code is not None:
@@ -128,6 +134,9 @@ def run_state(run_dir: str) -> dict:
         "job": meta.get("job"),
         "commit": meta.get("commit"),
         "gpus": meta.get("gpus") or [],
+        "ended_ts": ended_ts,
+        **({"node": meta["node"], "nodes": [n.get("host") for n in meta.get("nodes") or []],
+            "peer_failed": read_json(os.path.join(run_dir, peerwatch.PEER_FAILED))} if "node" in meta else {}),
     }
 
 
@@ -247,7 +256,12 @@ def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, r
     # The supervisor ignores the signals meant for the job's group; `stop` signals that group only.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    done = threading.Event()
+    if meta.get("watch_peers"):  # a node of a run over several hosts (peerwatch.py)
+        peerwatch.watch(run_dir, meta["watch_peers"], float(meta.get("peer_timeout") or 15), done,
+                        lambda: _kill_group(proc.pid, 5.0))
     code = proc.wait()
+    done.set()
     if code < 0:
         code = 128 - code
     _write_atomic(
@@ -309,22 +323,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if state["state"] != "RUNNING":
         print(json.dumps({"stopped": False, "state": state["state"]}))
         return 0
-    pid = meta["pid"]
-    with open(os.path.join(args.run_dir, STOPPED), "w") as fh:
-        fh.write(_now())
-    pgid = pid  # the job leads its own process group (start_new_session)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + args.grace
-    killed = False
-    while time.monotonic() < deadline:
-        if not _group_alive(pgid):
-            break
-        time.sleep(0.1)
+    if args.peer_failed:  # another node failed: this one ends FAILED for it, not STOPPED by the user
+        peerwatch.record(args.run_dir, json.loads(args.peer_failed))
     else:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-        killed = True
+        with open(os.path.join(args.run_dir, STOPPED), "w") as fh:
+            fh.write(_now())
+    killed = _kill_group(meta["pid"], args.grace)  # the job leads its own process group (start_new_session)
     # wait for the supervisor to record the end (it is not in the job's group)
     for _ in range(100):
         if os.path.exists(os.path.join(args.run_dir, EXIT_CODE)):
@@ -332,12 +336,51 @@ def cmd_stop(args: argparse.Namespace) -> int:
         if not _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), meta.get("marker")):
             _write_atomic(
                 os.path.join(args.run_dir, EXIT_CODE),
-                json.dumps({"exit_code": 128 + (9 if killed else 15), "ended_at": _now()}),
+                json.dumps({"exit_code": 128 + (9 if killed else 15), "ended_at": _now(), "ended_ts": time.time()}),
             )
             break
         time.sleep(0.05)
     print(json.dumps({"stopped": True, "killed": killed, "state": run_state(args.run_dir)["state"]}))
     return 0
+
+
+def _kill_group(pgid: int, grace: float) -> bool:
+    """TERM the group, KILL it after `grace` seconds; True when it had to be killed. The KILL also
+    reaches the job's descendants in other process groups: torchrun starts each worker in a session of
+    its own, and a worker that outlived its killed launcher would hold its GPU and its peers' collectives."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return False
+        time.sleep(0.1)
+    tree = _descendants(pgid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def _group_alive(pgid: int) -> bool:
@@ -390,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("stop")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--grace", type=float, default=10.0)
+    p.add_argument("--peer-failed", default="", help="JSON {node, host, why}: stopped because that node failed")
     args = parser.parse_args(argv)
     if args.cmd == "launch":
         if not job_argv:

@@ -10,9 +10,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .. import fetchdir, index, pipeline, runs
+from .. import fetchdir, index, multinode, pipeline, runs
 from ..console import console, err_console
-from ..errors import ExitCode, ThrustError, UsageError
+from ..errors import ConnectionLostError, ExitCode, ThrustError, UsageError
 from ..session import HostSession
 from .common import get_config, open_runner, state
 from .follow import say
@@ -132,6 +132,8 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
     session = _open(ctx, host, run_id)
     try:
         st = runs.status(session, runs.check_run_id(run_id))
+        if len(st.get("nodes") or []) > 1:  # a run over several hosts: every node's state, and the run's
+            st = _over_nodes(ctx, session, run_id, st)
     finally:
         session.runner.close()
     if as_json:
@@ -141,6 +143,49 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
     code = f" (exit code {st['exit_code']})" if st.get("exit_code") is not None else ""
     console.print(f"{st['run_id']}: [{style}]{st['state']}[/]{code}  job={st.get('job')} pid={st.get('pid')} "
                   f"started={st.get('started_at')} commit={(st.get('commit') or '')[:12]}")
+    failed = st.get("failed_node")
+    if failed:
+        console.print(f"  node {failed['node']} ({escape(str(failed['host']))}) failed first: "
+                      f"{escape(str(failed.get('why')))}", highlight=False)
+    for node in st.get("nodes") or []:
+        code = "" if node.get("exit_code") is None else f" (exit code {node['exit_code']})"
+        console.print(f"  node {node['node']}  {escape(str(node['host']))}  "
+                      f"[{STATE_STYLE.get(node['state'], 'red')}]{node['state']}[/]{code}", highlight=False)
+
+
+def _node_sessions(ctx: typer.Context, names: list[str], have: HostSession) -> list[HostSession | None]:
+    """A session on each node of a run (the one already open reused); None where it cannot be opened."""
+    config = get_config(ctx)
+
+    def one(name: str) -> HostSession | None:
+        if name == have.name:
+            return have
+        try:
+            return _open(ctx, config.host(name).name)
+        except ThrustError:
+            return None
+
+    return multinode.each(one, names)
+
+
+def _over_nodes(ctx: typer.Context, session: HostSession, run_id: str, st: dict) -> dict:
+    names = [str(n) for n in st["nodes"]]
+    sessions = _node_sessions(ctx, names, session)
+    try:
+        states = multinode.each(lambda s: None if s is None else (st if s is session else _maybe_status(s, run_id)),
+                                sessions)
+    finally:
+        for s in sessions:
+            if s is not None and s is not session:
+                s.runner.close()
+    return multinode.aggregate(names, states)
+
+
+def _maybe_status(session: HostSession, run_id: str) -> dict | None:
+    try:
+        return runs.status(session, run_id)
+    except ThrustError:
+        return None
 
 
 def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
@@ -151,9 +196,13 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
                                        "the fetch command instead."),
          raw: bool = typer.Option(False, "--raw", help="With --follow: the log's bytes exactly, no progress view."),
          as_json: bool = typer.Option(False, "--json", help="With --follow: print the result as train --json does "
-                                      "(progress to stderr).")) -> None:
+                                      "(progress to stderr)."),
+         node: int | None = typer.Option(None, "--node", min=0, help="A run over several hosts: this node's log "
+                                         "(default: node 0, where rank 0 writes).")) -> None:
     session = _open(ctx, host, run_id)
     runs.check_run_id(run_id)
+    if node is not None:
+        session = _node_session(ctx, session, run_id, node)
     try:
         if follow_:
             _reattach(ctx, session, run_id, offset=offset, fetch=not no_fetch, raw=raw, as_json=as_json)
@@ -165,6 +214,23 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
                         on_bytes=lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush()))
     finally:
         session.runner.close()
+
+
+def _node_session(ctx: typer.Context, session: HostSession, run_id: str, node: int) -> HostSession:
+    """`logs --node i`: a session on node i's host (its name from the run's run.json)."""
+    try:
+        names = [str(n) for n in runs.status(session, run_id).get("nodes") or [session.name]]
+    except BaseException:
+        session.runner.close()
+        raise
+    if node >= len(names):
+        session.runner.close()
+        raise UsageError(f"--node {node}: run {run_id} has {len(names)} node(s) ({', '.join(names)})",
+                         f"give --node 0 to {len(names) - 1}")
+    if names[node] == session.name:
+        return session
+    session.runner.close()
+    return _open(ctx, names[node])
 
 
 def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, offset: int, fetch: bool, raw: bool,
@@ -187,14 +253,34 @@ def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
          grace: float = typer.Option(10.0, "--grace", help="Seconds between TERM and KILL.")) -> None:
     session = _open(ctx, host, run_id)
     try:
-        answer = runs.stop(session, runs.check_run_id(run_id), grace)
+        names = [str(n) for n in runs.status(session, runs.check_run_id(run_id)).get("nodes") or [session.name]]
+        sessions = _node_sessions(ctx, names, session) if len(names) > 1 else [session]
+        try:
+            answers = multinode.each(lambda s: _stop_one(s, run_id, grace), sessions)
+        finally:
+            for s in sessions:
+                if s is not None and s is not session:
+                    s.runner.close()
     finally:
         session.runner.close()
-    if answer.get("stopped"):
-        how = "killed after the grace period" if answer.get("killed") else "stopped"
-        console.print(f"{run_id}: {how} ({answer.get('state')})")
-    else:
-        console.print(f"{run_id}: not running ({answer.get('state')})")
+    for name, answer in zip(names, answers, strict=True):
+        where = f" on {name}" if len(names) > 1 else ""
+        if answer is None:
+            console.print(f"{run_id}{where}: unreachable (it stops itself when it loses the other nodes)")
+        elif answer.get("stopped"):
+            how = "killed after the grace period" if answer.get("killed") else "stopped"
+            console.print(f"{run_id}{where}: {how} ({answer.get('state')})")
+        else:
+            console.print(f"{run_id}{where}: not running ({answer.get('state')})")
+
+
+def _stop_one(session: HostSession | None, run_id: str, grace: float) -> dict | None:
+    if session is None:
+        return None
+    try:
+        return runs.stop(session, run_id, grace)
+    except ConnectionLostError:
+        return None
 
 
 def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,

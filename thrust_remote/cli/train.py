@@ -12,9 +12,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .. import pipeline
+from .. import multinode, pipeline
 from ..config import HostConfig
 from ..console import console, err_console
+from ..errors import UsageError
 from ..serve import PLAYABLE_ENVS
 from ..session import HostSession
 from .common import get_config, open_runner, state
@@ -51,7 +52,8 @@ def register(app: typer.Typer) -> None:
 def train(
     ctx: typer.Context,
     job: str = typer.Argument(..., help="Job name: snake, cartpole, or one from thrust.yaml."),
-    host: str | None = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: default_host)."),
+    host: list[str] = typer.Option([], "--host", "-H", help="Host name from thrust.yaml (default: default_host); "
+                                   "repeat it (or name a group) for one run over several hosts, node 0 first."),
     gpus: str | None = typer.Option(None, "--gpus", help="N (the first N free GPUs) or a list like 0,2."),
     nproc: int | None = typer.Option(None, "--nproc", help="Processes under torchrun (default: one per GPU)."),
     share_gpus: bool = typer.Option(False, "--allow-shared-gpus",
@@ -65,11 +67,20 @@ def train(
                                  "started run); progress goes to stderr."),
     force: bool = typer.Option(False, "--force", help="Place the new model in web/public even when it scores "
                                "clearly worse than the placed one (it is kept in .thrust/fetched/ either way)."),
+    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="Several hosts: torchrun restarts every "
+                                     "node's workers this often after a failure (they resume from the latest "
+                                     "checkpoint)."),
 ) -> None:
     config = get_config(ctx)
-    host_cfg = config.host(host)
+    hosts = config.host_list(host)
     job_cfg = config.job(job)
     config_path = state(ctx).config_path  # repeated in every command a hint names
+    if len(hosts) > 1:
+        _train_nodes(ctx, hosts, pipeline.TrainRequest(
+            job=job_cfg, host=hosts[0], gpus=gpus, nproc=nproc, sets=sets, params_file=params, detach=detach,
+            fetch=not no_fetch, force=force, share_gpus=share_gpus), as_json, max_restarts)
+        return
+    host_cfg = hosts[0]
     runner = open_runner(host_cfg)
     started = time.monotonic()
     try:
@@ -83,6 +94,33 @@ def train(
     finally:
         runner.close()
     _render(ctx, outcome, host_cfg, as_json, started, config_path)
+
+
+def _train_nodes(ctx: typer.Context, hosts: list[HostConfig], request: pipeline.TrainRequest, as_json: bool,
+                 max_restarts: int) -> None:
+    """`train --host a --host b`: multinode.py does it; rendered as one host's run is, node 0's model."""
+    if request.gpus:
+        raise UsageError("--gpus picks GPUs on one host; over several hosts every node uses its GPUs as "
+                         "CUDA_VISIBLE_DEVICES (or the host's gpus: in thrust.yaml) gives them",
+                         "drop --gpus, and give --nproc (processes per node)")
+    config = get_config(ctx)
+    started = time.monotonic()
+    reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
+    sessions = multinode.open_sessions(config, hosts, open_runner)
+    try:
+        launched = multinode.start(config, request, sessions, reporter, max_restarts=max_restarts)
+        if request.detach:
+            outcome = pipeline.TrainOutcome(launched[0], None, None, 0, dict(launched[0].timings))
+        else:
+            outcome = multinode.follow(config, sessions, launched, request, reporter,
+                                       config_path=state(ctx).config_path)
+    finally:
+        for s in sessions:
+            s.runner.close()
+    if outcome.status and outcome.status.get("failed_node") and not as_json:
+        failed = outcome.status["failed_node"]
+        say(f"node {failed['node']} ({failed['host']}) failed first: {failed.get('why')}")
+    _render(ctx, outcome, hosts[0], as_json, started, state(ctx).config_path)
 
 
 def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, host_cfg: HostConfig, as_json: bool,

@@ -1,0 +1,126 @@
+"""Hosts of their own for multi-host tests: network namespaces on one bridge, an sshd in each.
+
+    with Network(2) as net:         # 2 namespaces, 10.231.N.11 and .12, the laptop at .1 on the bridge
+        net.hosts[0].server          # a conftest.SSHServer listening at its namespace's address
+        net.link_down(1)             # `ip link set eth0 down` inside namespace 1: a dead link
+        net.yaml(path, rest=...)     # a thrust.yaml with hosts n0, n1 (one known_hosts for both)
+
+Everything the test made is removed at exit: the sshds (with every job they started), the
+namespaces (with their veths) and the bridge. Traffic goes only between these namespaces and the
+bridge's address (../shared/TESTING.md). `unavailable()` says why namespaces cannot be made here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from conftest import VENV_BIN, SSHServer, _start_sshd
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def unavailable() -> str | None:
+    """None when this machine can make network namespaces, else the reason (for pytest.skip)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if not shutil.which("ip"):
+        return "no `ip` command (iproute2)"
+    name = f"thrchk{secrets.token_hex(3)}"
+    made = _ip("netns", "add", name, check=False)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    _ip("netns", "del", name, check=False)
+    return None
+
+
+@dataclass
+class NetHost:
+    name: str  # its name in thrust.yaml: n0, n1...
+    netns: str
+    ip: str
+    server: SSHServer
+    workdir: Path
+
+
+class Network:
+    def __init__(self, count: int) -> None:
+        tag = secrets.token_hex(2)
+        self.tag = tag
+        self.subnet = f"10.231.{int(tag, 16) % 200 + 20}"
+        self.bridge = f"thrbr{tag}"
+        self.root = Path(tempfile.mkdtemp(prefix="thrust-net-"))
+        self.count = count
+        self.hosts: list[NetHost] = []
+        self.known_hosts = self.root / "known_hosts"
+
+    def __enter__(self) -> Network:
+        try:
+            _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+            for i in range(self.count):
+                self.hosts.append(self._host(i))
+            self.known_hosts.write_text("".join(h.server.known_hosts_line + "\n" for h in self.hosts))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _host(self, i: int) -> NetHost:
+        ns, outer, inner = f"thrns{self.tag}{i}", f"thv{self.tag}{i}", f"thp{self.tag}{i}"
+        ip = f"{self.subnet}.{11 + i}"
+        _ip("netns", "add", ns)
+        _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+        _ip("link", "set", outer, "master", self.bridge)
+        _ip("link", "set", outer, "up")
+        _ip("link", "set", inner, "netns", ns)
+        _ip("-n", ns, "link", "set", inner, "name", "eth0")
+        _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        server = _start_sshd(self.root / f"n{i}", ip=ip, netns=ns)
+        workdir = server.root / "remote-home" / "thrust"
+        return NetHost(f"n{i}", ns, ip, server, workdir)
+
+    def kill_children(self, i: int, pid: int) -> None:
+        """SIGKILL the children of `pid` on host i (a pid of its sshd's pid namespace, whose /proc is
+        its own mount's: hence --mount too)."""
+        sshd = self.hosts[i].server._sshd_pid()
+        assert sshd is not None, "host's sshd is not running"
+        subprocess.run(["nsenter", "--target", str(sshd), "--pid", "--mount", "--", "pkill", "-9", "-P", str(pid)],
+                       check=True)
+
+    def link_down(self, i: int) -> None:
+        _ip("-n", self.hosts[i].netns, "link", "set", "eth0", "down")
+
+    def yaml(self, path: Path, *, rest: str = "", groups: str = "", extra: dict[int, str] | None = None) -> Path:
+        """A thrust.yaml with hosts n0..nK (each its own address, workdir and key) and `rest` after."""
+        lines = ["default_host: n0", "hosts:"]
+        for i, h in enumerate(self.hosts):
+            lines += [f"  {h.name}:", f"    address: {h.server.address}", f"    workdir: {h.workdir}",
+                      f"    python: {VENV_BIN / 'python'}", f"    identity: {h.server.client_key}",
+                      f"    known_hosts: {self.known_hosts}", "    connect_timeout: 5",
+                      *([f"    {x}" for x in (extra or {}).get(i, "").splitlines()])]
+        path.write_text("\n".join(lines) + "\n" + groups + rest)
+        return path
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.hosts:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(h.server.wrapper.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                h.server.wrapper.wait(timeout=10)
+        for i in range(self.count):
+            _ip("netns", "del", f"thrns{self.tag}{i}", check=False)
+        _ip("link", "del", self.bridge, check=False)
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,171 @@
+"""One run over two hosts: each host a network namespace with its own address and its own sshd, the
+laptop in the root namespace (tests/netns.py). torchrun's c10d rendezvous and gloo, on CPU."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import VENV_BIN
+from netns import Network, unavailable
+from test_job_kinds import TRAIN_PY
+
+pytestmark = pytest.mark.slow
+
+LONG_PY = '''\
+import json, os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+x = torch.ones(1)
+for step in range(1, 100000):
+    dist.all_reduce(x)
+    x.fill_(1.0)
+    if rank == 0:
+        print("THRUST_METRICS " + json.dumps({"step": step}), flush=True)
+    time.sleep(0.2)
+'''
+
+JOBS = """\
+groups:
+  pair: [n0, n1]
+jobs:
+  ddp:
+    script: train.py
+    args: {tag: ddp, steps: 2}
+  long:
+    script: long.py
+"""
+
+
+@pytest.fixture(scope="module")
+def net():
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    with Network(2) as network:
+        yield network
+
+
+@pytest.fixture(scope="module")
+def project(net, tmp_path_factory) -> Path:
+    proj = tmp_path_factory.mktemp("multi") / "project"
+    proj.mkdir()
+    (proj / "train.py").write_text(TRAIN_PY)
+    (proj / "long.py").write_text(LONG_PY)
+    net.yaml(proj / "thrust.yaml", rest=JOBS)
+    for args in (["init", "-q"], ["config", "user.email", "t@example.com"], ["config", "user.name", "t"],
+                 ["add", "-A"], ["commit", "-q", "-m", "two nodes"]):
+        subprocess.run(["git", "-C", str(proj), *args], check=True)
+    return proj
+
+
+def _run_id(text: str) -> str:
+    match = re.search(r"launching run (\S+)", text)
+    assert match, text
+    return match.group(1)
+
+
+def _run_dir(net: Network, node: int, run_id: str) -> Path:
+    return net.hosts[node].workdir / ".thrust" / "runs" / run_id
+
+
+def _status(cli, project: Path, run_id: str) -> dict:
+    result = cli("status", run_id, "--json", cwd=project)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _wait(predicate, timeout: float, what: str, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    tail = log.read_text()[-3000:] if log and log.exists() else ""
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tail}")
+
+
+def test_two_nodes_train_the_builtin_trainer_and_node_0_brings_the_model_back(cli, net, project):
+    result = cli("train", "cartpole", "--host", "n0", "--host", "n1", "--set", "total-steps=2048",
+                 "--set", "num-envs=8", "--set", "target-return=0", cwd=project)
+    assert result.returncode == 0, result.stderr + result.stdout
+    run_id = _run_id(result.stderr)
+    log = (_run_dir(net, 0, run_id) / "log").read_text()
+    assert '"world_size": 2' in log
+    assert (project / "web" / "public" / "cartpole.onnx").is_file()
+    st = _status(cli, project, run_id)
+    assert st["state"] == "FINISHED"
+    assert [(n["host"], n["state"]) for n in st["nodes"]] == [("n0", "FINISHED"), ("n1", "FINISHED")]
+    # node 1 ran the same commit in its own workdir and exported nothing
+    assert not (_run_dir(net, 1, run_id) / "model.onnx").exists()
+
+
+def test_a_group_runs_your_own_ddp_script_on_both_nodes_over_their_own_interfaces(cli, net, project):
+    result = cli("train", "ddp", "--host", "pair", "--no-fetch", cwd=project)
+    assert result.returncode == 0, result.stderr + result.stdout
+    run_id = _run_id(result.stderr)
+    for node in (0, 1):
+        run_dir = _run_dir(net, node, run_id)
+        seen = json.loads((run_dir / f"seen-ddp-{node}.json").read_text())
+        assert seen["env"]["WORLD_SIZE"] == "2" and seen["env"]["RANK"] == str(node)
+        assert seen["ranks"] == 2.0  # an all_reduce across the two hosts
+        meta = json.loads((run_dir / "run.json").read_text())
+        assert meta["env"]["GLOO_SOCKET_IFNAME"] == "eth0"  # the interface that routes to node 0
+        assert meta["rdzv"].startswith(net.hosts[0].ip + ":")
+        assert f"--node-rank={node}" in meta["argv"] and "--nnodes=2" in meta["argv"]
+
+
+def test_a_killed_node_fails_the_run_and_stops_the_other(cli, net, project):
+    result = cli("train", "long", "--host", "n0", "--host", "n1", "--detach", cwd=project)
+    assert result.returncode == 0, result.stderr
+    run_id = _run_id(result.stderr)
+    log0 = _run_dir(net, 0, run_id) / "log"
+    _wait(lambda: log0.exists() and "THRUST_METRICS" in log0.read_text(), 120, "both nodes training")
+    pid = json.loads((_run_dir(net, 1, run_id) / "run.json").read_text())["pid"]
+    killed = time.monotonic()
+    net.kill_children(1, pid)  # node 1's workers crash (torchrun, their launcher, then fails the node)
+    st = _wait(lambda: (s := _status(cli, project, run_id))["nodes"][0]["state"] != "RUNNING" and s, 60,
+               "node 0 to stop", log0)
+    assert time.monotonic() - killed < 35
+    assert st["state"] == "FAILED"
+    assert st["failed_node"]["node"] == 1 and st["failed_node"]["host"] == "n1"
+    assert [n["state"] for n in st["nodes"]] == ["FAILED", "FAILED"]
+    text = cli("status", run_id, cwd=project).stdout
+    assert "n1" in text and "FAILED" in text
+
+
+def test_a_lost_link_fails_the_run_within_30_s_and_the_cli_names_the_lost_node(cli, net, project):
+    follow = subprocess.Popen([str(VENV_BIN / "thrust-remote"), "train", "long", "--host", "pair", "--no-fetch"],
+                              cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        runs_dir = net.hosts[0].workdir / ".thrust" / "runs"
+        log0 = _wait(lambda: next((p / "log" for p in runs_dir.glob("long-*")
+                                   if (p / "log").exists() and "THRUST_METRICS" in (p / "log").read_text()), None),
+                     120, "both nodes training")
+        run_id = log0.parent.name
+        net.link_down(1)
+        cut = time.monotonic()
+        try:
+            out, err = follow.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            follow.kill()
+            out, err = follow.communicate()
+            raise AssertionError(f"train did not end: {err}\n{out[-3000:]}") from None
+    finally:
+        follow.kill()
+    assert time.monotonic() - cut < 40, err
+    assert follow.returncode not in (0, None)
+    assert "node 1 (n1)" in err + out
+    state0 = json.loads(subprocess.run(
+        [str(VENV_BIN / "python"), "-m", "thrust_remote.agent", "status", "--run-dir", str(log0.parent)],
+        capture_output=True, text=True, check=True).stdout)
+    assert state0["state"] == "FAILED" and state0["peer_failed"]["node"] == 1
+    assert run_id in err + out

@@ -1,0 +1,402 @@
+"""One training run over several hosts: `train JOB --host a --host b` (docs/architecture.md,
+"Several hosts").
+
+Every node gets what one host gets (pipeline.check, then pipeline.set_up, then a detached launch),
+all nodes at once, in threads: N nodes take about as long as the slowest one, not N times one. In
+between, the nodes must agree (torch, CUDA or CPU, python) or nothing is set up anywhere (69). The
+distributed part is torchrun's own: its c10d rendezvous at node 0's address and a port checked free
+there (jobs.Rendezvous), NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME set on each node to the interface
+that reaches node 0. There is no cluster layer of our own beyond two watches that turn a lost node
+into a FAILED run instead of a hang: each node's supervisor probes its peers (agent/peerwatch.py),
+and while the laptop follows, it polls every node and stops the others when one ends badly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from . import index, jobs, pipeline, runs, scalarwatch
+from .config import Config, HostConfig
+from .errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
+from .pipeline import Checked, Launched, Prepared, Reporter, TrainOutcome, TrainRequest
+from .session import HostSession, parse_json
+
+T = TypeVar("T")
+R = TypeVar("R")
+POLL_S = 2.0  # how often the laptop asks the other nodes while it follows node 0
+ASK_TIMEOUT_S = 10.0  # a node that does not answer a status within this is lost (for the laptop)
+PEER_TIMEOUT_S = 15.0  # a node stops when a peer's host has not answered this long (peerwatch.py)
+AGREE = (("torch", "torch"), ("cuda_available", "CUDA available"), ("python", "Python"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where the nodes meet: node 0's address and port, and each node's interface and own address."""
+
+    address: str
+    port: int
+    ifnames: tuple[str | None, ...]
+    local_addrs: tuple[str | None, ...]
+    ssh: tuple[tuple[str, int], ...]  # each node's SSH endpoint as the laptop reached it
+
+    def rendezvous(self, rank: int, run_id: str, max_restarts: int) -> jobs.Rendezvous:
+        return jobs.Rendezvous(len(self.ifnames), rank, self.address, self.port, run_id,
+                               local_addr=self.local_addrs[rank], max_restarts=max_restarts)
+
+
+class _Prefixed(pipeline.NullReporter):
+    """A node's steps and warnings, prefixed with its host (the nodes speak at once)."""
+
+    def __init__(self, reporter: Reporter, name: str) -> None:
+        self.reporter, self.name = reporter, name
+
+    def step(self, message: str) -> None:
+        self.reporter.step(f"[{self.name}] {message}")
+
+    def warn(self, message: str) -> None:
+        self.reporter.warn(f"[{self.name}] {message}")
+
+
+def each(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """fn over every item at once; the first node's error (in node order) is raised after all end."""
+    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+    for future in futures:
+        future.result()  # raises the first error in node order
+    return [f.result() for f in futures]
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+def check_request(request: TrainRequest, hosts: Sequence[HostConfig]) -> None:
+    """What a run over several hosts cannot be, said before anything connects."""
+    job = request.job
+    if job.kind not in ("trainer", "python"):
+        raise UsageError(f"job {job.name!r} is a {job.kind} job: a run over several hosts starts torchrun, so it "
+                         "takes the built-in trainer or a python job", "give one --host")
+    if any(h.is_local for h in hosts):
+        raise UsageError("host 'local' cannot be a node of a run over several hosts: its runs live in the project "
+                         "directory, not in a workdir of their own",
+                         "add this machine under `hosts:` with an address (user@127.0.0.1) and a workdir")
+
+
+def agree(checked: Sequence[Checked]) -> None:
+    """The nodes run one program: the same torch, CUDA or not on all, the same Python minor version;
+    and no two nodes share a machine's workdir (their run dirs would be one). Else 69, naming them."""
+    for key, label in AGREE:
+        values = [_fact(c, key) for c in checked]
+        if len(set(values)) > 1:
+            listed = ", ".join(f"{v} on {c.session.name} (node {i})"
+                               for i, (c, v) in enumerate(zip(checked, values, strict=True)))
+            raise UnreachableError(f"the nodes do not agree on {label}: {listed}; nothing was started",
+                                   "install the same torch on every node (doctor --host NAME shows what each has)")
+    seen: dict[tuple[str, str], str] = {}
+    for c in checked:
+        key = (str(c.report.facts.get("hostname")), c.session.paths.workdir)
+        if key in seen:
+            raise UsageError(f"{seen[key]} and {c.session.name} are one machine with one workdir ({key[1]}): "
+                             "their nodes would share a run directory",
+                             f"give hosts.{c.session.name} a workdir of its own in thrust.yaml")
+        seen[key] = c.session.name
+
+
+def _fact(checked: Checked, key: str) -> str:
+    value = checked.report.facts.get(key)
+    if key == "python" and isinstance(value, str):
+        value = ".".join(value.split(".")[:2])
+    return str(value)
+
+
+# ------------------------------------------------------------------------------------------ network
+
+def ssh_endpoint(session: HostSession) -> tuple[str, int]:
+    """The address and port the laptop's SSH connection reached (what other nodes try first)."""
+    transport = getattr(session.runner, "transport", None)  # an SSHRunner's; the local host has none
+    if transport is None:
+        return "127.0.0.1", 22
+    peer = transport().getpeername()
+    return str(peer[0]), int(peer[1])
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def plan(sessions: Sequence[HostSession], reporter: Reporter) -> Plan:
+    """node 0's `rdzv_address:` (default: its SSH address), a port free there (`rdzv_port:` checked),
+    and each node's interface towards it (`ifname:`, else `ip route get`)."""
+    ssh = tuple(ssh_endpoint(s) for s in sessions)
+    head = sessions[0].host
+    address = head.rdzv_address or ssh[0][0]
+    if _is_loopback(address) and not all(_is_loopback(a) for a, _ in ssh):
+        raise UsageError(f"node 0 ({head.name}) is reached at {address}, which the other nodes cannot use",
+                         f"set rdzv_address: under hosts.{head.name} in thrust.yaml (an address the other nodes "
+                         "reach it at)")
+    bind = "::" if ":" in address else "0.0.0.0"  # torchrun's store listens on every address
+    answer = sessions[0].agent_json("free-port", "free-port", "--bind", bind,
+                                    *(["--port", str(head.rdzv_port)] if head.rdzv_port else []))
+    if "error" in answer:
+        raise UnreachableError(f"{head.name}: rendezvous port: {answer['error']}",
+                               f"free it, or set another rdzv_port: under hosts.{head.name}")
+    routes = each(lambda s: parse_json(s.agent("route-dev", address), "route-dev", check=False), sessions)
+    ifnames, local_addrs = [], []
+    for rank, (session, route) in enumerate(zip(sessions, routes, strict=True)):
+        dev = session.host.ifname or (route.get("dev") if isinstance(route, dict) else None)
+        if not dev:
+            reporter.warn(f"[{session.name}] no interface found towards {address} ({route.get('error')}); NCCL and "
+                          f"gloo choose their own (set ifname: under hosts.{session.name})")
+        ifnames.append(dev)
+        local_addrs.append(address if rank == 0 else route.get("src"))
+    return Plan(address, int(answer["port"]), tuple(ifnames), tuple(local_addrs), ssh)
+
+
+# ------------------------------------------------------------------------------------------ launch
+
+def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession], reporter: Reporter,
+          max_restarts: int = 0) -> list[Launched]:
+    """Every node checked, compared, set up and launched; the run recorded in the local index."""
+    hosts = [s.host for s in sessions]
+    check_request(request, hosts)
+    sets = pipeline.parse_sets(request.sets)
+    params = pipeline.load_params(request.params_file) if request.params_file else {}
+    pipeline.check_trainer_args(request.job, sets, params)
+    args = pipeline.job_arguments(request.job, sets, params)
+    checked = each(lambda s: pipeline.check(config, request.job, s, _Prefixed(reporter, s.name),
+                                            args_for_preflight=args), sessions)
+    agree(checked)
+    prepared = each(lambda c: pipeline.set_up(c, _Prefixed(reporter, c.session.name)), checked)
+    where = plan(sessions, reporter)
+    run_id = runs.check_run_id(request.run_id) if request.run_id else runs.new_run_id(request.job.name)
+    reporter.step(f"launching run {run_id} on {len(sessions)} nodes, rendezvous at {where.address}:{where.port}")
+    nodes = [{"host": s.name, "address": a} for s, (a, _) in zip(sessions, where.ssh, strict=True)]
+    launched: list[Launched | None] = [None] * len(sessions)
+
+    def go(rank: int) -> None:
+        launched[rank] = _launch_node(prepared[rank], rank, where, run_id, args, request, nodes, max_restarts)
+
+    try:
+        each(go, list(range(len(sessions))))
+    except BaseException:
+        _stop_all([s for s, n in zip(sessions, launched, strict=True) if n is not None], run_id, None)
+        raise
+    out = [n for n in launched if n is not None]
+    _remember(config, out, reporter)
+    return out
+
+
+def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: Sequence[str],
+                 request: TrainRequest, nodes: list[dict[str, Any]], max_restarts: int) -> Launched:
+    env = dict(request.extra_env)
+    if where.ifnames[rank]:
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = str(where.ifnames[rank])
+    peers = [{"node": i, "host": n["host"], "address": where.ssh[i][0], "port": where.ssh[i][1]}
+             for i, n in enumerate(nodes) if i != rank]
+    meta = {"node": rank, "nodes": nodes, "rdzv": f"{where.address}:{where.port}", "watch_peers": peers,
+            "peer_timeout": PEER_TIMEOUT_S}
+    return pipeline.launch_prepared(prepared, args=args, run_id=run_id, nproc=request.nproc, extra_env=env,
+                                    meta_extra=meta, rdzv=where.rendezvous(rank, run_id, max_restarts),
+                                    export=rank == 0)
+
+
+def _remember(config: Config, launched: Sequence[Launched], reporter: Reporter) -> None:
+    head = launched[0]
+    entry = index.IndexEntry(run_id=head.run_id, host=head.host, job=head.job, commit=head.commit,
+                             started_at=index.now(), run_dir=head.run_dir,
+                             config=str(config.path.resolve()) if config.path else None,
+                             nodes=tuple(n.host for n in launched))
+    try:
+        index.record(config.root, entry)
+    except OSError as exc:
+        reporter.warn(f"run {head.run_id} is not in the local index ({exc}): give --host {head.host} to status, "
+                      "logs, stop and fetch")
+
+
+def _stop_all(sessions: Sequence[HostSession], run_id: str, verdict: dict[str, Any] | None) -> None:
+    """Stop the run on every node that still answers; `verdict`: the node it fails for (not STOPPED)."""
+
+    def one(session: HostSession) -> None:
+        with contextlib.suppress(ThrustError):  # an unreachable node stops itself (peerwatch.py)
+            runs.stop(session, run_id, grace=5.0, peer_failed=verdict)
+
+    each(one, list(sessions))
+
+
+# ------------------------------------------------------------------------------------------ follow
+
+class Watch:
+    """While the laptop follows node 0: the other nodes' states every POLL_S seconds. The first node
+    that ends other than FINISHED, or stops answering, is the verdict; every other node is stopped."""
+
+    def __init__(self, sessions: Sequence[HostSession], run_id: str, reporter: Reporter) -> None:
+        self.sessions, self.run_id, self.reporter = sessions, run_id, reporter
+        self.verdict: dict[str, Any] | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="nodewatch", daemon=True)
+
+    def __enter__(self) -> Watch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self.done.wait(POLL_S):
+            for rank, session in enumerate(self.sessions[1:], start=1):
+                why = self._ask(session)
+                if why is not None:
+                    self.fail(rank, why)
+                    return
+
+    def _ask(self, session: HostSession) -> str | None:
+        try:
+            st = status_within(session, self.run_id, ASK_TIMEOUT_S)
+        except ThrustError as exc:
+            return f"lost: {exc}"
+        if st["state"] in ("RUNNING", "FINISHED"):
+            return None
+        return f"{st['state']} (exit code {st.get('exit_code')})"
+
+    def fail(self, rank: int, why: str) -> None:
+        if self.verdict is not None:
+            return
+        name = self.sessions[rank].name
+        self.verdict = {"node": rank, "host": name, "why": why}
+        self.reporter.warn(f"node {rank} ({name}) {why}: stopping the run on the other nodes")
+        others = [s for i, s in enumerate(self.sessions) if i != rank]
+        _stop_all(others, self.run_id, self.verdict)
+
+
+def follow(config: Config, sessions: Sequence[HostSession], launched: Sequence[Launched], request: TrainRequest,
+           reporter: Reporter, *, config_path: Path | str | None = None) -> TrainOutcome:
+    """Follow node 0 (rank 0's log) while Watch minds the others; then the run's state over all nodes,
+    and node 0's model and artifacts when it FINISHED."""
+    head, timings = launched[0], dict(launched[0].timings)
+    job = request.job
+    with Watch(sessions, head.run_id, reporter) as watch:
+        try:
+            followed = pipeline.follow(sessions[0], head.run_id, reporter, config_path=config_path,
+                                       scalars=scalarwatch.source_for(sessions[0], head.run_id, job))
+        except ConnectionLostError:
+            watch.fail(0, "lost: the connection to it broke while following")
+            raise
+    status = aggregate([s.name for s in sessions], node_states(sessions, head.run_id), watch.verdict)
+    if status["state"] not in ("FINISHED", "RUNNING") and watch.verdict is None and status.get("failed_node"):
+        failed = status["failed_node"]
+        _stop_all([s for i, s in enumerate(sessions) if i != failed["node"]], head.run_id, failed)
+    fetched = got = None
+    if status["state"] == "FINISHED" and request.fetch:
+        fetched, got = pipeline.fetch_finished(config, sessions[0], head, job, followed.status, reporter,
+                                               force=request.force, timings=timings)
+    fetchable = pipeline.exports_model(job) and status["state"] == "FINISHED"
+    return TrainOutcome(head, status, fetched, pipeline.exit_code_for(status), timings, followed.progress,
+                        fetchable=fetchable, artifacts=got)
+
+
+# ------------------------------------------------------------------------------------------ state
+
+def status_within(session: HostSession, run_id: str, timeout: float) -> dict[str, Any]:
+    """runs.status, or ConnectionLostError after `timeout` seconds: over a dead link an SSH request can
+    wait for TCP's own give-up (many minutes); the connection is dropped so the next call starts afresh."""
+    box: dict[str, Any] = {}
+
+    def ask() -> None:
+        try:
+            box["status"] = runs.status(session, run_id)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if "status" in box:
+        return box["status"]
+    if "error" in box:
+        raise box["error"]
+    with contextlib.suppress(Exception):
+        getattr(session.runner, "drop", session.runner.close)()
+    raise ConnectionLostError(f"{session.name} did not answer within {timeout:g} s")
+
+
+def node_states(sessions: Sequence[HostSession], run_id: str) -> list[dict[str, Any] | None]:
+    """Each node's status, None for a node that does not answer."""
+
+    def one(session: HostSession) -> dict[str, Any] | None:
+        try:
+            return status_within(session, run_id, ASK_TIMEOUT_S)
+        except ThrustError:
+            return None
+
+    return each(one, list(sessions))
+
+
+def aggregate(names: Sequence[str], states: Sequence[dict[str, Any] | None],
+              verdict: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's state over its nodes: RUNNING while none ended badly, FINISHED when all did, STOPPED
+    when the user stopped it, else FAILED naming the node that failed first: the one a node or the
+    laptop reported lost (`peer_failed`, `verdict`), else the one that ended first."""
+    head = next((s for s in states if s), {}) or {}
+    nodes = [{"node": i, "host": n, **({"state": "UNREACHABLE"} if s is None else
+                                         {k: s.get(k) for k in ("state", "exit_code", "ended_at", "pid")})}
+             for i, (n, s) in enumerate(zip(names, states, strict=True))]
+    verdicts = [verdict] if verdict else []
+    verdicts += [s["peer_failed"] for s in states if s and isinstance(s.get("peer_failed"), dict)]
+    state = _overall([n["state"] for n in nodes], bool(verdicts))
+    failed = _first_failed(nodes, states, verdicts) if state == "FAILED" else None
+    exit_code = 0 if state == "FINISHED" else next(
+        (n.get("exit_code") for n in nodes if failed and n["node"] == failed["node"] and n.get("exit_code")), None)
+    return {**{k: head.get(k) for k in ("run_id", "job", "commit", "started_at", "pid")}, "host": names[0],
+            "state": state, "exit_code": exit_code, "failed_node": failed, "nodes": nodes}
+
+
+def _overall(states: list[str], lost_a_node: bool) -> str:
+    if all(s == "FINISHED" for s in states):
+        return "FINISHED"
+    if lost_a_node or any(s in ("FAILED", "LOST") for s in states):
+        return "FAILED"
+    if "RUNNING" in states:
+        return "RUNNING"  # a node that does not answer now is not a failure yet: the nodes table shows it
+    return "STOPPED" if "STOPPED" in states else "LOST"
+
+
+def _first_failed(nodes: list[dict[str, Any]], states: Sequence[dict[str, Any] | None],
+                  verdicts: list[dict[str, Any]]) -> dict[str, Any]:
+    if verdicts:
+        v = verdicts[0]
+        return {"node": int(v.get("node", 0)), "host": v.get("host"), "why": v.get("why")}
+    ended = [(s.get("ended_ts") or float("inf"), n) for n, s in zip(nodes, states, strict=True)
+             if s and n["state"] in ("FAILED", "LOST")]
+    if ended:
+        n = min(ended, key=lambda x: x[0])[1]
+        return {"node": n["node"], "host": n["host"], "why": f"{n['state']} (exit code {n.get('exit_code')})"}
+    lost = next(n for n in nodes if n["state"] not in ("RUNNING", "FINISHED"))
+    return {"node": lost["node"], "host": lost["host"], "why": lost["state"]}
+
+
+def open_sessions(config: Config, hosts: Sequence[HostConfig],
+                  opener: Callable[[HostConfig], Any]) -> list[HostSession]:
+    """A session on every node at once (`opener`: a host's Runner); all closed again on an error."""
+    runners: list[Any] = [None] * len(hosts)
+
+    def one(i: int) -> HostSession:
+        runners[i] = opener(hosts[i])
+        return HostSession.open(runners[i], hosts[i], config)
+
+    try:
+        return each(one, list(range(len(hosts))))
+    except BaseException:
+        for r in runners:
+            if r is not None:
+                r.close()
+        raise
