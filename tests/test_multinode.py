@@ -123,6 +123,22 @@ def test_a_group_runs_your_own_ddp_script_on_both_nodes_over_their_own_interface
         assert f"--node-rank={node}" in meta["argv"] and "--nnodes=2" in meta["argv"]
 
 
+def test_doctor_over_two_hosts_shows_each_node_reaching_node_0_and_the_interface(cli, net, project, tmp_path):
+    result = cli("doctor", "--host", "pair", "--json", cwd=project)
+    reports = json.loads(result.stdout)
+    assert [r["host"] for r in reports] == ["n0", "n1"]
+    port = next(c for c in reports[0]["checks"] if c["id"] == "rdzv-port")
+    reach = next(c for c in reports[1]["checks"] if c["id"] == "rdzv-reach")
+    assert port["status"] == "ok" and reach["status"] == "ok", reach
+    assert f"at {net.hosts[0].ip}:" in reach["detail"] and "through eth0" in reach["detail"]
+    # node 0 announced at an address nobody has: node 1's row fails, with the fix
+    bad = net.yaml(tmp_path / "thrust.yaml", rest=JOBS, extra={0: f"rdzv_address: {net.subnet}.250"})
+    result = cli("--config", str(bad), "doctor", "--host", "n0", "--host", "n1", "--json", cwd=project)
+    assert result.returncode == 1
+    reach = next(c for c in json.loads(result.stdout)[1]["checks"] if c["id"] == "rdzv-reach")
+    assert reach["status"] == "fail" and "rdzv_address:" in reach["fix"]
+
+
 def test_a_killed_node_fails_the_run_and_stops_the_other(cli, net, project):
     result = cli("train", "long", "--host", "n0", "--host", "n1", "--detach", cwd=project)
     assert result.returncode == 0, result.stderr
@@ -143,11 +159,12 @@ def test_a_killed_node_fails_the_run_and_stops_the_other(cli, net, project):
 
 
 def test_a_lost_link_fails_the_run_within_30_s_and_the_cli_names_the_lost_node(cli, net, project):
+    runs_dir = net.hosts[0].workdir / ".thrust" / "runs"
+    before = set(runs_dir.glob("long-*"))
     follow = subprocess.Popen([str(VENV_BIN / "thrust-remote"), "train", "long", "--host", "pair", "--no-fetch"],
                               cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        runs_dir = net.hosts[0].workdir / ".thrust" / "runs"
-        log0 = _wait(lambda: next((p / "log" for p in runs_dir.glob("long-*")
+        log0 = _wait(lambda: next((p / "log" for p in set(runs_dir.glob("long-*")) - before
                                    if (p / "log").exists() and "THRUST_METRICS" in (p / "log").read_text()), None),
                      120, "both nodes training")
         run_id = log0.parent.name
@@ -163,7 +180,7 @@ def test_a_lost_link_fails_the_run_within_30_s_and_the_cli_names_the_lost_node(c
         follow.kill()
     assert time.monotonic() - cut < 40, err
     assert follow.returncode not in (0, None)
-    assert "node 1 (n1)" in err + out
+    assert "node 1 (n1)" in err + out, err
     state0 = json.loads(subprocess.run(
         [str(VENV_BIN / "python"), "-m", "thrust_remote.agent", "status", "--run-dir", str(log0.parent)],
         capture_output=True, text=True, check=True).stdout)

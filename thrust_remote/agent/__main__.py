@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "scalars": ("scalars", False),  # TensorBoard scalars, run by the job's venv python (not -S)
     "route-dev": ("netinfo", True),  # several hosts: the interface that reaches node 0
     "free-port": ("netinfo", True),  # several hosts: the rendezvous port, free on node 0
+    "listen": ("netinfo", True),  # doctor over several hosts: node 0 accepts the others' connects
+    "reach": ("netinfo", True),  # doctor over several hosts: a node connects to node 0
 }
 
 

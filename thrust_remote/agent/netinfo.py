@@ -3,6 +3,12 @@
 
     agent free-port --bind ADDR [--port P]
         {"port": P}: a TCP port free on ADDR here (P itself when given and free), or {"error": ...}
+    agent listen --port P --accept N --timeout S
+        {"accepted": ["10.0.0.12", ...]}: listens on every address at P until N peers connected or S
+        seconds passed (doctor's rendezvous check: node 0's side)
+    agent reach ADDR PORT --timeout S
+        {"ok": bool, "error", "dev", "src"}: a TCP connect to ADDR:PORT (retried while refused, up to
+        S seconds: node 0's listener may start a moment later) and the interface it goes through
     agent route-dev ADDR
         {"dev": "eth0", "src": "10.0.0.2", "local": false}: the interface this host would use to reach
         ADDR (`ip route get`); for an address of this host itself, the interface that holds it
@@ -19,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 
 def free_port(bind: str, port: int = 0) -> dict:
@@ -64,13 +71,57 @@ def route_dev(addr: str) -> dict:
     return {"dev": dev, "src": _field(words, "src") or (addr if local else None), "local": local}
 
 
+def listen(port: int, count: int, timeout: float) -> dict:
+    accepted: list[str] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as exc:
+            return {"accepted": [], "error": f"cannot listen on port {port}: {exc.strerror}"}
+        sock.listen(16)
+        deadline = time.monotonic() + timeout
+        while len(accepted) < count and (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            try:
+                conn, peer = sock.accept()
+            except OSError:
+                break
+            conn.close()
+            accepted.append(peer[0])
+    return {"accepted": accepted}
+
+
+def reach(addr: str, port: int, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    error = "timed out"
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            with socket.create_connection((addr, port), timeout=left):
+                return {"ok": True, "error": None, **route_dev(addr)}
+        except ConnectionRefusedError:
+            error = "connection refused"
+            time.sleep(0.2)
+        except OSError as exc:
+            error = exc.strerror or str(exc)
+            break
+    return {"ok": False, "error": error, **{k: v for k, v in route_dev(addr).items() if k != "error"}}
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "route-dev":
         print(json.dumps(route_dev(argv[1])))
+        return 0
+    if len(argv) == 7 and argv[0] == "listen":
+        print(json.dumps(listen(int(argv[2]), int(argv[4]), float(argv[6]))))
+        return 0
+    if len(argv) == 5 and argv[0] == "reach":
+        print(json.dumps(reach(argv[1], int(argv[2]), float(argv[4]))))
         return 0
     if len(argv) >= 3 and argv[0] == "free-port" and argv[1] == "--bind":
         port = int(argv[4]) if len(argv) >= 5 and argv[3] == "--port" else 0
         print(json.dumps(free_port(argv[2], port)))
         return 0
-    sys.stderr.write("usage: agent route-dev ADDR | agent free-port --bind ADDR [--port P]\n")
+    sys.stderr.write("usage: agent route-dev ADDR | free-port --bind ADDR [--port P] | "
+                     "listen --port P --accept N --timeout S | reach ADDR PORT --timeout S\n")
     return 2

@@ -11,9 +11,11 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from ..config import Config, HostConfig
+from .. import multinode, rdzvcheck
+from ..config import Config, HostConfig, JobConfig
 from ..console import console, err_console
 from ..doctor import FixResult, Report, apply_fixes, run_doctor
+from ..errors import UsageError
 from ..session import resolve_host
 from .common import get_config, open_runner
 
@@ -29,14 +31,21 @@ def register(app: typer.Typer) -> None:
 
 def doctor(
     ctx: typer.Context,
-    host: str | None = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml."),
+    host: list[str] = typer.Option([], "--host", "-H", help="Host name from thrust.yaml; several (or a group): "
+                                   "each one's checklist, and whether each node reaches node 0's rendezvous."),
     job: str | None = typer.Option(None, "--job", "-j", help="Also check this job (cargo jobs: the tch-rs build)."),
     as_json: bool = typer.Option(False, "--json", help="Print envcheck's JSON report."),
     fix: bool = typer.Option(False, "--fix", help="Apply the safe fixes (cargo clean, build.rs lines), then recheck."),
 ) -> None:
     config = get_config(ctx)
-    host_cfg = config.host(host)
+    hosts = config.host_list(host)
     job_cfg = config.job(job) if job else None
+    if len(hosts) > 1:
+        if fix:
+            raise UsageError("--fix works on one host at a time", "give one --host with --fix")
+        _doctor_nodes(config, hosts, job_cfg, as_json)
+        return
+    host_cfg = hosts[0]
     workdir = _workdir(config, host_cfg)
     # JSON on stdout stays parseable: everything else goes to stderr in --json mode
     out = err_console if as_json else console
@@ -63,6 +72,25 @@ def doctor(
     else:
         render(report)
     raise typer.Exit(report.exit_code)
+
+
+def _doctor_nodes(config: Config, hosts: list[HostConfig], job_cfg: JobConfig | None, as_json: bool) -> None:
+    """Every node's checklist (at once), each with its rendezvous row (rdzvcheck.py); exit 1 when any fails."""
+    sessions = multinode.open_sessions(config, hosts, open_runner)
+    try:
+        reports = multinode.each(lambda s: run_doctor(s.runner, s.host, job_cfg, workdir=_workdir(config, s.host)),
+                                 sessions)
+        for report, row in zip(reports, rdzvcheck.rendezvous_checks(sessions), strict=True):
+            report.checks.append(row)
+    finally:
+        for s in sessions:
+            s.runner.close()
+    if as_json:
+        typer.echo(json.dumps([r.to_json() for r in reports], indent=2))
+    else:
+        for report in reports:
+            render(report)
+    raise typer.Exit(max(r.exit_code for r in reports))
 
 
 def _workdir(config: Config, host: HostConfig) -> str:
