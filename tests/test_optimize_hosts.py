@@ -104,13 +104,23 @@ def test_one_study_over_two_hosts(two_hosts):
 def test_a_group_with_an_unreachable_host_runs_on_the_others(two_hosts):
     """`--host half` = a and dead (nothing listens on dead's port): a warning names dead, the study
     finishes on a, and the text summary says dead was lost."""
+    import optuna
+
     project, work = two_hosts
-    result = optimize(project, "--host", "half", "--trials", "2", "--parallel", "1", "--study", "half", *SMALL)
+    journal = project.parent / "half-journal.log"  # Optuna's journal storage, for several drivers
+    result = optimize(project, "--host", "half", "--trials", "2", "--parallel", "1", "--study", "half", *SMALL,
+                      "--storage", f"journal:{journal}")
     assert result.returncode == 0, result.stderr
     assert "host dead cannot be reached and takes no trials" in result.stderr
     assert "host dead was lost" in result.stdout and "trials per host (complete + pruned): a 2, dead 0" in result.stdout
     assert "--host a" in result.stdout  # the train hint names the best trial's host
     assert len(runs_in(work["a"], "half")) == 2
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+    study = optuna.load_study(study_name="half", storage=storage)
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE"]
+    assert not (project / ".thrust" / "studies" / "half.db").exists()
 
 
 def test_a_host_named_twice_is_refused(two_hosts):
@@ -118,6 +128,32 @@ def test_a_host_named_twice_is_refused(two_hosts):
     result = optimize(project, "--host", "pair", "--host", "b", "--trials", "2", *SMALL)
     assert result.returncode == 64, result.stderr
     assert "'b' is named twice" in result.stderr
+
+
+@pytest.mark.slow
+def test_killed_driver_over_two_hosts_resumes_to_n(two_hosts):
+    """SIGKILL the driver while both hosts run a trial; the rerun adopts or retries them: N in total,
+    one run per trial on each host, nothing duplicated."""
+    project, work = two_hosts
+    argv = [EXE, "optimize", "cartpole", "--host", "pair", "--trials", "4", "--parallel", "1", "--study", "again",
+            "--set", "total-steps=8192", "--set", "target-return=0", "--pruner", "none", "--json"]
+    env = {**os.environ, "NO_COLOR": "1"}
+    first = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(runs_in(work[n], "again") for n in "ab"):
+        time.sleep(0.1)
+    first.send_signal(signal.SIGKILL)  # no cleanup: the study says RUNNING, the runs go on
+    first.wait(timeout=10)
+    assert all(runs_in(work[n], "again") for n in "ab"), first.stderr.read().decode() if first.stderr else ""
+    second = subprocess.run(argv, cwd=project, capture_output=True, text=True, timeout=240, env=env)
+    assert second.returncode == 0, second.stderr
+    out = json.loads(second.stdout)
+    assert out["counts"]["done"] == 4 and sum(out["hosts"].values()) == 4
+    run_ids = [t["run_id"] for t in out["trials"] if t["run_id"]]
+    assert len(run_ids) == len(set(run_ids))
+    for name in "ab":  # every run on a host belongs to exactly one trial that names that host
+        assert runs_in(work[name], "again") == sorted(t["run_id"] for t in out["trials"] if t["host"] == name)
+    assert all("interrupted" in t["note"] for t in out["trials"] if t["state"] == "FAIL")
 
 
 @pytest.fixture
