@@ -50,7 +50,8 @@ class Resumer:
                     act = ActiveTrial(self._view(TrialView.from_frozen(frozen)),
                                       self._trial(frozen), Slot("?", host=name))
                     self._interrupted(act, f"its host {name} is not reachable in this run")
-        self._push()
+        if self.views:  # some trial was adopted, told or retried: the study changed
+            self._push()
 
     def _resume_host(self, host: StudyHost, mine: list[Any], known: set[str | None]) -> None:
         self._stop_orphans(host, known)
