@@ -26,7 +26,8 @@ STATE_STYLE = {"RUNNING": "cyan", "LAUNCHING": "cyan", "COMPLETE": "green", "PRU
 
 
 def register(app: typer.Typer) -> None:
-    app.command("optimize", help="Search a job's hyperparameters: an Optuna study over the host's GPU slots.")(
+    app.command("optimize", help="Search a job's hyperparameters: an Optuna study over the GPU slots of one "
+                                 "host or several.")(
         optimize
     )
 
@@ -68,12 +69,14 @@ class LiveTable:
                             f"pruned {counts.get('PRUNED', 0)}  failed {counts.get('FAIL', 0)}")
         for col in ("trial", "slot", "params", "progress", "value", "state"):
             table.add_column(col, overflow="fold" if col == "params" else "ellipsis")
+        several = len({t.host for t in trials}) > 1
         for t in sorted(trials, key=lambda v: v.number)[-30:]:
             params = " ".join(f"{k}={_short(v)}" for k, v in t.params.items())
             progress = f"{t.step:,}/{t.total_steps:,}" if t.total_steps else (f"{t.step:,}" if t.step else "")
             value = _short(t.value if t.value is not None else t.intermediate)
             style = STATE_STYLE.get(t.state, "")
-            table.add_row(str(t.number), t.slot or "", params, progress, value,
+            slot = f"{t.host}/{t.slot}" if several and t.slot else t.slot or ""
+            table.add_row(str(t.number), slot, params, progress, value,
                           f"[{style}]{t.state}[/]" if style else t.state)
         self.live.update(table)
 
@@ -82,14 +85,17 @@ def optimize(
     ctx: typer.Context,
     job: str | None = typer.Argument(None, help="Job to tune (default: the one job under `search:` in thrust.yaml)."),
     trials: int | None = typer.Option(None, "--trials", "-n", help="Trials to finish (COMPLETE + PRUNED)."),
-    host: str | None = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: default_host)."),
+    host: list[str] | None = typer.Option(None, "--host", "-H",
+                                          help="Host (or group) from thrust.yaml; repeat for a study over several "
+                                               "hosts (default: default_host)."),
     parallel: int | None = typer.Option(None, "--parallel", "-p",
                                         help="Trials at once (CPU host: this many CPU slots; default 1)."),
     gpus: str | None = typer.Option(None, "--gpus", help="GPU indices for slots, like 0,1,2,3 (default: all)."),
     slots_per_gpu: int = typer.Option(1, "--slots-per-gpu", help="Trials sharing one GPU (default 1)."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: the job's name)."),
     storage: str | None = typer.Option(None, "--storage", envvar="THRUST_STUDY_STORAGE",
-                                       help="Optuna storage URL (default: SQLite on the host)."),
+                                       help="Optuna storage URL, or journal:FILE (default: SQLite on the host; "
+                                            "over several hosts, in <project>/.thrust/studies/)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds after which no new trial starts."),
     sets: list[str] = typer.Option([], "--set", help="KEY=VALUE: fix a flag (a command job: a word) for every trial."),
     pruner: str = typer.Option("median", "--pruner", help="median | halving | none."),
@@ -108,50 +114,54 @@ def optimize(
     if job is None:
         names = sorted(config.search)
         if len(names) != 1:
-            example = command_hint("optimize", "cartpole", "--trials", "20", host=host,
+            example = command_hint("optimize", "cartpole", "--trials", "20", host=host[0] if host else None,
                                    config=config.given_path)
             raise UsageError(f"name the job to optimize (e.g. {example})")
         job = names[0]
     job_cfg = config.job(job)
-    host_cfg = config.host(host)
+    hosts = config.host_list(host)  # a group stands for its hosts; a host named twice is refused (64)
     if stop:
-        _stop(config, job_cfg, host_cfg, study, as_json)
+        _stop(config, job_cfg, hosts, study, as_json)
         return
     if trials is None:
         raise UsageError("--trials N is required (how many trials the study should finish)")
     request = core.OptimizeRequest(
-        job=job_cfg, host=host_cfg, trials=trials, parallel=parallel, gpus=gpus, slots_per_gpu=slots_per_gpu,
+        job=job_cfg, host=hosts[0], trials=trials, parallel=parallel, gpus=gpus, slots_per_gpu=slots_per_gpu,
         study=study, storage=storage, timeout=timeout, sets=sets, pruner=pruner, prune_startup=prune_startup,
-        prune_warmup=prune_warmup, metric=metric, seed=seed, out=out, poll_s=poll,
+        prune_warmup=prune_warmup, metric=metric, seed=seed, out=out, poll_s=poll, hosts=hosts,
     )
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our table says what happens
     control = core.Control()
-    runner = open_runner(host_cfg)
+    runners = {h.name: open_runner(h) for h in hosts}
     reporter = CliReporter(quiet=as_json)
     previous = signal.signal(signal.SIGINT, _sigint_handler(control))
     try:
         with LiveTable(err_console.is_terminal and not as_json, f"study {study or job}") as view:
-            optimizer = core.Optimizer(config, request, runner, reporter, view, control)
+            optimizer = core.Optimizer(config, request, runners, reporter, view, control)
             summary = optimizer.run()
     finally:
         signal.signal(signal.SIGINT, previous)
-        runner.close()
+        for runner in runners.values():
+            runner.close()
     if as_json:
         typer.echo(json.dumps(summary.as_json(), indent=2))
     else:
-        render_summary(summary, host_cfg)
+        render_summary(summary, {h.name: h for h in hosts})
     raise typer.Exit(summary.exit_code)
 
 
-def _stop(config: Config, job: JobConfig, host: HostConfig, study: str | None, as_json: bool) -> None:
-    """`optimize --stop`: the study's driver sees the stop file; its running trials are stopped here."""
-    runner = open_runner(host)
-    try:
-        stopped = core.request_stop(runner, host, config, study or core.default_study_name(job))
-    finally:
-        runner.close()
+def _stop(config: Config, job: JobConfig, hosts: Sequence[HostConfig], study: str | None, as_json: bool) -> None:
+    """`optimize --stop`: the study's driver sees the stop file (on every host of the study); its
+    running trials are stopped here."""
+    stopped: list[str] = []
+    for host in hosts:
+        runner = open_runner(host)
+        try:
+            stopped += core.request_stop(runner, host, config, study or core.default_study_name(job))
+        finally:
+            runner.close()
     if as_json:
         typer.echo(json.dumps({"stopped": stopped}))
     else:
@@ -179,18 +189,25 @@ def _sigint_handler(control: core.Control) -> Callable[[int, FrameType | None], 
     return on_sigint
 
 
-def render_summary(s: core.Summary, host: HostConfig | None = None) -> None:
+def render_summary(s: core.Summary, hosts: Mapping[str, HostConfig] | None = None) -> None:
     c = s.counts
     console.print(f"study [bold]{escape(s.study)}[/] ({escape(s.storage)}): {c.get('COMPLETE', 0)} complete, "
                   f"{c.get('PRUNED', 0)} pruned, {c.get('FAIL', 0)} failed of {s.trials_target} "
                   f"in {s.wall_s:.1f} s", highlight=False)
+    if len(s.hosts) > 1:
+        console.print("trials per host (complete + pruned): "
+                      + ", ".join(f"{escape(h)} {n}" for h, n in s.hosts.items()), highlight=False)
+    for name, why in s.lost_hosts.items():
+        console.print(f"[yellow]host {escape(name)} was lost: {escape(why)}; its trials ran again on the others[/]",
+                      highlight=False)
     if s.stopped:
         console.print(f"[yellow]stopped before {s.trials_target} trials: {s.stopped}; rerun the same command to "
                       "continue[/]")
     if s.best is None:
         console.print("[red]no trial completed[/]")
         return
-    table = Table("parameter", "best value", "importance", title=f"best: trial {s.best['number']}, "
+    on = f" on {s.best['host']}" if len(s.hosts) > 1 and s.best.get("host") else ""
+    table = Table("parameter", "best value", "importance", title=f"best: trial {s.best['number']}{on}, "
                   f"{s.best.get('metric') or s.metric} = {s.best['value']:.4g}")
     for k, v in s.best["params"].items():
         imp = (s.importances or {}).get(k)
@@ -198,6 +215,8 @@ def render_summary(s: core.Summary, host: HostConfig | None = None) -> None:
     console.print(table)
     if s.importances is None:
         console.print(f"importances not computed: {escape(s.importance_note or '')}", highlight=False)
-    train = command_hint("train", s.job, "--params", str(s.best_params_file), host=host or s.host)
+    best_host = s.best.get("host") or s.host
+    train = command_hint("train", s.job, "--params", str(s.best_params_file),
+                         host=(hosts or {}).get(best_host) or best_host)
     console.print(f"best params: {s.best_params_file}  →  {train}", highlight=False)
     console.print(f"dashboard: optuna-dashboard {escape(s.dashboard_url or s.storage)}", highlight=False)

@@ -12,6 +12,7 @@ from ..errors import ConnectionLostError, ThrustError, UsageError
 from ..names import valid_id
 from ..runner import Runner
 from . import hostops
+from .fleet import Fleet, in_parallel
 from .hostops import StudyHost
 from .model import (
     DEFAULT_LOG_INTERVAL,
@@ -27,18 +28,19 @@ from .monitor import Monitor
 from .objective import objective_for
 from .ownmonitor import OwnMonitor
 from .scheduler import Plan, Scheduler
-from .slots import SlotPool, plan_slots
+from .slots import Slot, SlotPool, plan_slots, union
 from .space import distributions, search_space
-from .store import StudyStore, default_study_name, open_study, remember_settings
+from .store import HostsStore, StudyStore, default_study_name, open_study, remember_settings
 from .summary import Summary, build_summary
 
 
 class Optimizer:
     """One `optimize` command: everything checked at construction, before any host is touched."""
 
-    def __init__(self, config: Config, request: OptimizeRequest, runner: Runner,
+    def __init__(self, config: Config, request: OptimizeRequest, runner: Runner | Mapping[str, Runner],
                  reporter: hostops.Reporter | None = None, observer: Observer | None = None,
                  control: Control | None = None) -> None:
+        """`runner`: the host's, or one per host name (a study over several hosts)."""
         if request.trials < 1:
             raise UsageError("--trials must be at least 1")
         if request.pruner not in PRUNERS:
@@ -47,12 +49,14 @@ class Optimizer:
             raise UsageError(f"--metric {request.metric!r}: expected one of {', '.join(METRICS)}")
         self.config = config
         self.request = request
-        self.runner = runner
+        self.runners: Mapping[str, Runner] = runner if isinstance(runner, Mapping) else {request.host.name: runner}
+        missing = [h.name for h in request.all_hosts if h.name not in self.runners]
+        if missing:
+            raise UsageError(f"no runner for host(s) {', '.join(missing)}")
         self.reporter = reporter or hostops.NullReporter()
         self.observer = observer or NullObserver()
         self.control = control or Control()
         self.job = request.job
-        self.host = request.host
         self.study_name = request.study or default_study_name(self.job)
         if not valid_id(self.study_name):
             raise UsageError(f"--study {self.study_name!r}: use letters, digits, '_', '-', '.'")
@@ -85,20 +89,16 @@ class Optimizer:
     def run(self) -> Summary:
         started = time.monotonic()
         r = self.request
-        prepared = hostops.prepare(self.config, self.job, self.host, self.runner, self.reporter, self._args({}))
-        pool = SlotPool(plan_slots(prepared.report.facts, self.host, r.gpus, r.parallel, r.slots_per_gpu))
-        self._check_shared_events(len(pool.slots))
-        host = StudyHost.open(prepared, self.study_name)
-        if self.objective.source == "tensorboard":
-            host.scalars([], self.objective.metric)  # tensorboard importable there? (else 78, with the fix)
-        store = StudyStore.open(self.config, self.host, prepared.session, hostops.studies_dir(prepared.paths),
-                                self.study_name, r.storage)
+        fleet, pool = self._prepare_hosts()
+        self._check_shared_events(max(sum(s.host == n for s in pool.slots) for n in fleet.names))
+        store = self._open_store(fleet)
         store.acquire()  # before anything is touched: a refused second driver must change nothing
-        host.clear_stop()
+        for name, exc in fleet.clear_stop().items():
+            self._lose_at_start(fleet, pool, store, name, exc)
         if store.synced:
             store.pull()
         self.reporter.step(f"study {self.study_name} in {store.label}; slots: "
-                           + ", ".join(f"{s.name} (CUDA_VISIBLE_DEVICES={s.cuda_visible_devices!r})"
+                           + ", ".join(f"{fleet.where(s)} (CUDA_VISIBLE_DEVICES={s.cuda_visible_devices!r})"
                                        for s in pool.slots))
         study = open_study(store, self.study_name, r, self.objective.direction)
         o = self.objective
@@ -106,17 +106,66 @@ class Optimizer:
         if o.own:
             settings["mode"] = o.mode
         rung_steps = remember_settings(study, settings, self.reporter)
-        monitor = OwnMonitor(host, study, o, rung_steps) if o.own else Monitor(host, study, o.metric, rung_steps)
+        monitor = OwnMonitor(fleet, study, o, rung_steps) if o.own else Monitor(fleet, study, o.metric, rung_steps)
         plan = Plan(self.study_name, self.dists, self._args, r.trials, r.timeout, r.poll_s)
-        scheduler = Scheduler(plan, study, host, store, monitor, pool, self.observer, self.control, self.reporter)
+        scheduler = Scheduler(plan, study, fleet, store, monitor, pool, self.observer, self.control, self.reporter)
         self.control.started = True
         self._drive(scheduler, started)
         if scheduler.fatal is not None:
             raise scheduler.fatal
-        return build_summary(study, name=self.study_name, job=self.job.name, host=self.host.name, request=r,
+        names = [h.name for h in r.all_hosts]
+        return build_summary(study, name=self.study_name, job=self.job.name, host=",".join(names), request=r,
                              fixed=self.fixed, best_file=self.config.root / f"{self.study_name}-best.yaml",
                              store=store, slots=pool.slots, views=scheduler.views, stopped=scheduler.stopped,
-                             wall=time.monotonic() - started, metric=o.metric, direction=o.direction)
+                             wall=time.monotonic() - started, metric=o.metric, direction=o.direction,
+                             hosts=names, lost=fleet.lost)
+
+    def _prepare_hosts(self) -> tuple[Fleet, SlotPool]:
+        """Every host prepared at once (sync, preflight, setup: a thread per host), its slots planned,
+        its study directory made. A host that cannot be reached is left out with a warning while
+        another one can (several hosts); any other failure stops the command, naming the host."""
+        r = self.request
+        hosts = r.all_hosts
+        several = len(hosts) > 1
+
+        def prepare(host: HostConfig) -> tuple[StudyHost, list[Slot]]:
+            reporter = _HostReporter(self.reporter, host.name) if several else self.reporter
+            prepared = hostops.prepare(self.config, self.job, host, self.runners[host.name], reporter,
+                                       self._args({}))
+            slots = plan_slots(prepared.report.facts, host, r.gpus, r.parallel, r.slots_per_gpu)
+            study_host = StudyHost.open(prepared, self.study_name)
+            if self.objective.source == "tensorboard":
+                study_host.scalars([], self.objective.metric)  # tensorboard importable there? (else 78)
+            return study_host, slots
+
+        done, lost = in_parallel({h.name: (lambda h=h: prepare(h)) for h in hosts})
+        if not done:
+            first = next(iter(lost.values()))
+            raise type(first)("no host of this study can be reached: "
+                              + "; ".join(f"{n}: {e.message}" for n, e in lost.items()), first.hint)
+        for name, exc in lost.items():
+            self.reporter.warn(f"host {name} cannot be reached and takes no trials: {exc.message}")
+        live = [h.name for h in hosts if h.name in done]
+        fleet = Fleet([done[n][0] for n in live], {n: e.message for n, e in lost.items()})
+        return fleet, SlotPool(union({n: done[n][1] for n in live}))
+
+    def _open_store(self, fleet: Fleet) -> StudyStore | HostsStore:
+        r = self.request
+        if not fleet.several:  # one host: the study lives there (docs/optimize.md, "Where the study lives")
+            host = fleet.live[0]
+            return StudyStore.open(self.config, host.host, host.session, hostops.studies_dir(host.paths),
+                                   self.study_name, r.storage)
+        return HostsStore.open(self.config, [(h.host.name, h.session, hostops.studies_dir(h.paths))
+                                             for h in fleet.live], self.study_name, r.storage)
+
+    def _lose_at_start(self, fleet: Fleet, pool: SlotPool, store: StudyStore | HostsStore, name: str,
+                       exc: ThrustError) -> None:
+        if not fleet.tolerates(name, exc):
+            raise exc
+        fleet.lose(name, exc.message)
+        pool.drop_host(name)
+        store.forget(name)
+        self.reporter.warn(f"lost host {name}: {exc.message}; the study goes on on {', '.join(fleet.names)}")
 
     def _drive(self, scheduler: Scheduler, started: float) -> None:
         ok = False
@@ -126,7 +175,7 @@ class Optimizer:
             ok = True
         except ConnectionLostError as exc:
             raise ConnectionLostError(
-                f"{exc.message}; the running trials go on on {self.host.name}",
+                f"{exc.message}; the running trials go on on {', '.join(h.name for h in self.request.all_hosts)}",
                 "rerun the same command to continue the study (running trials are adopted)") from None
         finally:
             try:
@@ -134,6 +183,20 @@ class Optimizer:
             except ThrustError:
                 if ok:
                     raise
+
+
+class _HostReporter(hostops.NullReporter):
+    """Steps and warnings of one host's preparation, named (several hosts prepare at once)."""
+
+    def __init__(self, inner: hostops.Reporter, name: str) -> None:
+        self.inner = inner
+        self.name = name
+
+    def step(self, message: str) -> None:
+        self.inner.step(f"{self.name}: {message}")
+
+    def warn(self, message: str) -> None:
+        self.inner.warn(f"{self.name}: {message}")
 
 
 def request_stop(runner: Runner, host: HostConfig, config: Config, study: str) -> list[str]:

@@ -22,7 +22,7 @@ MAX_CONSECUTIVE_FAILURES = 3  # then no new trials: the study's settings are bro
 @dataclass
 class OptimizeRequest:
     job: JobConfig
-    host: HostConfig
+    host: HostConfig  # the first (or only) host
     trials: int
     parallel: int | None = None
     gpus: str | None = None
@@ -38,6 +38,11 @@ class OptimizeRequest:
     seed: int | None = None
     out: Path | None = None
     poll_s: float = 0.5
+    hosts: Sequence[HostConfig] = ()  # `--host a --host b` (groups expanded); empty: `host` alone
+
+    @property
+    def all_hosts(self) -> list[HostConfig]:
+        return list(self.hosts) or [self.host]
 
 
 @dataclass
@@ -59,18 +64,19 @@ class TrialView:
     ended_at: float | None = None
     note: str = ""
     launch_timing: dict[str, float] | None = None  # save the study, then the launch command
+    host: str | None = None  # the host the trial's run is on
 
     @classmethod
     def from_frozen(cls, frozen: Any) -> TrialView:
         """A trial stored in the study (by this driver or an earlier one)."""
         a = frozen.user_attrs
         return cls(frozen.number, dict(frozen.params), a.get("slot"), a.get("cuda_visible_devices"),
-                   a.get("run_id"), launched_at=a.get("launched_at"))
+                   a.get("run_id"), launched_at=a.get("launched_at"), host=a.get("host"))
 
     def as_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
             "number", "state", "value", "params", "slot", "cuda_visible_devices", "run_id", "step", "total_steps",
-            "launched_at", "first_metric_at", "ended_at", "note", "launch_timing")}
+            "launched_at", "first_metric_at", "ended_at", "note", "launch_timing", "host")}
 
 
 class Observer(Protocol):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ThrustError
+from .fleet import Fleet
 from .hostops import StudyHost
 from .model import RUNGS, TrialView
 from .slots import Slot
@@ -49,26 +50,30 @@ class Ended:
 
 
 class Monitor:
-    def __init__(self, host: StudyHost, study: Any, metric: str, rung_steps: int | None) -> None:
-        self.host = host
+    def __init__(self, hosts: Fleet, study: Any, metric: str, rung_steps: int | None) -> None:
+        self.hosts = hosts
         self.study = study
         self.metric = metric
         self.rung_steps = rung_steps  # steps per rung: fixed by the first total_steps seen, kept in the study
 
     def run_dir(self, act: ActiveTrial) -> str:
-        return self.host.run_dir(act.view.run_id or "")
+        return self.hosts.of(act.slot).run_dir(act.view.run_id or "")
 
     def entry(self, act: ActiveTrial, offset: int) -> tuple[Any, ...]:
         """A trial's part of a poll request: the trainer's metrics.jsonl from `offset`."""
         return (self.run_dir(act), offset)
 
     def poll(self, acts: Sequence[ActiveTrial], wait: float) -> dict[str, Any]:
-        """New lines of every trial: waits on the host up to `wait`, less when a trial ends."""
-        return self.host.poll([self.entry(a, a.offset) for a in acts], wait=wait)
+        """New lines of every trial, every host at once: waits on each host up to `wait`, less when a
+        trial ends there. "lost": the hosts whose link failed (several hosts only; fleet.py)."""
+        requests: dict[str, list[tuple[Any, ...]]] = {}
+        for a in acts:
+            requests.setdefault(a.slot.host, []).append(self.entry(a, a.offset))
+        return self.hosts.poll(requests, wait)
 
-    def snapshot(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """The state of these runs (by run directory), no metrics consumed: for resuming."""
-        return self.host.poll([(self.host.run_dir(r), 0) for r in run_ids])["runs"]
+    def snapshot(self, host: StudyHost, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The state of these runs on `host` (by run directory), no metrics consumed: for resuming."""
+        return host.poll([(host.run_dir(r), 0) for r in run_ids])["runs"]
 
     def outcome(self, act: ActiveTrial, info: Mapping[str, Any]) -> Prune | Ended | None:
         """Feed a trial's part of a poll; what the scheduler must do with it (None: it runs on)."""
@@ -84,7 +89,7 @@ class Monitor:
         """Read a whole metrics.jsonl (a run that ended while nobody watched); no pruning."""
         act.offset = 0
         while True:
-            answer = self.host.poll([self.entry(act, act.offset)])["runs"]
+            answer = self.hosts.of(act.slot).poll([self.entry(act, act.offset)])["runs"]
             got = next(iter(answer.values()))
             self.feed(act, got.get("data") or "", prune=False)
             act.offset = int(got.get("offset", act.offset))

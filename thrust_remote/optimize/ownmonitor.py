@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ThrustError
-from .hostops import StudyHost
+from .fleet import Fleet
 from .model import RUNGS
 from .monitor import ActiveTrial, Monitor
 from .objective import Objective, missing_metric
@@ -37,8 +37,8 @@ def value_at(series: Sequence[tuple[int, float]], step: int) -> float:
 
 
 class OwnMonitor(Monitor):
-    def __init__(self, host: StudyHost, study: Any, objective: Objective, rung_steps: int | None) -> None:
-        super().__init__(host, study, objective.metric, rung_steps)
+    def __init__(self, hosts: Fleet, study: Any, objective: Objective, rung_steps: int | None) -> None:
+        super().__init__(hosts, study, objective.metric, rung_steps)
         self.objective = objective
         self.tb_read_at = 0.0
         self.seen_value = False  # some trial of this driver reported the metric
@@ -49,7 +49,8 @@ class OwnMonitor(Monitor):
     def poll(self, acts: Sequence[ActiveTrial], wait: float) -> dict[str, Any]:
         answer = super().poll(acts, wait)
         if self.objective.source == "tensorboard" and time.monotonic() - self.tb_read_at >= TB_EVERY_S:
-            self.read_scalars([a for a in acts if answer["runs"].get(self.run_dir(a), {}).get("state") == "RUNNING"])
+            self.read_scalars([a for a in acts if a.slot.host not in answer["lost"]
+                               and answer["runs"].get(self.run_dir(a), {}).get("state") == "RUNNING"])
         return answer
 
     def read_scalars(self, acts: Sequence[ActiveTrial]) -> None:
@@ -57,10 +58,12 @@ class OwnMonitor(Monitor):
         self.tb_read_at = time.monotonic()
         if not acts:
             return
-        cwd = self.host.prepared.cwd
-        request = [(self.run_dir(a), self.objective.events_under(cwd, a.view.run_id or ""),
-                    a.series[-1][0] if a.series else -1) for a in acts]
-        got = self.host.scalars(request, self.objective.metric)
+        got: dict[str, Any] = {}
+        for name in dict.fromkeys(a.slot.host for a in acts):  # each host's checkout, by its own python
+            host = self.hosts[name]
+            request = [(self.run_dir(a), self.objective.events_under(host.prepared.cwd, a.view.run_id or ""),
+                        a.series[-1][0] if a.series else -1) for a in acts if a.slot.host == name]
+            got.update(host.scalars(request, self.objective.metric))
         for act in acts:
             one = got.get(self.run_dir(act)) or {}
             act.names.update(one.get("tags") or [])

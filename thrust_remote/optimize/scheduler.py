@@ -1,6 +1,7 @@
-"""The scheduler: fill free slots with asked trials, follow them through the monitor, and tell the
-study how each ended. The ONLY place that calls `study.tell` (docs/architecture.md, "optimize"): every
-ending (complete, pruned, failed, interrupted) goes through `_tell`."""
+"""The scheduler: fill free slots (of every host) with asked trials, follow them through the monitor,
+and tell the study how each ended. The ONLY place that calls `study.tell` (docs/architecture.md,
+"optimize"): every ending (complete, pruned, failed, interrupted) goes through `_tell`. A host lost in a
+study over several hosts takes only its running trials with it (interrupted: retried elsewhere)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 
 from ..errors import ConnectionLostError, ThrustError
 from ..hints import command_hint
-from .hostops import Reporter, StudyHost
+from .fleet import Fleet
+from .hostops import Reporter
 from .model import (
     MAX_CONSECUTIVE_FAILURES,
     PUSH_EVERY_S,
@@ -23,11 +25,11 @@ from .model import (
     TrialView,
     count_states,
     fmt,
-    is_trial_run,
 )
 from .monitor import ActiveTrial, Ended, Monitor, Prune
+from .resume import Resumer
 from .slots import Slot, SlotPool
-from .store import StudyStore
+from .store import HostsStore, StudyStore
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,12 @@ class Plan:
     poll_s: float
 
 
-class Scheduler:
-    def __init__(self, plan: Plan, study: Any, host: StudyHost, store: StudyStore, monitor: Monitor,
+class Scheduler(Resumer):
+    def __init__(self, plan: Plan, study: Any, hosts: Fleet, store: StudyStore | HostsStore, monitor: Monitor,
                  pool: SlotPool, observer: Observer, control: Control, reporter: Reporter) -> None:
         self.plan = plan
         self.study = study
-        self.host = host
+        self.hosts = hosts
         self.store = store
         self.monitor = monitor
         self.pool = pool
@@ -61,61 +63,6 @@ class Scheduler:
         self.by_us: set[str] = set()  # run ids we are stopping (pruned or aborted)
         self.dirty_since: float | None = None  # the local copy has changes the host's lacks
         self.fatal: ThrustError | None = None  # the study cannot work (a metric that never appears)
-
-    # -- resume -----------------------------------------------------------------------------------
-    def resume(self) -> None:
-        """Trials RUNNING in the study from an earlier driver on this host: adopt, tell, or retry."""
-        from optuna.trial import TrialState
-
-        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        self._stop_orphans({t.user_attrs.get("run_id") for t in running})
-        mine = [t for t in running if t.user_attrs.get("host") == self.host.host.name
-                and t.user_attrs.get("workdir") == self.host.paths.workdir]
-        if not mine:
-            return
-        self.reporter.step(f"resuming: {len(mine)} trial(s) were running when the last driver stopped")
-        answer = self.monitor.snapshot([t.user_attrs["run_id"] for t in mine if t.user_attrs.get("run_id")])
-        for frozen in mine:
-            run_id = frozen.user_attrs.get("run_id")
-            info = answer.get(self.host.run_dir(run_id)) if run_id else None
-            self._resume_one(frozen, info)
-        self._push()
-
-    def _resume_one(self, frozen: Any, info: Mapping[str, Any] | None) -> None:
-        from optuna.trial import Trial
-
-        run_id = frozen.user_attrs.get("run_id")
-        view = self._view(TrialView.from_frozen(frozen))
-        state = info["state"] if info else "MISSING"
-        slot = self.pool.find_free(frozen.user_attrs.get("slot") or (info or {}).get("slot") or "")
-        act = ActiveTrial(view, Trial(self.study, frozen._trial_id), slot or Slot("?"),
-                          reported=set(frozen.intermediate_values))
-        if state == "RUNNING" and slot is not None:
-            self.pool.take(slot)
-            view.state = "RUNNING"
-            self.active[frozen.number] = act
-            self.observer.event(f"trial {frozen.number}: adopted its running run {run_id} on {slot.name}")
-            return
-        if state == "RUNNING":
-            self.observer.event(f"trial {frozen.number}: slot {frozen.user_attrs.get('slot')} is not in this "
-                                "run's slots: stopping it")
-            self._stop_run(run_id)
-            state = "STOPPED"
-        if state in ("FINISHED", "FAILED"):  # a genuine failure is not retried (docs/optimize.md)
-            assert info is not None
-            self.monitor.drain(act)
-            self.active[frozen.number] = act
-            self._finish(act, Ended(state, info.get("exit_code"), info.get("log_tail") or ""))
-        else:
-            self._interrupted(act, f"run {state.lower()} while no driver watched")
-
-    def _stop_orphans(self, known: set[str | None]) -> None:
-        """A run of this study that no trial in the study names (its driver died between launching it
-        and saving the study) would hold a slot unseen: stop it."""
-        for run_id in self.host.running_run_ids():
-            if is_trial_run(run_id, self.plan.study_name) and run_id not in known:
-                self.observer.event(f"stopping {run_id}: a run of this study that no trial names")
-                self._stop_run(run_id)
 
     def _view(self, view: TrialView) -> TrialView:
         self.views[view.number] = view
@@ -144,7 +91,8 @@ class Scheduler:
             if not self.active:
                 return
             self._poll_active()  # waits on the host up to poll_s, less when a trial ends
-            self.store.heartbeat()
+            for name, exc in self.store.heartbeat().items():
+                self._lose_host(name, exc)
             if self.dirty_since is not None and time.monotonic() - self.dirty_since > PUSH_EVERY_S:
                 self._push()
 
@@ -152,8 +100,9 @@ class Scheduler:
         """The end, however it came: stop the trials of an aborted study, save, drop the lease."""
         if self.control.abort and self.active:
             for act in list(self.active.values()):
-                self._stop_run(act.view.run_id)
-                self._interrupted(act, "stopped with the study")
+                self._stop_run(act.view.run_id, act.slot.host)
+                if act.view.number in self.active:  # not already told (its host lost meanwhile)
+                    self._interrupted(act, "stopped with the study")
         self._push()
         self.store.release()
 
@@ -167,11 +116,12 @@ class Scheduler:
         trial = self.study.ask(self.plan.dists)
         params = dict(trial.params)
         run_id = f"{self.plan.study_name}-t{trial.number:03d}-{secrets.token_hex(2)}"
+        host = self.hosts.of(slot)
         view = self._view(TrialView(trial.number, params, slot.name, slot.cuda_visible_devices, run_id,
-                                    state="LAUNCHING", launched_at=time.time()))
+                                    state="LAUNCHING", launched_at=time.time(), host=slot.host))
         # the run id is in the study before the run exists: a driver killed in between is recoverable
         for key, value in (("run_id", run_id), ("slot", slot.name), ("cuda_visible_devices", slot.cuda_visible_devices),
-                           ("host", self.host.host.name), ("workdir", self.host.paths.workdir),
+                           ("host", slot.host), ("workdir", host.paths.workdir),
                            ("launched_at", view.launched_at)):
             trial.set_user_attr(key, value)
         self._push()
@@ -186,32 +136,40 @@ class Scheduler:
         }
         meta = {"study": self.plan.study_name, "trial": trial.number, "slot": slot.name, "params": dict(params)}
         try:
-            self.host.launch(run_id, self.plan.args(params), slot.gpus, env, meta)
+            host.launch(run_id, self.plan.args(params), slot.gpus, env, meta)
             view.launch_timing = {"save_s": round(saved - (view.launched_at or saved), 4),
                                   "launch_s": round(time.time() - saved, 4)}
-        except ConnectionLostError:
-            raise
         except ThrustError as exc:
+            if self.hosts.tolerates(slot.host, exc):
+                self._lose_host(slot.host, exc)  # this trial too: interrupted, retried on another host
+                return
+            if isinstance(exc, ConnectionLostError):
+                raise
             # the answer may have been lost after the run started: never leave one behind on a freed slot
             with contextlib.suppress(ThrustError):
-                self.host.stop_run(run_id)
+                host.stop_run(run_id)
             self._fail(act, f"launch failed: {exc.message}")
             return
         view.state = "RUNNING"
         shown = ", ".join(f"{k}={fmt(v)}" for k, v in params.items())
-        self.observer.event(f"trial {trial.number} on {slot.name}: {shown}")
+        self.observer.event(f"trial {trial.number} on {self.hosts.where(slot)}: {shown}")
 
     def _poll_active(self) -> None:
         """One poll of every running trial, then each one's outcome, in order."""
         acts = list(self.active.values())
         answer = self.monitor.poll(acts, self.plan.poll_s)
+        for name, exc in answer.get("lost", {}).items():
+            self._lose_host(name, exc)
         if answer.get("stop") and not self.control.abort:
             self.observer.event("a stop was requested for this study (optimize --stop): stopping the trials")
-            self.host.clear_stop()
+            for name, exc in self.hosts.clear_stop().items():
+                self._lose_host(name, exc)
             self.control.abort = True
         for act in acts:
+            if act.view.number not in self.active:  # told already (pruned, or its host was lost)
+                continue
             info = answer["runs"].get(self.monitor.run_dir(act))
-            if info is None or act.view.number not in self.active:
+            if info is None:
                 continue
             outcome = self.monitor.outcome(act, info)
             if isinstance(outcome, Prune):
@@ -235,7 +193,9 @@ class Scheduler:
         self._dirty()
 
     def _prune(self, act: ActiveTrial, rung: int) -> None:
-        self._stop_run(act.view.run_id)
+        self._stop_run(act.view.run_id, act.slot.host)
+        if act.view.number not in self.active:  # its host was lost while stopping it: interrupted
+            return
         self._tell(act, "PRUNED")
         act.view.note = f"pruned at rung {rung}/{RUNGS}"
         self.consecutive_failures = 0
@@ -258,7 +218,7 @@ class Scheduler:
             lines = [ln for ln in ended.log_tail.strip().splitlines() if not ln.startswith("THRUST_")]
             last = f": {lines[-1].strip()[:200]}" if lines else ""
             self._fail(act, f"run {run_id} failed (exit code {ended.exit_code}){last}; see "
-                            + command_hint("logs", run_id, host=self.host.host))
+                            + command_hint("logs", run_id, host=self.hosts.hint_host(act.slot.host)))
         elif run_id in self.by_us:
             self._interrupted(act, "stopped with the study")
         elif ended.state == "STOPPED":
@@ -297,16 +257,45 @@ class Scheduler:
         act.view.note = f"interrupted ({why}); will be retried"
         self.observer.event(f"trial {act.view.number} interrupted ({why}); its parameters are queued again")
 
-    def _stop_run(self, run_id: str | None) -> None:
-        if not run_id:
+    def _stop_run(self, run_id: str | None, host: str) -> None:
+        if not run_id or host not in self.hosts.hosts:
             return
         self.by_us.add(run_id)
         try:
-            self.host.stop_run(run_id, grace=10.0)
-        except ConnectionLostError:
-            raise
+            self.hosts[host].stop_run(run_id, grace=10.0)
         except ThrustError as exc:
-            self.reporter.warn(f"stopping {run_id}: {exc.message}")
+            if self.hosts.tolerates(host, exc):
+                self._lose_host(host, exc)
+            elif isinstance(exc, ConnectionLostError):
+                raise
+            else:
+                self.reporter.warn(f"stopping {run_id}: {exc.message}")
+
+    # -- losing a host ----------------------------------------------------------------------------
+    def _guarded(self, host: str, call: Callable[[], None]) -> None:
+        """A host call whose link error loses that host (several hosts) or is raised (the last one)."""
+        try:
+            call()
+        except ThrustError as exc:
+            if not self.hosts.tolerates(host, exc):
+                raise
+            self._lose_host(host, exc)
+
+    def _lose_host(self, name: str, exc: ThrustError) -> None:
+        """Its slots leave the pool and its running trials are told as interrupted (their parameters
+        run again on the other hosts); the study goes on. The last host's loss is raised as before."""
+        if name in self.hosts.lost:
+            return
+        if not self.hosts.tolerates(name, exc):
+            raise exc
+        self.hosts.lose(name, exc.message)
+        self.pool.drop_host(name)
+        self.store.forget(name)
+        acts = [a for a in self.active.values() if a.slot.host == name]
+        self.reporter.warn(f"lost host {name}: {exc.message}; the study goes on on {', '.join(self.hosts.names)}"
+                           + (f" ({len(acts)} trial(s) that ran there are retried)" if acts else ""))
+        for act in acts:
+            self._interrupted(act, f"host {name} lost")
 
     # -- saving the study -------------------------------------------------------------------------
     def _push(self) -> None:

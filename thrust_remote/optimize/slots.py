@@ -1,10 +1,10 @@
-"""Slots: where trials run. Planned on top of the one GPU inventory (thrust_remote/gpus.py), and a
-pool that hands free slots out in their planned order."""
+"""Slots: where trials run. Planned per host on top of the one GPU inventory (thrust_remote/gpus.py);
+a pool that hands free slots of every host out in their planned order, and drops a lost host's."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import HostConfig
@@ -14,10 +14,17 @@ from ..gpus import host_gpus
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one trial runs: GPUs (CUDA_VISIBLE_DEVICES) or none (a CPU slot: empty string)."""
+    """Where one trial runs: GPUs (CUDA_VISIBLE_DEVICES) or none (a CPU slot: empty string), on `host`
+    (the host's name in thrust.yaml; two hosts may both have a `cpu0`)."""
 
     name: str
     gpus: tuple[int, ...] = ()
+    host: str = ""
+
+    @property
+    def label(self) -> str:
+        """`cpu0`, or `b/cpu0` in a study over several hosts (the table's slot column)."""
+        return f"{self.host}/{self.name}" if self.host else self.name
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -64,6 +71,13 @@ def plan_slots(facts: Mapping[str, Any], host: HostConfig, gpus: str | None, par
     return slots
 
 
+def union(per_host: Mapping[str, Sequence[Slot]]) -> list[Slot]:
+    """Every host's slots, each marked with its host, taken in turn (a's first, b's first, a's second,
+    ...): fewer trials than slots still spread over the hosts."""
+    marked = [[replace(s, host=name) for s in slots] for name, slots in per_host.items()]
+    return [lst[i] for i in range(max(map(len, marked), default=0)) for lst in marked if i < len(lst)]
+
+
 class SlotPool:
     """The planned slots and the free ones; a freed slot goes back in planned order, so the next
     trial takes the lowest free slot (gpu0 before gpu1), as a reader of the table expects."""
@@ -79,8 +93,13 @@ class SlotPool:
         self.free.remove(slot)
         return slot
 
-    def find_free(self, name: str) -> Slot | None:
-        return next((s for s in self.free if s.name == name), None)
+    def find_free(self, name: str, host: str | None = None) -> Slot | None:
+        return next((s for s in self.free if s.name == name and (host is None or s.host == host)), None)
+
+    def drop_host(self, host: str) -> None:
+        """A lost host's slots leave the pool (free or not: their trials are told as interrupted)."""
+        self.slots = [s for s in self.slots if s.host != host]
+        self.free = [s for s in self.free if s.host != host]
 
     def give_back(self, slot: Slot) -> None:
         if slot in self.slots and slot not in self.free:

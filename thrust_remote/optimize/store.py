@@ -1,8 +1,10 @@
 """Where a study lives: the driver's lease on the host, the study DB (a remote host's SQLite kept in
-step with a local copy, or any --storage URL), and the Optuna study opened on it (docs/optimize.md)."""
+step with a local copy, or any --storage URL), and the Optuna study opened on it (docs/optimize.md).
+Over several hosts (HostsStore): a SQLite file on the driver, or --storage, and a lease on every host."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -14,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, HostConfig, JobConfig
-from ..errors import ThrustError
+from ..errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
 from ..session import HostSession
 from . import hostops
 from .model import PRUNERS, OptimizeRequest
 
+JOURNAL = "journal:"  # --storage journal:PATH (Optuna's JournalStorage with a JournalFileBackend)
 LEASE_S = 60.0  # a remote study's driver lease: another laptop may take over after this much silence
 
 
@@ -39,6 +42,7 @@ class StudyStore:
         self.local_db = local_db
         self.label = label or url
         self.synced = remote_db is not None
+        self.exclusive = False  # whether no other driver can use this study (HostsStore's local SQLite)
         self.sqlite_path: str | None = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
         self._lease_written = 0.0
         self._token = secrets.token_hex(8)  # this driver's mark in the lease: every write checks it
@@ -145,22 +149,94 @@ class StudyStore:
             "the other driver goes on with the study; its trials include this one's finished ones",
         )
 
-    def heartbeat(self, force: bool = False) -> None:
-        """Renew the lease, only while it is still ours (compare-and-swap on the host)."""
+    def heartbeat(self, force: bool = False) -> dict[str, ThrustError]:
+        """Renew the lease, only while it is still ours (compare-and-swap on the host). Returns the
+        hosts lost meanwhile: none here (one host: its link error is raised)."""
         if not force and time.time() - self._lease_written < LEASE_S / 4:
-            return
+            return {}
         if not hostops.lease_swap(self.session, self.lease, self._body(), self._token):
             raise self._lost()
         self._lease_written = time.time()
+        return {}
+
+    def forget(self, host: str) -> None:
+        """A lost host's lease is left to expire (HostsStore); one host's store never loses its host."""
 
     def release(self) -> None:
         """Drop the lease if it is still ours (never another driver's)."""
         hostops.lease_release(self.session, self.lease, self._token)
 
 
+class HostsStore:
+    """A study over several hosts (docs/optimize.md, "Several hosts"): the study DB is one place every
+    host's trials reach through this driver, `<project>/.thrust/studies/<study>.db` by default, or
+    --storage; each host holds this driver's lease (one driver per study and host workdir, as with one
+    host: two would adopt each other's running trials). A lost host's lease is no longer renewed."""
+
+    def __init__(self, url: str, label: str, leases: dict[str, StudyStore], exclusive: bool) -> None:
+        self.url = url
+        self.label = label
+        self.leases = leases
+        self.exclusive = exclusive
+        self.synced = False
+        self.sqlite_path: str | None = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+        self.pushes = 0
+        self.push_s = 0.0
+
+    @classmethod
+    def open(cls, config: Config, hosts: list[tuple[str, HostSession, str]], study: str,
+             storage: str | None) -> HostsStore:
+        """`hosts`: (name, session, studies dir on that host) for each host the study runs on."""
+        if storage:
+            url, label = storage, _redact(storage)
+        else:
+            local = config.root / ".thrust" / "studies" / f"{study}.db"
+            local.parent.mkdir(parents=True, exist_ok=True)
+            url = label = f"sqlite:///{local}"
+        leases = {name: StudyStore(url, session=session, lease=f"{studies_dir}/{study}.driver.json")
+                  for name, session, studies_dir in hosts}
+        return cls(url, label, leases, exclusive=not storage)
+
+    def acquire(self) -> None:
+        """Every host's lease, or none: a refusal on one host releases the ones already taken."""
+        taken: list[StudyStore] = []
+        try:
+            for lease in self.leases.values():
+                lease.acquire()
+                taken.append(lease)
+        except BaseException:
+            for lease in taken:
+                with contextlib.suppress(ThrustError):
+                    lease.release()
+            raise
+
+    def pull(self) -> None:
+        pass
+
+    def push(self) -> None:
+        pass
+
+    def heartbeat(self, force: bool = False) -> dict[str, ThrustError]:
+        lost: dict[str, ThrustError] = {}
+        for name, lease in list(self.leases.items()):
+            try:
+                lease.heartbeat(force)
+            except (ConnectionLostError, UnreachableError) as exc:
+                lost[name] = exc
+        return lost
+
+    def forget(self, host: str) -> None:
+        self.leases.pop(host, None)
+
+    def release(self) -> None:
+        for lease in self.leases.values():
+            with contextlib.suppress(ConnectionLostError, UnreachableError):
+                lease.release()
+
+
 # ------------------------------------------------------------------------------- the Optuna study
 
-def open_study(store: StudyStore, name: str, request: OptimizeRequest, direction: str = "maximize") -> Any:
+def open_study(store: StudyStore | HostsStore, name: str, request: OptimizeRequest, direction: str = "maximize") -> Any:
     """The study (created, or loaded to continue it): TPE with the constant liar, so parallel trials
     asked before any tells spread out instead of sampling the same point."""
     import optuna
@@ -173,9 +249,11 @@ def open_study(store: StudyStore, name: str, request: OptimizeRequest, direction
     )
 
 
-def _storage(store: StudyStore) -> Any:
+def _storage(store: StudyStore | HostsStore) -> Any:
     import optuna
 
+    if store.url.startswith(JOURNAL):
+        return journal_storage(store.url)
     path = store.sqlite_path
     if path is None:
         return store.url
@@ -189,6 +267,19 @@ def _storage(store: StudyStore) -> Any:
         return conn
 
     return optuna.storages.RDBStorage(store.url, engine_kwargs={"creator": connect})
+
+
+def journal_storage(url: str) -> Any:
+    """`journal:PATH`: Optuna's journal storage in a file (one JSON line per change, appended under a
+    lock), which several drivers on one machine or a shared filesystem may use at once."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    path = Path(url.removeprefix(JOURNAL)).expanduser()
+    if not str(path) or str(path) == ".":
+        raise UsageError(f"--storage {url}: name the journal file, e.g. journal:studies.log")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
 
 
 def make_pruner(r: OptimizeRequest) -> Any:

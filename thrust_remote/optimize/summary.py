@@ -15,7 +15,7 @@ import yaml
 from ..errors import ExitCode
 from .model import OptimizeRequest, TrialView, count_states
 from .slots import Slot
-from .store import StudyStore
+from .store import JOURNAL, HostsStore, StudyStore
 
 
 @dataclass
@@ -38,6 +38,8 @@ class Summary:
     sync: dict[str, float] = field(default_factory=dict)
     dashboard_url: str | None = None  # what optuna-dashboard opens on this machine
     direction: str = "maximize"
+    hosts: dict[str, int] = field(default_factory=dict)  # COMPLETE + PRUNED trials per host
+    lost_hosts: dict[str, str] = field(default_factory=dict)  # host -> why it left the study
 
     @property
     def exit_code(self) -> int:
@@ -52,14 +54,15 @@ class Summary:
             "importances": self.importances, "importance_note": self.importance_note,
             "best_params_file": self.best_params_file, "slots": self.slots, "wall_s": round(self.wall_s, 3),
             "stopped": self.stopped, "sync": self.sync, "dashboard_url": self.dashboard_url,
-            "trials": [t.as_json() for t in self.trials],
+            "hosts": self.hosts, "lost_hosts": self.lost_hosts, "trials": [t.as_json() for t in self.trials],
         }
 
 
 def build_summary(study: Any, *, name: str, job: str, host: str, request: OptimizeRequest,
-                  fixed: Mapping[str, Any], best_file: Path, store: StudyStore, slots: Sequence[Slot],
+                  fixed: Mapping[str, Any], best_file: Path, store: StudyStore | HostsStore, slots: Sequence[Slot],
                   views: Mapping[int, TrialView], stopped: str | None, wall: float,
-                  metric: str | None = None, direction: str = "maximize") -> Summary:
+                  metric: str | None = None, direction: str = "maximize", hosts: Sequence[str] = (),
+                  lost: Mapping[str, str] | None = None) -> Summary:
     counts = count_states(study)
     best = best_trial(study)
     importances, note = None, None
@@ -72,12 +75,25 @@ def build_summary(study: Any, *, name: str, job: str, host: str, request: Optimi
         out = request.out or best_file
         write_best_params(out, name, job, best, fixed)
         written = str(out)
-    trials = sorted(_all_views(study, views, host), key=lambda v: v.number)
+    hosts = list(hosts) or [host]
+    trials = sorted(_all_views(study, views, set(hosts)), key=lambda v: v.number)
     sync = {"pushes": store.pushes, "push_s": round(store.push_s, 3)} if store.synced else {}
+    dashboard = store.url if store.url.startswith("sqlite") else store.label.removeprefix(JOURNAL)
+    slot_rows = [{"name": s.name, "cuda_visible_devices": s.cuda_visible_devices, "host": s.host} for s in slots]
     return Summary(name, store.label, job, host, metric or request.metric, request.trials, counts, best, importances,
-                   note, written, [{"name": s.name, "cuda_visible_devices": s.cuda_visible_devices} for s in slots],
-                   trials, wall, None if counts["done"] >= request.trials else stopped, sync,
-                   store.url if store.url.startswith("sqlite") else store.label, direction)
+                   note, written, slot_rows, trials, wall, None if counts["done"] >= request.trials else stopped, sync,
+                   dashboard, direction, per_host(study, hosts), dict(lost or {}))
+
+
+def per_host(study: Any, hosts: Sequence[str]) -> dict[str, int]:
+    """COMPLETE + PRUNED trials per host: this run's hosts first (0 when none ran there), then any
+    other host the study's earlier trials ran on."""
+    out = dict.fromkeys(hosts, 0)
+    for t in study.get_trials(deepcopy=False):
+        if t.state.name in ("COMPLETE", "PRUNED"):
+            name = t.user_attrs.get("host") or "?"
+            out[name] = out.get(name, 0) + 1
+    return out
 
 
 def best_trial(study: Any) -> dict[str, Any] | None:
@@ -86,14 +102,15 @@ def best_trial(study: Any) -> dict[str, Any] | None:
     except ValueError:
         return None
     return {"number": bt.number, "value": bt.value, "params": dict(bt.params),
-            "run_id": bt.user_attrs.get("run_id"), "metric": bt.user_attrs.get("value_metric")}
+            "run_id": bt.user_attrs.get("run_id"), "metric": bt.user_attrs.get("value_metric"),
+            "host": bt.user_attrs.get("host")}
 
 
-def _all_views(study: Any, views: Mapping[int, TrialView], host: str) -> list[TrialView]:
-    """This driver's trials, and those an earlier driver of the study ran on this host."""
+def _all_views(study: Any, views: Mapping[int, TrialView], hosts: set[str]) -> list[TrialView]:
+    """This driver's trials, and those an earlier driver of the study ran on these hosts."""
     out = dict(views)
     for frozen in study.get_trials(deepcopy=False):
-        if frozen.number not in out and frozen.user_attrs.get("host") == host:
+        if frozen.number not in out and frozen.user_attrs.get("host") in hosts:
             view = TrialView.from_frozen(frozen)
             view.state = frozen.state.name
             view.value = frozen.value
@@ -124,8 +141,13 @@ def write_best_params(path: Path, study: str, job: str, best: Mapping[str, Any],
     fixed with --set during the study (so the run is the trial's run)."""
     params = {**{k: _plain(v) for k, v in best["params"].items()}, **{k: _plain(v) for k, v in fixed.items()}}
     body = {"params": params, "study": study, "job": job, "trial": best["number"], "value": best["value"]}
+    on = ""
+    if best.get("host"):  # where the best trial ran: the host its numbers are true for
+        body["host"] = best["host"]
+        on = f" --host {best['host']}"
     text = (f"# best trial of study {study} (thrust-remote optimize)\n"
-            f"# use it with: thrust-remote train {job} --params {path.name}\n" + yaml.safe_dump(body, sort_keys=False))
+            f"# use it with: thrust-remote train {job} --params {path.name}{on}\n"
+            + yaml.safe_dump(body, sort_keys=False))
     tmp = path.with_name(path.name + ".part")
     tmp.write_text(text)
     os.replace(tmp, path)
