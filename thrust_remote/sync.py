@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,16 +237,19 @@ def _send_bundle(session: HostSession, local: LocalState, known: set[str]) -> in
     ]
     with tempfile.TemporaryDirectory() as tmp:
         bundle = Path(tmp) / "sync.bundle"
-        ref = "refs/thrust/sync"
-        _git(local.root, "update-ref", ref, local.commit)
+        ref = "refs/thrust/sync"  # the host's name for it
+        # ours is per thread: the nodes of a run over several hosts (or optimize's hosts) sync at once
+        # from one repository, and a shared name would be deleted under another thread's bundle
+        mine = f"refs/thrust/sync-{os.getpid()}-{threading.get_ident()}"
+        _git(local.root, "update-ref", mine, local.commit)
         try:
-            _git(local.root, "bundle", "create", "-q", str(bundle), ref, *exclude)
+            _git(local.root, "bundle", "create", "-q", str(bundle), mine, *exclude)
         finally:
-            _git(local.root, "update-ref", "-d", ref, check=False)
+            _git(local.root, "update-ref", "-d", mine, check=False)
         size = bundle.stat().st_size
         remote = f"{session.paths.thrust}/sync.bundle"
         session.runner.put(bundle, remote)  # put makes the parent directories
     # "+": the ref moves wherever the laptop's HEAD went (amend, rebase, another branch), not only forward
-    _host_git(session, "fetch", "-q", remote, f"+{ref}:{ref}").check("fetching the bundle on the host")
+    _host_git(session, "fetch", "-q", remote, f"+{mine}:{ref}").check("fetching the bundle on the host")
     session.runner.run(["rm", "-f", "--", remote])
     return size
