@@ -41,6 +41,9 @@ jobs:
     args: {tag: ddp, steps: 2}
   long:
     script: long.py
+  crashy:
+    args: {env: cartpole, total-steps: 4096, num-envs: 8, target-return: 0, log-interval: 0}
+    env: {THRUST_TEST_CRASH_AT_STEP: "2048"}
 """
 
 
@@ -137,6 +140,22 @@ def test_doctor_over_two_hosts_shows_each_node_reaching_node_0_and_the_interface
     assert result.returncode == 1
     reach = next(c for c in json.loads(result.stdout)[1]["checks"] if c["id"] == "rdzv-reach")
     assert reach["status"] == "fail" and "rdzv_address:" in reach["fix"]
+
+
+def test_max_restarts_restarts_every_node_from_node_0s_checkpoint(cli, net, project):
+    """The first attempt checkpoints and exits at step 2048 on every rank (trainer's fault injection);
+    torchrun restarts both nodes, and node 1, which has no checkpoint of its own, resumes with node 0's."""
+    result = cli("train", "crashy", "--host", "pair", "--max-restarts", "1", "--no-fetch", cwd=project)
+    assert result.returncode == 0, result.stderr + result.stdout
+    run_id = _run_id(result.stderr)
+    log = (_run_dir(net, 0, run_id) / "log").read_text()
+    resumed = [json.loads(x.split(" ", 1)[1]) for x in log.splitlines() if x.startswith("THRUST_INFO ")
+               and "resumed_from" in x]
+    assert resumed and resumed[0]["step"] == 2048
+    done = [json.loads(x.split(" ", 1)[1]) for x in log.splitlines() if x.startswith("THRUST_DONE ")]
+    assert done and done[-1]["step"] == 4096
+    assert not (_run_dir(net, 1, run_id) / "checkpoints").exists() or \
+        not any((_run_dir(net, 1, run_id) / "checkpoints").iterdir())
 
 
 def test_a_killed_node_fails_the_run_and_stops_the_other(cli, net, project):

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 class Dist:
@@ -64,6 +67,10 @@ class Dist:
         return self.sum(t) / self.world if self.enabled else t
 
     def broadcast_str(self, value: str) -> str:
+        return self.broadcast(value)
+
+    def broadcast(self, value: T) -> T:
+        """Rank 0's `value` on every rank (pickled: for small things, a checkpoint on CPU included)."""
         if not self.enabled:
             return value
         box = [value]

@@ -224,8 +224,9 @@ class Trainer:
         self.num_iterations = max(1, math.ceil(args.total_steps / self.batch_per_iter))
 
     def _resume(self) -> dict[str, Any] | None:
-        """Load the latest checkpoint, if any; its state when its random streams fit this run."""
-        loaded = load_latest(self.ckpt_dir)
+        """Load the latest checkpoint, if any; its state when its random streams fit this run. Rank 0
+        reads it and hands it to every rank: over several hosts only node 0 has the checkpoints."""
+        loaded = self.dist.broadcast(load_latest(self.ckpt_dir) if self.dist.is_main else None)
         if loaded is None:
             return None
         state, path = loaded
