@@ -123,7 +123,22 @@ def test_a_group_runs_your_own_ddp_script_on_both_nodes_over_their_own_interface
         meta = json.loads((run_dir / "run.json").read_text())
         assert meta["env"]["GLOO_SOCKET_IFNAME"] == "eth0"  # the interface that routes to node 0
         assert meta["rdzv"].startswith(net.hosts[0].ip + ":")
-        assert f"--node-rank={node}" in meta["argv"] and "--nnodes=2" in meta["argv"]
+        assert f"--local-addr={net.hosts[node].ip}" in meta["argv"] and "--nnodes=2" in meta["argv"]
+        assert f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}" in meta["argv"]
+
+
+def test_node_0_is_rank_0s_node_even_when_the_rendezvous_host_sorts_after_it(cli, net, project):
+    """torchrun's c10d ranks nodes by address: with n1 (.12) given first, n0 (.11) is rank 0."""
+    result = cli("train", "ddp", "--host", "n1", "--host", "n0", "--no-fetch", cwd=project)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "node 0 (rank 0: its log, checkpoints and model) is n0" in " ".join(result.stderr.split())
+    run_id = _run_id(result.stderr)
+    assert (_run_dir(net, 0, run_id) / "seen-ddp-0.json").is_file()  # RANK 0 ran on n0
+    assert (_run_dir(net, 1, run_id) / "seen-ddp-1.json").is_file()
+    meta1 = json.loads((_run_dir(net, 1, run_id) / "run.json").read_text())
+    assert meta1["node"] == 1 and "--rdzv-conf=is_host=true" in meta1["argv"]  # n1 served the rendezvous
+    st = _status(cli, project, run_id)
+    assert [n["host"] for n in st["nodes"]] == ["n0", "n1"] and st["host"] == "n0"
 
 
 def test_doctor_over_two_hosts_shows_each_node_reaching_node_0_and_the_interface(cli, net, project, tmp_path):

@@ -29,12 +29,23 @@ def test_a_node_runs_torchrun_with_the_c10d_rendezvous_at_node_0():
                     run_dir="/w/r1", nproc=1, rdzv=rdzv)
     assert argv[:4] == ["/v/bin/python", "-u", "-m", "torch.distributed.run"]
     assert "--standalone" not in argv
-    for flag in ("--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500",
+    assert not any(a.startswith("--node-rank") for a in argv)  # c10d ignores it, with a warning
+    for flag in ("--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500",
                  "--rdzv-id=r1", "--rdzv-conf=is_host=false", "--local-addr=10.0.0.2", "--nproc-per-node=1"):
         assert flag in argv
     assert argv[-3:] == ["train.py", "--x", "1"]
-    six = Rendezvous(nnodes=2, node_rank=0, address="fd00::1", port=1, run_id="r")
+    six = Rendezvous(nnodes=2, node_rank=0, address="fd00::1", port=1, run_id="r", is_host=True)
     assert "--rdzv-endpoint=[fd00::1]:1" in six.argv() and "--rdzv-conf=is_host=true" in six.argv()
+
+
+def test_nodes_are_numbered_in_torchruns_rank_order_which_is_by_address():
+    given = multinode.Plan("10.0.0.9", 29500, ("eth0", "eth1", "eth2"), ("10.0.0.9", "10.0.0.10", None),
+                           (("10.0.0.9", 22), ("10.0.0.10", 22), ("10.0.0.11", 22)))
+    assert given.order() == [1, 0, 2]  # "10.0.0.10" < "10.0.0.9" as strings; unknown last
+    ranked = given.ranked()
+    assert ranked.ifnames == ("eth1", "eth0", "eth2") and ranked.rdzv_host == 1
+    assert ranked.rendezvous(1, "r", 0).is_host and not ranked.rendezvous(0, "r", 0).is_host
+    assert ranked.rendezvous(0, "r", 0).local_addr == "10.0.0.10"
 
 
 def test_groups_expand_in_node_order_and_a_host_named_twice_is_refused():

@@ -86,14 +86,16 @@ class Rendezvous:
     run_id: str
     local_addr: str | None = None  # this node's own address as the others reach it
     max_restarts: int = 0
+    is_host: bool = False  # this node serves the rendezvous (it has `address`)
 
     def argv(self) -> list[str]:
         host = f"[{self.address}]" if ":" in self.address else self.address
         # is_host said outright: torchrun would guess it from the hostname, which every node of one
-        # machine (or every network namespace) shares; --local-addr likewise for the workers' store
-        return [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}", "--rdzv-backend=c10d",
+        # machine (or every network namespace) shares; --local-addr likewise for the workers' store.
+        # No --node-rank: c10d ignores it (with a warning) and ranks the nodes by --local-addr
+        return [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={host}:{self.port}", f"--rdzv-id={self.run_id}",
-                f"--rdzv-conf=is_host={'true' if self.node_rank == 0 else 'false'}",
+                f"--rdzv-conf=is_host={'true' if self.is_host else 'false'}",
                 *([f"--local-addr={self.local_addr}"] if self.local_addr else []),
                 f"--max-restarts={self.max_restarts}"]
 

@@ -38,17 +38,32 @@ AGREE = (("torch", "torch"), ("cuda_available", "CUDA available"), ("python", "P
 
 @dataclass(frozen=True)
 class Plan:
-    """Where the nodes meet: node 0's address and port, and each node's interface and own address."""
+    """Where the nodes meet: the rendezvous host's address and port, and each node's interface, own
+    address and SSH endpoint, in the order of the hosts given (`ranked` puts them in rank order)."""
 
     address: str
     port: int
     ifnames: tuple[str | None, ...]
     local_addrs: tuple[str | None, ...]
     ssh: tuple[tuple[str, int], ...]  # each node's SSH endpoint as the laptop reached it
+    rdzv_host: int = 0  # which node serves the rendezvous: the first host given
+
+    def order(self) -> list[int]:
+        """The nodes in torchrun's rank order. Its c10d rendezvous ranks the nodes by their
+        --local-addr (as strings), not by --node-rank (ignored for c10d): node i must be rank i for
+        `logs`, checkpoints and the model to be where we look. An unknown address sorts last."""
+        return sorted(range(len(self.ifnames)), key=lambda i: (self.local_addrs[i] is None, self.local_addrs[i] or ""))
+
+    def ranked(self) -> Plan:
+        order = self.order()
+        return Plan(self.address, self.port, tuple(self.ifnames[i] for i in order),
+                    tuple(self.local_addrs[i] for i in order), tuple(self.ssh[i] for i in order),
+                    order.index(self.rdzv_host))
 
     def rendezvous(self, rank: int, run_id: str, max_restarts: int) -> jobs.Rendezvous:
         return jobs.Rendezvous(len(self.ifnames), rank, self.address, self.port, run_id,
-                               local_addr=self.local_addrs[rank], max_restarts=max_restarts)
+                               local_addr=self.local_addrs[rank], max_restarts=max_restarts,
+                               is_host=rank == self.rdzv_host)
 
 
 class _Prefixed(pipeline.NullReporter):
@@ -150,21 +165,26 @@ def plan(sessions: Sequence[HostSession], reporter: Reporter) -> Plan:
                                f"free it, or set another rdzv_port: under hosts.{head.name}")
     routes = each(lambda s: parse_json(s.agent("route-dev", address), "route-dev", check=False), sessions)
     ifnames, local_addrs = [], []
-    for rank, (session, route) in enumerate(zip(sessions, routes, strict=True)):
+    for i, (session, route) in enumerate(zip(sessions, routes, strict=True)):
         dev = session.host.ifname or (route.get("dev") if isinstance(route, dict) else None)
         if not dev:
             reporter.warn(f"[{session.name}] no interface found towards {address} ({route.get('error')}); NCCL and "
                           f"gloo choose their own (set ifname: under hosts.{session.name})")
         ifnames.append(dev)
-        local_addrs.append(address if rank == 0 else route.get("src"))
+        local_addrs.append(address if i == 0 else route.get("src"))
+    if _is_loopback(address):
+        # every node is this machine: one loopback address each (all of 127/8 is lo), in the order
+        # given, so that torchrun's ranking by address keeps that order (3 digits: strings sort alike)
+        local_addrs = [f"127.{100 + i}.0.1" for i in range(len(sessions))]
     return Plan(address, int(answer["port"]), tuple(ifnames), tuple(local_addrs), ssh)
 
 
 # ------------------------------------------------------------------------------------------ launch
 
 def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession], reporter: Reporter,
-          max_restarts: int = 0) -> list[Launched]:
-    """Every node checked, compared, set up and launched; the run recorded in the local index."""
+          max_restarts: int = 0) -> tuple[list[Launched], list[HostSession]]:
+    """Every node checked, compared, set up and launched; the run recorded in the local index. The
+    launched runs and the sessions come back in rank order (Plan.order): node 0 is rank 0's node."""
     hosts = [s.host for s in sessions]
     check_request(request, hosts)
     sets = pipeline.parse_sets(request.sets)
@@ -175,7 +195,12 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
                                             args_for_preflight=args), sessions)
     agree(checked)
     prepared = each(lambda c: pipeline.set_up(c, _Prefixed(reporter, c.session.name)), checked)
-    where = plan(sessions, reporter)
+    given = plan(sessions, reporter)
+    order, where = given.order(), given.ranked()
+    sessions, prepared = [sessions[i] for i in order], [prepared[i] for i in order]
+    if order[0] != 0:
+        reporter.warn(f"torchrun ranks the nodes by address: node 0 (rank 0: its log, checkpoints and model) is "
+                      f"{sessions[0].name}; the rendezvous stays on {sessions[where.rdzv_host].name}")
     run_id = runs.check_run_id(request.run_id) if request.run_id else runs.new_run_id(request.job.name)
     reporter.step(f"launching run {run_id} on {len(sessions)} nodes, rendezvous at {where.address}:{where.port}")
     nodes = [{"host": s.name, "address": a} for s, (a, _) in zip(sessions, where.ssh, strict=True)]
@@ -191,7 +216,7 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
         raise
     out = [n for n in launched if n is not None]
     _remember(config, out, reporter)
-    return out
+    return out, sessions
 
 
 def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: Sequence[str],
@@ -203,9 +228,9 @@ def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: 
              for i, n in enumerate(nodes) if i != rank]
     meta = {"node": rank, "nodes": nodes, "rdzv": f"{where.address}:{where.port}", "watch_peers": peers,
             "peer_timeout": PEER_TIMEOUT_S}
+    # every node is told where to export: the job's rank 0 alone writes, on the node it runs on
     return pipeline.launch_prepared(prepared, args=args, run_id=run_id, nproc=request.nproc, extra_env=env,
-                                    meta_extra=meta, rdzv=where.rendezvous(rank, run_id, max_restarts),
-                                    export=rank == 0)
+                                    meta_extra=meta, rdzv=where.rendezvous(rank, run_id, max_restarts))
 
 
 def _remember(config: Config, launched: Sequence[Launched], reporter: Reporter) -> None:
@@ -354,8 +379,9 @@ def aggregate(names: Sequence[str], states: Sequence[dict[str, Any] | None],
     verdicts += [s["peer_failed"] for s in states if s and isinstance(s.get("peer_failed"), dict)]
     state = _overall([n["state"] for n in nodes], bool(verdicts))
     failed = _first_failed(nodes, states, verdicts) if state == "FAILED" else None
-    exit_code = 0 if state == "FINISHED" else next(
-        (n.get("exit_code") for n in nodes if failed and n["node"] == failed["node"] and n.get("exit_code")), None)
+    codes = [n.get("exit_code") for n in nodes if failed and n["node"] == failed["node"]]
+    codes += [n.get("exit_code") for n in nodes]  # the lost node has none: the first other node's then
+    exit_code = 0 if state == "FINISHED" else next((c for c in codes if c), None)
     return {**{k: head.get(k) for k in ("run_id", "job", "commit", "started_at", "pid")}, "host": names[0],
             "state": state, "exit_code": exit_code, "failed_node": failed, "nodes": nodes}
 

@@ -108,11 +108,11 @@ def _train_nodes(ctx: typer.Context, hosts: list[HostConfig], request: pipeline.
     reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
     sessions = multinode.open_sessions(config, hosts, open_runner)
     try:
-        launched = multinode.start(config, request, sessions, reporter, max_restarts=max_restarts)
+        launched, ranked = multinode.start(config, request, sessions, reporter, max_restarts=max_restarts)
         if request.detach:
             outcome = pipeline.TrainOutcome(launched[0], None, None, 0, dict(launched[0].timings))
         else:
-            outcome = multinode.follow(config, sessions, launched, request, reporter,
+            outcome = multinode.follow(config, ranked, launched, request, reporter,
                                        config_path=state(ctx).config_path)
     finally:
         for s in sessions:
