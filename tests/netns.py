@@ -107,10 +107,13 @@ class Network:
         """A thrust.yaml with hosts n0..nK (each its own address, workdir and key) and `rest` after."""
         lines = ["default_host: n0", "hosts:"]
         for i, h in enumerate(self.hosts):
-            lines += [f"  {h.name}:", f"    address: {h.server.address}", f"    workdir: {h.workdir}",
-                      f"    python: {VENV_BIN / 'python'}", f"    identity: {h.server.client_key}",
-                      f"    known_hosts: {self.known_hosts}", "    connect_timeout: 5",
-                      *([f"    {x}" for x in (extra or {}).get(i, "").splitlines()])]
+            keys = {"address": h.server.address, "workdir": str(h.workdir), "python": str(VENV_BIN / "python"),
+                    "identity": str(h.server.client_key), "known_hosts": str(self.known_hosts),
+                    "connect_timeout": "5"}
+            for line in (extra or {}).get(i, "").splitlines():  # `key: value` lines replace or add
+                key, _, value = line.partition(":")
+                keys[key.strip()] = value.strip()
+            lines += [f"  {h.name}:", *(f"    {k}: {v}" for k, v in keys.items())]
         path.write_text("\n".join(lines) + "\n" + groups + rest)
         return path
 

@@ -141,6 +141,54 @@ def test_node_0_is_rank_0s_node_even_when_the_rendezvous_host_sorts_after_it(cli
     assert [n["host"] for n in st["nodes"]] == ["n0", "n1"] and st["host"] == "n0"
 
 
+SHIM = """\
+import importlib.abc, sys
+
+
+class _Patch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.__version__ = "2.4.0"
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+import importlib.util
+sys.meta_path.insert(0, _Patch())
+"""
+
+
+def _older_torch_python(where: Path) -> Path:
+    """A python whose torch says it is 2.4.0: the same torch, its version patched at import."""
+    subprocess.run([str(VENV_BIN / "python"), "-m", "venv", "--without-pip", str(where)], check=True)
+    site = next(where.glob("lib/python3*/site-packages"))
+    real = next((VENV_BIN.parent).glob("lib/python3*/site-packages"))
+    (site / "real.pth").write_text(f"{real}\n")
+    (site / "older_torch.py").write_text(SHIM)
+    (site / "older_torch.pth").write_text("import older_torch\n")
+    return where / "bin" / "python"
+
+
+def test_nodes_with_different_torch_are_refused_before_anything_starts(cli, net, project, tmp_path):
+    older = _older_torch_python(tmp_path / "older")
+    config = net.yaml(tmp_path / "thrust.yaml", rest=JOBS, extra={1: f"python: {older}"})
+    before = [set((h.workdir / ".thrust" / "runs").glob("*")) for h in net.hosts]
+    result = cli("--config", str(config), "train", "ddp", "--host", "pair", cwd=project)
+    assert result.returncode == 69, result.stderr
+    text = " ".join(result.stderr.split())
+    assert "do not agree on torch" in text and "2.4.0 on n1 (node 1)" in text and "on n0 (node 0)" in text
+    assert "launching" not in text and "setting up the host's python" not in text
+    assert [set((h.workdir / ".thrust" / "runs").glob("*")) for h in net.hosts] == before
+
+
 def test_doctor_over_two_hosts_shows_each_node_reaching_node_0_and_the_interface(cli, net, project, tmp_path):
     result = cli("doctor", "--host", "pair", "--json", cwd=project)
     reports = json.loads(result.stdout)
