@@ -140,6 +140,13 @@ class SSHServer:
                 continue
         return pids
 
+    def stop(self) -> None:
+        """SIGKILL the unshare wrapper: sshd, its sessions and every job started through it end."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.wrapper.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.wrapper.wait(timeout=10)
+
     def kill_sessions(self) -> int:
         """SIGKILL every per-connection sshd: the client sees the link die mid-command."""
         pids = self.sessions()
@@ -221,9 +228,7 @@ def sshd() -> Iterator[SSHServer]:
     try:
         yield server
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.wrapper.pid, signal.SIGKILL)
-        server.wrapper.wait(timeout=10)
+        server.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

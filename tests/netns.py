@@ -12,11 +12,9 @@ bridge's address (../shared/TESTING.md). `unavailable()` says why namespaces can
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -119,10 +117,7 @@ class Network:
 
     def __exit__(self, *exc: object) -> None:
         for h in self.hosts:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(h.server.wrapper.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                h.server.wrapper.wait(timeout=10)
+            h.server.stop()
         for i in range(self.count):
             _ip("netns", "del", f"thrns{self.tag}{i}", check=False)
         _ip("link", "del", self.bridge, check=False)

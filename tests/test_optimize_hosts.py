@@ -7,7 +7,6 @@ its trial runs. Trials are tiny CartPole runs (a few thousand steps), one slot p
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -163,9 +162,7 @@ def second_sshd():
     try:
         yield server
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.wrapper.pid, signal.SIGKILL)
-        server.wrapper.wait(timeout=10)
+        server.stop()
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 from . import peerwatch
 
@@ -366,6 +367,18 @@ def _kill_group(pgid: int, grace: float) -> bool:
 
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
+    for child, fields in _procs():
+        children.setdefault(int(fields[1]), []).append(child)
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _procs() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after the command name: state, ppid, pgrp...) of each process."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -374,13 +387,7 @@ def _descendants(pid: int) -> list[int]:
                 stat = fh.read()
         except OSError:
             continue
-        children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+        yield int(entry), stat[stat.rindex(")") + 2 :].split()
 
 
 def _group_alive(pgid: int) -> bool:
@@ -391,18 +398,7 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     # zombies still count for killpg; look for a live member
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
+    return any(fields[0] != "Z" and int(fields[2]) == pgid for _, fields in _procs())
 
 
 def main(argv: list[str] | None = None) -> int:
