@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WEB_STAMP := web/node_modules/.installed
 SYS_STAMP := $(VENV)/.system-deps
-APT_PACKAGES := openssh-server rsync chromium
+APT_PACKAGES := openssh-server rsync chromium iproute2 procps
 
 .PHONY: demo test lint setup system-deps web-deps bench clean wheel
 
@@ -20,13 +20,16 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev,bench]'
 	touch $@
 
-# Debian packages the tests need: a real sshd, rsync (benchmark peer), chromium (browser tests).
+# Debian packages the tests need: a real sshd, rsync (benchmark peer), chromium (browser tests),
+# iproute2 (`ip`: the network namespaces of the multi-host tests) and procps (pkill, in those tests).
 system-deps: $(SYS_STAMP)
 $(SYS_STAMP): | $(STAMP)
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v pkill >/dev/null || missing="$$missing procps"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
