@@ -11,20 +11,22 @@ script, as a user runs it.
 1. Throughput of the same built-in trainer run (cartpole, --total-steps, --num-envs, target-return=0
    so it runs to the end), each round interleaved with the order rotated so that load from other
    processes hits every method alike:
-   - `thrust-remote train cartpole --host a0 --json` (one host, one process, no torchrun);
-   - `thrust-remote train cartpole --host a0 --host a1 --json` (two nodes, torchrun's c10d rendezvous,
-     gloo, one process each);
+   - `thrust-remote train cartpole --host a0 --json --no-fetch` (one host, one process, no torchrun);
+   - `thrust-remote train cartpole --host a0 --host a1 --json --no-fetch` (two nodes, torchrun's c10d
+     rendezvous, gloo, one process each; --no-fetch on both: see thrust_train);
    - peers without thrust-remote: `python -m trainer.train ...` and `torchrun --standalone
      --nproc-per-node=2 -m trainer.train ...` (the 2-process figure's natural peer).
    Steps/s three ways: steady (the trainer's metrics.jsonl, first to last report: training only),
    trainer (steps / the trainer's own wall, THRUST_DONE: + torch import, process group, export) and
-   end to end (steps / the command's wall: + sync, preflight, setup, launch, fetch).
+   end to end (steps / the command's wall: + sync, preflight, setup, launch; bench_train_overhead.py
+   times the fetch).
 2. Launch overhead: `thrust-remote train cartpole --host ... --detach --json`, wall time from the
-   command's start to every node launched; cold (fresh workdirs: sync from nothing, a new venv) once per
-   N, then warm (already synced and set up). Each run is stopped (`thrust-remote stop RUN`, checked
-   STOPPED) before the next. Then the same launch in this process, each stage timed (open sessions,
-   check = sync + preflight, agree, setup, plan, launch, index): the stage walls show which grows with
-   N, and whether the nodes really overlap (stage wall ~ the slowest node, not the sum).
+   command's start to every node launched; cold (fresh workdirs each round: sync from nothing, a new
+   venv; the payloads in ~/.cache are shared) and warm (already synced and set up). Each run is
+   stopped (`thrust-remote stop RUN`, checked STOPPED) before the next. Then the same launch in this
+   process, each stage timed (open sessions, check = sync + preflight, agree, setup, plan, launch,
+   index; every remote command; the laptop's and the host's CPU): the stage walls show which grows
+   with N, and whether the nodes really overlap (stage wall ~ the slowest node, not the sum).
 Every figure: median (min-max) of --repeat rounds.
 """
 
@@ -135,13 +137,23 @@ SPS: dict[str, Callable[[dict[str, float]], float]] = {
 
 
 def thrust_train(lab: Lab, hosts: Sequence[str], steps: int, envs: int) -> dict[str, float]:
+    """One `train --json --no-fetch` run; its figures from global rank 0's run dir, whichever node that is:
+    torchrun's c10d rendezvous orders the nodes by (local address, pid), not by --node-rank, so on
+    loopback rank 0 lands on node 1 about half the time (then no node exports: see BENCHMARKS.md)."""
     sets = [x for k, v in (("total-steps", steps), ("num-envs", envs), ("target-return", 0), ("log-interval", 1))
             for x in ("--set", f"{k}={v}")]
-    wall, out = lab.cli_json("train", "cartpole", *[x for h in hosts for x in ("--host", h)], *sets, "--json")
+    wall, out = lab.cli_json("train", "cartpole", *[x for h in hosts for x in ("--host", h)], *sets, "--json",
+                             "--no-fetch")
     if out["state"] != "FINISHED":
         raise SystemExit(f"the run ended {out['state']}: {out}")
-    return {"wall": wall, "steps": out["steps"], "trainer_wall": out["train_wall_s"],
-            **read_metrics(Path(out["run_dir"])), **{f"t_{k}": v for k, v in out["timings"].items()}}
+    for node, host in enumerate(hosts):
+        run_dir = lab.root / "hosts" / host / ".thrust" / "runs" / out["run_id"]
+        done = [x for x in (run_dir / "log").read_text().splitlines() if x.startswith("THRUST_DONE ")]
+        if done:
+            fin = json.loads(done[-1].split(" ", 1)[1])
+            return {"wall": wall, "steps": fin["step"], "trainer_wall": fin["wall_s"], "rank0_node": node,
+                    **read_metrics(run_dir), **{f"t_{k}": v for k, v in out["timings"].items()}}
+    raise SystemExit(f"run {out['run_id']}: no node's log has THRUST_DONE")
 
 
 def peer_train(lab: Lab, nproc: int, steps: int, envs: int, round_no: int) -> dict[str, float]:
@@ -207,6 +219,8 @@ def show_throughput(rows: dict[str, list[dict[str, float]]], steps: int, envs: i
             r["wall"] - r["trainer_wall"] - sum(r[k] for k in stages) for r in rs]
         parts["command wall"] = [r["wall"] for r in rs]
         print(f"  {name}: " + "; ".join(f"{k} {fig(v)}" for k, v in parts.items()))
+    away = sum(1 for r in two if r["rank0_node"] != 0)
+    print(f"2 hosts: global rank 0 ran on node 1 in {away} of {len(two)} runs (no model exported in those)")
 
 
 # ------------------------------------------------------------------------------------------ launch
