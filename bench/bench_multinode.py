@@ -1,7 +1,7 @@
 """One run over several hosts on this machine: two-node vs one-node training throughput, and the launch
 overhead of N = 1, 2, 4 nodes. Target: launch time grows by <= 0.3 s per extra node.
 
-    .venv/bin/python bench/bench_multinode.py [--repeat 3] [--total-steps 200000] [--num-envs 64]
+    .venv/bin/python bench/bench_multinode.py [--repeat 3] [--total-steps 100000] [--num-envs 64]
 
 Every "host" is an entry of thrust.yaml pointing at one private loopback sshd (tests/conftest.py's) with
 a workdir of its own: loopback nodes are allowed when every node is on 127.0.0.1 (docs/architecture.md,
@@ -377,7 +377,7 @@ def show_launch(lab: Lab, cold: dict[int, list[float]], warm: dict[int, list[flo
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3, help="rounds of every figure")
-    ap.add_argument("--total-steps", type=int, default=200_000, help="the throughput run's env steps")
+    ap.add_argument("--total-steps", type=int, default=100_000, help="the throughput run's env steps")
     ap.add_argument("--num-envs", type=int, default=64, help="the throughput run's envs (over all ranks)")
     ap.add_argument("--skip", choices=["throughput", "launch"], help="leave one part out")
     args = ap.parse_args()
