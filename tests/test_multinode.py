@@ -268,3 +268,25 @@ def test_a_lost_link_fails_the_run_within_30_s_and_the_cli_names_the_lost_node(c
         capture_output=True, text=True, check=True).stdout)
     assert state0["state"] == "FAILED" and state0["peer_failed"]["node"] == 1
     assert run_id in err + out
+
+
+def test_two_nodes_on_one_machine_rank_in_the_order_given_and_bring_the_model_back(cli, sshd, tmp_path):
+    """Loopback nodes (one sshd, two workdirs): each gets its own 127/8 address, so torchrun ranks
+    them as given, and node 0 (rank 0) exports the model that comes back."""
+    proj = tmp_path / "loop"
+    proj.mkdir()
+    first = sshd.thrust_yaml(tmp_path / "a.yaml", name="a", workdir=str(tmp_path / "wa"))
+    second = sshd.thrust_yaml(tmp_path / "b.yaml", name="b", workdir=str(tmp_path / "wb"))
+    hosts_b = second.read_text().split("hosts:\n", 1)[1]
+    (proj / "thrust.yaml").write_text(first.read_text() + hosts_b)
+    for args in (["init", "-q"], ["config", "user.email", "t@example.com"], ["config", "user.name", "t"],
+                 ["add", "-A"], ["commit", "-q", "-m", "loop"]):
+        subprocess.run(["git", "-C", str(proj), *args], check=True)
+    result = cli("train", "cartpole", "--host", "a", "--host", "b", "--set", "total-steps=1024",
+                 "--set", "num-envs=8", "--set", "target-return=0", cwd=proj)
+    assert result.returncode == 0, result.stderr + result.stdout
+    run_id = _run_id(result.stderr)
+    assert "ranks the nodes by address" not in result.stderr
+    meta = [json.loads((tmp_path / w / ".thrust" / "runs" / run_id / "run.json").read_text()) for w in ("wa", "wb")]
+    assert "--local-addr=127.100.0.1" in meta[0]["argv"] and "--local-addr=127.101.0.1" in meta[1]["argv"]
+    assert (proj / "web" / "public" / "cartpole.onnx").is_file()
