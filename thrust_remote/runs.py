@@ -113,6 +113,7 @@ def status(session: HostSession, run_id: str) -> dict:
             f"find it on every configured host with: "
             f"{command_hint('runs', '--all', config=session.host.config_path)} "
             f"(or: {command_hint('runs', host=session.host)})",
+            ExitCode.USAGE,  # a run id that names nothing is a bad value, not a failed job (1)
         )
     return session.agent_json("status", "status", "--run-dir", run_dir)
 
