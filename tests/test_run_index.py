@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,8 +45,12 @@ def test_index_entry_is_one_private_file_per_run_written_whole(tmp_path):
     assert (path.stat().st_mode & 0o077) == 0
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
     data = json.loads(path.read_text())
-    assert set(data) == {"run_id", "host", "job", "commit", "started_at", "run_dir", "config"}
-    assert index.lookup(tmp_path, "cartpole-20261123-101010-ab12") == _entry().__class__(**data)
+    assert set(data) == {"run_id", "host", "job", "commit", "started_at", "run_dir", "config", "nodes"}
+    assert data["nodes"] == []  # one host: no nodes (a run over several hosts lists them, node 0 first)
+    assert index.lookup(tmp_path, "cartpole-20261123-101010-ab12") == _entry()
+    several = index.record(tmp_path, replace(_entry(), run_id="r2", nodes=("a", "b")))
+    assert json.loads(several.read_text())["nodes"] == ["a", "b"]
+    assert index.lookup(tmp_path, "r2").nodes == ("a", "b")
 
 
 def test_index_lookup_of_unknown_or_damaged_entries_is_none(tmp_path):

@@ -45,6 +45,9 @@ def cache_key(extra: str) -> str:
         gpus = None
     key = {
         "exe": os.path.realpath(sys.executable),
+        # venvs share their base's executable; the report names the venv (python_path) and may see
+        # other packages there, so each venv is its own entry
+        "prefix": sys.prefix,
         "version": sys.version,
         "torch": loc,
         "torch_mtime": _mtime(os.path.join(os.path.dirname(loc), "version.py")) if loc else None,
