@@ -154,29 +154,42 @@ def plan(sessions: Sequence[HostSession], reporter: Reporter) -> Plan:
     head = sessions[0].host
     address = head.rdzv_address or ssh[0][0]
     if _is_loopback(address) and not all(_is_loopback(a) for a, _ in ssh):
-        raise UsageError(f"node 0 ({head.name}) is reached at {address}, which the other nodes cannot use",
+        raise UsageError(f"the rendezvous host ({head.name}) is reached at {address}, which the other nodes "
+                         "cannot use",
                          f"set rdzv_address: under hosts.{head.name} in thrust.yaml (an address the other nodes "
                          "reach it at)")
-    bind = "::" if ":" in address else "0.0.0.0"  # torchrun's store listens on every address
-    answer = sessions[0].agent_json("free-port", "free-port", "--bind", bind,
-                                    *(["--port", str(head.rdzv_port)] if head.rdzv_port else []))
-    if "error" in answer:
-        raise UnreachableError(f"{head.name}: rendezvous port: {answer['error']}",
-                               f"free it, or set another rdzv_port: under hosts.{head.name}")
-    routes = each(lambda s: parse_json(s.agent("route-dev", address), "route-dev", check=False), sessions)
+    port = rendezvous_port(sessions[0], address)
+    routes = each(lambda s: route(s, address), sessions)
     ifnames, local_addrs = [], []
-    for i, (session, route) in enumerate(zip(sessions, routes, strict=True)):
-        dev = session.host.ifname or (route.get("dev") if isinstance(route, dict) else None)
+    for i, (session, found) in enumerate(zip(sessions, routes, strict=True)):
+        dev = session.host.ifname or found.get("dev")
         if not dev:
-            reporter.warn(f"[{session.name}] no interface found towards {address} ({route.get('error')}); NCCL and "
+            reporter.warn(f"[{session.name}] no interface found towards {address} ({found.get('error')}); NCCL and "
                           f"gloo choose their own (set ifname: under hosts.{session.name})")
         ifnames.append(dev)
-        local_addrs.append(address if i == 0 else route.get("src"))
+        local_addrs.append(address if i == 0 else found.get("src"))
     if _is_loopback(address):
         # every node is this machine: one loopback address each (all of 127/8 is lo), in the order
         # given, so that torchrun's ranking by address keeps that order (3 digits: strings sort alike)
         local_addrs = [f"127.{100 + i}.0.1" for i in range(len(sessions))]
-    return Plan(address, int(answer["port"]), tuple(ifnames), tuple(local_addrs), ssh)
+    return Plan(address, port, tuple(ifnames), tuple(local_addrs), ssh)
+
+
+def rendezvous_port(head: HostSession, address: str) -> int:
+    """`rdzv_port:` if free on the rendezvous host, else a free port there (agent `free-port`)."""
+    bind = "::" if ":" in address else "0.0.0.0"  # torchrun's store listens on every address
+    answer = head.agent_json("free-port", "free-port", "--bind", bind,
+                             *(["--port", str(head.host.rdzv_port)] if head.host.rdzv_port else []))
+    if "error" in answer:
+        raise UnreachableError(f"{head.name}: rendezvous port: {answer['error']}",
+                               f"free it, or set another rdzv_port: under hosts.{head.name}")
+    return int(answer["port"])
+
+
+def route(session: HostSession, address: str) -> dict[str, Any]:
+    """agent `route-dev`: {"dev", "src", "local"} towards `address` from this node."""
+    answer = parse_json(session.agent("route-dev", address), "route-dev", check=False)
+    return answer if isinstance(answer, dict) else {}
 
 
 # ------------------------------------------------------------------------------------------ launch
@@ -316,7 +329,8 @@ def follow(config: Config, sessions: Sequence[HostSession], launched: Sequence[L
         except ConnectionLostError:
             watch.fail(0, "lost: the connection to it broke while following")
             raise
-    status = aggregate([s.name for s in sessions], node_states(sessions, head.run_id), watch.verdict)
+    others = node_states([None, *sessions[1:]], head.run_id)  # node 0's state came with the follow
+    status = aggregate([s.name for s in sessions], [followed.status, *others[1:]], watch.verdict)
     if status["state"] not in ("FINISHED", "RUNNING") and watch.verdict is None and status.get("failed_node"):
         failed = status["failed_node"]
         _stop_all([s for i, s in enumerate(sessions) if i != failed["node"]], head.run_id, failed)
@@ -354,10 +368,12 @@ def status_within(session: HostSession, run_id: str, timeout: float) -> dict[str
     raise ConnectionLostError(f"{session.name} did not answer within {timeout:g} s")
 
 
-def node_states(sessions: Sequence[HostSession], run_id: str) -> list[dict[str, Any] | None]:
-    """Each node's status, None for a node that does not answer."""
+def node_states(sessions: Sequence[HostSession | None], run_id: str) -> list[dict[str, Any] | None]:
+    """Each node's status, None for a node that does not answer (or has no session)."""
 
-    def one(session: HostSession) -> dict[str, Any] | None:
+    def one(session: HostSession | None) -> dict[str, Any] | None:
+        if session is None:
+            return None
         try:
             return status_within(session, run_id, ASK_TIMEOUT_S)
         except ThrustError:

@@ -16,7 +16,7 @@ from typing import Any
 from . import multinode
 from .doctor import Check
 from .errors import ThrustError
-from .session import HostSession, parse_json
+from .session import HostSession
 
 LISTEN_S = 20.0
 REACH_S = 8.0
@@ -27,31 +27,25 @@ def rendezvous_checks(sessions: Sequence[HostSession]) -> list[Check]:
     head = sessions[0]
     address = head.host.rdzv_address or multinode.ssh_endpoint(head)[0]
     try:
-        port = _port(head)
+        port = multinode.rendezvous_port(head, address)
     except ThrustError as exc:
         row = Check("rdzv-port", "rendezvous port free on node 0", "fail", str(exc),
                     f"set rdzv_port: under hosts.{head.name} to a free port")
         return [row] + [_skip(s) for s in sessions[1:]]
-    heard: dict[str, Any] = {}
-    listener = threading.Thread(target=lambda: heard.update(_listen(head, port, len(sessions) - 1)), daemon=True)
+    # what it heard is not needed: each connecting node says whether it got through
+    listener = threading.Thread(target=_listen, args=(head, port, len(sessions) - 1), daemon=True)
     listener.start()
     answers = multinode.each(lambda s: _reach(s, address, port), list(sessions[1:]))
     listener.join(LISTEN_S + 10)
-    route = _reach_self(head, address)
+    try:
+        own = multinode.route(head, address)
+    except ThrustError:
+        own = {}
     rows = [Check("rdzv-port", "rendezvous port free on node 0", "ok",
                   f"port {port} free on {head.name}; the other nodes reach it at {address}:{port} "
-                  f"(interface {head.host.ifname or route.get('dev') or '?'})")]
+                  f"(interface {head.host.ifname or own.get('dev') or '?'})")]
     rows += [_row(s, a, head.name, address, port) for s, a in zip(sessions[1:], answers, strict=True)]
     return rows
-
-
-def _port(head: HostSession) -> int:
-    bind = "0.0.0.0"
-    answer = head.agent_json("free-port", "free-port", "--bind", bind,
-                             *(["--port", str(head.host.rdzv_port)] if head.host.rdzv_port else []))
-    if "error" in answer:
-        raise ThrustError(f"{head.name}: {answer['error']}")
-    return int(answer["port"])
 
 
 def _listen(head: HostSession, port: int, count: int) -> dict[str, Any]:
@@ -68,13 +62,6 @@ def _reach(session: HostSession, address: str, port: int) -> dict[str, Any]:
                                   timeout=REACH_S + 30)
     except ThrustError as exc:
         return {"ok": False, "error": str(exc)}
-
-
-def _reach_self(head: HostSession, address: str) -> dict[str, Any]:
-    try:
-        return parse_json(head.agent("route-dev", address), "route-dev", check=False)
-    except ThrustError:
-        return {}
 
 
 def _row(session: HostSession, answer: dict[str, Any], head: str, address: str, port: int) -> Check:

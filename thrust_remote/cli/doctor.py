@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
 def doctor(
     ctx: typer.Context,
     host: list[str] = typer.Option([], "--host", "-H", help="Host name from thrust.yaml; several (or a group): "
-                                   "each one's checklist, and whether each node reaches node 0's rendezvous."),
+                                   "each one's checklist, and whether each node reaches the first one's rendezvous."),
     job: str | None = typer.Option(None, "--job", "-j", help="Also check this job (cargo jobs: the tch-rs build)."),
     as_json: bool = typer.Option(False, "--json", help="Print envcheck's JSON report."),
     fix: bool = typer.Option(False, "--fix", help="Apply the safe fixes (cargo clean, build.rs lines), then recheck."),

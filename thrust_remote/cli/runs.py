@@ -154,14 +154,14 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
 
 
 def _node_sessions(ctx: typer.Context, names: list[str], have: HostSession) -> list[HostSession | None]:
-    """A session on each node of a run (the one already open reused); None where it cannot be opened."""
-    config = get_config(ctx)
+    """A session on each node of a run (the one already open reused); None where it cannot be opened
+    (a host this config no longer has, or one that does not answer)."""
 
     def one(name: str) -> HostSession | None:
         if name == have.name:
             return have
         try:
-            return _open(ctx, config.host(name).name)
+            return _open(ctx, name)
         except ThrustError:
             return None
 
@@ -171,21 +171,13 @@ def _node_sessions(ctx: typer.Context, names: list[str], have: HostSession) -> l
 def _over_nodes(ctx: typer.Context, session: HostSession, run_id: str, st: dict) -> dict:
     names = [str(n) for n in st["nodes"]]
     sessions = _node_sessions(ctx, names, session)
-    try:
-        states = multinode.each(lambda s: None if s is None else (st if s is session else _maybe_status(s, run_id)),
-                                sessions)
+    try:  # the node already asked is not asked again
+        states = multinode.node_states([None if s is session else s for s in sessions], run_id)
     finally:
         for s in sessions:
             if s is not None and s is not session:
                 s.runner.close()
-    return multinode.aggregate(names, states)
-
-
-def _maybe_status(session: HostSession, run_id: str) -> dict | None:
-    try:
-        return runs.status(session, run_id)
-    except ThrustError:
-        return None
+    return multinode.aggregate(names, [st if s is session else got for s, got in zip(sessions, states, strict=True)])
 
 
 def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,

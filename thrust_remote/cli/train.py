@@ -53,7 +53,8 @@ def train(
     ctx: typer.Context,
     job: str = typer.Argument(..., help="Job name: snake, cartpole, or one from thrust.yaml."),
     host: list[str] = typer.Option([], "--host", "-H", help="Host name from thrust.yaml (default: default_host); "
-                                   "repeat it (or name a group) for one run over several hosts, node 0 first."),
+                                   "repeat it (or name a group) for one run over several hosts; the first "
+                                   "serves the rendezvous."),
     gpus: str | None = typer.Option(None, "--gpus", help="N (the first N free GPUs) or a list like 0,2."),
     nproc: int | None = typer.Option(None, "--nproc", help="Processes under torchrun (default: one per GPU)."),
     share_gpus: bool = typer.Option(False, "--allow-shared-gpus",
