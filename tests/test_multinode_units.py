@@ -163,3 +163,10 @@ def test_the_agent_listens_and_reaches_like_doctor_does():
     assert heard["accepted"] == ["127.0.0.1"]
     closed = netinfo.reach("127.0.0.1", netinfo.free_port("127.0.0.1")["port"], 0.5)
     assert closed["ok"] is False and closed["error"] == "connection refused"
+
+
+def test_max_restarts_on_one_host_is_refused_not_ignored(cli, tmp_path):
+    result = cli("train", "cartpole", "--max-restarts", "2", cwd=tmp_path)
+    assert result.returncode == ExitCode.USAGE
+    assert "several hosts" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / ".thrust").exists()  # refused before anything ran

@@ -81,6 +81,9 @@ def train(
             job=job_cfg, host=hosts[0], gpus=gpus, nproc=nproc, sets=sets, params_file=params, detach=detach,
             fetch=not no_fetch, force=force, share_gpus=share_gpus), as_json, max_restarts)
         return
+    if max_restarts:  # one host runs torchrun --standalone with --max-restarts=0: say so, never ignore it
+        raise UsageError(f"--max-restarts {max_restarts}: restarts are for a run over several hosts",
+                         "give two or more --host (or a group), or drop --max-restarts")
     host_cfg = hosts[0]
     runner = open_runner(host_cfg)
     started = time.monotonic()
