@@ -48,7 +48,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "snake": {
         "num_envs": 128,
-        "total_steps": 8_000_000,
+        "total_steps": 12_000_000,
         "learning_rate": 2e-3,
         "ent_coef": 0.01,
     },

@@ -1,10 +1,11 @@
 """Snake for N envs at once, as tensors on one device. The rules are docs/snake.md, exactly.
 
 State (all tensors, one row per env; read them directly or through `snapshot(i)`):
-- `cells`     int32 `[N, G*G]`: 0 = empty, else the body counter `L - i` of the segment on that cell
-  (head = `L`, tail = 1). A plain move decrements every counter (the tail's 1 becomes 0: freed) and
-  writes `L` at the new head; eating skips the decrement and writes `L + 1`. So a cell is deadly iff its
-  counter is > 1 (the tail, counter 1, moves away this step), and observation plane 1 is `cells / L`.
+- `cells`     `[N, G*G]`, uint8 up to 15x15 boards, int16 above (`cell_dtype`): 0 = empty, else the
+  body counter `L - i` of the segment on that cell (head = `L`, tail = 1). A plain move decrements
+  every counter (the tail's 1 becomes 0: freed) and writes `L` at the new head; eating skips the
+  decrement and writes `L + 1`. So a cell is deadly iff its counter is > 1 (the tail, counter 1, moves
+  away this step), and observation plane 1 is `cells / L`.
 - `head`      int64 `[N]`: flat index `row * G + col` of the head.
 - `direction` int64 `[N]`: 0 up, 1 right, 2 down, 3 left.
 - `length`    int64 `[N]`.
@@ -23,6 +24,13 @@ For a parity fixture (one env, plain Python lists, no tensors needed by the call
 
 `step` has no Python loop over envs and no host sync unless apples are queued. The observation
 tensors `step` returns are buffers reused two calls later: copy them to keep them longer.
+
+Speed (measured in bench/bench_envs.py, figures in BENCHMARKS.md): the state is compact (one byte
+per cell on boards up to 15x15, a quarter of int32's memory traffic), and a new apple costs one random
+number per env (the k-th empty cell, k uniform), not a random score for every cell of every board.
+All of a step's tensor work is `_advance`, a function of the state, the actions and that one random
+number per env: `compile_step()` hands it to `torch.compile` (no generator inside, so no graph break),
+and the compiled step is bit for bit the eager one (tests/test_snake_compile.py).
 """
 
 from __future__ import annotations
@@ -74,6 +82,15 @@ class SnakeParams:
         return 3 if self.action_mode == "relative" else 4
 
 
+def cell_dtype(cells_n: int) -> torch.dtype:
+    """The smallest integer type that holds a body counter (up to the board's cell count)."""
+    if cells_n <= torch.iinfo(torch.uint8).max:
+        return torch.uint8
+    if cells_n <= torch.iinfo(torch.int16).max:
+        return torch.int16
+    return torch.int32
+
+
 class Snake:
     """N Snake envs on one device."""
 
@@ -104,8 +121,8 @@ class Snake:
         # Relative action -> turn added to the direction: straight 0, left +3, right +1.
         self._turn = torch.tensor((0, 3, 1), device=dev)
         self._rel3 = torch.tensor((0, 3, 1), device=dev)  # danger order: straight, left, right
-        self._arange = torch.arange(num_envs, device=dev)
-        start = torch.zeros(self.cells_n, dtype=torch.int32, device=dev)
+        self.cell_dtype = cell_dtype(self.cells_n)
+        start = torch.zeros(self.cells_n, dtype=self.cell_dtype, device=dev)
         mid = g // 2
         for i, col in enumerate((mid, mid - 1, mid - 2)):
             start[mid * g + col] = 3 - i
@@ -118,10 +135,18 @@ class Snake:
         self.apple = torch.full((num_envs,), -1, dtype=torch.int64, device=dev)
         self.hunger = torch.zeros(num_envs, dtype=torch.int64, device=dev)
         self._apple_queue: list[int] = []
+        # The queued apple of env 0 while one waits (-1: none; every other env always -1).
+        self._forced = torch.full((num_envs,), -1, dtype=torch.int64, device=dev)
         # Observation buffers reused every other step (zeroing a buffer is cheaper than allocating
         # one: at 4096 envs fresh allocations were a third of the step time on a CPU).
         self._obs_bufs = [torch.zeros(num_envs, self.obs_dim, device=dev) for _ in range(4)]
         self._obs_turn = 0
+        self._advance_fn = self._advance
+
+    def compile_step(self, mode: str | None = None) -> None:
+        """Run `step`'s tensor work through `torch.compile` (same results, bit for bit)."""
+        # Shapes never change within a run: static shapes let inductor specialise every kernel.
+        self._advance_fn = torch.compile(self._advance, mode=mode, dynamic=False)
 
     # ----------------------------------------------------------------------------------------- reset
     def reset(self, seed: int | None = None) -> torch.Tensor:
@@ -132,39 +157,66 @@ class Snake:
         self.direction.fill_(1)
         self.length.fill_(3)
         self.hunger.zero_()
-        self.apple = self._place_apples(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
+        everyone = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self._arm_queue()
+        self.apple = self._place_apples(everyone, self._draw(), self._forced)
+        self._settle_queue(everyone)
         return self.observe()
 
-    def _place_apples(self, need: torch.Tensor) -> torch.Tensor:
-        """Apple per env: a uniform empty cell where `need`, else the current apple."""
-        # A random score per cell with the body masked out; argmax is uniform over empty cells.
-        scores = torch.rand(self.cells.shape, generator=self.generator, device=self.device)
-        scores.masked_fill_(self.cells > 0, -1.0)
-        fresh = scores.argmax(dim=1)
-        if self._apple_queue:
-            fresh = self._take_queued(fresh, need)
+    def _draw(self) -> torch.Tensor:
+        """One uniform number per env in [0, 1): all the randomness one step needs."""
+        return torch.rand(self.num_envs, generator=self.generator, device=self.device)
+
+    def _place_apples(self, need: torch.Tensor, u: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
+        """Apple per env: where `need`, the k-th empty cell with k = floor(u * empty cells) (uniform
+        over the empty cells), or the `forced` cell where one is given (>= 0); else the current apple."""
+        empty = self.cells == 0
+        count = empty.sum(dim=1, dtype=torch.int32)
+        k = torch.minimum((u * count).int(), count - 1)  # the min guards u * count rounding up to count
+        # The k-th empty cell (from 0) is the number of cells whose running count of empty cells is
+        # <= k; the running count never falls, so a binary search per row finds it.
+        running = empty.cumsum(dim=1, dtype=torch.int32)
+        fresh = torch.searchsorted(running, k[:, None], right=True)[:, 0]
+        fresh = torch.where(forced >= 0, forced, fresh)
         return torch.where(need, fresh, self.apple)
 
-    def _take_queued(self, fresh: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
-        # Debug path for parity fixtures: host syncs are fine here.
-        if bool(need[0]):
-            cell = self._apple_queue.pop(0)
-            if not 0 <= cell < self.cells_n or int(self.cells[0, cell]) != 0:
-                raise ValueError(f"queued apple cell {cell} is not an empty cell of the board")
-            fresh = fresh.clone()
-            fresh[0] = cell
-        return fresh
-
+    # ------------------------------------------------------------------------------- queued apples
     def queue_apples(self, cells: list[int]) -> None:
         """Make env 0's next apple placements take these flat cell indices, in order."""
         self._apple_queue.extend(int(c) for c in cells)
+
+    def _arm_queue(self) -> None:
+        # Debug path for parity fixtures (host syncs are fine here): env 0's next apple, if queued.
+        if self._apple_queue:
+            cell = self._apple_queue[0]
+            if not 0 <= cell < self.cells_n:
+                raise ValueError(f"queued apple cell {cell} is not an empty cell of the board")
+            self._forced[0] = cell
+
+    def _settle_queue(self, need: torch.Tensor) -> None:
+        if not self._apple_queue or not bool(need[0]):
+            return
+        cell = self._apple_queue.pop(0)
+        self._forced[0] = -1
+        if int(self.cells[0, cell]) != 0:
+            raise ValueError(f"queued apple cell {cell} is not an empty cell of the board")
 
     # ------------------------------------------------------------------------------------------ step
     def step(
         self, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
-        g = self.g
         actions = actions.to(self.device, torch.int64)
+        self._arm_queue()
+        obs_bufs = (self._next_buf(), self._next_buf())
+        obs, reward, terminated, truncated, final_obs, need_apple = self._advance_fn(
+            actions, self._draw(), self._forced, *obs_bufs
+        )
+        self._settle_queue(need_apple)
+        return obs, reward, terminated, truncated, {"final_obs": final_obs}
+
+    def _move(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Turn and move every snake (rules 1-4 of docs/snake.md): (dead, ate, moved)."""
+        g = self.g
         if self.params.action_mode == "relative":
             new_dir = (self.direction + self._turn[actions]) % 4
         else:
@@ -181,26 +233,32 @@ class Snake:
         alive = ~dead
         ate = alive & (target == self.apple)
         moved = alive & ~ate
-
-        cells = (self.cells - moved[:, None].to(torch.int32)).clamp_(min=0)
+        # A plain move frees the tail: every counter of a moving snake drops by one (never below 0).
+        cells = self.cells - ((self.cells > 0) & moved[:, None]).to(self.cell_dtype)
         length = self.length + ate
         # Write the new head only for envs that live; dead envs write back what is there.
         keep = cells.gather(1, target[:, None])[:, 0]
-        cells.scatter_(1, target[:, None], torch.where(alive, length.to(torch.int32), keep)[:, None])
-        self.cells = cells
+        head_value = torch.where(alive, length.to(self.cell_dtype), keep)
+        self.cells = cells.scatter(1, target[:, None], head_value[:, None])
         self.length = length
         self.head = torch.where(alive, target, self.head)
         self.direction = new_dir
         self.hunger = torch.where(ate, 0, torch.where(moved, self.hunger + 1, self.hunger))
+        return dead, ate, moved
 
-        win = ate & (length == self.cells_n)
+    def _advance(
+        self, actions: torch.Tensor, u: torch.Tensor, forced: torch.Tensor, buf_a: torch.Tensor, buf_b: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """One step of every env: (obs, reward, terminated, truncated, final_obs, need_apple)."""
+        dead, ate, moved = self._move(actions)
+        win = ate & (self.length == self.cells_n)
         terminated = dead | win
         truncated = moved & (self.hunger >= self.params.hunger_limit)
         reward = ate.to(torch.float32) - dead.to(torch.float32)
         self.apple = torch.where(win, -1, self.apple)
-        final_obs = self.observe(self._next_buf())
         need_apple = ate & ~win
         if self.auto_reset:
+            final_obs = self.observe(buf_a)
             done = terminated | truncated
             self.cells = torch.where(done[:, None], self._start_cells, self.cells)
             self.head = torch.where(done, self._start_head, self.head)
@@ -208,13 +266,12 @@ class Snake:
             self.length = torch.where(done, 3, self.length)
             self.hunger = torch.where(done, 0, self.hunger)
             need_apple = need_apple | done
-            self.apple = self._place_apples(need_apple)
-            obs = self.observe(self._next_buf())
+            self.apple = self._place_apples(need_apple, u, forced)
+            obs = self.observe(buf_b)
         else:
-            self.apple = self._place_apples(need_apple)
-            obs = self.observe(self._next_buf())
-            final_obs = obs
-        return obs, reward, terminated, truncated, {"final_obs": final_obs}
+            self.apple = self._place_apples(need_apple, u, forced)
+            obs = final_obs = self.observe(buf_b)
+        return obs, reward, terminated, truncated, final_obs, need_apple
 
     # ------------------------------------------------------------------------------------ observation
     def _next_buf(self) -> torch.Tensor:
@@ -271,7 +328,7 @@ class Snake:
         """Put env `i` into a hand-built state; `body` lists `(row, col)` from head to tail."""
         g = self.g
         length = len(body)
-        row = torch.zeros(self.cells_n, dtype=torch.int32)
+        row = torch.zeros(self.cells_n, dtype=self.cell_dtype)
         for k, (r, c) in enumerate(body):
             if not (0 <= r < g and 0 <= c < g) or row[r * g + c] != 0:
                 raise ValueError(f"body cell {(r, c)} is off the board or repeated")
