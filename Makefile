@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 # Debian packages the tests need: a real sshd, rsync (benchmark peer), chromium (browser tests),
-# iproute2 (`ip`: the network namespaces of the multi-host tests) and procps (pkill, in those tests).
+# iproute2 (`ip`: the network namespaces of the multi-host tests), procps (pkill, in those tests) and
+# g++ (torch.compile's CPU backend compiles C++: the --compile tests run it).
 system-deps: $(SYS_STAMP)
 $(SYS_STAMP): | $(STAMP)
 	@missing=""; \
@@ -30,6 +31,7 @@ $(SYS_STAMP): | $(STAMP)
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v pkill >/dev/null || missing="$$missing procps"; \
+	command -v g++ >/dev/null || missing="$$missing g++"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

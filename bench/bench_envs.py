@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_envs.py                      # CPU, default counts (< 1 min)
     .venv/bin/python bench/bench_envs.py --counts 4096,65536,262144 --steps 300 --threads 2
     .venv/bin/python bench/bench_envs.py --device cuda --counts 65536,1048576   # on a GPU host
+    .venv/bin/python bench/bench_envs.py --compile          # Snake also through Snake.compile_step()
 
 Random actions are generated before timing; CUDA timings synchronise before reading the clock.
 gymnasium runs on the CPU whatever `--device` is (it is numpy).
@@ -56,8 +57,10 @@ def gym_cartpole_sps(n: int, steps: int) -> float:
     return sps
 
 
-def torch_snake_sps(n: int, steps: int, device: torch.device, grid: int) -> float:
+def torch_snake_sps(n: int, steps: int, device: torch.device, grid: int, compiled: bool = False) -> float:
     env = Snake(n, SnakeParams(grid_size=grid), device=device)
+    if compiled:
+        env.compile_step()  # compiled during the untimed warm-up steps
     env.reset(seed=0)
     actions = torch.randint(0, 3, (steps, n), device=device)
     return n * steps / _timed(lambda i: env.step(actions[i]), steps, device)
@@ -71,6 +74,7 @@ def main() -> None:
     p.add_argument("--grid-size", type=int, default=10)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 was fastest on 2 cores)")
+    p.add_argument("--compile", action="store_true", help="Snake also compiled (torch.compile), side by side")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     if args.device == "cpu" or args.threads != 1:
@@ -86,8 +90,13 @@ def main() -> None:
         print(f"{'cartpole':<10}{n:>10}{ours:>16,.0f}{ref:>14,.0f}{ours / ref:>8.2f}", flush=True)
     for n in (int(x) for x in args.snake_counts.split(",")):
         ours = torch_snake_sps(n, args.steps, device, args.grid_size)
-        rows.append({"env": f"snake{args.grid_size}", "envs": n, "torch_sps": ours})
-        print(f"{'snake' + str(args.grid_size):<10}{n:>10}{ours:>16,.0f}{'-':>14}{'-':>8}", flush=True)
+        row = {"env": f"snake{args.grid_size}", "envs": n, "torch_sps": ours}
+        line = f"{'snake' + str(args.grid_size):<10}{n:>10}{ours:>16,.0f}{'-':>14}{'-':>8}"
+        if args.compile:
+            row["compiled_sps"] = fast = torch_snake_sps(n, args.steps, device, args.grid_size, compiled=True)
+            line += f"   compiled {fast:,.0f} steps/s ({fast / ours:.2f}x eager)"
+        rows.append(row)
+        print(line, flush=True)
     if args.json:
         print(json.dumps({"device": str(device), "threads": torch.get_num_threads(), "rows": rows}))
 

@@ -239,7 +239,7 @@ class Snake:
         # Write the new head only for envs that live; dead envs write back what is there.
         keep = cells.gather(1, target[:, None])[:, 0]
         head_value = torch.where(alive, length.to(self.cell_dtype), keep)
-        self.cells = cells.scatter(1, target[:, None], head_value[:, None])
+        self.cells = cells.scatter_(1, target[:, None], head_value[:, None])
         self.length = length
         self.head = torch.where(alive, target, self.head)
         self.direction = new_dir
@@ -282,9 +282,12 @@ class Snake:
         """`float32[N, 3*G*G + 8]` per docs/snake.md (into `out` when given)."""
         g, n2 = self.g, self.cells_n
         n = self.num_envs
-        obs = torch.zeros(n, self.obs_dim, device=self.device) if out is None else out.zero_()
+        obs = torch.empty(n, self.obs_dim, device=self.device) if out is None else out
+        # Plane 1 and the last four features are written whole: zero only what the scatters mark.
+        obs[:, :n2].zero_()
+        obs[:, 2 * n2 : 3 * n2 + 4].zero_()
         obs.scatter_(1, self.head[:, None], 1.0)
-        obs[:, n2 : 2 * n2] = self.cells.to(torch.float32) / self.length[:, None].to(torch.float32)
+        torch.div(self.cells, self.length[:, None].to(torch.float32), out=obs[:, n2 : 2 * n2])
         has_apple = (self.apple >= 0).to(torch.float32)
         obs.scatter_(1, (2 * n2 + self.apple.clamp(min=0))[:, None], has_apple[:, None])
         obs.scatter_(1, (3 * n2 + self.direction)[:, None], 1.0)
