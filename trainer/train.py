@@ -61,8 +61,8 @@ from trainer.checkpoint import load_latest, save_checkpoint  # noqa: E402
 from trainer.dist import Dist  # noqa: E402
 from trainer.envs.registry import EnvSpec, close_env, get_spec  # noqa: E402
 from trainer.gym_ids import GymEnvError  # noqa: E402
-from trainer.policy import build_policy  # noqa: E402
-from trainer.ppo import PPO, PPOConfig, evaluate_greedy  # noqa: E402
+from trainer.policy import build_policy, compile_mode, compile_policy  # noqa: E402
+from trainer.ppo import LOSS_NAMES, PPO, PPOConfig, autocast, evaluate_greedy  # noqa: E402
 from trainer.report import RunLog, Window, emit, finite, gpu_fields, say  # noqa: E402
 
 # build_parser and PRESETS stay importable from here (tests/test_optimize.py reads the flags).
@@ -165,7 +165,7 @@ class Trainer:
         self.solved = False
         self.eval_return: float | None = None
         self.eval_env: Any = None
-        self.losses: dict[str, float] = {}
+        self.losses: torch.Tensor | None = None  # the last update's mean losses (LOSS_NAMES), on the device
         self.last_metrics: dict[str, Any] = {}
         self.log: RunLog | None = None  # rank 0 only
 
@@ -212,16 +212,46 @@ class Trainer:
             activation=args.activation,
         ).to(self.device)
         cfg = PPOConfig.from_args(args, self.num_envs)
-        train_model = self.policy
+        # --compile: the compiled wrapper runs collect and update; it shares the plain policy's weights,
+        # which checkpoints and the export read.
+        act_model = self._compile() if args.compile else self.policy
+        train_model = act_model
         if dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
             device_ids = [self.device.index] if self.use_cuda else None
-            train_model = DistributedDataParallel(self.policy, device_ids=device_ids)
+            train_model = DistributedDataParallel(act_model, device_ids=device_ids)
         kl_reduce = dist.mean if dist.enabled else None
-        self.ppo = PPO(self.env, self.policy, cfg, train_model=train_model, kl_reduce=kl_reduce, score=self.spec.score)
+        self.ppo = PPO(self.env, self.policy, cfg, train_model=train_model, kl_reduce=kl_reduce,
+                       score=self.spec.score, act_model=act_model)
         self.batch_per_iter = self.num_envs * cfg.num_steps * dist.world
         self.num_iterations = max(1, math.ceil(args.total_steps / self.batch_per_iter))
+
+    def _compile(self) -> torch.nn.Module:
+        """--compile: the compiled policy, and the env's step compiled where the env can
+        (`compile_step`; CartPole and gymnasium envs stay eager). torch.compile works lazily, so both
+        run once here: a machine that cannot compile (inductor on CPU needs a C++ compiler) stops
+        before training with a TrainError, not a traceback mid-run. The env is reset afterwards
+        (`_seed`), so the warm-up step leaves no trace."""
+        mode = compile_mode(self.device)
+        compiled = compile_policy(self.policy, self.device)
+        compile_step = getattr(self.env, "compile_step", None)
+        try:
+            if compile_step is not None:
+                compile_step(mode)
+                self.env.reset(seed=0)
+                self.env.step(torch.zeros(self.num_envs, dtype=torch.int64, device=self.device))
+            with torch.no_grad(), autocast(self.device, self.args.precision):
+                compiled(torch.zeros(self.num_envs, self.env.obs_dim, device=self.device))
+        except Exception as e:  # noqa: BLE001 - any failure of the compiler stack means the same to the user
+            why = (str(e).strip().splitlines() or [""])[0][:300]
+            raise TrainError(
+                f"--compile: torch.compile failed on {self.device.type} ({type(e).__name__}: {why}). "
+                "On CPU, inductor needs a working C++ compiler (g++ or clang++; CXX names it); "
+                "or train without --compile",
+                EXIT_FAILED,
+            ) from None
+        return compiled
 
     def _resume(self) -> dict[str, Any] | None:
         """Load the latest checkpoint, if any; its state when its random streams fit this run. Rank 0
@@ -267,6 +297,9 @@ class Trainer:
             "num_envs": self.total_envs,
             "run_dir": str(self.run_dir),
             "threads": torch.get_num_threads(),
+            "precision": self.args.precision,
+            "compile": self.args.compile,
+            "optimizer": type(self.ppo.optimizer).__name__,
         }
         if auto_note:
             info["num_envs_auto"] = auto_note
@@ -283,7 +316,7 @@ class Trainer:
     # --------------------------------------------------------------------------------------- loop
     def loop(self) -> None:
         args, dist = self.args, self.dist
-        self.window = Window(time.time())
+        self.window = Window(time.time(), self.device)
         last_ckpt_t = time.time()
         crash_at = int(os.environ.get("THRUST_TEST_CRASH_AT_STEP", "0"))
         while self.iteration < self.num_iterations and not self.solved and not self.stop_agreed:
@@ -292,11 +325,6 @@ class Trainer:
             last_iter = self.iteration >= self.num_iterations
             if self.eval_env is not None and self.iteration % args.eval_every == 0:
                 self._evaluate()
-            if dist.enabled:
-                # Every iteration on every rank: collectives must not depend on a rank's own clock.
-                keys = sorted(self.losses)
-                loss_t = dist.mean(torch.tensor([self.losses[k] for k in keys]))
-                self.losses = dict(zip(keys, loss_t.tolist(), strict=True))
             if self.log is not None and (now - self.window.t >= args.log_interval or last_iter or self.solved):
                 self._report(self.log, now)
             if self.solved and self.log is not None:
@@ -314,14 +342,22 @@ class Trainer:
     def _train_iteration(self) -> None:
         ppo = self.ppo
         ppo.collect()
-        self.losses = ppo.update(ppo.lr_at(self.iteration, self.num_iterations))
+        losses = ppo.update(ppo.lr_at(self.iteration, self.num_iterations))
         self.iteration += 1
         self.global_step += self.batch_per_iter
-        # the stop flag rides along with the episode stats' reduction: one collective, same answer everywhere
-        local = [*ppo.pop_episode_stats(), 1.0 if self.stop_signal else 0.0]
-        ep = self.dist.sum(torch.tensor(local)).tolist() if self.dist.enabled else local
-        self.stop_agreed = ep.pop() > 0
-        self.window.add(self.batch_per_iter, *ep)
+        stats = ppo.pop_episode_stats()  # device tensors: read once per report (`_report`)
+        if self.dist.enabled:
+            # One collective per iteration on every rank (never on a rank's own clock): the episode
+            # sums, the stop flag and the losses. Reading the stop flag is this iteration's host sync
+            # under DDP: every rank must leave the loop at the same iteration.
+            stop = stats.new_full((1,), 1.0 if self.stop_signal else 0.0)
+            total = self.dist.sum(torch.cat((stats, stop, losses)))
+            stats, losses = total[:4], total[5:] / self.dist.world
+            self.stop_agreed = bool(total[4] > 0)
+        else:
+            self.stop_agreed = bool(self.stop_signal)
+        self.losses = losses
+        self.window.add(self.batch_per_iter, stats)
 
     def _evaluate(self) -> None:
         # A cheap check: the evaluation gives up as soon as the target is out of reach.
@@ -345,7 +381,9 @@ class Trainer:
 
     def _report(self, log: RunLog, now: float) -> None:
         """Rank 0: one THRUST_METRICS line, the same row in metrics.jsonl (and TensorBoard)."""
-        w, losses = self.window, self.losses
+        w = self.window
+        assert self.losses is not None, "a report follows an iteration"
+        losses = dict(zip(LOSS_NAMES, w.read(self.losses), strict=True))  # the report's one host sync
         m: dict[str, Any] = {
             "step": self.global_step,
             "sps": w.sps(now),
