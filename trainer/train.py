@@ -14,7 +14,8 @@ Output (stdout; rank 0 only):
   appended to `<run-dir>/metrics.jsonl`: step, sps, return_mean, length_mean, loss_policy, loss_value,
   entropy, approx_kl, total_steps, plus iteration, wall_s, lr, clipfrac, episodes, (snake) score_mean,
   (CUDA) gpu_mem_gb and gpu_util.
-- `THRUST_INFO {json}` for decisions worth seeing (the device, the `--num-envs auto` choice, resume).
+- `THRUST_INFO {json}` for decisions worth seeing (the device, the `--num-envs auto` choice, precision,
+  compile, the optimizer's class, resume).
 - `THRUST_DONE {json}` last: step, total_steps, wall_s, return_mean, eval_return, solved, run_dir,
   checkpoint, export.
 - `solved: eval return R >= TARGET at step S of TOTAL, stopping early`, a plain line (no tag), when
@@ -147,6 +148,45 @@ def choose_run_dir(args: TrainArgs, dist: Dist) -> Path:
     return Path(dist.broadcast_str(f"runs/{args.env}-{stamp}-{os.getpid()}"))
 
 
+def agree(dist: Dist, stats: torch.Tensor, losses: torch.Tensor, stop: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(episode sums over all ranks, losses averaged over ranks, whether any rank must stop).
+
+    Under DDP, one collective per iteration on every rank (never on a rank's own clock) carries all
+    three; reading the stop flag is the iteration's host sync there: every rank must leave the loop at
+    the same iteration. In one process: the tensors as they are, and no sync."""
+    if not dist.enabled:
+        return stats, losses, stop
+    total = dist.sum(torch.cat((stats, stats.new_full((1,), float(stop)), losses)))
+    return total[:4], total[5:] / dist.world, bool(total[4] > 0)
+
+
+def compile_for_run(policy: torch.nn.Module, env: Any, device: torch.device, precision: str) -> torch.nn.Module:
+    """--compile: the compiled policy, and the env's step compiled where the env can (`compile_step`;
+    CartPole and gymnasium envs stay eager). torch.compile works lazily, so both run once here: a
+    machine that cannot compile (inductor on CPU needs a C++ compiler) stops before training with a
+    TrainError, not a traceback mid-run. The caller resets the env afterwards (`Trainer._seed`), so
+    the warm-up step leaves no trace."""
+    mode = compile_mode(device)
+    compiled = compile_policy(policy, device)
+    compile_step = getattr(env, "compile_step", None)
+    try:
+        if compile_step is not None:
+            compile_step(mode)
+            env.reset(seed=0)
+            env.step(torch.zeros(env.num_envs, dtype=torch.int64, device=device))
+        with torch.no_grad(), autocast(device, precision):
+            compiled(torch.zeros(env.num_envs, env.obs_dim, device=device))
+    except Exception as e:  # noqa: BLE001 - any failure of the compiler stack means the same to the user
+        why = (str(e).strip().splitlines() or [""])[0][:300]
+        raise TrainError(
+            f"--compile: torch.compile failed on {device.type} ({type(e).__name__}: {why}). "
+            "On CPU, inductor needs a working C++ compiler (g++ or clang++; CXX names it); "
+            "or train without --compile",
+            EXIT_FAILED,
+        ) from None
+    return compiled
+
+
 # ---------------------------------------------------------------------------------------- trainer
 class Trainer:
     """One training run: `setup()` builds it (or raises TrainError), `loop()` trains, `finish()` saves
@@ -214,7 +254,7 @@ class Trainer:
         cfg = PPOConfig.from_args(args, self.num_envs)
         # --compile: the compiled wrapper runs collect and update; it shares the plain policy's weights,
         # which checkpoints and the export read.
-        act_model = self._compile() if args.compile else self.policy
+        act_model = compile_for_run(self.policy, self.env, self.device, args.precision) if args.compile else self.policy
         train_model = act_model
         if dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
@@ -226,32 +266,6 @@ class Trainer:
                        score=self.spec.score, act_model=act_model)
         self.batch_per_iter = self.num_envs * cfg.num_steps * dist.world
         self.num_iterations = max(1, math.ceil(args.total_steps / self.batch_per_iter))
-
-    def _compile(self) -> torch.nn.Module:
-        """--compile: the compiled policy, and the env's step compiled where the env can
-        (`compile_step`; CartPole and gymnasium envs stay eager). torch.compile works lazily, so both
-        run once here: a machine that cannot compile (inductor on CPU needs a C++ compiler) stops
-        before training with a TrainError, not a traceback mid-run. The env is reset afterwards
-        (`_seed`), so the warm-up step leaves no trace."""
-        mode = compile_mode(self.device)
-        compiled = compile_policy(self.policy, self.device)
-        compile_step = getattr(self.env, "compile_step", None)
-        try:
-            if compile_step is not None:
-                compile_step(mode)
-                self.env.reset(seed=0)
-                self.env.step(torch.zeros(self.num_envs, dtype=torch.int64, device=self.device))
-            with torch.no_grad(), autocast(self.device, self.args.precision):
-                compiled(torch.zeros(self.num_envs, self.env.obs_dim, device=self.device))
-        except Exception as e:  # noqa: BLE001 - any failure of the compiler stack means the same to the user
-            why = (str(e).strip().splitlines() or [""])[0][:300]
-            raise TrainError(
-                f"--compile: torch.compile failed on {self.device.type} ({type(e).__name__}: {why}). "
-                "On CPU, inductor needs a working C++ compiler (g++ or clang++; CXX names it); "
-                "or train without --compile",
-                EXIT_FAILED,
-            ) from None
-        return compiled
 
     def _resume(self) -> dict[str, Any] | None:
         """Load the latest checkpoint, if any; its state when its random streams fit this run. Rank 0
@@ -345,18 +359,8 @@ class Trainer:
         losses = ppo.update(ppo.lr_at(self.iteration, self.num_iterations))
         self.iteration += 1
         self.global_step += self.batch_per_iter
-        stats = ppo.pop_episode_stats()  # device tensors: read once per report (`_report`)
-        if self.dist.enabled:
-            # One collective per iteration on every rank (never on a rank's own clock): the episode
-            # sums, the stop flag and the losses. Reading the stop flag is this iteration's host sync
-            # under DDP: every rank must leave the loop at the same iteration.
-            stop = stats.new_full((1,), 1.0 if self.stop_signal else 0.0)
-            total = self.dist.sum(torch.cat((stats, stop, losses)))
-            stats, losses = total[:4], total[5:] / self.dist.world
-            self.stop_agreed = bool(total[4] > 0)
-        else:
-            self.stop_agreed = bool(self.stop_signal)
-        self.losses = losses
+        # device tensors, read once per report (`_report`)
+        stats, self.losses, self.stop_agreed = agree(self.dist, ppo.pop_episode_stats(), losses, bool(self.stop_signal))
         self.window.add(self.batch_per_iter, stats)
 
     def _evaluate(self) -> None:
