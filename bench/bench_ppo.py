@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/bench_ppo.py                       # default run, ~2 min on 2 cores
     .venv/bin/python bench/bench_ppo.py --seeds 10 --sb3-seeds 5 --counts 8,1024,16384,65536
+    .venv/bin/python bench/bench_ppo.py --precision bf16 --compile --optimizer fused --device cuda \
+        --throughput-env snake --counts 4096,65536 --threads 1 --seeds 0 --sb3-seeds 0
 
 1. Time to solve, measured from process start (a fresh `python` per run, so imports count): ours is
    `python -m trainer.train --env cartpole --seed S` with its defaults (it stops itself once a greedy
@@ -11,8 +13,13 @@
    re-scored here on 20 fresh gymnasium episodes (not timed): "verified".
 2. Throughput: env steps per second of whole PPO iterations (rollout + update), ours at several env
    counts and thread counts (minibatches of ~8k samples) and SB3 at RL-Zoo's 8 envs (1 thread);
-   best of 3 for each, as the machine may be shared.
-Ratios are printed at the end; `--json` adds one JSON object.
+   best of 3 for each, as the machine may be shared. `--throughput-env snake` measures ours on snake
+   (its preset's network) instead; `--device cuda` runs ours there.
+`--precision`, `--compile` go to both parts (time to solve: as trainer flags; throughput: the same
+settings on the PPO object, `--compile` as trainer.train does it); `--optimizer` (auto, foreach, fused:
+trainer/ppo.py `make_optimizer`) is for the throughput part only, the trainer has no such flag.
+Ratios are printed at the end (with `--seeds 0 --sb3-seeds 0`, throughput only); `--json` adds one
+JSON object.
 """
 
 from __future__ import annotations
@@ -186,25 +193,44 @@ def run_ours(seed: int, extra: list[str]) -> dict:
     }
 
 
-def ours_throughput(num_envs: int, iterations: int = 3, threads: int = 1) -> float:
+def ours_throughput(
+    num_envs: int,
+    iterations: int = 3,
+    threads: int = 1,
+    env_name: str = "cartpole",
+    device: str = "cpu",
+    precision: str = "fp32",
+    compile: bool = False,  # noqa: A002 - the trainer's flag name
+    optimizer: str = "auto",
+) -> float:
     import torch
 
-    from trainer.envs import CartPole
-    from trainer.policy import build_policy
+    from trainer.envs.registry import get_spec
+    from trainer.policy import build_policy, compile_mode, compile_policy
     from trainer.ppo import PPO, PPOConfig
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
-    cfg = PPOConfig(num_envs=num_envs, num_steps=32)
-    ppo = PPO(CartPole(num_envs), build_policy("mlp", 4, 2, 64), cfg)
+    spec = get_spec(env_name)
+    env = spec.make(num_envs, device)  # snake: its default 10x10 board
+    # PPOConfig's defaults and a 64-wide MLP for either env (the figures in BENCHMARKS.md were taken so)
+    policy = build_policy("mlp", env.obs_dim, env.n_actions, 64).to(device)
+    cfg = PPOConfig(num_envs=num_envs, num_steps=32, precision=precision, optimizer=optimizer)
+    act_model = policy
+    if compile:
+        act_model = compile_policy(policy, torch.device(device))
+        if hasattr(env, "compile_step"):
+            env.compile_step(compile_mode(torch.device(device)))
+    ppo = PPO(env, policy, cfg, score=spec.score, train_model=act_model, act_model=act_model)
     ppo.start(seed=0)
-    ppo.collect()
-    ppo.update()
+    for _ in range(2 if compile else 1):  # compiling (and recompiling for the update's shapes) is not timed
+        ppo.collect()
+        ppo.update().tolist()
     best = 0.0  # best of a few iterations: the machine is shared, the best is the least disturbed
     for _ in range(iterations):
         t = time.perf_counter()
         ppo.collect()
-        ppo.update()
+        ppo.update().tolist()  # waits for the device
         best = max(best, num_envs * cfg.num_steps / (time.perf_counter() - t))
     return best
 
@@ -230,29 +256,42 @@ def main() -> None:
     p.add_argument("--counts", default="8,1024,4096", help="env counts for our throughput")
     p.add_argument("--threads", default="1,2", help="torch thread counts for our throughput")
     p.add_argument("--train-args", default="", help="extra flags for trainer.train, space separated")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="ours: --precision (both parts)")
+    p.add_argument("--compile", action="store_true", help="ours: --compile (both parts)")
+    p.add_argument("--optimizer", choices=("auto", "foreach", "fused"), default="auto", help="ours: throughput only")
+    p.add_argument("--throughput-env", default="cartpole", choices=("cartpole", "snake"), help="ours: throughput env")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="ours: throughput device")
     p.add_argument("--json", action="store_true")
     p.add_argument("--sb3-child", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.sb3_child is not None:
         sb3_child(args.sb3_child)
         return
+    train_args = [*args.train_args.split(), "--precision", args.precision, *(["--compile"] if args.compile else [])]
     runs = []
     # Interleaved, so both see the same machine load.
     for seed in range(1, max(args.seeds, args.sb3_seeds) + 1):
         if seed <= args.seeds:
-            runs.append(run_ours(seed, args.train_args.split()))
+            runs.append(run_ours(seed, train_args))
             print(json.dumps(runs[-1]), flush=True)
         if seed <= args.sb3_seeds:
             runs.append(run_sb3(seed))
             print(json.dumps(runs[-1]), flush=True)
+    ours_settings = {"env_name": args.throughput_env, "device": args.device, "precision": args.precision,
+                     "compile": args.compile, "optimizer": args.optimizer}
     tp = {
-        f"ours_{n}_t{t}": ours_throughput(n, threads=t)
+        f"ours_{n}_t{t}": ours_throughput(n, threads=t, **ours_settings)
         for n in (int(x) for x in args.counts.split(","))
         for t in (int(x) for x in args.threads.split(","))
     }
     tp["sb3_8"] = sb3_throughput()
+    print(f"ours: {json.dumps(ours_settings)}", flush=True)
     for k, v in tp.items():
         print(f"throughput {k:>12}: {v:>12,.0f} steps/s", flush=True)
+    if not runs:
+        if args.json:
+            print(json.dumps({"throughput": tp, "ours_settings": ours_settings}))
+        return
 
     def summary(who: str) -> dict:
         rs = [r for r in runs if r["who"] == who]

@@ -1,12 +1,14 @@
-"""PPO pieces: GAE with truncation bootstraps, episode statistics, the hand-written Adam."""
+"""PPO pieces: GAE with truncation bootstraps, episode statistics, both Adams and their checkpoints,
+bf16 autocast."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trainer.envs import CartPole, CartPoleParams
 from trainer.policy import MLPPolicy, log_prob_entropy, sample_actions
-from trainer.ppo import PPO, Adam, PPOConfig, compute_gae
+from trainer.ppo import PPO, Adam, FusedAdam, PPOConfig, compute_gae, make_optimizer
 
 
 def reference_gae(rewards, values, next_values, terminated, dones, gamma, lam):  # noqa: ANN001, ANN202
@@ -79,12 +81,12 @@ def test_episode_statistics_match_a_plain_loop_across_rollouts() -> None:
                     total += running[j]
                     count += 1
                     running[j] = 0.0
-    ret_sum, len_sum, score_sum, n = ppo.pop_episode_stats()
+    ret_sum, len_sum, score_sum, n = ppo.pop_episode_stats().tolist()
     assert n == count > 0
     assert abs(ret_sum - total) < 1e-3
     assert abs(len_sum - total) < 1e-3  # CartPole: one point per step
     assert abs(score_sum - total) < 1e-3
-    assert ppo.pop_episode_stats()[3] == 0
+    assert float(ppo.pop_episode_stats()[3]) == 0
 
 
 def test_hand_written_adam_matches_torch_optim_adam() -> None:
@@ -118,3 +120,72 @@ def test_sampling_follows_the_categorical_distribution() -> None:
     torch.testing.assert_close(logp, torch.log(torch.tensor([0.2, 0.5])))
     expected_entropy = -(torch.tensor([0.2, 0.3, 0.5]) * torch.log(torch.tensor([0.2, 0.3, 0.5]))).sum()
     torch.testing.assert_close(ent, expected_entropy.repeat(2))
+
+
+def _train_steps(model: torch.nn.Module, opt: Adam | FusedAdam, steps: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(8, 5, generator=gen)
+        opt.zero_grad()
+        model(x).pow(2).sum().backward()
+        opt.step()
+
+
+def test_fused_adam_runs_on_cpu_and_matches_the_hand_written_one() -> None:
+    """The optimizer CUDA uses ("auto" there) is exercised here on CPU."""
+    torch.manual_seed(4)
+    a, b = torch.nn.Linear(5, 3), torch.nn.Linear(5, 3)
+    b.load_state_dict(a.state_dict())
+    ours, fused = Adam(a.parameters(), lr=0.01), FusedAdam(b.parameters(), lr=0.01)
+    assert fused.opt.defaults["fused"] is True
+    _train_steps(a, ours, 10, seed=0)
+    _train_steps(b, fused, 10, seed=0)
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5)
+    fused.lr = 0.003
+    assert fused.opt.param_groups[0]["lr"] == 0.003
+    assert isinstance(make_optimizer(a.parameters(), 0.01, "auto", torch.device("cpu")), Adam)
+    assert isinstance(make_optimizer(a.parameters(), 0.01, "fused", torch.device("cpu")), FusedAdam)
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        make_optimizer(a.parameters(), 0.01, "sgd", torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("first", "second"), [(Adam, FusedAdam), (FusedAdam, Adam)])
+def test_optimizer_checkpoints_resume_across_the_two_adams(first: type, second: type) -> None:
+    """A checkpoint of either Adam resumes with the other exactly where an uninterrupted run goes."""
+    torch.manual_seed(5)
+    straight, resumed = torch.nn.Linear(5, 3), torch.nn.Linear(5, 3)
+    resumed.load_state_dict(straight.state_dict())
+    opt = first(straight.parameters(), lr=0.01)
+    _train_steps(straight, opt, 6, seed=1)
+    resumed.load_state_dict(straight.state_dict())
+    state = opt.state_dict()
+    assert state["t"] == 6
+    again = second(resumed.parameters(), lr=0.5)
+    again.load_state_dict(state)
+    assert again.lr == 0.01
+    _train_steps(straight, opt, 4, seed=2)
+    _train_steps(resumed, again, 4, seed=2)
+    for pa, pb in zip(straight.parameters(), resumed.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="does not match"):
+        second(torch.nn.Linear(5, 3, bias=False).parameters(), lr=0.1).load_state_dict(state)
+
+
+def test_bf16_rollout_and_update_keep_fp32_weights_buffers_and_losses() -> None:
+    torch.manual_seed(6)
+    env = CartPole(8)
+    policy = MLPPolicy(4, 2)
+    ppo = PPO(env, policy, PPOConfig(num_envs=8, num_steps=16, precision="bf16"))
+    ppo.start(seed=0)
+    seen: list[torch.dtype] = []
+    policy.actor.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    ppo.collect()
+    losses = ppo.update()
+    assert seen and set(seen) == {torch.bfloat16}, "the forward passes ran under bf16 autocast"
+    assert all(p.dtype == torch.float32 for p in policy.parameters())
+    assert ppo.buf.logprobs.dtype == ppo.buf.values.dtype == torch.float32
+    assert losses.dtype == torch.float32
+    assert torch.isfinite(losses).all()
+    with pytest.raises(ValueError, match="unknown precision"):
+        PPO(env, policy, PPOConfig(num_envs=8, num_steps=4, precision="fp16"))

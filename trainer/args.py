@@ -198,6 +198,11 @@ class TrainArgs:
     """process-group timeout, seconds"""
     tensorboard: bool = flag(False)
     """also write TensorBoard event files (needs tensorboard)"""
+    # bf16 pays off on GPUs; on a CPU without bf16 instructions it is ~3x slower (trainer/ppo.py `autocast`).
+    precision: str = flag("fp32", choices=("fp32", "bf16"))
+    """forward passes of the policy in fp32, or under bf16 autocast (weights, losses and the export stay fp32)"""
+    compile: bool = flag(False)
+    """torch.compile the policy and the env step (slow start; on CPU it needs a C++ compiler)"""
 
 
 @dataclass(frozen=True)

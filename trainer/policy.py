@@ -5,6 +5,8 @@
   3x3 convolutions read them, and the 8 trailing features (direction, danger, hunger) are appended to
   the flattened maps before a shared hidden layer and the two heads.
 
+`compile_policy` wraps a policy in `torch.compile` for `--compile` (mode per device: `compile_mode`).
+
 Action sampling lives here too (`sample_actions`), written with plain tensor ops: importing
 `torch.distributions` is cheap but its validation and object creation cost per call adds up at 8 envs.
 """
@@ -113,3 +115,16 @@ def log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch
     logp = logp_all.gather(1, actions[:, None])[:, 0]
     entropy = -(logp_all.exp() * logp_all).sum(dim=1)
     return logp, entropy
+
+
+def compile_mode(device: torch.device) -> str | None:
+    """`torch.compile`'s mode for `--compile` on `device`: inductor's default on CPU; on CUDA
+    "max-autotune-no-cudagraphs" (Triton autotuning pays off for the many small matmuls of PPO; CUDA
+    graphs wait for a GPU to test them on: issue 14)."""
+    return "max-autotune-no-cudagraphs" if device.type == "cuda" else None
+
+
+def compile_policy(policy: nn.Module, device: torch.device) -> nn.Module:
+    """`policy` wrapped by `torch.compile` (compiled lazily, at its first call). The wrapper shares the
+    policy's parameters: train it, and checkpoint and export the plain `policy`."""
+    return torch.compile(policy, mode=compile_mode(device))

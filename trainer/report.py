@@ -60,19 +60,30 @@ def trim_metrics(path: Path, step: int) -> None:
 
 
 class Window:
-    """Env steps and finished-episode sums since the last report."""
+    """Env steps and finished-episode sums since the last report.
 
-    def __init__(self, now: float) -> None:
+    The sums ([return, length, score, count]) stay a tensor on the training device, added to every
+    iteration without a host sync; `read` copies them (and the losses) to the host once per report,
+    into `ret`, `len`, `score` and `n`.
+    """
+
+    def __init__(self, now: float, device: torch.device | str = "cpu") -> None:
         self.t = now
         self.steps = 0
+        self.sums = torch.zeros(4, device=device)
         self.ret = self.len = self.score = self.n = 0.0
 
-    def add(self, steps: int, ret: float, length: float, score: float, n: float) -> None:
+    def add(self, steps: int, sums: torch.Tensor) -> None:
+        """`steps` env steps and the `[4]` sums of the episodes they finished (a device tensor)."""
         self.steps += steps
-        self.ret += ret
-        self.len += length
-        self.score += score
-        self.n += n
+        self.sums += sums.to(self.sums.dtype)
+
+    def read(self, *extra: torch.Tensor) -> list[float]:
+        """Copy the sums to the host (`ret`, `len`, `score`, `n`); returns the values of `extra` (flat,
+        in order), copied along in the same transfer: the report's one host sync."""
+        flat = torch.cat([self.sums, *(x.reshape(-1).to(self.sums) for x in extra)]).tolist()
+        self.ret, self.len, self.score, self.n = flat[:4]
+        return flat[4:]
 
     def sps(self, now: float) -> float:
         return round(self.steps / max(now - self.t, 1e-9), 1)
@@ -81,9 +92,10 @@ class Window:
         return total / self.n if self.n else None
 
     def restart(self, now: float) -> None:
-        """A new window; with no episode finished yet, the episode sums carry on into it."""
+        """A new window, after `read`; with no episode finished yet, the episode sums carry on into it."""
         self.steps, self.t = 0, now
         if self.n:
+            self.sums.zero_()
             self.ret = self.len = self.score = self.n = 0.0
 
 

@@ -14,7 +14,8 @@ Output (stdout; rank 0 only):
   appended to `<run-dir>/metrics.jsonl`: step, sps, return_mean, length_mean, loss_policy, loss_value,
   entropy, approx_kl, total_steps, plus iteration, wall_s, lr, clipfrac, episodes, (snake) score_mean,
   (CUDA) gpu_mem_gb and gpu_util.
-- `THRUST_INFO {json}` for decisions worth seeing (the device, the `--num-envs auto` choice, resume).
+- `THRUST_INFO {json}` for decisions worth seeing (the device, the `--num-envs auto` choice, precision,
+  compile, the optimizer's class, resume).
 - `THRUST_DONE {json}` last: step, total_steps, wall_s, return_mean, eval_return, solved, run_dir,
   checkpoint, export.
 - `solved: eval return R >= TARGET at step S of TOTAL, stopping early`, a plain line (no tag), when
@@ -61,8 +62,8 @@ from trainer.checkpoint import load_latest, save_checkpoint  # noqa: E402
 from trainer.dist import Dist  # noqa: E402
 from trainer.envs.registry import EnvSpec, close_env, get_spec  # noqa: E402
 from trainer.gym_ids import GymEnvError  # noqa: E402
-from trainer.policy import build_policy  # noqa: E402
-from trainer.ppo import PPO, PPOConfig, evaluate_greedy  # noqa: E402
+from trainer.policy import build_policy, compile_mode, compile_policy  # noqa: E402
+from trainer.ppo import LOSS_NAMES, PPO, PPOConfig, autocast, evaluate_greedy  # noqa: E402
 from trainer.report import RunLog, Window, emit, finite, gpu_fields, say  # noqa: E402
 
 # build_parser and PRESETS stay importable from here (tests/test_optimize.py reads the flags).
@@ -147,6 +148,45 @@ def choose_run_dir(args: TrainArgs, dist: Dist) -> Path:
     return Path(dist.broadcast_str(f"runs/{args.env}-{stamp}-{os.getpid()}"))
 
 
+def agree(dist: Dist, stats: torch.Tensor, losses: torch.Tensor, stop: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(episode sums over all ranks, losses averaged over ranks, whether any rank must stop).
+
+    Under DDP, one collective per iteration on every rank (never on a rank's own clock) carries all
+    three; reading the stop flag is the iteration's host sync there: every rank must leave the loop at
+    the same iteration. In one process: the tensors as they are, and no sync."""
+    if not dist.enabled:
+        return stats, losses, stop
+    total = dist.sum(torch.cat((stats, stats.new_full((1,), float(stop)), losses)))
+    return total[:4], total[5:] / dist.world, bool(total[4] > 0)
+
+
+def compile_for_run(policy: torch.nn.Module, env: Any, device: torch.device, precision: str) -> torch.nn.Module:
+    """--compile: the compiled policy, and the env's step compiled where the env can (`compile_step`;
+    CartPole and gymnasium envs stay eager). torch.compile works lazily, so both run once here: a
+    machine that cannot compile (inductor on CPU needs a C++ compiler) stops before training with a
+    TrainError, not a traceback mid-run. The caller resets the env afterwards (`Trainer._seed`), so
+    the warm-up step leaves no trace."""
+    mode = compile_mode(device)
+    compiled = compile_policy(policy, device)
+    compile_step = getattr(env, "compile_step", None)
+    try:
+        if compile_step is not None:
+            compile_step(mode)
+            env.reset(seed=0)
+            env.step(torch.zeros(env.num_envs, dtype=torch.int64, device=device))
+        with torch.no_grad(), autocast(device, precision):
+            compiled(torch.zeros(env.num_envs, env.obs_dim, device=device))
+    except Exception as e:  # noqa: BLE001 - any failure of the compiler stack means the same to the user
+        why = (str(e).strip().splitlines() or [""])[0][:300]
+        raise TrainError(
+            f"--compile: torch.compile failed on {device.type} ({type(e).__name__}: {why}). "
+            "On CPU, inductor needs a working C++ compiler (g++ or clang++; CXX names it); "
+            "or train without --compile",
+            EXIT_FAILED,
+        ) from None
+    return compiled
+
+
 # ---------------------------------------------------------------------------------------- trainer
 class Trainer:
     """One training run: `setup()` builds it (or raises TrainError), `loop()` trains, `finish()` saves
@@ -165,7 +205,7 @@ class Trainer:
         self.solved = False
         self.eval_return: float | None = None
         self.eval_env: Any = None
-        self.losses: dict[str, float] = {}
+        self.losses: torch.Tensor | None = None  # the last update's mean losses (LOSS_NAMES), on the device
         self.last_metrics: dict[str, Any] = {}
         self.log: RunLog | None = None  # rank 0 only
 
@@ -212,14 +252,18 @@ class Trainer:
             activation=args.activation,
         ).to(self.device)
         cfg = PPOConfig.from_args(args, self.num_envs)
-        train_model = self.policy
+        # --compile: the compiled wrapper runs collect and update; it shares the plain policy's weights,
+        # which checkpoints and the export read.
+        act_model = compile_for_run(self.policy, self.env, self.device, args.precision) if args.compile else self.policy
+        train_model = act_model
         if dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
             device_ids = [self.device.index] if self.use_cuda else None
-            train_model = DistributedDataParallel(self.policy, device_ids=device_ids)
+            train_model = DistributedDataParallel(act_model, device_ids=device_ids)
         kl_reduce = dist.mean if dist.enabled else None
-        self.ppo = PPO(self.env, self.policy, cfg, train_model=train_model, kl_reduce=kl_reduce, score=self.spec.score)
+        self.ppo = PPO(self.env, self.policy, cfg, train_model=train_model, kl_reduce=kl_reduce,
+                       score=self.spec.score, act_model=act_model)
         self.batch_per_iter = self.num_envs * cfg.num_steps * dist.world
         self.num_iterations = max(1, math.ceil(args.total_steps / self.batch_per_iter))
 
@@ -267,6 +311,9 @@ class Trainer:
             "num_envs": self.total_envs,
             "run_dir": str(self.run_dir),
             "threads": torch.get_num_threads(),
+            "precision": self.args.precision,
+            "compile": self.args.compile,
+            "optimizer": type(self.ppo.optimizer).__name__,
         }
         if auto_note:
             info["num_envs_auto"] = auto_note
@@ -283,7 +330,7 @@ class Trainer:
     # --------------------------------------------------------------------------------------- loop
     def loop(self) -> None:
         args, dist = self.args, self.dist
-        self.window = Window(time.time())
+        self.window = Window(time.time(), self.device)
         last_ckpt_t = time.time()
         crash_at = int(os.environ.get("THRUST_TEST_CRASH_AT_STEP", "0"))
         while self.iteration < self.num_iterations and not self.solved and not self.stop_agreed:
@@ -292,11 +339,6 @@ class Trainer:
             last_iter = self.iteration >= self.num_iterations
             if self.eval_env is not None and self.iteration % args.eval_every == 0:
                 self._evaluate()
-            if dist.enabled:
-                # Every iteration on every rank: collectives must not depend on a rank's own clock.
-                keys = sorted(self.losses)
-                loss_t = dist.mean(torch.tensor([self.losses[k] for k in keys]))
-                self.losses = dict(zip(keys, loss_t.tolist(), strict=True))
             if self.log is not None and (now - self.window.t >= args.log_interval or last_iter or self.solved):
                 self._report(self.log, now)
             if self.solved and self.log is not None:
@@ -314,14 +356,12 @@ class Trainer:
     def _train_iteration(self) -> None:
         ppo = self.ppo
         ppo.collect()
-        self.losses = ppo.update(ppo.lr_at(self.iteration, self.num_iterations))
+        losses = ppo.update(ppo.lr_at(self.iteration, self.num_iterations))
         self.iteration += 1
         self.global_step += self.batch_per_iter
-        # the stop flag rides along with the episode stats' reduction: one collective, same answer everywhere
-        local = [*ppo.pop_episode_stats(), 1.0 if self.stop_signal else 0.0]
-        ep = self.dist.sum(torch.tensor(local)).tolist() if self.dist.enabled else local
-        self.stop_agreed = ep.pop() > 0
-        self.window.add(self.batch_per_iter, *ep)
+        # device tensors, read once per report (`_report`)
+        stats, self.losses, self.stop_agreed = agree(self.dist, ppo.pop_episode_stats(), losses, bool(self.stop_signal))
+        self.window.add(self.batch_per_iter, stats)
 
     def _evaluate(self) -> None:
         # A cheap check: the evaluation gives up as soon as the target is out of reach.
@@ -345,7 +385,9 @@ class Trainer:
 
     def _report(self, log: RunLog, now: float) -> None:
         """Rank 0: one THRUST_METRICS line, the same row in metrics.jsonl (and TensorBoard)."""
-        w, losses = self.window, self.losses
+        w = self.window
+        assert self.losses is not None, "a report follows an iteration"
+        losses = dict(zip(LOSS_NAMES, w.read(self.losses), strict=True))  # the report's one host sync
         m: dict[str, Any] = {
             "step": self.global_step,
             "sps": w.sps(now),
