@@ -24,11 +24,21 @@ hosts:
   #   host_key_policy: strict    # strict | accept-new (add an unknown key once; a changed key is refused)
   #   gpus: [0, 1]               # default: every GPU nvidia-smi lists
 
+# groups:                      # one run over several hosts: `train JOB --host pair` (torchrun's rendezvous)
+#   pair: [gpu, gpu2]
+
 jobs:                          # snake and cartpole are built in; an entry here overrides or adds
   # snake:
   #   kind: python
-  #   args: {env: snake, total-steps: 20000000, device: cuda}   # any `python -m trainer.train` flag
-  #   export: web/public/snake.onnx
+  #   args: {env: snake, total-steps: 20000000, device: cuda, precision: bf16, compile: true}
+  #   export: web/public/snake.onnx   # args: any `python -m trainer.train` flag
+  # ppo:                         # your own script (or module: pkg.train), run from your repo's checkout
+  #   kind: python
+  #   script: train/train_ppo.py
+  #   args: [--total-timesteps, "1000000"]
+  #   requirements: requirements.txt   # pip-installed into the job's venv on the host
+  #   nproc: 2                   # torchrun --nproc-per-node
+  #   artifacts: ["runs/**"]     # globs under the checkout (or $THRUST_RUN_DIR/...), fetched back
   # snake-rs:
   #   kind: cargo                # tch-rs: cargo +TOOLCHAIN build --release --example EXAMPLE, then run it
   #   toolchain: nightly
