@@ -68,3 +68,40 @@ def test_short_cuda_training_run(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     metrics = [json.loads(x.split(" ", 1)[1]) for x in res.stdout.splitlines() if x.startswith("THRUST_METRICS ")]
     assert "gpu_mem_gb" in metrics[-1]
+
+
+def test_compiled_snake_step_on_cuda_is_the_eager_step() -> None:
+    """The same bit-for-bit check tests/test_snake_compile.py makes on the CPU, on the GPU's kernels."""
+    records = []
+    for compiled in (False, True):
+        env = Snake(4096, SnakeParams(grid_size=10), device="cuda")
+        if compiled:
+            env.compile_step("max-autotune-no-cudagraphs")
+        env.reset(seed=3)
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        rec = []
+        for _ in range(100):
+            obs, reward, term, trunc, info = env.step(torch.randint(0, 3, (4096,), device="cuda", generator=gen))
+            rec.append([t.clone() for t in (obs, reward, term, trunc, info["final_obs"], env.cells, env.apple)])
+        records.append(rec)
+    for t, (a, b) in enumerate(zip(*records, strict=True)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {t} differs"
+
+
+def test_bf16_compiled_cuda_run_exports_an_fp32_model(tmp_path: Path) -> None:
+    flags = ["--device", "cuda", "--num-envs", "4096", "--total-steps", "400000", "--precision", "bf16", "--compile"]
+    res = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--env", "snake", *flags, "--run-dir", str(tmp_path),
+         "--export", str(tmp_path / "model.onnx")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    done = json.loads(next(x for x in res.stdout.splitlines() if x.startswith("THRUST_DONE ")).split(" ", 1)[1])
+    assert done["export"] and not done["export_error"]
+    import onnx
+
+    model = onnx.load(done["export"])
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
