@@ -116,6 +116,30 @@ def test_local_forward_over_the_real_sshd_reaches_a_server_on_the_host(sshd, tmp
         server.shutdown()
 
 
+def test_a_pty_command_whose_link_died_ends_its_output_and_hangs_up_quietly(sshd):
+    """The reads of a pty command's output live on their own thread (a Ctrl-C in the main thread must
+    never cut one of paramiko's packets in half); a link lost under it ends the output, and hanging
+    up a channel whose link is gone raises nothing (it used to leak an EOFError: exit 130)."""
+    from thrust_remote.ssh.forward import ChannelReader, hang_up, open_pty_command
+
+    runner = sshd.runner()
+    try:
+        chan = open_pty_command(runner.transport(), ["sh", "-c", "echo ready; exec sleep 60"])
+        output = ChannelReader(chan)
+        said, deadline = b"", time.monotonic() + 30
+        while b"ready" not in said and time.monotonic() < deadline:
+            said += output.read(1.0) or b""
+        assert b"ready" in said
+        assert sshd.kill_sessions() >= 1  # the link dies under the open channel
+        while output.read(1.0) is not None and time.monotonic() < deadline:
+            pass
+        assert output.read(0) is None and output.read(0) is None  # ended, and stays ended
+        hang_up(chan)
+        hang_up(chan)
+    finally:
+        runner.close()
+
+
 def test_not_installed_is_69_with_the_pip_command(project, tmp_path):
     proj, _workdir = project
     stub = tmp_path / "stub" / "tensorboard"
@@ -159,14 +183,30 @@ def test_remote_tensorboard_through_the_forward_and_gone_after_ctrl_c(project):
     proc = subprocess.Popen([EXE, "tensorboard", RUN, "--job", "writer", "--remote", "--port", str(port)], cwd=proj,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     logdir = f"{workdir}/runs/tb"
+    busy = threading.Event()
+    done = threading.Event()
+
+    def keep_pulling() -> None:  # bytes keep moving through the forward when the Ctrl-C lands
+        while not done.is_set():
+            try:
+                _get(f"http://127.0.0.1:{port}/data/logdir", timeout=2)
+                busy.set()
+            except OSError:
+                return
+
+    puller = threading.Thread(target=keep_pulling, daemon=True)
     try:
         answer = json.loads(_poll(f"http://127.0.0.1:{port}/data/logdir", proc))
         assert answer["logdir"] == logdir  # the host's TensorBoard, on the job's dir there
+        puller.start()
+        assert busy.wait(30), "the forward answered once, then never again"
     finally:
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=30)
+        done.set()
     assert proc.returncode == 0, err
     assert f"http://127.0.0.1:{port}/" in err
+    assert "Socket exception" not in err and "interrupted" not in err and "Traceback" not in err, err
 
     def host_tensorboards() -> list[int]:
         out = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import select
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -108,30 +107,21 @@ def start_failed(session: HostSession, said: bytes) -> ThrustError:
 def serve_remote(session: HostSession, argv: list[str], local_port: int, on_ready: Callable[[str], None]) -> None:
     """Start the host's TensorBoard, forward 127.0.0.1:local_port to it, call on_ready(url), and keep
     both until TensorBoard ends or Ctrl-C (KeyboardInterrupt, re-raised after the hang-up)."""
-    from .ssh.forward import LocalForward, open_pty_command
+    from .ssh.forward import ChannelReader, LocalForward, hang_up, open_pty_command
 
     if session.host.is_local:
         raise UsageError("--remote is for an SSH host: a run on host `local` is on this machine already",
                          "run it without --remote after a fetch")
     transport = session.runner.transport  # type: ignore[attr-defined] - an SSHRunner (not local)
     chan = open_pty_command(transport(), argv)
-
-    def read(wait: float) -> bytes | None:
-        ready, _, _ = select.select([chan], [], [], wait)
-        if not ready:
-            return b""
-        data = chan.recv(1 << 16)
-        return data or None
-
+    output = ChannelReader(chan)
     try:
-        port, said = wait_for_url(read)
+        port, said = wait_for_url(output.read)
         if port is None:
             raise start_failed(session, said)
         with LocalForward(transport, ("127.0.0.1", port), local_port) as forward:
             on_ready(f"http://127.0.0.1:{forward.port}/")
-            while read(1.0) is not None:
+            while output.read(1.0) is not None:
                 pass  # TensorBoard's own lines; it runs until it ends or the user stops us
     finally:
-        if not chan.closed:
-            chan.send(b"\x03")  # Ctrl-C on its pty; closing the channel then hangs it up
-            chan.close()
+        hang_up(chan)

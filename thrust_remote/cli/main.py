@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,8 @@ def run(argv: list[str] | None = None) -> None:
     """Console-script entry: run the app and map every failure to the exit codes of docs/architecture.md."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or _env_flag("THRUST_DEBUG")
+    if debug:  # library log lines (paramiko's) to stderr; without --debug they go nowhere
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
         code = app(args=args, prog_name="thrust-remote", standalone_mode=False)
     except ThrustError as exc:
@@ -89,7 +92,15 @@ def run(argv: list[str] | None = None) -> None:
             raise
         _report(exc.message, exc.hint, exc.label)
         sys.exit(exc.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
+    except typer.Abort as exc:
+        if isinstance(exc.__cause__, EOFError):  # typer turns an EOFError that escaped into Abort
+            if debug:
+                raise
+            _report("the SSH connection ended in the middle of a request", "rerun with --debug for the details")
+            sys.exit(ExitCode.CONNECTION_LOST)
+        err_console.print("interrupted")
+        sys.exit(130)
+    except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
     except typer.Exit as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import shlex
 import socket
@@ -40,6 +41,11 @@ from ..errors import (
     UsageError,
 )
 from ..names import Address
+
+# paramiko logs link trouble from its own thread ("Socket exception: Broken pipe (32)"); with no handler
+# configured, Python's last-resort handler would print those lines raw on the user's terminal. Our
+# errors say what happened in words; `--debug` routes paramiko's lines to stderr (cli/main.py).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 # paramiko's default cipher is aes128-ctr + hmac-sha2-256; AES-GCM (AEAD, AES-NI) costs less CPU on
 # both ends: measured 200 -> 247 MB/s get, 191 -> 234 MB/s put (bench/bench_ssh.py). A server

@@ -10,6 +10,7 @@ for the user (a TensorBoard on the host) does not outlive the command that start
 from __future__ import annotations
 
 import contextlib
+import queue
 import select
 import socket
 import threading
@@ -67,6 +68,7 @@ class LocalForward:
         self._sock.listen(16)
         self.port: int = self._sock.getsockname()[1]
         self._closed = threading.Event()
+        self._open: list[tuple[socket.socket, paramiko.Channel]] = []
         self._thread = threading.Thread(target=self._accept, daemon=True)
 
     def __enter__(self) -> LocalForward:
@@ -88,12 +90,63 @@ class LocalForward:
                 self.errors.append(f"{self.remote[0]}:{self.remote[1]}: {exc}")
                 client.close()
                 continue
+            self._open.append((client, chan))
             threading.Thread(target=_pump, args=(client, chan), daemon=True).start()
 
     def close(self) -> None:
+        """Stop listening and end the connections under way: nothing is left writing to the transport
+        when the caller closes it next."""
         self._closed.set()
         with contextlib.suppress(OSError):
             self._sock.close()
+        for client, chan in self._open:
+            with contextlib.suppress(*LINK_ERRORS):
+                chan.close()
+            with contextlib.suppress(OSError):
+                client.close()
+
+
+class ChannelReader:
+    """Every read of `chan` done by one thread of its own, handed over through a queue.
+
+    Why a thread: a Ctrl-C raises KeyboardInterrupt in the main thread between any two bytecodes. Inside
+    paramiko's `recv` it can land halfway through the window-adjust packet that recv sends, which
+    corrupts the encrypted stream: the server drops the connection, paramiko's thread logs a broken
+    pipe and the next send raises EOFError. With the reads here, the main thread is only ever waiting
+    on this queue when the user presses Ctrl-C."""
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self._chan = chan
+        self._queue: queue.Queue[bytes | None] = queue.Queue()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            while data := self._chan.recv(BUFFER):
+                self._queue.put(data)
+        except LINK_ERRORS:
+            pass  # the link went away: the command's output has ended for us
+        finally:
+            self._queue.put(None)
+
+    def read(self, wait: float) -> bytes | None:
+        """What arrived within `wait` seconds (b"" when nothing did); None once the output has ended."""
+        try:
+            data = self._queue.get(timeout=wait)
+        except queue.Empty:
+            return b""
+        if data is None:
+            self._queue.put(None)  # ended stays ended for the next read
+        return data
+
+
+def hang_up(chan: paramiko.Channel) -> None:
+    """Ctrl-C on the command's pty, then close the channel (which hangs the pty up). A link that is
+    already gone has hung it up by itself: nothing to report then."""
+    with contextlib.suppress(*LINK_ERRORS):
+        if not chan.closed:
+            chan.send(b"\x03")
+        chan.close()
 
 
 def open_pty_command(transport: paramiko.Transport, argv: Sequence[str], *, cwd: str | None = None,
