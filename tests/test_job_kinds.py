@@ -233,6 +233,7 @@ def main():
     ranks = torch.ones(1)
     if world > 1:
         dist.all_reduce(ranks)
+        dist.barrier()  # no rank tears gloo down while a peer's last bytes are in flight
         dist.destroy_process_group()
     seen = {"argv": sys.argv[1:], "tag": args.tag, "ranks": ranks.item(), "cwd": os.getcwd(),
             "env": {k: os.environ.get(k) for k in NAMES}}

@@ -60,6 +60,7 @@ def main():
         torch.save({"w": w.detach(), "world_size": world}, "models/ckpt.pt")
         print(f"done: world size {world}", flush=True)
     if world > 1:
+        dist.barrier()  # no rank tears gloo down while a peer's last bytes are in flight
         dist.destroy_process_group()
 
 

@@ -82,5 +82,9 @@ class Dist:
             self._dist.barrier()
 
     def close(self) -> None:
+        """Every rank has finished its last collective before any rank tears the group down: gloo on
+        CPU aborted a rank at teardown (SIGABRT, "terminate called without an active exception") when
+        its peer destroyed the group right after the last all_reduce."""
         if self.enabled:
+            self._dist.barrier()
             self._dist.destroy_process_group()

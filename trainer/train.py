@@ -349,7 +349,6 @@ class Trainer:
             if crash_at and dist.restart_count == 0 and self.global_step >= crash_at:
                 # Fault injection for the `torchrun --max-restarts` test: checkpoint, then die.
                 self.checkpoint()
-                dist.barrier()
                 dist.close()
                 os._exit(1)
 
