@@ -40,6 +40,13 @@ SSHD = "/usr/sbin/sshd"
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
+# Tests press Ctrl-C on the CLIs they start (SIGINT). A suite started in the background by a
+# non-interactive shell (`make test &`, `nohup`) inherits SIGINT ignored, and so would every CLI it
+# starts: Python leaves an ignored SIGINT ignored, and the Ctrl-C tests would hang until their
+# timeouts. A handled SIGINT here is reset to the default in every child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def _free_port() -> int:
     with socket.socket() as s:
