@@ -230,3 +230,42 @@ def test_a_host_python_without_tensorboard_says_to_add_it_to_the_requirements(tm
     error = tboard.start_failed(SimpleNamespace(name="nubox"), said)
     assert error.exit_code == ExitCode.UNAVAILABLE
     assert "not installed in the job's python on nubox" in str(error) and "requirements" in error.hint
+
+
+def test_an_eof_that_escapes_a_command_is_a_lost_connection_not_an_interrupt(monkeypatch, capsys):
+    """typer turns an escaped EOFError (paramiko's word for a dead socket) into Abort, which read as
+    "interrupted" (130) though nobody pressed Ctrl-C. A pure unit test of the CLI's one error mapping."""
+    from thrust_remote.cli import main
+    from thrust_remote.cli import runs as cli_runs
+
+    def dead_socket(*_args: object, **_kwargs: object) -> None:
+        raise EOFError
+
+    monkeypatch.setattr(cli_runs, "get_config", dead_socket)
+    with pytest.raises(SystemExit) as exited:
+        main.run(["runs"])
+    assert exited.value.code == ExitCode.CONNECTION_LOST
+    err = capsys.readouterr().err
+    assert "interrupted" not in err and "connection ended" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_paramikos_own_log_lines_never_reach_the_terminal_raw_unless_debug(debug):
+    """paramiko logs link trouble from its transport thread; with no handler, Python's last-resort
+    handler printed it raw ("Socket exception: Broken pipe (32)"). With --debug it is shown, named."""
+    script = (
+        "import logging, sys\n"
+        "import thrust_remote.ssh  # what every command that connects imports\n"
+        "from thrust_remote.cli import main\n"
+        "try:\n"
+        f"    main.run([*{['--debug'] if debug else []!r}, '--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "logging.getLogger('paramiko.transport').error('Socket exception: Broken pipe (32)')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "THRUST_DEBUG"}
+    err = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env).stderr
+    if debug:
+        assert "paramiko.transport: Socket exception: Broken pipe (32)" in err
+    else:
+        assert "Socket exception" not in err, err
