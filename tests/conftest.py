@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -147,8 +148,21 @@ class SSHServer:
                 continue
         return pids
 
-    def stop(self) -> None:
-        """SIGKILL the unshare wrapper: sshd, its sessions and every job started through it end."""
+    def stop(self, grace_s: float = 2.0) -> None:
+        """End sshd, its sessions and every job started through it: the host is gone. The shells of
+        commands still in flight get SIGTERM first, so their EXIT traps run (see `release_rc_lock`),
+        then the unshare wrapper gets SIGKILL, which ends everything left in its pid namespace."""
+        import psutil
+
+        try:
+            shells = [p for p in psutil.Process(self.wrapper.pid).children(recursive=True)
+                      if p.name() in ("bash", "sh")]
+        except psutil.NoSuchProcess:
+            shells = []
+        for shell in shells:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                shell.terminate()
+        psutil.wait_procs(shells, timeout=grace_s)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.wrapper.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -163,10 +177,33 @@ class SSHServer:
         return len(pids)
 
 
+def release_rc_lock(older_than_s: float = 60.0) -> bool:
+    """Remove pyenv's rehash lock when it is older than any rehash holds it: True when one was removed.
+
+    The test hosts are accounts of this machine and share its home. Here root's ~/.bashrc runs `pyenv
+    rehash` in every remote command; rehash holds `$PYENV_ROOT/shims/.pyenv-shim` while it works and
+    removes it in an EXIT trap. A shell SIGKILLed mid-rehash (a test host killed outright, a run
+    interrupted before this one) leaves the lock behind, and every later command of the account waits
+    pyenv's 60 s timeout for it: the suite then fails at random, long after the kill. A real host's
+    lock would die with the host; `SSHServer.stop` lets shells run their traps first, and this
+    clears what an earlier, harder ending left (a rehash takes well under a second)."""
+    lock = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "shims" / ".pyenv-shim"
+    try:
+        if time.time() - lock.stat().st_mtime < older_than_s:
+            return False
+        lock.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _start_sshd(root: Path, ip: str = "127.0.0.1", netns: str | None = None) -> SSHServer:
     """A private sshd on `ip` (inside network namespace `netns` when given: tests/netns.py)."""
     if not Path(SSHD).exists():
         pytest.skip("openssh-server is not installed (make test installs it)")
+    if release_rc_lock():
+        warnings.warn("removed a stale pyenv rehash lock (a shell was killed mid-rehash before this run)",
+                      stacklevel=1)
     root.mkdir(parents=True, exist_ok=True)
     host_key = root / "ssh_host_ed25519_key"
     client_key = root / "client_ed25519"

@@ -186,7 +186,7 @@ def test_a_host_lost_mid_study_loses_only_its_running_trial(sshd, two_hosts, sec
         while time.monotonic() < deadline and not list((work_c / ".thrust" / "runs").glob("lost-t*/metrics.jsonl")):
             time.sleep(0.1)
         assert list((work_c / ".thrust" / "runs").glob("lost-t*/metrics.jsonl")), "no trial started on c"
-        os.killpg(second_sshd.wrapper.pid, signal.SIGKILL)  # sshd, its sessions and c's trial: gone
+        second_sshd.stop()  # sshd, its sessions and c's trial: gone
         stdout, stderr = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
