@@ -32,10 +32,21 @@ for step in range(1, 100000):
     time.sleep(0.2)
 '''
 
+QUIT_PY = '''\
+import os, sys, time
+
+if os.environ["RANK"] == "1":
+    print("rank 1 gives up: no shard for it", flush=True)
+    sys.exit(3)
+time.sleep(300)
+'''
+
 JOBS = """\
 groups:
   pair: [n0, n1]
 jobs:
+  quitter:
+    script: quit.py
   ddp:
     script: train.py
     args: {tag: ddp, steps: 2}
@@ -62,6 +73,7 @@ def project(net, tmp_path_factory) -> Path:
     proj.mkdir()
     (proj / "train.py").write_text(TRAIN_PY)
     (proj / "long.py").write_text(LONG_PY)
+    (proj / "quit.py").write_text(QUIT_PY)
     net.yaml(proj / "thrust.yaml", rest=JOBS)
     for args in (["init", "-q"], ["config", "user.email", "t@example.com"], ["config", "user.name", "t"],
                  ["add", "-A"], ["commit", "-q", "-m", "two nodes"]):
@@ -111,10 +123,17 @@ def test_two_nodes_train_the_builtin_trainer_and_node_0_brings_the_model_back(cl
     assert not (_run_dir(net, 1, run_id) / "model.onnx").exists()
 
 
+def _node_logs(net: Network, run_id: str) -> str:
+    """Every node's log, for an assertion's message: the CLI shows node 0's only."""
+    logs = [(node, _run_dir(net, node, run_id) / "log") for node in range(len(net.hosts))]
+    return "".join(f"\n--- node {node} log ---\n{log.read_text()[-4000:] if log.exists() else '(none)'}"
+                   for node, log in logs)
+
+
 def test_a_group_runs_your_own_ddp_script_on_both_nodes_over_their_own_interfaces(cli, net, project):
     result = cli("train", "ddp", "--host", "pair", "--no-fetch", cwd=project)
-    assert result.returncode == 0, result.stderr + result.stdout
     run_id = _run_id(result.stderr)
+    assert result.returncode == 0, result.stderr + result.stdout + _node_logs(net, run_id)
     for node in (0, 1):
         run_dir = _run_dir(net, node, run_id)
         seen = json.loads((run_dir / f"seen-ddp-{node}.json").read_text())
@@ -125,6 +144,15 @@ def test_a_group_runs_your_own_ddp_script_on_both_nodes_over_their_own_interface
         assert meta["rdzv"].startswith(net.hosts[0].ip + ":")
         assert f"--local-addr={net.hosts[node].ip}" in meta["argv"] and "--nnodes=2" in meta["argv"]
         assert f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}" in meta["argv"]
+
+
+def test_a_node_other_than_0_that_fails_shows_the_end_of_its_own_log(cli, net, project):
+    """`train` follows node 0's log; when node 1 fails first, the end of node 1's log says why."""
+    result = cli("train", "quitter", "--host", "pair", "--no-fetch", cwd=project)
+    assert result.returncode == 1, result.stderr + result.stdout
+    text = result.stderr
+    assert "node 1 (n1) failed first: FAILED" in text and "the end of node 1's log:" in text, text
+    assert "rank 1 gives up: no shard for it" in text.split("the end of node 1's log:", 1)[1]
 
 
 def test_node_0_is_rank_0s_node_even_when_the_rendezvous_host_sorts_after_it(cli, net, project):

@@ -331,6 +331,10 @@ def follow(config: Config, sessions: Sequence[HostSession], launched: Sequence[L
             raise
     others = node_states([None, *sessions[1:]], head.run_id)  # node 0's state came with the follow
     status = aggregate([s.name for s in sessions], [followed.status, *others[1:]], watch.verdict)
+    failed_node = status.get("failed_node")
+    # node 0's log was on screen; a failing node's was not (one that answered: a lost one has none to give)
+    if failed_node and failed_node["node"] and status["nodes"][failed_node["node"]]["state"] == "FAILED":
+        failed_node["log_tail"] = log_tail(sessions[failed_node["node"]], head.run_id)
     if status["state"] not in ("FINISHED", "RUNNING") and watch.verdict is None and status.get("failed_node"):
         failed = status["failed_node"]
         _stop_all([s for i, s in enumerate(sessions) if i != failed["node"]], head.run_id, failed)
@@ -344,6 +348,19 @@ def follow(config: Config, sessions: Sequence[HostSession], launched: Sequence[L
 
 
 # ------------------------------------------------------------------------------------------ state
+
+def log_tail(session: HostSession, run_id: str, limit: int = 4000) -> str | None:
+    """The last lines of a node's log (at most `limit` bytes, from a line's start); None when it cannot
+    be read now (the node is gone, or never wrote one)."""
+    try:
+        result = session.runner.run(["tail", "-c", str(limit), f"{session.paths.run(run_id)}/log"], timeout=10)
+    except ThrustError:
+        return None
+    if not result.ok or not result.stdout:
+        return None
+    text = result.stdout
+    return text.split("\n", 1)[1] if len(text.encode()) >= limit and "\n" in text else text
+
 
 def status_within(session: HostSession, run_id: str, timeout: float) -> dict[str, Any]:
     """runs.status, or ConnectionLostError after `timeout` seconds: over a dead link an SSH request can

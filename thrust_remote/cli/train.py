@@ -124,6 +124,8 @@ def _train_nodes(ctx: typer.Context, hosts: list[HostConfig], request: pipeline.
     if outcome.status and outcome.status.get("failed_node") and not as_json:
         failed = outcome.status["failed_node"]
         say(f"node {failed['node']} ({failed['host']}) failed first: {failed.get('why')}")
+        if failed.get("log_tail"):
+            say(f"the end of node {failed['node']}'s log:\n{failed['log_tail'].rstrip()}")
     _render(ctx, outcome, hosts[0], as_json, started, state(ctx).config_path)
 
 

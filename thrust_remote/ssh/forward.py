@@ -40,8 +40,8 @@ def _pump(client: socket.socket, chan: paramiko.Channel) -> None:
                 if not data:
                     break
                 client.sendall(data)
-    except (OSError, *LINK_ERRORS):
-        pass  # either end went away: the connection is over
+    except (OSError, ValueError, *LINK_ERRORS):
+        pass  # either end went away (ValueError: a socket closed under select): the connection is over
     finally:
         with contextlib.suppress(Exception):
             chan.close()
@@ -100,10 +100,10 @@ class LocalForward:
         with contextlib.suppress(OSError):
             self._sock.close()
         for client, chan in self._open:
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_RDWR)  # its pump sees the end and closes both itself
             with contextlib.suppress(*LINK_ERRORS):
                 chan.close()
-            with contextlib.suppress(OSError):
-                client.close()
 
 
 class ChannelReader:
