@@ -51,7 +51,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from conftest import VENV_BIN, SSHServer, _start_sshd  # noqa: E402
 
-from thrust_remote import multinode, pipeline  # noqa: E402
+from thrust_remote import lifecycle, multinode, pipeline  # noqa: E402
 from thrust_remote.config import load_config  # noqa: E402
 from thrust_remote.ssh import SSHRunner  # noqa: E402
 from thrust_remote.ssh import runner as ssh_runner  # noqa: E402
@@ -296,7 +296,7 @@ def launch_profiled(lab: Lab, hosts: Sequence[str]) -> dict[str, tuple[float, fl
     spans = Spans()
     for module, attr, stage in ((pipeline, "check", "check (sync+preflight)"), (multinode, "agree", "agree"),
                                 (pipeline, "set_up", "setup"), (multinode, "plan", "plan"),
-                                (multinode, "_launch_node", "launch"), (multinode, "_remember", "index"),
+                                (multinode, "_launch_node", "launch"), (lifecycle, "_remember", "index"),
                                 (ssh_runner, "connect", "  ssh connect (in check)"),
                                 (SSHRunner, "run", "  remote commands")):
         spans.wrap(module, attr, stage)
@@ -306,7 +306,7 @@ def launch_profiled(lab: Lab, hosts: Sequence[str]) -> dict[str, tuple[float, fl
         sessions = multinode.open_sessions(config, host_cfgs, SSHRunner.from_host)
         spans.rows.append(("open sessions", t0, time.perf_counter()))
         try:
-            launched = multinode.start(config, request, sessions, pipeline.NullReporter())
+            launched = lifecycle.start(config, request, sessions, pipeline.NullReporter()).launched
             total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         finally:
             for s in sessions:

@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_train_overhead.py [--repeat 5]
 
 Prints a table of medians per stage. The "laptop" is a clone of this repo; the "host" a directory
-reached only through SSH, as in the tests. Each round is one `pipeline.train` (the function the CLI
+reached only through SSH, as in the tests. Each round is one `lifecycle.train` (the function the CLI
 calls), following the run's log to its end with a silent reporter; training time is not counted.
 """
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import _start_sshd  # noqa: E402
 
-from thrust_remote import pipeline  # noqa: E402
+from thrust_remote import lifecycle, pipeline  # noqa: E402
 from thrust_remote.config import load_config  # noqa: E402
 from thrust_remote.session import HostSession  # noqa: E402
 from thrust_remote.ssh import SSHRunner  # noqa: E402
@@ -52,7 +52,7 @@ def main() -> None:
             t0 = time.monotonic()
             runner.run(["true"])
             connect = time.monotonic() - t0
-            outcome = pipeline.train(config, request, HostSession.open(runner, host, config))
+            outcome = lifecycle.train(config, request, [HostSession.open(runner, host, config)])
             runner.close()
             if outcome.exit_code != 0:
                 raise SystemExit(f"the run ended {outcome.status}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from thrust_remote import pipeline
+from thrust_remote import lifecycle, pipeline
 from thrust_remote.config import JobConfig, load_config
 from thrust_remote.errors import ExitCode, ThrustError
 from thrust_remote.session import HostSession
@@ -179,7 +179,7 @@ def test_failing_requirement_is_69_with_pips_lines_and_nothing_launched(tmp_path
     request = pipeline.TrainRequest(job=job, host=config.host(), sets=["total-steps=2048"])
     try:
         with pytest.raises(ThrustError) as caught:
-            pipeline.train(config, request, HostSession.open(runner, config.host(), config))
+            lifecycle.train(config, request, [HostSession.open(runner, config.host(), config)])
     finally:
         runner.close()
     assert caught.value.exit_code == ExitCode.UNAVAILABLE

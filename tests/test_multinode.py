@@ -155,6 +155,35 @@ def test_a_node_other_than_0_that_fails_shows_the_end_of_its_own_log(cli, net, p
     assert "rank 1 gives up: no shard for it" in text.split("the end of node 1's log:", 1)[1]
 
 
+def test_a_run_over_two_hosts_reattached_names_the_failed_node_and_ends_as_attached_train_does(cli, net, project):
+    """`logs RUN --follow` of a run over two hosts is the attached `train`'s follow: when node 1's worker
+    has crashed (node 0 would wait on in its sleep: nothing on node 0 notices), the reattach's watch
+    fails the run, stops node 0 FAILED naming node 1, shows the end of node 1's log and exits 1."""
+    result = cli("train", "quitter", "--host", "pair", "--detach", cwd=project)
+    assert result.returncode == 0, result.stderr
+    run_id = _run_id(result.stderr)
+    _wait(lambda: _status(cli, project, run_id)["nodes"][1]["state"] == "FAILED", 120, "node 1 to fail",
+          _run_dir(net, 1, run_id) / "log")
+    assert _status(cli, project, run_id)["nodes"][0]["state"] == "RUNNING"  # nobody has told node 0 yet
+    t0 = time.monotonic()
+    follow = cli("logs", run_id, "--follow", cwd=project, timeout=120)
+    assert follow.returncode == 1, follow.stderr + follow.stdout + _node_logs(net, run_id)
+    assert time.monotonic() - t0 < 60  # the watch's first poll, not node 0's 300 s sleep
+    text = follow.stderr + follow.stdout
+    assert "node 1 (n1) failed first: FAILED" in text and "the end of node 1's log:" in text, text
+    assert "rank 1 gives up: no shard for it" in text.split("the end of node 1's log:", 1)[1]
+    st = _status(cli, project, run_id)
+    assert st["state"] == "FAILED" and st["failed_node"]["node"] == 1, st
+    assert [n["state"] for n in st["nodes"]] == ["FAILED", "FAILED"]
+    meta0 = json.loads((_run_dir(net, 0, run_id) / "peer-failed.json").read_text())
+    assert meta0["node"] == 1 and meta0["host"] == "n1"  # node 0 stopped for node 1, not STOPPED
+    # the same end as `--json` gives it, and as the attached train's exit status
+    again = cli("logs", run_id, "--follow", "--json", cwd=project, timeout=60)
+    assert again.returncode == 1, again.stderr
+    out = json.loads(again.stdout)
+    assert out["state"] == "FAILED" and out["exit_code"] == 1 and out["failed_node"]["node"] == 1, out
+
+
 def test_node_0_is_rank_0s_node_even_when_the_rendezvous_host_sorts_after_it(cli, net, project):
     """torchrun's c10d ranks nodes by address: with n1 (.12) given first, n0 (.11) is rank 0."""
     result = cli("train", "ddp", "--host", "n1", "--host", "n0", "--no-fetch", cwd=project)

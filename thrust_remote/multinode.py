@@ -1,9 +1,9 @@
-"""One training run over several hosts: `train JOB --host a --host b` (docs/architecture.md,
-"Several hosts").
+"""What only a run over several hosts needs: `train JOB --host a --host b` (docs/architecture.md,
+"Several hosts"). The run's life itself, for one host or many, is lifecycle.py's.
 
 Every node gets what one host gets (pipeline.check, then pipeline.set_up, then a detached launch),
-all nodes at once, in threads: N nodes take about as long as the slowest one, not N times one. In
-between, the nodes must agree (torch, CUDA or CPU, python) or nothing is set up anywhere (69). The
+all nodes at once, in threads (`each`): N nodes take about as long as the slowest one, not N times
+one. In between, the nodes must agree (torch, CUDA or CPU, python) or nothing is set up anywhere (69). The
 distributed part is torchrun's own: its c10d rendezvous at node 0's address and a port checked free
 there (jobs.Rendezvous), NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME set on each node to the interface
 that reaches node 0. There is no cluster layer of our own beyond two watches that turn a lost node
@@ -19,13 +19,12 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
-from . import index, jobs, pipeline, runs, scalarwatch
+from . import jobs, pipeline, runs
 from .config import Config, HostConfig
 from .errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
-from .pipeline import Checked, Launched, Prepared, Reporter, TrainOutcome, TrainRequest
+from .pipeline import Checked, Launched, Prepared, Reporter, TrainRequest
 from .session import HostSession, parse_json
 
 T = TypeVar("T")
@@ -66,7 +65,7 @@ class Plan:
                                is_host=rank == self.rdzv_host)
 
 
-class _Prefixed(pipeline.NullReporter):
+class Prefixed(pipeline.NullReporter):
     """A node's steps and warnings, prefixed with its host (the nodes speak at once)."""
 
     def __init__(self, reporter: Reporter, name: str) -> None:
@@ -80,7 +79,11 @@ class _Prefixed(pipeline.NullReporter):
 
 
 def each(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    """fn over every item at once; the first node's error (in node order) is raised after all end."""
+    """fn over every item at once; the first node's error (in node order) is raised after all end.
+    One item runs in the caller's thread: a Ctrl-C then stops it where it is (a pool's worker would
+    carry on to its end)."""
+    if len(items) == 1:
+        return [fn(items[0])]
     with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
         futures = [pool.submit(fn, item) for item in items]
     for future in futures:
@@ -194,27 +197,18 @@ def route(session: HostSession, address: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ launch
 
-def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession], reporter: Reporter,
-          max_restarts: int = 0) -> tuple[list[Launched], list[HostSession]]:
-    """Every node checked, compared, set up and launched; the run recorded in the local index. The
-    launched runs and the sessions come back in rank order (Plan.order): node 0 is rank 0's node."""
-    hosts = [s.host for s in sessions]
-    check_request(request, hosts)
-    sets = pipeline.parse_sets(request.sets)
-    params = pipeline.load_params(request.params_file) if request.params_file else {}
-    pipeline.check_trainer_args(request.job, sets, params)
-    args = pipeline.job_arguments(request.job, sets, params)
-    checked = each(lambda s: pipeline.check(config, request.job, s, _Prefixed(reporter, s.name),
-                                            args_for_preflight=args), sessions)
-    agree(checked)
-    prepared = each(lambda c: pipeline.set_up(c, _Prefixed(reporter, c.session.name)), checked)
+def launch_nodes(prepared: Sequence[Prepared], request: TrainRequest, args: Sequence[str], run_id: str,
+                 reporter: Reporter, max_restarts: int) -> tuple[list[Launched], list[HostSession]]:
+    """The plan, then a launch on every node at once (a launch that fails stops the nodes already
+    launched). The launched runs and the sessions come back in rank order (Plan.order): node 0 is
+    rank 0's node."""
+    sessions = [p.session for p in prepared]
     given = plan(sessions, reporter)
     order, where = given.order(), given.ranked()
     sessions, prepared = [sessions[i] for i in order], [prepared[i] for i in order]
     if order[0] != 0:
         reporter.warn(f"torchrun ranks the nodes by address: node 0 (rank 0: its log, checkpoints and model) is "
                       f"{sessions[0].name}; the rendezvous stays on {sessions[where.rdzv_host].name}")
-    run_id = runs.check_run_id(request.run_id) if request.run_id else runs.new_run_id(request.job.name)
     reporter.step(f"launching run {run_id} on {len(sessions)} nodes, rendezvous at {where.address}:{where.port}")
     nodes = [{"host": s.name, "address": a} for s, (a, _) in zip(sessions, where.ssh, strict=True)]
     launched: list[Launched | None] = [None] * len(sessions)
@@ -225,11 +219,9 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     try:
         each(go, list(range(len(sessions))))
     except BaseException:
-        _stop_all([s for s, n in zip(sessions, launched, strict=True) if n is not None], run_id, None)
+        stop_all([s for s, n in zip(sessions, launched, strict=True) if n is not None], run_id, None)
         raise
-    out = [n for n in launched if n is not None]
-    _remember(config, out, reporter)
-    return out, sessions
+    return [n for n in launched if n is not None], sessions
 
 
 def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: Sequence[str],
@@ -246,20 +238,7 @@ def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: 
                                     meta_extra=meta, rdzv=where.rendezvous(rank, run_id, max_restarts))
 
 
-def _remember(config: Config, launched: Sequence[Launched], reporter: Reporter) -> None:
-    head = launched[0]
-    entry = index.IndexEntry(run_id=head.run_id, host=head.host, job=head.job, commit=head.commit,
-                             started_at=index.now(), run_dir=head.run_dir,
-                             config=str(config.path.resolve()) if config.path else None,
-                             nodes=tuple(n.host for n in launched))
-    try:
-        index.record(config.root, entry)
-    except OSError as exc:
-        reporter.warn(f"run {head.run_id} is not in the local index ({exc}): give --host {head.host} to status, "
-                      "logs, stop and fetch")
-
-
-def _stop_all(sessions: Sequence[HostSession], run_id: str, verdict: dict[str, Any] | None) -> None:
+def stop_all(sessions: Sequence[HostSession], run_id: str, verdict: dict[str, Any] | None) -> None:
     """Stop the run on every node that still answers; `verdict`: the node it fails for (not STOPPED)."""
 
     def one(session: HostSession) -> None:
@@ -272,32 +251,40 @@ def _stop_all(sessions: Sequence[HostSession], run_id: str, verdict: dict[str, A
 # ------------------------------------------------------------------------------------------ follow
 
 class Watch:
-    """While the laptop follows node 0: the other nodes' states every POLL_S seconds. The first node
-    that ends other than FINISHED, or stops answering, is the verdict; every other node is stopped."""
+    """While the laptop follows one node's log: the other nodes' states every POLL_S seconds. The first
+    node that ends other than FINISHED, or stops answering, is the verdict; every other node is stopped.
+    With one node (or nothing to watch) it does nothing. A node without a session (not reachable when
+    a reattach opened it) is lost."""
 
-    def __init__(self, sessions: Sequence[HostSession], run_id: str, reporter: Reporter) -> None:
-        self.sessions, self.run_id, self.reporter = sessions, run_id, reporter
+    def __init__(self, sessions: Sequence[HostSession | None], names: Sequence[str], run_id: str,
+                 reporter: Reporter, *, followed: int = 0) -> None:
+        self.sessions, self.names, self.run_id, self.reporter = list(sessions), list(names), run_id, reporter
+        self.followed = followed
         self.verdict: dict[str, Any] | None = None
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="nodewatch", daemon=True)
 
     def __enter__(self) -> Watch:
-        self.thread.start()
+        if len(self.sessions) > 1:
+            self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.done.set()
-        self.thread.join(timeout=30)
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
 
     def _loop(self) -> None:
         while not self.done.wait(POLL_S):
-            for rank, session in enumerate(self.sessions[1:], start=1):
-                why = self._ask(session)
+            for rank, session in enumerate(self.sessions):
+                why = None if rank == self.followed else self._ask(session)
                 if why is not None:
                     self.fail(rank, why)
                     return
 
-    def _ask(self, session: HostSession) -> str | None:
+    def _ask(self, session: HostSession | None) -> str | None:
+        if session is None:
+            return "lost: it could not be reached"
         try:
             st = status_within(session, self.run_id, ASK_TIMEOUT_S)
         except ThrustError as exc:
@@ -307,44 +294,13 @@ class Watch:
         return f"{st['state']} (exit code {st.get('exit_code')})"
 
     def fail(self, rank: int, why: str) -> None:
-        if self.verdict is not None:
+        """The run fails for node `rank`: every other node is stopped, FAILED naming it (one node: no other)."""
+        if self.verdict is not None or len(self.sessions) < 2:
             return
-        name = self.sessions[rank].name
+        name = self.names[rank]
         self.verdict = {"node": rank, "host": name, "why": why}
         self.reporter.warn(f"node {rank} ({name}) {why}: stopping the run on the other nodes")
-        others = [s for i, s in enumerate(self.sessions) if i != rank]
-        _stop_all(others, self.run_id, self.verdict)
-
-
-def follow(config: Config, sessions: Sequence[HostSession], launched: Sequence[Launched], request: TrainRequest,
-           reporter: Reporter, *, config_path: Path | str | None = None) -> TrainOutcome:
-    """Follow node 0 (rank 0's log) while Watch minds the others; then the run's state over all nodes,
-    and node 0's model and artifacts when it FINISHED."""
-    head, timings = launched[0], dict(launched[0].timings)
-    job = request.job
-    with Watch(sessions, head.run_id, reporter) as watch:
-        try:
-            followed = pipeline.follow(sessions[0], head.run_id, reporter, config_path=config_path,
-                                       scalars=scalarwatch.source_for(sessions[0], head.run_id, job))
-        except ConnectionLostError:
-            watch.fail(0, "lost: the connection to it broke while following")
-            raise
-    others = node_states([None, *sessions[1:]], head.run_id)  # node 0's state came with the follow
-    status = aggregate([s.name for s in sessions], [followed.status, *others[1:]], watch.verdict)
-    failed_node = status.get("failed_node")
-    # node 0's log was on screen; a failing node's was not (one that answered: a lost one has none to give)
-    if failed_node and failed_node["node"] and status["nodes"][failed_node["node"]]["state"] == "FAILED":
-        failed_node["log_tail"] = log_tail(sessions[failed_node["node"]], head.run_id)
-    if status["state"] not in ("FINISHED", "RUNNING") and watch.verdict is None and status.get("failed_node"):
-        failed = status["failed_node"]
-        _stop_all([s for i, s in enumerate(sessions) if i != failed["node"]], head.run_id, failed)
-    fetched = got = None
-    if status["state"] == "FINISHED" and request.fetch:
-        fetched, got = pipeline.fetch_finished(config, sessions[0], head, job, followed.status, reporter,
-                                               force=request.force, timings=timings)
-    fetchable = pipeline.exports_model(job) and status["state"] == "FINISHED"
-    return TrainOutcome(head, status, fetched, pipeline.exit_code_for(status), timings, followed.progress,
-                        fetchable=fetchable, artifacts=got)
+        stop_all([s for i, s in enumerate(self.sessions) if i != rank and s is not None], self.run_id, self.verdict)
 
 
 # ------------------------------------------------------------------------------------------ state

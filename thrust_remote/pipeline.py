@@ -9,7 +9,6 @@ see (docs/architecture.md, "The flow of one train").
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -21,7 +20,7 @@ import yaml
 
 from trainer.args import parse_flag
 
-from . import artifacts, buildenv, doctor, fetchdir, index, jobs, payload, runs, scalarwatch
+from . import artifacts, buildenv, doctor, fetchdir, jobs, payload, runs
 from .buildenv import JobSpec
 from .config import Config, HostConfig, JobConfig
 from .errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
@@ -137,6 +136,7 @@ class TrainOutcome:
             "run_id": self.launched.run_id, "host": self.launched.host, "job": self.launched.job,
             "commit": self.launched.commit, "run_dir": self.launched.run_dir,
             "state": status.get("state"), "exit_code": self.exit_code, "job_exit_code": status.get("exit_code"),
+            "failed_node": status.get("failed_node"),
             "model": str(fetched.model) if fetched else None, "manifest": str(fetched.manifest) if fetched else None,
             "sha256": fetched.sha256 if fetched else None, "bytes": fetched.bytes if fetched else None,
             "artifacts": self.artifacts.as_json() if self.artifacts else None,
@@ -376,22 +376,6 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
                     timings, prepared.spec)
 
 
-def start(config: Config, request: TrainRequest, session: HostSession, reporter: Reporter | None = None) -> Launched:
-    """Everything up to a running, detached job on the host."""
-    sets = parse_sets(request.sets)
-    params = load_params(request.params_file) if request.params_file else {}
-    check_trainer_args(request.job, sets, params)
-    args = job_arguments(request.job, sets, params)
-    prepared = prepare(config, request.job, session, reporter, args_for_preflight=args)
-    gpus = choose_gpus(request, prepared.report.facts,
-                       lambda: {} if request.share_gpus else runs.gpus_taken(session))
-    launched = launch_prepared(prepared, args=args, run_id=request.run_id, gpus=gpus, nproc=request.nproc,
-                               extra_env=request.extra_env, reporter=reporter,
-                               exclusive_gpus=bool(gpus) and not request.share_gpus)
-    _remember(config, launched, reporter or NullReporter())
-    return launched
-
-
 def choose_gpus(request: TrainRequest, facts: Mapping[str, Any], taken: Callable[[], Mapping[int, str]]) -> list[int]:
     """`--gpus`: a list is taken as given (the host refuses GPUs a RUNNING run holds, unless
     shared); a count picks among the GPUs no RUNNING run holds (`taken`: GPU -> run id)."""
@@ -410,18 +394,6 @@ def choose_gpus(request: TrainRequest, facts: Mapping[str, Any], taken: Callable
     return select_gpus(request.gpus, facts, replace(request.host, gpus=tuple(free)) if held else request.host)
 
 
-def _remember(config: Config, launched: Launched, reporter: Reporter) -> None:
-    """The run in the project's local index, so status/logs/stop/fetch find its host without --host."""
-    entry = index.IndexEntry(run_id=launched.run_id, host=launched.host, job=launched.job, commit=launched.commit,
-                             started_at=index.now(), run_dir=launched.run_dir,
-                             config=str(config.path.resolve()) if config.path else None)
-    try:
-        index.record(config.root, entry)
-    except OSError as exc:
-        reporter.warn(f"run {launched.run_id} is not in the local index ({exc}): give --host {launched.host} "
-                      "to status, logs, stop and fetch")
-
-
 def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:
     import tempfile
 
@@ -432,9 +404,11 @@ def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:
 
 
 def reattach_command(run_id: str, host: HostConfig, offset: int | None = None,
-                     config_path: Path | str | None = None) -> str:
-    """`logs RUN --follow`: the progress view again and, for a train run, the fetch at its end."""
-    args = [run_id, "--follow", *(["--offset", str(offset)] if offset else [])]
+                     config_path: Path | str | None = None, node: int | None = None) -> str:
+    """`logs RUN --follow`: the progress view again and, for a train run, the fetch at its end (`node`:
+    a run over several hosts whose node `node`'s log was followed)."""
+    args = [run_id, "--follow", *(["--node", str(node)] if node else []),
+            *(["--offset", str(offset)] if offset else [])]
     return command_hint("logs", *args, host=host, config=config_path)
 
 
@@ -452,13 +426,15 @@ class Followed:
 
 
 def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0,
-           config_path: Path | str | None = None, scalars: ScalarSource | None = None) -> Followed:
+           config_path: Path | str | None = None, scalars: ScalarSource | None = None,
+           node: int | None = None) -> Followed:
     """Stream the log to the reporter until the run ends; with `scalars`, the job's TensorBoard
     scalars are read on the host meanwhile (every few seconds, and at the end) as its progress.
 
     Ctrl-C detaches (Detached, exit 75) and a lost link is ConnectionLostError (75); both carry the
     command that reattaches from the byte offset reached, so no byte is lost or repeated (and
-    `config_path`, the --config the user gave, so the command is exactly the one to type)."""
+    `config_path`, the --config the user gave, and `node`, the node of a run over several hosts, so the
+    command is exactly the one to type)."""
     host = session.host
     delivered = 0
     lines, progress = LineSplitter(), RunProgress()
@@ -484,7 +460,7 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
     except KeyboardInterrupt:
         raise Detached(
             f"from run {run_id}; it goes on on {host.name}",
-            f"reattach with: {reattach_command(run_id, host, offset + delivered, config_path)}   (from where you "
+            f"reattach with: {reattach_command(run_id, host, offset + delivered, config_path, node)}   (from where you "
             f"left; without --offset for the whole log; stop it with: "
             f"{command_hint('stop', run_id, host=host, config=config_path)})",
         ) from None
@@ -492,7 +468,7 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
         reached = getattr(exc, "offset", offset + delivered)
         raise ConnectionLostError(
             f"connection to {host.name} lost while following run {run_id}; the run goes on",
-            f"reattach with: {reattach_command(run_id, host, reached, config_path)}",
+            f"reattach with: {reattach_command(run_id, host, reached, config_path, node)}",
         ) from None
     for line in lines.close():
         progress.take(line)
@@ -512,65 +488,6 @@ def exit_code_for(status: dict) -> int:
     if isinstance(code, int) and code != 0:
         return code
     return ExitCode.FAILED
-
-
-def train(config: Config, request: TrainRequest, session: HostSession, reporter: Reporter | None = None, *,
-          config_path: Path | str | None = None) -> TrainOutcome:
-    """The whole sequence: sync → preflight → setup → launch → follow → fetch (docs/architecture.md).
-    `config_path` (the --config the user gave) goes into the reattach hints."""
-    reporter = reporter or NullReporter()
-    launched = start(config, request, session, reporter)
-    if request.detach:
-        return TrainOutcome(launched, None, None, 0, dict(launched.timings))
-    return _follow_to_end(config, session, launched, request.job, reporter, fetch=request.fetch,
-                          force=request.force, config_path=config_path)
-
-
-def reattach(config: Config, session: HostSession, run_id: str, reporter: Reporter | None = None, *,
-             offset: int = 0, fetch: bool = True, force: bool = False,
-             config_path: Path | str | None = None) -> TrainOutcome:
-    """`logs RUN --follow`: follow a run already started and end it as `train` would: a train run of a
-    configured job that FINISHED gets its model fetched (`finish`), and the exit code is the job's."""
-    reporter = reporter or NullReporter()
-    status = runs.status(session, run_id)
-    job = _train_job(config, session, run_id, status)
-    launched = Launched(run_id, session.paths.run(run_id), int(status.get("pid") or 0), session.name,
-                        str(status.get("job") or ""), status.get("commit"), session.paths, None, True, {})
-    return _follow_to_end(config, session, launched, job, reporter, fetch=fetch, force=force, offset=offset,
-                          config_path=config_path)
-
-
-def _train_job(config: Config, session: HostSession, run_id: str, status: dict) -> JobConfig | None:
-    """The configured job a run was trained for; None for an optimize trial (run.json has `trial`:
-    it exported nothing) or a job this config no longer has."""
-    try:
-        meta = json.loads(session.runner.read_text(f"{session.paths.run(run_id)}/run.json") or "{}")
-    except ValueError:
-        meta = {}
-    if not isinstance(meta, dict) or "trial" in meta:
-        return None
-    return config.jobs.get(str(status.get("job") or ""))
-
-
-def _follow_to_end(config: Config, session: HostSession, launched: Launched, job: JobConfig | None,
-                   reporter: Reporter, *, fetch: bool, force: bool = False, offset: int = 0,
-                   config_path: Path | str | None) -> TrainOutcome:
-    """follow → fetch, shared by `train` and `reattach`."""
-    timings = dict(launched.timings)
-    followed = follow(session, launched.run_id, reporter, offset=offset, config_path=config_path,
-                      scalars=scalarwatch.source_for(session, launched.run_id, job))
-    status = followed.status
-    code = exit_code_for(status)
-    fetched = got = None
-    if status["state"] == "FINISHED" and fetch and job is not None:
-        fetched, got = fetch_finished(config, session, launched, job, status, reporter, force=force, timings=timings)
-    job = job if job is not None and exports_model(job) else None
-    # a run that did not finish is worth a fetch hint only when it left a model (a stopped trainer
-    # exports; a killed one usually has none)
-    fetchable = job is not None and (status["state"] == "FINISHED"
-                                     or session.runner.exists(f"{launched.run_dir}/{artifacts.MODEL}"))
-    return TrainOutcome(launched, status, fetched, code, timings, followed.progress, fetchable=fetchable,
-                        artifacts=got)
 
 
 def fetch_finished(config: Config, session: HostSession, launched: Launched, job: JobConfig, status: dict,

@@ -158,6 +158,15 @@ class HostSession:
     def name(self) -> str:
         return self.host.name
 
+    def close(self) -> None:
+        self.runner.close()
+
+    def __enter__(self) -> HostSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def agent_argv(self, *args: str) -> list[str]:
         """The exact argv that runs an agent subcommand on this host."""
         home = self.runner.home()

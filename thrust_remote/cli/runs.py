@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Sequence
 
@@ -10,9 +11,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .. import fetchdir, index, multinode, pipeline, runs
+from .. import index, lifecycle, runs
 from ..console import console, err_console
-from ..errors import ConnectionLostError, ExitCode, ThrustError, UsageError
+from ..errors import ExitCode, UnreachableError, UsageError
 from ..session import HostSession
 from .common import get_config, open_runner, state
 from .follow import say
@@ -129,13 +130,8 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: S
 
 def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    session = _open(ctx, host, run_id)
-    try:
-        st = runs.status(session, runs.check_run_id(run_id))
-        if len(st.get("nodes") or []) > 1:  # a run over several hosts: every node's state, and the run's
-            st = _over_nodes(ctx, session, run_id, st)
-    finally:
-        session.runner.close()
+    with _open(ctx, host, run_id) as session:  # over several hosts: every node's state, and the run's
+        st = lifecycle.status(session, run_id, _opener(ctx))
     if as_json:
         typer.echo(json.dumps(st))
         return
@@ -153,31 +149,9 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
                       f"[{STATE_STYLE.get(node['state'], 'red')}]{node['state']}[/]{code}", highlight=False)
 
 
-def _node_sessions(ctx: typer.Context, names: list[str], have: HostSession) -> list[HostSession | None]:
-    """A session on each node of a run (the one already open reused); None where it cannot be opened
-    (a host this config no longer has, or one that does not answer)."""
-
-    def one(name: str) -> HostSession | None:
-        if name == have.name:
-            return have
-        try:
-            return _open(ctx, name)
-        except ThrustError:
-            return None
-
-    return multinode.each(one, names)
-
-
-def _over_nodes(ctx: typer.Context, session: HostSession, run_id: str, st: dict) -> dict:
-    names = [str(n) for n in st["nodes"]]
-    sessions = _node_sessions(ctx, names, session)
-    try:  # the node already asked is not asked again
-        states = multinode.node_states([None if s is session else s for s in sessions], run_id)
-    finally:
-        for s in sessions:
-            if s is not None and s is not session:
-                s.runner.close()
-    return multinode.aggregate(names, [st if s is session else got for s, got in zip(sessions, states, strict=True)])
+def _opener(ctx: typer.Context) -> lifecycle.OpenNode:
+    """A session on another node of a run, by host name."""
+    return lambda name: _open(ctx, name)
 
 
 def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
@@ -191,72 +165,43 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
                                       "(progress to stderr)."),
          node: int | None = typer.Option(None, "--node", min=0, help="A run over several hosts: this node's log "
                                          "(default: node 0, where rank 0 writes).")) -> None:
-    session = _open(ctx, host, run_id)
     runs.check_run_id(run_id)
-    if node is not None:
-        session = _node_session(ctx, session, run_id, node)
-    try:
+    with _open(ctx, host, run_id) as session:
         if follow_:
-            _reattach(ctx, session, run_id, offset=offset, fetch=not no_fetch, raw=raw, as_json=as_json)
+            _reattach(ctx, session, run_id, node=node, offset=offset, fetch=not no_fetch, raw=raw, as_json=as_json)
             return
-        import sys
-
-        runs.status(session, run_id)  # a clear error for an unknown id
-        runs.follow_log(session, run_id, offset=offset, follow=False,
-                        on_bytes=lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush()))
-    finally:
-        session.runner.close()
-
-
-def _node_session(ctx: typer.Context, session: HostSession, run_id: str, node: int) -> HostSession:
-    """`logs --node i`: a session on node i's host (its name from the run's run.json)."""
-    try:
-        names = [str(n) for n in runs.status(session, run_id).get("nodes") or [session.name]]
-    except BaseException:
-        session.runner.close()
-        raise
-    if node >= len(names):
-        session.runner.close()
-        raise UsageError(f"--node {node}: run {run_id} has {len(names)} node(s) ({', '.join(names)})",
-                         f"give --node 0 to {len(names) - 1}")
-    if names[node] == session.name:
-        return session
-    session.runner.close()
-    return _open(ctx, names[node])
+        with lifecycle.open_nodes(session, run_id, _opener(ctx)) as (nodes, _):  # a clear error for an unknown id
+            shown = nodes.sessions[lifecycle.check_node(nodes, node)]
+            if shown is None:
+                raise UnreachableError(f"run {run_id}: node {node} ({nodes.names[node or 0]}) does not answer",
+                                       f"thrust-remote doctor --host {nodes.names[node or 0]}")
+            runs.follow_log(shown, run_id, offset=offset, follow=False,
+                            on_bytes=lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush()))
 
 
-def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, offset: int, fetch: bool, raw: bool,
-              as_json: bool) -> None:
-    """`logs -f`: the pipeline's reattach (follow, then fetch a finished train run) rendered as train's
-    end is; the exit code is the job's (docs/architecture.md, "Exit codes")."""
+def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, node: int | None, offset: int, fetch: bool,
+              raw: bool, as_json: bool) -> None:
+    """`logs -f`: the run's follow and end as `train` has them, over every node of the run (a failed
+    node named, a finished train run fetched), rendered as train's end is; the exit code is the job's
+    (docs/architecture.md, "Exit codes")."""
     started = time.monotonic()
-    config_path = state(ctx).config_path
     reporter = CliReporter(quiet=as_json, out=err_console if as_json else None, raw=raw)
-    outcome = pipeline.reattach(get_config(ctx), session, run_id, reporter, offset=offset, fetch=fetch,
-                                config_path=config_path)
-    if not outcome.fetchable and not as_json:  # not a train run: nothing to fetch, only the end to tell
+    outcome = lifecycle.reattach(get_config(ctx), session, run_id, _opener(ctx), reporter, node=node, offset=offset,
+                                 fetch=fetch, config_path=state(ctx).config_path)
+    if not outcome.fetchable and not as_json and not (outcome.status or {}).get("failed_node"):
+        # not a train run: nothing to fetch, only the end to tell
         if outcome.exit_code:
             say(f"run {run_id} ended {outcome.status['state']} (exit code {outcome.status.get('exit_code')})")
         raise typer.Exit(outcome.exit_code)
-    show_outcome(ctx, outcome, session.host, as_json, started, config_path)
+    show_outcome(ctx, outcome, as_json, started)
 
 
 def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
          grace: float = typer.Option(10.0, "--grace", help="Seconds between TERM and KILL.")) -> None:
-    session = _open(ctx, host, run_id)
-    try:
-        names = [str(n) for n in runs.status(session, runs.check_run_id(run_id)).get("nodes") or [session.name]]
-        sessions = _node_sessions(ctx, names, session) if len(names) > 1 else [session]
-        try:
-            answers = multinode.each(lambda s: _stop_one(s, run_id, grace), sessions)
-        finally:
-            for s in sessions:
-                if s is not None and s is not session:
-                    s.runner.close()
-    finally:
-        session.runner.close()
-    for name, answer in zip(names, answers, strict=True):
-        where = f" on {name}" if len(names) > 1 else ""
+    with _open(ctx, host, run_id) as session:
+        answers = lifecycle.stop(session, run_id, _opener(ctx), grace)
+    for name, answer in answers:
+        where = f" on {name}" if len(answers) > 1 else ""
         if answer is None:
             console.print(f"{run_id}{where}: unreachable (it stops itself when it loses the other nodes)")
         elif answer.get("stopped"):
@@ -266,41 +211,17 @@ def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
             console.print(f"{run_id}{where}: not running ({answer.get('state')})")
 
 
-def _stop_one(session: HostSession | None, run_id: str, grace: float) -> dict | None:
-    if session is None:
-        return None
-    try:
-        return runs.stop(session, run_id, grace)
-    except ConnectionLostError:
-        return None
-
-
 def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
           force: bool = typer.Option(False, "--force", help="Place the model in web/public even when its run did "
                                      "not FINISH or it scores clearly worse than the placed one.")) -> None:
     config = get_config(ctx)
-    session = _open(ctx, host, run_id)
-    result = got = None
-    try:
-        st = runs.status(session, runs.check_run_id(run_id))
-        job_name = st.get("job")
-        if not job_name:
-            raise ThrustError(f"run {run_id} has no job recorded")
-        job, run_dir = config.job(job_name), session.paths.run(run_id)
-        if pipeline.exports_model(job):
-            result = pipeline.finish(config, session, job, run_dir, run_id=run_id, status=st, force=force)
-        elif not fetchdir.artifact_globs(job):
-            raise UsageError(f"job {job_name} exports no model and has no `artifacts:`: nothing to fetch",
-                             f"add `export:` or `artifacts:` under jobs.{job_name} in thrust.yaml")
-        reporter = CliReporter()
-        got = pipeline.fetch_artifacts(config, session, job, run_dir, run_id, reporter)
-    finally:
-        session.runner.close()
-    if result is None:
-        assert got is not None
-        typer.echo(got.dest)
+    with _open(ctx, host, run_id) as session:
+        got = lifecycle.fetch(config, session, run_id, _opener(ctx), CliReporter(), force=force)
+    if got.model is None:
+        assert got.artifacts is not None
+        typer.echo(got.artifacts.dest)
         return
     from .kept import render_fetched
 
-    render_fetched(ctx, result, session.name, config.root)
-    typer.echo(result.model)  # the placed model, or the kept one when not placed
+    render_fetched(ctx, got.model, got.host, config.root)
+    typer.echo(got.model.model)  # the placed model, or the kept one when not placed

@@ -1,4 +1,4 @@
-"""`thrust-remote train JOB`: the whole pipeline is pipeline.train; this module only renders.
+"""`thrust-remote train JOB`: the run's whole life is lifecycle.train; this module only renders.
 
 `logs RUN --follow` (cli/runs.py) ends a reattached train run through the same `show_outcome`."""
 
@@ -12,12 +12,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .. import multinode, pipeline
-from ..config import HostConfig
+from .. import lifecycle, multinode, pipeline
 from ..console import console, err_console
-from ..errors import UsageError
 from ..serve import PLAYABLE_ENVS
-from ..session import HostSession
 from .common import get_config, open_runner, state
 from .follow import LogReporter, reattach_command, say
 from .kept import command, render_fetched, say_line
@@ -74,71 +71,35 @@ def train(
 ) -> None:
     config = get_config(ctx)
     hosts = config.host_list(host)
-    job_cfg = config.job(job)
-    config_path = state(ctx).config_path  # repeated in every command a hint names
-    if len(hosts) > 1:
-        _train_nodes(ctx, hosts, pipeline.TrainRequest(
-            job=job_cfg, host=hosts[0], gpus=gpus, nproc=nproc, sets=sets, params_file=params, detach=detach,
-            fetch=not no_fetch, force=force, share_gpus=share_gpus), as_json, max_restarts)
-        return
-    if max_restarts:  # one host runs torchrun --standalone with --max-restarts=0: say so, never ignore it
-        raise UsageError(f"--max-restarts {max_restarts}: restarts are for a run over several hosts",
-                         "give two or more --host (or a group), or drop --max-restarts")
-    host_cfg = hosts[0]
-    runner = open_runner(host_cfg)
+    request = pipeline.TrainRequest(job=config.job(job), host=hosts[0], gpus=gpus, nproc=nproc, sets=sets,
+                                    params_file=params, detach=detach, fetch=not no_fetch, force=force,
+                                    share_gpus=share_gpus)
+    lifecycle.check_request(request, hosts, max_restarts)  # before anything connects
     started = time.monotonic()
-    try:
-        request = pipeline.TrainRequest(job=job_cfg, host=host_cfg, gpus=gpus, nproc=nproc, sets=sets,
-                                        params_file=params, detach=detach, fetch=not no_fetch, force=force,
-                                        share_gpus=share_gpus)
-        session = HostSession.open(runner, host_cfg, config)
-        # --json: stdout carries the one JSON object; the progress view goes to stderr
-        reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
-        outcome = pipeline.train(config, request, session, reporter, config_path=config_path)
-    finally:
-        runner.close()
-    _render(ctx, outcome, host_cfg, as_json, started, config_path)
-
-
-def _train_nodes(ctx: typer.Context, hosts: list[HostConfig], request: pipeline.TrainRequest, as_json: bool,
-                 max_restarts: int) -> None:
-    """`train --host a --host b`: multinode.py does it; rendered as one host's run is, node 0's model."""
-    if request.gpus:
-        raise UsageError("--gpus picks GPUs on one host; over several hosts every node uses its GPUs as "
-                         "CUDA_VISIBLE_DEVICES (or the host's gpus: in thrust.yaml) gives them",
-                         "drop --gpus, and give --nproc (processes per node)")
-    config = get_config(ctx)
-    started = time.monotonic()
+    # --json: stdout carries the one JSON object; the progress view goes to stderr
     reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
     sessions = multinode.open_sessions(config, hosts, open_runner)
     try:
-        launched, ranked = multinode.start(config, request, sessions, reporter, max_restarts=max_restarts)
-        if request.detach:
-            outcome = pipeline.TrainOutcome(launched[0], None, None, 0, dict(launched[0].timings))
-        else:
-            outcome = multinode.follow(config, ranked, launched, request, reporter,
-                                       config_path=state(ctx).config_path)
+        outcome = lifecycle.train(config, request, sessions, reporter, max_restarts=max_restarts,
+                                  config_path=state(ctx).config_path)
     finally:
-        for s in sessions:
-            s.runner.close()
-    if outcome.status and outcome.status.get("failed_node") and not as_json:
-        failed = outcome.status["failed_node"]
+        for session in sessions:
+            session.close()
+    show_outcome(ctx, outcome, as_json, started)
+
+
+def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, as_json: bool, started: float) -> None:
+    """How a train run ends on screen (train, and `logs -f` of a train run); raises typer.Exit with the
+    job's exit code when it did not finish. Over several hosts, the node that failed first is named
+    with the end of its log (node 0's was on screen)."""
+    launched = outcome.launched
+    host_cfg = get_config(ctx).host(launched.host)  # node 0's, where the hints lead
+    config_path = state(ctx).config_path
+    failed = (outcome.status or {}).get("failed_node")
+    if failed and not as_json:
         say(f"node {failed['node']} ({failed['host']}) failed first: {failed.get('why')}")
         if failed.get("log_tail"):
             say(f"the end of node {failed['node']}'s log:\n{failed['log_tail'].rstrip()}")
-    _render(ctx, outcome, hosts[0], as_json, started, state(ctx).config_path)
-
-
-def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, host_cfg: HostConfig, as_json: bool,
-                 started: float, config_path: Path | None = None) -> None:
-    """How a followed train run ends on screen (train, and `logs -f` of a train run); raises typer.Exit
-    with the job's exit code when it did not finish."""
-    _render(ctx, outcome, host_cfg, as_json, started, config_path)
-
-
-def _render(ctx: typer.Context, outcome: pipeline.TrainOutcome, host_cfg: HostConfig, as_json: bool,
-            started: float, config_path: Path | None = None) -> None:
-    launched = outcome.launched
     if outcome.status is None:  # detached
         if as_json:
             typer.echo(json.dumps(launched.as_json()))

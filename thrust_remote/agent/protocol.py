@@ -1,0 +1,96 @@
+"""The host protocol, spelled once and imported by both sides: the agent on the host (this package,
+stdlib-only, Python 3.8+) and the laptop (thrust_remote). A run's states, the agent's exit codes, the
+run directory's file names and the shapes of the JSON answers live here and nowhere else
+(docs/architecture.md, "The host agent", "The run directory on the host" and "JSON shapes").
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TypedDict  # 3.8+, the agent's oldest python
+
+
+class RunState(str, enum.Enum):
+    """A run's state. A str, so it compares and serialises as the word in the JSON answers."""
+
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"  # exit 0
+    FAILED = "FAILED"  # exit != 0 (or, over several hosts, a node failed)
+    STOPPED = "STOPPED"  # stopped on request
+    LOST = "LOST"  # nothing recorded an end (the host rebooted, the supervisor was killed)
+    UNREACHABLE = "UNREACHABLE"  # the laptop's word for a node that did not answer: never on a host
+
+    def __str__(self) -> str:  # f"{state}" is the word on every Python (3.12 changed the mixin's format)
+        return self.value
+
+    @property
+    def is_terminal(self) -> bool:
+        """Ended for good: nothing will change its state again."""
+        return self in (RunState.FINISHED, RunState.FAILED, RunState.STOPPED, RunState.LOST)
+
+    @property
+    def ended_well(self) -> bool:
+        """Still going or finished: not a failure (a node's peers keep going)."""
+        return self in (RunState.RUNNING, RunState.FINISHED)
+
+    @classmethod
+    def of(cls, value: object) -> RunState:
+        """The state of an answer's `state` field (an unknown word is LOST: nothing says how it ended)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.LOST
+
+
+class AgentExit(enum.IntEnum):
+    """The agent's exit codes, each subcommand's meaning in docs/architecture.md ("The host agent")."""
+
+    OK = 0
+    MISSING = 2  # `logs`: the run has no log; `list-files`: no run.json
+    REFUSED = 3  # launch: exists / gpus-taken; lease: present / not ours; scalars: no tensorboard
+    UNAVAILABLE = 69  # venv: the venv cannot be made or pip failed
+
+
+# the run directory's files (docs/architecture.md, "The run directory on the host")
+RUN_JSON = "run.json"
+LOG = "log"
+EXIT_CODE = "exit_code"
+STOPPED = "stopped"
+METRICS = "metrics.jsonl"
+MODEL = "model.onnx"
+MANIFEST = "manifest.json"
+PEER_FAILED = "peer-failed.json"
+CHECKPOINTS = "checkpoints"
+PATCH = "uncommitted.patch"
+RUNS_DIR = ".thrust/runs"  # under a host's workdir: one directory per run id
+
+RUN_DIR_ENV = "THRUST_RUN_DIR"  # the job's environment: its run directory
+RUN_DIR_PREFIX = f"${RUN_DIR_ENV}/"  # an artifacts glob under the run directory, not the cwd
+
+
+class LaunchAnswer(TypedDict, total=False):
+    pid: int
+    run_dir: str
+    marker: str
+    error: str  # with exit 3: "exists" or "gpus-taken"
+    run_id: str
+    gpus: list
+
+
+class StatusAnswer(TypedDict, total=False):
+    """agent `status` and each item of `list` (a node of a run over several hosts adds the last three)."""
+
+    run_id: str
+    state: str  # a RunState word
+    exit_code: int | None
+    pid: int | None
+    started_at: str | None
+    ended_at: str | None
+    ended_ts: float | None
+    host: str | None
+    job: str | None
+    commit: str | None
+    gpus: list
+    node: int
+    nodes: list
+    peer_failed: dict | None
