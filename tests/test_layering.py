@@ -65,3 +65,30 @@ def test_every_package_directory_is_in_the_wheel():
     found = {str(p.parent.relative_to(ROOT)).replace("/", ".")
              for top in ("thrust_remote", "envcheck", "trainer") for p in (ROOT / top).rglob("__init__.py")}
     assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"
+
+
+def _string_constants(path: Path) -> list[tuple[int, str]]:
+    return [(node.lineno, node.value) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+
+
+def test_the_host_protocol_is_spelled_once():
+    """A run's states, the run directory's file names and the agent's exit codes live in
+    thrust_remote/agent/protocol.py, which both sides import; no other module spells a state or one of
+    those file names (`exit_code`, a file too, is also a JSON key everywhere). RUNNING is also an
+    Optuna trial state: optimize/ may spell that one word."""
+    from thrust_remote.agent import protocol
+
+    states = {s.value for s in protocol.RunState}
+    files = {protocol.RUN_JSON, protocol.PEER_FAILED, protocol.MODEL, protocol.MANIFEST,
+             protocol.METRICS, protocol.PATCH, f"{protocol.RUN_DIR_PREFIX}"}
+    found = []
+    for path in sorted((ROOT / "thrust_remote").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel == "thrust_remote/agent/protocol.py":
+            continue
+        in_optimize = rel.startswith(("thrust_remote/optimize/", "thrust_remote/cli/optimize"))
+        trial_words = {"RUNNING"} if in_optimize else set()
+        found += [f"{rel}:{line}: {value!r}" for line, value in _string_constants(path)
+                  if (value in states - trial_words) or value in files]
+    assert not found, "spelled outside agent/protocol.py:\n" + "\n".join(found)

@@ -19,6 +19,7 @@ import yaml
 from thrust_remote import payload
 from thrust_remote.agent import poll as agent_poll
 from thrust_remote.agent import scalars
+from thrust_remote.agent.protocol import AgentExit
 from thrust_remote.config import load_config
 from thrust_remote.errors import ConfigError, UsageError
 from thrust_remote.optimize.objective import objective_for
@@ -279,7 +280,7 @@ def test_scalars_without_tensorboard_says_so(tmp_path):
     pyz.write_bytes(payload.agent().data)
     result = subprocess.run([sys.executable, "-I", "-S", str(pyz), "scalars", "--runs", "[]", "--tag", "m"],
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
-    assert result.returncode == scalars.MISSING
+    assert result.returncode == AgentExit.REFUSED  # no tensorboard: refused, said as JSON
     assert json.loads(result.stdout)["error"] == "missing"
 
 

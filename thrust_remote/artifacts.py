@@ -19,13 +19,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .agent import protocol
+from .agent.protocol import RunState
 from .errors import ExitCode, ThrustError, TransferError
 from .hints import command_hint
 from .runner import Runner
 
-MODEL = "model.onnx"
-MANIFEST = "manifest.json"
-METRICS = "metrics.jsonl"
+MODEL, MANIFEST, METRICS = protocol.MODEL, protocol.MANIFEST, protocol.METRICS  # kept under the run dir's names
 FETCH_INFO = "fetch.json"
 KEPT_DIR = Path(".thrust") / "fetched"
 # A FINISHED run whose score is lower than the placed model's by more than this fraction of it is not
@@ -331,7 +331,7 @@ def _settle(result: FetchResult, manifest: dict[str, Any], stem: str, project_ro
         place(result.kept, dest, stem)  # the same model: already placed (metrics refreshed)
     else:
         new = {**result.info, "settings": {k: manifest.get(k) for k in SETTINGS_KEYS}}
-        if result.info["state"] != "FINISHED":
+        if result.info["state"] != RunState.FINISHED:
             result.why_not = "state"
         elif clearly_worse(new, previous):
             result.why_not = "worse"

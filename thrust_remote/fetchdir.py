@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .agent.protocol import CHECKPOINTS, RUN_DIR_ENV, RUN_DIR_PREFIX
 from .artifacts import _ensure_kept_root, kept_root
 from .config import JobConfig
 from .errors import ThrustError, TransferError
@@ -31,12 +32,12 @@ from .session import HostSession, parse_json
 
 ARTIFACTS_DIR = "artifacts"
 RECORD = "artifacts.json"
-RUN_PREFIX = "$THRUST_RUN_DIR/"  # must equal agent/listing.py's
-RUN_LOCAL = "THRUST_RUN_DIR"  # where the run dir's files land under artifacts/
+RUN_PREFIX = RUN_DIR_PREFIX  # a glob under the run directory (agent/listing.py reads the same)
+RUN_LOCAL = RUN_DIR_ENV  # where the run dir's files land under artifacts/
 # The built-in trainer's default `artifacts:`: its checkpoints (weights, optimizer state and step),
 # which resume or re-export a run; model.onnx is inference only, and metrics.jsonl already comes
 # with the model (artifacts.py).
-TRAINER_DEFAULT = (f"{RUN_PREFIX}checkpoints/**",)
+TRAINER_DEFAULT = (f"{RUN_PREFIX}{CHECKPOINTS}/**",)
 # Files in flight at once: each is one transfer helper's channel on the host (sshd's default
 # MaxSessions is 10 per connection), and many small files are latency-bound, not bandwidth-bound.
 WORKERS = 4

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .agent.protocol import MODEL, RUN_DIR_ENV
 from .config import CONFIG_NAME, JobConfig
 from .errors import ConfigError, UsageError
 from .session import HostSession, parse_json
 
 TRAINER_MODULE = "trainer.train"
-EXPORT_NAME = "model.onnx"  # in the run directory, where fetch looks for a model (artifacts.MODEL)
+EXPORT_NAME = MODEL  # in the run directory, where fetch looks for a model
 
 
 # ------------------------------------------------------------------------------------------ arguments
@@ -140,7 +141,7 @@ def job_env(job: JobConfig, base: Mapping[str, str], *, run_id: str, run_dir: st
     CUDA_VISIBLE_DEVICES and GPU_LIST (comma-separated, the seeds' sweep convention) are set only when
     GPUs were selected (--gpus, optimize's slots); otherwise the job sees the host's GPUs as they are."""
     env = dict(base)
-    env.update({"THRUST_RUN_ID": run_id, "THRUST_RUN_DIR": run_dir, "THRUST_PYTHON": python})
+    env.update({"THRUST_RUN_ID": run_id, RUN_DIR_ENV: run_dir, "THRUST_PYTHON": python})
     if exports(job, export):
         env["THRUST_EXPORT"] = f"{run_dir}/{EXPORT_NAME}"
     if gpus:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import fetchdir, index, multinode, pipeline, runs, scalarwatch
-from .agent.protocol import MODEL, RUN_JSON
+from .agent.protocol import MODEL, RUN_JSON, RunState
 from .artifacts import FetchResult
 from .config import Config, HostConfig, JobConfig
 from .errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
@@ -161,14 +161,14 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     status = _over_nodes_at_end(nodes, node, followed.status, watch) if nodes.many else followed.status
     head_session = nodes.sessions[0]
     fetched = got = None
-    if status["state"] == "FINISHED" and fetch and job is not None and head_session is not None:
+    if status["state"] == RunState.FINISHED and fetch and job is not None and head_session is not None:
         fetched, got = pipeline.fetch_finished(config, head_session, head, job, status, reporter, force=force,
                                                timings=timings)
     job = job if job is not None and pipeline.exports_model(job) else None
     # a run that did not finish is worth a fetch hint only when it left a model (a stopped trainer
     # exports; a killed one usually has none); node 0 holds it
     fetchable = job is not None and head_session is not None and (
-        status["state"] == "FINISHED" or head_session.runner.exists(f"{head.run_dir}/{MODEL}"))
+        status["state"] == RunState.FINISHED or head_session.runner.exists(f"{head.run_dir}/{MODEL}"))
     return TrainOutcome(head, status, fetched, pipeline.exit_code_for(status), timings, followed.progress,
                         fetchable=fetchable, artifacts=got)
 
@@ -181,9 +181,9 @@ def _over_nodes_at_end(nodes: RunNodes, node: int, followed: dict[str, Any], wat
     states = [followed if i == node else st for i, st in enumerate(others)]
     status = multinode.aggregate(nodes.names, states, watch.verdict)
     failed = status.get("failed_node")
-    if failed and status["state"] == "FAILED" and watch.verdict is None:
+    if failed and status["state"] == RunState.FAILED and watch.verdict is None:
         multinode.stop_all([s for i, s in enumerate(nodes.sessions) if i != failed["node"]], nodes.run_id, failed)
-    if failed and failed["node"] != node and status["nodes"][failed["node"]]["state"] == "FAILED":
+    if failed and failed["node"] != node and status["nodes"][failed["node"]]["state"] == RunState.FAILED:
         session = nodes.sessions[failed["node"]]  # one that answered: a lost node has no log to give
         failed["log_tail"] = multinode.log_tail(session, nodes.run_id) if session is not None else None
     return status

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import jobs, pipeline, runs
+from .agent.protocol import LOG, RunState
 from .config import Config, HostConfig
 from .errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
 from .pipeline import Checked, Launched, Prepared, Reporter, TrainRequest
@@ -289,7 +290,7 @@ class Watch:
             st = status_within(session, self.run_id, ASK_TIMEOUT_S)
         except ThrustError as exc:
             return f"lost: {exc}"
-        if st["state"] in ("RUNNING", "FINISHED"):
+        if st["state"] in (RunState.RUNNING, RunState.FINISHED):
             return None
         return f"{st['state']} (exit code {st.get('exit_code')})"
 
@@ -309,7 +310,7 @@ def log_tail(session: HostSession, run_id: str, limit: int = 4000) -> str | None
     """The last lines of a node's log (at most `limit` bytes, from a line's start); None when it cannot
     be read now (the node is gone, or never wrote one)."""
     try:
-        result = session.runner.run(["tail", "-c", str(limit), f"{session.paths.run(run_id)}/log"], timeout=10)
+        result = session.runner.run(["tail", "-c", str(limit), f"{session.paths.run(run_id)}/{LOG}"], timeout=10)
     except ThrustError:
         return None
     if not result.ok or not result.stdout:
@@ -361,28 +362,28 @@ def aggregate(names: Sequence[str], states: Sequence[dict[str, Any] | None],
     when the user stopped it, else FAILED naming the node that failed first: the one a node or the
     laptop reported lost (`peer_failed`, `verdict`), else the one that ended first."""
     head = next((s for s in states if s), {}) or {}
-    nodes = [{"node": i, "host": n, **({"state": "UNREACHABLE"} if s is None else
+    nodes = [{"node": i, "host": n, **({"state": RunState.UNREACHABLE} if s is None else
                                          {k: s.get(k) for k in ("state", "exit_code", "ended_at", "pid")})}
              for i, (n, s) in enumerate(zip(names, states, strict=True))]
     verdicts = [verdict] if verdict else []
     verdicts += [s["peer_failed"] for s in states if s and isinstance(s.get("peer_failed"), dict)]
     state = _overall([n["state"] for n in nodes], bool(verdicts))
-    failed = _first_failed(nodes, states, verdicts) if state == "FAILED" else None
+    failed = _first_failed(nodes, states, verdicts) if state == RunState.FAILED else None
     codes = [n.get("exit_code") for n in nodes if failed and n["node"] == failed["node"]]
     codes += [n.get("exit_code") for n in nodes]  # the lost node has none: the first other node's then
-    exit_code = 0 if state == "FINISHED" else next((c for c in codes if c), None)
+    exit_code = 0 if state == RunState.FINISHED else next((c for c in codes if c), None)
     return {**{k: head.get(k) for k in ("run_id", "job", "commit", "started_at", "pid")}, "host": names[0],
             "state": state, "exit_code": exit_code, "failed_node": failed, "nodes": nodes}
 
 
 def _overall(states: list[str], lost_a_node: bool) -> str:
-    if all(s == "FINISHED" for s in states):
-        return "FINISHED"
-    if lost_a_node or any(s in ("FAILED", "LOST") for s in states):
-        return "FAILED"
-    if "RUNNING" in states:
-        return "RUNNING"  # a node that does not answer now is not a failure yet: the nodes table shows it
-    return "STOPPED" if "STOPPED" in states else "LOST"
+    if all(s == RunState.FINISHED for s in states):
+        return RunState.FINISHED
+    if lost_a_node or any(s in (RunState.FAILED, RunState.LOST) for s in states):
+        return RunState.FAILED
+    if RunState.RUNNING in states:
+        return RunState.RUNNING  # a node that does not answer now is not a failure yet: the nodes table shows it
+    return RunState.STOPPED if RunState.STOPPED in states else RunState.LOST
 
 
 def _first_failed(nodes: list[dict[str, Any]], states: Sequence[dict[str, Any] | None],
@@ -391,11 +392,11 @@ def _first_failed(nodes: list[dict[str, Any]], states: Sequence[dict[str, Any] |
         v = verdicts[0]
         return {"node": int(v.get("node", 0)), "host": v.get("host"), "why": v.get("why")}
     ended = [(s.get("ended_ts") or float("inf"), n) for n, s in zip(nodes, states, strict=True)
-             if s and n["state"] in ("FAILED", "LOST")]
+             if s and n["state"] in (RunState.FAILED, RunState.LOST)]
     if ended:
         n = min(ended, key=lambda x: x[0])[1]
         return {"node": n["node"], "host": n["host"], "why": f"{n['state']} (exit code {n.get('exit_code')})"}
-    lost = next(n for n in nodes if n["state"] not in ("RUNNING", "FINISHED"))
+    lost = next(n for n in nodes if n["state"] not in (RunState.RUNNING, RunState.FINISHED))
     return {"node": lost["node"], "host": lost["host"], "why": lost["state"]}
 
 

@@ -21,6 +21,7 @@ import yaml
 from trainer.args import parse_flag
 
 from . import artifacts, buildenv, doctor, fetchdir, jobs, payload, runs
+from .agent.protocol import RunState
 from .buildenv import JobSpec
 from .config import Config, HostConfig, JobConfig
 from .errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
@@ -253,7 +254,7 @@ def _sync_stage(config: Config, session: HostSession,
         assert local is not None
         reporter.step(f"syncing {local.commit[:12]} to {session.name}:{session.paths.workdir}")
         result = sync(session, local, step=reporter.step,
-                      busy=lambda: [r["run_id"] for r in runs.list_runs(session) if r["state"] == "RUNNING"])
+                      busy=lambda: [r["run_id"] for r in runs.list_runs(session) if r["state"] == RunState.RUNNING])
         for w in result.warnings:
             reporter.warn(w)
         return local, result
@@ -482,7 +483,7 @@ def _watching(session: HostSession, source: ScalarSource | None, on_metrics: Cal
 
 def exit_code_for(status: dict) -> int:
     """A run's exit code as the CLI's: 0 when FINISHED, the job's own code, else 1."""
-    if status.get("state") == "FINISHED":
+    if status.get("state") == RunState.FINISHED:
         return 0
     code = status.get("exit_code")
     if isinstance(code, int) and code != 0:

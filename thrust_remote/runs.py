@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .agent.protocol import LOG, AgentExit, LaunchAnswer, RunState, StatusAnswer
 from .config import HostConfig
 from .errors import ConnectionLostError, ExitCode, ThrustError
 from .hints import command_hint
 from .session import HostPaths, HostSession, check_run_id, host_paths, parse_json
 
-STATES = ("RUNNING", "FINISHED", "FAILED", "LOST", "STOPPED")
-__all__ = ["STATES", "HostPaths", "HostSession", "check_run_id", "follow_log", "host_paths", "launch",
+__all__ = ["HostPaths", "HostSession", "check_run_id", "follow_log", "host_paths", "launch",
            "HostListing", "launch_lock", "list_hosts", "list_runs", "new_run_id", "see_or_stop", "status", "stop"]
 
 
@@ -38,7 +38,7 @@ def launch(
     env: Mapping[str, str],
     meta: Mapping[str, object],
     claim_gpus: Sequence[int] = (),
-) -> dict:
+) -> LaunchAnswer:
     """Start argv detached under the supervisor; returns {"pid", "run_dir", "marker"}.
 
     Several runs of one job may run at once, each in its own run dir. `claim_gpus`: refuse (under
@@ -105,7 +105,7 @@ def _refused(answer: Mapping[str, object], run_id: str, host: HostConfig) -> Non
         )
 
 
-def status(session: HostSession, run_id: str) -> dict:
+def status(session: HostSession, run_id: str) -> StatusAnswer:
     run_dir = session.paths.run(run_id)
     if not session.runner.exists(run_dir):
         raise ThrustError(
@@ -118,7 +118,7 @@ def status(session: HostSession, run_id: str) -> dict:
     return session.agent_json("status", "status", "--run-dir", run_dir)
 
 
-def list_runs(session: HostSession, timeout: float | None = 60) -> list[dict]:
+def list_runs(session: HostSession, timeout: float | None = 60) -> list[StatusAnswer]:
     return session.agent_json("runs", "list", "--runs-dir", session.paths.runs, timeout=timeout)
 
 
@@ -126,7 +126,7 @@ def gpus_taken(session: HostSession) -> dict[int, str]:
     """GPU index -> the RUNNING run that holds it (run.json `gpus`, what `--gpus` gave it)."""
     taken: dict[int, str] = {}
     for run in list_runs(session):
-        if run.get("state") == "RUNNING":
+        if run.get("state") == RunState.RUNNING:
             for gpu in run.get("gpus") or []:
                 taken.setdefault(int(gpu), run["run_id"])
     return taken
@@ -216,8 +216,8 @@ def follow_log(
     except ThrustError as exc:
         exc.offset = position  # type: ignore[attr-defined]
         raise
-    if result.exit_code == 2:
-        raise ThrustError(f"run {run_id} on {session.name} has no log yet ({session.paths.run(run_id)}/log)")
+    if result.exit_code == AgentExit.MISSING:
+        raise ThrustError(f"run {run_id} on {session.name} has no log yet ({session.paths.run(run_id)}/{LOG})")
     if not result.ok:
         raise ThrustError(f"reading the log of {run_id} failed with exit code {result.exit_code}")
     return position

@@ -137,14 +137,14 @@ class ModelFiles:
         path = path.expanduser()
         if not path.is_file():
             raise ThrustError(f"model file not found: {path}", hint=TRAIN_HINT)
-        candidates = [path.with_suffix(".json"), path.parent / "manifest.json"]
+        candidates = [path.with_suffix(".json"), path.parent / artifacts.MANIFEST]
         manifest = next((c for c in candidates if c.is_file()), None)
         if manifest is None:
             raise ThrustError(
                 f"no manifest for {path}: expected {candidates[0]} or {candidates[1]}",
                 hint="export writes the manifest beside the model; `thrust-remote fetch RUN_ID` gets both",
             )
-        metrics_candidates = [path.with_suffix(".metrics.jsonl"), path.parent / "metrics.jsonl"]
+        metrics_candidates = [path.with_suffix(".metrics.jsonl"), path.parent / artifacts.METRICS]
         metrics = next((c for c in metrics_candidates if c.is_file()), None)
         name = path.parent.name if path.stem == "model" and path.parent.name else path.stem
         return cls(name=name, model=path, manifest=manifest, metrics=metrics)
@@ -165,7 +165,7 @@ def find_models(public_dir: Path) -> list[ModelFiles]:
     if not public_dir.is_dir():
         return []
     found = []
-    shared = public_dir / "manifest.json"
+    shared = public_dir / artifacts.MANIFEST
     for model in sorted(public_dir.glob("*.onnx")):
         manifest = model.with_suffix(".json")
         if not manifest.is_file():

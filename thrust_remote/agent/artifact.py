@@ -15,10 +15,11 @@ import shutil
 import sys
 
 from .files import write_atomic
+from .protocol import MANIFEST, MODEL
 
 
 def stage(src: str, run_dir: str, job: str) -> dict:
-    dst = os.path.join(run_dir, "model.onnx")
+    dst = os.path.join(run_dir, MODEL)
     shutil.copyfile(src, dst)
     digest = hashlib.sha256()
     size = 0
@@ -27,7 +28,7 @@ def stage(src: str, run_dir: str, job: str) -> dict:
             digest.update(block)
             size += len(block)
     manifest = {"sha256": digest.hexdigest(), "bytes": size, "job": job, "source": src}
-    write_atomic(os.path.join(run_dir, "manifest.json"), json.dumps(manifest).encode())
+    write_atomic(os.path.join(run_dir, MANIFEST), json.dumps(manifest).encode())
     return manifest
 
 

@@ -24,8 +24,7 @@ import time
 from collections.abc import Iterator
 
 from .files import write_atomic
-
-NOT_OURS = 3
+from .protocol import AgentExit
 
 
 @contextlib.contextmanager
@@ -114,4 +113,4 @@ def main(argv: list[str]) -> int:
     else:
         done = renew(args.path, args.token, body)
         print(json.dumps({"renewed": done}))
-    return 0 if done else NOT_OURS
+    return AgentExit.OK if done else AgentExit.REFUSED

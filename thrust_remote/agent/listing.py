@@ -24,7 +24,8 @@ import json
 import os
 import sys
 
-RUN_PREFIX = "$THRUST_RUN_DIR/"
+from .protocol import RUN_DIR_PREFIX, RUN_JSON, AgentExit
+
 BLOCK = 1 << 20
 
 
@@ -81,8 +82,8 @@ def list_files(cwd: str, run_dir: str, patterns: list[str], since: float | None 
     real = _Real()
     for pattern in patterns:
         base_name, base, rel_pattern = "cwd", cwd, pattern
-        if pattern.startswith(RUN_PREFIX):
-            base_name, base, rel_pattern = "run", run_dir, pattern[len(RUN_PREFIX):]
+        if pattern.startswith(RUN_DIR_PREFIX):
+            base_name, base, rel_pattern = "run", run_dir, pattern[len(RUN_DIR_PREFIX):]
         if _bad_glob(rel_pattern):
             refused.append(pattern)
             continue
@@ -116,12 +117,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     run_dir = os.path.abspath(args.run_dir)
     try:
-        with open(os.path.join(run_dir, "run.json")) as fh:
+        with open(os.path.join(run_dir, RUN_JSON)) as fh:
             meta = json.load(fh)
         cwd, since = meta["cwd"], meta.get("started_ts")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(json.dumps({"error": f"{run_dir}/run.json: {exc}"}))
-        return 2
+        print(json.dumps({"error": f"{run_dir}/{RUN_JSON}: {exc}"}))
+        return AgentExit.MISSING
     try:
         answer = list_files(os.path.abspath(cwd), run_dir, args.globs, float(since) if since else None)
     except OSError as exc:

@@ -21,7 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 
-PEER_FAILED = "peer-failed.json"  # {"node", "host", "why", "at"}: the node this run failed for
+from .protocol import PEER_FAILED
+
 POLL_S = 2.0
 
 

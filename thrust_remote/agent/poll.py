@@ -21,9 +21,9 @@ import json
 import os
 import time
 
-from .runs import EXIT_CODE, LOG, RUN_JSON, read_json, run_state
+from .protocol import EXIT_CODE, LOG, METRICS, RUN_JSON, RunState
+from .runs import read_json, run_state
 
-METRICS = "metrics.jsonl"
 TAG = b"THRUST_METRICS "
 CHUNK = 1 << 20
 TAIL = 2000
@@ -72,7 +72,7 @@ def _one(run_dir: str, offset: int, source: str = "metrics") -> dict:
     meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
     return {"state": st["state"], "exit_code": st["exit_code"], "data": lines.decode("utf-8", "replace"),
             "offset": offset + cut, "more": len(data) == CHUNK, "slot": meta.get("slot"),
-            "log_tail": _log_tail(run_dir) if st["state"] == "FAILED" else ""}
+            "log_tail": _log_tail(run_dir) if st["state"] == RunState.FAILED else ""}
 
 
 def poll(runs: list[tuple[str, int, str]], stop_file: str, wait: float) -> dict:

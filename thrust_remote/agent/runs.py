@@ -35,11 +35,7 @@ import time
 from collections.abc import Iterator
 
 from . import peerwatch
-
-RUN_JSON = "run.json"
-LOG = "log"
-EXIT_CODE = "exit_code"
-STOPPED = "stopped"
+from .protocol import EXIT_CODE, LOG, PEER_FAILED, RUN_JSON, STOPPED, AgentExit, RunState
 
 
 def _write_atomic(path: str, data: str) -> None:
@@ -115,15 +111,15 @@ def run_state(run_dir: str) -> dict:
         except (ValueError, KeyError, TypeError):
             exit_code = None
     if exit_code is not None:
-        state = "STOPPED" if stopped else ("FINISHED" if exit_code == 0 else "FAILED")
+        state = RunState.STOPPED if stopped else (RunState.FINISHED if exit_code == 0 else RunState.FAILED)
     elif _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), marker):
-        state = "RUNNING"
+        state = RunState.RUNNING
     elif _alive(meta.get("pid"), meta.get("pid_start"), marker, in_env=True):
-        state = "RUNNING"  # the supervisor is gone but the job is still ours and alive
+        state = RunState.RUNNING  # the supervisor is gone but the job is still ours and alive
     elif not meta:
-        state = "LOST"
+        state = RunState.LOST
     else:
-        state = "STOPPED" if stopped else "LOST"
+        state = RunState.STOPPED if stopped else RunState.LOST
     return {
         "run_id": meta.get("run_id") or os.path.basename(os.path.normpath(run_dir)),
         "state": state,
@@ -137,7 +133,7 @@ def run_state(run_dir: str) -> dict:
         "gpus": meta.get("gpus") or [],
         "ended_ts": ended_ts,
         **({"node": meta["node"], "nodes": [n.get("host") for n in meta.get("nodes") or []],
-            "peer_failed": read_json(os.path.join(run_dir, peerwatch.PEER_FAILED))} if "node" in meta else {}),
+            "peer_failed": read_json(os.path.join(run_dir, PEER_FAILED))} if "node" in meta else {}),
     }
 
 
@@ -149,7 +145,7 @@ def _collision(run_dir: str, gpus: list[int]) -> dict | None:
     """What a launch into run_dir claiming `gpus` would collide with: the same run dir still
     RUNNING, or a RUNNING run of the same runs directory holding one of those GPUs (its run.json
     `gpus`). None when nothing does. Called under the launch lock."""
-    if os.path.exists(os.path.join(run_dir, RUN_JSON)) and run_state(run_dir)["state"] == "RUNNING":
+    if os.path.exists(os.path.join(run_dir, RUN_JSON)) and run_state(run_dir)["state"] == RunState.RUNNING:
         return {"error": "exists", "run_id": os.path.basename(run_dir)}
     if not gpus:
         return None
@@ -158,7 +154,7 @@ def _collision(run_dir: str, gpus: list[int]) -> dict | None:
         other = os.path.join(runs_dir, name)
         held = (read_json(os.path.join(other, RUN_JSON)) or {}).get("gpus") or []
         shared = sorted({int(g) for g in held if isinstance(g, int)} & set(gpus))
-        if shared and other != run_dir and run_state(other)["state"] == "RUNNING":
+        if shared and other != run_dir and run_state(other)["state"] == RunState.RUNNING:
             return {"error": "gpus-taken", "run_id": name, "gpus": shared}
     return None
 
@@ -176,7 +172,7 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     clash = _collision(run_dir, gpus)
     if clash:
         print(json.dumps(clash))
-        return 3
+        return AgentExit.REFUSED
     os.makedirs(run_dir, mode=0o700, exist_ok=True)  # the run's files are the user's alone
     # meta and env arrive on stdin, not argv: a command line is world-readable (ps), env values are not
     payload = json.loads(sys.stdin.read() or "{}") if args.stdin else {}
@@ -187,7 +183,6 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     env.update(payload.get("env", json.loads(args.env)))
     env["THRUST_RUN_MARKER"] = marker
     _activate(env)
-    env["THRUST_RUN_DIR"] = run_dir
     env["PYTHONUNBUFFERED"] = "1"
     meta.update(
         run_id=os.path.basename(run_dir),
@@ -303,10 +298,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 out.flush()
         except FileNotFoundError:
             if not args.follow:
-                return 2
+                return AgentExit.MISSING
         if not args.follow:
             return 0
-        if run_state(args.run_dir)["state"] != "RUNNING":
+        if run_state(args.run_dir)["state"] != RunState.RUNNING:
             # one last read: the job may have written its final lines after our read above
             with contextlib.suppress(FileNotFoundError), open(path, "rb") as fh:
                 fh.seek(offset)
@@ -321,7 +316,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     meta = read_json(os.path.join(args.run_dir, RUN_JSON)) or {}
     state = run_state(args.run_dir)
-    if state["state"] != "RUNNING":
+    if state["state"] != RunState.RUNNING:
         print(json.dumps({"stopped": False, "state": state["state"]}))
         return 0
     if args.peer_failed:  # another node failed: this one ends FAILED for it, not STOPPED by the user

@@ -21,9 +21,9 @@ import json
 import math
 import os
 
-from .runs import RUN_JSON, read_json
+from .protocol import RUN_JSON, AgentExit
+from .runs import read_json
 
-MISSING = 3
 PREFIX = "events.out.tfevents."
 
 
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
         import tensorboard.backend.event_processing.event_accumulator  # noqa: F401
     except ImportError as exc:
         print(json.dumps({"error": "missing", "detail": str(exc)}))
-        return MISSING
+        return AgentExit.REFUSED
     out = {run_dir: read_run(run_dir, events_dir, int(since), args.tag)
            for run_dir, events_dir, since in json.loads(args.runs)}
     print(json.dumps({"runs": out}))

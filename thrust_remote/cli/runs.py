@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import index, lifecycle, runs
+from ..agent.protocol import RunState
 from ..console import console, err_console
 from ..errors import ExitCode, UnreachableError, UsageError
 from ..session import HostSession
@@ -21,7 +22,8 @@ from .train import CliReporter, show_outcome
 
 HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: the run's host from the "
                         "local index, else default_host).")
-STATE_STYLE = {"RUNNING": "cyan", "FINISHED": "green", "FAILED": "red", "LOST": "yellow", "STOPPED": "magenta"}
+STATE_STYLE = {RunState.RUNNING: "cyan", RunState.FINISHED: "green", RunState.FAILED: "red", RunState.LOST: "yellow",
+               RunState.STOPPED: "magenta"}
 
 
 def register(app: typer.Typer) -> None:
@@ -95,7 +97,7 @@ def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
 
 def _unreachable(listing: runs.HostListing) -> str:
     down = (ExitCode.UNAVAILABLE, ExitCode.UNKNOWN_HOST, ExitCode.CONNECTION_LOST)
-    return "UNREACHABLE" if listing.exit_code in down else "ERROR"
+    return RunState.UNREACHABLE if listing.exit_code in down else "ERROR"
 
 
 COLUMNS = ("job", "state", "exit", "started", "ended", "commit", "run")

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import lifecycle, multinode, pipeline
+from ..agent.protocol import MANIFEST, RunState
 from ..console import console, err_console
 from ..serve import PLAYABLE_ENVS
 from .common import get_config, open_runner, state
@@ -114,7 +115,7 @@ def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, as_json: bo
             raise typer.Exit(outcome.exit_code)
         return
     status = outcome.status
-    if status["state"] != "FINISHED":
+    if status["state"] != RunState.FINISHED:
         say(f"run {launched.run_id} ended {status['state']} (exit code {status.get('exit_code')})")
         if outcome.fetchable:  # it left a model behind: the user decides, nothing is placed by itself
             say("its model was not fetched")
@@ -124,7 +125,7 @@ def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, as_json: bo
     result = outcome.fetched
     if result is not None:
         render_fetched(ctx, result, host_cfg.name, get_config(ctx).root)
-        env = _manifest_env(result.kept / "manifest.json")
+        env = _manifest_env(result.kept / MANIFEST)
         if env in PLAYABLE_ENVS:
             say("see it play: thrust-remote play")
         else:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import jobs, pipeline, runs, scalarwatch
+from ..agent.protocol import AgentExit, RunState
 from ..config import Config, HostConfig, JobConfig
 from ..errors import ThrustError
 from ..runner import Runner
@@ -23,7 +24,6 @@ from ..session import HostPaths, HostSession
 Reporter = pipeline.Reporter
 NullReporter = pipeline.NullReporter
 Prepared = pipeline.Prepared
-NOT_OURS = 3  # the agent's `lease create/renew` exit code: the file exists / no longer holds our token
 
 
 # ------------------------------------------------------------------------------------------ poll
@@ -58,7 +58,7 @@ def lease_read(session: HostSession, path: str) -> str | None:
 def lease_create(session: HostSession, path: str, body: str) -> bool:
     """Create the lease only if it still does not exist (O_EXCL on the host); False if it does."""
     result = session.agent("lease", "create", path, stdin=body.encode())
-    if result.exit_code == NOT_OURS:
+    if result.exit_code == AgentExit.REFUSED:  # `lease create/renew`: the file exists / not our token
         return False
     result.check("create the study lease")
     return True
@@ -82,7 +82,7 @@ def lease_owned(session: HostSession, path: str, token: str) -> bool:
 def lease_swap(session: HostSession, path: str, body: str, token: str) -> bool:
     """Compare-and-swap: write `body` only while the lease holds `token`; False when it no longer does."""
     result = session.agent("lease", "renew", path, "--token", token, stdin=body.encode())
-    if result.exit_code == NOT_OURS:
+    if result.exit_code == AgentExit.REFUSED:  # `lease create/renew`: the file exists / not our token
         return False
     result.check("write the study lease")
     return True
@@ -125,7 +125,7 @@ def prepare(config: Config, job: JobConfig, host: HostConfig, runner: Runner, re
 
 
 def running_run_ids(session: HostSession) -> list[str]:
-    return [r["run_id"] for r in runs.list_runs(session) if r["state"] == "RUNNING"]
+    return [r["run_id"] for r in runs.list_runs(session) if r["state"] == RunState.RUNNING]
 
 
 def stop_run(session: HostSession, run_id: str, grace: float = 10.0) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..agent.protocol import RunState
 from ..errors import ThrustError
 from .fleet import Fleet
 from .hostops import StudyHost
@@ -81,7 +82,7 @@ class Monitor:
         act.offset = int(info.get("offset", act.offset))
         if rung is not None:
             return Prune(rung)
-        if info["state"] != "RUNNING" and not info.get("more"):
+        if info["state"] != RunState.RUNNING and not info.get("more"):
             return Ended(info["state"], info.get("exit_code"), info.get("log_tail") or "")
         return None
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..agent.protocol import RunState
 from ..errors import ThrustError
 from .fleet import Fleet
 from .model import RUNGS
@@ -50,7 +51,7 @@ class OwnMonitor(Monitor):
         answer = super().poll(acts, wait)
         if self.objective.source == "tensorboard" and time.monotonic() - self.tb_read_at >= TB_EVERY_S:
             self.read_scalars([a for a in acts if a.slot.host not in answer["lost"]
-                               and answer["runs"].get(self.run_dir(a), {}).get("state") == "RUNNING"])
+                               and answer["runs"].get(self.run_dir(a), {}).get("state") == RunState.RUNNING])
         return answer
 
     def read_scalars(self, acts: Sequence[ActiveTrial]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..agent.protocol import RunState
 from .fleet import Fleet
 from .hostops import Reporter, StudyHost
 from .model import Observer, TrialView, is_trial_run
@@ -77,18 +78,18 @@ class Resumer:
         slot = self.pool.find_free(frozen.user_attrs.get("slot") or (info or {}).get("slot") or "", host)
         act = ActiveTrial(view, self._trial(frozen), slot or Slot("?", host=host),
                           reported=set(frozen.intermediate_values))
-        if state == "RUNNING" and slot is not None:
+        if state == RunState.RUNNING and slot is not None:
             self.pool.take(slot)
             view.state = "RUNNING"
             self.active[frozen.number] = act
             self.observer.event(f"trial {frozen.number}: adopted its running run {run_id} on {self.hosts.where(slot)}")
             return
-        if state == "RUNNING":
+        if state == RunState.RUNNING:
             self.observer.event(f"trial {frozen.number}: slot {frozen.user_attrs.get('slot')} is not in this "
                                 "run's slots: stopping it")
             self._stop_run(run_id, host)
-            state = "STOPPED"
-        if state in ("FINISHED", "FAILED"):  # a genuine failure is not retried (docs/optimize.md)
+            state = RunState.STOPPED
+        if state in (RunState.FINISHED, RunState.FAILED):  # a genuine failure is not retried (docs/optimize.md)
             assert info is not None
             self.monitor.drain(act)
             self.active[frozen.number] = act

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..agent.protocol import RunState
 from ..errors import ConnectionLostError, ThrustError
 from ..hints import command_hint
 from .fleet import Fleet
@@ -204,7 +205,7 @@ class Scheduler(Resumer):
 
     def _finish(self, act: ActiveTrial, ended: Ended) -> None:
         run_id = act.view.run_id or ""
-        if ended.state == "FINISHED":
+        if ended.state == RunState.FINISHED:
             metric, value = self.monitor.final(act)
             if value is None:
                 self._missing(act)
@@ -214,14 +215,14 @@ class Scheduler(Resumer):
             act.view.value = value
             self.consecutive_failures = 0
             self.observer.event(f"trial {act.view.number} complete: {value:.4g}")
-        elif ended.state == "FAILED":
+        elif ended.state == RunState.FAILED:
             lines = [ln for ln in ended.log_tail.strip().splitlines() if not ln.startswith("THRUST_")]
             last = f": {lines[-1].strip()[:200]}" if lines else ""
             self._fail(act, f"run {run_id} failed (exit code {ended.exit_code}){last}; see "
                             + command_hint("logs", run_id, host=self.hosts.hint_host(act.slot.host)))
         elif run_id in self.by_us:
             self._interrupted(act, "stopped with the study")
-        elif ended.state == "STOPPED":
+        elif ended.state == RunState.STOPPED:
             # someone ran `thrust-remote stop` on a trial: that stops the study (and is retried later)
             self._interrupted(act, "stopped by thrust-remote stop")
             if not self.control.abort:

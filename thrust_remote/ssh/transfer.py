@@ -30,12 +30,12 @@ from typing import IO, Protocol, TypeVar
 import paramiko
 from paramiko.ssh_exception import SSHException
 
+from ..agent.xfer import MAGIC
 from ..errors import ThrustError, TransferError
 from ..runner import RunResult
 from .command import build_remote_command
 
 CHUNK = 1 << 20
-MAGIC = b"\x1ethrust-xfer-1\x1e"  # must equal agent/xfer.py's MAGIC (checked by a test)
 STREAM_RECV = 1 << 22  # more than the channel window: BufferedPipe hands over all it holds
 LINK_ERRORS = (SSHException, EOFError, OSError)
 T = TypeVar("T")
