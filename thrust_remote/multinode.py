@@ -290,7 +290,7 @@ class Watch:
             st = status_within(session, self.run_id, ASK_TIMEOUT_S)
         except ThrustError as exc:
             return f"lost: {exc}"
-        if st["state"] in (RunState.RUNNING, RunState.FINISHED):
+        if RunState.of(st["state"]).ended_well:
             return None
         return f"{st['state']} (exit code {st.get('exit_code')})"
 
@@ -396,7 +396,7 @@ def _first_failed(nodes: list[dict[str, Any]], states: Sequence[dict[str, Any] |
     if ended:
         n = min(ended, key=lambda x: x[0])[1]
         return {"node": n["node"], "host": n["host"], "why": f"{n['state']} (exit code {n.get('exit_code')})"}
-    lost = next(n for n in nodes if n["state"] not in (RunState.RUNNING, RunState.FINISHED))
+    lost = next(n for n in nodes if not RunState.of(n["state"]).ended_well)
     return {"node": lost["node"], "host": lost["host"], "why": lost["state"]}
 
 

@@ -82,7 +82,7 @@ class Monitor:
         act.offset = int(info.get("offset", act.offset))
         if rung is not None:
             return Prune(rung)
-        if info["state"] != RunState.RUNNING and not info.get("more"):
+        if RunState.of(info["state"]).is_terminal and not info.get("more"):
             return Ended(info["state"], info.get("exit_code"), info.get("log_tail") or "")
         return None
 
