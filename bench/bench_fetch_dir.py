@@ -6,7 +6,7 @@ On a private loopback sshd (tests/conftest.py's), the host has a run whose cwd h
 FILES small files (1-4 KB, in 20 subdirectories). Each round, interleaved so that load from other
 processes hits every method alike:
 
-- first fetch into an empty local dir: thrust-remote's artifacts fetch (`fetchdir.fetch_artifacts`:
+- first fetch into an empty local dir: thrust-remote's artifacts fetch (`artifacts.fetch_artifacts`:
   a fresh SSH connection, agent `list-files` with a sha256 of every file on the host, one verified
   `get` per file), `rsync -a -e ssh` (its quick check: size + mtime), and `rsync -a -c -e ssh`
   (checksums, the closest to ours);
@@ -38,8 +38,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from conftest import SSHServer, _start_sshd  # noqa: E402
 
-from thrust_remote import fetchdir  # noqa: E402
-from thrust_remote.session import HostSession  # noqa: E402
+from thrust_remote.fetch import artifacts  # noqa: E402
+from thrust_remote.host.session import HostSession  # noqa: E402
 
 RUN_ID = "bench-20261123-000000-1"
 GLOB = "runs/tb/**"
@@ -77,7 +77,7 @@ def ours(server: SSHServer, workdir: Path, project: Path) -> Callable[[], tuple[
         runner = server.runner(workdir=str(workdir))  # a fresh connection, as each `fetch` command has
         try:
             session = HostSession.open(runner, host)
-            got = fetchdir.fetch_artifacts(session, session.paths.run(RUN_ID), RUN_ID, project, [GLOB])
+            got = artifacts.fetch_artifacts(session, session.paths.run(RUN_ID), RUN_ID, project, [GLOB])
         finally:
             runner.close()
         return time.perf_counter() - started, len(got.fetched)

@@ -51,10 +51,10 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from conftest import VENV_BIN, SSHServer, _start_sshd  # noqa: E402
 
-from thrust_remote import lifecycle, multinode, pipeline  # noqa: E402
-from thrust_remote.config import load_config  # noqa: E402
-from thrust_remote.ssh import SSHRunner  # noqa: E402
-from thrust_remote.ssh import runner as ssh_runner  # noqa: E402
+from thrust_remote.core.config import load_config  # noqa: E402
+from thrust_remote.host.ssh import SSHRunner  # noqa: E402
+from thrust_remote.host.ssh import runner as ssh_runner  # noqa: E402
+from thrust_remote.run import lifecycle, multinode, pipeline  # noqa: E402
 
 NODES = (1, 2, 4)
 LONG_STEPS = "100000000"  # a detached launch's run: stopped long before it would end

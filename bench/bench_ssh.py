@@ -50,7 +50,7 @@ import paramiko  # noqa: E402
 import psutil  # noqa: E402
 from conftest import SSHServer, _start_sshd  # noqa: E402
 
-from thrust_remote.ssh import SSHRunner  # noqa: E402
+from thrust_remote.host.ssh import SSHRunner  # noqa: E402
 
 NO_RC_USER = "thrustbench"
 OURS = "SSHRunner get / put (verified)"

@@ -25,10 +25,10 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import _start_sshd  # noqa: E402
 
-from thrust_remote import lifecycle, pipeline  # noqa: E402
-from thrust_remote.config import load_config  # noqa: E402
-from thrust_remote.session import HostSession  # noqa: E402
-from thrust_remote.ssh import SSHRunner  # noqa: E402
+from thrust_remote.core.config import load_config  # noqa: E402
+from thrust_remote.host.session import HostSession  # noqa: E402
+from thrust_remote.host.ssh import SSHRunner  # noqa: E402
+from thrust_remote.run import lifecycle, pipeline  # noqa: E402
 
 
 def main() -> None:

@@ -43,10 +43,10 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 from conftest import SSHServer, _start_sshd  # noqa: E402
 from test_host_venv import externally_managed_python, fresh_project  # noqa: E402
 
-from thrust_remote import pipeline  # noqa: E402
-from thrust_remote.config import load_config  # noqa: E402
-from thrust_remote.session import HostSession  # noqa: E402
-from thrust_remote.ssh import SSHRunner  # noqa: E402
+from thrust_remote.core.config import load_config  # noqa: E402
+from thrust_remote.host.session import HostSession  # noqa: E402
+from thrust_remote.host.ssh import SSHRunner  # noqa: E402
+from thrust_remote.run import pipeline  # noqa: E402
 
 # all already on the host. Not torch: by hand, ensurepip's setuptools 65.5 (python 3.11) in the new venv
 # shadows the host's, and torch's `setuptools>=77.0.3` then makes pip download one (ours has no pip or

@@ -26,8 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from thrust_remote.serve import HEADLESS_CHROMIUM_ARGS as CHROMIUM_ARGS  # noqa: E402
-from thrust_remote.serve import PlayServer, Site, default_web_dir  # noqa: E402
+from thrust_remote.play.serve import HEADLESS_CHROMIUM_ARGS as CHROMIUM_ARGS  # noqa: E402
+from thrust_remote.play.serve import PlayServer, Site, default_web_dir  # noqa: E402
 
 GRID = 10
 

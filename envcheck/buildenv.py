@@ -2,7 +2,7 @@
 
 This is the one definition of the tch-rs environment the seed guide asks people to type by hand.
 envcheck uses it on the host to judge the environment and to fingerprint a build;
-thrust_remote.buildenv re-exports it for the train pipeline on the laptop. Both sides therefore
+thrust_remote.run.buildenv re-exports it for the train pipeline on the laptop. Both sides therefore
 agree on what "the right env" and "the same env as the last build" mean.
 
 Why each cargo variable:

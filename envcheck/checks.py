@@ -177,7 +177,7 @@ class Ctx:
         return " && ".join(steps) + f"   # then in thrust.yaml: hosts.{self.host}.python: {venv_python}"
 
     def doctor_cmd(self, *args: str) -> str:
-        """A thrust-remote command for this host (the laptop adds --config: thrust_remote/hints.py)."""
+        """A thrust-remote command for this host (the laptop adds --config: thrust_remote/core/hints.py)."""
         return shlex.join(["thrust-remote", "doctor", *args, "--host", self.host])
 
     def cd_crate(self, cmd: list[str]) -> str:

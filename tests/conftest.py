@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from thrust_remote.config import HostConfig
+from thrust_remote.core.config import HostConfig
 
 SSHD = "/usr/sbin/sshd"
 REPO = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ class SSHServer:
         return replace(base, **overrides)
 
     def runner(self, **overrides):
-        from thrust_remote.ssh import SSHRunner
+        from thrust_remote.host.ssh import SSHRunner
 
         return SSHRunner.from_host(self.host_config(**overrides))
 

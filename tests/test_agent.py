@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import thrust_remote.agent
-from thrust_remote import payload
-from thrust_remote.config import HostConfig
-from thrust_remote.errors import ExitCode, UnreachableError
-from thrust_remote.runner import LocalRunner
-from thrust_remote.session import HostPaths, HostSession
+from thrust_remote.core.config import HostConfig
+from thrust_remote.core.errors import ExitCode, UnreachableError
+from thrust_remote.host import payload
+from thrust_remote.host.runner import LocalRunner
+from thrust_remote.host.session import HostPaths, HostSession
 
 AGENT_DIR = Path(next(iter(thrust_remote.agent.__path__)))
 
@@ -64,7 +64,7 @@ def test_zipapp_is_deterministic_and_self_contained() -> None:
     archive = zipfile.ZipFile(io.BytesIO(first.data))
     names = archive.namelist()
     assert names[0] == "__main__.py"
-    assert {"thrust_agent/__main__.py", "thrust_agent/runs.py", "thrust_agent/lease.py",
+    assert {"thrust_agent/__main__.py", "thrust_agent/supervisor.py", "thrust_agent/lease.py",
             "thrust_agent/poll.py"} <= set(names)
     assert all(archive.getinfo(n).date_time == (1980, 1, 1, 0, 0, 0) for n in names)
     assert first.remote == f"~/.cache/thrust-remote/agent-{first.sha256[:16]}.pyz"

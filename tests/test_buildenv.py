@@ -12,9 +12,9 @@ import pytest
 
 import envcheck
 from envcheck import elf
-from thrust_remote import buildenv
-from thrust_remote.config import JobConfig
-from thrust_remote.runner import LocalRunner
+from thrust_remote.core.config import JobConfig
+from thrust_remote.host.runner import LocalRunner
+from thrust_remote.run import buildenv
 
 CRATE = Path(__file__).parent / "native" / "crate"
 pytestmark = pytest.mark.skipif(shutil.which("cargo") is None and not Path("~/.cargo/bin/cargo").expanduser().exists(),

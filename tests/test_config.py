@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from thrust_remote.config import LOCAL, load_config, parse_config_text
-from thrust_remote.errors import ConfigError, ExitCode
-from thrust_remote.names import parse_address
+from thrust_remote.core.config import LOCAL, load_config, parse_config_text
+from thrust_remote.core.errors import ConfigError, ExitCode
+from thrust_remote.core.names import parse_address
 
 GOOD = """\
 default_host: sandbox

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from thrust_remote.config import HostConfig, load_config
-from thrust_remote.doctor import Check, Report, with_config
-from thrust_remote.hints import command_hint
-from thrust_remote.runner import LocalRunner
-from thrust_remote.session import resolve_python
+from thrust_remote.core.config import HostConfig, load_config
+from thrust_remote.core.hints import command_hint
+from thrust_remote.doctor.checklist import Check, Report, with_config
+from thrust_remote.host.runner import LocalRunner
+from thrust_remote.host.session import resolve_python
 
 REPO = Path(__file__).resolve().parent.parent
 EXE = str(Path(sys.executable).parent / "thrust-remote")

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from envcheck.checks import CHECK_IDS
-from thrust_remote import buildenv, doctor
-from thrust_remote.config import HostConfig, JobConfig
-from thrust_remote.runner import LocalRunner
+from thrust_remote.core.config import HostConfig, JobConfig
+from thrust_remote.doctor import checklist
+from thrust_remote.host.runner import LocalRunner
+from thrust_remote.run import buildenv
 
 CRATE = Path(__file__).parent / "native" / "crate"
 HAS_CARGO = shutil.which("cargo") is not None
@@ -116,7 +117,7 @@ def test_stale_build_is_found_and_fix_cleans_it(cli, tmp_path: Path) -> None:
                     args=("--mode", "shared"), env={"CARGO_TARGET_DIR": str(target)})
     host = HostConfig(name="local", python=sys.executable, workdir=str(tmp_path))
     runner = LocalRunner()
-    facts = doctor.collect_facts(runner, host, job)
+    facts = checklist.collect_facts(runner, host, job)
     build = runner.run([*buildenv.cargo_build_argv(facts, job), "--offline"], env=buildenv.build_env(facts, job),
                        cwd=buildenv.crate_dir(facts, job), timeout=240)
     assert build.ok, build.stderr
@@ -157,12 +158,12 @@ def test_stale_build_is_found_and_fix_cleans_it(cli, tmp_path: Path) -> None:
 def test_patch_build_rs_keeps_existing_code() -> None:
     src = ("use std::env;\n\nfn main() -> Result<(), Box<dyn std::error::Error>> {\n"
            "    let _ = env::var(\"X\");\n    Ok(())\n}\n")
-    out = doctor.patch_build_rs(src)
+    out = checklist.patch_build_rs(src)
     assert out is not None and out.count("rustc-link-arg") == 2 and "let _ = env::var" in out
-    assert doctor.patch_build_rs(out) == out
+    assert checklist.patch_build_rs(out) == out
     half = 'fn main() {\n    println!("cargo:rustc-link-arg=-Wl,--no-as-needed");\n}\n'
-    assert doctor.patch_build_rs(half).count("-ltorch") == 1
-    assert doctor.patch_build_rs("// no main here\n") is None
+    assert checklist.patch_build_rs(half).count("-ltorch") == 1
+    assert checklist.patch_build_rs("// no main here\n") is None
 
 
 # ------------------------------------------------------------------------------ over SSH
@@ -191,10 +192,10 @@ def test_ssh_doctor_is_one_command_and_fast(sshd, remote_dir: Path) -> None:
 
     runner.run = counting_run  # count, do not replace: the command still goes over SSH
     try:
-        doctor.run_doctor(runner, host)  # uploads envcheck if this host has not seen this version
+        checklist.run_doctor(runner, host)  # uploads envcheck if this host has not seen this version
         commands.clear()
         started = time.monotonic()
-        report = doctor.run_doctor(runner, host)
+        report = checklist.run_doctor(runner, host)
         wall = time.monotonic() - started
     finally:
         runner.close()
@@ -260,7 +261,7 @@ def test_python_too_old_for_envcheck_is_69(cli, tmp_path: Path) -> None:
 
 
 def test_fix_build_rs_ignores_the_flag_in_a_comment() -> None:
-    from thrust_remote.doctor import patch_build_rs
+    from thrust_remote.doctor.checklist import patch_build_rs
 
     text = "// see the --no-as-needed docs\nfn main() {\n    println!(\"cargo:rerun-if-changed=build.rs\");\n}\n"
     patched = patch_build_rs(text)

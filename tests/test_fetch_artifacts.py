@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from thrust_remote.agent import listing
-from thrust_remote.errors import ExitCode
+from thrust_remote.core.errors import ExitCode
 
 EXE = str(Path(sys.executable).parent / "thrust-remote")
 

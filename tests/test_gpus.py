@@ -1,4 +1,4 @@
-"""The one GPU inventory (thrust_remote/gpus.py): `train --gpus` selection and optimize's slots, both
+"""The one GPU inventory (thrust_remote/run/gpus.py): `train --gpus` selection and optimize's slots, both
 on real nvidia-smi captures. select_gpus keeps the behaviour and messages of pipeline.select_gpus."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from envcheck.nvsmi import summarize
-from thrust_remote import gpus
-from thrust_remote.config import HostConfig
-from thrust_remote.errors import UsageError
+from thrust_remote.core.config import HostConfig
+from thrust_remote.core.errors import UsageError
 from thrust_remote.optimize import Slot, SlotPool, plan_slots
+from thrust_remote.run import gpus
 
 DATA = Path(__file__).parent / "data" / "nvidia_smi"
 HOST = HostConfig(name="gpu", address="gpu-box", python="python3")

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from thrust_remote import lifecycle, pipeline
-from thrust_remote.config import JobConfig, load_config
-from thrust_remote.errors import ExitCode, ThrustError
-from thrust_remote.session import HostSession
+from thrust_remote.core.config import JobConfig, load_config
+from thrust_remote.core.errors import ExitCode, ThrustError
+from thrust_remote.host.session import HostSession
+from thrust_remote.run import lifecycle, pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 HOST_PYTHON = Path(sys.executable)
@@ -261,7 +261,7 @@ def test_the_torch_pin_matches_the_hosts_torch_whatever_its_local_label():
     pin must be satisfied by both (it was `==2.15.0+cu132`, and pip refused a `torch` requirement)."""
     from packaging.specifiers import SpecifierSet
 
-    from thrust_remote.stages import torch_release
+    from thrust_remote.run.stages import torch_release
 
     pin = SpecifierSet(f"=={torch_release('2.15.0+cu132')}")
     assert pin.contains("2.15.0") and pin.contains("2.15.0+cu132") and pin.contains("2.15.0+cpu")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from thrust_remote import jobs, pipeline
-from thrust_remote.config import JobConfig, load_config, parse_config_text
-from thrust_remote.errors import ConfigError, ExitCode, UsageError
+from thrust_remote.core.config import JobConfig, load_config, parse_config_text
+from thrust_remote.core.errors import ConfigError, ExitCode, UsageError
+from thrust_remote.run import jobs, pipeline
 
 # ------------------------------------------------------------------------------------------ parsing
 
@@ -68,7 +68,7 @@ def test_each_kind_parses_into_its_fields_and_keeps_key_lines():
 
 
 def test_job_spec_is_plain_json_without_the_lines():
-    from thrust_remote.buildenv import job_spec
+    from thrust_remote.run.buildenv import job_spec
 
     cfg = parse_config_text(KINDS, Path("thrust.yaml"))
     spec = job_spec(cfg.job("ppo"))
@@ -372,7 +372,7 @@ def test_command_job_gets_words_and_the_run_env(cli, user_project):
 @pytest.mark.slow
 def test_selected_gpus_reach_a_command_job_as_gpu_list(sshd, user_project):
     """launch_prepared with GPUs chosen (what --gpus and optimize's slots pass): the seeds' GPU_LIST."""
-    from thrust_remote.session import HostSession
+    from thrust_remote.host.session import HostSession
 
     proj, workdir = user_project
     config = load_config(proj / "thrust.yaml", environ={})
@@ -422,7 +422,7 @@ def test_uncommitted_script_is_refused_before_sync(cli, user_project):
 @pytest.mark.slow
 def test_host_check_names_the_line_of_a_file_missing_from_the_checkout(sshd, user_project):
     """The check after the sync: what the host's checkout lacks is a 78 naming thrust.yaml:LINE."""
-    from thrust_remote.session import HostSession
+    from thrust_remote.host.session import HostSession
 
     proj, workdir = user_project
     text = "jobs:\n  late:\n    script: train.py\n    requirements: reqs/extra.txt\n  nomod:\n    module: no.such.mod\n"

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from tiny_onnx import metrics_lines, tiny_policy
 
-from thrust_remote import artifacts
-from thrust_remote.runner import LocalRunner
+from thrust_remote.fetch import models
+from thrust_remote.host.runner import LocalRunner
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -138,8 +138,8 @@ def test_a_placed_model_without_a_kept_copy_is_kept_before_it_is_replaced(tmp_pa
     run_dir = tmp_path / "host" / RUN_GOOD
     new = tiny_policy(run_dir / "model.onnx", seed=8)
     (run_dir / "metrics.jsonl").write_text(metrics_lines(score=40.0))
-    result = artifacts.fetch_run_model(LocalRunner(), str(run_dir), "snake", public, project_root=tmp_path,
-                                       run=artifacts.RunFacts(RUN_GOOD, "local", "snake", "FINISHED", 0))
+    result = models.fetch_run_model(LocalRunner(), str(run_dir), "snake", public, project_root=tmp_path,
+                                       run=models.RunFacts(RUN_GOOD, "local", "snake", "FINISHED", 0))
     assert result.placed and placed_sha(tmp_path) == new["sha256"]
     assert result.backup == tmp_path / ".thrust" / "fetched" / f"snake-placed-{old['sha256'][:12]}"
     assert hashlib.sha256((result.backup / "model.onnx").read_bytes()).hexdigest() == old["sha256"]
@@ -152,13 +152,13 @@ def test_a_cut_fetch_leaves_the_kept_copy_and_the_placed_model_untouched(tmp_pat
     tiny_policy(run_dir / "model.onnx", seed=1)
     (run_dir / "metrics.jsonl").write_text(metrics_lines(score=10.0))
     public = tmp_path / "web" / "public"
-    facts = artifacts.RunFacts(RUN_GOOD, "local", "snake", "FINISHED", 0)
-    artifacts.fetch_run_model(LocalRunner(), str(run_dir), "snake", public, project_root=tmp_path, run=facts)
+    facts = models.RunFacts(RUN_GOOD, "local", "snake", "FINISHED", 0)
+    models.fetch_run_model(LocalRunner(), str(run_dir), "snake", public, project_root=tmp_path, run=facts)
     kept = tmp_path / ".thrust" / "fetched" / RUN_GOOD
     before = {p: p.read_bytes() for p in [*kept.iterdir(), *public.iterdir()]}
     (run_dir / "model.onnx").write_bytes(b"corrupt")
-    with pytest.raises(artifacts.ThrustError, match="does not match its manifest"):
-        artifacts.fetch_run_model(LocalRunner(), str(run_dir), "snake", public, project_root=tmp_path, run=facts)
+    with pytest.raises(models.ThrustError, match="does not match its manifest"):
+        models.fetch_run_model(LocalRunner(), str(run_dir), "snake", public, project_root=tmp_path, run=facts)
     assert {p: p.read_bytes() for p in [*kept.iterdir(), *public.iterdir()]} == before
     assert [p.name for p in kept.parent.iterdir()] == [RUN_GOOD]  # no staging left behind
 
@@ -169,21 +169,21 @@ def test_the_kept_list_is_newest_first(tmp_path: Path) -> None:
     for seed, run_id in enumerate(ids):
         run_dir = tmp_path / "host" / run_id
         tiny_policy(run_dir / "model.onnx", seed=seed)
-        artifacts.fetch_run_model(LocalRunner(), str(run_dir), "snake", public, project_root=tmp_path,
-                                  run=artifacts.RunFacts(run_id, "local", "snake", "FINISHED", 0), force=True)
-    assert [r["run_id"] for r in artifacts.list_kept(tmp_path)] == ids[::-1]
+        models.fetch_run_model(LocalRunner(), str(run_dir), "snake", public, project_root=tmp_path,
+                                  run=models.RunFacts(run_id, "local", "snake", "FINISHED", 0), force=True)
+    assert [r["run_id"] for r in models.list_kept(tmp_path)] == ids[::-1]
     (tmp_path / ".thrust" / "fetched" / ".incoming-x").mkdir()  # a fetch in progress is not listed
-    assert len(artifacts.list_kept(tmp_path)) == 3
+    assert len(models.list_kept(tmp_path)) == 3
 
 
 def test_score_is_apples_for_snake_and_the_return_otherwise(tmp_path: Path) -> None:
     metrics = tmp_path / "m.jsonl"
     metrics.write_text(metrics_lines(score=9.0))
-    assert artifacts.score_of({}, metrics) == (pytest.approx(9.0), "apples")
+    assert models.score_of({}, metrics) == (pytest.approx(9.0), "apples")
     metrics.write_text(metrics_lines(score=9.0, env="cartpole") + json.dumps({"step": 9, "eval_return": 500}) + "\n")
-    assert artifacts.score_of({}, metrics) == (500.0, "eval return")
-    assert artifacts.score_of({"final_return": -0.88}, None) == (-0.88, "return")
-    assert artifacts.score_of({}, None) == (None, None)
+    assert models.score_of({}, metrics) == (500.0, "eval return")
+    assert models.score_of({"final_return": -0.88}, None) == (-0.88, "return")
+    assert models.score_of({}, None) == (None, None)
 
 
 @pytest.mark.slow

@@ -92,3 +92,42 @@ def test_the_host_protocol_is_spelled_once():
         found += [f"{rel}:{line}: {value!r}" for line, value in _string_constants(path)
                   if (value in states - trial_words) or value in files]
     assert not found, "spelled outside agent/protocol.py:\n" + "\n".join(found)
+
+
+# thrust_remote's folders and what each may import of the others (docs/architecture.md, "Packages and
+# what each may import"): the lower rooms never reach up; only cli/ (the edge) sees every room.
+FOLDER_RULES = {
+    "core": set(),
+    "agent": set(),  # stdlib only, checked above
+    "host": {"core", "agent"},
+    "fetch": {"core", "host", "agent"},
+    "runs": {"core", "host", "agent", "fetch"},
+    "doctor": {"core", "host", "agent", "run"},  # rdzv.py: the plan of a run over several hosts
+    "run": {"core", "host", "agent", "fetch", "runs", "doctor"},
+    "optimize": {"core", "host", "agent", "run", "runs"},
+    "play": {"core", "fetch"},
+    "cli": {"core", "host", "agent", "fetch", "runs", "doctor", "run", "optimize", "play"},
+}
+
+
+def test_each_folder_imports_only_the_folders_its_rule_names():
+    broken = []
+    for path in sorted((ROOT / "thrust_remote").rglob("*.py")):
+        parts = path.relative_to(ROOT / "thrust_remote").parts
+        if len(parts) == 1:
+            continue
+        folder = parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("thrust_remote"):
+                target = (node.module or "").split(".")
+                for reached in [target[1]] if len(target) > 1 else [a.name for a in node.names]:
+                    if reached != folder and reached not in FOLDER_RULES[folder]:
+                        broken.append(f"{path.relative_to(ROOT)}:{node.lineno}: {folder}/ imports {reached}/")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_module_lives_in_a_folder_named_for_what_it_does():
+    loose = sorted(p.name for p in (ROOT / "thrust_remote").glob("*.py"))
+    assert set(FOLDER_RULES) == {p.name for p in (ROOT / "thrust_remote").iterdir()
+                                 if p.is_dir() and (p / "__init__.py").exists()}
+    assert len(loose) <= 6, loose

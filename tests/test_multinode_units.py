@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from thrust_remote import multinode
 from thrust_remote.agent import netinfo
-from thrust_remote.config import JobConfig, parse_config_text
-from thrust_remote.errors import ConfigError, ExitCode, ThrustError, UsageError
-from thrust_remote.jobs import Rendezvous, job_argv
+from thrust_remote.core.config import JobConfig, parse_config_text
+from thrust_remote.core.errors import ConfigError, ExitCode, ThrustError, UsageError
+from thrust_remote.run import multinode
+from thrust_remote.run.jobs import Rendezvous, job_argv
 
 HOSTS = """\
 hosts:

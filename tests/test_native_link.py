@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import envcheck
-from thrust_remote import buildenv
-from thrust_remote.config import JobConfig
+from thrust_remote.core.config import JobConfig
+from thrust_remote.run import buildenv
 
 NATIVE = Path(__file__).parent / "native"
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")]

@@ -103,7 +103,7 @@ def test_trainer_flag_list_matches_the_trainer():
 
 
 def test_builtin_spaces_are_valid_and_cover_the_issue_list():
-    from thrust_remote.config import builtin_jobs, parse_config_text
+    from thrust_remote.core.config import builtin_jobs, parse_config_text
 
     config = parse_config_text("")
     for name in ("snake", "cartpole"):
@@ -227,7 +227,7 @@ def test_best_params_file_round_trips_into_train(ssh_study, project, cli):
     out = summary(result)
     best_file = Path(out["best_params_file"])
     assert best_file == project / "ssh6-best.yaml"
-    from thrust_remote.pipeline import load_params
+    from thrust_remote.run.pipeline import load_params
 
     params = load_params(best_file)
     assert params["total-steps"] == 4096 and set(out["best"]["params"]) <= set(params)
@@ -414,11 +414,11 @@ def test_study_in_postgresql(cli, tmp_path):
 def test_study_lease_is_compare_and_swap(tmp_path):
     """A driver that lost its lease can neither renew it, nor push over the study, nor release the
     new driver's lease."""
-    from thrust_remote.config import HostConfig
-    from thrust_remote.errors import ThrustError
+    from thrust_remote.core.config import HostConfig
+    from thrust_remote.core.errors import ThrustError
+    from thrust_remote.host.runner import LocalRunner
+    from thrust_remote.host.session import HostSession
     from thrust_remote.optimize import StudyStore
-    from thrust_remote.runner import LocalRunner
-    from thrust_remote.session import HostSession
 
     session = HostSession.open(LocalRunner(), HostConfig("local", workdir=str(tmp_path / "work")))
     lease = str(tmp_path / "study.driver.json")

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from thrust_remote import payload
 from thrust_remote.agent import poll as agent_poll
 from thrust_remote.agent import scalars
 from thrust_remote.agent.protocol import AgentExit
-from thrust_remote.config import load_config
-from thrust_remote.errors import ConfigError, UsageError
+from thrust_remote.core.config import load_config
+from thrust_remote.core.errors import ConfigError, UsageError
+from thrust_remote.host import payload
 from thrust_remote.optimize.objective import objective_for
 from thrust_remote.optimize.ownmonitor import value_at
 from thrust_remote.optimize.space import search_space
-from thrust_remote.progress import own_metrics
+from thrust_remote.runs.progress import own_metrics
 
 # A score with its best at lr = 0.3, reported every 10 steps: as THRUST_METRICS lines, or as
 # TensorBoard scalars with --tb DIR (then no THRUST_METRICS at all).

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from thrust_remote import pipeline
-from thrust_remote.agent import runs as supervise
-from thrust_remote.config import HostConfig, JobConfig
-from thrust_remote.errors import ConfigError, UsageError
+from thrust_remote.agent import supervisor as supervise
+from thrust_remote.core.config import HostConfig, JobConfig
+from thrust_remote.core.errors import ConfigError, UsageError
+from thrust_remote.run import pipeline
 
 REPO_PATH = os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])
 HOST = HostConfig(name="gpu", address="gpu-box", python="python3")
@@ -97,14 +97,14 @@ def test_supervisor_state_is_lost_when_the_pid_was_recycled(tmp_path):
 
 
 def test_env_values_never_reach_a_command_line_and_run_files_are_private(tmp_path):
-    from thrust_remote import runs
-    from thrust_remote.runner import LocalRunner
-    from thrust_remote.session import HostSession
+    from thrust_remote.host.runner import LocalRunner
+    from thrust_remote.host.session import HostSession
+    from thrust_remote.runs import control
 
     host = HostConfig(name="local", python=sys.executable)
-    paths = runs.HostPaths(str(tmp_path))
+    paths = control.HostPaths(str(tmp_path))
     session = HostSession(LocalRunner(), host, paths)
-    answer = runs.launch(session, run_id="r-secret", job="j", argv=["sh", "-c",
+    answer = control.launch(session, run_id="r-secret", job="j", argv=["sh", "-c",
                          'printf "%s" "$API_TOKEN" > token; sleep 3'], cwd=str(tmp_path),
                          env={"API_TOKEN": "hunter2-secret"}, meta={"env_keys": ["API_TOKEN"]})
     run_dir = Path(paths.run("r-secret"))
@@ -121,4 +121,4 @@ def test_env_values_never_reach_a_command_line_and_run_files_are_private(tmp_pat
     while not (tmp_path / "token").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (tmp_path / "token").read_text() == "hunter2-secret"  # the job itself got the value
-    runs.stop(session, "r-secret", grace=2)
+    control.stop(session, "r-secret", grace=2)

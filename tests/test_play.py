@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from thrust_remote.errors import ThrustError
-from thrust_remote.serve import ModelFiles, PlayServer, Site, default_web_dir, find_models
+from thrust_remote.core.errors import ThrustError
+from thrust_remote.play.serve import ModelFiles, PlayServer, Site, default_web_dir, find_models
 
 WEB = default_web_dir()
 ORT_DIST = WEB / "node_modules" / "onnxruntime-web" / "dist"

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from thrust_remote.cli.main import app
-from thrust_remote.config import HostConfig
-from thrust_remote.runner import LocalRunner
-from thrust_remote.session import HostPaths, HostSession
-from thrust_remote.sync import local_state, sync
+from thrust_remote.core.config import HostConfig
+from thrust_remote.host.runner import LocalRunner
+from thrust_remote.host.session import HostPaths, HostSession
+from thrust_remote.run.sync import local_state, sync
 
 COMMANDS = [info.name for info in app.registered_commands]
 

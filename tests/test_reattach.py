@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from thrust_remote.errors import ExitCode
+from thrust_remote.core.errors import ExitCode
 
 REPO = Path(__file__).resolve().parent.parent
 EXE = str(Path(os.sys.executable).parent / "thrust-remote")

@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 
 from envcheck.nvsmi import summarize
-from thrust_remote import index, pipeline, runs
-from thrust_remote.config import HostConfig, JobConfig, load_config
-from thrust_remote.errors import ExitCode, ThrustError, UnknownHostError
-from thrust_remote.runner import LocalRunner
-from thrust_remote.session import HostPaths, HostSession
+from thrust_remote.core.config import HostConfig, JobConfig, load_config
+from thrust_remote.core.errors import ExitCode, ThrustError, UnknownHostError
+from thrust_remote.host.runner import LocalRunner
+from thrust_remote.host.session import HostPaths, HostSession
+from thrust_remote.run import pipeline
+from thrust_remote.runs import control, index
 
 REPO = Path(__file__).resolve().parent.parent
 NVSMI = REPO / "tests" / "data" / "nvidia_smi"
@@ -93,7 +94,7 @@ def _session(tmp_path: Path) -> HostSession:
 
 
 def _start(session: HostSession, run_id: str, gpus: list[int], claim: bool = True) -> dict:
-    return runs.launch(session, run_id=run_id, job="cartpole", argv=["sleep", "30"], cwd=str(session.paths.workdir),
+    return control.launch(session, run_id=run_id, job="cartpole", argv=["sleep", "30"], cwd=str(session.paths.workdir),
                        env={}, meta={"gpus": gpus, "commit": "c0ffee"}, claim_gpus=gpus if claim else ())
 
 
@@ -102,8 +103,8 @@ def test_runs_of_one_job_run_side_by_side_and_only_taken_gpus_are_refused(tmp_pa
     try:
         _start(session, "a", [0])
         _start(session, "b", [])  # same job, same commit: no per-job lock any more
-        assert [runs.status(session, r)["state"] for r in ("a", "b")] == ["RUNNING", "RUNNING"]
-        assert runs.status(session, "a")["gpus"] == [0]
+        assert [control.status(session, r)["state"] for r in ("a", "b")] == ["RUNNING", "RUNNING"]
+        assert control.status(session, "a")["gpus"] == [0]
         with pytest.raises(ThrustError) as info:
             _start(session, "c", [1, 0])
         assert "GPU 0 on local is taken by running run a" in info.value.message
@@ -112,17 +113,17 @@ def test_runs_of_one_job_run_side_by_side_and_only_taken_gpus_are_refused(tmp_pa
         assert not (tmp_path / ".thrust" / "runs" / "c").exists()
         _start(session, "d", [1])  # another GPU: fine
         _start(session, "e", [0], claim=False)  # shared on purpose: fine
-        assert runs.gpus_taken(session) == {0: "a", 1: "d"}
+        assert control.gpus_taken(session) == {0: "a", 1: "d"}
         with pytest.raises(ThrustError, match="run a is already running"):
             _start(session, "a", [])  # the same run dir twice would mix two jobs in one log
         for run in ("a", "e"):
-            runs.stop(session, run, grace=2)
+            control.stop(session, run, grace=2)
         _start(session, "c", [0])  # GPU 0 is free again once its runs ended
-        assert runs.status(session, "c")["state"] == "RUNNING"
+        assert control.status(session, "c")["state"] == "RUNNING"
     finally:
         for run in ("a", "b", "c", "d", "e"):
             if (tmp_path / ".thrust" / "runs" / run).exists():
-                runs.stop(session, run, grace=2)
+                control.stop(session, run, grace=2)
 
 
 def _facts(name: str) -> dict:

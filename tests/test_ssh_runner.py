@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from thrust_remote.errors import ConnectionLostError, ExitCode, TransferError
-from thrust_remote.ssh import build_remote_command
+from thrust_remote.core.errors import ConnectionLostError, ExitCode, TransferError
+from thrust_remote.host.ssh import build_remote_command
 
 NASTY = [
     "a'; touch {m} #",
@@ -160,7 +160,7 @@ def test_killed_session_is_connection_lost(cli, sshd, tmp_path):
 
 @pytest.mark.parametrize("runner_kind", ["ssh", "local"])
 def test_injection_attempts_arrive_byte_exact_and_never_execute(runner_kind, sshd, tmp_path):
-    from thrust_remote.runner import LocalRunner
+    from thrust_remote.host.runner import LocalRunner
 
     marker = tmp_path / "pwned"
     runner = sshd.runner() if runner_kind == "ssh" else LocalRunner()
@@ -194,7 +194,7 @@ def test_injection_attempts_arrive_byte_exact_and_never_execute(runner_kind, ssh
 
 
 def test_env_name_must_be_an_identifier(sshd):
-    from thrust_remote.errors import UsageError
+    from thrust_remote.core.errors import UsageError
 
     runner = sshd.runner()
     with pytest.raises(UsageError):
@@ -228,7 +228,7 @@ def test_host_flag_with_leading_dash_is_refused(cli, tmp_path):
 
 @pytest.mark.parametrize("runner_kind", ["ssh", "local"])
 def test_put_get_round_trip_verified(runner_kind, sshd, tmp_path, remote_dir):
-    from thrust_remote.runner import LocalRunner
+    from thrust_remote.host.runner import LocalRunner
 
     runner = sshd.runner() if runner_kind == "ssh" else LocalRunner()
     data = os.urandom(5_000_000)
@@ -315,7 +315,7 @@ def test_lost_link_raises_connection_lost_for_runner(sshd):
 
 
 def test_signal_death_is_128_plus_n(sshd):
-    from thrust_remote.runner import LocalRunner
+    from thrust_remote.host.runner import LocalRunner
 
     for runner in (sshd.runner(), LocalRunner()):
         assert runner.run(["sh", "-c", "kill -TERM $$"]).exit_code == 128 + 15
@@ -386,7 +386,7 @@ def test_missing_or_wrong_identity_is_a_config_error_naming_the_field(cli, sshd,
 
 
 def test_relative_workdir_is_under_the_home_directory(sshd):
-    from thrust_remote.runs import host_paths
+    from thrust_remote.runs.control import host_paths
 
     runner = sshd.runner()
     paths = host_paths(runner, sshd.host_config(workdir="projects/thrust"))
@@ -395,7 +395,7 @@ def test_relative_workdir_is_under_the_home_directory(sshd):
 
 
 def test_missing_cwd_is_a_cd_failure_on_both_runners(sshd, tmp_path):
-    from thrust_remote.runner import LocalRunner
+    from thrust_remote.host.runner import LocalRunner
 
     for runner in (sshd.runner(), LocalRunner()):
         result = runner.run(["true"], cwd=str(tmp_path / "missing"))

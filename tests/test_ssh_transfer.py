@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from thrust_remote.agent import xfer
-from thrust_remote.errors import ConnectionLostError, ExitCode, TransferError
-from thrust_remote.runner import LinkLost, LocalRunner, drive
-from thrust_remote.ssh import transfer
+from thrust_remote.core.errors import ConnectionLostError, ExitCode, TransferError
+from thrust_remote.host.runner import LinkLost, LocalRunner, drive
+from thrust_remote.host.ssh import transfer
 
 
 def _serve(tmp_path: Path) -> subprocess.Popen:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from thrust_remote.config import HostConfig
-from thrust_remote.runner import LocalRunner
-from thrust_remote.session import HostPaths, HostSession
-from thrust_remote.sync import local_state, sync
+from thrust_remote.core.config import HostConfig
+from thrust_remote.host.runner import LocalRunner
+from thrust_remote.host.session import HostPaths, HostSession
+from thrust_remote.run.sync import local_state, sync
 
 
 def _session(paths: HostPaths) -> HostSession:
@@ -67,7 +67,7 @@ def test_dirty_patch_applies_and_the_next_clean_sync_removes_it(repo, tmp_path):
 
 
 def test_unchanged_tree_is_left_alone_and_a_busy_workdir_is_never_changed(repo, tmp_path):
-    from thrust_remote.errors import ThrustError
+    from thrust_remote.core.errors import ThrustError
 
     host = HostPaths(str(tmp_path / "host"))
     sync(_session(host), local_state(repo))

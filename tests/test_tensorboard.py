@@ -20,11 +20,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from thrust_remote import tboard
-from thrust_remote.config import load_config
-from thrust_remote.errors import ExitCode
-from thrust_remote.session import HostSession
-from thrust_remote.ssh.forward import LocalForward
+from thrust_remote.core.config import load_config
+from thrust_remote.core.errors import ExitCode
+from thrust_remote.host.session import HostSession
+from thrust_remote.host.ssh.forward import LocalForward
+from thrust_remote.runs import tboard
 
 EXE = str(Path(sys.executable).parent / "thrust-remote")
 JOBS = "jobs:\n  writer:\n    kind: command\n    command: [sh, w.sh]\n    metrics: {tensorboard: runs/tb}\n"
@@ -120,7 +120,7 @@ def test_a_pty_command_whose_link_died_ends_its_output_and_hangs_up_quietly(sshd
     """The reads of a pty command's output live on their own thread (a Ctrl-C in the main thread must
     never cut one of paramiko's packets in half); a link lost under it ends the output, and hanging
     up a channel whose link is gone raises nothing (it used to leak an EOFError: exit 130)."""
-    from thrust_remote.ssh.forward import ChannelReader, hang_up, open_pty_command
+    from thrust_remote.host.ssh.forward import ChannelReader, hang_up, open_pty_command
 
     runner = sshd.runner()
     try:
@@ -255,7 +255,7 @@ def test_paramikos_own_log_lines_never_reach_the_terminal_raw_unless_debug(debug
     handler printed it raw ("Socket exception: Broken pipe (32)"). With --debug it is shown, named."""
     script = (
         "import logging, sys\n"
-        "import thrust_remote.ssh  # what every command that connects imports\n"
+        "import thrust_remote.host.ssh  # what every command that connects imports\n"
         "from thrust_remote.cli import main\n"
         "try:\n"
         f"    main.run([*{['--debug'] if debug else []!r}, '--version'])\n"

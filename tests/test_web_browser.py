@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from thrust_remote.serve import HEADLESS_CHROMIUM_ARGS as CHROMIUM_ARGS
-from thrust_remote.serve import PlayServer, Site, default_web_dir
+from thrust_remote.play.serve import HEADLESS_CHROMIUM_ARGS as CHROMIUM_ARGS
+from thrust_remote.play.serve import PlayServer, Site, default_web_dir
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")

@@ -25,9 +25,9 @@ import pytest
 from test_host_venv import FAST, fresh_project
 from test_web_browser import CHROMIUM, export_policy
 
-from thrust_remote import serve
-from thrust_remote.errors import ThrustError
-from thrust_remote.serve import HEADLESS_CHROMIUM_ARGS, ORT_DIST, ORT_FILES, PlayServer, Site, stage_page
+from thrust_remote.core.errors import ThrustError
+from thrust_remote.play import serve
+from thrust_remote.play.serve import HEADLESS_CHROMIUM_ARGS, ORT_DIST, ORT_FILES, PlayServer, Site, stage_page
 
 REPO = Path(__file__).resolve().parent.parent
 OURS = ("thrust_remote", "trainer", "envcheck", "__editable__", "thrust-remote")  # this repo's install

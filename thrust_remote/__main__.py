@@ -1,3 +1,3 @@
-from .cli.main import run
+from thrust_remote.cli.main import run
 
 run()

@@ -2,7 +2,7 @@
 
     python tools/stage_web.py [--web web] [--dest thrust_remote/web-page]
 
-Copies web/index.html, web/src/ and only the onnxruntime-web files the page loads (thrust_remote.serve's
+Copies web/index.html, web/src/ and only the onnxruntime-web files the page loads (thrust_remote.play.serve's
 ORT_FILES, about 14 MB of web/node_modules' 148) into thrust_remote/web-page/, which is gitignored and
 listed in pyproject's package-data. An installed `thrust-remote play` serves it (serve.default_web_dir).
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from thrust_remote.errors import ThrustError  # noqa: E402
-from thrust_remote.serve import stage_page  # noqa: E402
+from thrust_remote.core.errors import ThrustError  # noqa: E402
+from thrust_remote.play.serve import stage_page  # noqa: E402
 
 
 def main() -> int:

@@ -11,11 +11,11 @@ import sys
 
 # subcommand -> (module, whether the module's own parser sees the subcommand word itself)
 COMMANDS: dict[str, tuple[str, bool]] = {
-    "launch": ("runs", True),
-    "status": ("runs", True),
-    "list": ("runs", True),
-    "logs": ("runs", True),
-    "stop": ("runs", True),
+    "launch": ("supervisor", True),
+    "status": ("supervisor", True),
+    "list": ("supervisor", True),
+    "logs": ("supervisor", True),
+    "stop": ("supervisor", True),
     "write-file": ("files", False),
     "git-state": ("checkout", True),
     "git-checkout": ("checkout", True),
@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "lease": ("lease", False),
     "xfer": ("xfer", False),  # `xfer serve`, `xfer hash PATH`: the streamed transfers (ssh/transfer.py)
     "venv": ("venv", False),  # `venv ensure`: the job's virtualenv (docs/architecture.md, "The host agent")
-    "list-files": ("listing", False),  # a run's artifacts with size, mtime, sha256 (fetchdir.py)
+    "list-files": ("listing", False),  # a run's artifacts with size, mtime, sha256 (fetch/artifacts.py)
     "scalars": ("scalars", False),  # TensorBoard scalars, run by the job's venv python (not -S)
     "route-dev": ("netinfo", True),  # several hosts: the interface that reaches node 0
     "free-port": ("netinfo", True),  # several hosts: the rendezvous port, free on node 0

@@ -22,7 +22,7 @@ import os
 import time
 
 from .protocol import EXIT_CODE, LOG, METRICS, RUN_JSON, RunState
-from .runs import read_json, run_state
+from .supervisor import read_json, run_state
 
 TAG = b"THRUST_METRICS "
 CHUNK = 1 << 20

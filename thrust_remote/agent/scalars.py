@@ -22,7 +22,7 @@ import math
 import os
 
 from .protocol import RUN_JSON, AgentExit
-from .runs import read_json
+from .supervisor import read_json
 
 PREFIX = "events.out.tfevents."
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 
-from ..config import Config, HostConfig, load_config
-from ..runner import LocalRunner, Runner
+from thrust_remote.core.config import Config, HostConfig, load_config
+from thrust_remote.host.runner import LocalRunner, Runner
 
 
 @dataclass
@@ -43,7 +43,7 @@ def open_runner(host: HostConfig) -> Runner:
     """A Runner for the host: LocalRunner for `local`, else an SSHRunner (connects lazily)."""
     if host.is_local:
         return LocalRunner(name=host.name)
-    from ..ssh import SSHRunner
+    from thrust_remote.host.ssh import SSHRunner
 
     return SSHRunner.from_host(host)
 

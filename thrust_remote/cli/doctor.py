@@ -11,13 +11,14 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from .. import multinode, rdzvcheck
-from ..config import Config, HostConfig, JobConfig
-from ..console import console, err_console
-from ..doctor import FixResult, Report, apply_fixes, run_doctor
-from ..errors import UsageError
-from ..session import resolve_host
-from .common import get_config, open_runner
+from thrust_remote.cli.common import get_config, open_runner
+from thrust_remote.core.config import Config, HostConfig, JobConfig
+from thrust_remote.core.console import console, err_console
+from thrust_remote.core.errors import UsageError
+from thrust_remote.doctor import rdzv
+from thrust_remote.doctor.checklist import FixResult, Report, apply_fixes, run_doctor
+from thrust_remote.host.session import resolve_host
+from thrust_remote.run import multinode
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 MARK = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
@@ -75,12 +76,12 @@ def doctor(
 
 
 def _doctor_nodes(config: Config, hosts: list[HostConfig], job_cfg: JobConfig | None, as_json: bool) -> None:
-    """Every node's checklist (at once), each with its rendezvous row (rdzvcheck.py); exit 1 when any fails."""
+    """Every node's checklist (at once), each with its rendezvous row (rdzv.py); exit 1 when any fails."""
     sessions = multinode.open_sessions(config, hosts, open_runner)
     try:
         reports = multinode.each(lambda s: run_doctor(s.runner, s.host, job_cfg, workdir=_workdir(config, s.host)),
                                  sessions)
-        for report, row in zip(reports, rdzvcheck.rendezvous_checks(sessions), strict=True):
+        for report, row in zip(reports, rdzv.rendezvous_checks(sessions), strict=True):
             report.checks.append(row)
     finally:
         for s in sessions:

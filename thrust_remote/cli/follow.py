@@ -23,10 +23,10 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
 from rich.text import Text
 
-from .. import pipeline
-from ..console import console, err_console
-from ..pipeline import exit_code_for, reattach_command
-from ..progress import LineSplitter, RunProgress, own_metrics
+from thrust_remote.core.console import console, err_console
+from thrust_remote.run import pipeline
+from thrust_remote.run.pipeline import exit_code_for, reattach_command
+from thrust_remote.runs.progress import LineSplitter, RunProgress, own_metrics
 
 __all__ = ["LogReporter", "LogView", "exit_code_for", "progress_line", "reattach_command", "say"]
 

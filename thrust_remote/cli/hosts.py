@@ -9,9 +9,9 @@ import time
 import typer
 from rich.table import Table
 
-from ..console import console
-from ..errors import UsageError
-from .common import get_config, host_config, open_runner
+from thrust_remote.cli.common import get_config, host_config, open_runner
+from thrust_remote.core.console import console
+from thrust_remote.core.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from ..config import CONFIG_NAME, parse_config_text
-from ..console import console
-from ..errors import UsageError
+from thrust_remote.core.config import CONFIG_NAME, parse_config_text
+from thrust_remote.core.console import console
+from thrust_remote.core.errors import UsageError
 
 TEMPLATE = """\
 # thrust.yaml: where `thrust-remote train` runs and what. Flags > THRUST_* env > this file > defaults.

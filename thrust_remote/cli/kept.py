@@ -9,10 +9,10 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from ..artifacts import WORSE_MARGIN, FetchResult, relative
-from ..console import err_console
-from ..hints import command_hint
-from .common import state
+from thrust_remote.cli.common import state
+from thrust_remote.core.console import err_console
+from thrust_remote.core.hints import command_hint
+from thrust_remote.fetch.models import WORSE_MARGIN, FetchResult, relative
 
 
 def command(ctx: typer.Context, *argv: str, host: str) -> str:

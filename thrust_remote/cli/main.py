@@ -12,9 +12,9 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from ..console import err_console
-from ..errors import ExitCode, ThrustError
-from .common import AppState, _env_flag
+from thrust_remote.cli.common import AppState, _env_flag
+from thrust_remote.core.console import err_console
+from thrust_remote.core.errors import ExitCode, ThrustError
 
 
 class _SwitchesTakeNoValue:

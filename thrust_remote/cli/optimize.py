@@ -14,13 +14,13 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .. import optimize as core
-from ..config import Config, HostConfig, JobConfig
-from ..console import console, err_console
-from ..errors import UsageError
-from ..hints import command_hint
-from .common import get_config, open_runner
-from .train import CliReporter
+from thrust_remote import optimize as core
+from thrust_remote.cli.common import get_config, open_runner
+from thrust_remote.cli.train import CliReporter
+from thrust_remote.core.config import Config, HostConfig, JobConfig
+from thrust_remote.core.console import console, err_console
+from thrust_remote.core.errors import UsageError
+from thrust_remote.core.hints import command_hint
 
 STATE_STYLE = {"RUNNING": "cyan", "LAUNCHING": "cyan", "COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import typer
 
-from ..console import console
-from ..errors import ThrustError
-from ..serve import PLAYABLE_ENVS, ModelFiles, PlayServer, Site, default_web_dir, find_models
-from .common import get_config
+from thrust_remote.cli.common import get_config
+from thrust_remote.core.console import console
+from thrust_remote.core.errors import ThrustError
+from thrust_remote.play.serve import PLAYABLE_ENVS, ModelFiles, PlayServer, Site, default_web_dir, find_models
 
 
 def register(app: typer.Typer) -> None:

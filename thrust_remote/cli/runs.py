@@ -11,14 +11,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .. import index, lifecycle, runs
-from ..agent.protocol import RunState
-from ..console import console, err_console
-from ..errors import ExitCode, UnreachableError, UsageError
-from ..session import HostSession
-from .common import get_config, open_runner, state
-from .follow import say
-from .train import CliReporter, show_outcome
+from thrust_remote.agent.protocol import RunState
+from thrust_remote.cli.common import get_config, open_runner, state
+from thrust_remote.cli.follow import say
+from thrust_remote.cli.train import CliReporter, show_outcome
+from thrust_remote.core.console import console, err_console
+from thrust_remote.core.errors import ExitCode, UnreachableError, UsageError
+from thrust_remote.host.session import HostSession
+from thrust_remote.run import lifecycle
+from thrust_remote.runs import control, index
 
 HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: the run's host from the "
                         "local index, else default_host).")
@@ -39,7 +40,7 @@ def _open(ctx: typer.Context, host: str | None, run_id: str | None = None) -> Ho
     """A session on `--host`, else (for a run id) the host the local index recorded, else the default."""
     config = get_config(ctx)
     if run_id is not None:
-        host = index.resolve_host(config, runs.check_run_id(run_id), host)
+        host = index.resolve_host(config, control.check_run_id(run_id), host)
     host_cfg = config.host(host)
     runner = open_runner(host_cfg)
     try:
@@ -63,7 +64,7 @@ def list_runs(ctx: typer.Context,
         return
     session = _open(ctx, host)
     try:
-        items = runs.list_runs(session)
+        items = control.list_runs(session)
     finally:
         session.runner.close()
     if as_json:
@@ -74,7 +75,7 @@ def list_runs(ctx: typer.Context,
 
 def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
     config = get_config(ctx)
-    listings = runs.list_hosts(list(config.hosts), lambda name: _open(ctx, name), timeout)
+    listings = control.list_hosts(list(config.hosts), lambda name: _open(ctx, name), timeout)
     if as_json:
         out: list[dict] = []
         for listing in listings:
@@ -95,7 +96,7 @@ def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
         raise typer.Exit(listings[0].exit_code if listings else 0)
 
 
-def _unreachable(listing: runs.HostListing) -> str:
+def _unreachable(listing: control.HostListing) -> str:
     down = (ExitCode.UNAVAILABLE, ExitCode.UNKNOWN_HOST, ExitCode.CONNECTION_LOST)
     return RunState.UNREACHABLE if listing.exit_code in down else "ERROR"
 
@@ -167,7 +168,7 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
                                       "(progress to stderr)."),
          node: int | None = typer.Option(None, "--node", min=0, help="A run over several hosts: this node's log "
                                          "(default: node 0, where rank 0 writes).")) -> None:
-    runs.check_run_id(run_id)
+    control.check_run_id(run_id)
     with _open(ctx, host, run_id) as session:
         if follow_:
             _reattach(ctx, session, run_id, node=node, offset=offset, fetch=not no_fetch, raw=raw, as_json=as_json)
@@ -177,7 +178,7 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
             if shown is None:
                 raise UnreachableError(f"run {run_id}: node {node} ({nodes.names[node or 0]}) does not answer",
                                        f"thrust-remote doctor --host {nodes.names[node or 0]}")
-            runs.follow_log(shown, run_id, offset=offset, follow=False,
+            control.follow_log(shown, run_id, offset=offset, follow=False,
                             on_bytes=lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush()))
 
 
@@ -223,7 +224,7 @@ def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | Non
         assert got.artifacts is not None
         typer.echo(got.artifacts.dest)
         return
-    from .kept import render_fetched
+    from thrust_remote.cli.kept import render_fetched
 
     render_fetched(ctx, got.model, got.host, config.root)
     typer.echo(got.model.model)  # the placed model, or the kept one when not placed

@@ -9,11 +9,11 @@ import sys
 import typer
 from rich.markup import escape
 
-from .. import tboard
-from ..artifacts import relative
-from ..console import err_console
-from .common import get_config
-from .runs import HOST_OPT, _open
+from thrust_remote.cli.common import get_config
+from thrust_remote.cli.runs import HOST_OPT, _open
+from thrust_remote.core.console import err_console
+from thrust_remote.fetch.models import relative
+from thrust_remote.runs import tboard
 
 
 def register(app: typer.Typer) -> None:

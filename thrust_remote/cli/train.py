@@ -12,13 +12,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .. import lifecycle, multinode, pipeline
-from ..agent.protocol import MANIFEST, RunState
-from ..console import console, err_console
-from ..serve import PLAYABLE_ENVS
-from .common import get_config, open_runner, state
-from .follow import LogReporter, reattach_command, say
-from .kept import command, render_fetched, say_line
+from thrust_remote.agent.protocol import MANIFEST, RunState
+from thrust_remote.cli.common import get_config, open_runner, state
+from thrust_remote.cli.follow import LogReporter, reattach_command, say
+from thrust_remote.cli.kept import command, render_fetched, say_line
+from thrust_remote.core.console import console, err_console
+from thrust_remote.play.serve import PLAYABLE_ENVS
+from thrust_remote.run import lifecycle, multinode, pipeline
 
 
 class CliReporter(LogReporter):

@@ -34,9 +34,8 @@ every call into runs.* and pipeline.*). Only hostops reaches the host or the pip
 
 from __future__ import annotations
 
-from ..gpus import host_gpus
-from .driver import Optimizer, request_stop
-from .model import (
+from thrust_remote.optimize.driver import Optimizer, request_stop
+from thrust_remote.optimize.model import (
     DEFAULT_LOG_INTERVAL,
     METRICS,
     PRUNERS,
@@ -49,10 +48,11 @@ from .model import (
     TrialView,
     is_trial_run,
 )
-from .slots import Slot, SlotPool, plan_slots
-from .space import DEFAULT_SEARCH, NOT_SEARCHABLE, TRAINER_FLAGS, distributions, search_space
-from .store import LEASE_S, HostsStore, StudyStore, default_study_name
-from .summary import Summary, param_importances, write_best_params
+from thrust_remote.optimize.slots import Slot, SlotPool, plan_slots
+from thrust_remote.optimize.space import DEFAULT_SEARCH, NOT_SEARCHABLE, TRAINER_FLAGS, distributions, search_space
+from thrust_remote.optimize.store import LEASE_S, HostsStore, StudyStore, default_study_name
+from thrust_remote.optimize.summary import Summary, param_importances, write_best_params
+from thrust_remote.run.gpus import host_gpus
 
 __all__ = [
     "DEFAULT_LOG_INTERVAL", "DEFAULT_SEARCH", "LEASE_S", "METRICS", "NOT_SEARCHABLE", "PRUNERS",

@@ -7,14 +7,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import Config, HostConfig
-from ..errors import ConnectionLostError, ThrustError, UsageError
-from ..names import valid_id
-from ..runner import Runner
-from . import hostops
-from .fleet import Fleet, in_parallel
-from .hostops import StudyHost
-from .model import (
+from thrust_remote.core.config import Config, HostConfig
+from thrust_remote.core.errors import ConnectionLostError, ThrustError, UsageError
+from thrust_remote.core.names import valid_id
+from thrust_remote.host.runner import Runner
+from thrust_remote.optimize import hostops
+from thrust_remote.optimize.fleet import Fleet, in_parallel
+from thrust_remote.optimize.hostops import StudyHost
+from thrust_remote.optimize.model import (
     DEFAULT_LOG_INTERVAL,
     METRICS,
     PRUNERS,
@@ -24,14 +24,14 @@ from .model import (
     OptimizeRequest,
     is_trial_run,
 )
-from .monitor import Monitor
-from .objective import objective_for
-from .ownmonitor import OwnMonitor
-from .scheduler import Plan, Scheduler
-from .slots import Slot, SlotPool, plan_slots, union
-from .space import distributions, search_space
-from .store import HostsStore, StudyStore, default_study_name, open_study, remember_settings
-from .summary import Summary, build_summary
+from thrust_remote.optimize.monitor import Monitor
+from thrust_remote.optimize.objective import objective_for
+from thrust_remote.optimize.ownmonitor import OwnMonitor
+from thrust_remote.optimize.scheduler import Plan, Scheduler
+from thrust_remote.optimize.slots import Slot, SlotPool, plan_slots, union
+from thrust_remote.optimize.space import distributions, search_space
+from thrust_remote.optimize.store import HostsStore, StudyStore, default_study_name, open_study, remember_settings
+from thrust_remote.optimize.summary import Summary, build_summary
 
 
 class Optimizer:

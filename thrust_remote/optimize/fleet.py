@@ -9,10 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..config import HostConfig
-from ..errors import ConnectionLostError, ThrustError, UnreachableError
-from .hostops import StudyHost
-from .slots import Slot
+from thrust_remote.core.config import HostConfig
+from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError
+from thrust_remote.optimize.hostops import StudyHost
+from thrust_remote.optimize.slots import Slot
 
 # the host is gone (link lost, sshd down, refused): not a fault of the study or of its trials
 LINK_ERRORS = (ConnectionLostError, UnreachableError)

@@ -13,12 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import jobs, pipeline, runs, scalarwatch
-from ..agent.protocol import AgentExit, RunState
-from ..config import Config, HostConfig, JobConfig
-from ..errors import ThrustError
-from ..runner import Runner
-from ..session import HostPaths, HostSession
+from thrust_remote.agent.protocol import AgentExit, RunState
+from thrust_remote.core.config import Config, HostConfig, JobConfig
+from thrust_remote.core.errors import ThrustError
+from thrust_remote.host.runner import Runner
+from thrust_remote.host.session import HostPaths, HostSession
+from thrust_remote.run import jobs, pipeline
+from thrust_remote.runs import control, scalarwatch
 
 # the pipeline's reporting protocol, named here so the package imports pipeline in one place
 Reporter = pipeline.Reporter
@@ -125,11 +126,11 @@ def prepare(config: Config, job: JobConfig, host: HostConfig, runner: Runner, re
 
 
 def running_run_ids(session: HostSession) -> list[str]:
-    return [r["run_id"] for r in runs.list_runs(session) if r["state"] == RunState.RUNNING]
+    return [r["run_id"] for r in control.list_runs(session) if r["state"] == RunState.RUNNING]
 
 
 def stop_run(session: HostSession, run_id: str, grace: float = 10.0) -> None:
-    runs.stop(session, run_id, grace=grace)
+    control.stop(session, run_id, grace=grace)
 
 
 @dataclass(frozen=True)

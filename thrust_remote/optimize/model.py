@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..config import HostConfig, JobConfig
+from thrust_remote.core.config import HostConfig, JobConfig
 
 RUNGS = 20  # intermediate values per trial budget: the pruner compares trials at equal rungs
 DEFAULT_LOG_INTERVAL = "0.5"  # trainer reports per second: enough for the pruner to act early

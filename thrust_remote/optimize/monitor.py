@@ -11,12 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..agent.protocol import RunState
-from ..errors import ThrustError
-from .fleet import Fleet
-from .hostops import StudyHost
-from .model import RUNGS, TrialView
-from .slots import Slot
+from thrust_remote.agent.protocol import RunState
+from thrust_remote.core.errors import ThrustError
+from thrust_remote.optimize.fleet import Fleet
+from thrust_remote.optimize.hostops import StudyHost
+from thrust_remote.optimize.model import RUNGS, TrialView
+from thrust_remote.optimize.slots import Slot
 
 
 @dataclass

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import Config, JobConfig
-from ..errors import ConfigError, UsageError
-from ..jobs import config_label
-from ..scalarwatch import RUN_ID_VARS, events_path
+from thrust_remote.core.config import Config, JobConfig
+from thrust_remote.core.errors import ConfigError, UsageError
+from thrust_remote.run.jobs import config_label
+from thrust_remote.runs.scalarwatch import RUN_ID_VARS, events_path
 
 
 @dataclass(frozen=True)

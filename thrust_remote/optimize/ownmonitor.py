@@ -13,12 +13,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..agent.protocol import RunState
-from ..errors import ThrustError
-from .fleet import Fleet
-from .model import RUNGS
-from .monitor import ActiveTrial, Monitor
-from .objective import Objective, missing_metric
+from thrust_remote.agent.protocol import RunState
+from thrust_remote.core.errors import ThrustError
+from thrust_remote.optimize.fleet import Fleet
+from thrust_remote.optimize.model import RUNGS
+from thrust_remote.optimize.monitor import ActiveTrial, Monitor
+from thrust_remote.optimize.objective import Objective, missing_metric
 
 TB_EVERY_S = 5.0  # each read starts a python that imports tensorboard (~1 s): not every poll
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..agent.protocol import RunState
-from .fleet import Fleet
-from .hostops import Reporter, StudyHost
-from .model import Observer, TrialView, is_trial_run
-from .monitor import ActiveTrial, Ended, Monitor
-from .slots import Slot, SlotPool
+from thrust_remote.agent.protocol import RunState
+from thrust_remote.optimize.fleet import Fleet
+from thrust_remote.optimize.hostops import Reporter, StudyHost
+from thrust_remote.optimize.model import Observer, TrialView, is_trial_run
+from thrust_remote.optimize.monitor import ActiveTrial, Ended, Monitor
+from thrust_remote.optimize.slots import Slot, SlotPool
 
 
 class Resumer:

@@ -12,12 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..agent.protocol import RunState
-from ..errors import ConnectionLostError, ThrustError
-from ..hints import command_hint
-from .fleet import Fleet
-from .hostops import Reporter
-from .model import (
+from thrust_remote.agent.protocol import RunState
+from thrust_remote.core.errors import ConnectionLostError, ThrustError
+from thrust_remote.core.hints import command_hint
+from thrust_remote.optimize.fleet import Fleet
+from thrust_remote.optimize.hostops import Reporter
+from thrust_remote.optimize.model import (
     MAX_CONSECUTIVE_FAILURES,
     PUSH_EVERY_S,
     RUNGS,
@@ -27,10 +27,10 @@ from .model import (
     count_states,
     fmt,
 )
-from .monitor import ActiveTrial, Ended, Monitor, Prune
-from .resume import Resumer
-from .slots import Slot, SlotPool
-from .store import HostsStore, StudyStore
+from thrust_remote.optimize.monitor import ActiveTrial, Ended, Monitor, Prune
+from thrust_remote.optimize.resume import Resumer
+from thrust_remote.optimize.slots import Slot, SlotPool
+from thrust_remote.optimize.store import HostsStore, StudyStore
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Slots: where trials run. Planned per host on top of the one GPU inventory (thrust_remote/gpus.py);
+"""Slots: where trials run. Planned per host on top of the one GPU inventory (thrust_remote/run/gpus.py);
 a pool that hands free slots of every host out in their planned order, and drops a lost host's."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..config import HostConfig
-from ..errors import UsageError
-from ..gpus import host_gpus
+from thrust_remote.core.config import HostConfig
+from thrust_remote.core.errors import UsageError
+from thrust_remote.run.gpus import host_gpus
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from thrust_remote.core.config import Config, JobConfig
+from thrust_remote.core.errors import ConfigError, UsageError
 from trainer.args import flag_specs
-
-from ..config import Config, JobConfig
-from ..errors import ConfigError, UsageError
 
 # The trainer's flags come from its one table (trainer/args.py TrainArgs, torch-free): searching a
 # name not in it would only fail later, on the host, as an argparse error in every trial.

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, HostConfig, JobConfig
-from ..errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
-from ..session import HostSession
-from . import hostops
-from .model import PRUNERS, OptimizeRequest
+from thrust_remote.core.config import Config, HostConfig, JobConfig
+from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
+from thrust_remote.host.session import HostSession
+from thrust_remote.optimize import hostops
+from thrust_remote.optimize.model import PRUNERS, OptimizeRequest
 
 JOURNAL = "journal:"  # --storage journal:PATH (Optuna's JournalStorage with a JournalFileBackend)
 LEASE_S = 60.0  # a remote study's driver lease: another laptop may take over after this much silence

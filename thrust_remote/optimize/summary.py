@@ -12,10 +12,10 @@ from typing import Any
 
 import yaml
 
-from ..errors import ExitCode
-from .model import OptimizeRequest, TrialView, count_states
-from .slots import Slot
-from .store import JOURNAL, HostsStore, StudyStore
+from thrust_remote.core.errors import ExitCode
+from thrust_remote.optimize.model import OptimizeRequest, TrialView, count_states
+from thrust_remote.optimize.slots import Slot
+from thrust_remote.optimize.store import JOURNAL, HostsStore, StudyStore
 
 
 @dataclass

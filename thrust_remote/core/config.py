@@ -1,0 +1,720 @@
+"""thrust.yaml: load, validate, and merge with THRUST_* variables and flags.
+
+Errors name the file, the line and the field (`thrust.yaml:7: hosts.gpu.port: expected ...`), exit 78.
+YAML is composed into nodes (not just loaded) so every value keeps the line it came from.
+Precedence: command-line flags > THRUST_* environment > thrust.yaml > built-in defaults.
+No file at all is fine: the host `local` and the jobs `snake` and `cartpole` always exist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from thrust_remote.core.errors import ConfigError
+from thrust_remote.core.names import bad_name_reason, parse_address, valid_host, valid_id
+
+CONFIG_NAME = "thrust.yaml"
+LOCAL = "local"
+
+HOST_KEY_POLICIES = ("strict", "accept-new")
+# trainer: the built-in trainer; python: your own script or module; command: any argv; cargo: tch-rs.
+# `kind: python` without script:/module: is the built-in trainer (what it meant before kinds existed).
+JOB_KINDS = ("trainer", "python", "cargo", "command")
+
+# Environment overrides: THRUST_* variable -> what it sets. Flags still win over these.
+ENV_SETTINGS = {
+    "THRUST_CONFIG": "path of thrust.yaml",
+    "THRUST_HOST": "default host (default_host)",
+    "THRUST_DEBUG": "show tracebacks (1/true)",
+}
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    name: str
+    address: str | None = None  # None for the local host
+    workdir: str = "~/thrust"
+    python: str = "python3"
+    identity: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    host_key_policy: str = "strict"
+    gpus: tuple[int, ...] | None = None
+    connect_timeout: float = 10.0
+    # several hosts, one run (docs/architecture.md, "Several hosts"): how the other nodes reach this
+    # one when it is node 0 (default: the address its SSH connection resolves to), a fixed rendezvous
+    # port (default: a free one, checked there), the interface NCCL/gloo use (default: from `ip route get`)
+    rdzv_address: str | None = None
+    rdzv_port: int | None = None
+    ifname: str | None = None
+    # not a thrust.yaml key: the config file the user named (--config / THRUST_CONFIG), absolute, so
+    # that a hint's command reads the same file (hints.command_hint); None when it was found by search
+    config_path: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.address is None
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One job of thrust.yaml (docs/architecture.md, "Config (thrust.yaml)": the job kinds)."""
+
+    name: str
+    kind: str = "trainer"
+    # trainer: flags as a mapping (--key value); python: a list (passed as is) or a mapping;
+    # cargo: a list of argv items; command: none (its argv is `command`)
+    args: Mapping[str, Any] | tuple[str, ...] = field(default_factory=dict)
+    export: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    requirements: tuple[str, ...] = ()  # pip specs for the job's venv (python jobs)
+    requirements_file: str | None = None  # a requirements file in the repo
+    script: str | None = None  # python: a path in the repo, run as `PYTHON SCRIPT ARGS...`
+    module: str | None = None  # python: run as `PYTHON -m MODULE ARGS...`
+    nproc: int | None = None  # processes under torchrun (None: one, or one per GPU with --gpus)
+    command: tuple[str, ...] = ()  # command: the argv, run as is in the checkout
+    artifacts: tuple[str, ...] = ()  # globs under the job's working directory on the host
+    metrics: Mapping[str, str] = field(default_factory=dict)  # {"tensorboard": DIR}; default THRUST_METRICS lines
+    objective: Mapping[str, str] = field(default_factory=dict)  # {"metric": NAME, "mode": "max"|"min"}
+    # thrust.yaml's line of each key the job wrote, and of the job's name under "job": a check after
+    # the sync (a script missing from the synced commit) names file:line as the loader does
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
+    # cargo jobs
+    toolchain: str = "stable"
+    example: str | None = None
+    crate: str = "."
+    artifact: str | None = None
+    tch_version: str = "auto"
+    bypass_version_check: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None
+    default_host: str = LOCAL
+    hosts: Mapping[str, HostConfig] = field(default_factory=dict)
+    jobs: Mapping[str, JobConfig] = field(default_factory=dict)
+    search: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> host names, in node order
+    # the user named this file (--config / THRUST_CONFIG) rather than it being found upwards
+    given: bool = False
+
+    @property
+    def given_path(self) -> str | None:
+        """The config file as hints repeat it (`--config PATH`, absolute): only when the user named it."""
+        return str(self.path.resolve()) if self.given and self.path else None
+
+    @cached_property
+    def root(self) -> Path:
+        """The project: the git work tree the thrust.yaml belongs to; a config kept outside any work
+        tree (`--config /elsewhere/thrust.yaml`) only configures the work tree the command runs in."""
+        return project_root(Path.cwd(), self.path, given=self.given)
+
+    def host(self, name: str | None = None) -> HostConfig:
+        from thrust_remote.core.errors import UnknownHostError
+
+        name = name or self.default_host
+        if name not in self.hosts and name in self.groups:
+            from thrust_remote.core.errors import UsageError
+
+            raise UsageError(f"{name!r} is a group of hosts ({', '.join(self.groups[name])}); this command "
+                             "takes one host", "name one of them with --host")
+        if name not in self.hosts:
+            known = ", ".join(sorted(self.hosts))
+            where = f" in {self.path}" if self.path else " (no thrust.yaml found)"
+            raise UnknownHostError(
+                f"unknown host {name!r}{where}; known hosts: {known}",
+                f"add it under `hosts:` in {CONFIG_NAME} (address: user@host[:port] or an ~/.ssh/config alias)",
+            )
+        return self.hosts[name]
+
+    def host_list(self, names: Sequence[str] | None) -> list[HostConfig]:
+        """`--host a --host b` (a group name stands for its hosts, in order): the hosts, node 0 first.
+        None or empty: the default host alone. A host named twice is a usage error."""
+        from thrust_remote.core.errors import UsageError
+
+        out: list[HostConfig] = []
+        for name in names or [self.default_host]:
+            members = self.groups.get(name, (name,)) if name not in self.hosts else (name,)
+            for member in members:
+                host = self.host(member)
+                if host in out:
+                    raise UsageError(f"host {member!r} is named twice (--host / groups: in {CONFIG_NAME})",
+                                     "name each host once: every host is one node of the run")
+                out.append(host)
+        return out
+
+    def job(self, name: str) -> JobConfig:
+        if name not in self.jobs:
+            from thrust_remote.core.errors import UsageError
+
+            raise UsageError(
+                f"unknown job {name!r}; known jobs: {', '.join(sorted(self.jobs))}",
+                f"add it under `jobs:` in {CONFIG_NAME}",
+            )
+        return self.jobs[name]
+
+
+def builtin_jobs() -> dict[str, JobConfig]:
+    """snake and cartpole work with no thrust.yaml at all."""
+    return {
+        "snake": JobConfig(name="snake", args={"env": "snake"}, export="web/public/snake.onnx"),
+        "cartpole": JobConfig(name="cartpole", args={"env": "cartpole"}, export="web/public/cartpole.onnx"),
+    }
+
+
+def local_host(workdir: str | None = None) -> HostConfig:
+    # The local host runs in the project itself (the code is already exactly what the user has), with
+    # the interpreter thrust-remote runs in: the one its installer gave torch.
+    return HostConfig(name=LOCAL, address=None, workdir=workdir or ".", python=sys.executable or "python3")
+
+
+# ----------------------------------------------------------------------------------------------
+# loading
+
+
+def project_root(cwd: Path, config: Path | None = None, *, given: bool = False) -> Path:
+    """The work tree holding the config, else the one holding cwd; outside git, the directory of a
+    config found upwards, else cwd (a config named with --config only configures where you stand).
+
+    The config's own tree wins so that a library caller (or `--config` from outside any repo) gets the
+    project that file describes, whatever directory the process happens to stand in."""
+    for where in ([config.resolve().parent] if config else []) + [cwd]:
+        top = _work_tree(where)
+        if top:
+            return top
+    return config.resolve().parent if config and not given else cwd
+
+
+def _work_tree(where: Path) -> Path | None:
+    """`git rev-parse --show-toplevel` of a directory, or None outside a work tree."""
+    try:
+        proc = subprocess.run(["git", "-C", str(where), "rev-parse", "--show-toplevel"], capture_output=True,
+                              text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    top = proc.stdout.strip()
+    return Path(top) if proc.returncode == 0 and top else None
+
+
+def find_config(start: Path | None = None) -> Path | None:
+    """thrust.yaml in the current directory or the nearest parent (like git finds .git)."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        candidate = d / CONFIG_NAME
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    default_host: str | None = None,
+) -> Config:
+    """Load thrust.yaml (explicit path > THRUST_CONFIG > search upwards), apply env and flags."""
+    env = os.environ if environ is None else environ
+    explicit = path or env.get("THRUST_CONFIG")
+    if explicit:
+        cfg_path = Path(explicit).expanduser()
+        if not cfg_path.is_file():
+            raise ConfigError(f"config file {cfg_path} does not exist")
+    else:
+        cfg_path = find_config()
+    config = parse_config_text(cfg_path.read_text(), cfg_path) if cfg_path else _defaults(None)
+    if explicit and cfg_path:
+        given = str(cfg_path.resolve())
+        hosts = {name: replace(h, config_path=given) for name, h in config.hosts.items()}
+        config = replace(config, hosts=hosts, given=True)
+    host = default_host or env.get("THRUST_HOST") or None
+    if host:
+        reason = bad_name_reason(host, "host name")
+        if reason:
+            raise ConfigError(reason)
+        config = replace(config, default_host=host)
+    return config
+
+
+def _defaults(path: Path | None) -> Config:
+    return Config(path=path, hosts={LOCAL: local_host()}, jobs=builtin_jobs())
+
+
+class _Reader:
+    """Validates a composed YAML node tree, raising ConfigError with file:line: field."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.label = str(path) if path else "<config>"
+
+    def fail(self, node: yaml.Node, field_name: str, message: str) -> ConfigError:
+        line = node.start_mark.line + 1
+        return ConfigError(f"{self.label}:{line}: {field_name}: {message}")
+
+    def mapping(self, node: yaml.Node, field_name: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return []  # a section with nothing (or only comments) under it
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, field_name, f"expected a mapping, got {_kind(node)}")
+        out = []
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self.fail(key_node, field_name, "keys must be plain strings")
+            key = key_node.value
+            if key in seen:
+                raise self.fail(key_node, f"{field_name}.{key}" if field_name else key, "duplicate key")
+            seen.add(key)
+            out.append((key, key_node, value_node))
+        return out
+
+    def scalar(self, node: yaml.Node, field_name: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.fail(node, field_name, f"expected a single value, got {_kind(node)}")
+        return yaml.safe_load(yaml.serialize(node))
+
+    def string(self, node: yaml.Node, field_name: str, *, nullable: bool = False) -> str | None:
+        value = self.scalar(node, field_name)
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str):
+            raise self.fail(node, field_name, f"expected a string, got {_pytype(value)}")
+        return value
+
+    def number(self, node: yaml.Node, field_name: str) -> float:
+        value = self.scalar(node, field_name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(node, field_name, f"expected a number, got {_pytype(value)}")
+        return float(value)
+
+    def boolean(self, node: yaml.Node, field_name: str) -> bool:
+        value = self.scalar(node, field_name)
+        if not isinstance(value, bool):
+            raise self.fail(node, field_name, f"expected true or false, got {_pytype(value)}")
+        return value
+
+    def choice(self, node: yaml.Node, field_name: str, choices: tuple[str, ...]) -> str:
+        value = self.string(node, field_name)
+        if value not in choices:
+            raise self.fail(node, field_name, f"expected one of {', '.join(choices)}, got {value!r}")
+        return value  # type: ignore[return-value]
+
+    def unknown(self, key_node: yaml.Node, field_name: str, allowed: tuple[str, ...]) -> ConfigError:
+        return self.fail(key_node, field_name, f"unknown key (expected one of: {', '.join(allowed)})")
+
+    def plain(self, node: yaml.Node, field_name: str) -> Any:
+        """Any YAML value as Python data (for free-form args / search specs)."""
+        return yaml.safe_load(yaml.serialize(node))
+
+
+_TOP_KEYS = ("default_host", "hosts", "groups", "jobs", "search")
+_HOST_KEYS = (
+    "address", "workdir", "python", "identity", "known_hosts", "host_key_policy", "gpus", "connect_timeout",
+    "rdzv_address", "rdzv_port", "ifname",
+)
+_JOB_KEYS = (
+    "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
+    "export", "env", "toolchain", "example", "crate", "artifact", "tch_version", "bypass_version_check",
+)
+# Keys only some kinds take: another kind's job names them as an error (the cargo keys stay lenient).
+_KIND_ONLY = {
+    "script": ("python",),
+    "module": ("python",),
+    "command": ("command",),
+    "args": ("trainer", "python", "cargo"),
+    "requirements": ("trainer", "python"),
+    "nproc": ("trainer", "python"),
+}
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$")  # Linux: at most 15 bytes
+_MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def parse_config_text(text: str, path: Path | None = None) -> Config:
+    reader = _Reader(path)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        raise ConfigError(f"{reader.label}:{line}: not valid YAML: {exc.problem or exc}") from None
+    config = _defaults(path)
+    if root is None:
+        return config
+    hosts = dict(config.hosts)
+    jobs = dict(config.jobs)
+    search: dict[str, dict[str, dict[str, Any]]] = {}
+    default_host = LOCAL
+    default_host_node: yaml.Node | None = None
+    groups: dict[str, tuple[str, ...]] = {}
+    group_nodes: dict[str, yaml.Node] = {}
+    for key, key_node, value in reader.mapping(root, ""):
+        if key == "default_host":
+            default_host = reader.string(value, key) or LOCAL
+            default_host_node = value
+        elif key == "hosts":
+            for name, name_node, host_node in reader.mapping(value, "hosts"):
+                _check_name(reader, name_node, f"hosts.{name}", name)
+                hosts[name] = _parse_host(reader, name, host_node, name_node)
+        elif key == "groups":
+            for name, name_node, members in reader.mapping(value, "groups"):
+                _check_name(reader, name_node, f"groups.{name}", name)
+                groups[name] = tuple(_words(reader, f"groups.{name}", members, "a list of host names"))
+                group_nodes[name] = members
+        elif key == "jobs":
+            for name, name_node, job_node in reader.mapping(value, "jobs"):
+                _check_name(reader, name_node, f"jobs.{name}", name)
+                jobs[name] = _parse_job(reader, name, job_node, jobs.get(name), name_node)
+        elif key == "search":
+            for name, name_node, spec_node in reader.mapping(value, "search"):
+                _check_name(reader, name_node, f"search.{name}", name)
+                search[name] = _parse_search(reader, name, spec_node)
+        else:
+            raise reader.unknown(key_node, key, _TOP_KEYS)
+    if default_host not in hosts:
+        assert default_host_node is not None
+        raise reader.fail(
+            default_host_node, "default_host", f"{default_host!r} is not a host defined under hosts:"
+        )
+    _check_groups(reader, groups, group_nodes, hosts)
+    return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search, groups=groups)
+
+
+def _check_groups(reader: _Reader, groups: Mapping[str, tuple[str, ...]], nodes: Mapping[str, yaml.Node],
+                  hosts: Mapping[str, HostConfig]) -> None:
+    """Each group names hosts defined under `hosts:`, each once, and no group shadows a host."""
+    for name, members in groups.items():
+        where = f"groups.{name}"
+        if name in hosts:
+            raise reader.fail(nodes[name], where, f"{name!r} is also a host's name; give the group another name")
+        if not members:
+            raise reader.fail(nodes[name], where, "expected a non-empty list of host names")
+        for member in members:
+            if member not in hosts:
+                raise reader.fail(nodes[name], where, f"{member!r} is not a host defined under hosts:")
+        if len(set(members)) != len(members):
+            raise reader.fail(nodes[name], where, "a host is listed twice; each host is one node")
+
+
+def _check_name(reader: _Reader, node: yaml.Node, field_name: str, name: str) -> None:
+    if not valid_id(name):
+        reason = bad_name_reason(name, "name") or f"name {name!r} is not allowed"
+        raise reader.fail(node, field_name, f"{reason}; use letters, digits, '_', '-', '.'")
+
+
+def _parse_host(reader: _Reader, name: str, node: yaml.Node, name_node: yaml.Node) -> HostConfig:
+    base = local_host() if name == LOCAL else HostConfig(name=name)
+    values: dict[str, Any] = {}
+    for key, key_node, value in reader.mapping(node, f"hosts.{name}"):
+        f = f"hosts.{name}.{key}"
+        if key == "address":
+            addr = reader.string(value, f)
+            try:
+                parse_address(addr or "")
+            except ValueError as exc:
+                raise reader.fail(value, f, f"{exc}; expected an ~/.ssh/config alias or user@host[:port]") from None
+            values["address"] = addr
+        elif key in ("workdir", "python", "known_hosts"):
+            text = reader.string(value, f)
+            if not text or text.startswith("-") or "\n" in text:
+                raise reader.fail(value, f, "expected a non-empty path that does not start with '-'")
+            values[key] = text
+        elif key == "identity":
+            values[key] = reader.string(value, f, nullable=True)
+        elif key == "host_key_policy":
+            values[key] = reader.choice(value, f, HOST_KEY_POLICIES)
+        elif key == "gpus":
+            if isinstance(value, yaml.ScalarNode) and reader.scalar(value, f) is None:
+                values[key] = None
+                continue
+            if not isinstance(value, yaml.SequenceNode):
+                raise reader.fail(value, f, f"expected a list of GPU indices like [0, 1], got {_kind(value)}")
+            gpus = []
+            for item in value.value:
+                v = reader.scalar(item, f)
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise reader.fail(item, f, f"expected a GPU index (integer >= 0), got {v!r}")
+                gpus.append(v)
+            values[key] = tuple(gpus)
+        elif key in ("rdzv_address", "ifname"):
+            text = reader.string(value, f) or ""
+            ok = valid_host(text) if key == "rdzv_address" else bool(_IFNAME_RE.match(text))
+            if not ok:
+                what = "an IP address or host name the other nodes reach" if key == "rdzv_address" else \
+                    "a network interface name like eth0 (ip -o link lists them)"
+                raise reader.fail(value, f, f"expected {what}, got {text!r}")
+            values[key] = text
+        elif key == "rdzv_port":
+            port = reader.scalar(value, f)
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise reader.fail(value, f, f"expected a TCP port (1-65535), got {port!r}")
+            values[key] = port
+        elif key == "connect_timeout":
+            t = reader.number(value, f)
+            if t <= 0:
+                raise reader.fail(value, f, "expected a positive number of seconds")
+            values[key] = t
+        else:
+            raise reader.unknown(key_node, f, _HOST_KEYS)
+    if name != LOCAL and not values.get("address"):
+        raise reader.fail(
+            name_node, f"hosts.{name}.address", "missing; expected an ~/.ssh/config alias or user@host[:port]"
+        )
+    if name == LOCAL and values.get("address"):
+        raise reader.fail(name_node, "hosts.local.address", "the host 'local' is this machine and takes no address")
+    return replace(base, **values)
+
+
+def _parse_job(
+    reader: _Reader, name: str, node: yaml.Node, base: JobConfig | None, name_node: yaml.Node
+) -> JobConfig:
+    keys = {key: (key_node, value) for key, key_node, value in reader.mapping(node, f"jobs.{name}")}
+    for key, (key_node, _value) in keys.items():
+        if key not in _JOB_KEYS:
+            raise reader.unknown(key_node, f"jobs.{name}.{key}", _JOB_KEYS)
+    kind = _job_kind(reader, name, keys, base)
+    values: dict[str, Any] = {"kind": kind} if "kind" in keys else {}
+    for key, (key_node, value) in keys.items():
+        f = f"jobs.{name}.{key}"
+        allowed = _KIND_ONLY.get(key, JOB_KINDS)
+        if kind not in allowed:
+            raise reader.fail(key_node, f, f"not for a {kind} job (only {', '.join(allowed)} jobs take it)")
+        if key == "module" and "script" in keys:
+            raise reader.fail(key_node, f, "give script: or module:, not both")
+        if key != "kind":
+            values.update(_job_value(reader, kind, key, f, value))
+    if kind == "cargo" and not (values.get("example") or (base and base.example)):
+        raise reader.fail(name_node, f"jobs.{name}.example", "a cargo job needs `example:` (the --example to build)")
+    if kind == "command" and "command" not in keys:
+        raise reader.fail(name_node, f"jobs.{name}.command",
+                          "a command job needs `command:`, a list like [bash, devops/train.sh]")
+    values["lines"] = {"job": _line(name_node), **{key: _line(kn) for key, (kn, _v) in keys.items()}}
+    start = base if base is not None and base.kind == kind else JobConfig(name=name, kind=kind)
+    return replace(start, **values)
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _job_kind(reader: _Reader, name: str, keys: Mapping[str, tuple[yaml.Node, yaml.Node]],
+              base: JobConfig | None) -> str:
+    """`kind:` as written, else what the keys say; `kind: python` without script:/module: is the
+    built-in trainer, as it was before the kinds existed (docs/architecture.md, "Config")."""
+    if "kind" in keys:
+        kind = reader.choice(keys["kind"][1], f"jobs.{name}.kind", JOB_KINDS)
+        if kind == "python" and "script" not in keys and "module" not in keys:
+            return "trainer"
+        return kind
+    if "script" in keys or "module" in keys:
+        return "python"
+    if "command" in keys:
+        return "command"
+    return base.kind if base is not None else "trainer"
+
+
+def _job_value(reader: _Reader, kind: str, key: str, f: str, value: yaml.Node) -> dict[str, Any]:
+    """One key of a job as JobConfig field(s)."""
+    if key in ("export", "example", "artifact", "toolchain", "tch_version", "crate"):
+        text = reader.string(value, f, nullable=key in ("export", "example", "artifact"))
+        if text is not None and (not text or text.startswith("-")):
+            raise reader.fail(value, f, "expected a non-empty value that does not start with '-'")
+        return {key: text}
+    if key == "bypass_version_check":
+        return {key: reader.boolean(value, f)}
+    if key == "env":
+        return {key: _job_env(reader, f, value)}
+    if key == "args":
+        return {key: _job_args(reader, kind, f, value)}
+    if key == "script":
+        return {key: _repo_path(reader, f, value)}
+    if key == "module":
+        module = reader.string(value, f) or ""
+        if not _MODULE_RE.match(module):
+            raise reader.fail(value, f, f"expected a dotted module name like train.ppo, got {module!r}")
+        return {key: module}
+    if key == "command":
+        return {key: _job_command(reader, f, value)}
+    if key == "requirements":
+        if isinstance(value, yaml.ScalarNode):
+            return {"requirements_file": _repo_path(reader, f, value)}
+        expected = "a requirements file or a list of pip specs like [gymnasium>=1.0]"
+        return {key: tuple(_words(reader, f, value, expected, pip=True))}
+    if key == "nproc":
+        n = reader.scalar(value, f)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise reader.fail(value, f, f"expected a number of processes (an integer >= 1), got {_pytype(n)}")
+        return {key: n}
+    if key == "artifacts":
+        return {key: tuple(_repo_path(reader, f, item) for item in _items(reader, f, value, "a list of globs"))}
+    if key == "metrics":
+        return {key: _job_metrics(reader, f, value)}
+    return {key: _job_objective(reader, f, value)}
+
+
+def _job_env(reader: _Reader, f: str, node: yaml.Node) -> dict[str, str]:
+    from thrust_remote.core.names import valid_env_key
+
+    env = {}
+    for k, k_node, v in reader.mapping(node, f):
+        if not valid_env_key(k):
+            raise reader.fail(k_node, f"{f}.{k}", "not a valid environment variable name")
+        scalar = reader.scalar(v, f"{f}.{k}")
+        if isinstance(scalar, dict | list):
+            raise reader.fail(v, f"{f}.{k}", "expected a string")
+        env[k] = "" if scalar is None else str(scalar)
+    return env
+
+
+def _job_args(reader: _Reader, kind: str, f: str, node: yaml.Node) -> Mapping[str, Any] | tuple[str, ...]:
+    """cargo: a list; python: a list (passed as is) or a mapping (--key value); trainer: a mapping."""
+    if isinstance(node, yaml.SequenceNode) and kind == "cargo":
+        return tuple(str(reader.scalar(item, f)) for item in node.value)
+    if isinstance(node, yaml.SequenceNode) and kind == "python":
+        return tuple(_words(reader, f, node, "a list of arguments"))
+    if kind == "cargo":
+        raise reader.fail(node, f, f"a cargo job takes a list of arguments, got {_kind(node)}")
+    if kind == "trainer" and isinstance(node, yaml.SequenceNode):
+        raise reader.fail(node, f, "the built-in trainer takes a mapping of flags like {total-steps: 1000}; "
+                                   "a list of arguments is for your own code: add script: or module:")
+    args = {}
+    for k, k_node, v in reader.mapping(node, f):
+        if not valid_id(k) or k.startswith("-"):
+            raise reader.fail(k_node, f"{f}.{k}", "flag names are plain words like total-steps")
+        args[k] = reader.scalar(v, f"{f}.{k}")
+    return args
+
+
+def _job_command(reader: _Reader, f: str, node: yaml.Node) -> tuple[str, ...]:
+    """A list only: a string would need a shell's rules (quotes, $VAR, &&, globs) that no split
+    applies faithfully; the list is the argv that runs, as is (docs/architecture.md, "Config")."""
+    if isinstance(node, yaml.ScalarNode) and isinstance(reader.scalar(node, f), str):
+        import shlex
+
+        try:
+            example = yaml.safe_dump(shlex.split(node.value), default_flow_style=True, width=10**6).strip()
+        except ValueError:
+            example = "[bash, train.sh]"
+        raise reader.fail(node, f, f"expected a list (the argv, run as is, no shell), got a string; write it "
+                                   f"as {example}, or [bash, -c, '...'] for shell syntax")
+    words = _words(reader, f, node, "a list like [bash, devops/train.sh]")
+    if not words:
+        raise reader.fail(node, f, "expected a non-empty list like [bash, devops/train.sh]")
+    if words[0].startswith("-"):
+        raise reader.fail(node, f, "the program (the first item) may not start with '-'")
+    return tuple(words)
+
+
+def _items(reader: _Reader, f: str, node: yaml.Node, expected: str) -> list[yaml.Node]:
+    if not isinstance(node, yaml.SequenceNode):
+        raise reader.fail(node, f, f"expected {expected}, got {_kind(node)}")
+    return list(node.value)
+
+
+def _words(reader: _Reader, f: str, node: yaml.Node, expected: str, *, pip: bool = False) -> list[str]:
+    """A list of single values (strings or numbers) as strings; `pip`: each a requirement, no option."""
+    out = []
+    for item in _items(reader, f, node, expected):
+        value = reader.scalar(item, f)
+        if value is None or isinstance(value, bool):
+            raise reader.fail(item, f, f"expected a string (quote it), got {_pytype(value)}")
+        text = str(value)
+        if pip and (not text.strip() or text.startswith("-") or "\n" in text):
+            raise reader.fail(item, f, f"expected a pip requirement like numpy>=1.26, got {text!r}")
+        out.append(text)
+    return out
+
+
+def _repo_path(reader: _Reader, f: str, node: yaml.Node) -> str:
+    """A path (or a glob) relative to the checkout, staying inside it."""
+    text = reader.string(node, f) or ""
+    parts = text.replace("\\", "/").split("/")
+    if not text.strip() or text.startswith(("-", "/", "~")) or ".." in parts or "\n" in text:
+        raise reader.fail(node, f, f"expected a path inside the repository (relative, no '..'), got {text!r}")
+    return text
+
+
+def _job_metrics(reader: _Reader, f: str, node: yaml.Node) -> dict[str, str]:
+    out = {}
+    for k, k_node, v in reader.mapping(node, f):
+        if k != "tensorboard":
+            raise reader.unknown(k_node, f"{f}.{k}", ("tensorboard",))
+        out[k] = _repo_path(reader, f"{f}.{k}", v)
+    return out
+
+
+def _job_objective(reader: _Reader, f: str, node: yaml.Node) -> dict[str, str]:
+    if not isinstance(node, yaml.MappingNode):
+        raise reader.fail(node, f, f"expected {{metric: NAME, mode: max|min}}, got {_kind(node)}")
+    out: dict[str, str] = {}
+    for k, k_node, v in reader.mapping(node, f):
+        if k == "metric":
+            metric = reader.string(v, f"{f}.metric") or ""
+            if not metric.strip() or "\n" in metric:
+                raise reader.fail(v, f"{f}.metric", "expected a metric name like charts/episodic_return")
+            out[k] = metric
+        elif k == "mode":
+            out[k] = reader.choice(v, f"{f}.mode", ("max", "min"))
+        else:
+            raise reader.unknown(k_node, f"{f}.{k}", ("metric", "mode"))
+    for needed in ("metric", "mode"):
+        if needed not in out:
+            raise reader.fail(node, f"{f}.{needed}", "missing; expected {metric: NAME, mode: max|min}")
+    return out
+
+
+def _parse_search(reader: _Reader, job: str, node: yaml.Node) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for param, p_node, spec in reader.mapping(node, f"search.{job}"):
+        f = f"search.{job}.{param}"
+        if not valid_id(param):
+            raise reader.fail(p_node, f, "parameter names are plain words like learning-rate")
+        keys = {k: (kn, v) for k, kn, v in reader.mapping(spec, f)}
+        if "choices" in keys:
+            extra = set(keys) - {"choices"}
+            if extra:
+                raise reader.fail(keys[sorted(extra)[0]][0], f"{f}.{sorted(extra)[0]}", "not allowed with choices")
+            choices_node = keys["choices"][1]
+            if not isinstance(choices_node, yaml.SequenceNode) or not choices_node.value:
+                raise reader.fail(choices_node, f"{f}.choices", "expected a non-empty list")
+            out[param] = {"choices": reader.plain(choices_node, f)}
+            continue
+        for k, (kn, _v) in keys.items():
+            if k not in ("low", "high", "log", "step"):
+                raise reader.unknown(kn, f"{f}.{k}", ("low", "high", "log", "step", "choices"))
+        if "low" not in keys or "high" not in keys:
+            raise reader.fail(spec, f, "expected {low: X, high: Y[, log: true]} or {choices: [...]}")
+        low = reader.number(keys["low"][1], f"{f}.low")
+        high = reader.number(keys["high"][1], f"{f}.high")
+        if not low < high:
+            raise reader.fail(keys["high"][1], f"{f}.high", f"must be greater than low ({low})")
+        entry: dict[str, Any] = {"low": reader.plain(keys["low"][1], f), "high": reader.plain(keys["high"][1], f)}
+        if "log" in keys:
+            entry["log"] = reader.boolean(keys["log"][1], f"{f}.log")
+            if entry["log"] and low <= 0:
+                raise reader.fail(keys["low"][1], f"{f}.low", "a log scale needs low > 0")
+        if "step" in keys:
+            entry["step"] = reader.plain(keys["step"][1], f)
+        out[param] = entry
+    return out
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return f"{node.value!r}"
+
+
+def _pytype(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    return f"{type(value).__name__} {value!r}"

@@ -1,0 +1,35 @@
+"""The exact thrust-remote command a hint tells the user to run.
+
+A hint that names a command must act on the same host and the same thrust.yaml as the command that
+printed it: `thrust-remote stop RUN_ID` alone would act on the default host (docs/architecture.md,
+"Exit codes"). So every such hint is built here, with `--host NAME` and, when the user
+named a config file (`--config` / THRUST_CONFIG), the global `--config PATH` before the subcommand.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from thrust_remote.core.config import HostConfig
+
+PROG = "thrust-remote"
+
+
+def command_hint(command: str, *args: str, host: HostConfig | str | None = None,
+                 config: str | Path | None = None) -> str:
+    """`thrust-remote [--config PATH] COMMAND ARGS... [--host NAME]`, quoted for a POSIX shell.
+
+    `host` is a host name or a HostConfig; a HostConfig also brings the config path the user gave
+    (HostConfig.config_path) unless `config` is passed. Placeholders such as RUN_ID stay as they are.
+    """
+    name = host.name if isinstance(host, HostConfig) else host
+    if config is None and isinstance(host, HostConfig):
+        config = host.config_path
+    argv = [PROG]
+    if config:
+        argv += ["--config", str(config)]
+    argv += [*command.split(), *args]
+    if name:
+        argv += ["--host", name]
+    return shlex.join(argv)

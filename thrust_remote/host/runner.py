@@ -1,0 +1,480 @@
+"""The `Runner` protocol: run an argv, move files, on this machine or on a host over SSH.
+
+Every capability (doctor, sync, train, optimize) is written against `Runner` and never knows which
+implementation it holds. `LocalRunner` uses subprocess without a shell; `SSHRunner` (thrust_remote/host/ssh/)
+builds the remote command line with `shlex.join`, so an argument is always exactly one argument.
+
+The command loop is written once (`drive`), as invoke's Runner does: each runner only starts its
+command and supplies the `Process` hooks (read what arrived, exit status, liveness, kill).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import queue
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
+
+from thrust_remote.core.errors import ConnectionLostError, ThrustError, TransferError, UsageError
+from thrust_remote.core.names import valid_env_key
+
+# A stream callback receives ("out" | "err", one line without its newline).
+StreamCallback = Callable[[str, str], None]
+# A byte callback receives ("out" | "err", a chunk exactly as it arrived): for byte-exact copies.
+BytesCallback = Callable[[str, bytes], None]
+
+TIMEOUT_EXIT = 124  # what coreutils' timeout(1) returns; scripts already know it
+
+
+@dataclass
+class RunResult:
+    """What a command did. A non-zero exit is data, not an exception: callers decide."""
+
+    argv: list[str]
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def check(self, what: str | None = None) -> RunResult:
+        """Raise a ThrustError (exit 1) carrying stderr's tail unless the command succeeded."""
+        if not self.ok:
+            label = what or shlex.join(self.argv[:3])
+            tail = (self.stderr or self.stdout).strip().splitlines()[-5:]
+            detail = ("\n" + "\n".join(tail)) if tail else ""
+            raise ThrustError(f"{label} failed with exit code {self.exit_code}{detail}")
+        return self
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Where commands run. `name` is the host's name as the user wrote it (`local` for this machine)."""
+
+    name: str
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stream: StreamCallback | None = None,
+        stdin: bytes | None = None,
+        on_bytes: BytesCallback | None = None,
+    ) -> RunResult:
+        """Run argv (never through a shell). `stream` gets lines as they arrive; `on_bytes` gets raw
+        chunks instead (then stdout/stderr are not kept in the result)."""
+        ...
+
+    def put(self, local: str | os.PathLike[str], remote: str) -> str:
+        """Copy a local file to `remote` (verified, atomic); returns its sha256."""
+        ...
+
+    def get(self, remote: str, local: str | os.PathLike[str]) -> str:
+        """Copy `remote` to a local file (verified, atomic); returns its sha256."""
+        ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def home(self) -> str:
+        """The home directory where `~` in a path points."""
+        ...
+
+    def read_text(self, path: str) -> str | None:
+        """A file's text, or None when it does not exist."""
+        ...
+
+    def write_text(self, path: str, text: str) -> None:
+        """Write a file atomically (verified copy, then rename), owner-only, parents made as needed."""
+        ...
+
+    def makedirs(self, path: str) -> None:
+        """`mkdir -p` on the runner's side."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class FileOps:
+    """The file operations every capability needs, written once on top of `run` and `put`.
+
+    write_text goes through `put`, so it is atomic and verified on both runners and needs no shell
+    snippet on the host; the temporary file is 0600, and put keeps that mode.
+    """
+
+    name: str
+
+    if TYPE_CHECKING:  # provided by the runner itself
+        def run(self, argv: Sequence[str], **kwargs: object) -> RunResult: ...
+        def put(self, local: str | os.PathLike[str], remote: str) -> str: ...
+
+    def read_text(self, path: str) -> str | None:
+        result = self.run(["cat", "--", path])
+        if result.ok:
+            return result.stdout
+        if "No such file" in result.stderr:
+            return None
+        result.check(f"read {path} on {self.name}")
+        return None
+
+    def write_text(self, path: str, text: str) -> None:
+        with tempfile.TemporaryDirectory(prefix="thrust-write-") as tmp:
+            local = os.path.join(tmp, "data")
+            fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            self.put(local, path)
+
+    def makedirs(self, path: str) -> None:
+        self.run(["mkdir", "-p", "--", path]).check(f"mkdir -p {path} on {self.name}")
+
+
+def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """Env keys must be plain identifiers; values may be anything (they are always quoted)."""
+    out: dict[str, str] = {}
+    for key, value in (env or {}).items():
+        if not valid_env_key(key):
+            raise UsageError(f"environment variable name {key!r} is not a valid identifier")
+        if "\0" in str(value):
+            raise UsageError(f"environment variable {key} contains a NUL byte")
+        out[key] = str(value)
+    return out
+
+
+def check_argv(argv: Sequence[str]) -> list[str]:
+    args = [str(a) for a in argv]
+    if not args:
+        raise UsageError("empty command")
+    if any("\0" in a for a in args):
+        raise UsageError("a command argument contains a NUL byte")
+    return args
+
+
+def expand_home(path: str, home: str) -> str:
+    """`~` and `~/x` relative to the runner's home (no `~user`: that is a name we would not validate)."""
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return home.rstrip("/") + path[1:]
+    return path
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class _LineSplitter:
+    """Turns chunks into lines for a StreamCallback, keeping the partial line until it completes."""
+
+    def __init__(self, name: str, callback: StreamCallback | None, raw: BytesCallback | None = None) -> None:
+        self.name = name
+        self.callback = callback
+        self.raw = raw
+        self.pending = b""
+        self.chunks: list[bytes] = []
+
+    def feed(self, data: bytes) -> None:
+        if self.raw is not None:
+            self.raw(self.name, data)
+            return  # a byte consumer keeps what it needs; do not hold a copy of a long log
+        self.chunks.append(data)
+        if self.callback is None:
+            return
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            self.callback(self.name, line.decode("utf-8", "replace"))
+
+    def close(self) -> str:
+        if self.callback is not None and self.pending:
+            self.callback(self.name, self.pending.decode("utf-8", "replace"))
+            self.pending = b""
+        return b"".join(self.chunks).decode("utf-8", "replace")
+
+
+class LinkLost(Exception):  # noqa: N818 - an event the loop turns into ConnectionLostError
+    """Raised by a Process hook: the link died under the command, no exit status will come."""
+
+
+class Process(Protocol):
+    """One started command, as `drive` sees it: the hooks each runner writes (docs/architecture.md,
+    "Runners"). The loop itself (timeouts, line splitting, liveness, the result) is `drive`."""
+
+    # True when the command runs under the host's timeout(1): the loop waits a grace period past
+    # the deadline for it, and exit 124 under a timeout means "timed out". Else the loop kills.
+    host_enforces_timeout: bool
+
+    def read(self, wait: float) -> list[tuple[str, bytes]]:
+        """The output that arrived, as ("out" | "err", chunk) in order; waits up to `wait` s for some."""
+        ...
+
+    def exit_code(self) -> int | None:
+        """The exit status once the command ended and its output was read; else None. LinkLost if none
+        will ever come."""
+        ...
+
+    def alive(self) -> bool:
+        """After `liveness_timeout` s of silence: does the other end still answer?"""
+        ...
+
+    def kill(self) -> None:
+        """The deadline passed: end the command (what it printed so far is still read once)."""
+        ...
+
+    def lost(self) -> None:
+        """The link died (LinkLost): forget it, so the next command starts afresh."""
+        ...
+
+
+TIMEOUT_GRACE_S = 15.0  # past the deadline, how long the host's timeout(1) gets to end a command
+POLL_S = 0.5
+
+
+def drive(
+    process: Process,
+    args: list[str],
+    *,
+    name: str,
+    started: float,
+    timeout: float | None,
+    stream: StreamCallback | None,
+    on_bytes: BytesCallback | None,
+    liveness_timeout: float | None,
+) -> RunResult:
+    """Run the command loop over a started process: read and split output until it ends, enforce the
+    timeout (exit 124), probe a silent link, and raise ConnectionLostError (75) if it dies."""
+    splitters = {"out": _LineSplitter("out", stream, on_bytes), "err": _LineSplitter("err", stream, on_bytes)}
+    grace = TIMEOUT_GRACE_S if process.host_enforces_timeout else 0.0
+    deadline = None if timeout is None else started + timeout + grace
+    quiet_since = time.monotonic()
+    try:
+        while True:
+            wait = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
+            chunks = process.read(wait)
+            for which, data in chunks:
+                splitters[which].feed(data)
+            code = process.exit_code()
+            if code is not None:
+                break
+            now = time.monotonic()
+            if chunks:
+                quiet_since = now
+            elif liveness_timeout is not None and now - quiet_since > liveness_timeout:
+                if not process.alive():
+                    raise LinkLost
+                quiet_since = time.monotonic()
+            if deadline is not None and now >= deadline:
+                process.kill()
+                for which, data in process.read(0):
+                    splitters[which].feed(data)
+                out, err = (s.close() for s in splitters.values())
+                return RunResult(args, TIMEOUT_EXIT, out, err, now - started, True)
+    except LinkLost:
+        process.lost()
+        out, _err = (s.close() for s in splitters.values())
+        exc = ConnectionLostError(
+            f"connection to {name} lost while running {shlex.join(args[:3])}",
+            "the command may still be running on the host",
+        )
+        exc.partial_stdout = out  # type: ignore[attr-defined]
+        raise exc from None
+    out, err = (s.close() for s in splitters.values())
+    timed_out = process.host_enforces_timeout and timeout is not None and code == TIMEOUT_EXIT
+    return RunResult(args, code, out, err, time.monotonic() - started, timed_out)
+
+
+class _LocalProcess:
+    """A subprocess: two threads pump its pipes into a queue that `read` empties."""
+
+    host_enforces_timeout = False
+    PIPE_GRACE_S = 5.0  # after the process exits, how long a child that kept its pipes gets
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: str | None, stdin: bytes | None) -> None:
+        self.proc = subprocess.Popen(  # noqa: S603 - argv, no shell
+            args,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # so a timeout can kill the whole group
+        )
+        self.queue: queue.SimpleQueue[tuple[str, bytes | None]] = queue.SimpleQueue()
+        self.open_pipes = 2
+        self.exited_at: float | None = None
+        self.pumps = [threading.Thread(target=self._pump, args=(pipe, which), daemon=True)
+                      for pipe, which in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
+        for t in self.pumps:
+            t.start()
+        if stdin is not None:
+            assert self.proc.stdin is not None
+            try:
+                self.proc.stdin.write(stdin)
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def _pump(self, pipe: IO[bytes], which: str) -> None:
+        for chunk in iter(lambda: pipe.read1(65536), b""):  # type: ignore[attr-defined]
+            self.queue.put((which, chunk))
+        self.queue.put((which, None))  # this pipe is at EOF
+
+    def read(self, wait: float) -> list[tuple[str, bytes]]:
+        if self.open_pipes == 0:  # nothing more will come: wait for the exit instead
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=wait)
+            return []
+        chunks: list[tuple[str, bytes]] = []
+        try:
+            item = self.queue.get(timeout=wait) if wait > 0 else self.queue.get_nowait()
+            while True:
+                which, data = item
+                if data is None:
+                    self.open_pipes -= 1
+                else:
+                    chunks.append((which, data))
+                item = self.queue.get_nowait()
+        except queue.Empty:
+            return chunks
+
+    def exit_code(self) -> int | None:
+        returncode = self.proc.poll()
+        if returncode is None:
+            return None
+        now = time.monotonic()
+        self.exited_at = self.exited_at or now
+        if not self.queue.empty() or (self.open_pipes and now - self.exited_at < self.PIPE_GRACE_S):
+            return None
+        return _exit_code(returncode)
+
+    def alive(self) -> bool:
+        return True
+
+    def kill(self) -> None:
+        _kill_group(self.proc)
+        self.proc.wait()
+        for t in self.pumps:
+            t.join(timeout=self.PIPE_GRACE_S)
+
+    def lost(self) -> None:
+        """A local process has no link to lose."""
+
+
+@dataclass
+class LocalRunner(FileOps):
+    """Runs on this machine with subprocess, never through a shell."""
+
+    name: str = "local"
+    _closed: bool = field(default=False, repr=False)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stream: StreamCallback | None = None,
+        stdin: bytes | None = None,
+        on_bytes: BytesCallback | None = None,
+    ) -> RunResult:
+        args = check_argv(argv)
+        full_env = {**os.environ, **check_env(env)}
+        if cwd is not None:
+            cwd = expand_home(cwd, self.home())
+        started = time.monotonic()
+        if cwd is not None and not os.path.isdir(cwd):
+            # what `cd DIR && cmd` says over SSH, so both runners report it alike
+            return RunResult(args, 1, "", f"cd: {cwd}: No such file or directory", time.monotonic() - started)
+        try:
+            process = _LocalProcess(args, full_env, cwd, stdin)
+        except FileNotFoundError:
+            return RunResult(args, 127, "", f"{args[0]}: command not found", time.monotonic() - started)
+        except PermissionError as exc:
+            return RunResult(args, 126, "", f"{args[0]}: {exc}", time.monotonic() - started)
+        except NotADirectoryError as exc:
+            return RunResult(args, 1, "", f"cd {cwd}: {exc}", time.monotonic() - started)
+        return drive(process, args, name=self.name, started=started, timeout=timeout, stream=stream,
+                     on_bytes=on_bytes, liveness_timeout=None)
+
+    def put(self, local: str | os.PathLike[str], remote: str) -> str:
+        return _copy_verified(Path(local), Path(expand_home(remote, self.home())))
+
+    def get(self, remote: str, local: str | os.PathLike[str]) -> str:
+        return _copy_verified(Path(expand_home(remote, self.home())), Path(local))
+
+    def exists(self, path: str) -> bool:
+        return Path(expand_home(path, self.home())).exists()
+
+    def home(self) -> str:
+        return os.path.expanduser("~")
+
+    def read_text(self, path: str) -> str | None:
+        try:
+            return Path(expand_home(path, self.home())).read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return None
+
+    def makedirs(self, path: str) -> None:
+        Path(expand_home(path, self.home())).mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        self._closed = True
+
+
+def _exit_code(returncode: int) -> int:
+    # subprocess reports death by signal N as -N; the shell convention (docs/architecture.md, "Exit codes") is 128+N.
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def _copy_verified(src: Path, dst: Path) -> str:
+    """Copy through `dst.part`, hashing while copying; rename only when the copy's hash matches."""
+    if not src.is_file():
+        raise TransferError(f"{src}: no such file")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    part = dst.with_name(dst.name + ".part")
+    digest = hashlib.sha256()
+    try:
+        with open(src, "rb") as fin, open(part, "wb") as fout:
+            while block := fin.read(1 << 20):
+                digest.update(block)
+                fout.write(block)
+            fout.flush()
+            os.fsync(fout.fileno())
+    except OSError as exc:
+        raise TransferError(f"copy {src} -> {dst} failed: {exc}") from exc
+    expected = digest.hexdigest()
+    actual = sha256_file(part)
+    if actual != expected:
+        raise TransferError(f"checksum mismatch copying {src} -> {dst}", "retry the command")
+    shutil.copymode(src, part)
+    os.replace(part, dst)
+    return expected

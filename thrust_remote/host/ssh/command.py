@@ -1,0 +1,101 @@
+"""A command over SSH: the one string sent to the server, and the channel as `runner.drive` sees it.
+
+- The command is built from an argv with shlex.join, env values inside that argv (`env -- K=V cmd`),
+  so nothing the user passes is ever parsed by the remote shell. It runs under `sh -c '...; exit $?'`
+  so a command killed by a signal reports 128+N (paramiko drops `exit-signal`); a channel that
+  closes without a status therefore really means the link died (exit 75).
+- A timeout is enforced by the host (`timeout -k 5 N`), so a timed-out command does not linger there.
+"""
+
+from __future__ import annotations
+
+import select
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+
+import paramiko
+from paramiko.ssh_exception import SSHException
+
+from thrust_remote.core.errors import UsageError
+from thrust_remote.host.runner import LinkLost, check_argv, check_env
+
+CHUNK = 1 << 20
+
+
+def build_remote_command(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    timeout: float | None = None,
+) -> str:
+    """The one string sent to the server. Every user value is a separately quoted word."""
+    args = check_argv(argv)
+    env_items = check_env(env)
+    cmd: list[str] = []
+    if timeout is not None:
+        # the host enforces the limit itself, so a timed-out command does not linger there
+        cmd += ["timeout", "-k", "5", f"{max(timeout, 0.001):g}"]
+    if env_items:
+        cmd += ["env", "--", *(f"{k}={v}" for k, v in env_items.items())]
+    elif "=" in args[0]:
+        raise UsageError(f"command name {args[0]!r} contains '='")
+    cmd += args
+    script = shlex.join(cmd)
+    if cwd:
+        if cwd == "~":
+            target = '"$HOME"'
+        elif cwd.startswith("~/"):
+            target = '"$HOME"/' + shlex.quote(cwd[2:])
+        else:
+            target = shlex.quote(cwd)
+        script = f"cd -- {target} && {script}"
+    # `; exit $?` keeps sh as the parent (no exec optimisation), so a signal death becomes 128+N.
+    return shlex.join(["sh", "-c", f"{script}; exit $?"])
+
+
+class ChannelProcess:
+    """The `runner.Process` hooks for a command running on an exec channel."""
+
+    host_enforces_timeout = True  # build_remote_command wraps it in timeout(1)
+    LINK_ERRORS = (SSHException, EOFError, OSError)
+
+    def __init__(self, chan: paramiko.Channel, alive: Callable[[], bool], drop: Callable[[], None]) -> None:
+        self.chan = chan
+        self.transport = chan.get_transport()
+        self.alive = alive
+        self.lost = drop
+
+    def read(self, wait: float) -> list[tuple[str, bytes]]:
+        chan = self.chan
+        if chan.closed:
+            return []
+        chunks: list[tuple[str, bytes]] = []
+        try:
+            select.select([chan], [], [], wait)
+            while chan.recv_ready():
+                chunks.append(("out", chan.recv(CHUNK)))
+            while chan.recv_stderr_ready():
+                chunks.append(("err", chan.recv_stderr(CHUNK)))
+        except self.LINK_ERRORS:
+            raise LinkLost from None
+        return chunks
+
+    def exit_code(self) -> int | None:
+        chan = self.chan
+        try:
+            drained = not chan.recv_ready() and not chan.recv_stderr_ready()
+            if (chan.exit_status_ready() and drained) or chan.closed or not self.transport.is_active():
+                # paramiko marks a channel closed without a status as "ready" with -1; our sh wrapper
+                # always sends a real status, so -1 means the link died under the command.
+                if not chan.exit_status_ready() or chan.exit_status == -1:
+                    raise LinkLost
+                code = chan.recv_exit_status()
+                chan.close()
+                return code
+        except self.LINK_ERRORS:
+            raise LinkLost from None
+        return None
+
+    def kill(self) -> None:
+        # the remote `timeout` should have ended it already; do not wait forever
+        self.chan.close()

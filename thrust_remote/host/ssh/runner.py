@@ -1,0 +1,219 @@
+"""SSHRunner: the Runner over one SSH connection, opened lazily and reused for every command and transfer.
+
+It composes the three parts of this package: `connect` (host-key policy, error mapping), the command
+loop shared with LocalRunner (`runner.drive` over a `ChannelProcess`) and a `Transfer` (the
+streaming helper, SFTP when the host cannot run it).
+
+Liveness: keepalive alone does not notice a blackholed link, so while a command is silent the runner
+asks the server for a reply (`keepalive@openssh.com`) and gives up after a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import paramiko
+from fabric import Connection
+
+from thrust_remote.core.config import HostConfig
+from thrust_remote.core.errors import ConnectionLostError, TransferError, UsageError
+from thrust_remote.core.names import Address, parse_address
+from thrust_remote.host.runner import BytesCallback, FileOps, RunResult, StreamCallback, check_argv, drive, expand_home
+from thrust_remote.host.ssh.command import ChannelProcess, build_remote_command
+from thrust_remote.host.ssh.connect import Target, connect
+from thrust_remote.host.ssh.transfer import LINK_ERRORS, SftpTransfer, StreamTransfer
+
+
+class SSHRunner(FileOps):
+    """Runner over one SSH connection, opened lazily and reused for every command and transfer."""
+
+    def __init__(
+        self,
+        name: str,
+        address: Address,
+        *,
+        identity: str | None = None,
+        known_hosts: str = "~/.ssh/known_hosts",
+        host_key_policy: str = "strict",
+        python: str = "python3",
+        connect_timeout: float = 10.0,
+        liveness_timeout: float = 10.0,
+    ) -> None:
+        self.target = Target(
+            name=name,
+            address=address,
+            identity=os.path.expanduser(identity) if identity else None,
+            known_hosts=Path(os.path.expanduser(known_hosts)),
+            host_key_policy=host_key_policy,
+            connect_timeout=connect_timeout,
+        )
+        self.name = name
+        self.address = address
+        self._python = python
+        self.connect_timeout = connect_timeout
+        # a silent command is probed after this many seconds, and declared lost after as many more
+        self.liveness_timeout = liveness_timeout
+        self._conn: Connection | None = None
+        self._home: str | None = None
+        self._lock = threading.Lock()
+        self._sftp = SftpTransfer(self)
+        self._transfer = StreamTransfer(self, fallback=self._sftp)
+
+    @classmethod
+    def from_host(cls, host: HostConfig) -> SSHRunner:
+        assert host.address is not None
+        try:
+            address = parse_address(host.address)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return cls(
+            host.name,
+            address,
+            identity=host.identity,
+            known_hosts=host.known_hosts,
+            host_key_policy=host.host_key_policy,
+            python=host.python,
+            connect_timeout=host.connect_timeout,
+        )
+
+    @property
+    def python(self) -> str:
+        """The configured python as an argv[0] (the xfer helper's): `~/...` is the host's home, since a
+        quoted argument is never expanded by the remote shell."""
+        return self._path(self._python)
+
+    # ------------------------------------------------------------------ connection
+
+    def connection(self) -> Connection:
+        with self._lock:
+            if self._conn is None or not self._conn.is_connected:
+                self._conn = connect(self.target)
+                self._sftp.reset()
+            return self._conn
+
+    def transport(self) -> paramiko.Transport:
+        return self.connection().transport
+
+    def alive(self, timeout: float | None = None) -> bool:
+        """Ask the server for a reply; False if none comes before the deadline (a dead link)."""
+        conn = self._conn
+        if conn is None or not conn.is_connected:
+            return False
+        transport = conn.transport
+        done = threading.Event()
+
+        def ask() -> None:
+            try:
+                transport.global_request("keepalive@openssh.com", wait=True)
+            except Exception:  # noqa: BLE001 - any failure here means "no answer"
+                return
+            done.set()
+
+        threading.Thread(target=ask, daemon=True).start()
+        return done.wait(self.liveness_timeout if timeout is None else timeout) and transport.is_active()
+
+    def open_channel(self, command: str) -> paramiko.Channel:
+        """A session channel running `command`. A cached connection can look alive for a moment after
+        the link died (paramiko has not read the EOF yet); nothing has started then, so one retry on
+        a fresh connection is always safe."""
+        for attempt in (1, 2):
+            transport = self.transport()
+            try:
+                chan = transport.open_session(timeout=self.connect_timeout)
+                chan.exec_command(command)
+            except LINK_ERRORS:
+                self.drop()
+                if attempt == 2:
+                    raise
+                continue
+            return chan
+        raise AssertionError("unreachable")
+
+    def drop(self) -> None:
+        """Forget the connection (and what lived on it); the next operation opens a fresh one."""
+        conn, self._conn = self._conn, None
+        self._sftp.reset()
+        if conn is not None:
+            with contextlib.suppress(Exception):  # closing a dead connection may raise anything
+                conn.close()
+
+    def close(self) -> None:
+        self.drop()
+
+    # ------------------------------------------------------------------ commands
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stream: StreamCallback | None = None,
+        stdin: bytes | None = None,
+        on_bytes: BytesCallback | None = None,
+    ) -> RunResult:
+        command = build_remote_command(argv, env, cwd, timeout)
+        args = check_argv(argv)
+        started = time.monotonic()
+        process = ChannelProcess(self._start(command, stdin), self.alive, self.drop)
+        return drive(process, args, name=self.name, started=started, timeout=timeout, stream=stream,
+                     on_bytes=on_bytes, liveness_timeout=self.liveness_timeout)
+
+    def _start(self, command: str, stdin: bytes | None) -> paramiko.Channel:
+        try:
+            chan = self.open_channel(command)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+        except LINK_ERRORS as exc:
+            self.drop()
+            raise ConnectionLostError(
+                f"connection to {self.name} lost before the command started: {exc}",
+                "check the link and run the command again",
+            ) from None
+        return chan
+
+    # ------------------------------------------------------------------ files
+
+    def sftp(self) -> paramiko.SFTPClient:
+        return self._sftp.client()
+
+    def home(self) -> str:
+        if self._home is None:
+            self._home = self._sftp.call(lambda sftp: sftp.normalize("."))
+        return self._home
+
+    def _path(self, path: str) -> str:
+        return expand_home(path, self.home()) if path.startswith("~") else path
+
+    def exists(self, path: str) -> bool:
+        target = self._path(path)
+        try:
+            self._sftp.call(lambda sftp: sftp.stat(target))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise TransferError(f"cannot stat {path} on {self.name}: {exc}") from None
+        return True
+
+    def remote_sha256(self, path: str) -> str:
+        """The sha256 of a file on the host (`xfer hash`, or sha256sum where python is missing)."""
+        return self._sftp.remote_sha256(path)
+
+    def put(self, local: str | os.PathLike[str], remote: str) -> str:
+        src = Path(local)
+        if not src.is_file():
+            raise TransferError(f"{src}: no such file")
+        return self._transfer.put(src, self._path(remote))
+
+    def get(self, remote: str, local: str | os.PathLike[str]) -> str:
+        source = self._path(remote)
+        dst = Path(local)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        return self._transfer.get(source, dst)

@@ -1,0 +1,451 @@
+"""Verified transfers over one SSH connection: the streaming helper, and SFTP when it cannot run.
+
+Both implementations keep the same promise (docs/architecture.md, "Transfers"): the bytes go to a
+`.part` file, are hashed with sha256 on both ends while they move, and the `.part` is renamed over
+the destination only when both hashes agree. A cut transfer leaves the destination untouched and
+the partial data in `.part` (exit 74).
+
+- `StreamTransfer` (the default): one python process on the host per concurrent transfer, started
+  on the first transfer and reused, reached over an exec channel. It runs the source of
+  thrust_remote/agent/xfer.py (`serve`; the protocol is in that file's docstring), which reads or
+  writes the file and hashes the same bytes as they pass. No second read of the file, no SFTP
+  request per 32 KiB (paramiko's SFTP costs ~2x the CPU), no login shell + python start-up per file
+  (root's ~/.bashrc here costs 90-300 ms a command). Concurrent transfers each take their own helper.
+- `SftpTransfer`: SFTP for the bytes and `xfer hash` (or sha256sum) on the host for the check; used
+  when the host has no python that can run the helper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Protocol, TypeVar
+
+import paramiko
+from paramiko.ssh_exception import SSHException
+
+from thrust_remote.agent import xfer
+from thrust_remote.agent.xfer import MAGIC
+from thrust_remote.core.errors import ThrustError, TransferError
+from thrust_remote.host.runner import RunResult
+from thrust_remote.host.ssh.command import build_remote_command
+
+CHUNK = 1 << 20
+STREAM_RECV = 1 << 22  # more than the channel window: BufferedPipe hands over all it holds
+LINK_ERRORS = (SSHException, EOFError, OSError)
+T = TypeVar("T")
+
+
+@functools.cache
+def xfer_source() -> str:
+    """The host side's program: agent/xfer.py as installed with this package, run with `python -c`."""
+    return Path(xfer.__file__).read_text(encoding="utf-8")
+
+
+def xfer_argv(python: str, *args: str) -> list[str]:
+    """`xfer` without uploading anything first: the agent is itself uploaded by a transfer."""
+    return [python, "-S", "-c", xfer_source(), *args]
+
+
+class Link(Protocol):
+    """What a transfer needs from the runner that owns the connection."""
+
+    name: str
+    python: str
+    liveness_timeout: float
+
+    def transport(self) -> paramiko.Transport: ...
+    def open_channel(self, command: str) -> paramiko.Channel: ...
+    def alive(self, timeout: float | None = None) -> bool: ...
+    def drop(self) -> None: ...
+    def run(self, argv: Sequence[str]) -> RunResult: ...
+
+
+class Transfer(ABC):
+    """Copy one file each way, verified and atomic; both return the file's sha256."""
+
+    @abstractmethod
+    def put(self, src: Path, target: str) -> str:
+        """Upload the local file `src` to the absolute host path `target`."""
+
+    @abstractmethod
+    def get(self, source: str, dst: Path) -> str:
+        """Download the absolute host path `source` to `dst` (whose parent exists)."""
+
+
+def _mismatch_upload(link: Link, src: Path, target: str, expected: str, actual: str) -> TransferError:
+    return TransferError(
+        f"checksum mismatch uploading {src} to {link.name}:{target}: sent {expected[:16]}…, host has {actual[:16]}…",
+        f"the destination is untouched; partial data in {target}.part; run the command again",
+    )
+
+
+def _mismatch_download(link: Link, source: str, dst: Path, theirs: str, ours: str) -> TransferError:
+    return TransferError(
+        f"checksum mismatch downloading {link.name}:{source}: host {theirs[:16]}…, received {ours[:16]}…",
+        f"{dst} is untouched; run the command again",
+    )
+
+
+def _close_quietly(chan: paramiko.Channel) -> None:
+    with contextlib.suppress(Exception):  # closing on a dead link may raise anything
+        chan.close()
+
+
+class _Helper:
+    """One helper's channel, the bytes read from it but not used yet, and how to talk to it."""
+
+    def __init__(self, chan: paramiko.Channel, alive: Callable[[], bool]) -> None:
+        self.chan = chan
+        self.alive = alive
+        self.buf = bytearray()
+        self.in_step = False  # True once an operation ended cleanly: safe to reuse
+
+    def recv(self) -> bytes | None:
+        """The next stdout block; b"" at EOF, None when the link is dead (no reply to a probe)."""
+        while True:
+            try:
+                return self.chan.recv(STREAM_RECV)
+            except TimeoutError:
+                if not self.alive():
+                    return None
+            except LINK_ERRORS:  # recv may send a window adjust on a dead link
+                return None
+
+    def send(self, data: bytes) -> bool:
+        """Send all of data; False if the host stopped reading or the link is dead."""
+        view = memoryview(data)  # slicing a view copies nothing; paramiko accepts it
+        while view:
+            try:
+                sent = self.chan.send(view)
+            except TimeoutError:
+                if self.alive():
+                    continue
+                return False
+            except LINK_ERRORS:
+                return False
+            if sent <= 0:
+                return False
+            view = view[sent:]
+        return True
+
+    def line(self) -> list[str] | None:
+        """The helper's next reply in words; None if its channel ended (or it is out of step)."""
+        while (nl := self.buf.find(b"\n")) < 0:
+            block = self.recv()
+            if not block:
+                return None
+            self.buf += block
+        line = bytes(self.buf[:nl])
+        del self.buf[:nl + 1]
+        if not line.startswith(MAGIC):
+            return None
+        return line[len(MAGIC):].decode("utf-8", "replace").split() or None
+
+    def ask(self, request: str) -> list[str] | None:
+        return self.line() if self.send(request.encode()) else None
+
+    def copy_to(self, n: int, digest: hashlib._Hash, fout: IO[bytes]) -> bool:
+        """Hash and write the helper's next n bytes; False if its channel ended first."""
+        while n > 0:
+            if self.buf:
+                block = bytes(self.buf[:n])
+                del self.buf[:n]
+            else:
+                block = self.recv()
+                if not block:
+                    return False
+                if len(block) > n:
+                    self.buf += block[n:]
+                    block = block[:n]
+            digest.update(block)
+            fout.write(block)
+            n -= len(block)
+        return True
+
+    def wait_ready(self) -> bool | None:
+        """Skip what an rc file printed before the helper: True when it is ready, False when the
+        host could not run it (the channel ended), None when the link is dead."""
+        ready = MAGIC + b"ready\n"
+        while (at := self.buf.find(ready)) < 0:
+            block = self.recv() if len(self.buf) <= 1 << 16 else b""
+            if block is None or (not block and not self.chan.get_transport().is_active()):
+                return None
+            if not block:
+                return False
+            self.buf += block
+        del self.buf[:at + len(ready)]
+        return True
+
+
+def _hex(path: str) -> str:
+    return "x" + path.encode("utf-8", "surrogateescape").hex()
+
+
+def _err_text(reply: list[str]) -> str:
+    return bytes.fromhex(reply[2]).decode("utf-8", "replace") if len(reply) > 2 else "?"
+
+
+class StreamTransfer(Transfer):
+    """Transfers through pooled `xfer serve` helpers; `fallback` when the host cannot run one."""
+
+    def __init__(self, link: Link, fallback: Transfer) -> None:
+        self.link = link
+        self.fallback = fallback
+        self._lock = threading.Lock()  # this runner's pool only, held to take or give one helper
+        self._idle: list[_Helper] = []
+        self._unusable: object = None  # the transport on which no helper could start (no python there)
+
+    def _take(self) -> _Helper | None:
+        """An idle helper on the current connection, or a new one; None if the host cannot run it."""
+        transport = self.link.transport()
+        with self._lock:
+            self._idle = [h for h in self._idle if h.chan.get_transport() is transport and not h.chan.closed
+                          and not h.chan.eof_received]
+            if self._idle:
+                return self._idle.pop()
+            if self._unusable is transport:
+                return None
+        name = self.link.name
+        try:
+            chan = self.link.open_channel(build_remote_command(xfer_argv(self.link.python, "serve")))
+            chan.settimeout(self.link.liveness_timeout)
+        except LINK_ERRORS as exc:
+            self.link.drop()
+            raise TransferError(f"cannot start a transfer on {name}: {exc}", "run the command again") from None
+        helper = _Helper(chan, self.link.alive)
+        ready = helper.wait_ready()
+        if not ready:
+            _close_quietly(chan)
+            if ready is None:
+                self.link.drop()
+                raise TransferError(f"connection to {name} lost before the transfer started", "run the command again")
+            self._unusable = chan.get_transport()
+            return None
+        return helper
+
+    def _give(self, helper: _Helper) -> None:
+        if not helper.in_step:
+            _close_quietly(helper.chan)  # the helper sees its stdin end and exits, leaving any .part
+            return
+        helper.in_step = False
+        with self._lock:
+            self._idle.append(helper)
+
+    def _lost(self, helper: _Helper, cut: str, hint: str) -> TransferError:
+        _close_quietly(helper.chan)
+        transport = helper.chan.get_transport()
+        if transport is None or not transport.is_active():
+            self.link.drop()
+            return TransferError(cut, hint)
+        return TransferError(f"{cut}: the transfer helper on the host stopped", hint)
+
+    def put(self, src: Path, target: str) -> str:
+        helper = self._take()
+        if helper is None:
+            return self.fallback.put(src, target)  # no usable python on the host
+        try:
+            return self._put(helper, src, target)
+        finally:
+            self._give(helper)
+
+    def _put(self, helper: _Helper, src: Path, target: str) -> str:
+        name, part, st = self.link.name, target + ".part", src.stat()
+        cut = f"upload of {src} to {name}:{target} was cut"
+        hint = f"the destination is untouched (partial data in {part}); run the command again"
+        reply = helper.ask(f"put {_hex(part)} {_hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n")
+        if not reply:
+            raise self._lost(helper, cut, hint)
+        if reply[0] == "err":
+            helper.in_step = True
+            raise TransferError(f"cannot write {name}:{part}: {_err_text(reply)}")
+        digest = hashlib.sha256()
+        left = st.st_size
+        try:
+            with open(src, "rb") as fin:
+                while left > 0 and (block := fin.read(min(CHUNK, left))):
+                    digest.update(block)
+                    if not helper.send(block):
+                        raise self._lost(helper, cut, hint)
+                    left -= len(block)
+        except OSError as exc:
+            raise TransferError(f"cannot read {src}: {exc}", hint) from None
+        if left:
+            raise TransferError(f"{src} shrank while it was being sent", hint)
+        expected = digest.hexdigest()
+        if not (reply := helper.ask(expected)):
+            raise self._lost(helper, cut, hint)
+        helper.in_step = True
+        if reply[0] == "err":
+            raise TransferError(f"upload of {src} to {name}:{target} failed: {_err_text(reply)}", hint)
+        actual = reply[1] if len(reply) > 1 else ""
+        if reply[0] != "ok" or actual != expected:
+            raise _mismatch_upload(self.link, src, target, expected, actual)
+        return expected
+
+    def get(self, source: str, dst: Path) -> str:
+        helper = self._take()
+        if helper is None:
+            return self.fallback.get(source, dst)  # no usable python on the host
+        try:
+            return self._get(helper, source, dst)
+        finally:
+            self._give(helper)
+
+    def _get(self, helper: _Helper, source: str, dst: Path) -> str:
+        name, part = self.link.name, dst.with_name(dst.name + ".part")
+        cut = f"download of {name}:{source} was cut"
+        hint = f"{dst} is untouched (partial data in {part}); run the command again"
+        if not (reply := helper.ask(f"get {_hex(source)}\n")):
+            raise self._lost(helper, cut, hint)
+        if reply[0] == "err":
+            helper.in_step = True
+            if reply[1:2] == ["2"]:
+                raise TransferError(f"{name}:{source}: no such file")
+            raise TransferError(f"cannot read {name}:{source}: {_err_text(reply)}")
+        digest = hashlib.sha256()
+        try:
+            with open(part, "wb") as fout:
+                complete = helper.copy_to(int(reply[1]), digest, fout)
+                if complete:
+                    fout.flush()
+                    os.fsync(fout.fileno())
+        except OSError as exc:
+            raise TransferError(f"cannot write {part}: {exc}", f"{dst} is untouched") from None
+        if not complete or not (reply := helper.line()):
+            raise self._lost(helper, cut, hint)
+        helper.in_step = True
+        if reply[0] == "short":
+            raise TransferError(f"{name}:{source} shrank while it was being read", hint)
+        actual = digest.hexdigest()
+        if reply[0] != actual:
+            raise _mismatch_download(self.link, source, dst, reply[0], actual)
+        os.replace(part, dst)
+        return actual
+
+
+class SftpTransfer(Transfer):
+    """SFTP for the bytes, a hash on the host for the check. Owns the connection's SFTP client."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self._client: paramiko.SFTPClient | None = None
+
+    def client(self) -> paramiko.SFTPClient:
+        transport = self.link.transport()  # reconnects (and resets this client) if the link is gone
+        if self._client is None:
+            try:
+                self._client = transport.open_sftp_client()
+            except LINK_ERRORS as exc:
+                raise TransferError(
+                    f"cannot open SFTP on {self.link.name}: {exc}",
+                    "the server needs the sftp subsystem (Subsystem sftp internal-sftp in sshd_config)",
+                ) from None
+        return self._client
+
+    def reset(self) -> None:
+        """Forget the client (the connection it lived on is gone)."""
+        self._client = None
+
+    def call(self, op: Callable[[paramiko.SFTPClient], T]) -> T:
+        """op(client); a dead SFTP channel on a live connection is reopened once."""
+        try:
+            return op(self.client())
+        except (EOFError, OSError) as exc:
+            if isinstance(exc, FileNotFoundError | PermissionError):
+                raise
+            self._client = None
+            return op(self.client())
+
+    def remote_sha256(self, path: str) -> str:
+        result = self.link.run(xfer_argv(self.link.python, "hash", path))
+        if result.exit_code == 127:  # no python there: coreutils will do
+            result = self.link.run(["sha256sum", "--", path])
+        if not result.ok or not result.stdout.strip():
+            raise TransferError(f"cannot hash {path} on {self.link.name}: {result.stderr.strip()}")
+        return result.stdout.split()[0]
+
+    def _mkdirs(self, path: str) -> None:
+        if not path:
+            return
+        try:
+            self.client().stat(path)
+        except FileNotFoundError:
+            self.link.run(["mkdir", "-p", "--", path]).check(f"mkdir -p {path}")
+
+    def put(self, src: Path, target: str) -> str:
+        part = target + ".part"
+        digest = hashlib.sha256()
+        try:
+            sftp = self.client()
+            self._mkdirs(os.path.dirname(target))
+            with open(src, "rb") as fin, sftp.open(part, "wb") as fout:
+                fout.set_pipelined(True)
+                while block := fin.read(CHUNK):
+                    digest.update(block)
+                    fout.write(block)
+            sftp.chmod(part, src.stat().st_mode & 0o777)
+        except ThrustError:
+            raise
+        except LINK_ERRORS as exc:
+            self.link.drop()
+            raise TransferError(
+                f"upload of {src} to {self.link.name}:{target} was cut: {exc}",
+                f"the destination is untouched (partial data in {part}); run the command again",
+            ) from None
+        expected = digest.hexdigest()
+        actual = self.remote_sha256(part)
+        if actual != expected:
+            raise _mismatch_upload(self.link, src, target, expected, actual)
+        try:
+            self.client().posix_rename(part, target)
+        except (SSHException, OSError) as exc:
+            raise TransferError(f"cannot rename {part} to {target} on {self.link.name}: {exc}") from None
+        return expected
+
+    def get(self, source: str, dst: Path) -> str:
+        part = dst.with_name(dst.name + ".part")
+        digest = hashlib.sha256()
+        remote_hash: dict[str, object] = {}
+
+        def hash_there() -> None:  # runs on its own channel while the bytes arrive
+            try:
+                remote_hash["value"] = self.remote_sha256(source)
+            except Exception as exc:  # noqa: BLE001 - reported after the transfer
+                remote_hash["error"] = exc
+
+        try:
+            sftp = self.client()
+            size = sftp.stat(source).st_size or 0
+            hasher = threading.Thread(target=hash_there, daemon=True)
+            hasher.start()
+            with sftp.open(source, "rb") as fin, open(part, "wb") as fout:
+                fin.prefetch(size)
+                while block := fin.read(CHUNK):
+                    digest.update(block)
+                    fout.write(block)
+                fout.flush()
+                os.fsync(fout.fileno())
+            hasher.join()
+        except FileNotFoundError:
+            raise TransferError(f"{self.link.name}:{source}: no such file") from None
+        except LINK_ERRORS as exc:
+            self.link.drop()
+            raise TransferError(
+                f"download of {self.link.name}:{source} was cut: {exc}",
+                f"{dst} is untouched (partial data in {part}); run the command again",
+            ) from None
+        if "error" in remote_hash:
+            err = remote_hash["error"]
+            raise err if isinstance(err, ThrustError) else TransferError(str(err))
+        actual = digest.hexdigest()
+        if remote_hash.get("value") != actual:
+            raise _mismatch_download(self.link, source, dst, str(remote_hash.get("value")), actual)
+        os.replace(part, dst)
+        return actual

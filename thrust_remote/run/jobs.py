@@ -1,0 +1,235 @@
+"""The job kinds on the launch side: the argv and the environment each kind runs with on the host,
+how `--set` / `--params` reach it, and the checks that the files a job names are in the commit that
+runs (docs/architecture.md, "Config (thrust.yaml)": the job kinds).
+
+    trainer   PYTHON -u -m trainer.train ARGS... --run-dir RUN [--export RUN/model.onnx]
+    python    PYTHON -u SCRIPT ARGS...        or   PYTHON -u -m MODULE ARGS...
+    command   COMMAND... [KEY=VALUE...]       (as is: no shell, no interpreter added)
+
+With several processes a trainer or python job runs under `PYTHON -u -m torch.distributed.run
+--standalone --nproc-per-node=N --max-restarts=0` (the same SCRIPT or `-m MODULE` after it); on
+several hosts under `--nnodes=N --node-rank=I --rdzv-backend=c10d --rdzv-endpoint=ADDR:PORT
+--rdzv-id=RUN_ID` instead of `--standalone` (Rendezvous, multinode.py).
+Every job runs with the checkout as its cwd and THRUST_RUN_ID, THRUST_RUN_DIR, THRUST_PYTHON,
+THRUST_EXPORT (when it exports), CUDA_VISIBLE_DEVICES and GPU_LIST (when GPUs are selected).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from thrust_remote.agent.protocol import MODEL, RUN_DIR_ENV
+from thrust_remote.core.config import CONFIG_NAME, JobConfig
+from thrust_remote.core.errors import ConfigError, UsageError
+from thrust_remote.host.session import HostSession, parse_json
+
+TRAINER_MODULE = "trainer.train"
+EXPORT_NAME = MODEL  # in the run directory, where fetch looks for a model
+
+
+# ------------------------------------------------------------------------------------------ arguments
+
+def arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
+    """The job's own args, then the params file, then --set; a key given twice keeps the last value.
+
+    trainer, and python with a mapping: one `--key value` each, merged (argparse keeps the last);
+    python and cargo with a list: the list as is, then `--key value` for params and --set;
+    command: `KEY=VALUE` words for params and --set (the seeds' sweep convention), after `command:`."""
+    merged: dict[str, Any] = {**params, **sets}
+    if job.kind == "command":
+        return [f"{key}={_word(value)}" for key, value in merged.items() if value is not None]
+    if isinstance(job.args, Mapping):
+        merged = {**dict(job.args), **merged}
+        return _flags(merged)
+    return [*job.args, *_flags(merged)]
+
+
+def _flags(values: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
+    for key, value in values.items():
+        if value is None or value is False:
+            continue
+        out += [f"--{key}"] if value is True else [f"--{key}", str(value)]
+    return out
+
+
+def _word(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# ------------------------------------------------------------------------------------------ argv / env
+
+def process_count(job: JobConfig, nproc: int | None, gpus: Sequence[int]) -> int:
+    """--nproc > the job's `nproc:` > one per selected GPU > 1. A command job starts its own processes."""
+    if job.kind == "command":
+        if nproc is not None and nproc > 1:
+            raise UsageError(f"--nproc {nproc}: job {job.name!r} is a command job, which starts its own processes",
+                             "drop --nproc, or pass the count in the job's `command:`")
+        return 1
+    if nproc is not None:
+        return nproc
+    return job.nproc or max(1, len(gpus))
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """One node's part of a run over several hosts: torchrun's c10d rendezvous at node 0's
+    `address:port`, keyed by the run id (docs/architecture.md, "Several hosts")."""
+
+    nnodes: int
+    node_rank: int
+    address: str  # node 0's address as every node reaches it
+    port: int
+    run_id: str
+    local_addr: str | None = None  # this node's own address as the others reach it
+    max_restarts: int = 0
+    is_host: bool = False  # this node serves the rendezvous (it has `address`)
+
+    def argv(self) -> list[str]:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        # is_host said outright: torchrun would guess it from the hostname, which every node of one
+        # machine (or every network namespace) shares; --local-addr likewise for the workers' store.
+        # No --node-rank: c10d ignores it (with a warning) and ranks the nodes by --local-addr
+        return [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={host}:{self.port}", f"--rdzv-id={self.run_id}",
+                f"--rdzv-conf=is_host={'true' if self.is_host else 'false'}",
+                *([f"--local-addr={self.local_addr}"] if self.local_addr else []),
+                f"--max-restarts={self.max_restarts}"]
+
+
+def torchrun(python: str, nproc: int, rdzv: Rendezvous | None = None) -> list[str]:
+    base = [python, "-u", "-m", "torch.distributed.run"]
+    if rdzv is not None:
+        return [*base, f"--nproc-per-node={nproc}", *rdzv.argv()]
+    # --standalone: a private rendezvous on a free port, so two runs on one host never collide
+    return [*base, "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0"]
+
+
+def job_argv(job: JobConfig, python: str, args: Sequence[str], *, run_dir: str, nproc: int,
+             export: bool = True, trainer: str | None = None, rdzv: Rendezvous | None = None) -> list[str]:
+    """The argv a trainer, python or command job runs (cargo's comes from buildenv.cargo_run_argv).
+    `trainer`: the built-in trainer's zipapp on the host (uploaded by setup), else `-m trainer.train`
+    from the checkout."""
+    if job.kind == "command":
+        return [*job.command, *args]
+    if job.kind == "python":
+        entry = [job.script] if job.script else ["-m", str(job.module)]
+        entry += list(args)
+    else:
+        entry = [trainer] if trainer else ["-m", TRAINER_MODULE]
+        entry += [*args, "--run-dir", run_dir]
+        if export:
+            entry += ["--export", f"{run_dir}/{EXPORT_NAME}"]
+    if nproc > 1 or rdzv is not None:
+        return [*torchrun(python, nproc, rdzv), *entry]  # torchrun takes `-m MODULE` and a script path alike
+    return [python, "-u", *entry]
+
+
+def exports(job: JobConfig, export: bool) -> bool:
+    """Whether this run writes a model: the trainer always (unless a trial skips it), others with `export:`."""
+    return export and (job.kind == "trainer" or (job.kind != "cargo" and job.export is not None))
+
+
+def job_env(job: JobConfig, base: Mapping[str, str], *, run_id: str, run_dir: str, python: str,
+            gpus: Sequence[int], export: bool) -> dict[str, str]:
+    """`base` (buildenv's env + the job's `env:` + extras) plus what every job is told about its run.
+
+    CUDA_VISIBLE_DEVICES and GPU_LIST (comma-separated, the seeds' sweep convention) are set only when
+    GPUs were selected (--gpus, optimize's slots); otherwise the job sees the host's GPUs as they are."""
+    env = dict(base)
+    env.update({"THRUST_RUN_ID": run_id, RUN_DIR_ENV: run_dir, "THRUST_PYTHON": python})
+    if exports(job, export):
+        env["THRUST_EXPORT"] = f"{run_dir}/{EXPORT_NAME}"
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = env["GPU_LIST"] = ",".join(str(g) for g in gpus)
+    return env
+
+
+# ------------------------------------------------------------------------------------------ files
+
+def module_paths(module: str) -> list[str]:
+    """Where a module lives in a checkout: a/b.py, a/b/__main__.py (python -m a.b), a/b/__init__.py."""
+    base = module.replace(".", "/")
+    return [f"{base}.py", f"{base}/__main__.py", f"{base}/__init__.py"]
+
+
+def _files(job: JobConfig) -> list[tuple[str, str]]:
+    """(key, path) of each file the job names that must be in the checkout."""
+    out = []
+    if job.kind == "python" and job.script:
+        out.append(("script", job.script))
+    if job.requirements_file:
+        out.append(("requirements", job.requirements_file))
+    return out
+
+
+def _missing(label: str, job: JobConfig, key: str, what: str, hint: str) -> ConfigError:
+    line = job.lines.get(key) or job.lines.get("job")
+    where = f"{label}:{line}: " if line else f"{label}: "
+    return ConfigError(f"{where}jobs.{job.name}.{key}: {what}", hint)
+
+
+def config_label(path: Path | None) -> str:
+    return str(path) if path else CONFIG_NAME
+
+
+def check_local(job: JobConfig, root: Path, label: str, *, synced: bool) -> None:
+    """Before anything is synced: each file the job names is in `root` (where it will run) and, when
+    the tree is `synced` to a host, tracked by git (untracked files are not sent, docs/architecture.md)."""
+    for key, path in _files(job):
+        if not (root / path).is_file():
+            raise _missing(label, job, key, f"{path} does not exist in {root}",
+                           f"paths in `{key}:` are relative to the repository root")
+        if synced and not _tracked(root, path):
+            raise _missing(label, job, key, f"{path} is not committed, and untracked files are not synced",
+                           f"git add {path} && git commit")
+    if job.kind == "python" and job.module and synced:
+        for path in module_paths(job.module):
+            if (root / path).is_file() and not _tracked(root, path):
+                raise _missing(label, job, "module", f"{path} (module {job.module}) is not committed, and "
+                               "untracked files are not synced", f"git add {path} && git commit")
+
+
+def _tracked(root: Path, path: str) -> bool:
+    result = subprocess.run(["git", "-C", str(root), "ls-files", "--error-unmatch", "--", path],
+                            capture_output=True)
+    return result.returncode == 0
+
+
+def check_on_host(session: HostSession, job: JobConfig, cwd: str, label: str) -> None:
+    """After the sync, before setup and launch: the files are in the host's checkout. A module not in
+    the checkout may be installed on the host (checked with its python) or come from `requirements:`."""
+    runner = session.runner
+    for key, path in _files(job):
+        if not runner.exists(f"{cwd}/{path}"):
+            raise _missing(label, job, key, f"{path} is not in the synced commit ({session.name}:{cwd})",
+                           "commit it (untracked files are not synced), and check the path")
+    if job.kind != "python" or not job.module:
+        return
+    if any(runner.exists(f"{cwd}/{path}") for path in module_paths(job.module)):
+        return
+    if job.requirements or job.requirements_file:
+        return  # the job's requirements may install it; python's own error says so otherwise
+    # the top-level name only: find_spec("a.b") imports a, and raises when a is missing
+    probe = session.agent("missing-modules", job.module.split(".")[0], timeout=60)
+    if probe.ok and parse_json(probe, "missing-modules"):
+        raise _missing(label, job, "module", f"module {job.module} is neither in the synced commit "
+                       f"({', '.join(module_paths(job.module))}) nor installed on {session.name}",
+                       "commit it, or list the package that provides it under `requirements:`")
+
+
+def check_before_sync(job: JobConfig, session: HostSession, config_root: Path, label: str) -> None:
+    """The laptop's part of the file checks: nothing synced yet, no round trip to the host."""
+    if not _files(job) and not (job.kind == "python" and job.module):
+        return
+    if session.host.is_local:  # runs in place: the files as they are, tracked or not
+        check_local(job, Path(session.paths.workdir), label, synced=False)
+        return
+    result = subprocess.run(["git", "-C", str(config_root), "rev-parse", "--show-toplevel"],
+                            capture_output=True, text=True)
+    if result.returncode == 0:  # not a repository: the sync stage says so, with its hint
+        check_local(job, Path(result.stdout.strip()), label, synced=True)

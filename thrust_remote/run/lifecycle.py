@@ -1,0 +1,332 @@
+"""A run's life over N >= 1 hosts, written once: start, follow, status, stop (docs/architecture.md,
+"The flow of one train" and "Several hosts").
+
+`train` (attached or `--detach`), `logs RUN --follow` (a reattach: after a detach, a Ctrl-C or a lost
+link) and `status`/`stop` all come here; one host is the N = 1 case of the same code: the nodes are
+checked, compared, set up and launched together (`agree` and the plan have nothing to compare or place
+for one), and the follow's peer watch has no peer to mind. So a run over several hosts reattached
+behaves as the attached one does: the other nodes watched, the node that failed first named with the
+end of its log, the same exit status. The stages themselves are pipeline.py's; what only several
+nodes need (agree, plan, rendezvous, the watch, the state over nodes) is multinode.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from thrust_remote.agent.protocol import MODEL, RUN_JSON, RunState
+from thrust_remote.core.config import Config, HostConfig, JobConfig
+from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
+from thrust_remote.fetch import artifacts
+from thrust_remote.fetch.artifacts import DirFetch
+from thrust_remote.fetch.models import FetchResult
+from thrust_remote.host.session import HostSession
+from thrust_remote.run import multinode, pipeline
+from thrust_remote.run.pipeline import Launched, Reporter, TrainOutcome, TrainRequest
+from thrust_remote.runs import control, index, scalarwatch
+
+OpenNode = Callable[[str], HostSession]  # a session on a configured host, by name
+
+
+@dataclass
+class RunNodes:
+    """A run's nodes in rank order: node 0 (rank 0's log, the checkpoints, the model) first. A node's
+    session is None when it could not be opened (a reattach to a node that does not answer)."""
+
+    run_id: str
+    names: list[str]
+    sessions: list[HostSession | None]
+
+    @property
+    def many(self) -> bool:
+        return len(self.names) > 1
+
+
+@dataclass
+class Started:
+    launched: list[Launched]  # rank order: the head (node 0) first
+    nodes: RunNodes
+
+    @property
+    def head(self) -> Launched:
+        return self.launched[0]
+
+
+# ------------------------------------------------------------------------------------------ start
+
+def arguments(request: TrainRequest) -> list[str]:
+    """The job's arguments from its config, `--params` and `--set`, checked before anything connects."""
+    sets = pipeline.parse_sets(request.sets)
+    params = pipeline.load_params(request.params_file) if request.params_file else {}
+    pipeline.check_trainer_args(request.job, sets, params)
+    return pipeline.job_arguments(request.job, sets, params)
+
+
+def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restarts: int = 0) -> None:
+    """What a run cannot be on these hosts, said before anything connects (64)."""
+    if len(hosts) > 1:
+        multinode.check_request(request, hosts)
+        if request.gpus:
+            raise UsageError("--gpus picks GPUs on one host; over several hosts every node uses its GPUs as "
+                             "CUDA_VISIBLE_DEVICES (or the host's gpus: in thrust.yaml) gives them",
+                             "drop --gpus, and give --nproc (processes per node)")
+    elif max_restarts:  # one host runs torchrun --standalone with --max-restarts=0: say so, never ignore it
+        raise UsageError(f"--max-restarts {max_restarts}: restarts are for a run over several hosts",
+                         "give two or more --host (or a group), or drop --max-restarts")
+
+
+def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession], reporter: Reporter, *,
+          max_restarts: int = 0) -> Started:
+    """Every node synced and checked, compared, set up and launched (all at once, in threads); the run
+    recorded in the local index. The nodes come back in rank order (multinode.Plan.order)."""
+    many = len(sessions) > 1
+    check_request(request, [s.host for s in sessions], max_restarts)
+    args = arguments(request)
+
+    def told(session: HostSession) -> Reporter:  # the nodes speak at once: each line names its node
+        return multinode.Prefixed(reporter, session.name) if many else reporter
+
+    checked = multinode.each(lambda s: pipeline.check(config, request.job, s, told(s), args_for_preflight=args),
+                             sessions)
+    multinode.agree(checked)
+    prepared = multinode.each(lambda c: pipeline.set_up(c, told(c.session)), checked)
+    run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
+    if many:
+        launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts)
+    else:
+        launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter)], list(sessions)
+    _remember(config, launched, reporter)
+    return Started(launched, RunNodes(run_id, [s.name for s in ranked], list(ranked)))
+
+
+def _launch_one(prepared: pipeline.Prepared, request: TrainRequest, args: Sequence[str], run_id: str,
+                reporter: Reporter) -> Launched:
+    """One host: the GPUs `--gpus` asks for, claimed on the host unless shared."""
+    session = prepared.session
+    gpus = pipeline.choose_gpus(request, prepared.report.facts,
+                                lambda: {} if request.share_gpus else control.gpus_taken(session))
+    return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
+                                    extra_env=request.extra_env, reporter=reporter,
+                                    exclusive_gpus=bool(gpus) and not request.share_gpus)
+
+
+def _remember(config: Config, launched: Sequence[Launched], reporter: Reporter) -> None:
+    """The run in the project's local index, so status/logs/stop/fetch find its host without --host."""
+    head = launched[0]
+    entry = index.IndexEntry(run_id=head.run_id, host=head.host, job=head.job, commit=head.commit,
+                             started_at=index.now(), run_dir=head.run_dir,
+                             config=str(config.path.resolve()) if config.path else None,
+                             nodes=tuple(n.host for n in launched) if len(launched) > 1 else ())
+    try:
+        index.record(config.root, entry)
+    except OSError as exc:
+        reporter.warn(f"run {head.run_id} is not in the local index ({exc}): give --host {head.host} to status, "
+                      "logs, stop and fetch")
+
+
+def train(config: Config, request: TrainRequest, sessions: Sequence[HostSession], reporter: Reporter | None = None,
+          *, max_restarts: int = 0, config_path: Path | str | None = None) -> TrainOutcome:
+    """The whole sequence: sync → preflight → setup → launch → follow → fetch, on every node given.
+    `config_path` (the --config the user gave) goes into the reattach hints."""
+    reporter = reporter or pipeline.NullReporter()
+    started = start(config, request, sessions, reporter, max_restarts=max_restarts)
+    if request.detach:
+        return TrainOutcome(started.head, None, None, 0, dict(started.head.timings))
+    return follow(config, started.nodes, started.head, request.job, reporter, fetch=request.fetch,
+                  force=request.force, config_path=config_path)
+
+
+# ------------------------------------------------------------------------------------------ follow
+
+def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | None, reporter: Reporter, *,
+           fetch: bool = True, force: bool = False, offset: int = 0, node: int = 0,
+           config_path: Path | str | None = None) -> TrainOutcome:
+    """Follow node `node`'s log (rank 0's by default) while the watch minds the other nodes; then the
+    run's state over every node and, when it FINISHED, node 0's model and artifacts (`job` None: an
+    optimize trial or a job this config lacks: nothing fetched)."""
+    followed_session = nodes.sessions[node]
+    assert followed_session is not None
+    timings = dict(head.timings)
+    with multinode.Watch(nodes.sessions, nodes.names, nodes.run_id, reporter, followed=node) as watch:
+        try:
+            followed = pipeline.follow(followed_session, nodes.run_id, reporter, offset=offset,
+                                       config_path=config_path, node=node if nodes.many else None,
+                                       scalars=scalarwatch.source_for(followed_session, nodes.run_id, job))
+        except ConnectionLostError:
+            watch.fail(node, "lost: the connection to it broke while following")
+            raise
+    status = _over_nodes_at_end(nodes, node, followed.status, watch) if nodes.many else followed.status
+    head_session = nodes.sessions[0]
+    fetched = got = None
+    if status["state"] == RunState.FINISHED and fetch and job is not None and head_session is not None:
+        fetched, got = pipeline.fetch_finished(config, head_session, head, job, status, reporter, force=force,
+                                               timings=timings)
+    job = job if job is not None and pipeline.exports_model(job) else None
+    # a run that did not finish is worth a fetch hint only when it left a model (a stopped trainer
+    # exports; a killed one usually has none); node 0 holds it
+    fetchable = job is not None and head_session is not None and (
+        status["state"] == RunState.FINISHED or head_session.runner.exists(f"{head.run_dir}/{MODEL}"))
+    return TrainOutcome(head, status, fetched, pipeline.exit_code_for(status), timings, followed.progress,
+                        fetchable=fetchable, artifacts=got)
+
+
+def _over_nodes_at_end(nodes: RunNodes, node: int, followed: dict[str, Any], watch: multinode.Watch) -> dict[str, Any]:
+    """The run's state once the followed node ended: every other node asked; a node that failed first
+    other than the followed one shows the end of its log (the followed one's was on screen); and the
+    nodes still running are stopped, FAILED for the failed one (the watch may not have seen it yet)."""
+    others = multinode.node_states([None if i == node else s for i, s in enumerate(nodes.sessions)], nodes.run_id)
+    states = [followed if i == node else st for i, st in enumerate(others)]
+    status = multinode.aggregate(nodes.names, states, watch.verdict)
+    failed = status.get("failed_node")
+    if failed and status["state"] == RunState.FAILED and watch.verdict is None:
+        multinode.stop_all([s for i, s in enumerate(nodes.sessions) if i != failed["node"]], nodes.run_id, failed)
+    if failed and failed["node"] != node and status["nodes"][failed["node"]]["state"] == RunState.FAILED:
+        session = nodes.sessions[failed["node"]]  # one that answered: a lost node has no log to give
+        failed["log_tail"] = multinode.log_tail(session, nodes.run_id) if session is not None else None
+    return status
+
+
+# ------------------------------------------------------------------------------------------ a run started before
+
+@contextmanager
+def open_nodes(session: HostSession, run_id: str, open_node: OpenNode,
+               status: dict[str, Any] | None = None) -> Iterator[tuple[RunNodes, dict[str, Any]]]:
+    """Every node of a run, from the status of the node `session` is on (its run.json lists the nodes in
+    rank order); the sessions opened here are closed at the end, `session` is the caller's. A node that
+    cannot be opened is None (the run's state shows it UNREACHABLE; a follow's watch takes it as lost)."""
+    status = status if status is not None else control.status(session, run_id)
+    names = [str(n) for n in status.get("nodes") or [session.name]]
+
+    def one(name: str) -> HostSession | None:
+        if name == session.name:
+            return session
+        try:
+            return open_node(name)
+        except ThrustError:
+            return None
+
+    sessions = multinode.each(one, names) if len(names) > 1 else [session]
+    try:
+        yield RunNodes(run_id, names, sessions), status
+    finally:
+        for s in sessions:
+            if s is not None and s is not session:
+                s.close()
+
+
+def reattach(config: Config, session: HostSession, run_id: str, open_node: OpenNode,
+             reporter: Reporter | None = None, *, node: int | None = None, offset: int = 0, fetch: bool = True,
+             force: bool = False, config_path: Path | str | None = None) -> TrainOutcome:
+    """`logs RUN --follow`: follow a run already started and end it as `train` would, over all its
+    nodes: the same watch, the same failed node named, the same fetch and exit code. `node`: the node
+    whose log is shown (default node 0's)."""
+    reporter = reporter or pipeline.NullReporter()
+    with open_nodes(session, run_id, open_node) as (nodes, status):
+        node = check_node(nodes, node)
+        head_session = nodes.sessions[0]
+        if head_session is None or nodes.sessions[node] is None:
+            down = nodes.names[node if nodes.sessions[node] is None else 0]
+            raise UnreachableError(f"run {run_id}: node {nodes.names.index(down)} ({down}) does not answer",
+                                      f"thrust-remote doctor --host {down}")
+        head_status = status if head_session is session else control.status(head_session, run_id)
+        job = _train_job(config, head_session, run_id, head_status)
+        head = Launched(run_id, head_session.paths.run(run_id), int(head_status.get("pid") or 0), head_session.name,
+                        str(head_status.get("job") or ""), head_status.get("commit"), head_session.paths, None, True,
+                        {})
+        return follow(config, nodes, head, job, reporter, fetch=fetch, force=force, offset=offset, node=node,
+                      config_path=config_path)
+
+
+def check_node(nodes: RunNodes, node: int | None) -> int:
+    """`--node I`: a node of this run (64 otherwise); default node 0."""
+    if node is None:
+        return 0
+    if node >= len(nodes.names):
+        raise UsageError(f"--node {node}: run {nodes.run_id} has {len(nodes.names)} node(s) "
+                         f"({', '.join(nodes.names)})", f"give --node 0 to {len(nodes.names) - 1}")
+    return node
+
+
+def _train_job(config: Config, session: HostSession, run_id: str, status: dict) -> JobConfig | None:
+    """The configured job a run was trained for; None for an optimize trial (run.json has `trial`:
+    it exported nothing) or a job this config no longer has."""
+    try:
+        meta = json.loads(session.runner.read_text(f"{session.paths.run(run_id)}/{RUN_JSON}") or "{}")
+    except ValueError:
+        meta = {}
+    if not isinstance(meta, dict) or "trial" in meta:
+        return None
+    return config.jobs.get(str(status.get("job") or ""))
+
+
+def status(session: HostSession, run_id: str, open_node: OpenNode) -> dict[str, Any]:
+    """`status RUN`: one host's status object, or over several hosts the run's state over its nodes
+    (every other node asked at once; docs/architecture.md, "JSON shapes")."""
+    first = control.status(session, control.check_run_id(run_id))
+    if len(first.get("nodes") or []) <= 1:
+        return first
+    with open_nodes(session, run_id, open_node, first) as (nodes, _):
+        return _state_over(nodes, session, first)
+
+
+def _state_over(nodes: RunNodes, asked: HostSession, answer: dict[str, Any]) -> dict[str, Any]:
+    """The run's state over its nodes, the node `asked` having given `answer` already."""
+    if not nodes.many:
+        return answer
+    got = multinode.node_states([None if s is asked else s for s in nodes.sessions], nodes.run_id)
+    states = [answer if s is asked else st for s, st in zip(nodes.sessions, got, strict=True)]
+    return multinode.aggregate(nodes.names, states)
+
+
+@dataclass
+class Fetched:
+    host: str  # node 0's: where the model and the artifacts came from
+    model: FetchResult | None
+    artifacts: DirFetch | None
+
+
+def fetch(config: Config, session: HostSession, run_id: str, open_node: OpenNode, reporter: Reporter, *,
+          force: bool = False) -> Fetched:
+    """`fetch RUN`: node 0's model (the job exports one) and artifacts, placed by the rules of "Kept
+    models" judged on the run's state over every node."""
+    with open_nodes(session, control.check_run_id(run_id), open_node) as (nodes, first):
+        head = nodes.sessions[0]
+        if head is None:
+            raise UnreachableError(f"run {run_id}: node 0 ({nodes.names[0]}), which holds its model, does not answer",
+                                   f"thrust-remote doctor --host {nodes.names[0]}")
+        st = _state_over(nodes, session, first)
+        job_name = st.get("job")
+        if not job_name:
+            raise ThrustError(f"run {run_id} has no job recorded")
+        job, run_dir = config.job(job_name), head.paths.run(run_id)
+        model = None
+        if pipeline.exports_model(job):
+            model = pipeline.finish(config, head, job, run_dir, run_id=run_id, status=st, force=force)
+        elif not artifacts.artifact_globs(job):
+            raise UsageError(f"job {job_name} exports no model and has no `artifacts:`: nothing to fetch",
+                             f"add `export:` or `artifacts:` under jobs.{job_name} in thrust.yaml")
+        got = pipeline.fetch_artifacts(config, head, job, run_dir, run_id, reporter)
+        return Fetched(head.name, model, got)
+
+
+def stop(session: HostSession, run_id: str, open_node: OpenNode, grace: float = 10.0,
+         ) -> list[tuple[str, dict[str, Any] | None]]:
+    """`stop RUN`: every node at once; each node's answer, None for one that cannot be reached (it
+    stops itself when it loses the others: agent/peerwatch.py)."""
+    with open_nodes(session, control.check_run_id(run_id), open_node) as (nodes, _):
+
+        def one(s: HostSession | None) -> dict[str, Any] | None:
+            if s is None:
+                return None
+            try:
+                return control.stop(s, run_id, grace)
+            except ConnectionLostError:
+                return None
+
+        answers = multinode.each(one, nodes.sessions)
+        return list(zip(nodes.names, answers, strict=True))

@@ -1,0 +1,552 @@
+"""`thrust-remote train JOB`: sync → preflight → setup → launch → follow → fetch.
+
+`train()` owns the whole sequence and reports through a Reporter; it never prints (the CLI renders,
+the overhead bench passes a silent reporter). Every stage is also a function of its own, so optimize
+(many runs from one prepared host) and tests can use them one by one. The job's config becomes one
+plain spec (buildenv.job_spec) once, in `prepare`, and that spec is what every stage and the host
+see (docs/architecture.md, "The flow of one train").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+import yaml
+
+from thrust_remote.agent.protocol import RunState
+from thrust_remote.core.config import Config, HostConfig, JobConfig
+from thrust_remote.core.errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
+from thrust_remote.core.hints import command_hint
+from thrust_remote.core.names import valid_id
+from thrust_remote.doctor import checklist
+from thrust_remote.fetch import artifacts, models
+from thrust_remote.host import payload
+from thrust_remote.host.session import HostPaths, HostSession
+from thrust_remote.run import buildenv, jobs
+from thrust_remote.run.buildenv import JobSpec
+from thrust_remote.run.gpus import host_gpus, select_gpus
+from thrust_remote.run.stages import (
+    envcheck_report,
+    preflight,
+    setup_cargo,
+    setup_python,
+    stage_cargo_artifact,
+)
+from thrust_remote.run.sync import LocalState, SyncResult, local_state, sync
+from thrust_remote.runs import control
+from thrust_remote.runs.progress import LineSplitter, RunProgress
+from thrust_remote.runs.scalarwatch import ScalarSource, ScalarWatch
+from trainer.args import parse_flag
+
+
+class Reporter(Protocol):
+    """What the pipeline tells its caller. Following a run adds four calls: `following` when the
+    log starts, `log` with its bytes exactly as the host wrote them (progress is parsed from them:
+    THRUST_METRICS lines), `metrics` with a metrics object read elsewhere (a job's TensorBoard
+    scalars, from another thread), `followed` when following ends for any reason (end, detach, lost link)."""
+
+    def step(self, message: str) -> None: ...
+    def warn(self, message: str) -> None: ...
+    def following(self, run_id: str, offset: int) -> None: ...
+    def log(self, chunk: bytes) -> None: ...
+    def metrics(self, obj: dict[str, Any]) -> None: ...
+    def followed(self) -> None: ...
+
+
+class NullReporter:
+    """Says nothing; a base for reporters that only care about some of the calls."""
+
+    def step(self, message: str) -> None:
+        pass
+
+    def warn(self, message: str) -> None:
+        pass
+
+    def following(self, run_id: str, offset: int) -> None:
+        pass
+
+    def log(self, chunk: bytes) -> None:
+        pass
+
+    def metrics(self, obj: dict[str, Any]) -> None:
+        pass
+
+    def followed(self) -> None:
+        pass
+
+
+@dataclass
+class TrainRequest:
+    job: JobConfig
+    host: HostConfig
+    gpus: str | None = None  # "N" (first N free) or "0,2" (those)
+    nproc: int | None = None  # processes under torchrun; default: one per selected GPU
+    sets: Sequence[str] = ()  # KEY=VALUE overrides of the job's args
+    params_file: Path | None = None  # YAML of parameters (optimize's best params)
+    run_id: str | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    detach: bool = False  # return once the run has started
+    share_gpus: bool = False  # --allow-shared-gpus: run on GPUs a RUNNING run holds
+    fetch: bool = True  # fetch the model when the run finished
+    force: bool = False  # place the fetched model even when it scores clearly worse than the placed one
+
+
+@dataclass
+class Launched:
+    run_id: str
+    run_dir: str
+    pid: int
+    host: str
+    job: str
+    commit: str | None
+    paths: HostPaths
+    sync: SyncResult | None
+    setup_skipped: bool
+    timings: dict[str, float]
+    spec: JobSpec = field(default_factory=dict)  # the job as the host saw it (buildenv.job_spec)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "host": self.host, "run_dir": self.run_dir, "pid": self.pid,
+                "job": self.job, "commit": self.commit}
+
+
+@dataclass
+class TrainOutcome:
+    """What `train` (or a reattach, `reattach`) did. `status` is None when detached; `fetched` None when
+    not fetched; `fetchable` False for a run that is not a train run of a configured job (an optimize
+    trial: nothing to fetch); `progress` what its log said (the last metrics, THRUST_DONE)."""
+
+    launched: Launched
+    status: dict | None
+    fetched: models.FetchResult | None
+    exit_code: int
+    timings: dict[str, float]
+    progress: RunProgress = field(default_factory=RunProgress)
+    fetchable: bool = True
+    artifacts: artifacts.DirFetch | None = None  # the job's artifacts, when fetched (fetch/artifacts.py)
+
+    def as_json(self, wall_s: float) -> dict[str, Any]:
+        """`train --json` (attached) and `logs -f --json`: docs/architecture.md, "JSON shapes"."""
+        status = self.status or {}
+        fetched = self.fetched
+        return {
+            "run_id": self.launched.run_id, "host": self.launched.host, "job": self.launched.job,
+            "commit": self.launched.commit, "run_dir": self.launched.run_dir,
+            "state": status.get("state"), "exit_code": self.exit_code, "job_exit_code": status.get("exit_code"),
+            "failed_node": status.get("failed_node"),
+            "model": str(fetched.model) if fetched else None, "manifest": str(fetched.manifest) if fetched else None,
+            "sha256": fetched.sha256 if fetched else None, "bytes": fetched.bytes if fetched else None,
+            "artifacts": self.artifacts.as_json() if self.artifacts else None,
+            **self.progress.summary(),
+            "wall_s": round(wall_s, 3), "timings": {k: round(v, 3) for k, v in self.timings.items()},
+        }
+
+
+# ------------------------------------------------------------------------------------------ args
+
+def parse_sets(sets: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        key = key.strip().removeprefix("--")
+        if not sep or not valid_id(key) or key.startswith("-"):
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE with KEY like total-steps")
+        out[key] = value
+    return out
+
+
+def load_params(path: Path) -> dict[str, Any]:
+    """A params file: a YAML mapping of trainer flag -> value (what `optimize` writes)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read params file: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("params"), dict):
+        data = data["params"]
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of parameter: value")
+    for key in data:
+        if not isinstance(key, str) or not valid_id(key) or key.startswith("-"):
+            raise ConfigError(f"{path}: {key!r} is not a parameter name")
+    return data
+
+
+def job_arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
+    """The job's own args, then the params file, then --set (last wins: argparse keeps the last);
+    a command job gets KEY=VALUE words (jobs.arguments, docs/architecture.md "Config")."""
+    return jobs.arguments(job, sets, params)
+
+
+def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+    """The built-in trainer's flags, checked here against its own table (trainer/args.py) before
+    anything is synced: an unknown name, a bad type, a value outside its choices or range is a usage
+    error (64) naming where it came from, not an argparse dump from the host and a FAILED run."""
+    if job.kind != "trainer":
+        return  # your own code's flags are its own business: it sees them as given
+    sources = [(dict(job.args), f"jobs.{job.name}.args"), (params, "--params"), (sets, "--set")]  # type: ignore[arg-type]
+    for values, where in sources:
+        for key, value in values.items():
+            if value is None or value is False:
+                continue
+            try:
+                parse_flag(str(key), "true" if value is True else str(value))
+            except ValueError as exc:
+                raise UsageError(f"{where}: {exc}",
+                                 "python -m trainer.train --help lists every flag with its range") from None
+
+
+def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int, export: bool = True, *,
+                python: str | None = None, trainer: str | None = None) -> list[str]:
+    """The built-in trainer's argv: `python` (the job's venv; default the host's `python:`) runs the
+    `trainer` zipapp uploaded by setup (default: `-m trainer.train` from the cwd's checkout);
+    jobs.job_argv has every kind's."""
+    return jobs.job_argv(JobConfig(name="trainer"), python or host.python, args, run_dir=run_dir, nproc=nproc,
+                         export=export, trainer=trainer)
+
+
+# ------------------------------------------------------------------------------------------ sequence
+
+@dataclass
+class Prepared:
+    """A host ready to run a job: synced, checked, set up. Launch any number of runs from it."""
+
+    config: Config
+    job: JobConfig
+    spec: JobSpec  # the job as the host sees it, converted once (buildenv.job_spec)
+    session: HostSession
+    report: checklist.Report
+    env: dict[str, str]
+    cwd: str
+    python: str  # the interpreter that runs the job: the job's venv python (the host's own for cargo jobs)
+    local: LocalState | None
+    sync: SyncResult | None
+    setup_skipped: bool
+    timings: dict[str, float]
+    trainer: str | None = None  # the built-in trainer's zipapp on the host (kind: trainer)
+
+    @property
+    def host(self) -> HostConfig:
+        return self.session.host
+
+    @property
+    def paths(self) -> HostPaths:
+        return self.session.paths
+
+
+def _sync_stage(config: Config, session: HostSession,
+                reporter: Reporter) -> tuple[LocalState | None, SyncResult | None]:
+    """What we run: the exact local commit (synced to a remote host; the project itself when local)."""
+    local: LocalState | None
+    try:
+        local = local_state(config.root)
+    except ThrustError:
+        if not session.host.is_local:
+            raise
+        local = None
+    if not session.host.is_local:
+        assert local is not None
+        reporter.step(f"syncing {local.commit[:12]} to {session.name}:{session.paths.workdir}")
+        result = sync(session, local, step=reporter.step,
+                      busy=lambda: [r["run_id"] for r in control.list_runs(session) if r["state"] == RunState.RUNNING])
+        for w in result.warnings:
+            reporter.warn(w)
+        return local, result
+    if local is None:
+        return None, None
+    if local.dirty:
+        reporter.warn("the working tree has uncommitted changes: they are what runs (recorded in run.json)")
+    return local, SyncResult(local.commit, "local", local.dirty, local.patch_sha256, local.untracked)
+
+
+@dataclass
+class Checked:
+    """A host synced and checked (preflight passed), not yet set up: where several nodes are compared
+    before any of them installs anything (multinode.py)."""
+
+    config: Config
+    job: JobConfig
+    spec: JobSpec
+    session: HostSession
+    report: checklist.Report
+    local: LocalState | None
+    sync: SyncResult | None
+    timings: dict[str, float]
+
+
+def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Reporter | None = None,
+            *, args_for_preflight: Sequence[str] = ()) -> Prepared:
+    """sync (remote hosts) → envcheck preflight → setup (python deps / cargo build), each timed."""
+    reporter = reporter or NullReporter()
+    return set_up(check(config, job, session, reporter, args_for_preflight=args_for_preflight), reporter)
+
+
+def check(config: Config, job: JobConfig, session: HostSession, reporter: Reporter, *,
+          args_for_preflight: Sequence[str] = ()) -> Checked:
+    """sync (remote hosts) → envcheck preflight: the host runs this commit and can run the job."""
+    spec = buildenv.job_spec(job)  # the one conversion: from here on the host's view of the job
+    label = jobs.config_label(config.path)
+    jobs.check_before_sync(job, session, config.root, label)  # a script that cannot be there: before syncing
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    local, sync_result = _sync_stage(config, session, reporter)
+    if job.kind != "cargo":
+        jobs.check_on_host(session, job, session.paths.workdir, label)
+    timings["sync"] = time.monotonic() - t0
+
+    t1 = time.monotonic()
+    reporter.step(f"checking {session.name} (envcheck)")
+    report = envcheck_report(session, spec)
+    preflight(report, spec, [*job_arguments(job, {}, {}), *args_for_preflight], session)
+    timings["preflight"] = time.monotonic() - t1
+    return Checked(config, job, spec, session, report, local, sync_result, timings)
+
+
+def set_up(checked: Checked, reporter: Reporter) -> Prepared:
+    """The job's venv (python deps, the trainer zipapp) or its cargo build, cached per host."""
+    job, session, report, sync_result = checked.job, checked.session, checked.report, checked.sync
+    t2 = time.monotonic()
+    env = dict(buildenv.build_env(report.facts, checked.spec))
+    if sync_result is not None:
+        env.setdefault("THRUST_COMMIT", sync_result.commit)
+    trainer = None
+    if job.kind == "cargo":
+        skipped = setup_cargo(session, checked.spec, report, sync_result, reporter)
+        cwd = buildenv.crate_dir(report.facts, checked.spec)
+        python = payload.python_of(session.runner, session.host)
+    else:
+        venv = setup_python(session, job, report.facts, checked.local, reporter)
+        skipped, python, trainer = venv.skipped, venv.python, venv.trainer
+        cwd = session.paths.workdir
+    timings = {**checked.timings, "setup": time.monotonic() - t2}
+    return Prepared(checked.config, job, checked.spec, session, report, env, cwd, python=python,
+                    local=checked.local, sync=sync_result, setup_skipped=skipped, timings=timings, trainer=trainer)
+
+
+def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | None = None,
+                    gpus: Sequence[int] = (), nproc: int | None = None, extra_env: Mapping[str, str] | None = None,
+                    exclusive_gpus: bool = False, reporter: Reporter | None = None, export: bool = True,
+                    meta_extra: Mapping[str, Any] | None = None, rdzv: jobs.Rendezvous | None = None) -> Launched:
+    """Start one detached run. `args` are the job's arguments (job_arguments); `gpus` become
+    CUDA_VISIBLE_DEVICES and GPU_LIST; `nproc` processes under torchrun (default: the job's `nproc:`,
+    else one per GPU); `exclusive_gpus` makes the host refuse the launch when a RUNNING run holds one of
+    them (runs of the same job and code otherwise run side by side, each in its own run dir);
+    `export=False` skips the ONNX export (seconds per run that a hyperparameter trial does not need);
+    `meta_extra` goes into run.json; `rdzv`: this node's part of a run over several hosts (multinode.py).
+    The argv and env of each kind: jobs.py (docs/architecture.md, "Config")."""
+    reporter = reporter or NullReporter()
+    t3 = time.monotonic()
+    job, session = prepared.job, prepared.session
+    run_id = control.check_run_id(run_id) if run_id else control.new_run_id(job.name)
+    run_dir = session.paths.run(run_id)
+    env = jobs.job_env(job, {**prepared.env, **(extra_env or {})}, run_id=run_id, run_dir=run_dir,
+                       python=prepared.python, gpus=gpus, export=export)
+    if job.kind == "cargo":
+        argv = [*buildenv.cargo_run_argv(prepared.report.facts, prepared.spec)[:1], *args]
+    else:
+        argv = jobs.job_argv(job, prepared.python, args, run_dir=run_dir,
+                             nproc=jobs.process_count(job, nproc, gpus), export=export, trainer=prepared.trainer,
+                             rdzv=rdzv)
+    sync_result = prepared.sync
+    meta = {
+        "argv": argv,
+        "env_keys": sorted(env),
+        # the values thrust-remote computed (CUDA_VISIBLE_DEVICES, LD_*, RUSTFLAGS...); the job's own
+        # `env:` may hold secrets (API keys): only their names are recorded
+        "env": {k: v for k, v in env.items() if k not in job.env},
+        "facts": {k: prepared.report.facts.get(k)
+                  for k in ("hostname", "python", "python_path", "torch", "cuda_available")},
+        "gpus": list(gpus),
+        **(sync_result.as_meta() if sync_result else {"commit": None}),
+        **(meta_extra or {}),
+    }
+    reporter.step(f"launching run {run_id}")
+    answer = control.launch(session, run_id=run_id, job=job.name, argv=argv, cwd=prepared.cwd, env=env,
+                         meta={**meta, "job": job.name}, claim_gpus=gpus if exclusive_gpus else ())
+    timings = {**prepared.timings, "launch": time.monotonic() - t3}
+    if sync_result is not None and sync_result.dirty and prepared.local is not None:
+        _save_patch(session, run_dir, prepared.local)
+    return Launched(run_id, run_dir, int(answer["pid"]), session.name, job.name,
+                    sync_result.commit if sync_result else None, session.paths, sync_result, prepared.setup_skipped,
+                    timings, prepared.spec)
+
+
+def choose_gpus(request: TrainRequest, facts: Mapping[str, Any], taken: Callable[[], Mapping[int, str]]) -> list[int]:
+    """`--gpus`: a list is taken as given (the host refuses GPUs a RUNNING run holds, unless
+    shared); a count picks among the GPUs no RUNNING run holds (`taken`: GPU -> run id)."""
+    spec = (request.gpus or "").strip()
+    if not spec.isdigit():
+        return select_gpus(request.gpus, facts, request.host)
+    held = taken()
+    free = [g for g in host_gpus(facts, request.host) if g not in held]
+    if held and int(spec) > len(free):
+        other = sorted(set(held.values()))[0]
+        raise ThrustError(
+            f"--gpus {spec}: {request.host.name} has {len(free)} GPU(s) free; "
+            f"{', '.join(f'GPU {g}: {r}' for g, r in sorted(held.items()))} (RUNNING)",
+            f"{control.see_or_stop(other, request.host)}; or share them with --allow-shared-gpus",
+        )
+    return select_gpus(request.gpus, facts, replace(request.host, gpus=tuple(free)) if held else request.host)
+
+
+def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".patch") as tmp:
+        tmp.write(local.patch)
+        tmp.flush()
+        session.runner.put(tmp.name, f"{run_dir}/uncommitted.patch")
+
+
+def reattach_command(run_id: str, host: HostConfig, offset: int | None = None,
+                     config_path: Path | str | None = None, node: int | None = None) -> str:
+    """`logs RUN --follow`: the progress view again and, for a train run, the fetch at its end (`node`:
+    a run over several hosts whose node `node`'s log was followed)."""
+    args = [run_id, "--follow", *(["--node", str(node)] if node else []),
+            *(["--offset", str(offset)] if offset else [])]
+    return command_hint("logs", *args, host=host, config=config_path)
+
+
+def fetch_command(run_id: str, host: HostConfig, config_path: Path | str | None = None) -> str:
+    return command_hint("fetch", run_id, host=host, config=config_path)
+
+
+@dataclass
+class Followed:
+    """A followed run's end: its status, the log offset reached and what the log said."""
+
+    status: dict
+    offset: int
+    progress: RunProgress
+
+
+def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0,
+           config_path: Path | str | None = None, scalars: ScalarSource | None = None,
+           node: int | None = None) -> Followed:
+    """Stream the log to the reporter until the run ends; with `scalars`, the job's TensorBoard
+    scalars are read on the host meanwhile (every few seconds, and at the end) as its progress.
+
+    Ctrl-C detaches (Detached, exit 75) and a lost link is ConnectionLostError (75); both carry the
+    command that reattaches from the byte offset reached, so no byte is lost or repeated (and
+    `config_path`, the --config the user gave, and `node`, the node of a run over several hosts, so the
+    command is exactly the one to type)."""
+    host = session.host
+    delivered = 0
+    lines, progress = LineSplitter(), RunProgress()
+
+    def on_bytes(chunk: bytes) -> None:
+        nonlocal delivered
+        delivered += len(chunk)  # counted first: a Ctrl-C while it is shown must not replay it
+        reporter.log(chunk)
+        for line in lines.feed(chunk):
+            progress.take(line)
+
+    def on_metrics(obj: dict[str, Any]) -> None:
+        progress.take_metrics(obj)
+        reporter.metrics(obj)
+
+    reporter.following(run_id, offset)
+    try:
+        try:
+            with _watching(session, scalars, on_metrics, reporter.warn):
+                position = control.follow_log(session, run_id, offset=offset, follow=True, on_bytes=on_bytes)
+        finally:
+            reporter.followed()
+    except KeyboardInterrupt:
+        raise Detached(
+            f"from run {run_id}; it goes on on {host.name}",
+            f"reattach with: {reattach_command(run_id, host, offset + delivered, config_path, node)}   (from where you "
+            f"left; without --offset for the whole log; stop it with: "
+            f"{command_hint('stop', run_id, host=host, config=config_path)})",
+        ) from None
+    except ConnectionLostError as exc:
+        reached = getattr(exc, "offset", offset + delivered)
+        raise ConnectionLostError(
+            f"connection to {host.name} lost while following run {run_id}; the run goes on",
+            f"reattach with: {reattach_command(run_id, host, reached, config_path, node)}",
+        ) from None
+    for line in lines.close():
+        progress.take(line)
+    return Followed(control.status(session, run_id), position, progress)
+
+
+def _watching(session: HostSession, source: ScalarSource | None, on_metrics: Callable[[dict[str, Any]], None],
+              on_warn: Callable[[str], None]) -> AbstractContextManager[Any]:
+    return ScalarWatch(session, source, on_metrics, on_warn) if source is not None else nullcontext()
+
+
+def exit_code_for(status: dict) -> int:
+    """A run's exit code as the CLI's: 0 when FINISHED, the job's own code, else 1."""
+    if status.get("state") == RunState.FINISHED:
+        return 0
+    code = status.get("exit_code")
+    if isinstance(code, int) and code != 0:
+        return code
+    return ExitCode.FAILED
+
+
+def fetch_finished(config: Config, session: HostSession, launched: Launched, job: JobConfig, status: dict,
+                   reporter: Reporter, *, force: bool, timings: dict[str, float],
+                   ) -> tuple[models.FetchResult | None, artifacts.DirFetch | None]:
+    """A FINISHED run's model (when the job exports one) and artifacts, each timed into `timings`."""
+    fetched = None
+    t0 = time.monotonic()
+    if exports_model(job):
+        reporter.step("fetching the model")
+        fetched = finish(config, session, job, launched.run_dir, spec=launched.spec, run_id=launched.run_id,
+                         status=status, force=force)
+        timings["fetch"] = time.monotonic() - t0
+    got = fetch_artifacts(config, session, job, launched.run_dir, launched.run_id, reporter)
+    if got is not None:
+        timings["artifacts"] = got.seconds
+    return fetched, got
+
+
+def fetch_artifacts(config: Config, session: HostSession, job: JobConfig, run_dir: str, run_id: str,
+                    reporter: Reporter) -> artifacts.DirFetch | None:
+    """The job's artifacts into .thrust/fetched/<run-id>/artifacts/, only what changed (fetch/artifacts.py);
+    None when the job has none. A glob that matches nothing is a warning."""
+    globs = artifacts.artifact_globs(job)
+    if not globs:
+        return None
+    reporter.step("fetching the artifacts")
+    got = artifacts.fetch_artifacts(session, run_dir, run_id, config.root, globs, warn=reporter.warn)
+    reporter.step(got.summary(config.root))
+    return got
+
+
+def exports_model(job: JobConfig) -> bool:
+    """The trainer and cargo jobs always leave a model in the run dir; your own python or command job
+    only when it says so with `export:` (it writes $THRUST_EXPORT)."""
+    return job.kind in ("trainer", "cargo") or bool(job.export)
+
+
+def export_target(config: Config, job: JobConfig) -> tuple[Path, str]:
+    """(directory, stem) where the job's model lands: job.export, else web/public/<job>.onnx."""
+    target = config.root / (job.export or f"web/public/{job.name}.onnx")
+    return target.parent, target.stem
+
+
+def finish(config: Config, session: HostSession, job: JobConfig, run_dir: str, *,
+           spec: JobSpec | None = None, run_id: str | None = None, status: Mapping[str, Any] | None = None,
+           force: bool = False) -> models.FetchResult:
+    """Fetch the run's model (verified), keep it in .thrust/fetched/<run-id>/ and place it in web/public
+    when its run FINISHED and it is not clearly worse than the placed one, or with `force`
+    (docs/architecture.md, "Kept models"). Cargo jobs fetch `artifact:`. `spec` and `status` are the
+    job's spec and the run's status when the caller has them already (train), else made here (fetch)."""
+    dest, stem = export_target(config, job)
+    run_id = run_id or PurePosixPath(run_dir).name
+    status = status if status is not None else control.status(session, run_id)
+    if job.kind == "cargo":
+        if not job.artifact:
+            raise ThrustError(f"job {job.name} has no `artifact:` to fetch", exit_code=ExitCode.USAGE)
+        stage_cargo_artifact(session, run_dir, spec or buildenv.job_spec(job))
+    run = models.RunFacts(run_id, session.name, job.name, status.get("state"), status.get("exit_code"))
+    return models.fetch_run_model(session.runner, run_dir, stem, dest, project_root=config.root, run=run,
+                                     force=force)

@@ -1,0 +1,239 @@
+"""The stages between a synced checkout and a launch: preflight (envcheck, cached) and setup
+(the job's venv with its requirements, or the cargo build), plus staging a cargo run's artifact.
+
+Each takes a HostSession and the job's plain spec (buildenv.job_spec, built once per train by the
+pipeline), and reports through the pipeline's Reporter (anything with `step`). Every remote action
+is an agent subcommand or a plain argv (docs/architecture.md, "The flow of one train").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from thrust_remote.core.config import JobConfig
+from thrust_remote.core.errors import ExitCode, ThrustError
+from thrust_remote.core.hints import command_hint
+from thrust_remote.doctor import checklist
+from thrust_remote.host import payload
+from thrust_remote.host.runner import expand_home
+from thrust_remote.host.session import HostSession, parse_json
+from thrust_remote.run import buildenv
+from thrust_remote.run.buildenv import JobSpec
+from thrust_remote.run.sync import LocalState, SyncResult
+
+# What the built-in trainer imports besides torch; torch itself is never installed by us.
+TRAINER_REQUIREMENTS = ("numpy", "onnx", "onnxruntime", "onnxscript", "gymnasium")
+CRITICAL_CHECKS = ("python", "torch-import")
+
+
+class Steps(Protocol):
+    def step(self, message: str) -> None: ...
+
+
+def preflight(report: checklist.Report, spec: JobSpec, args: Sequence[str], session: HostSession) -> None:
+    """Stop before launching when the host cannot run the job at all."""
+    host = session.host
+    # a command job brings its own interpreter and libraries: only the agent's python must be there
+    critical = ("python",) if spec.get("kind") == "command" else CRITICAL_CHECKS
+    for cid in critical:
+        try:
+            check = report.check(cid)
+        except KeyError:
+            continue
+        if check.status == "fail":
+            raise ThrustError(
+                f"{host.name}: {check.title}: {check.detail}",
+                check.fix or "run: " + command_hint("doctor", host=host),
+                ExitCode.UNAVAILABLE,
+            )
+    wants_cuda = "cuda" in [a.lower() for a in args] or "--cuda" in args
+    if wants_cuda and not report.facts.get("cuda_available"):
+        check = report.check("cuda-available")
+        raise ThrustError(
+            f"{host.name}: the job asks for CUDA but it is not available there: {check.detail}",
+            check.fix or "train on the CPU (drop --device cuda) or fix the driver: "
+            + command_hint("doctor", host=host),
+            ExitCode.FAILED,
+        )
+
+
+def envcheck_report(session: HostSession, spec: JobSpec) -> checklist.Report:
+    """checklist.run_doctor, reusing the host's cached report of a non-cargo job while nothing it depends on
+    changed (the agent's `preflight`: one short command instead of a torch import). Cargo jobs are
+    always checked afresh: their facts include the build itself."""
+    runner, host, paths = session.runner, session.host, session.paths
+    if spec.get("kind") == "cargo":
+        return checklist.run_doctor(runner, host, spec, workdir=paths.workdir)
+    extra = json.dumps([spec, checklist.payload_path(), paths.workdir], sort_keys=True)
+    probe = session.agent("preflight", "--cache-dir", paths.thrust, "--extra", extra, timeout=60)
+    cache_path = None
+    if probe.ok:
+        try:
+            doc = json.loads(probe.stdout)
+        except ValueError:
+            doc = {}
+        if "checks" in doc and "facts" in doc:
+            return checklist.Report.from_json(doc)
+        cache_path = doc.get("miss")
+    report = checklist.run_doctor(runner, host, spec, workdir=paths.workdir)
+    if cache_path and not report.failed:
+        runner.write_text(cache_path, json.dumps(report.to_json()))
+    return report
+
+
+@dataclass(frozen=True)
+class VenvSetup:
+    """What the setup stage made ready: the job's venv and, for the built-in trainer, its payload."""
+
+    python: str  # the venv's python: the interpreter that runs the job
+    venv: str
+    skipped: bool  # the venv was there already (nothing changed)
+    trainer: str | None  # the trainer zipapp on the host (kind: trainer), else None
+
+
+def is_builtin_trainer(job: JobConfig) -> bool:
+    """`kind: trainer`, or `kind: python` with neither `script:` nor `module:` (issue 11: that keeps
+    meaning the built-in trainer; those two fields come with the other job kinds)."""
+    if job.kind == "trainer":
+        return True
+    return job.kind == "python" and not job.script and not job.module
+
+
+def job_requirements(job: JobConfig) -> tuple[str, ...]:
+    """The pip specs of the job's venv: the trainer's own for the built-in trainer, then the job's."""
+    return (*(TRAINER_REQUIREMENTS if is_builtin_trainer(job) else ()), *job.requirements)
+
+
+def venv_key(session: HostSession, facts: Mapping[str, Any], specs: Sequence[str], requirements_file: str | None,
+             file_sha256: str | None) -> str:
+    """The venv's name: a hash of what it is made from (docs/architecture.md, "The run directory")."""
+    spec = {
+        "layout": 1,  # how the venv is made (agent/venv.py); bumped when that changes
+        "python": session.host.python,
+        "python_path": facts.get("python_path"),
+        "python_version": facts.get("python"),
+        "torch": facts.get("torch"),
+        "requirements": list(specs),
+        "requirements_file": [requirements_file, file_sha256],
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _file_sha256(local: LocalState | None, name: str | None) -> str | None:
+    """The requirements file's content as the laptop has it: the host's checkout is the same commit
+    plus the same patch, so its hash keys the venv without a look at the host."""
+    path = local.root / name if local and name else None
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path else None
+    except OSError:
+        return None
+
+
+def torch_release(version: object) -> str:
+    """The host torch's version as a pip pin can match it: `torch.__version__` carries a local label
+    (`2.15.0+cu132`) that a PyPI wheel's own metadata lacks (`2.15.0`), so `==2.15.0+cu132` would
+    make pip fail on the torch it already has; `==2.15.0` matches both (PEP 440 ignores the label)."""
+    return str(version or "").split("+", 1)[0]
+
+
+def setup_python(session: HostSession, job: JobConfig, facts: Mapping[str, Any], local: LocalState | None,
+                 reporter: Steps) -> VenvSetup:
+    """The job's venv under <workdir>/.thrust/venvs/<key> (agent `venv ensure`), with its requirements
+    installed: one cheap check when nothing changed. The host's torch is used as it is: the venv sees
+    the host python's packages, and pip runs with `torch==<host version>` as a constraint, so it fails
+    rather than replace it. The built-in trainer's payload is uploaded when the host lacks it."""
+    runner, paths = session.runner, session.paths
+    specs = job_requirements(job)
+    requirements = os.path.join(paths.workdir, job.requirements_file) if job.requirements_file else None
+    key = venv_key(session, facts, specs, job.requirements_file, _file_sha256(local, job.requirements_file))
+    trainer = expand_home(payload.trainer().remote, runner.home()) if is_builtin_trainer(job) else None
+    torch_version = torch_release(facts.get("torch"))
+    argv = ["venv", "ensure", "--dir", paths.venvs, "--key", key]
+    argv += ["--constraint", f"torch=={torch_version}"] if torch_version else []
+    argv += ["--requirements", requirements] if requirements else []
+    argv += ["--expect", trainer] if trainer else []
+    answer = _ensure(session, job, [*argv, "--check", "--", *specs])
+    if trainer and trainer in answer.get("missing", ()):
+        reporter.step(f"uploading the built-in trainer ({payload.trainer().sha256[:12]})")
+        payload.upload(runner, payload.trainer())
+    if answer["skipped"]:
+        reporter.step(f"setup skipped: the job's venv is up to date ({answer['venv']})")
+        return VenvSetup(answer["python"], answer["venv"], True, trainer)
+    reporter.step(f"setting up the host's python: a venv at {answer['venv']} "
+                  "(first run, or its requirements, python or torch changed)")
+    wanted = [*(["-r " + job.requirements_file] if job.requirements_file else []), *specs]
+    if wanted:
+        pinned = f" (torch pinned to {torch_version})" if torch_version else ""
+        reporter.step(f"installing {', '.join(wanted)} into it{pinned}")
+    answer = _ensure(session, job, [*argv, "--", *specs])
+    return VenvSetup(answer["python"], answer["venv"], False, trainer)
+
+
+def _ensure(session: HostSession, job: JobConfig, argv: Sequence[str]) -> dict[str, Any]:
+    """Agent `venv ensure`; a failure (exit 69) shows pip's last lines: nothing is launched."""
+    result = session.agent(*argv, timeout=3600)
+    if result.exit_code == ExitCode.UNAVAILABLE:
+        doc = parse_json(result, "venv ensure", check=False)
+        where = f"jobs.{job.name}.requirements / requirements_file"
+        raise ThrustError(
+            f"setting up the job's venv on {session.name} failed: {doc.get('error')}\n{doc.get('tail') or ''}".rstrip(),
+            f"nothing was launched; fix the requirements ({where}) or the host's python "
+            f"(hosts.{session.name}.python) and run again: the venv is made afresh",
+            ExitCode.UNAVAILABLE,
+        )
+    return parse_json(result, "venv ensure")
+
+
+def setup_cargo(session: HostSession, spec: JobSpec, report: checklist.Report, sync_result: SyncResult | None,
+                reporter: Steps) -> bool:
+    """cargo +TOOLCHAIN build --release --example X under buildenv's env; clean first when the env changed.
+
+    Skipped when the same commit/patch was already built with the same env fingerprint.
+    """
+    runner, facts = session.runner, report.facts
+    env = buildenv.build_env(facts, spec)
+    crate = buildenv.crate_dir(facts, spec)
+    fp = buildenv.fingerprint(facts, spec)
+    build_key = hashlib.sha256(
+        json.dumps([fp.get("digest"), sync_result.commit if sync_result else None,
+                    sync_result.patch_sha256 if sync_result else None, spec.get("example"),
+                    spec.get("toolchain")]).encode()
+    ).hexdigest()
+    stamp = f"{buildenv.target_dir(facts, spec)}/.thrust-build-key"
+    binary = buildenv.cargo_run_argv(facts, spec)[0]
+    if (runner.read_text(stamp) or "").strip() == build_key and runner.exists(binary):
+        return True
+    stale = report.check("stale-build")
+    if stale.status in ("fail", "warn"):
+        reporter.step(f"the build env changed since the last build ({stale.detail}): cargo clean")
+        runner.run(buildenv.cargo_clean_argv(facts, spec), env=env, cwd=crate, timeout=600).check("cargo clean")
+    build = buildenv.cargo_build_argv(facts, spec)
+    reporter.step("building: " + " ".join(build))
+    result = runner.run(build, env=env, cwd=crate, timeout=3600, stream=lambda _n, line: None)
+    if not result.ok:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
+        raise ThrustError(f"cargo build failed on {session.name} (exit {result.exit_code}):\n{tail}",
+                          "reproduce with: "
+                          + command_hint("doctor", "--job", str(spec.get("name")), host=session.host))
+    buildenv.write_fingerprint(runner, facts, spec)
+    runner.write_text(stamp, build_key)
+    return False
+
+
+def stage_cargo_artifact(session: HostSession, run_dir: str, spec: JobSpec) -> None:
+    """Copy the crate's artifact into the run dir with a manifest, so fetch treats both kinds alike.
+    The artifact path is relative to the crate in the host's workdir (never to a shell's cwd)."""
+    crate = os.path.normpath(os.path.join(session.paths.workdir, spec.get("crate") or "."))
+    src = os.path.normpath(os.path.join(crate, spec.get("artifact") or ""))
+    result = session.agent("stage-artifact", "--src", src, "--run-dir", run_dir, "--job", str(spec.get("name")))
+    if not result.ok:
+        raise ThrustError(
+            f"the cargo job's artifact {src} could not be staged on the host: {result.stderr.strip()[-300:]}",
+            f"check `artifact:` of job {spec.get('name')} (relative to the crate, {crate}) and that the run wrote it",
+        )
+

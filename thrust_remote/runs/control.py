@@ -1,0 +1,223 @@
+"""Detached runs on a host: launch, status, list, logs from a byte offset, stop.
+
+Everything that must outlive the link happens on the host, in the agent's `runs` module
+(thrust_remote/agent/supervisor.py). This module only builds its argv and reads its JSON answers, through
+a HostSession (docs/architecture.md, "The run directory" and "JSON shapes").
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from thrust_remote.agent.protocol import LOG, AgentExit, LaunchAnswer, RunState, StatusAnswer
+from thrust_remote.core.config import HostConfig
+from thrust_remote.core.errors import ConnectionLostError, ExitCode, ThrustError
+from thrust_remote.core.hints import command_hint
+from thrust_remote.host.session import HostPaths, HostSession, check_run_id, host_paths, parse_json
+
+__all__ = ["HostPaths", "HostSession", "check_run_id", "follow_log", "host_paths", "launch",
+           "HostListing", "launch_lock", "list_hosts", "list_runs", "new_run_id", "see_or_stop", "status", "stop"]
+
+
+def new_run_id(job: str) -> str:
+    return f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+def launch(
+    session: HostSession,
+    *,
+    run_id: str,
+    job: str,
+    argv: Sequence[str],
+    cwd: str,
+    env: Mapping[str, str],
+    meta: Mapping[str, object],
+    claim_gpus: Sequence[int] = (),
+) -> LaunchAnswer:
+    """Start argv detached under the supervisor; returns {"pid", "run_dir", "marker"}.
+
+    Several runs of one job may run at once, each in its own run dir. `claim_gpus`: refuse (under
+    the host's launch lock) when a RUNNING run holds one of these GPUs (docs/architecture.md)."""
+    host, paths = session.host, session.paths
+    marker = secrets.token_hex(8)
+    args = [
+        "launch",
+        "--run-dir", paths.run(run_id),
+        "--cwd", cwd,
+        "--lock", launch_lock(paths),
+        *(["--gpus", ",".join(str(g) for g in claim_gpus)] if claim_gpus else []),
+        "--marker", marker,
+        "--stdin",
+        "--", *argv,
+    ]
+    # meta and env go on stdin: a command line is world-readable (ps), env values may be secrets
+    payload = json.dumps({"meta": {"job": job, "host": host.name, **meta}, "env": dict(env)}).encode()
+    try:
+        result = session.agent(*args, timeout=60, stdin=payload)
+    except ConnectionLostError as exc:
+        raise ConnectionLostError(
+            f"connection to {host.name} lost while launching run {run_id}; it may have started",
+            f"check with: {command_hint('status', run_id, host=host)}, then "
+            f"{command_hint('logs', run_id, '--follow', host=host)}",
+        ) from exc
+    try:
+        answer = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {}
+    except ValueError:
+        answer = {}
+    _refused(answer, run_id, host)
+    if not result.ok or "pid" not in answer:
+        raise ThrustError(
+            f"could not launch {argv[0]} on {host.name}: {answer.get('error') or result.stderr.strip()[-300:]}"
+        )
+    return answer
+
+
+def launch_lock(paths: HostPaths) -> str:
+    """The host's one launch lock: held only while a launch checks for collisions and starts."""
+    return f"{paths.thrust}/locks/launch.lock"
+
+
+def see_or_stop(run_id: str, host: HostConfig | str) -> str:
+    """The exact commands that show and stop a run, with its host (a hint's tail)."""
+    return (f"see it with: {command_hint('status', run_id, host=host)}; "
+            f"stop it with: {command_hint('stop', run_id, host=host)}")
+
+
+def _refused(answer: Mapping[str, object], run_id: str, host: HostConfig) -> None:
+    """The agent's refusals (exit 3) as errors that name the other run and how to reach it."""
+    other = str(answer.get("run_id"))
+    name = host.name
+    if answer.get("error") == "exists":
+        raise ThrustError(f"run {run_id} is already running on {name}", see_or_stop(run_id, host),
+                          ExitCode.FAILED)
+    if answer.get("error") == "gpus-taken":
+        gpus = ",".join(str(g) for g in answer.get("gpus") or [])  # type: ignore[union-attr]
+        raise ThrustError(
+            f"GPU {gpus} on {name} is taken by running run {other}",
+            f"{see_or_stop(other, host)}; or choose other GPUs with --gpus, or share them with "
+            f"--allow-shared-gpus",
+            ExitCode.FAILED,
+        )
+
+
+def status(session: HostSession, run_id: str) -> StatusAnswer:
+    run_dir = session.paths.run(run_id)
+    if not session.runner.exists(run_dir):
+        raise ThrustError(
+            f"no run {run_id!r} on {session.name} (looked in {session.paths.runs})",
+            f"find it on every configured host with: "
+            f"{command_hint('runs', '--all', config=session.host.config_path)} "
+            f"(or: {command_hint('runs', host=session.host)})",
+            ExitCode.USAGE,  # a run id that names nothing is a bad value, not a failed job (1)
+        )
+    return session.agent_json("status", "status", "--run-dir", run_dir)
+
+
+def list_runs(session: HostSession, timeout: float | None = 60) -> list[StatusAnswer]:
+    return session.agent_json("runs", "list", "--runs-dir", session.paths.runs, timeout=timeout)
+
+
+def gpus_taken(session: HostSession) -> dict[int, str]:
+    """GPU index -> the RUNNING run that holds it (run.json `gpus`, what `--gpus` gave it)."""
+    taken: dict[int, str] = {}
+    for run in list_runs(session):
+        if run.get("state") == RunState.RUNNING:
+            for gpu in run.get("gpus") or []:
+                taken.setdefault(int(gpu), run["run_id"])
+    return taken
+
+
+@dataclass
+class HostListing:
+    """One host's answer to `runs --all`: its runs, or why there are none (`error`, `exit_code`)."""
+
+    host: str
+    runs: list[dict] | None = None
+    error: str | None = None
+    exit_code: int = 0
+
+
+def list_hosts(hosts: Sequence[str], open_session: Callable[[str], HostSession],
+               timeout: float) -> list[HostListing]:
+    """Every host's runs, listed in parallel, one thread per host, in the order given. A host that
+    fails, or has not answered within `timeout` seconds (connecting included), is a listing with
+    an error. Threads still waiting on a dead host are daemons: they never hold up the exit."""
+    results: dict[str, HostListing] = {}
+    guard = threading.Lock()
+
+    def one(name: str) -> None:
+        try:
+            session = open_session(name)
+            try:
+                items = list_runs(session, timeout=timeout)
+            finally:
+                session.runner.close()
+            listing = HostListing(name, runs=[{**r, "host": name} for r in items])
+        except ThrustError as exc:
+            listing = HostListing(name, error=exc.message, exit_code=exc.exit_code)
+        except Exception as exc:  # a thread's failure must reach the caller as data, not vanish
+            listing = HostListing(name, error=f"{type(exc).__name__}: {exc}", exit_code=ExitCode.FAILED)
+        with guard:
+            results[name] = listing
+
+    threads = [threading.Thread(target=one, args=(h,), name=f"runs-{h}", daemon=True) for h in hosts]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with guard:
+        return [results.get(h) or HostListing(h, error=f"no answer within {timeout:g} s",
+                                              exit_code=ExitCode.UNAVAILABLE) for h in hosts]
+
+
+def stop(session: HostSession, run_id: str, grace: float = 10.0, *,
+         peer_failed: Mapping[str, object] | None = None) -> dict:
+    """TERM the run's process group, KILL after `grace`. `peer_failed` ({node, host, why}): a node of a
+    run over several hosts stopped because that node failed; it ends FAILED, not STOPPED."""
+    status(session, run_id)  # a clear error for an unknown id
+    extra = ["--peer-failed", json.dumps(dict(peer_failed))] if peer_failed else []
+    result = session.agent("stop", "--run-dir", session.paths.run(run_id), "--grace", str(grace), *extra,
+                           timeout=grace + 60)
+    return parse_json(result, "stop")
+
+
+def follow_log(
+    session: HostSession,
+    run_id: str,
+    *,
+    offset: int = 0,
+    follow: bool = True,
+    on_bytes: Callable[[bytes], None],
+) -> int:
+    """Copy the run's log from `offset` to `on_bytes`; returns the new offset.
+
+    The offset is counted from the bytes actually delivered, so after a lost link (ConnectionLostError,
+    carrying `.offset`) a reattach from that offset repeats and loses nothing.
+    """
+    position = offset
+
+    def take(name: str, chunk: bytes) -> None:
+        nonlocal position
+        if name == "out":
+            on_bytes(chunk)
+            position += len(chunk)
+
+    args = ["logs", "--run-dir", session.paths.run(run_id), "--offset", str(offset)]
+    if follow:
+        args.append("--follow")
+    try:
+        result = session.agent(*args, timeout=None, on_bytes=take)
+    except ThrustError as exc:
+        exc.offset = position  # type: ignore[attr-defined]
+        raise
+    if result.exit_code == AgentExit.MISSING:
+        raise ThrustError(f"run {run_id} on {session.name} has no log yet ({session.paths.run(run_id)}/{LOG})")
+    if not result.ok:
+        raise ThrustError(f"reading the log of {run_id} failed with exit code {result.exit_code}")
+    return position

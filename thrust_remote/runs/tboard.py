@@ -1,0 +1,128 @@
+"""`thrust-remote tensorboard RUN_ID`: a TensorBoard on a run (docs/architecture.md, "TensorBoard").
+
+Local (the default): this machine's TensorBoard (the optional `thrust-remote[tensorboard]`) on the
+fetched artifacts, `.thrust/fetched/<run>/artifacts/<metrics.tensorboard>` (the whole artifacts dir
+when the job names no TensorBoard dir). `--remote`: the job's own python on the host (run.json's
+THRUST_PYTHON: its venv) runs `-m tensorboard.main` bound to 127.0.0.1 on a port it picks, on a pty
+so it ends with the command; the user reaches it through a local forward over the same SSH
+connection (ssh/forward.py). Nothing here prints: `on_ready` gets the URL.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from thrust_remote.core.config import Config, JobConfig
+from thrust_remote.core.errors import ExitCode, ThrustError, UsageError
+from thrust_remote.core.hints import command_hint
+from thrust_remote.fetch import artifacts
+from thrust_remote.host.session import HostSession
+from thrust_remote.runs import index
+
+INSTALL_HINT = "pip install 'thrust-remote[tensorboard]'"
+DEFAULT_PORT = 6006
+URL = re.compile(rb"http://127\.0\.0\.1:(\d+)/")
+START_S = 120.0  # a TensorBoard on a loaded host takes seconds to import and scan its dir
+
+
+def tensorboard_argv(python: str, logdir: str, port: int) -> list[str]:
+    """TensorBoard bound to loopback only: reached through the forward, never from the network."""
+    return [python, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)]
+
+
+def require_tensorboard() -> None:
+    """Exit 69 with the install command when this python has no tensorboard."""
+    try:
+        import tensorboard  # noqa: F401 - only whether it imports
+    except ImportError:
+        raise ThrustError("tensorboard is not installed here", f"install it with: {INSTALL_HINT}",
+                          exit_code=ExitCode.UNAVAILABLE) from None
+
+
+def job_of(config: Config, run_id: str, job_name: str | None = None) -> JobConfig | None:
+    """The run's job: the name given, else the one the local index recorded; None when unknown."""
+    name = job_name or (entry.job if (entry := index.lookup(config.root, run_id)) else None)
+    return config.jobs.get(name) if name else None
+
+
+def local_logdir(config: Config, run_id: str, job: JobConfig | None) -> Path:
+    """The fetched artifacts' TensorBoard dir (or all of them); a usage error when nothing was fetched."""
+    dest = artifacts.artifacts_dir(config.root, run_id)
+    if not dest.is_dir():
+        raise UsageError(f"run {run_id} has no fetched artifacts in {dest}",
+                         f"fetch them with: {command_hint('fetch', run_id)}, or see the host's with --remote")
+    sub = job.metrics.get("tensorboard") if job else None
+    return dest / sub if sub and (dest / sub).is_dir() else dest
+
+
+def remote_plan(session: HostSession, run_id: str, job: JobConfig | None) -> tuple[list[str], str]:
+    """(argv, logdir) of the host's TensorBoard: the job's python, its TensorBoard dir under the run's
+    cwd (the run dir when the job names none); port 0: TensorBoard picks a free one and says it."""
+    run_dir = session.paths.run(run_id)
+    try:
+        meta = json.loads(session.runner.read_text(f"{run_dir}/run.json") or "null")
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise UsageError(f"run {run_id} is not on {session.name} (no {run_dir}/run.json)",
+                         f"list the runs there with: {command_hint('runs', host=session.host)}")
+    cwd = str(meta.get("cwd") or session.paths.workdir)
+    env = meta.get("env") if isinstance(meta.get("env"), dict) else {}
+    python = str(env.get("THRUST_PYTHON") or session.host.python)
+    sub = job.metrics.get("tensorboard") if job else None
+    logdir = f"{cwd}/{sub}" if sub else run_dir
+    return tensorboard_argv(python, logdir, 0), logdir
+
+
+def wait_for_url(read: Callable[[float], bytes | None], deadline_s: float = START_S) -> tuple[int | None, bytes]:
+    """Read a starting TensorBoard's output until it names its port: (port, output); port None when it
+    ended first (`read` returned None) or took longer than deadline_s."""
+    said = b""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        chunk = read(min(1.0, max(0.0, deadline - time.monotonic())))
+        if chunk is None:
+            break
+        said += chunk
+        if match := URL.search(said):
+            return int(match.group(1)), said
+    return None, said
+
+
+def start_failed(session: HostSession, said: bytes) -> ThrustError:
+    text = said.decode("utf-8", "replace").replace("\r", "")
+    tail = " / ".join(line for line in text.strip().splitlines()[-3:] if line.strip())
+    # `python -m tensorboard.main` says it quoted (ModuleNotFoundError), `import` errors unquoted
+    if re.search(r"No module named '?tensorboard\b", text):
+        return ThrustError(f"tensorboard is not installed in the job's python on {session.name}",
+                           "add tensorboard to the job's `requirements:` (what writes the events has it)",
+                           exit_code=ExitCode.UNAVAILABLE)
+    return ThrustError(f"TensorBoard did not start on {session.name}: {tail or 'no output'}",
+                       exit_code=ExitCode.UNAVAILABLE)
+
+
+def serve_remote(session: HostSession, argv: list[str], local_port: int, on_ready: Callable[[str], None]) -> None:
+    """Start the host's TensorBoard, forward 127.0.0.1:local_port to it, call on_ready(url), and keep
+    both until TensorBoard ends or Ctrl-C (KeyboardInterrupt, re-raised after the hang-up)."""
+    from thrust_remote.host.ssh.forward import ChannelReader, LocalForward, hang_up, open_pty_command
+
+    if session.host.is_local:
+        raise UsageError("--remote is for an SSH host: a run on host `local` is on this machine already",
+                         "run it without --remote after a fetch")
+    transport = session.runner.transport  # type: ignore[attr-defined] - an SSHRunner (not local)
+    chan = open_pty_command(transport(), argv)
+    output = ChannelReader(chan)
+    try:
+        port, said = wait_for_url(output.read)
+        if port is None:
+            raise start_failed(session, said)
+        with LocalForward(transport, ("127.0.0.1", port), local_port) as forward:
+            on_ready(f"http://127.0.0.1:{forward.port}/")
+            while output.read(1.0) is not None:
+                pass  # TensorBoard's own lines; it runs until it ends or the user stops us
+    finally:
+        hang_up(chan)
