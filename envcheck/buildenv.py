@@ -117,9 +117,10 @@ def target_dir(crate_dir: str, job: dict, host_env: dict) -> str:
     return os.path.normpath(os.path.join(crate_dir, os.path.expanduser(value)))
 
 
-def fingerprint_inputs(facts: dict, job: dict) -> dict:
+def fingerprint_inputs(facts: dict, job: dict, env: dict | None = None) -> dict:
+    """`env`: the job's cargo_env when the caller has it already (it is not made twice)."""
     probe = facts.get("torch_probe") or {}
-    env = cargo_env(facts, job)
+    env = cargo_env(facts, job) if env is None else env
     return {
         "torch": probe.get("version"),
         "torch_lib": probe.get("lib_dir"),
@@ -131,10 +132,10 @@ def fingerprint_inputs(facts: dict, job: dict) -> dict:
     }
 
 
-def fingerprint(facts: dict, job: dict) -> dict:
+def fingerprint(facts: dict, job: dict, env: dict | None = None) -> dict:
     """{'version', 'digest', 'inputs'}: what the train pipeline writes after a build, and what
     envcheck compares the stored one against. Same facts + same job -> same digest."""
-    inputs = fingerprint_inputs(facts, job)
+    inputs = fingerprint_inputs(facts, job, env)
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     return {"version": FINGERPRINT_VERSION, "digest": digest, "inputs": inputs}
 

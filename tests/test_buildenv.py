@@ -14,7 +14,7 @@ import envcheck
 from envcheck import elf
 from thrust_remote.core.config import JobConfig
 from thrust_remote.host.runner import LocalRunner
-from thrust_remote.run import buildenv
+from thrust_remote.run import buildenv, cargo
 
 CRATE = Path(__file__).parent / "native" / "crate"
 pytestmark = pytest.mark.skipif(shutil.which("cargo") is None and not Path("~/.cargo/bin/cargo").expanduser().exists(),
@@ -76,16 +76,18 @@ def test_python_job_env(facts: dict) -> None:
 def test_cargo_build_with_computed_env_links_libtorch_and_records_fingerprint(facts: dict, project) -> None:
     root, job = project
     runner = LocalRunner()
-    argv = buildenv.cargo_build_argv(facts, job)
+    plan = cargo.plan(facts, job)  # computed once: the build, the run and the fingerprint share it
+    argv = plan.build_argv
     assert argv[1:] == ["+stable", "build", "--release", "--example", "train_probe"]
-    assert buildenv.cargo_clean_argv(facts, job) == [argv[0], "clean"] and argv[0].endswith("cargo")
-    env = buildenv.build_env(facts, job)
-    crate_dir = buildenv.crate_dir(facts, job)
+    assert plan.clean_argv == [argv[0], "clean"] and argv[0].endswith("cargo")
+    env = plan.env
+    assert env == buildenv.build_env(facts, job)
+    crate_dir = plan.crate_dir
     assert crate_dir == str(root / "crate")
     # --offline: the crate has no dependencies, and the tests must not touch the network
     build = runner.run([*argv, "--offline"], env=env, cwd=crate_dir, timeout=240)
     assert build.ok, build.stderr
-    binary = buildenv.cargo_run_argv(facts, job)[0]
+    binary = plan.run_argv()[0]
     assert binary == str(root / "target" / "release" / "examples" / "train_probe")
     info = elf.read_dynamic(binary)
     lib = facts["torch_probe"]["lib_dir"]
@@ -93,11 +95,11 @@ def test_cargo_build_with_computed_env_links_libtorch_and_records_fingerprint(fa
     assert lib in info["runpath"]
     # the rpath alone lets it start: no LD_LIBRARY_PATH in the run env
     clean_env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    ran = LocalRunner().run(buildenv.cargo_run_argv(facts, job), env=clean_env)
+    ran = LocalRunner().run(plan.run_argv(), env=clean_env)
     assert ran.ok and "device=cuda args=--mode shared --cuda" in ran.stdout
 
-    path = buildenv.write_fingerprint(runner, facts, job)
-    assert path == str(root / "target" / buildenv.FINGERPRINT_FILE)
+    path = cargo.write_fingerprint(runner, plan)
+    assert path == str(root / "target" / cargo.FINGERPRINT_FILE)
 
     after = envcheck.report(workdir=str(root), job=buildenv.job_dict(job), host="local")
     checks = {c["id"]: c for c in after["checks"]}

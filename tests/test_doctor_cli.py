@@ -17,7 +17,7 @@ from envcheck.checks import CHECK_IDS
 from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.doctor import checklist
 from thrust_remote.host.runner import LocalRunner
-from thrust_remote.run import buildenv
+from thrust_remote.run import cargo
 
 CRATE = Path(__file__).parent / "native" / "crate"
 HAS_CARGO = shutil.which("cargo") is not None
@@ -118,10 +118,10 @@ def test_stale_build_is_found_and_fix_cleans_it(cli, tmp_path: Path) -> None:
     host = HostConfig(name="local", python=sys.executable, workdir=str(tmp_path))
     runner = LocalRunner()
     facts = checklist.collect_facts(runner, host, job)
-    build = runner.run([*buildenv.cargo_build_argv(facts, job), "--offline"], env=buildenv.build_env(facts, job),
-                       cwd=buildenv.crate_dir(facts, job), timeout=240)
+    plan = cargo.plan(facts, job)
+    build = runner.run([*plan.build_argv, "--offline"], env=plan.env, cwd=plan.crate_dir, timeout=240)
     assert build.ok, build.stderr
-    buildenv.write_fingerprint(runner, facts, job)
+    cargo.write_fingerprint(runner, plan)
 
     # the same env as the build: not stale
     cfg = write_config(tmp_path / "thrust.yaml", workdir=tmp_path, jobs=cargo_job("probe-rs", target))

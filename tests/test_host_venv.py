@@ -1,4 +1,4 @@
-"""The job's venv on the host (agent `venv ensure`, stages.setup_python) and the built-in trainer
+"""The job's venv on the host (agent `venv ensure`, run/venv.py setup_python) and the built-in trainer
 shipped as a payload, so `kind: trainer` jobs run from any project.
 
 The "host" is this machine reached over a real sshd (tests/conftest.py). pip really installs: a tiny
@@ -261,7 +261,7 @@ def test_the_torch_pin_matches_the_hosts_torch_whatever_its_local_label():
     pin must be satisfied by both (it was `==2.15.0+cu132`, and pip refused a `torch` requirement)."""
     from packaging.specifiers import SpecifierSet
 
-    from thrust_remote.run.stages import torch_release
+    from thrust_remote.run.venv import torch_release
 
     pin = SpecifierSet(f"=={torch_release('2.15.0+cu132')}")
     assert pin.contains("2.15.0") and pin.contains("2.15.0+cu132") and pin.contains("2.15.0+cpu")

@@ -16,7 +16,7 @@ import pytest
 
 import envcheck
 from thrust_remote.core.config import JobConfig
-from thrust_remote.run import buildenv
+from thrust_remote.run import buildenv, cargo
 
 NATIVE = Path(__file__).parent / "native"
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")]
@@ -73,7 +73,7 @@ def test_program_runs_with_buildenv_env(binaries: dict[str, Path], tmp_path: Pat
     job = project(tmp_path, binaries["no-as-needed"])
     facts = envcheck.report(workdir=str(tmp_path), job=buildenv.job_dict(job), host="local")["facts"]
     env = {**clean_env(), **buildenv.build_env(facts, job)}
-    argv = buildenv.cargo_run_argv(facts, job)
+    argv = cargo.plan(facts, job).run_argv()
     assert argv == [str(tmp_path / "crate" / "target" / "release" / "examples" / "train_probe")]
     res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode == 0, res.stderr

@@ -90,6 +90,7 @@ class StatusAnswer(TypedDict, total=False):
     host: str | None
     job: str | None
     commit: str | None
+    cwd: str | None
     gpus: list
     node: int
     nodes: list

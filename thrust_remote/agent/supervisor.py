@@ -130,6 +130,7 @@ def run_state(run_dir: str) -> dict:
         "host": meta.get("host"),
         "job": meta.get("job"),
         "commit": meta.get("commit"),
+        "cwd": meta.get("cwd"),  # where the job ran (a cargo job: its crate, where its artifact is)
         "gpus": meta.get("gpus") or [],
         "ended_ts": ended_ts,
         **({"node": meta["node"], "nodes": [n.get("host") for n in meta.get("nodes") or []],

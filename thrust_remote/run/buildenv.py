@@ -1,41 +1,21 @@
-"""The environment and command lines of a job on a host, computed from envcheck's facts.
-
-Nobody types LIBTORCH_USE_PYTORCH / LD_LIBRARY_PATH / LD_PRELOAD / RUSTFLAGS by hand again: the train
-pipeline runs envcheck (doctor.run_doctor or doctor.collect_facts), then asks this module for the
-env and the argv. The rules live in envcheck.buildenv (standard library, also used on the host to
-judge the env and fingerprint builds); this module adapts them to JobConfig and the Runner.
+"""A job as the host sees it, and its environment, from envcheck's facts.
 
 The job crosses to the host as one plain spec (`job_spec(job)`: what envcheck's `--job-json`
-carries), built once per train at the boundary and passed on; every function here takes that spec
-(a JobConfig is still accepted and converted, for callers outside the pipeline).
-
-Pipeline for a cargo job:
-    job = job_spec(job_config)
-    report = doctor.run_doctor(runner, host, job); facts = report.facts
-    env = build_env(facts, job)                          # same env for build and run
-    if report.check("stale-build").status in ("fail", "warn"):   # the env changed since the last build
-        runner.run(cargo_clean_argv(facts, job), env=env, cwd=crate_dir(facts, job)).check("cargo clean")
-    runner.run(cargo_build_argv(facts, job), env=env, cwd=crate_dir(facts, job)).check("cargo build")
-    write_fingerprint(runner, facts, job)                # lets doctor spot a stale build later
-    runner.run(cargo_run_argv(facts, job), env=env, cwd=crate_dir(facts, job))
-A python job only needs build_env(facts, job) (PYTHONUNBUFFERED=1, PYTHONFAULTHANDLER=1 + job.env).
+carries), built once per train at the boundary and passed on. `build_env` is a job's environment:
+for a python job PYTHONUNBUFFERED=1 and PYTHONFAULTHANDLER=1 plus the job's `env:`; for a cargo job
+the tch-rs variables (LIBTORCH_USE_PYTORCH, LD_LIBRARY_PATH, LD_PRELOAD, RUSTFLAGS), whose rules live
+in envcheck.buildenv (standard library, also used on the host to judge a build's env). A cargo job's
+build and run are run/cargo.py's plan.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any, TypeAlias
 
 from envcheck import buildenv as _core
 from thrust_remote.core.config import JobConfig
-from thrust_remote.host.runner import Runner
-
-FINGERPRINT_FILE = _core.FINGERPRINT_FILE
-rustflags = _core.rustflags
 
 JobSpec: TypeAlias = dict[str, Any]  # a job as plain JSON-able data (docs/architecture.md, "JSON shapes")
 JobLike: TypeAlias = "JobConfig | JobSpec"
@@ -74,57 +54,3 @@ def build_env(facts: dict, job: JobLike) -> dict[str, str]:
 
 def python_env(facts: dict, job: JobLike) -> dict[str, str]:
     return _core.python_env(facts, job_spec(job))
-
-
-def crate_dir(facts: dict, job: JobLike) -> str:
-    """The crate's absolute directory on the host (workdir/job.crate), as envcheck resolved it."""
-    crate = facts.get("crate") or {}
-    if crate.get("dir"):
-        return crate["dir"]
-    workdir = (facts.get("workdir") or {}).get("path") or "."
-    return os.path.normpath(os.path.join(workdir, job_spec(job).get("crate") or "."))
-
-
-def cargo_build_argv(facts: dict, job: JobLike) -> list[str]:
-    """[cargo, +TOOLCHAIN, build, --release, --example, X]; run with cwd=crate_dir and build_env."""
-    return _core.cargo_build_argv(facts, job_spec(job))
-
-
-def cargo_clean_argv(facts: dict, job: JobLike) -> list[str]:
-    """[cargo, clean] with the cargo envcheck found (~/.cargo/bin is often not on an SSH PATH);
-    run with cwd=crate_dir and build_env (it carries CARGO_TARGET_DIR when the job sets one)."""
-    return [_core.cargo_bin(facts), "clean"]
-
-
-def cargo_run_argv(facts: dict, job: JobLike) -> list[str]:
-    """[<target>/release/examples/X, *job.args]: the built binary itself, not `cargo run`."""
-    return _core.cargo_run_argv(facts, job_spec(job))
-
-
-def target_dir(facts: dict, job: JobLike) -> str:
-    crate = facts.get("crate") or {}
-    if crate.get("target_dir"):
-        return crate["target_dir"]
-    return _core.target_dir(crate_dir(facts, job), job_spec(job), facts.get("env") or {})
-
-
-def fingerprint(facts: dict, job: JobLike) -> dict:
-    """{'version', 'digest', 'inputs'} for the current env: torch version/lib/CUDA/ABI, toolchain,
-    profile and the build variables torch-sys and the linker read."""
-    return _core.fingerprint(facts, job_spec(job))
-
-
-def fingerprint_path(facts: dict, job: JobLike) -> str:
-    """<target dir>/.thrust-build-env.json (inside target/, so `cargo clean` removes it too)."""
-    return os.path.join(target_dir(facts, job), FINGERPRINT_FILE)
-
-
-def write_fingerprint(runner: Runner, facts: dict, job: JobLike) -> str:
-    """After a successful cargo build: store the env it used on the host. Returns the remote path."""
-    path = fingerprint_path(facts, job)
-    with tempfile.TemporaryDirectory(prefix="thrust-fp-") as tmp:
-        local = os.path.join(tmp, FINGERPRINT_FILE)
-        with open(local, "w") as fh:
-            json.dump(fingerprint(facts, job), fh, indent=2, sort_keys=True)
-        runner.put(local, path)
-    return path

@@ -27,17 +27,13 @@ from thrust_remote.doctor import checklist
 from thrust_remote.fetch import artifacts, models
 from thrust_remote.host import payload
 from thrust_remote.host.session import HostPaths, HostSession
-from thrust_remote.run import buildenv, jobs
+from thrust_remote.run import buildenv, cargo, jobs
 from thrust_remote.run.buildenv import JobSpec
+from thrust_remote.run.cargo import CargoPlan
 from thrust_remote.run.gpus import host_gpus, select_gpus
-from thrust_remote.run.stages import (
-    envcheck_report,
-    preflight,
-    setup_cargo,
-    setup_python,
-    stage_cargo_artifact,
-)
+from thrust_remote.run.preflight import envcheck_report, preflight
 from thrust_remote.run.sync import LocalState, SyncResult, local_state, sync
+from thrust_remote.run.venv import setup_python
 from thrust_remote.runs import control
 from thrust_remote.runs.progress import LineSplitter, RunProgress
 from thrust_remote.runs.scalarwatch import ScalarSource, ScalarWatch
@@ -230,6 +226,7 @@ class Prepared:
     setup_skipped: bool
     timings: dict[str, float]
     trainer: str | None = None  # the built-in trainer's zipapp on the host (kind: trainer)
+    cargo: CargoPlan | None = None  # a cargo job's build and run on this host, computed once (run/cargo.py)
 
     @property
     def host(self) -> HostConfig:
@@ -312,13 +309,14 @@ def set_up(checked: Checked, reporter: Reporter) -> Prepared:
     """The job's venv (python deps, the trainer zipapp) or its cargo build, cached per host."""
     job, session, report, sync_result = checked.job, checked.session, checked.report, checked.sync
     t2 = time.monotonic()
-    env = dict(buildenv.build_env(report.facts, checked.spec))
+    plan = cargo.plan(report.facts, checked.spec) if job.kind == "cargo" else None
+    env = dict(plan.env if plan else buildenv.build_env(report.facts, checked.spec))
     if sync_result is not None:
         env.setdefault("THRUST_COMMIT", sync_result.commit)
     trainer = None
-    if job.kind == "cargo":
-        skipped = setup_cargo(session, checked.spec, report, sync_result, reporter)
-        cwd = buildenv.crate_dir(report.facts, checked.spec)
+    if plan is not None:
+        skipped = cargo.setup_cargo(session, plan, report, sync_result, reporter)
+        cwd = plan.crate_dir
         python = payload.python_of(session.runner, session.host)
     else:
         venv = setup_python(session, job, report.facts, checked.local, reporter)
@@ -326,7 +324,8 @@ def set_up(checked: Checked, reporter: Reporter) -> Prepared:
         cwd = session.paths.workdir
     timings = {**checked.timings, "setup": time.monotonic() - t2}
     return Prepared(checked.config, job, checked.spec, session, report, env, cwd, python=python,
-                    local=checked.local, sync=sync_result, setup_skipped=skipped, timings=timings, trainer=trainer)
+                    local=checked.local, sync=sync_result, setup_skipped=skipped, timings=timings, trainer=trainer,
+                    cargo=plan)
 
 
 def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | None = None,
@@ -347,8 +346,8 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
     run_dir = session.paths.run(run_id)
     env = jobs.job_env(job, {**prepared.env, **(extra_env or {})}, run_id=run_id, run_dir=run_dir,
                        python=prepared.python, gpus=gpus, export=export)
-    if job.kind == "cargo":
-        argv = [*buildenv.cargo_run_argv(prepared.report.facts, prepared.spec)[:1], *args]
+    if prepared.cargo is not None:
+        argv = prepared.cargo.run_argv(list(args))
     else:
         argv = jobs.job_argv(job, prepared.python, args, run_dir=run_dir,
                              nproc=jobs.process_count(job, nproc, gpus), export=export, trainer=prepared.trainer,
@@ -499,7 +498,7 @@ def fetch_finished(config: Config, session: HostSession, launched: Launched, job
     t0 = time.monotonic()
     if exports_model(job):
         reporter.step("fetching the model")
-        fetched = finish(config, session, job, launched.run_dir, spec=launched.spec, run_id=launched.run_id,
+        fetched = finish(config, session, job, launched.run_dir, run_id=launched.run_id,
                          status=status, force=force)
         timings["fetch"] = time.monotonic() - t0
     got = fetch_artifacts(config, session, job, launched.run_dir, launched.run_id, reporter)
@@ -534,19 +533,20 @@ def export_target(config: Config, job: JobConfig) -> tuple[Path, str]:
 
 
 def finish(config: Config, session: HostSession, job: JobConfig, run_dir: str, *,
-           spec: JobSpec | None = None, run_id: str | None = None, status: Mapping[str, Any] | None = None,
+           run_id: str | None = None, status: Mapping[str, Any] | None = None,
            force: bool = False) -> models.FetchResult:
     """Fetch the run's model (verified), keep it in .thrust/fetched/<run-id>/ and place it in web/public
     when its run FINISHED and it is not clearly worse than the placed one, or with `force`
-    (docs/architecture.md, "Kept models"). Cargo jobs fetch `artifact:`. `spec` and `status` are the
-    job's spec and the run's status when the caller has them already (train), else made here (fetch)."""
+    (docs/architecture.md, "Kept models"). Cargo jobs fetch `artifact:`, relative to the run's cwd (the
+    crate). `status` is the run's status when the caller has it already (train), else asked here (fetch)."""
     dest, stem = export_target(config, job)
     run_id = run_id or PurePosixPath(run_dir).name
     status = status if status is not None else control.status(session, run_id)
     if job.kind == "cargo":
         if not job.artifact:
             raise ThrustError(f"job {job.name} has no `artifact:` to fetch", exit_code=ExitCode.USAGE)
-        stage_cargo_artifact(session, run_dir, spec or buildenv.job_spec(job))
+        cargo.stage_artifact(session, run_dir, str(status.get("cwd") or session.paths.workdir), job.name,
+                             job.artifact)
     run = models.RunFacts(run_id, session.name, job.name, status.get("state"), status.get("exit_code"))
     return models.fetch_run_model(session.runner, run_dir, stem, dest, project_root=config.root, run=run,
                                      force=force)

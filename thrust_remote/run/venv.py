@@ -1,10 +1,5 @@
-"""The stages between a synced checkout and a launch: preflight (envcheck, cached) and setup
-(the job's venv with its requirements, or the cargo build), plus staging a cargo run's artifact.
-
-Each takes a HostSession and the job's plain spec (buildenv.job_spec, built once per train by the
-pipeline), and reports through the pipeline's Reporter (anything with `step`). Every remote action
-is an agent subcommand or a plain argv (docs/architecture.md, "The flow of one train").
-"""
+"""The setup stage of a python job: its venv under <workdir>/.thrust/venvs/<key> with its requirements
+(agent `venv ensure`), and the built-in trainer's payload (docs/architecture.md, "The job's venv")."""
 
 from __future__ import annotations
 
@@ -17,73 +12,17 @@ from typing import Any, Protocol
 
 from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError
-from thrust_remote.core.hints import command_hint
-from thrust_remote.doctor import checklist
 from thrust_remote.host import payload
 from thrust_remote.host.runner import expand_home
 from thrust_remote.host.session import HostSession, parse_json
-from thrust_remote.run import buildenv
-from thrust_remote.run.buildenv import JobSpec
-from thrust_remote.run.sync import LocalState, SyncResult
+from thrust_remote.run.sync import LocalState
 
 # What the built-in trainer imports besides torch; torch itself is never installed by us.
 TRAINER_REQUIREMENTS = ("numpy", "onnx", "onnxruntime", "onnxscript", "gymnasium")
-CRITICAL_CHECKS = ("python", "torch-import")
 
 
 class Steps(Protocol):
     def step(self, message: str) -> None: ...
-
-
-def preflight(report: checklist.Report, spec: JobSpec, args: Sequence[str], session: HostSession) -> None:
-    """Stop before launching when the host cannot run the job at all."""
-    host = session.host
-    # a command job brings its own interpreter and libraries: only the agent's python must be there
-    critical = ("python",) if spec.get("kind") == "command" else CRITICAL_CHECKS
-    for cid in critical:
-        try:
-            check = report.check(cid)
-        except KeyError:
-            continue
-        if check.status == "fail":
-            raise ThrustError(
-                f"{host.name}: {check.title}: {check.detail}",
-                check.fix or "run: " + command_hint("doctor", host=host),
-                ExitCode.UNAVAILABLE,
-            )
-    wants_cuda = "cuda" in [a.lower() for a in args] or "--cuda" in args
-    if wants_cuda and not report.facts.get("cuda_available"):
-        check = report.check("cuda-available")
-        raise ThrustError(
-            f"{host.name}: the job asks for CUDA but it is not available there: {check.detail}",
-            check.fix or "train on the CPU (drop --device cuda) or fix the driver: "
-            + command_hint("doctor", host=host),
-            ExitCode.FAILED,
-        )
-
-
-def envcheck_report(session: HostSession, spec: JobSpec) -> checklist.Report:
-    """checklist.run_doctor, reusing the host's cached report of a non-cargo job while nothing it depends on
-    changed (the agent's `preflight`: one short command instead of a torch import). Cargo jobs are
-    always checked afresh: their facts include the build itself."""
-    runner, host, paths = session.runner, session.host, session.paths
-    if spec.get("kind") == "cargo":
-        return checklist.run_doctor(runner, host, spec, workdir=paths.workdir)
-    extra = json.dumps([spec, checklist.payload_path(), paths.workdir], sort_keys=True)
-    probe = session.agent("preflight", "--cache-dir", paths.thrust, "--extra", extra, timeout=60)
-    cache_path = None
-    if probe.ok:
-        try:
-            doc = json.loads(probe.stdout)
-        except ValueError:
-            doc = {}
-        if "checks" in doc and "facts" in doc:
-            return checklist.Report.from_json(doc)
-        cache_path = doc.get("miss")
-    report = checklist.run_doctor(runner, host, spec, workdir=paths.workdir)
-    if cache_path and not report.failed:
-        runner.write_text(cache_path, json.dumps(report.to_json()))
-    return report
 
 
 @dataclass(frozen=True)
@@ -187,53 +126,3 @@ def _ensure(session: HostSession, job: JobConfig, argv: Sequence[str]) -> dict[s
             ExitCode.UNAVAILABLE,
         )
     return parse_json(result, "venv ensure")
-
-
-def setup_cargo(session: HostSession, spec: JobSpec, report: checklist.Report, sync_result: SyncResult | None,
-                reporter: Steps) -> bool:
-    """cargo +TOOLCHAIN build --release --example X under buildenv's env; clean first when the env changed.
-
-    Skipped when the same commit/patch was already built with the same env fingerprint.
-    """
-    runner, facts = session.runner, report.facts
-    env = buildenv.build_env(facts, spec)
-    crate = buildenv.crate_dir(facts, spec)
-    fp = buildenv.fingerprint(facts, spec)
-    build_key = hashlib.sha256(
-        json.dumps([fp.get("digest"), sync_result.commit if sync_result else None,
-                    sync_result.patch_sha256 if sync_result else None, spec.get("example"),
-                    spec.get("toolchain")]).encode()
-    ).hexdigest()
-    stamp = f"{buildenv.target_dir(facts, spec)}/.thrust-build-key"
-    binary = buildenv.cargo_run_argv(facts, spec)[0]
-    if (runner.read_text(stamp) or "").strip() == build_key and runner.exists(binary):
-        return True
-    stale = report.check("stale-build")
-    if stale.status in ("fail", "warn"):
-        reporter.step(f"the build env changed since the last build ({stale.detail}): cargo clean")
-        runner.run(buildenv.cargo_clean_argv(facts, spec), env=env, cwd=crate, timeout=600).check("cargo clean")
-    build = buildenv.cargo_build_argv(facts, spec)
-    reporter.step("building: " + " ".join(build))
-    result = runner.run(build, env=env, cwd=crate, timeout=3600, stream=lambda _n, line: None)
-    if not result.ok:
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-        raise ThrustError(f"cargo build failed on {session.name} (exit {result.exit_code}):\n{tail}",
-                          "reproduce with: "
-                          + command_hint("doctor", "--job", str(spec.get("name")), host=session.host))
-    buildenv.write_fingerprint(runner, facts, spec)
-    runner.write_text(stamp, build_key)
-    return False
-
-
-def stage_cargo_artifact(session: HostSession, run_dir: str, spec: JobSpec) -> None:
-    """Copy the crate's artifact into the run dir with a manifest, so fetch treats both kinds alike.
-    The artifact path is relative to the crate in the host's workdir (never to a shell's cwd)."""
-    crate = os.path.normpath(os.path.join(session.paths.workdir, spec.get("crate") or "."))
-    src = os.path.normpath(os.path.join(crate, spec.get("artifact") or ""))
-    result = session.agent("stage-artifact", "--src", src, "--run-dir", run_dir, "--job", str(spec.get("name")))
-    if not result.ok:
-        raise ThrustError(
-            f"the cargo job's artifact {src} could not be staged on the host: {result.stderr.strip()[-300:]}",
-            f"check `artifact:` of job {spec.get('name')} (relative to the crate, {crate}) and that the run wrote it",
-        )
-

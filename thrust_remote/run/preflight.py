@@ -1,0 +1,66 @@
+"""The preflight stage: envcheck on the host (cached while nothing it depends on changed) and the
+checks without which a job cannot run there at all (docs/architecture.md, "The flow of one train")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from thrust_remote.core.errors import ExitCode, ThrustError
+from thrust_remote.core.hints import command_hint
+from thrust_remote.doctor import checklist
+from thrust_remote.host.session import HostSession
+from thrust_remote.run.buildenv import JobSpec
+
+CRITICAL_CHECKS = ("python", "torch-import")
+
+
+def preflight(report: checklist.Report, spec: JobSpec, args: Sequence[str], session: HostSession) -> None:
+    """Stop before launching when the host cannot run the job at all."""
+    host = session.host
+    # a command job brings its own interpreter and libraries: only the agent's python must be there
+    critical = ("python",) if spec.get("kind") == "command" else CRITICAL_CHECKS
+    for cid in critical:
+        try:
+            check = report.check(cid)
+        except KeyError:
+            continue
+        if check.status == "fail":
+            raise ThrustError(
+                f"{host.name}: {check.title}: {check.detail}",
+                check.fix or "run: " + command_hint("doctor", host=host),
+                ExitCode.UNAVAILABLE,
+            )
+    wants_cuda = "cuda" in [a.lower() for a in args] or "--cuda" in args
+    if wants_cuda and not report.facts.get("cuda_available"):
+        check = report.check("cuda-available")
+        raise ThrustError(
+            f"{host.name}: the job asks for CUDA but it is not available there: {check.detail}",
+            check.fix or "train on the CPU (drop --device cuda) or fix the driver: "
+            + command_hint("doctor", host=host),
+            ExitCode.FAILED,
+        )
+
+
+def envcheck_report(session: HostSession, spec: JobSpec) -> checklist.Report:
+    """checklist.run_doctor, reusing the host's cached report of a non-cargo job while nothing it depends on
+    changed (the agent's `preflight`: one short command instead of a torch import). Cargo jobs are
+    always checked afresh: their facts include the build itself."""
+    runner, host, paths = session.runner, session.host, session.paths
+    if spec.get("kind") == "cargo":
+        return checklist.run_doctor(runner, host, spec, workdir=paths.workdir)
+    extra = json.dumps([spec, checklist.payload_path(), paths.workdir], sort_keys=True)
+    probe = session.agent("preflight", "--cache-dir", paths.thrust, "--extra", extra, timeout=60)
+    cache_path = None
+    if probe.ok:
+        try:
+            doc = json.loads(probe.stdout)
+        except ValueError:
+            doc = {}
+        if "checks" in doc and "facts" in doc:
+            return checklist.Report.from_json(doc)
+        cache_path = doc.get("miss")
+    report = checklist.run_doctor(runner, host, spec, workdir=paths.workdir)
+    if cache_path and not report.failed:
+        runner.write_text(cache_path, json.dumps(report.to_json()))
+    return report
