@@ -310,7 +310,7 @@ def launch_profiled(lab: Lab, hosts: Sequence[str]) -> dict[str, tuple[float, fl
             total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         finally:
             for s in sessions:
-                s.runner.close()
+                s.close()
     finally:
         spans.restore()
     host = host_cpu(lab.server) - host0

@@ -35,16 +35,12 @@ import time
 from collections.abc import Iterator
 
 from . import peerwatch
+from .files import write_atomic
 from .protocol import EXIT_CODE, LOG, PEER_FAILED, RUN_JSON, STOPPED, AgentExit, RunState
 
 
 def _write_atomic(path: str, data: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, data.encode())
 
 
 def read_json(path: str) -> dict | None:

@@ -85,7 +85,7 @@ def _doctor_nodes(config: Config, hosts: list[HostConfig], job_cfg: JobConfig | 
             report.checks.append(row)
     finally:
         for s in sessions:
-            s.runner.close()
+            s.close()
     if as_json:
         typer.echo(json.dumps([r.to_json() for r in reports], indent=2))
     else:

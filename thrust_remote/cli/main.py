@@ -99,10 +99,10 @@ def run(argv: list[str] | None = None) -> None:
             _report("the SSH connection ended in the middle of a request", "rerun with --debug for the details")
             sys.exit(ExitCode.CONNECTION_LOST)
         err_console.print("interrupted")
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except KeyboardInterrupt:
         err_console.print("interrupted")
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:

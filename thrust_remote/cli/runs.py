@@ -62,11 +62,8 @@ def list_runs(ctx: typer.Context,
             raise UsageError("give --all or --host, not both")
         _list_all(ctx, timeout, as_json)
         return
-    session = _open(ctx, host)
-    try:
+    with _open(ctx, host) as session:
         items = control.list_runs(session)
-    finally:
-        session.runner.close()
     if as_json:
         typer.echo(json.dumps(items, indent=2))
         return

@@ -48,13 +48,11 @@ def tensorboard(
         except KeyboardInterrupt:
             code = 0  # the user stopped it: TensorBoard got the same Ctrl-C
         raise typer.Exit(code)
-    session = _open(ctx, host, run_id)
-    try:
-        argv, logdir = tboard.remote_plan(session, run_id, job)
-        _say(f"starting TensorBoard on {session.name}:{logdir}")
-        tboard.serve_remote(session, argv, port,
-                            lambda url: _say(f"TensorBoard ({session.name}, through SSH): {url} (Ctrl-C stops it)"))
-    except KeyboardInterrupt:
-        pass  # the user stopped it; serve_remote hung up the host's TensorBoard
-    finally:
-        session.runner.close()
+    with _open(ctx, host, run_id) as session:
+        try:
+            argv, logdir = tboard.remote_plan(session, run_id, job)
+            _say(f"starting TensorBoard on {session.name}:{logdir}")
+            tboard.serve_remote(session, argv, port, lambda url: _say(
+                f"TensorBoard ({session.name}, through SSH): {url} (Ctrl-C stops it)"))
+        except KeyboardInterrupt:
+            pass  # the user stopped it; serve_remote hung up the host's TensorBoard

@@ -22,19 +22,22 @@ class ExitCode(IntEnum):
     HOST_KEY = 76  # host key unknown or changed
     AUTH = 77  # authentication failed
     CONFIG = 78  # configuration invalid
+    INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C where nothing goes on without us (optimize's second one)
 
 
 class ThrustError(Exception):
-    """A failure the user can act on: what happened, what to do, and the process exit code."""
+    """A failure the user can act on: what happened, what to do, and the process exit code. Each kind
+    names its code as a class attribute; a plain ThrustError may be given any."""
 
     # how the CLI labels the message; not every non-zero exit is an error (a deliberate detach is not)
     label = "error"
+    code: int = ExitCode.FAILED
 
-    def __init__(self, message: str, hint: str | None = None, exit_code: int = ExitCode.FAILED) -> None:
+    def __init__(self, message: str, hint: str | None = None, exit_code: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
-        self.exit_code = int(exit_code)
+        self.exit_code = int(self.code if exit_code is None else exit_code)
 
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
@@ -43,49 +46,40 @@ class ThrustError(Exception):
 class ConfigError(ThrustError):
     """thrust.yaml (or a flag / THRUST_* variable) is invalid; the message names file, line and field."""
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint, ExitCode.CONFIG)
+    code = ExitCode.CONFIG
 
 
 class UsageError(ThrustError):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint, ExitCode.USAGE)
+    code = ExitCode.USAGE
 
 
 class HostKeyError(ThrustError):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint, ExitCode.HOST_KEY)
+    code = ExitCode.HOST_KEY
 
 
 class AuthError(ThrustError):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint, ExitCode.AUTH)
+    code = ExitCode.AUTH
 
 
 class UnreachableError(ThrustError):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint, ExitCode.UNAVAILABLE)
+    code = ExitCode.UNAVAILABLE
 
 
 class UnknownHostError(ThrustError):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint, ExitCode.UNKNOWN_HOST)
+    code = ExitCode.UNKNOWN_HOST
 
 
 class ConnectionLostError(ThrustError):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint, ExitCode.CONNECTION_LOST)
+    code = ExitCode.CONNECTION_LOST
+    offset: int | None = None  # following a log: the byte offset delivered before the link broke
 
 
 class TransferError(ThrustError):
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint, ExitCode.TRANSFER)
+    code = ExitCode.TRANSFER
 
 
 class Detached(ThrustError):
     """Ctrl-C while following: the run goes on; exit 75 so a script does not take it for success."""
 
     label = "detached"
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint, ExitCode.CONNECTION_LOST)
+    code = ExitCode.CONNECTION_LOST

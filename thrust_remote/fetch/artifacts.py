@@ -15,7 +15,6 @@ Paths keep their place: a glob under the run's cwd lands in `artifacts/<path>`, 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -26,6 +25,7 @@ from typing import Any
 from thrust_remote.agent.protocol import CHECKPOINTS, RUN_DIR_ENV, RUN_DIR_PREFIX
 from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ThrustError, TransferError
+from thrust_remote.core.files import write_atomic
 from thrust_remote.fetch.models import _ensure_kept_root, kept_root
 from thrust_remote.host.runner import sha256_file
 from thrust_remote.host.session import HostSession, parse_json
@@ -108,9 +108,7 @@ def _read_record(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _write_record(path: Path, files: dict[str, dict[str, Any]]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"files": files}, separators=(",", ":")) + "\n")  # compact: 1,000s of rows
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"files": files}, separators=(",", ":")) + "\n")  # compact: 1,000s of rows
 
 
 def local_sha256(path: Path, recorded: dict[str, Any] | None) -> str | None:

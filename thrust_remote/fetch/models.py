@@ -22,6 +22,7 @@ from typing import Any
 from thrust_remote.agent import protocol
 from thrust_remote.agent.protocol import RunState
 from thrust_remote.core.errors import ExitCode, ThrustError, TransferError
+from thrust_remote.core.files import copy_atomic, write_atomic
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.runner import Runner
 
@@ -129,9 +130,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def _now() -> str:
@@ -221,23 +220,17 @@ def relative(path: Path, root: Path) -> str:
         return str(path)
 
 
-def _copy_atomic(src: Path, dst: Path) -> None:
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
-
-
 def place(kept: Path, dest: Path, stem: str) -> Path:
     """Copy a kept model into dest as <stem>.onnx/.json/.metrics.jsonl: model first, manifest last (the
     page reads the manifest first), a metrics file of an older model removed."""
     dest.mkdir(parents=True, exist_ok=True)
-    _copy_atomic(kept / MODEL, dest / f"{stem}.onnx")
+    copy_atomic(kept / MODEL, dest / f"{stem}.onnx")
     metrics = dest / f"{stem}.metrics.jsonl"
     if (kept / METRICS).is_file():
-        _copy_atomic(kept / METRICS, metrics)
+        copy_atomic(kept / METRICS, metrics)
     else:
         metrics.unlink(missing_ok=True)
-    _copy_atomic(kept / MANIFEST, dest / f"{stem}.json")
+    copy_atomic(kept / MANIFEST, dest / f"{stem}.json")
     return dest / f"{stem}.onnx"
 
 

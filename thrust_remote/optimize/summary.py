@@ -3,7 +3,6 @@ the best parameters file that `thrust-remote train JOB --params FILE` reads."""
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from typing import Any
 import yaml
 
 from thrust_remote.core.errors import ExitCode
+from thrust_remote.core.files import write_atomic
 from thrust_remote.optimize.model import OptimizeRequest, TrialView, count_states
 from thrust_remote.optimize.slots import Slot
 from thrust_remote.optimize.store import JOURNAL, HostsStore, StudyStore
@@ -44,7 +44,7 @@ class Summary:
     @property
     def exit_code(self) -> int:
         if self.stopped == "aborted":
-            return 130
+            return ExitCode.INTERRUPTED
         return ExitCode.OK if self.best is not None else ExitCode.FAILED
 
     def as_json(self) -> dict[str, Any]:
@@ -148,9 +148,7 @@ def write_best_params(path: Path, study: str, job: str, best: Mapping[str, Any],
     text = (f"# best trial of study {study} (thrust-remote optimize)\n"
             f"# use it with: thrust-remote train {job} --params {path.name}{on}\n"
             + yaml.safe_dump(body, sort_keys=False))
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text, mode=0o644)  # the user's own file, to keep and share
 
 
 def _plain(value: Any) -> Any:

@@ -465,7 +465,7 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
             f"{command_hint('stop', run_id, host=host, config=config_path)})",
         ) from None
     except ConnectionLostError as exc:
-        reached = getattr(exc, "offset", offset + delivered)
+        reached = exc.offset if exc.offset is not None else offset + delivered
         raise ConnectionLostError(
             f"connection to {host.name} lost while following run {run_id}; the run goes on",
             f"reattach with: {reattach_command(run_id, host, reached, config_path, node)}",

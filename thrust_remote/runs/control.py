@@ -156,7 +156,7 @@ def list_hosts(hosts: Sequence[str], open_session: Callable[[str], HostSession],
             try:
                 items = list_runs(session, timeout=timeout)
             finally:
-                session.runner.close()
+                session.close()
             listing = HostListing(name, runs=[{**r, "host": name} for r in items])
         except ThrustError as exc:
             listing = HostListing(name, error=exc.message, exit_code=exc.exit_code)
@@ -213,8 +213,8 @@ def follow_log(
         args.append("--follow")
     try:
         result = session.agent(*args, timeout=None, on_bytes=take)
-    except ThrustError as exc:
-        exc.offset = position  # type: ignore[attr-defined]
+    except ConnectionLostError as exc:
+        exc.offset = position
         raise
     if result.exit_code == AgentExit.MISSING:
         raise ThrustError(f"run {run_id} on {session.name} has no log yet ({session.paths.run(run_id)}/{LOG})")

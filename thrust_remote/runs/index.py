@@ -8,16 +8,14 @@ without `--host` read it to find the host. It lives on the laptop only: `.thrust
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from thrust_remote.core.config import Config
 from thrust_remote.core.errors import UnknownHostError
+from thrust_remote.core.files import write_atomic
 from thrust_remote.core.names import valid_id
 
 INDEX_DIR = Path(".thrust") / "index"
@@ -55,21 +53,7 @@ def _path(root: Path, run_id: str) -> Path:
 
 def record(root: Path, entry: IndexEntry) -> Path:
     """Write the entry atomically (temp file, fsync, rename) and owner-only; returns its path."""
-    path = _path(root, entry.run_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{entry.run_id}.", suffix=".tmp", dir=path.parent)  # mode 0600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(entry.as_json(), fh, indent=1)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_atomic(_path(root, entry.run_id), json.dumps(entry.as_json(), indent=1) + "\n")
 
 
 def lookup(root: Path, run_id: str) -> IndexEntry | None:
