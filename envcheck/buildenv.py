@@ -1,6 +1,7 @@
 """The build and run environment of a job, computed from the host's facts (standard library only).
 
-This is the one definition of the tch-rs environment the seed guide asks people to type by hand.
+This is the one definition of the tch-rs environment people otherwise type by hand (LIBTORCH_USE_PYTORCH,
+LD_LIBRARY_PATH, LD_PRELOAD, RUSTFLAGS with -Wl,--no-as-needed).
 envcheck uses it on the host to judge the environment and to fingerprint a build;
 thrust_remote.run.buildenv re-exports it for the train pipeline on the laptop. Both sides therefore
 agree on what "the right env" and "the same env as the last build" mean.

@@ -14,7 +14,8 @@ from . import buildenv, tables
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
-# (id, title) in report order: the seed guide's checklist first, then what it does not cover.
+# (id, title) in report order: the GPU box checklist (python, torch, CUDA, the tch-rs link) first, then
+# what a run over SSH needs besides.
 CHECKS = (
     ("python", "Host python runs envcheck"),
     ("torch-import", "PyTorch imports"),

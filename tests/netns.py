@@ -7,7 +7,7 @@
 
 Everything the test made is removed at exit: the sshds (with every job they started), the
 namespaces (with their veths) and the bridge. Traffic goes only between these namespaces and the
-bridge's address (../shared/TESTING.md). `unavailable()` says why namespaces cannot be made here.
+bridge's address (nothing else is reached). `unavailable()` says why namespaces cannot be made here.
 """
 
 from __future__ import annotations

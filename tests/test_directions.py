@@ -37,7 +37,8 @@ def _git(cwd: Path, *args: str) -> str:
 
 def _venv_with_our_packages(path: Path) -> Path:
     """A real venv whose python sees this test's site-packages (torch, numpy, onnx...) through a .pth
-    file: `--system-site-packages` would not, since this python is itself a venv's (TESTING.md)."""
+    file: `--system-site-packages` would not, since this python is itself a venv's (the system site of
+    a venv made from it is the base python's, not this venv's)."""
     base = getattr(sys, "_base_executable", None) or sys.executable
     subprocess.run([base, "-m", "venv", "--without-pip", str(path)], check=True)
     site = next((path / "lib").glob("python3*/site-packages"))

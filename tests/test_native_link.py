@@ -1,5 +1,5 @@
 """The native-link logic proved on a real libtorch program (tests/native/libtorch_probe.cpp, built
-with g++ against the torch wheel, as TESTING.md describes): it fails to start without buildenv's
+with g++ against the torch wheel: tch-rs itself cannot be built without crates.io): it fails to start without buildenv's
 env (exit 127) and runs with it; doctor's link check reads its NEEDED list and flags the
 --as-needed build while the --no-as-needed one passes."""
 

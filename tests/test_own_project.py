@@ -1,4 +1,4 @@
-"""Your own training code, end to end over a real sshd (issue 11's acceptance test): a project that is not
+"""Your own training code, end to end over a real sshd (the acceptance test of "your own code"): a project that is not
 this repository, with its own DDP-aware `train.py` that writes TensorBoard scalars (torch.utils.tensorboard)
 and a checkpoint, and a requirements.txt. `train` shows its progress from the scalars read on the host (no
 JSON on the screen), the run FINISHES, the artifacts come back verified, a second run skips setup, and under

@@ -15,7 +15,7 @@ import pytest
 from thrust_remote.agent import supervisor as supervise
 from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.core.errors import ConfigError, UsageError
-from thrust_remote.run import pipeline
+from thrust_remote.run import jobs, pipeline
 
 REPO_PATH = os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])
 HOST = HostConfig(name="gpu", address="gpu-box", python="python3")
@@ -49,10 +49,13 @@ def test_params_file_must_be_a_mapping_of_names(tmp_path):
 
 
 def test_python_argv_uses_torchrun_standalone_for_several_processes():
-    one = pipeline.python_argv(HOST, ["--env", "snake"], "/w/.thrust/runs/r", 1)
+    def python_argv(args: list[str], run_dir: str, nproc: int) -> list[str]:  # the built-in trainer's
+        return jobs.job_argv(JobConfig(name="trainer"), HOST.python, args, run_dir=run_dir, nproc=nproc, export=True)
+
+    one = python_argv(["--env", "snake"], "/w/.thrust/runs/r", 1)
     assert one[:4] == ["python3", "-u", "-m", "trainer.train"]
     assert one[-4:] == ["--run-dir", "/w/.thrust/runs/r", "--export", "/w/.thrust/runs/r/model.onnx"]
-    many = pipeline.python_argv(HOST, ["--env", "snake"], "/w/.thrust/runs/r", 4)
+    many = python_argv(["--env", "snake"], "/w/.thrust/runs/r", 4)
     assert "--standalone" in many
     assert "--nproc-per-node=4" in many
 

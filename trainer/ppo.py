@@ -332,7 +332,7 @@ def ppo_update(
 
 
 class PPO:
-    """One env batch + one policy + Adam. `iteration()` = collect a rollout, then update.
+    """One env batch + one policy + Adam. One iteration = `collect()` a rollout, then `update()`.
 
     `score` turns a rollout's rewards into per-step score points (the env spec's `score`, e.g. apples
     for snake); None: an episode's score is its return. `act_model` runs the rollout's forward passes

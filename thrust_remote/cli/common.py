@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from thrust_remote.core.config import Config, HostConfig, load_config
+from thrust_remote.core.config import ENV_DEBUG, Config, HostConfig, load_config
 from thrust_remote.host.runner import LocalRunner, Runner
 
 
@@ -27,7 +27,7 @@ class AppState:
 def state(ctx: typer.Context) -> AppState:
     root = ctx.find_root()
     if not isinstance(root.obj, AppState):
-        root.obj = AppState(debug=_env_flag("THRUST_DEBUG"))
+        root.obj = AppState(debug=_env_flag(ENV_DEBUG))
     return root.obj
 
 

@@ -13,6 +13,7 @@ from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from thrust_remote.cli.common import AppState, _env_flag
+from thrust_remote.core.config import ENV_CONFIG, ENV_DEBUG
 from thrust_remote.core.console import err_console
 from thrust_remote.core.errors import ExitCode, ThrustError
 
@@ -63,13 +64,13 @@ def _print_version(value: bool) -> None:
 def _global(
     ctx: typer.Context,
     config: Path | None = typer.Option(
-        None, "--config", envvar="THRUST_CONFIG", help="Path of thrust.yaml (default: nearest one upwards)."
+        None, "--config", envvar=ENV_CONFIG, help="Path of thrust.yaml (default: nearest one upwards)."
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
     version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                  help="Print the version and exit."),
 ) -> None:
-    ctx.obj = AppState(config_path=config, debug=debug or _env_flag("THRUST_DEBUG"))
+    ctx.obj = AppState(config_path=config, debug=debug or _env_flag(ENV_DEBUG))
 
 
 for _name in COMMAND_MODULES:
@@ -82,7 +83,7 @@ for _info in app.registered_commands:
 def run(argv: list[str] | None = None) -> None:
     """Console-script entry: run the app and map every failure to the exit codes of docs/architecture.md."""
     args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args or _env_flag("THRUST_DEBUG")
+    debug = "--debug" in args or _env_flag(ENV_DEBUG)
     if debug:  # library log lines (paramiko's) to stderr; without --debug they go nowhere
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:

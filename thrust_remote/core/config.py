@@ -31,12 +31,9 @@ HOST_KEY_POLICIES = ("strict", "accept-new")
 # `kind: python` without script:/module: is the built-in trainer (what it meant before kinds existed).
 JOB_KINDS = ("trainer", "python", "cargo", "command")
 
-# Environment overrides: THRUST_* variable -> what it sets. Flags still win over these.
-ENV_SETTINGS = {
-    "THRUST_CONFIG": "path of thrust.yaml",
-    "THRUST_HOST": "default host (default_host)",
-    "THRUST_DEBUG": "show tracebacks (1/true)",
-}
+# Environment overrides (flags still win over these): the path of thrust.yaml, the default host
+# (default_host), and tracebacks on errors (1/true).
+ENV_CONFIG, ENV_HOST, ENV_DEBUG = "THRUST_CONFIG", "THRUST_HOST", "THRUST_DEBUG"
 
 
 @dataclass(frozen=True)
@@ -224,7 +221,7 @@ def load_config(
 ) -> Config:
     """Load thrust.yaml (explicit path > THRUST_CONFIG > search upwards), apply env and flags."""
     env = os.environ if environ is None else environ
-    explicit = path or env.get("THRUST_CONFIG")
+    explicit = path or env.get(ENV_CONFIG)
     if explicit:
         cfg_path = Path(explicit).expanduser()
         if not cfg_path.is_file():
@@ -236,7 +233,7 @@ def load_config(
         given = str(cfg_path.resolve())
         hosts = {name: replace(h, config_path=given) for name, h in config.hosts.items()}
         config = replace(config, hosts=hosts, given=True)
-    host = default_host or env.get("THRUST_HOST") or None
+    host = default_host or env.get(ENV_HOST) or None
     if host:
         reason = bad_name_reason(host, "host name")
         if reason:

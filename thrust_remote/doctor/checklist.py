@@ -105,19 +105,9 @@ class FixResult:
 # the envcheck payload
 
 
-def envcheck_payload() -> tuple[bytes, str]:
-    """envcheck as a zipapp (bytes, sha256). Fixed timestamps, so the same code -> the same hash."""
-    built = payload.envcheck()
-    return built.data, built.sha256
-
-
 def payload_path() -> str:
     """Where the payload lives on a host (its `~` is the host's home)."""
     return payload.envcheck().remote
-
-
-def upload_payload(runner: Runner) -> str:
-    return payload.upload(runner, payload.envcheck())
 
 
 def envcheck_args(host: HostConfig, job: Job, workdir: str | None = None,

@@ -8,8 +8,9 @@ runs (docs/architecture.md, "Config (thrust.yaml)": the job kinds).
 
 With several processes a trainer or python job runs under `PYTHON -u -m torch.distributed.run
 --standalone --nproc-per-node=N --max-restarts=0` (the same SCRIPT or `-m MODULE` after it); on
-several hosts under `--nnodes=N --node-rank=I --rdzv-backend=c10d --rdzv-endpoint=ADDR:PORT
---rdzv-id=RUN_ID` instead of `--standalone` (Rendezvous, multinode.py).
+several hosts under `--nnodes=N --rdzv-backend=c10d --rdzv-endpoint=ADDR:PORT --rdzv-id=RUN_ID
+--local-addr=OWN` instead of `--standalone` (Rendezvous, multinode.py; no `--node-rank`: c10d ranks the
+nodes by their `--local-addr`).
 Every job runs with the checkout as its cwd and THRUST_RUN_ID, THRUST_RUN_DIR, THRUST_PYTHON,
 THRUST_EXPORT (when it exports), CUDA_VISIBLE_DEVICES and GPU_LIST (when GPUs are selected).
 """

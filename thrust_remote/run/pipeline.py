@@ -198,15 +198,6 @@ def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[
                                  "python -m trainer.train --help lists every flag with its range") from None
 
 
-def python_argv(host: HostConfig, args: Sequence[str], run_dir: str, nproc: int, export: bool = True, *,
-                python: str | None = None, trainer: str | None = None) -> list[str]:
-    """The built-in trainer's argv: `python` (the job's venv; default the host's `python:`) runs the
-    `trainer` zipapp uploaded by setup (default: `-m trainer.train` from the cwd's checkout);
-    jobs.job_argv has every kind's."""
-    return jobs.job_argv(JobConfig(name="trainer"), python or host.python, args, run_dir=run_dir, nproc=nproc,
-                         export=export, trainer=trainer)
-
-
 # ------------------------------------------------------------------------------------------ sequence
 
 @dataclass

@@ -36,8 +36,8 @@ class VenvSetup:
 
 
 def is_builtin_trainer(job: JobConfig) -> bool:
-    """`kind: trainer`, or `kind: python` with neither `script:` nor `module:` (issue 11: that keeps
-    meaning the built-in trainer; those two fields come with the other job kinds)."""
+    """`kind: trainer`, or `kind: python` with neither `script:` nor `module:` (that kept
+    meaning the built-in trainer when `script:` and `module:` came with the other job kinds)."""
     if job.kind == "trainer":
         return True
     return job.kind == "python" and not job.script and not job.module
