@@ -9,18 +9,31 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
 def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o600) -> Path:
     """`data` as the whole of `path` (parents made); `mode` 0600 unless said otherwise."""
+    body = data.encode() if isinstance(data, str) else data
+    return _replace(path, mode, lambda out: out.write(body))
+
+
+def copy_atomic(src: Path, dst: Path, *, mode: int = 0o644) -> Path:
+    """A copy of `src` as the whole of `dst`, with write_atomic's guarantees (read by `play`'s page: 0644)."""
+    with open(src, "rb") as inp:
+        return _replace(dst, mode, lambda out: shutil.copyfileobj(inp, out, 1 << 20))
+
+
+def _replace(path: Path, mode: int, fill: Callable[[BinaryIO], object]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # 0600
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode() if isinstance(data, str) else data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        with os.fdopen(fd, "wb") as out:
+            fill(out)
+            out.flush()
+            os.fsync(out.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -28,21 +41,3 @@ def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o600) -> Path:
             os.unlink(tmp)
         raise
     return path
-
-
-def copy_atomic(src: Path, dst: Path, *, mode: int = 0o644) -> Path:
-    """A copy of `src` as the whole of `dst`, with write_atomic's guarantees (read by `play`'s page: 0644)."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-            shutil.copyfileobj(inp, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, dst)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return dst

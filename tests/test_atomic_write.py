@@ -1,0 +1,52 @@
+"""core/files.py: the laptop's one atomic write. A write that fails half-way leaves the old file whole
+and no temp file beside it; a finished one is owner-only unless asked otherwise."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from thrust_remote.core.files import copy_atomic, write_atomic
+
+
+def test_a_write_is_whole_and_owner_only(tmp_path: Path):
+    path = write_atomic(tmp_path / "deep" / "index.json", '{"a": 1}\n')
+    assert path.read_text() == '{"a": 1}\n'
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in path.parent.iterdir()) == ["index.json"]
+
+
+def test_a_write_that_fails_half_way_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypatch):
+    path = write_atomic(tmp_path / "model.onnx", b"old model")
+
+    class Boom(Exception):
+        pass
+
+    class Source:  # a copy whose source breaks after the first block, like a disk or a link failing
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def read(self, size: int = -1) -> bytes:
+            self.calls += 1
+            if self.calls > 1:
+                raise Boom
+            return b"new half"
+
+    src = tmp_path / "src.onnx"
+    src.write_bytes(b"x")
+    real = shutil.copyfileobj
+    monkeypatch.setattr(shutil, "copyfileobj", lambda _inp, out, _n=0: real(Source(), out))
+    with pytest.raises(Boom):
+        copy_atomic(src, path)
+    assert path.read_bytes() == b"old model"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "src.onnx"]
+
+
+def test_a_copy_is_readable_by_the_page(tmp_path: Path):
+    src = tmp_path / "kept.onnx"
+    src.write_bytes(b"\x08\x07onnx")
+    dst = copy_atomic(src, tmp_path / "public" / "snake.onnx")
+    assert dst.read_bytes() == src.read_bytes() and os.stat(dst).st_mode & 0o777 == 0o644
