@@ -296,7 +296,8 @@ def launch_profiled(lab: Lab, hosts: Sequence[str]) -> dict[str, tuple[float, fl
     spans = Spans()
     for module, attr, stage in ((pipeline, "check", "check (sync+preflight)"), (multinode, "agree", "agree"),
                                 (pipeline, "set_up", "setup"), (multinode, "plan", "plan"),
-                                (multinode, "_launch_node", "launch"), (lifecycle, "_remember", "index"),
+                                (multinode, "_launch_node", "launch"), (lifecycle, "_launch_one", "launch"),
+                                (lifecycle, "_remember", "index"),
                                 (ssh_runner, "connect", "  ssh connect (in check)"),
                                 (SSHRunner, "run", "  remote commands")):
         spans.wrap(module, attr, stage)
@@ -367,11 +368,12 @@ def show_launch(lab: Lab, cold: dict[int, list[float]], warm: dict[int, list[flo
     print("in-process stage walls (first start to last end over the nodes) [slowest single node], s, median:")
     stages = list(prof[NODES[-1]][0])
     print(f"{'stage':24} " + " ".join(f"{f'N={n}':>16}" for n in NODES) + f" {'per extra node':>15}")
-    for stage in stages:
+    for stage in stages:  # a stage one host does not run (the plan: N=1) shows "-" there
         walls = {n: [p[stage][0] for p in prof[n] if stage in p] for n in NODES}
         cells = [f"{statistics.median(walls[n]):.3f} [{statistics.median(p[stage][1] for p in prof[n]):.3f}]"
-                 for n in NODES]
-        print(f"{stage:24} " + " ".join(f"{c:>16}" for c in cells) + f" {slope(walls):>15.3f}")
+                 if walls[n] else "-" for n in NODES]
+        ran = {n: w for n, w in walls.items() if w}
+        print(f"{stage:24} " + " ".join(f"{c:>16}" for c in cells) + f" {slope(ran):>15.3f}")
 
 
 def main() -> int:
