@@ -12,6 +12,8 @@ Fixtures
 - `cli` (function): run the installed `thrust-remote` console script as a user would; returns
   CompletedProcess (text). Pass `env=` to add variables, `cwd=` for the project dir.
 
+Plain helpers (git projects, a project of a user's own, waiting on a condition) are in tests/helpers.py.
+
 sshd runs under `unshare --pid --fork --kill-child --mount-proc`, started in its own session; the
 teardown SIGKILLs that wrapper, which ends sshd, every session and every detached job started
 through it (killing only sshd would leave `setsid` jobs alive).
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
+from helpers import remote_tempdir
 
 from thrust_remote.core.config import HostConfig
 
@@ -278,7 +281,7 @@ def sshd() -> Iterator[SSHServer]:
 
 @pytest.fixture
 def remote_dir(sshd: SSHServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(tempfile.mkdtemp(prefix="remote-", dir=sshd.root / "remote-home"))
+    return remote_tempdir(sshd)
 
 
 @pytest.fixture

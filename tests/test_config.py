@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import git_init
 
 from thrust_remote.core.config import LOCAL, load_config, parse_config_text
 from thrust_remote.core.errors import ConfigError, ExitCode
@@ -168,14 +168,8 @@ def test_init_writes_a_config_that_loads_and_never_overwrites(cli, tmp_path):
     assert (tmp_path / "thrust.yaml").read_text() == "default_host: local\n# mine\n"
 
 
-def _git_init(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["git", "init", "-q", str(path)], check=True)
-    return path.resolve()
-
-
 def test_config_elsewhere_only_configures_the_git_tree_you_stand_in(tmp_path, monkeypatch):
-    project = _git_init(tmp_path / "project")
+    project = git_init(tmp_path / "project", identity=False)
     (project / "sub").mkdir()
     elsewhere = tmp_path / "elsewhere" / "thrust.yaml"
     elsewhere.parent.mkdir()

@@ -19,20 +19,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import EXE, FAST, clone_repo, git
 
 from thrust_remote.core.config import HostConfig, load_config
 from thrust_remote.core.hints import command_hint
 from thrust_remote.doctor.checklist import Check, Report, with_config
 from thrust_remote.host.runner import LocalRunner
 from thrust_remote.host.session import resolve_python
-
-REPO = Path(__file__).resolve().parent.parent
-EXE = str(Path(sys.executable).parent / "thrust-remote")
-FAST = ["--set", "total-steps=6000", "--set", "target-return=0", "--set", "log-interval=0.2"]
-
-
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def _venv_with_our_packages(path: Path) -> Path:
@@ -69,12 +62,7 @@ def _with_python(cfg: Path, sshd, python: str) -> Path:
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A clone of this repository at its HEAD: the laptop's project."""
-    proj = tmp_path / "project"
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(proj)], check=True)
-    _git(proj, "config", "user.email", "t@example.com")
-    _git(proj, "config", "user.name", "t")
-    _git(proj, "remote", "remove", "origin")
-    return proj
+    return clone_repo(tmp_path / "project")
 
 
 # ------------------------------------------------------------------------------------------ hints
@@ -122,8 +110,8 @@ def test_python_paths_resolve_on_the_host_like_ssh_would(sshd, tmp_path: Path) -
 def test_tilde_python_is_the_hosts_home_for_every_command(cli, sshd, remote_dir, project, home_venv) -> None:
     cfg = _with_python(sshd.thrust_yaml(project / "thrust.yaml", workdir=str(remote_dir / "thrust")), sshd,
                        home_venv)
-    _git(project, "add", "thrust.yaml")
-    _git(project, "commit", "-q", "-m", "thrust.yaml")
+    git(project, "add", "thrust.yaml")
+    git(project, "commit", "-q", "-m", "thrust.yaml")
     train = cli("train", "cartpole", *FAST, cwd=project)
     assert train.returncode == 0, train.stderr
     run_id = re.search(r"(?:launching run|following) (cartpole[\w.-]+)", train.stderr).group(1)
@@ -178,8 +166,8 @@ def test_busy_workdir_hint_names_host_and_config_and_its_stop_works(cli, sshd, r
     assert first.returncode == 0, first.stderr
     run_id = re.search(r"launching run (cartpole[\w.-]+)", first.stderr).group(1)
     (project / "NOTES.txt").write_text("a change\n")
-    _git(project, "add", "NOTES.txt")
-    _git(project, "commit", "-q", "-m", "notes")
+    git(project, "add", "NOTES.txt")
+    git(project, "commit", "-q", "-m", "notes")
     busy = cli("--config", str(cfg), "train", "cartpole", "--detach", *long, cwd=project)
     assert busy.returncode == 1 and "is in use by running run(s)" in busy.stderr, busy.stderr
     at = f"thrust-remote --config {cfg.resolve()}"

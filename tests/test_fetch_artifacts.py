@@ -11,18 +11,15 @@ import json
 import os
 import re
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from helpers import EXE, new_project, remote_tempdir
 
 from thrust_remote.agent import listing
 from thrust_remote.core.errors import ExitCode
-
-EXE = str(Path(sys.executable).parent / "thrust-remote")
 
 WRITE = """\
 #!/bin/sh
@@ -46,10 +43,6 @@ jobs:
 """
 
 
-def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True)
-
-
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -57,16 +50,9 @@ def _sha(path: Path) -> str:
 @pytest.fixture(scope="module")
 def trained(sshd, tmp_path_factory) -> tuple[Path, Path, str, subprocess.CompletedProcess]:
     """(project, host workdir, run id, train's result): one run of the writer job, fetched by train."""
-    proj = tmp_path_factory.mktemp("arts") / "project"
-    proj.mkdir()
-    (proj / "write.sh").write_text(WRITE)
-    workdir = Path(tempfile.mkdtemp(prefix="remote-", dir=sshd.root / "remote-home")) / "arts"
-    sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(workdir), rest=JOBS)
-    subprocess.run(["git", "init", "-q", str(proj)], check=True)
-    _git(proj, "config", "user.email", "t@example.com")
-    _git(proj, "config", "user.name", "t")
-    _git(proj, "add", "-A")
-    _git(proj, "commit", "-q", "-m", "writer")
+    workdir = remote_tempdir(sshd) / "arts"
+    proj = new_project(tmp_path_factory.mktemp("arts") / "project", sshd, workdir, files={"write.sh": WRITE},
+                       jobs=JOBS, message="writer")
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     result = subprocess.run([EXE, "train", "writer"], cwd=proj, capture_output=True, text=True, env=env, timeout=300)
     match = re.search(r"launching run (\S+)", result.stderr)

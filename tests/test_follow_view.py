@@ -9,9 +9,9 @@ import os
 import re
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
+from helpers import EXE, clone_repo
 from rich.console import Console
 
 from thrust_remote.cli.follow import EMPTY, FILLED, LogView, _fields, progress_line
@@ -149,15 +149,10 @@ def test_live_view_on_an_80_column_terminal_keeps_the_bar():
     assert len(last) <= 80 and FILLED in last and "25,000/60,000 steps" in last
 
 
-REPO = Path(__file__).resolve().parent.parent
-EXE = str(Path(os.sys.executable).parent / "thrust-remote")
-
-
 @pytest.mark.slow
 def test_train_through_a_pipe_prints_readable_progress_lines(tmp_path):
     """`make demo | tee log`: the real CLI, host local, stdout a pipe: readable lines, no THRUST_METRICS."""
-    proj = tmp_path / "project"
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(proj)], check=True)
+    proj = clone_repo(tmp_path / "project", plain=True)
     env = {**os.environ, "COLUMNS": "80"}
     env.pop("THRUST_CONFIG", None)
     t0 = time.monotonic()

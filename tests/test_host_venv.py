@@ -20,19 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import REPO, TINY_TRAIN, new_project
 
 from thrust_remote.core.config import JobConfig, load_config
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import lifecycle, pipeline
-
-REPO = Path(__file__).resolve().parent.parent
-HOST_PYTHON = Path(sys.executable)
-FAST = ["--set", "total-steps=2048", "--set", "target-return=0", "--set", "log-interval=0.2"]
-
-
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def make_wheel(where: Path, name: str, version: str) -> Path:
@@ -53,23 +46,6 @@ def make_wheel(where: Path, name: str, version: str) -> Path:
         for path, data in files.items():
             zf.writestr(path, data)
     return wheel
-
-
-def fresh_project(path: Path, sshd, remote_dir: Path, *, python: Path = HOST_PYTHON,
-                  files: dict[str, str] | None = None) -> Path:
-    """A new git project that is not this repository: a thrust.yaml (and `files`), nothing else."""
-    path.mkdir(parents=True)
-    _git(path, "init", "-q")
-    _git(path, "config", "user.email", "t@example.com")
-    _git(path, "config", "user.name", "t")
-    sshd.thrust_yaml(path / "thrust.yaml", workdir=str(remote_dir / "thrust"))
-    text = (path / "thrust.yaml").read_text().replace(f"python: {HOST_PYTHON}", f"python: {python}")
-    (path / "thrust.yaml").write_text(text)
-    for name, content in (files or {}).items():
-        (path / name).write_text(content)
-    _git(path, "add", "-A")
-    _git(path, "commit", "-q", "-m", "a project with only a thrust.yaml")
-    return path
 
 
 class Steps(pipeline.NullReporter):
@@ -142,7 +118,7 @@ def test_agent_venv_ensure_failing_pip_is_69_with_its_last_lines(tmp_path):
 
 @pytest.mark.slow
 def test_venv_made_then_skipped_then_new_when_requirements_change(tmp_path, sshd, remote_dir):
-    project = fresh_project(tmp_path / "project", sshd, remote_dir)
+    project = new_project(tmp_path / "project", sshd, remote_dir / "thrust")
     job = JobConfig(name="cartpole", args={"env": "cartpole"}, requirements=(str(make_wheel(tmp_path, "thrusttiny",
                                                                                              "0.1")),))
     first, steps = _prepare(project, sshd, job)
@@ -171,8 +147,8 @@ def test_venv_made_then_skipped_then_new_when_requirements_change(tmp_path, sshd
 
 @pytest.mark.slow
 def test_failing_requirement_is_69_with_pips_lines_and_nothing_launched(tmp_path, sshd, remote_dir):
-    project = fresh_project(tmp_path / "project", sshd, remote_dir,
-                            files={"requirements.txt": "--no-index\nthrust-no-such-package-zz==1.0\n"})
+    project = new_project(tmp_path / "project", sshd, remote_dir / "thrust",
+                          files={"requirements.txt": "--no-index\nthrust-no-such-package-zz==1.0\n"})
     job = JobConfig(name="cartpole", args={"env": "cartpole"}, requirements_file="requirements.txt")
     config = load_config(project / "thrust.yaml")
     runner = sshd.runner()
@@ -219,8 +195,8 @@ def test_externally_managed_python_gets_its_venv_and_trains(tmp_path, sshd, remo
                              text=True, check=False)
     assert refused.returncode != 0 and "externally-managed-environment" in refused.stderr  # as on Debian 12
 
-    project = fresh_project(tmp_path / "project", sshd, remote_dir, python=python)
-    result = cli("train", "cartpole", *FAST, cwd=project)
+    project = new_project(tmp_path / "project", sshd, remote_dir / "thrust", python=python)
+    result = cli("train", "cartpole", *TINY_TRAIN, cwd=project)
     assert result.returncode == 0, result.stderr
     assert "setting up the host's python: a venv at" in result.stderr
     assert (project / "web" / "public" / "cartpole.onnx").stat().st_size > 0
@@ -239,9 +215,9 @@ def test_externally_managed_python_gets_its_venv_and_trains(tmp_path, sshd, remo
 
 @pytest.mark.slow
 def test_builtin_trainer_from_a_fresh_project_trains_cartpole_then_skips_setup(tmp_path, sshd, remote_dir, cli):
-    project = fresh_project(tmp_path / "project", sshd, remote_dir)
+    project = new_project(tmp_path / "project", sshd, remote_dir / "thrust")
     assert sorted(p.name for p in project.iterdir()) == [".git", "thrust.yaml"]
-    first = cli("train", "cartpole", *FAST, cwd=project)
+    first = cli("train", "cartpole", *TINY_TRAIN, cwd=project)
     assert first.returncode == 0, first.stderr
     assert (project / "web" / "public" / "cartpole.onnx").stat().st_size > 0
     assert "setting up the host's python" in first.stderr
@@ -250,7 +226,7 @@ def test_builtin_trainer_from_a_fresh_project_trains_cartpole_then_skips_setup(t
     argv = json.loads((run_dirs[0] / "run.json").read_text())["argv"]
     assert "/.thrust/venvs/" in argv[0] and Path(argv[2]).name.startswith("trainer-")
 
-    second = cli("train", "cartpole", *FAST, cwd=project)
+    second = cli("train", "cartpole", *TINY_TRAIN, cwd=project)
     assert second.returncode == 0, second.stderr
     assert "setup skipped: the job's venv is up to date" in second.stderr
     assert "setting up the host's python" not in second.stderr

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import TRAIN_PY, new_project, remote_tempdir
 
 from thrust_remote.core.config import JobConfig, load_config, parse_config_text
 from thrust_remote.core.errors import ConfigError, ExitCode, UsageError
@@ -195,56 +194,6 @@ def test_every_job_is_told_its_run_gpus_and_export():
 
 # ------------------------------------------------------------------------------------------ over SSH
 
-TRAIN_PY = '''\
-"""A user's own DDP-aware training script: torch and the standard library only."""
-import argparse
-import json
-import os
-import sys
-
-import torch
-import torch.distributed as dist
-
-NAMES = ("THRUST_RUN_ID", "THRUST_RUN_DIR", "THRUST_EXPORT", "THRUST_PYTHON", "CUDA_VISIBLE_DEVICES",
-         "GPU_LIST", "WORLD_SIZE", "RANK", "LOCAL_RANK")
-
-
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--tag", default="script")
-    args = parser.parse_args()
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    if world > 1:
-        dist.init_process_group("gloo")
-    w = torch.zeros(1, requires_grad=True)
-    opt = torch.optim.SGD([w], lr=args.lr)
-    for step in range(1, args.steps + 1):
-        loss = (w - 1.0).pow(2).sum()
-        opt.zero_grad()
-        loss.backward()
-        if world > 1:
-            dist.all_reduce(w.grad)
-            w.grad /= world
-        opt.step()
-        if rank == 0:
-            print("THRUST_METRICS " + json.dumps({"step": step, "loss": loss.item()}), flush=True)
-    ranks = torch.ones(1)
-    if world > 1:
-        dist.all_reduce(ranks)
-        dist.barrier()  # no rank tears gloo down while a peer's last bytes are in flight
-        dist.destroy_process_group()
-    seen = {"argv": sys.argv[1:], "tag": args.tag, "ranks": ranks.item(), "cwd": os.getcwd(),
-            "env": {k: os.environ.get(k) for k in NAMES}}
-    with open(os.path.join(os.environ["THRUST_RUN_DIR"], f"seen-{args.tag}-{rank}.json"), "w") as fh:
-        json.dump(seen, fh)
-
-
-if __name__ == "__main__":
-    main()
-'''
-
 SHOW_ENV = '''\
 #!/bin/sh
 echo "GPU_LIST=${GPU_LIST-unset} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}"
@@ -275,27 +224,15 @@ jobs:
 """
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def user_project(sshd, tmp_path_factory) -> tuple[Path, Path]:
     """(project, host workdir): a fresh git repo with its own train.py, a package and a shell script."""
-    proj = tmp_path_factory.mktemp("own") / "project"
-    (proj / "pkg").mkdir(parents=True)
-    (proj / "scripts").mkdir()
-    (proj / "train.py").write_text(TRAIN_PY)
-    (proj / "pkg" / "__init__.py").write_text("")
-    (proj / "pkg" / "train_mod.py").write_text("from train import main\n\nif __name__ == '__main__':\n    main()\n")
-    (proj / "scripts" / "show_env.sh").write_text(SHOW_ENV)
-    workdir = Path(tempfile.mkdtemp(prefix="remote-", dir=sshd.root / "remote-home")) / "own"
-    sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(workdir), rest=JOBS)
-    subprocess.run(["git", "init", "-q", str(proj)], check=True)
-    _git(proj, "config", "user.email", "t@example.com")
-    _git(proj, "config", "user.name", "t")
-    _git(proj, "add", "-A")
-    _git(proj, "commit", "-q", "-m", "my own project")
+    files = {"train.py": TRAIN_PY, "pkg/__init__.py": "",
+             "pkg/train_mod.py": "from train import main\n\nif __name__ == '__main__':\n    main()\n",
+             "scripts/show_env.sh": SHOW_ENV}
+    workdir = remote_tempdir(sshd) / "own"
+    proj = new_project(tmp_path_factory.mktemp("own") / "project", sshd, workdir, files=files, jobs=JOBS,
+                       message="my own project")
     return proj, workdir
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from conftest import VENV_BIN
+from helpers import TRAIN_PY, commit, git_init
 from netns import Network, unavailable
-from test_job_kinds import TRAIN_PY
 
 pytestmark = pytest.mark.slow
 
@@ -75,9 +75,8 @@ def project(net, tmp_path_factory) -> Path:
     (proj / "long.py").write_text(LONG_PY)
     (proj / "quit.py").write_text(QUIT_PY)
     net.yaml(proj / "thrust.yaml", rest=JOBS)
-    for args in (["init", "-q"], ["config", "user.email", "t@example.com"], ["config", "user.name", "t"],
-                 ["add", "-A"], ["commit", "-q", "-m", "two nodes"]):
-        subprocess.run(["git", "-C", str(proj), *args], check=True)
+    git_init(proj)
+    commit(proj, "two nodes")
     return proj
 
 

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import REPO, clone_repo, remote_tempdir, wait_until
 
 from thrust_remote import optimize as core
 
-REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 SMI_DATA = REPO / "tests" / "data" / "nvidia_smi"
 
@@ -40,15 +40,10 @@ AGGRESSIVE = ["--pruner", "median", "--prune-startup", "1", "--prune-warmup", "0
 pytestmark = pytest.mark.slow
 
 
-def clone(root: Path) -> Path:
-    """A clone of this repository (~0.5 s): the trainer is there, and a host can sync its commit."""
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(root)], check=True)
-    return root
-
-
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return clone(tmp_path_factory.mktemp("optimize") / "project")
+    """A clone of this repository (~0.5 s): the trainer is there, and a host can sync its commit."""
+    return clone_repo(tmp_path_factory.mktemp("optimize") / "project", plain=True)
 
 
 def local_project(base: Path, name: str, extra: str = "") -> Path:
@@ -177,7 +172,7 @@ def test_failing_trials_stop_the_study_with_the_reason(cli, tmp_path):
 @pytest.fixture(scope="module")
 def ssh_study(sshd, project, tmp_path_factory):
     """6 trials, 2 parallel, an aggressive median pruner, on the sshd host (study SQLite on the host)."""
-    workdir = Path(tempfile_dir(sshd, "opt-remote"))
+    workdir = remote_tempdir(sshd, "opt-remote")
     sshd.thrust_yaml(project / "thrust.yaml", workdir=str(workdir), rest=SEARCH)
     exe = str(VENV_BIN / "thrust-remote")
     started = time.monotonic()
@@ -186,12 +181,6 @@ def ssh_study(sshd, project, tmp_path_factory):
                             cwd=project, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "NO_COLOR": "1"})
     return result, workdir, time.monotonic() - started
-
-
-def tempfile_dir(sshd, prefix: str) -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix=prefix, dir=sshd.root / "remote-home")
 
 
 def test_study_over_ssh_completes_prunes_and_lives_on_the_host(ssh_study, project):
@@ -244,8 +233,8 @@ def test_best_params_file_round_trips_into_train(ssh_study, project, cli):
 
 
 def test_killed_driver_is_resumed_to_n_trials_without_duplicates(sshd, tmp_path):
-    project = clone(tmp_path / "project")
-    workdir = Path(tempfile_dir(sshd, "opt-resume"))
+    project = clone_repo(tmp_path / "project", plain=True)
+    workdir = remote_tempdir(sshd, "opt-resume")
     sshd.thrust_yaml(project / "thrust.yaml", workdir=str(workdir), rest=SEARCH)
     exe = str(VENV_BIN / "thrust-remote")
     argv = [exe, "optimize", "cartpole", "--trials", "5", "--parallel", "2",
@@ -282,10 +271,12 @@ def test_killed_driver_is_resumed_to_n_trials_without_duplicates(sshd, tmp_path)
 def test_ctrl_c_twice_stops_every_trial(tmp_path):
     root = local_project(tmp_path, "ctrl-c")
     exe = str(VENV_BIN / "thrust-remote")
-    proc = subprocess.Popen([exe, "optimize", "cartpole", "--trials", "4", "--parallel", "2", "--pruner", "none",
-                             "--set", "total-steps=400000", "--set", "target-return=0", "--json"],
-                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "NO_COLOR": "1"})
+    err = tmp_path / "driver.stderr"  # a file, not a pipe: the test reads it while the driver runs
+    with err.open("wb") as err_file:
+        proc = subprocess.Popen([exe, "optimize", "cartpole", "--trials", "4", "--parallel", "2", "--pruner", "none",
+                                 "--set", "total-steps=400000", "--set", "target-return=0", "--json"],
+                                cwd=root, stdout=subprocess.PIPE, stderr=err_file,
+                                env={**os.environ, "NO_COLOR": "1"})
     runs_dir = root / ".thrust" / "runs"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(runs_dir.glob("*/metrics.jsonl"))) < 2:
@@ -295,9 +286,11 @@ def test_ctrl_c_twice_stops_every_trial(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert second.returncode == 1 and "already being driven" in second.stderr, second.stderr
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
+    # the second press must come after the first was handled (drain), or they are not two presses
+    wait_until(lambda: b"Ctrl-C: no new trials" in err.read_bytes(), 30, "the driver to take the first Ctrl-C")
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
+    stdout, _ = proc.communicate(timeout=60)
+    stderr = err.read_bytes()
     assert proc.returncode == 130, stderr.decode()
     out = json.loads(stdout)
     assert out["stopped"] == "aborted"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from conftest import SSHServer, _start_sshd
+from helpers import clone_repo, remote_tempdir
 
-REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 EXE = str(VENV_BIN / "thrust-remote")
 
@@ -60,9 +60,8 @@ def two_hosts(sshd, tmp_path_factory):
     """A clone of this repository as the project; hosts a and b (same sshd, own workdirs), the group
     `pair: [a, b]`, and `dead` (a closed port) in the group `half: [a, dead]`."""
     base = tmp_path_factory.mktemp("opt-hosts")
-    project = base / "project"
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(project)], check=True)
-    work = {n: Path(tempfile.mkdtemp(prefix=f"opt-{n}-", dir=sshd.root / "remote-home")) for n in "ab"}
+    project = clone_repo(base / "project", plain=True)
+    work = {n: remote_tempdir(sshd, f"opt-{n}-") for n in "ab"}
     (project / "thrust.yaml").write_text(
         "default_host: a\nhosts:\n" + host_entry(sshd, "a", str(work["a"])) + host_entry(sshd, "b", str(work["b"]))
         + host_entry(sshd, "dead", str(work["a"]), port=closed_port())
@@ -170,7 +169,7 @@ def test_a_host_lost_mid_study_loses_only_its_running_trial(sshd, two_hosts, sec
     """Kill host c's sshd (and with it c's trial) while c runs a trial: that trial is FAIL
     (interrupted) and its parameters run again on a; the study reaches N on a; c is named as lost."""
     project, work = two_hosts
-    work_c = Path(tempfile.mkdtemp(prefix="opt-c-", dir=second_sshd.root / "remote-home"))
+    work_c = remote_tempdir(second_sshd, "opt-c-")
     config = project / "lost.yaml"
     with (project / ".git" / "info" / "exclude").open("a") as fh:
         fh.write("lost.yaml\n")  # not part of the code the hosts run

@@ -9,12 +9,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import new_project, remote_tempdir
 
 from thrust_remote.agent import poll as agent_poll
 from thrust_remote.agent import scalars
@@ -92,24 +92,12 @@ echo "THRUST_METRICS {\\"step\\": 1, \\"charts/score\\": $lr}"
 """
 
 
-def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def own_project(sshd, tmp_path_factory) -> tuple[Path, Path]:
     """(project, host workdir): a fresh git repo of a user's own, not this repository."""
-    proj = tmp_path_factory.mktemp("ownopt") / "project"
-    proj.mkdir()
-    (proj / "score.py").write_text(SCORE_PY)
-    (proj / "words.sh").write_text(WORDS_SH)
-    workdir = Path(tempfile.mkdtemp(prefix="remote-", dir=sshd.root / "remote-home")) / "own"
-    sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(workdir), rest=JOBS)
-    _git(proj.parent, "init", "-q", str(proj))
-    _git(proj, "config", "user.email", "t@example.com")
-    _git(proj, "config", "user.name", "t")
-    _git(proj, "add", "-A")
-    _git(proj, "commit", "-q", "-m", "my own project")
+    workdir = remote_tempdir(sshd) / "own"
+    proj = new_project(tmp_path_factory.mktemp("ownopt") / "project", sshd, workdir,
+                       files={"score.py": SCORE_PY, "words.sh": WORDS_SH}, jobs=JOBS, message="my own project")
     return proj, workdir
 
 

@@ -11,15 +11,12 @@ import json
 import os
 import re
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import EXE, new_project, remote_tempdir
 
 pytest.importorskip("tensorboard", reason="the job writes TensorBoard events: pip install tensorboard")
-
-EXE = str(Path(sys.executable).parent / "thrust-remote")
 
 TRAIN_PY = '''\
 """A user's DDP-aware training script: torch's own TensorBoard writer and a checkpoint."""
@@ -85,26 +82,15 @@ jobs:
 """
 
 
-def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def project(sshd, tmp_path_factory) -> tuple[Path, Path]:
     """(project, host workdir): a fresh git repo with only train.py, requirements.txt and thrust.yaml."""
-    proj = tmp_path_factory.mktemp("mine") / "project"
-    proj.mkdir()
-    (proj / "train.py").write_text(TRAIN_PY)
-    # satisfied by the host's own site-packages (the venv sees them): pip installs nothing, offline
-    (proj / "requirements.txt").write_text("tensorboard\n")
-    (proj / ".gitignore").write_text("runs/\nmodels/\n")
-    workdir = Path(tempfile.mkdtemp(prefix="remote-", dir=sshd.root / "remote-home")) / "mine"
-    sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(workdir), rest=JOBS)
-    subprocess.run(["git", "init", "-q", str(proj)], check=True)
-    _git(proj, "config", "user.email", "t@example.com")
-    _git(proj, "config", "user.name", "t")
-    _git(proj, "add", "-A")
-    _git(proj, "commit", "-q", "-m", "my project")
+    # requirements.txt: satisfied by the host's own site-packages (the venv sees them): pip installs nothing,
+    # offline
+    files = {"train.py": TRAIN_PY, "requirements.txt": "tensorboard\n", ".gitignore": "runs/\nmodels/\n"}
+    workdir = remote_tempdir(sshd) / "mine"
+    proj = new_project(tmp_path_factory.mktemp("mine") / "project", sshd, workdir, files=files, jobs=JOBS,
+                       message="my project")
     return proj, workdir
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import git
 
 from thrust_remote.cli.main import app
 from thrust_remote.core.config import HostConfig
@@ -66,10 +67,6 @@ def test_init_never_wraps_its_path_or_its_command(cli, tmp_path, columns):
 
 # ------------------------------------------------------------------------------ untracked warning
 
-def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True)
-
-
 def _untracked_warnings(repo: Path, host: Path) -> list[str]:
     session = HostSession(LocalRunner(), HostConfig(name="local", python=sys.executable), HostPaths(str(host)))
     return [w for w in sync(session, local_state(repo)).warnings if "untracked" in w]
@@ -78,8 +75,8 @@ def _untracked_warnings(repo: Path, host: Path) -> list[str]:
 def test_untracked_warning_skips_the_tools_own_files_and_says_how_to_silence_it(tmp_path):
     repo = tmp_path / "laptop"
     repo.mkdir()
-    _git(repo, "init", "-q")
-    _git(repo, "-c", "user.email=t@example.com", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "one")
+    git(repo, "init", "-q")
+    git(repo, "-c", "user.email=t@example.com", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "one")
     (repo / "thrust.yaml").write_text("default_host: local\n")
     (repo / ".thrust" / "runs").mkdir(parents=True)
     (repo / ".thrust" / "runs" / "index.json").write_text("{}\n")

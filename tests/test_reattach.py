@@ -19,34 +19,19 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import EXE, FAST, SLOW, git, sandbox_clone
 
 from thrust_remote.core.errors import ExitCode
 
-REPO = Path(__file__).resolve().parent.parent
-EXE = str(Path(os.sys.executable).parent / "thrust-remote")
-SLOW = ["--set", "total-steps=60000", "--set", "target-return=0", "--set", "log-interval=0.1"]
-FAST = ["--set", "total-steps=6000", "--set", "target-return=0", "--set", "log-interval=0.2"]
 PROGRESS = re.compile(r"^cartpole-\S+: +\d+%  [\d,]+/[\d,]+ steps", re.M)
 
 pytestmark = pytest.mark.slow
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture
 def project(tmp_path, sshd, remote_dir) -> Path:
     """A clone of this repo with a committed thrust.yaml for the sshd host (as in test_train_remote)."""
-    proj = tmp_path / "project"
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(proj)], check=True)
-    _git(proj, "config", "user.email", "t@example.com")
-    _git(proj, "config", "user.name", "t")
-    _git(proj, "remote", "remove", "origin")
-    sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(remote_dir / "thrust"))
-    _git(proj, "add", "thrust.yaml")
-    _git(proj, "commit", "-q", "-m", "thrust.yaml for the test host")
-    return proj
+    return sandbox_clone(tmp_path / "project", sshd, remote_dir / "thrust")
 
 
 def _env() -> dict[str, str]:
@@ -170,7 +155,7 @@ def test_train_json_attached_prints_one_object_and_nothing_else(cli, project, re
     assert result["state"] == "FINISHED" and result["exit_code"] == 0 and result["job_exit_code"] == 0
     assert result["host"] == "sandbox" and result["job"] == "cartpole"
     assert result["run_dir"].endswith(f"/.thrust/runs/{result['run_id']}")
-    assert result["commit"] == _git(project, "rev-parse", "HEAD")
+    assert result["commit"] == git(project, "rev-parse", "HEAD")
     assert Path(result["model"]) == _public(project) / "cartpole.onnx"
     assert result["sha256"] == hashlib.sha256(Path(result["model"]).read_bytes()).hexdigest()
     assert result["steps"] == result["total_steps"] and result["steps"] >= 6000
@@ -181,7 +166,7 @@ def test_train_json_attached_prints_one_object_and_nothing_else(cli, project, re
     cfg = project / "thrust.yaml"
     cfg.write_text(cfg.read_text() + "jobs:\n  crashy:\n    kind: python\n    args: {env: cartpole, target-return: 0}\n"
                    "    env: {THRUST_TEST_CRASH_AT_STEP: '512'}\n")
-    _git(project, "commit", "-q", "-am", "a job that crashes")
+    git(project, "commit", "-q", "-am", "a job that crashes")
     bad = cli("train", "crashy", "--set", "total-steps=60000", "--set", "log-interval=0", "--json", cwd=project)
     assert bad.returncode == 1, bad.stderr
     failed = json.loads(bad.stdout)

@@ -13,12 +13,12 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import REPO, clone_repo, commit, git, remote_tempdir
 
 from envcheck.nvsmi import summarize
 from thrust_remote.core.config import HostConfig, JobConfig, load_config
@@ -28,7 +28,6 @@ from thrust_remote.host.session import HostPaths, HostSession
 from thrust_remote.run import pipeline
 from thrust_remote.runs import control, index
 
-REPO = Path(__file__).resolve().parent.parent
 NVSMI = REPO / "tests" / "data" / "nvidia_smi"
 LONG = ["--set", "total-steps=50000000", "--set", "target-return=0", "--set", "num-envs=8"]
 
@@ -149,10 +148,6 @@ def test_gpus_count_picks_among_gpus_no_running_run_holds():
 
 # ------------------------------------------------------------------------------ over a real sshd
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -171,17 +166,13 @@ def silent_port():
 @pytest.fixture(scope="module")
 def workdir(sshd) -> Path:
     """The sandbox host's workdir (tests look into it only to check what happened there)."""
-    return Path(tempfile.mkdtemp(prefix="remote-", dir=sshd.root / "remote-home")) / "thrust"
+    return remote_tempdir(sshd) / "thrust"
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, sshd, silent_port, workdir) -> Path:
     """A clone whose default host is `local`; `sandbox` is the sshd, `down` refuses, `silent` hangs."""
-    proj = tmp_path_factory.mktemp("index") / "project"
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(proj)], check=True)
-    _git(proj, "config", "user.email", "t@example.com")
-    _git(proj, "config", "user.name", "t")
-    _git(proj, "remote", "remove", "origin")
+    proj = clone_repo(tmp_path_factory.mktemp("index") / "project")
     extra = "".join(
         f"  {name}:\n    address: {sshd.user}@127.0.0.1:{port}\n    known_hosts: {sshd.known_hosts}\n"
         f"    identity: {sshd.client_key}\n    connect_timeout: 60\n"
@@ -190,8 +181,7 @@ def project(tmp_path_factory, sshd, silent_port, workdir) -> Path:
     sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(workdir), hosts_extra=extra)
     text = (proj / "thrust.yaml").read_text().replace("default_host: sandbox", "default_host: local", 1)
     (proj / "thrust.yaml").write_text(text)
-    _git(proj, "add", "thrust.yaml")
-    _git(proj, "commit", "-q", "-m", "thrust.yaml for the test hosts")
+    commit(proj, "thrust.yaml for the test hosts", "thrust.yaml")
     return proj
 
 
@@ -244,7 +234,7 @@ def test_status_logs_and_the_index_find_the_host_without_host(cli, project, two_
     run_id = two_runs[0]
     entry = json.loads((project / ".thrust" / "index" / f"{run_id}.json").read_text())
     assert entry["host"] == "sandbox" and entry["job"] == "cartpole"
-    assert entry["commit"] == _git(project, "rev-parse", "HEAD")
+    assert entry["commit"] == git(project, "rev-parse", "HEAD")
     assert entry["run_dir"] == str(workdir / ".thrust" / "runs" / run_id)
     assert entry["config"] == str((project / "thrust.yaml").resolve())
     status = cli("status", run_id, cwd=project)  # the default host is `local`: only the index knows
@@ -289,15 +279,15 @@ def test_runs_all_lists_every_host_in_parallel_and_names_the_unreachable(cli, pr
 
 @pytest.mark.slow
 def test_syncing_changed_code_under_a_running_run_is_refused(cli, project, two_runs, workdir):
-    before = _git(workdir, "rev-parse", "HEAD")
+    before = git(workdir, "rev-parse", "HEAD")
     (project / "CHANGED.md").write_text("new code\n")
-    _git(project, "add", "CHANGED.md")
-    _git(project, "commit", "-q", "-m", "a change")
+    git(project, "add", "CHANGED.md")
+    git(project, "commit", "-q", "-m", "a change")
     res = cli("train", "cartpole", "--host", "sandbox", *LONG, "--detach", cwd=project)
     assert res.returncode == ExitCode.FAILED
     assert "would change their code under them" in res.stderr
     assert any(f"thrust-remote stop {r} --host sandbox" in res.stderr for r in two_runs), res.stderr
-    assert _git(workdir, "rev-parse", "HEAD") == before  # the host's tree was left alone
+    assert git(workdir, "rev-parse", "HEAD") == before  # the host's tree was left alone
     assert not (workdir / "CHANGED.md").exists()
 
 

@@ -8,9 +8,12 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
+from helpers import wait_until
 
 from thrust_remote.core.errors import ConnectionLostError, ExitCode, TransferError
 from thrust_remote.host.ssh import build_remote_command
@@ -37,6 +40,30 @@ def _nasty(marker: Path) -> list[str]:
 
 def _config(tmp_path: Path, sshd, **kw) -> Path:
     return sshd.thrust_yaml(tmp_path / "thrust.yaml", **kw)
+
+
+def _host_commands(sshd, match: Callable[[list[str]], bool]) -> list[psutil.Process]:
+    """The processes running on the sshd's host (its sessions' descendants) whose argv `match` says."""
+    found = []
+    for proc in psutil.Process(sshd.wrapper.pid).children(recursive=True):
+        try:
+            if match(proc.cmdline()):
+                found.append(proc)
+        except psutil.NoSuchProcess:  # ended while we looked
+            continue
+    return found
+
+
+def _cut_once_running(sshd, argv: list[str]) -> threading.Thread:
+    """SIGKILL the sshd sessions once `argv` runs on the host: the link dies under a command in flight,
+    however long connecting took (a fixed delay could fire before the command started)."""
+    def cut() -> None:
+        wait_until(lambda: _host_commands(sshd, lambda cmd: cmd == argv), 30, f"{argv} running on the host")
+        sshd.kill_sessions()
+
+    thread = threading.Thread(target=cut, daemon=True)
+    thread.start()
+    return thread
 
 
 def test_command_reaches_host_and_returns_exit_code(cli, sshd, tmp_path):
@@ -304,10 +331,10 @@ def test_cut_upload_leaves_destination_untouched_and_retry_completes(sshd, tmp_p
 def test_lost_link_raises_connection_lost_for_runner(sshd):
     runner = sshd.runner()
     runner.run(["true"])
-    killer = threading.Timer(0.5, sshd.kill_sessions)
-    killer.start()
+    killer = _cut_once_running(sshd, ["sleep", "20"])
     with pytest.raises(ConnectionLostError) as info:
         runner.run(["sleep", "20"])
+    killer.join()
     assert info.value.exit_code == ExitCode.CONNECTION_LOST
     # the runner reconnects on the next command
     assert runner.run(["echo", "back"]).stdout == "back\n"
@@ -325,9 +352,13 @@ def test_signal_death_is_128_plus_n(sshd):
 def test_timeout_kills_remote_command(sshd, tmp_path):
     runner = sshd.runner()
     marker = tmp_path / "late"
+    # `sleep 3` is the behaviour under test: a command that outlives its 0.5 s timeout
     result = runner.run(["sh", "-c", f"sleep 3; touch {marker}"], timeout=0.5)
     assert result.timed_out and result.exit_code == 124
-    time.sleep(3.5)  # long enough for the command to have finished, had it survived
+    # wait for the command to be gone from the host: at once when it was killed; had it survived, only
+    # after its touch at 3 s (so the assert below sees the marker)
+    wait_until(lambda: not _host_commands(sshd, lambda argv: str(marker) in " ".join(argv)), 10,
+               "the timed-out command to end on the host")
     assert not marker.exists()
     runner.close()
 

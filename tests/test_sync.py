@@ -3,11 +3,11 @@ history (amend) syncs again; the dirty patch comes and goes; a busy workdir is n
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import commit, git, git_init
 
 from thrust_remote.core.config import HostConfig
 from thrust_remote.host.runner import LocalRunner
@@ -19,20 +19,11 @@ def _session(paths: HostPaths) -> HostSession:
     return HostSession(LocalRunner(), HostConfig(name="local", python=sys.executable), paths)
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "laptop"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    _git(repo, "config", "user.email", "t@example.com")
-    _git(repo, "config", "user.name", "t")
+    repo = git_init(tmp_path / "laptop")
     (repo / "a.txt").write_text("one\n")
-    _git(repo, "add", "a.txt")
-    _git(repo, "commit", "-q", "-m", "one")
+    commit(repo, "one", "a.txt")
     return repo
 
 
@@ -41,10 +32,10 @@ def test_amended_commit_syncs_again_by_bundle(repo, tmp_path):
     first = sync(_session(host), local_state(repo))
     assert first.method == "bundle"
     (repo / "a.txt").write_text("one, amended\n")
-    _git(repo, "commit", "-q", "--amend", "-am", "amended")  # history rewritten: not a fast-forward
+    git(repo, "commit", "-q", "--amend", "-am", "amended")  # history rewritten: not a fast-forward
     second = sync(_session(host), local_state(repo))
     assert second.method == "bundle"
-    assert _git(Path(host.workdir), "rev-parse", "HEAD") == _git(repo, "rev-parse", "HEAD")
+    assert git(Path(host.workdir), "rev-parse", "HEAD") == git(repo, "rev-parse", "HEAD")
     assert (Path(host.workdir) / "a.txt").read_text() == "one, amended\n"
 
 
@@ -52,13 +43,13 @@ def test_dirty_patch_applies_and_the_next_clean_sync_removes_it(repo, tmp_path):
     host = HostPaths(str(tmp_path / "host"))
     (repo / "a.txt").write_text("dirty\n")
     (repo / "new.txt").write_text("added, staged\n")
-    _git(repo, "add", "new.txt")
+    git(repo, "add", "new.txt")
     result = sync(_session(host), local_state(repo))
     assert result.dirty
     assert (Path(host.workdir) / "a.txt").read_text() == "dirty\n"
     assert (Path(host.workdir) / "new.txt").read_text() == "added, staged\n"
-    _git(repo, "checkout", "-q", "--", "a.txt")
-    _git(repo, "rm", "-q", "--cached", "new.txt")
+    git(repo, "checkout", "-q", "--", "a.txt")
+    git(repo, "rm", "-q", "--cached", "new.txt")
     (repo / "new.txt").unlink()
     clean = sync(_session(host), local_state(repo))
     assert not clean.dirty
@@ -73,12 +64,12 @@ def test_unchanged_tree_is_left_alone_and_a_busy_workdir_is_never_changed(repo, 
     sync(_session(host), local_state(repo))
     again = sync(_session(host), local_state(repo), busy=lambda: ["run-1"])
     assert again.method == "up-to-date"  # nothing to change: a running job is no obstacle
-    before = _git(Path(host.workdir), "rev-parse", "HEAD")
+    before = git(Path(host.workdir), "rev-parse", "HEAD")
     (repo / "a.txt").write_text("two\n")
-    _git(repo, "commit", "-q", "-am", "two")
+    git(repo, "commit", "-q", "-am", "two")
     with pytest.raises(ThrustError, match="in use by running run"):
         sync(_session(host), local_state(repo), busy=lambda: ["run-1"])
-    assert _git(Path(host.workdir), "rev-parse", "HEAD") == before
+    assert git(Path(host.workdir), "rev-parse", "HEAD") == before
     assert (Path(host.workdir) / "a.txt").read_text() == "one\n"
 
 

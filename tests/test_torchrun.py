@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import wait_until
 
 from trainer.checkpoint import checkpoint_paths
 
@@ -29,6 +30,14 @@ def launch(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> sub
 
 def lines(stdout: str, tag: str) -> list[dict]:
     return [json.loads(x.split(" ", 1)[1]) for x in stdout.splitlines() if x.startswith(tag + " ")]
+
+
+def logged_rows(metrics: Path) -> int:
+    """How many whole rows metrics.jsonl has (0 before the trainer made it; a row being written is not one)."""
+    try:
+        return metrics.read_text().count("\n")
+    except FileNotFoundError:
+        return 0
 
 
 def check_run(out: str, run: Path) -> None:
@@ -92,7 +101,6 @@ def test_a_signal_to_one_rank_stops_every_rank_after_a_final_checkpoint(tmp_path
     """The stop decision is collective: rank 1 alone leaving the loop would leave rank 0 waiting in an
     allreduce (gloo: connection reset) and lose everything since the last periodic checkpoint."""
     import signal as sig
-    import time
 
     run = tmp_path / "run"
     proc = subprocess.Popen(
@@ -102,10 +110,8 @@ def test_a_signal_to_one_rank_stops_every_rank_after_a_final_checkpoint(tmp_path
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (run / "metrics.jsonl").exists():
-        time.sleep(0.05)
-    time.sleep(1.0)  # a few iterations in, long before the first periodic checkpoint (600 s)
+    # a few iterations in (one row each: --log-interval 0), long before the first periodic checkpoint (600 s)
+    wait_until(lambda: logged_rows(run / "metrics.jsonl") >= 3, 120, "three iterations logged")
     os.kill(_rank_pid(proc.pid, 1), sig.SIGTERM)
     out, err = proc.communicate(timeout=180)
     assert "Connection reset" not in err

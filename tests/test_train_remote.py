@@ -17,32 +17,18 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import EXE, FAST, SLOW, git, sandbox_clone
 
 from thrust_remote.core.errors import ExitCode
-
-REPO = Path(__file__).resolve().parent.parent
-EXE = str(Path(os.sys.executable).parent / "thrust-remote")
-FAST = ["--set", "total-steps=6000", "--set", "target-return=0", "--set", "log-interval=0.2"]
 
 pytestmark = pytest.mark.slow
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture
 def project(tmp_path, sshd, remote_dir) -> Path:
-    """A clone of this repo at its HEAD, with a committed thrust.yaml for the sshd host."""
-    proj = tmp_path / "project"
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(proj)], check=True)
-    _git(proj, "config", "user.email", "t@example.com")
-    _git(proj, "config", "user.name", "t")
-    _git(proj, "remote", "remove", "origin")  # no origin: the bundle path
-    sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(remote_dir / "thrust"))
-    _git(proj, "add", "thrust.yaml")
-    _git(proj, "commit", "-q", "-m", "thrust.yaml for the test host")
-    return proj
+    """A clone of this repo at its HEAD, with a committed thrust.yaml for the sshd host; no origin: the
+    bundle path."""
+    return sandbox_clone(tmp_path / "project", sshd, remote_dir / "thrust")
 
 
 def _run_json(remote_dir: Path, run_id: str) -> dict:
@@ -85,7 +71,7 @@ def test_train_cartpole_over_ssh_bundle_then_cached_setup(cli, project, remote_d
     _check_model(project, "cartpole")
     assert (project / "web" / "public" / "cartpole.metrics.jsonl").stat().st_size > 0
     host_repo = remote_dir / "thrust"
-    assert _git(host_repo, "rev-parse", "HEAD") == _git(project, "rev-parse", "HEAD")
+    assert git(host_repo, "rev-parse", "HEAD") == git(project, "rev-parse", "HEAD")
     run = _run_json(remote_dir, _run_id_from(first.stderr))
     assert run["sync"] == "bundle"
     assert run["dirty"] is False
@@ -93,12 +79,12 @@ def test_train_cartpole_over_ssh_bundle_then_cached_setup(cli, project, remote_d
 
     # a new commit: only the missing commit travels; setup is cached
     (project / "NOTES.txt").write_text("a change\n")
-    _git(project, "add", "NOTES.txt")
-    _git(project, "commit", "-q", "-m", "notes")
+    git(project, "add", "NOTES.txt")
+    git(project, "commit", "-q", "-m", "notes")
     second = cli("train", "cartpole", *FAST, cwd=project)
     assert second.returncode == 0, second.stderr
     assert "setting up the host's python" not in second.stderr
-    assert _git(host_repo, "rev-parse", "HEAD") == _git(project, "rev-parse", "HEAD")
+    assert git(host_repo, "rev-parse", "HEAD") == git(project, "rev-parse", "HEAD")
     assert (host_repo / "NOTES.txt").read_text() == "a change\n"
     assert _run_json(remote_dir, _run_id_from(second.stderr))["sync"] == "bundle"
 
@@ -106,7 +92,7 @@ def test_train_cartpole_over_ssh_bundle_then_cached_setup(cli, project, remote_d
 def test_train_snake_fetch_path_with_dirty_tree(cli, project, remote_dir, tmp_path):
     bare = tmp_path / "origin.git"
     subprocess.run(["git", "clone", "-q", "--bare", str(project), str(bare)], check=True)
-    _git(project, "remote", "add", "origin", str(bare))
+    git(project, "remote", "add", "origin", str(bare))
     # a tracked file changed and an untracked file: the patch travels, the untracked is only listed
     readme = project / "docs" / "snake.md"
     readme.write_text(readme.read_text() + "\nlocal edit\n")
@@ -118,7 +104,7 @@ def test_train_snake_fetch_path_with_dirty_tree(cli, project, remote_dir, tmp_pa
     assert manifest["env"] == "snake"
     run = _run_json(remote_dir, _run_id_from(result.stderr))
     assert run["sync"] in ("clone", "fetch")
-    assert run["commit"] == _git(project, "rev-parse", "HEAD")
+    assert run["commit"] == git(project, "rev-parse", "HEAD")
     assert run["dirty"] is True
     assert run["untracked"] == ["scratch.txt"]
     assert "uncommitted changes sent as a patch" in result.stderr
@@ -145,9 +131,6 @@ def _read_until(stream, needle: bytes, timeout: float = 120) -> bytes:
             break
         buf += chunk
     return buf
-
-
-SLOW = ["--set", "total-steps=60000", "--set", "target-return=0", "--set", "log-interval=0.1"]
 
 
 def test_lost_link_exits_75_run_goes_on_and_logs_resume_byte_exact(cli, project, remote_dir, sshd):
@@ -343,7 +326,7 @@ def test_cargo_job_builds_runs_and_cleans_a_stale_build(cli, project, remote_dir
         "    crate: tests/native/crate\n    args: [--epochs, '3']\n    artifact: models/probe.onnx\n"
     )
     cfg.write_text(base + job)
-    _git(project, "commit", "-q", "-am", "cargo job")
+    git(project, "commit", "-q", "-am", "cargo job")
     first = cli("train", "probe-rs", "--no-fetch", cwd=project)
     assert first.returncode == 0, first.stderr
     assert "cargo +stable build --release --example train_probe" in first.stderr
@@ -371,7 +354,7 @@ def test_cargo_job_builds_runs_and_cleans_a_stale_build(cli, project, remote_dir
 
     # the build env changes (the version-check bypass is a build variable): clean, then build again
     cfg.write_text(base + job + "    bypass_version_check: true\n")
-    _git(project, "commit", "-q", "-am", "bypass")
+    git(project, "commit", "-q", "-am", "bypass")
     third = cli("train", "probe-rs", "--no-fetch", cwd=project)
     assert third.returncode == 0, third.stderr
     assert "cargo clean" in third.stderr

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
+from helpers import wait_until
 
 from trainer.checkpoint import checkpoint_paths
 
@@ -167,6 +169,41 @@ def test_resume_without_run_dir_and_zero_counts_are_usage_errors(tmp_path: Path)
         assert "must be >= 1" in res.stderr
 
 
+def _logged_steps(run: Path) -> list[int]:
+    """The steps of metrics.jsonl's whole rows (a row being written is not one yet)."""
+    try:
+        text = (run / "metrics.jsonl").read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(row)["step"] for row in text[:text.rfind("\n") + 1].splitlines()]
+
+
+def _logged_past_checkpoint(run: Path) -> bool:
+    """metrics.jsonl has rows past the newest checkpoint: what a crash now would leave for a resume to trim."""
+    saved = checkpoint_paths(run / "checkpoints")
+    logged = _logged_steps(run)
+    return bool(saved and logged and logged[-1] > saved[0][0])
+
+
+def _kill_when_logged_past_checkpoint(proc: subprocess.Popen[str], run: Path, timeout: float = 120) -> None:
+    """SIGKILL the trainer at a moment it has logged past its newest checkpoint. A checkpoint is written
+    right after a row (every second here), so the files are checked again with the trainer stopped
+    (SIGSTOP): one written between a check and the kill would leave nothing past it."""
+    def stopped_past_checkpoint() -> bool:
+        if not _logged_past_checkpoint(run):
+            return False
+        proc.send_signal(signal.SIGSTOP)
+        wait_until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED, 10, "the trainer stopped")
+        if _logged_past_checkpoint(run):
+            return True
+        proc.send_signal(signal.SIGCONT)
+        return False
+
+    wait_until(stopped_past_checkpoint, timeout, "metrics logged past the newest checkpoint")
+    proc.kill()
+    proc.wait()
+
+
 @pytest.mark.slow
 def test_metrics_steps_never_go_back_after_a_crash_and_resume(tmp_path: Path) -> None:
     """A SIGKILLed attempt logged past its last checkpoint; the resumed run drops those rows."""
@@ -177,13 +214,10 @@ def test_metrics_steps_never_go_back_after_a_crash_and_resume(tmp_path: Path) ->
                             stderr=subprocess.DEVNULL, text=True, cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     # wait for a checkpoint and some metrics past it, then crash
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list((run / "checkpoints").glob("ckpt-*.pt")):
-        time.sleep(0.05)
-    time.sleep(0.6)
-    proc.kill()
-    proc.wait()
+    _kill_when_logged_past_checkpoint(proc, run)
     logged = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    newest = checkpoint_paths(run / "checkpoints")[0][0]
+    assert max(logged) > newest, f"the crash left no rows past its newest checkpoint ({newest}): {logged}"
     res = train(*[a if a != "400000" else str(max(logged) + 20000) for a in args], "--resume")
     assert res.returncode == 0, res.stderr[-2000:]
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]

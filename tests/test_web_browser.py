@@ -11,34 +11,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import CHROMIUM, REPO, export_policy
 
 from thrust_remote.play.serve import HEADLESS_CHROMIUM_ARGS as CHROMIUM_ARGS
 from thrust_remote.play.serve import PlayServer, Site, default_web_dir
 
-REPO = Path(__file__).resolve().parent.parent
-CHROMIUM = Path("/usr/bin/chromium")
 FIXTURE = REPO / "tests" / "data" / "snake_parity.json"
 ARTIFACTS = REPO / "test-artifacts"
 
 
 # ---- models ----------------------------------------------------------------------------------------
-
-
-def export_policy(path: Path, grid_size: int = 10, kind: str = "mlp", hidden: int = 32, seed: int = 0) -> Path:
-    """An untrained trainer/policy.py policy through trainer/export.py (the real pipeline), with its
-    manifest renamed to the web/public layout `<job>.json`. Returns the manifest path."""
-    import torch
-
-    from trainer.export import export_onnx
-    from trainer.policy import build_policy
-
-    torch.manual_seed(seed)
-    obs_dim = 3 * grid_size * grid_size + 8
-    policy = build_policy(kind, obs_dim, 3, hidden, grid_size=grid_size)
-    export_onnx(policy, path, env_name="snake", grid_size=grid_size, action_mode="relative", policy_kind=kind)
-    manifest = path.with_suffix(".json")
-    (path.parent / "manifest.json").replace(manifest)
-    return manifest
 
 
 def edit_manifest(manifest: Path, **changes: Any) -> None:

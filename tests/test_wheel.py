@@ -22,14 +22,12 @@ from email.message import Message
 from pathlib import Path
 
 import pytest
-from test_host_venv import FAST, fresh_project
-from test_web_browser import CHROMIUM, export_policy
+from helpers import CHROMIUM, REPO, TINY_TRAIN, export_policy, new_project
 
 from thrust_remote.core.errors import ThrustError
 from thrust_remote.play import serve
 from thrust_remote.play.serve import HEADLESS_CHROMIUM_ARGS, ORT_DIST, ORT_FILES, PlayServer, Site, stage_page
 
-REPO = Path(__file__).resolve().parent.parent
 OURS = ("thrust_remote", "trainer", "envcheck", "__editable__", "thrust-remote")  # this repo's install
 
 
@@ -196,10 +194,10 @@ def test_wheel_in_a_clean_venv_trains_cartpole_from_a_fresh_project_and_plays(tm
     page = Path(where[0]).parent / "web-page"
     assert (page / "index.html").is_file()
 
-    project = fresh_project(tmp_path / "project", sshd, remote_dir)
+    project = new_project(tmp_path / "project", sshd, remote_dir / "thrust")
     assert sorted(p.name for p in project.iterdir()) == [".git", "thrust.yaml"]
     exe = venv / "bin" / "thrust-remote"
-    train = subprocess.run([str(exe), "train", "cartpole", *FAST], cwd=project, env=_clean_env(),
+    train = subprocess.run([str(exe), "train", "cartpole", *TINY_TRAIN], cwd=project, env=_clean_env(),
                            capture_output=True, text=True, timeout=300, check=False)
     assert train.returncode == 0, train.stderr
     run_id = train.stdout.split(":", 1)[0]

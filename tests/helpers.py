@@ -1,0 +1,199 @@
+"""Plain helpers the test modules share (fixtures live in conftest.py): paths, git projects, waiting on
+a condition, a user's own training script, an exported policy.
+
+- `git(cwd, *args)`: run git there; its stdout, stripped. `git_init`, `commit`: a repository and a commit.
+- `clone_repo(dest)`: a clone of this repository (the laptop's project); `sandbox_clone` adds a committed
+  thrust.yaml for the sshd fixture's host `sandbox`.
+- `new_project(path, sshd, workdir, ...)`: a git project that is not this repository (its own files, a
+  thrust.yaml for `sandbox`, all committed); `remote_tempdir(sshd)`: a fresh directory on that host.
+- `wait_until(condition, timeout, what)`: poll a condition with a deadline instead of sleeping.
+- `TRAIN_PY`: a user's own DDP-aware train.py; `export_policy(path)`: an untrained policy as ONNX.
+- `FAST`, `TINY_TRAIN`, `SLOW`: `train cartpole` settings; `EXE`: the installed CLI; `CHROMIUM`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from conftest import SSHServer
+
+T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parent.parent
+EXE = str(Path(sys.executable).parent / "thrust-remote")
+CHROMIUM = Path("/usr/bin/chromium")
+# `train cartpole` settings, none stopping early on solving. FAST: a run of a few seconds; TINY_TRAIN: the
+# least that still trains (a fresh venv's first run pays its setup on top).
+FAST = ["--set", "total-steps=6000", "--set", "target-return=0", "--set", "log-interval=0.2"]
+TINY_TRAIN = ["--set", "total-steps=2048", "--set", "target-return=0", "--set", "log-interval=0.2"]
+# A run long enough to still be running when a test detaches, follows again or cuts the link.
+SLOW = ["--set", "total-steps=60000", "--set", "target-return=0", "--set", "log-interval=0.1"]
+
+
+# ------------------------------------------------------------------------------------------ git
+
+
+def git(cwd: Path, *args: str) -> str:
+    """`git -C cwd ARGS`; its stdout, stripped. A failing git raises (CalledProcessError)."""
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def git_init(path: Path, *, identity: bool = True) -> Path:
+    """A git repository at `path` (made when missing), resolved. `identity`: a committer of its own, so a
+    commit works on a machine without a global git identity."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q")
+    if identity:
+        git(path, "config", "user.email", "t@example.com")
+        git(path, "config", "user.name", "t")
+    return path.resolve()
+
+
+def commit(path: Path, message: str, *paths: str) -> None:
+    """Stage `paths` (every change when none are named) and commit them."""
+    git(path, "add", *(paths or ("-A",)))
+    git(path, "commit", "-q", "-m", message)
+
+
+def clone_repo(dest: Path, *, plain: bool = False) -> Path:
+    """A clone of this repository at its HEAD: the laptop's project (the trainer is there).
+
+    By default it is a user's checkout: a committer identity, and no origin (the host gets the commit
+    from a bundle). `plain`: `git clone` alone, origin kept and no identity (the tests that never commit
+    in it: optimize's studies, the local follow view)."""
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(dest)], check=True)
+    if not plain:
+        git(dest, "config", "user.email", "t@example.com")
+        git(dest, "config", "user.name", "t")
+        git(dest, "remote", "remove", "origin")
+    return dest
+
+
+def sandbox_clone(dest: Path, sshd: SSHServer, workdir: Path) -> Path:
+    """`clone_repo(dest)` with a committed thrust.yaml whose default host is the sshd's `sandbox`."""
+    clone_repo(dest)
+    sshd.thrust_yaml(dest / "thrust.yaml", workdir=str(workdir))
+    commit(dest, "thrust.yaml for the test host", "thrust.yaml")
+    return dest
+
+
+# ------------------------------------------------------------------------------------------ own projects
+
+
+def remote_tempdir(sshd: SSHServer, prefix: str = "remote-") -> Path:
+    """A fresh directory on the sshd's host side (tests look into it only to check what happened)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=sshd.root / "remote-home"))
+
+
+def new_project(path: Path, sshd: SSHServer, workdir: Path, *, files: Mapping[str, str] | None = None,
+                jobs: str = "", python: Path | None = None,
+                message: str = "a project with only a thrust.yaml") -> Path:
+    """A new git project that is not this repository: `files` (relative path -> text) and a thrust.yaml for
+    the sshd's `sandbox` host (workdir `workdir`, `python` in place of the sshd's, then `jobs`), committed."""
+    path.mkdir(parents=True)
+    for name, text in (files or {}).items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    config = sshd.thrust_yaml(path / "thrust.yaml", workdir=str(workdir), rest=jobs)
+    if python is not None:
+        default = sshd.host_config().python
+        config.write_text(config.read_text().replace(f"python: {default}", f"python: {python}"))
+    git_init(path)
+    commit(path, message)
+    return path
+
+
+# A user's own DDP-aware training script (torch and the standard library only): it writes what it saw
+# (argv, cwd, the run's env, the world size) to $THRUST_RUN_DIR/seen-<tag>-<rank>.json.
+TRAIN_PY = '''\
+"""A user's own DDP-aware training script: torch and the standard library only."""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+NAMES = ("THRUST_RUN_ID", "THRUST_RUN_DIR", "THRUST_EXPORT", "THRUST_PYTHON", "CUDA_VISIBLE_DEVICES",
+         "GPU_LIST", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--tag", default="script")
+    args = parser.parse_args()
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    w = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=args.lr)
+    for step in range(1, args.steps + 1):
+        loss = (w - 1.0).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        if world > 1:
+            dist.all_reduce(w.grad)
+            w.grad /= world
+        opt.step()
+        if rank == 0:
+            print("THRUST_METRICS " + json.dumps({"step": step, "loss": loss.item()}), flush=True)
+    ranks = torch.ones(1)
+    if world > 1:
+        dist.all_reduce(ranks)
+        dist.barrier()  # no rank tears gloo down while a peer's last bytes are in flight
+        dist.destroy_process_group()
+    seen = {"argv": sys.argv[1:], "tag": args.tag, "ranks": ranks.item(), "cwd": os.getcwd(),
+            "env": {k: os.environ.get(k) for k in NAMES}}
+    with open(os.path.join(os.environ["THRUST_RUN_DIR"], f"seen-{args.tag}-{rank}.json"), "w") as fh:
+        json.dump(seen, fh)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+# ------------------------------------------------------------------------------------------ waiting
+
+
+def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll `condition` until it returns something truthy, and return that; fail naming `what` once
+    `timeout` seconds pass. A test waits exactly as long as the thing takes, never a guessed delay."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+def export_policy(path: Path, grid_size: int = 10, kind: str = "mlp", hidden: int = 32, seed: int = 0) -> Path:
+    """An untrained trainer/policy.py policy through trainer/export.py (the real pipeline), with its
+    manifest renamed to the web/public layout `<job>.json`. Returns the manifest path."""
+    import torch
+
+    from trainer.export import export_onnx
+    from trainer.policy import build_policy
+
+    torch.manual_seed(seed)
+    obs_dim = 3 * grid_size * grid_size + 8
+    policy = build_policy(kind, obs_dim, 3, hidden, grid_size=grid_size)
+    export_onnx(policy, path, env_name="snake", grid_size=grid_size, action_mode="relative", policy_kind=kind)
+    manifest = path.with_suffix(".json")
+    (path.parent / "manifest.json").replace(manifest)
+    return manifest
