@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import VENV_BIN
 from helpers import TRAIN_PY, commit, git_init
 from netns import Network, unavailable
@@ -181,6 +182,28 @@ def test_a_run_over_two_hosts_reattached_names_the_failed_node_and_ends_as_attac
     assert again.returncode == 1, again.stderr
     out = json.loads(again.stdout)
     assert out["state"] == "FAILED" and out["exit_code"] == 1 and out["failed_node"]["node"] == 1, out
+
+
+def test_a_node_whose_host_this_config_lacks_is_an_error_naming_the_config_not_a_lost_node(cli, net, project):
+    """A run over two hosts started with one config, asked about with another that lacks node 1's host:
+    a clear error naming the config the run was started with (68), never the run reported LOST or its
+    nodes stopped as unreachable."""
+    result = cli("train", "quitter", "--host", "pair", "--detach", cwd=project)
+    assert result.returncode == 0, result.stderr
+    run_id = _run_id(result.stderr)
+    full = yaml.safe_load((project / "thrust.yaml").read_text())
+    del full["hosts"]["n1"], full["groups"]
+    other = project.parent / "only-n0.yaml"
+    other.write_text(yaml.safe_dump(full))
+    try:
+        for args in (("status", run_id), ("logs", run_id, "--follow"), ("stop", run_id)):
+            got = cli("--config", str(other), *args, cwd=project, timeout=60)
+            assert got.returncode == 68, got.stderr + got.stdout
+            assert "'n1'" in got.stderr and f"--config {project / 'thrust.yaml'}" in got.stderr, got.stderr
+            assert "LOST" not in got.stdout + got.stderr and "Traceback" not in got.stderr
+        assert _status(cli, project, run_id)["nodes"][0]["state"] == "RUNNING"  # nothing was stopped
+    finally:
+        cli("stop", run_id, cwd=project, timeout=60)
 
 
 def test_node_0_is_rank_0s_node_even_when_the_rendezvous_host_sorts_after_it(cli, net, project):

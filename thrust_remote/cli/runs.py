@@ -16,7 +16,7 @@ from thrust_remote.cli.common import get_config, open_runner, state
 from thrust_remote.cli.follow import say
 from thrust_remote.cli.train import CliReporter, show_outcome
 from thrust_remote.core.console import console, err_console
-from thrust_remote.core.errors import ExitCode, UnreachableError, UsageError
+from thrust_remote.core.errors import ExitCode, UnknownHostError, UnreachableError, UsageError
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import lifecycle
 from thrust_remote.runs import control, index
@@ -131,7 +131,7 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: S
 def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     with _open(ctx, host, run_id) as session:  # over several hosts: every node's state, and the run's
-        st = lifecycle.status(session, run_id, _opener(ctx))
+        st = lifecycle.status(session, run_id, _opener(ctx, run_id))
     if as_json:
         typer.echo(json.dumps(st))
         return
@@ -149,9 +149,22 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
                       f"[{STATE_STYLE.get(node['state'], 'red')}]{node['state']}[/]{code}", highlight=False)
 
 
-def _opener(ctx: typer.Context) -> lifecycle.OpenNode:
-    """A session on another node of a run, by host name."""
-    return lambda name: _open(ctx, name)
+def _opener(ctx: typer.Context, run_id: str) -> lifecycle.OpenNode:
+    """A session on another node of run `run_id`, by host name; a host this config lacks is an error
+    naming the config the run was started with (from the local index), not a node that is gone."""
+
+    def open_node(name: str) -> HostSession:
+        try:
+            return _open(ctx, name)
+        except UnknownHostError as exc:
+            entry = index.lookup(get_config(ctx).root, run_id)
+            started = entry.config if entry and entry.config else None
+            raise UnknownHostError(
+                f"run {run_id} has a node on host {name!r}, which this configuration does not define",
+                f"give the config the run was started with: thrust-remote --config {started} ..." if started
+                else exc.hint) from None
+
+    return open_node
 
 
 def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
@@ -170,7 +183,8 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
         if follow_:
             _reattach(ctx, session, run_id, node=node, offset=offset, fetch=not no_fetch, raw=raw, as_json=as_json)
             return
-        with lifecycle.open_nodes(session, run_id, _opener(ctx)) as (nodes, _):  # a clear error for an unknown id
+        # the run's status first: a clear error for an unknown id
+        with lifecycle.open_nodes(session, run_id, _opener(ctx, run_id)) as (nodes, _):
             shown = nodes.sessions[lifecycle.check_node(nodes, node)]
             if shown is None:
                 raise UnreachableError(f"run {run_id}: node {node} ({nodes.names[node or 0]}) does not answer",
@@ -186,8 +200,8 @@ def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, node: in
     (docs/architecture.md, "Exit codes")."""
     started = time.monotonic()
     reporter = CliReporter(quiet=as_json, out=err_console if as_json else None, raw=raw)
-    outcome = lifecycle.reattach(get_config(ctx), session, run_id, _opener(ctx), reporter, node=node, offset=offset,
-                                 fetch=fetch, config_path=state(ctx).config_path)
+    outcome = lifecycle.reattach(get_config(ctx), session, run_id, _opener(ctx, run_id), reporter, node=node,
+                                 offset=offset, fetch=fetch, config_path=state(ctx).config_path)
     if not outcome.fetchable and not as_json and not (outcome.status or {}).get("failed_node"):
         # not a train run: nothing to fetch, only the end to tell
         if outcome.exit_code:
@@ -199,7 +213,7 @@ def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, node: in
 def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
          grace: float = typer.Option(10.0, "--grace", help="Seconds between TERM and KILL.")) -> None:
     with _open(ctx, host, run_id) as session:
-        answers = lifecycle.stop(session, run_id, _opener(ctx), grace)
+        answers = lifecycle.stop(session, run_id, _opener(ctx, run_id), grace)
     for name, answer in answers:
         where = f" on {name}" if len(answers) > 1 else ""
         if answer is None:
@@ -216,7 +230,7 @@ def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | Non
                                      "not FINISH or it scores clearly worse than the placed one.")) -> None:
     config = get_config(ctx)
     with _open(ctx, host, run_id) as session:
-        got = lifecycle.fetch(config, session, run_id, _opener(ctx), CliReporter(), force=force)
+        got = lifecycle.fetch(config, session, run_id, _opener(ctx, run_id), CliReporter(), force=force)
     if got.model is None:
         assert got.artifacts is not None
         typer.echo(got.artifacts.dest)

@@ -198,19 +198,28 @@ def open_nodes(session: HostSession, run_id: str, open_node: OpenNode,
                status: dict[str, Any] | None = None) -> Iterator[tuple[RunNodes, dict[str, Any]]]:
     """Every node of a run, from the status of the node `session` is on (its run.json lists the nodes in
     rank order); the sessions opened here are closed at the end, `session` is the caller's. A node that
-    cannot be opened is None (the run's state shows it UNREACHABLE; a follow's watch takes it as lost)."""
+    does not answer is None (the run's state shows it UNREACHABLE; a follow's watch takes it as lost);
+    any other failure to open one (a host this config lacks, a changed host key) is raised before
+    anything is asked or stopped: it says nothing about the run."""
     status = status if status is not None else control.status(session, run_id)
     names = [str(n) for n in status.get("nodes") or [session.name]]
+    sessions: list[HostSession | None] = [None] * len(names)
+    errors: dict[int, ThrustError] = {}
 
-    def one(name: str) -> HostSession | None:
-        if name == session.name:
-            return session
+    def one(i: int) -> None:
         try:
-            return open_node(name)
-        except ThrustError:
-            return None
+            sessions[i] = session if names[i] == session.name else open_node(names[i])
+        except (UnreachableError, ConnectionLostError):
+            pass
+        except ThrustError as exc:
+            errors[i] = exc
 
-    sessions = multinode.each(one, names) if len(names) > 1 else [session]
+    multinode.each(one, list(range(len(names))))
+    if errors:
+        for s in sessions:
+            if s is not None and s is not session:
+                s.close()
+        raise errors[min(errors)]
     try:
         yield RunNodes(run_id, names, sessions), status
     finally:
@@ -247,7 +256,10 @@ def check_node(nodes: RunNodes, node: int | None) -> int:
     if node is None:
         return 0
     if node >= len(nodes.names):
-        raise UsageError(f"--node {node}: run {nodes.run_id} has {len(nodes.names)} node(s) "
+        if not nodes.many:
+            raise UsageError(f"--node {node}: run {nodes.run_id} ran on one host ({nodes.names[0]})",
+                             "drop --node: its one log is node 0's")
+        raise UsageError(f"--node {node}: run {nodes.run_id} has {len(nodes.names)} nodes "
                          f"({', '.join(nodes.names)})", f"give --node 0 to {len(nodes.names) - 1}")
     return node
 
