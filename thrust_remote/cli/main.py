@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +90,14 @@ def run(argv: list[str] | None = None) -> None:
     try:
         code = app(args=args, prog_name="thrust-remote", standalone_mode=False)
     except ThrustError as exc:
-        if debug:
-            raise
+        if debug:  # the traceback on top; the message and the exit code stay what a script expects
+            traceback.print_exc()
         _report(exc.message, exc.hint, exc.label)
         sys.exit(exc.exit_code)
     except typer.Abort as exc:
         if isinstance(exc.__cause__, EOFError):  # typer turns an EOFError that escaped into Abort
             if debug:
-                raise
+                traceback.print_exception(exc.__cause__)
             _report("the SSH connection ended in the middle of a request", "rerun with --debug for the details")
             sys.exit(ExitCode.CONNECTION_LOST)
         err_console.print("interrupted")
