@@ -1,5 +1,5 @@
-"""The shape of thrust_remote/optimize/ (docs/architecture.md, "optimize"): the study is told in one
-module, and the host, runs.* and pipeline.* are reached from one module."""
+"""The shape of thrust_remote/optimize/ (docs/architecture.md, "Packages and what each may import"): the
+study is told in one module, and the host, runs.* and pipeline.* are reached from one module."""
 
 from __future__ import annotations
 

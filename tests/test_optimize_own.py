@@ -1,4 +1,4 @@
-"""`optimize` on jobs of your own (docs/architecture.md, "optimize"): a test project that is not this
+"""`optimize` on jobs of your own (docs/optimize.md, "A job of your own"): a test project that is not this
 repository, with its own script, run over the sshd fixture. The objective comes from THRUST_METRICS
 lines or from TensorBoard scalars (written with torch.utils.tensorboard, read on the host); a metric
 that never appears stops the study after its first trial. Plus the parsing underneath, without a host."""

@@ -1,7 +1,7 @@
 """`agent stage-artifact --src S --run-dir R --job J`: a cargo job's model into its run directory.
 
 Copies S to R/model.onnx and writes R/manifest.json ({"sha256", "bytes", "job", "source"}), so the
-laptop fetches a cargo run exactly like a python one (docs/architecture.md, "The run directory").
+laptop fetches a cargo run exactly like a python one (docs/architecture.md, "The run directory on the host").
 Answer: the manifest.
 """
 

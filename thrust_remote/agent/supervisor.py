@@ -1,4 +1,4 @@
-"""The agent's run supervisor: detached runs on the host (docs/architecture.md, "The run directory").
+"""The agent's run supervisor: detached runs on the host (docs/architecture.md, "The run directory on the host").
 
     agent launch --run-dir D --cwd W --lock L [--gpus LIST] [--marker M] [--stdin] [--meta JSON --env JSON] -- ARGV...
     agent status --run-dir D

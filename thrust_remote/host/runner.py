@@ -219,7 +219,7 @@ class LinkLost(Exception):  # noqa: N818 - an event the loop turns into Connecti
 
 class Process(Protocol):
     """One started command, as `drive` sees it: the hooks each runner writes (docs/architecture.md,
-    "Runners"). The loop itself (timeouts, line splitting, liveness, the result) is `drive`."""
+    "Runners and the SSH layer"). The loop itself (timeouts, line splitting, liveness, the result) is `drive`."""
 
     # True when the command runs under the host's timeout(1): the loop waits a grace period past
     # the deadline for it, and exit 124 under a timeout means "timed out". Else the loop kills.

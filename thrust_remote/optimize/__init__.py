@@ -25,11 +25,11 @@ stored *before* it was launched, so its run is found: still running → adopted 
 → told from its metrics; never started, lost or stopped → marked FAIL and its parameters enqueued
 again. Only COMPLETE and PRUNED trials count towards N.
 
-The modules (docs/architecture.md, "optimize"): space (what is searched), slots (where trials run),
-fleet (the study's hosts, polled at once; the lost ones), store (lease + study DB), monitor (polls,
-metrics, rungs), resume (the trials an earlier driver left RUNNING), scheduler (the only caller of
-`tell`), summary (the end), driver (builds them all, in order), hostops (every remote action, and
-every call into runs.* and pipeline.*). Only hostops reaches the host or the pipeline.
+The modules (docs/architecture.md, "Packages and what each may import"): space (what is searched),
+slots (where trials run), fleet (the study's hosts, polled at once; the lost ones), store (lease +
+study DB), monitor (polls, metrics, rungs), resume (the trials an earlier driver left RUNNING),
+scheduler (the only caller of `tell`), summary (the end), driver (builds them all, in order), hostops
+(every remote action, and every call into runs.* and pipeline.*). Only hostops reaches the host or the pipeline.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class Optimizer:
 
     def _check_shared_events(self, slots: int) -> None:
         """Event files in one DIR of the shared checkout cannot be told apart between trials that run
-        at the same time: with several slots, DIR must name the run (docs/architecture.md, "optimize")."""
+        at the same time: with several slots, DIR must name the run (docs/optimize.md, "Objective and pruning")."""
         o = self.objective
         if o.source == "tensorboard" and slots > 1 and not o.per_run_dir:
             raise UsageError(

@@ -1,4 +1,4 @@
-"""The study's hosts (docs/architecture.md, "optimize"): one StudyHost per name, in the order of
+"""The study's hosts (docs/optimize.md, "Several hosts"): one StudyHost per name, in the order of
 `--host`; the ones lost on the way (and why); one poll of every host's running trials at once, a
 thread per host, each waiting on its own host. A study over several hosts survives losing all but one:
 a lost host's link error is handed back, not raised, and the scheduler drops the host."""

@@ -1,5 +1,6 @@
 """Every remote action of `optimize`, and every call it makes into runs.* and pipeline.*, in one
-module (docs/architecture.md, "optimize"): the rest of the package reaches the host only through here.
+module (docs/architecture.md, "Packages and what each may import"): the rest of the package reaches
+the host only through here.
 
 The host side is the agent's: `poll` (one command for every running trial) and `lease` (the study's
 driver lease, compare-and-swap under a lock on the host); see docs/architecture.md, "The host agent".

@@ -1,4 +1,4 @@
-"""What a study maximises or minimises, and where the values come from (docs/architecture.md, "optimize").
+"""What a study maximises or minimises, and where the values come from (docs/optimize.md, "Objective and pruning").
 
 The built-in trainer: its metrics.jsonl (`--metric`, as always; maximised). A python or command job of
 your own names its objective in thrust.yaml, `objective: {metric: NAME, mode: max|min}`, and the values

@@ -1,6 +1,6 @@
 """The scheduler: fill free slots (of every host) with asked trials, follow them through the monitor,
-and tell the study how each ended. The ONLY place that calls `study.tell` (docs/architecture.md,
-"optimize"): every ending (complete, pruned, failed, interrupted) goes through `_tell`. A host lost in a
+and tell the study how each ended. The ONLY place that calls `study.tell` (docs/optimize.md,
+"Trials are detached runs"): every ending (complete, pruned, failed, interrupted) goes through `_tell`. A host lost in a
 study over several hosts takes only its running trials with it (interrupted: retried elsewhere)."""
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def job_requirements(job: JobConfig) -> tuple[str, ...]:
 
 def venv_key(session: HostSession, facts: Mapping[str, Any], specs: Sequence[str], requirements_file: str | None,
              file_sha256: str | None) -> str:
-    """The venv's name: a hash of what it is made from (docs/architecture.md, "The run directory")."""
+    """The venv's name: a hash of what it is made from (docs/architecture.md, "The run directory on the host")."""
     spec = {
         "layout": 1,  # how the venv is made (agent/venv.py); bumped when that changes
         "python": session.host.python,

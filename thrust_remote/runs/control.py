@@ -2,7 +2,7 @@
 
 Everything that must outlive the link happens on the host, in the agent's `runs` module
 (thrust_remote/agent/supervisor.py). This module only builds its argv and reads its JSON answers, through
-a HostSession (docs/architecture.md, "The run directory" and "JSON shapes").
+a HostSession (docs/architecture.md, "The run directory on the host" and "JSON shapes").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A job's TensorBoard scalars, read on the host: optimize's objective, and the progress of a followed
-run whose job says `metrics: {tensorboard: DIR}` (docs/architecture.md, "Progress of any job").
+run whose job says `metrics: {tensorboard: DIR}` (docs/architecture.md, "JSON shapes").
 
 Reading happens on the host with the job's own python (`agent scalars`, TensorBoard's reader), so
 neither the event files nor tensorboard have to reach the laptop. While a run is followed, a

@@ -1,4 +1,4 @@
-"""The Runner over SSH (docs/architecture.md, "The SSH layer").
+"""The Runner over SSH (docs/architecture.md, "Runners and the SSH layer").
 
 - connect.py: open one connection with our host-key policy; the one map from paramiko/socket errors
   to ThrustError.
