@@ -125,3 +125,17 @@ def test_env_values_never_reach_a_command_line_and_run_files_are_private(tmp_pat
         time.sleep(0.05)
     assert (tmp_path / "token").read_text() == "hunter2-secret"  # the job itself got the value
     control.stop(session, "r-secret", grace=2)
+
+
+def test_the_stages_a_train_runs_are_named_data():
+    """`train` runs every stage; --detach ends with the launch; --no-fetch leaves the fetch out; the
+    stage names are the keys of train --json's timings."""
+    from thrust_remote.run.lifecycle import stages_of
+    from thrust_remote.run.pipeline import Stage, TrainRequest
+
+    job = JobConfig(name="cartpole")
+    assert [str(s) for s in stages_of(TrainRequest(job=job, host=HOST))] == [
+        "sync", "preflight", "setup", "launch", "follow", "fetch"]
+    assert stages_of(TrainRequest(job=job, host=HOST, detach=True))[-1] is Stage.LAUNCH
+    assert Stage.FETCH not in stages_of(TrainRequest(job=job, host=HOST, fetch=False))
+    assert json.dumps({Stage.SYNC: 0.25}) == '{"sync": 0.25}'

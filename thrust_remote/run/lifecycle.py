@@ -27,7 +27,7 @@ from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import multinode, pipeline
-from thrust_remote.run.pipeline import Launched, Reporter, TrainOutcome, TrainRequest
+from thrust_remote.run.pipeline import Launched, Reporter, Stage, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index, scalarwatch
 
 OpenNode = Callable[[str], HostSession]  # a session on a configured host, by name
@@ -129,15 +129,26 @@ def _remember(config: Config, launched: Sequence[Launched], reporter: Reporter) 
                       "logs, stop and fetch")
 
 
+def stages_of(request: TrainRequest) -> tuple[Stage, ...]:
+    """What `train` runs for a request: every stage; `--detach` ends with the launch, `--no-fetch`
+    leaves the fetch out."""
+    last = Stage.LAUNCH if request.detach else Stage.FETCH
+    every = list(Stage)
+    return tuple(s for s in every[:every.index(last) + 1] if s is not Stage.FETCH or request.fetch)
+
+
 def train(config: Config, request: TrainRequest, sessions: Sequence[HostSession], reporter: Reporter | None = None,
-          *, max_restarts: int = 0, config_path: Path | str | None = None) -> TrainOutcome:
-    """The whole sequence: sync → preflight → setup → launch → follow → fetch, on every node given.
-    `config_path` (the --config the user gave) goes into the reattach hints."""
+          *, stages: Sequence[Stage] | None = None, max_restarts: int = 0,
+          config_path: Path | str | None = None) -> TrainOutcome:
+    """The run's stages (default: `stages_of(request)`) on every node given: sync → preflight → setup →
+    launch (always: a run starts with them) → follow → fetch. `config_path` (the --config the user
+    gave) goes into the reattach hints."""
     reporter = reporter or pipeline.NullReporter()
+    stages = tuple(stages) if stages is not None else stages_of(request)
     started = start(config, request, sessions, reporter, max_restarts=max_restarts)
-    if request.detach:
+    if Stage.FOLLOW not in stages:
         return TrainOutcome(started.head, None, None, 0, dict(started.head.timings))
-    return follow(config, started.nodes, started.head, request.job, reporter, fetch=request.fetch,
+    return follow(config, started.nodes, started.head, request.job, reporter, fetch=Stage.FETCH in stages,
                   force=request.force, config_path=config_path)
 
 

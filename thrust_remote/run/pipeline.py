@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
@@ -38,6 +39,24 @@ from thrust_remote.runs import control
 from thrust_remote.runs.progress import LineSplitter, RunProgress
 from thrust_remote.runs.scalarwatch import ScalarSource, ScalarWatch
 from trainer.args import parse_flag
+
+
+class Stage(str, Enum):
+    """The stages of a run, in order (docs/architecture.md, "The flow of one train"): what a caller asks
+    `lifecycle.train` to run, and the keys of `timings` (`train --json`)."""
+
+    SYNC = "sync"
+    PREFLIGHT = "preflight"
+    SETUP = "setup"
+    LAUNCH = "launch"
+    FOLLOW = "follow"
+    FETCH = "fetch"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ARTIFACTS_TIMING = "artifacts"  # the fetch stage's second part (the job's files), timed apart
 
 
 class Reporter(Protocol):
@@ -286,13 +305,13 @@ def check(config: Config, job: JobConfig, session: HostSession, reporter: Report
     local, sync_result = _sync_stage(config, session, reporter)
     if job.kind != "cargo":
         jobs.check_on_host(session, job, session.paths.workdir, label)
-    timings["sync"] = time.monotonic() - t0
+    timings[Stage.SYNC] = time.monotonic() - t0
 
     t1 = time.monotonic()
     reporter.step(f"checking {session.name} (envcheck)")
     report = envcheck_report(session, spec)
     preflight(report, spec, [*job_arguments(job, {}, {}), *args_for_preflight], session)
-    timings["preflight"] = time.monotonic() - t1
+    timings[Stage.PREFLIGHT] = time.monotonic() - t1
     return Checked(config, job, spec, session, report, local, sync_result, timings)
 
 
@@ -313,7 +332,7 @@ def set_up(checked: Checked, reporter: Reporter) -> Prepared:
         venv = setup_python(session, job, report.facts, checked.local, reporter)
         skipped, python, trainer = venv.skipped, venv.python, venv.trainer
         cwd = session.paths.workdir
-    timings = {**checked.timings, "setup": time.monotonic() - t2}
+    timings = {**checked.timings, Stage.SETUP: time.monotonic() - t2}
     return Prepared(checked.config, job, checked.spec, session, report, env, cwd, python=python,
                     local=checked.local, sync=sync_result, setup_skipped=skipped, timings=timings, trainer=trainer,
                     cargo=plan)
@@ -359,7 +378,7 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
     reporter.step(f"launching run {run_id}")
     answer = control.launch(session, run_id=run_id, job=job.name, argv=argv, cwd=prepared.cwd, env=env,
                          meta={**meta, "job": job.name}, claim_gpus=gpus if exclusive_gpus else ())
-    timings = {**prepared.timings, "launch": time.monotonic() - t3}
+    timings = {**prepared.timings, Stage.LAUNCH: time.monotonic() - t3}
     if sync_result is not None and sync_result.dirty and prepared.local is not None:
         _save_patch(session, run_dir, prepared.local)
     return Launched(run_id, run_dir, int(answer["pid"]), session.name, job.name,
@@ -491,10 +510,10 @@ def fetch_finished(config: Config, session: HostSession, launched: Launched, job
         reporter.step("fetching the model")
         fetched = finish(config, session, job, launched.run_dir, run_id=launched.run_id,
                          status=status, force=force)
-        timings["fetch"] = time.monotonic() - t0
+        timings[Stage.FETCH] = time.monotonic() - t0
     got = fetch_artifacts(config, session, job, launched.run_dir, launched.run_id, reporter)
     if got is not None:
-        timings["artifacts"] = got.seconds
+        timings[ARTIFACTS_TIMING] = got.seconds
     return fetched, got
 
 
