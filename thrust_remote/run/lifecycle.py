@@ -195,7 +195,8 @@ def _over_nodes_at_end(nodes: RunNodes, node: int, followed: dict[str, Any], wat
     status = multinode.aggregate(nodes.names, states, watch.verdict)
     failed = status.get("failed_node")
     if failed and status["state"] == RunState.FAILED and watch.verdict is None:
-        multinode.stop_all([s for i, s in enumerate(nodes.sessions) if i != failed["node"]], nodes.run_id, failed)
+        others = [s for i, s in enumerate(nodes.sessions) if i != failed["node"] and s is not None]
+        multinode.stop_all(others, nodes.run_id, failed)  # a node without a session stops itself (peerwatch)
     if failed and failed["node"] != node and status["nodes"][failed["node"]]["state"] == RunState.FAILED:
         session = nodes.sessions[failed["node"]]  # one that answered: a lost node has no log to give
         failed["log_tail"] = multinode.log_tail(session, nodes.run_id) if session is not None else None
