@@ -221,6 +221,10 @@ jobs:
     command: [sh, scripts/show_env.sh, base=1]
   ghost:
     script: not_there.py
+  quits:
+    command: [sh, -c, exit 75]
+  fails:
+    command: [sh, -c, exit 3]
 """
 
 
@@ -304,6 +308,22 @@ def test_command_job_gets_words_and_the_run_env(cli, user_project):
     # `python` in a command job is its venv's (activated), so what its requirements installed is there
     venvs = workdir / ".thrust" / "venvs"
     assert Path((run_dir / "python.txt").read_text().strip()).parent.parent.parent == venvs
+
+
+@pytest.mark.slow
+def test_a_job_that_exits_with_one_of_our_codes_gives_1_not_connection_lost(cli, user_project):
+    """75 is ours ("connection lost, the run goes on"): a job's own 75 must not tell a script to reattach."""
+    proj, _ = user_project
+    result, run_id = _train(cli, proj, "quits")
+    assert result.returncode == 1, result.stderr
+    assert f"run {run_id} ended FAILED (exit code 75)" in result.stderr
+    as_json, _ = _train(cli, proj, "quits", "--json")
+    outcome = json.loads(as_json.stdout)
+    assert as_json.returncode == 1
+    assert outcome["state"] == "FAILED" and outcome["exit_code"] == 1 and outcome["job_exit_code"] == 75
+    # a code of the job's own that is none of ours is passed on as it was
+    other, _ = _train(cli, proj, "fails")
+    assert other.returncode == 3, other.stderr
 
 
 @pytest.mark.slow

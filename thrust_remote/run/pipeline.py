@@ -490,12 +490,18 @@ def _watching(session: HostSession, source: ScalarSource | None, on_metrics: Cal
     return ScalarWatch(session, source, on_metrics, on_warn) if source is not None else nullcontext()
 
 
+# The codes thrust-remote itself means something by (64 usage .. 78 config): a job's own 75 passed on would
+# read as "connection lost, reattach" to a script branching on ours, so those become 1 (FAILED); the
+# job's code stays in the message and in `--json`'s job_exit_code.
+OURS = range(ExitCode.USAGE, ExitCode.CONFIG + 1)
+
+
 def exit_code_for(status: dict) -> int:
-    """A run's exit code as the CLI's: 0 when FINISHED, the job's own code, else 1."""
+    """A run's exit code as the CLI's: 0 when FINISHED, the job's own code (1 where it is one of ours), else 1."""
     if status.get("state") == RunState.FINISHED:
         return 0
     code = status.get("exit_code")
-    if isinstance(code, int) and code != 0:
+    if isinstance(code, int) and code != 0 and code not in OURS:
         return code
     return ExitCode.FAILED
 
