@@ -275,6 +275,12 @@ def test_runs_all_lists_every_host_in_parallel_and_names_the_unreachable(cli, pr
     # without --all: the default host only, as before
     local = cli("runs", "--json", cwd=project)
     assert local.returncode == 0 and json.loads(local.stdout) == []
+    # ... and says which host it asked: an empty answer from `local` is not "you have no runs"
+    plain_local = cli("runs", cwd=project)
+    assert plain_local.returncode == 0 and plain_local.stdout == ""
+    assert "no runs on local (the default host; --host H for another, --all for every host)" in plain_local.stderr
+    named = cli("runs", "--host", "sandbox", cwd=project)
+    assert "runs on sandbox" in named.stderr and all(r in named.stdout for r in two_runs)
 
 
 @pytest.mark.slow

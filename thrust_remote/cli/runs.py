@@ -64,10 +64,18 @@ def list_runs(ctx: typer.Context,
         return
     with _open(ctx, host) as session:
         items = control.list_runs(session)
+        listed = session.name
     if as_json:
         typer.echo(json.dumps(items, indent=2))
         return
-    _print_table(COLUMNS, [_row(r) for r in items])
+    # which host was asked goes to stderr (a pipe's columns stay the runs'): without --host it is the
+    # default host, and an empty table alone would read as "you have no runs" anywhere
+    others = len(get_config(ctx).hosts) > 1
+    where = f"runs on {listed}" if host else f"runs on {listed} (the default host" + (
+        "; --host H for another, --all for every host)" if others else ")")
+    say(f"no {where}" if not items else where)
+    if items:
+        _print_table(COLUMNS, [_row(r) for r in items])
 
 
 def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
