@@ -43,6 +43,29 @@ def test_switches_are_still_listed_and_still_refuse_a_value(cli):
     assert "does not take a value" in refused.stderr
 
 
+def test_a_global_option_after_the_command_gets_the_command_that_works(cli, tmp_path):
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text("jobs:\n  quick:\n    command: [sh, -c, 'true']\n")
+    wrong = cli("hosts", "--config", str(cfg), cwd=tmp_path)
+    assert wrong.returncode == 64 and "No such option: --config" in wrong.stderr
+    hinted = wrong.stderr.split("it goes before the command: ", 1)[1].splitlines()[0]
+    assert hinted == f"thrust-remote --config {cfg} hosts"
+    # the hinted command works as printed
+    assert cli(*hinted.split()[1:], cwd=tmp_path).returncode == 0
+    # words after `--` are the command's own, never taken for ours
+    passed = cli("exec", "--host", "local", "--", "echo", "--config", cwd=tmp_path)
+    assert passed.returncode == 0 and passed.stdout.strip() == "--config", passed.stderr
+
+
+def test_a_misspelt_job_or_host_is_64_with_the_near_name(cli, tmp_path):
+    job = cli("train", "cartpol", "--host", "local", cwd=tmp_path)
+    assert job.returncode == 64 and "unknown job 'cartpol' (did you mean 'cartpole'?)" in job.stderr
+    host = cli("train", "cartpole", "--host", "locl", cwd=tmp_path)
+    assert host.returncode == 68 and "unknown host 'locl' (did you mean 'local'?)" in host.stderr
+    far = cli("train", "zzz", "--host", "local", cwd=tmp_path)
+    assert far.returncode == 64 and "did you mean" not in far.stderr
+
+
 def test_play_help_says_what_play_does_by_default(cli):
     top = " ".join(cli("--help").stdout.split())
     own = " ".join(cli("play", "--help").stdout.split())

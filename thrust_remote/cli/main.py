@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -110,12 +111,34 @@ def run(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # typer/click usage errors
             exc.show()
+            hint = _global_option_hint(args, getattr(exc, "option_name", None))
+            if hint:
+                err_console.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
             sys.exit(ExitCode.USAGE if exc.exit_code == 2 else exc.exit_code)
         if debug:  # the last resort: a bug, shown briefly unless --debug
             raise
         _report(f"internal error: {type(exc).__name__}: {exc}", "rerun with --debug for the traceback")
         sys.exit(ExitCode.FAILED)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+GLOBAL_OPTIONS = {"--config": 1, "--debug": 0}  # thrust-remote's own options: how many values each takes
+
+
+def _global_option_hint(args: list[str], option: str | None) -> str | None:
+    """`train cartpole --config x.yaml`: the global option given after the command. The hint is the
+    same command with it moved in front, where it works (a command's words after `--` are never
+    taken for it)."""
+    name = (option or "").split("=", 1)[0]
+    if name not in GLOBAL_OPTIONS:
+        return None
+    end = args.index("--") if "--" in args else len(args)
+    at = next((i for i, a in enumerate(args[:end]) if a == name or a.startswith(name + "=")), None)
+    if at is None:
+        return None
+    width = 1 if "=" in args[at] else 1 + GLOBAL_OPTIONS[name]
+    moved = [*args[at:at + width], *args[:at], *args[at + width:]]
+    return f"{name} is thrust-remote's own option: it goes before the command: {shlex.join(['thrust-remote', *moved])}"
 
 
 def _report(message: str, hint: str | None, label: str = "error") -> None:

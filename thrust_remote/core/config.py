@@ -8,6 +8,7 @@ No file at all is fine: the host `local` and the jobs `snake` and `cartpole` alw
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import subprocess
@@ -129,7 +130,7 @@ class Config:
             known = ", ".join(sorted(self.hosts))
             where = f" in {self.path}" if self.path else " (no thrust.yaml found)"
             raise UnknownHostError(
-                f"unknown host {name!r}{where}; known hosts: {known}",
+                f"unknown host {name!r}{_did_you_mean(name, [*self.hosts, *self.groups])}{where}; known hosts: {known}",
                 f"add it under `hosts:` in {CONFIG_NAME} (address: user@host[:port] or an ~/.ssh/config alias)",
             )
         return self.hosts[name]
@@ -155,10 +156,15 @@ class Config:
             from thrust_remote.core.errors import UsageError
 
             raise UsageError(
-                f"unknown job {name!r}; known jobs: {', '.join(sorted(self.jobs))}",
+                f"unknown job {name!r}{_did_you_mean(name, self.jobs)}; known jobs: {', '.join(sorted(self.jobs))}",
                 f"add it under `jobs:` in {CONFIG_NAME}",
             )
         return self.jobs[name]
+
+
+def _did_you_mean(name: str | None, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name or "", list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def builtin_jobs() -> dict[str, JobConfig]:
