@@ -78,11 +78,16 @@ def test_local_json_has_every_check_and_exit_0(cli, tmp_path: Path) -> None:
 
 def test_local_table_shows_rows_and_fixes(cli, tmp_path: Path, bare_python: Path) -> None:
     cfg = write_config(tmp_path / "thrust.yaml", workdir=tmp_path, python=str(bare_python))
-    proc = cli("--config", str(cfg), "doctor")
+    # piped, and narrow: a line per check and per fix, never folded, so paths and fixes paste back whole
+    proc = cli("--config", str(cfg), "doctor", env={"COLUMNS": "40"})
     assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
     for cid in CHECK_IDS:
-        assert cid in proc.stdout
-    assert "FAIL" in proc.stdout and f"fix: {bare_python} -m pip install torch --index-url" in proc.stdout
+        assert any(line.split()[1:2] == [cid] for line in lines), cid
+    failed = next(i for i, line in enumerate(lines) if line.split()[:2] == ["FAIL", "torch-import"])
+    fix = lines[failed + 1].split()
+    assert fix[:5] == ["fix:", str(bare_python), "-m", "pip", "install"], lines[failed + 1]
+    assert fix[6] == "--index-url" and fix[7].startswith("https://download.pytorch.org/whl/")
 
 
 def test_python_without_torch_fails_the_torch_row_with_its_fix(cli, tmp_path: Path, bare_python: Path) -> None:

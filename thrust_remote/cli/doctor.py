@@ -109,7 +109,33 @@ def _local_crate(config: Config, job) -> Path | None:
 
 
 def render(report: Report) -> None:
+    if console.is_terminal:
+        _render_table(report)
+    else:
+        _render_plain(report)
     facts = report.facts
+    counts = report.counts()
+    torch = f"torch {facts['torch']}" if facts.get("torch") else "no torch"
+    summary = ", ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in counts.items() if n)
+    console.print(
+        f"{summary} — {escape(str(facts.get('python_path')))} (Python {facts.get('python')}, {torch}) "
+        f"in {report.wall_s:.2f} s" + (" (envcheck uploaded)" if report.uploaded else ""),
+        highlight=False, soft_wrap=True,
+    )
+
+
+def _render_plain(report: Report) -> None:
+    """Without a terminal (a pipe, CI, a log): a line per check and one per fix, never wrapped, so a
+    path or a fix command pastes back whole and `grep fail` finds the check."""
+    width = max((len(c.id) for c in report.checks), default=5)
+    typer.echo(f"doctor: {report.host}")
+    for c in report.checks:
+        typer.echo(f"{MARK.get(c.status, c.status):<4}  {c.id:<{width}}  {' '.join(c.detail.split())}")
+        if c.fix and c.status in ("fail", "warn"):
+            typer.echo(f"{'':<4}  {'':<{width}}  fix: {' '.join(c.fix.split())}")
+
+
+def _render_table(report: Report) -> None:
     table = Table(title=f"doctor: {report.host}", title_justify="left", show_lines=False, expand=False)
     table.add_column("", no_wrap=True)
     table.add_column("check", no_wrap=True)
@@ -121,14 +147,6 @@ def render(report: Report) -> None:
             text += f"\n[bold]fix:[/] [cyan]{escape(c.fix)}[/]"
         table.add_row(f"[{style}]{MARK.get(c.status, c.status)}[/]", f"[{style}]{c.id}[/]", text)
     console.print(table)
-    counts = report.counts()
-    torch = f"torch {facts['torch']}" if facts.get("torch") else "no torch"
-    summary = ", ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in counts.items() if n)
-    console.print(
-        f"{summary} — {escape(str(facts.get('python_path')))} (Python {facts.get('python')}, {torch}) "
-        f"in {report.wall_s:.2f} s" + (" (envcheck uploaded)" if report.uploaded else ""),
-        highlight=False,
-    )
 
 
 def _render_fixes(out, results: list[FixResult]) -> None:
