@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import git
+from helpers import git, git_init
 
 from thrust_remote.cli.main import app
 from thrust_remote.core.config import HostConfig
@@ -55,6 +55,27 @@ def test_a_global_option_after_the_command_gets_the_command_that_works(cli, tmp_
     # words after `--` are the command's own, never taken for ours
     passed = cli("exec", "--host", "local", "--", "echo", "--config", cwd=tmp_path)
     assert passed.returncode == 0 and passed.stdout.strip() == "--config", passed.stderr
+
+
+def test_piped_lines_are_never_folded_whatever_the_width(cli, tmp_path):
+    (tmp_path / "thrust.yaml").write_text("jobs:\n  quick:\n    command: [sh, -c, 'echo hi']\n")
+    git_init(tmp_path)
+    git(tmp_path, "add", "thrust.yaml")
+    git(tmp_path, "commit", "-q", "-m", "first")
+    trained = cli("train", "quick", "--host", "local", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    run_id = re.search(r"following (\S+)", trained.stderr).group(1)
+    narrow = {"COLUMNS": "40"}
+    status = cli("status", run_id, "--host", "local", cwd=tmp_path, env=narrow)
+    assert status.returncode == 0, status.stderr
+    line = status.stdout.splitlines()[0]  # id, state, job, pid, start and commit: one line, however narrow
+    assert line.startswith(f"{run_id}: FINISHED (exit code 0)") and line.endswith(git(tmp_path, "rev-parse",
+                                                                                     "HEAD")[:12])
+    missing = cli("status", "cartpole-20200101-000000-abcd", "--host", "local", cwd=tmp_path, env=narrow)
+    assert missing.returncode == 64
+    error, hint = missing.stderr.splitlines()[:2]
+    assert error.startswith("error: no run ") and error.endswith(f"(looked in {tmp_path}/.thrust/runs)")
+    assert hint.endswith("thrust-remote runs --all (or: thrust-remote runs --host local)")
 
 
 def test_a_misspelt_job_or_host_is_64_with_the_near_name(cli, tmp_path):
