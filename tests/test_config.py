@@ -86,6 +86,11 @@ def test_no_file_gives_local_host_and_builtin_jobs(tmp_path, monkeypatch):
         ("colour: red\n", 1, "colour", "unknown key"),
         ("hosts:\n  a:\n    address: box\n  a:\n    address: box2\n", 4, "hosts.a", "duplicate"),
         ("hosts: [\n", 2, "", "not valid YAML"),
+        # an unclosed bracket is found lines later: the line named is the one to fix, where it opened
+        ("jobs:\n  a:\n    script: a.py\n    args: [--x, 1\n\nhosts:\n  b:\n    address: x@y\n", 4, "",
+         "flow sequence that starts here; at line 6"),
+        ("jobs:\n  j:\n    script: a.py\n    args: 5\n", 4, "jobs.j.args", "a list of arguments like [--lr, '0.1'] or "
+         "a mapping"),
         ("hosts:\n  a:\n    address: box\n    connect_timeout: soon\n", 4, "hosts.a.connect_timeout", "number"),
     ],
 )

@@ -85,6 +85,12 @@ def test_a_misspelt_job_or_host_is_64_with_the_near_name(cli, tmp_path):
     assert host.returncode == 68 and "unknown host 'locl' (did you mean 'local'?)" in host.stderr
     far = cli("train", "zzz", "--host", "local", cwd=tmp_path)
     assert far.returncode == 64 and "did you mean" not in far.stderr
+    # the hint names the file the user gave, not a thrust.yaml that is not the one read
+    cfg = tmp_path / "elsewhere.yaml"
+    cfg.write_text("jobs:\n  quick:\n    command: [sh, -c, 'true']\n")
+    given = cli("--config", str(cfg), "train", "quik", "--host", "local", cwd=tmp_path)
+    assert given.returncode == 64 and "(did you mean 'quick'?)" in given.stderr
+    assert f"hint: add it under `jobs:` in {cfg}" in given.stderr
 
 
 def test_play_help_says_what_play_does_by_default(cli):

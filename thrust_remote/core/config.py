@@ -131,7 +131,8 @@ class Config:
             where = f" in {self.path}" if self.path else " (no thrust.yaml found)"
             raise UnknownHostError(
                 f"unknown host {name!r}{_did_you_mean(name, [*self.hosts, *self.groups])}{where}; known hosts: {known}",
-                f"add it under `hosts:` in {CONFIG_NAME} (address: user@host[:port] or an ~/.ssh/config alias)",
+                f"add it under `hosts:` in {self.path or CONFIG_NAME} (address: user@host[:port] or an ~/.ssh/config "
+                "alias)",
             )
         return self.hosts[name]
 
@@ -157,7 +158,7 @@ class Config:
 
             raise UsageError(
                 f"unknown job {name!r}{_did_you_mean(name, self.jobs)}; known jobs: {', '.join(sorted(self.jobs))}",
-                f"add it under `jobs:` in {CONFIG_NAME}",
+                f"add it under `jobs:` in {self.path or CONFIG_NAME}",
             )
         return self.jobs[name]
 
@@ -347,6 +348,12 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 0
+        opened = exc.context_mark.line + 1 if exc.context_mark else line
+        if exc.context and opened != line:
+            # an unclosed `[`, `{` or quote is found lines later, where the parser gave up: the line to
+            # fix is where it opened
+            raise ConfigError(f"{reader.label}:{opened}: not valid YAML: {exc.context} that starts here; at line "
+                              f"{line}: {exc.problem}") from None
         raise ConfigError(f"{reader.label}:{line}: not valid YAML: {exc.problem or exc}") from None
     config = _defaults(path)
     if root is None:
@@ -587,6 +594,9 @@ def _job_args(reader: _Reader, kind: str, f: str, node: yaml.Node) -> Mapping[st
     if kind == "trainer" and isinstance(node, yaml.SequenceNode):
         raise reader.fail(node, f, "the built-in trainer takes a mapping of flags like {total-steps: 1000}; "
                                    "a list of arguments is for your own code: add script: or module:")
+    if kind == "python" and not isinstance(node, yaml.MappingNode):
+        raise reader.fail(node, f, f"expected a list of arguments like [--lr, '0.1'] or a mapping of flags like "
+                                   f"{{lr: 0.1}}, got {_kind(node)}")
     args = {}
     for k, k_node, v in reader.mapping(node, f):
         if not valid_id(k) or k.startswith("-"):
