@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import git, git_init
+from helpers import EXE, git, git_init
 
 from thrust_remote.cli.main import app
 from thrust_remote.core.config import HostConfig
@@ -57,11 +57,17 @@ def test_a_global_option_after_the_command_gets_the_command_that_works(cli, tmp_
     assert passed.returncode == 0 and passed.stdout.strip() == "--config", passed.stderr
 
 
+def _quick_project(path: Path) -> Path:
+    """A git project whose job `quick` is a command that says hi: a whole train on `local` in seconds."""
+    (path / "thrust.yaml").write_text("jobs:\n  quick:\n    command: [sh, -c, 'echo hi']\n")
+    git_init(path)
+    git(path, "add", "thrust.yaml")
+    git(path, "commit", "-q", "-m", "first")
+    return path
+
+
 def test_piped_lines_are_never_folded_whatever_the_width(cli, tmp_path):
-    (tmp_path / "thrust.yaml").write_text("jobs:\n  quick:\n    command: [sh, -c, 'echo hi']\n")
-    git_init(tmp_path)
-    git(tmp_path, "add", "thrust.yaml")
-    git(tmp_path, "commit", "-q", "-m", "first")
+    _quick_project(tmp_path)
     trained = cli("train", "quick", "--host", "local", cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr
     run_id = re.search(r"following (\S+)", trained.stderr).group(1)
@@ -76,6 +82,18 @@ def test_piped_lines_are_never_folded_whatever_the_width(cli, tmp_path):
     error, hint = missing.stderr.splitlines()[:2]
     assert error.startswith("error: no run ") and error.endswith(f"(looked in {tmp_path}/.thrust/runs)")
     assert hint.endswith("thrust-remote runs --all (or: thrust-remote runs --host local)")
+
+
+def test_a_reader_that_goes_away_is_sigpipes_141_not_a_failed_job(tmp_path):
+    """`train --json | head -0`: the run finished; the answer had nowhere to go. 1 would say the job failed."""
+    _quick_project(tmp_path)
+    proc = subprocess.Popen([EXE, "train", "quick", "--host", "local", "--json"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader is gone before train writes its JSON
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err and "error" not in err
+    assert "hi" in err  # the job ran and its log was followed
 
 
 def test_a_misspelt_job_or_host_is_64_with_the_near_name(cli, tmp_path):

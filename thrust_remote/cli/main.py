@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
+import os
 import shlex
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -90,6 +93,14 @@ def run(argv: list[str] | None = None) -> None:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
         code = app(args=args, prog_name="thrust-remote", standalone_mode=False)
+        sys.stdout.flush()  # a reader gone (`| head`) shows here, inside the handlers, not at exit
+    except BrokenPipeError:
+        _reader_gone()
+    except SystemExit as exc:
+        # typer answers a broken stdout (EPIPE) itself, with exit 1: the same case as above
+        if isinstance(exc.__context__, OSError) and exc.__context__.errno == errno.EPIPE:
+            _reader_gone()
+        raise
     except ThrustError as exc:
         if debug:  # the traceback on top; the message and the exit code stay what a script expects
             traceback.print_exc()
@@ -139,6 +150,15 @@ def _global_option_hint(args: list[str], option: str | None) -> str | None:
     width = 1 if "=" in args[at] else 1 + GLOBAL_OPTIONS[name]
     moved = [*args[at:at + width], *args[:at], *args[at + width:]]
     return f"{name} is thrust-remote's own option: it goes before the command: {shlex.join(['thrust-remote', *moved])}"
+
+
+def _reader_gone() -> None:
+    """stdout's reader closed it (`train --json | head -1`): what a program killed by SIGPIPE gives,
+    128 + 13, quietly; not 1, which would say the job failed. stdout goes to /dev/null so the
+    interpreter's own flush at exit does not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(128 + signal.SIGPIPE)
 
 
 def _report(message: str, hint: str | None, label: str = "error") -> None:
