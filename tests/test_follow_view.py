@@ -169,3 +169,9 @@ def test_train_through_a_pipe_prints_readable_progress_lines(tmp_path):
     assert re.search(r": 100%  ([\d,]+)/\1 steps", progress[-1]), progress  # the end is always shown
     assert len(progress) <= 2 + wall / 5  # one every 5 s (and the end), not one per report
     assert (proj / "web" / "public" / "cartpole.onnx").exists()
+
+
+@pytest.mark.parametrize(("step", "words"), [(1, "1 step"), (2, "2 steps"), (0, "0 steps")])
+def test_a_job_without_a_total_counts_its_steps_in_words_that_agree(step, words):
+    line = progress_line({"step": step, "total_steps": None, "return_mean": 1.0}, 120, bar=False)
+    assert re.search(rf"(^|\s){words}(\s|$)", line), line

@@ -56,7 +56,8 @@ def _fields(m: Mapping[str, Any], elapsed: float | None) -> tuple[str, list[list
     """(the % field, the optional fields most important first, each as its variants widest first)."""
     step, total = m.get("step") or 0, m.get("total_steps")
     pct = f"{min(100.0, 100.0 * step / total):3.0f}%" if total else ""
-    steps = [f"{step:,}/{total:,} steps", f"{_si(step)}/{_si(total)}"] if total else [f"{step:,} steps", _si(step)]
+    alone = f"{step:,} step{'' if step == 1 else 's'}"
+    steps = [f"{step:,}/{total:,} steps", f"{_si(step)}/{_si(total)}"] if total else [alone, _si(step)]
     optional = [steps]
     ret = [f"return {m['return_mean']:.2f}", f"ret {m['return_mean']:.1f}"] if m.get("return_mean") is not None else []
     if m.get("score_mean") is not None:  # an env's own score (snake: apples) before its return
