@@ -174,6 +174,18 @@ def test_init_writes_a_config_that_loads_and_never_overwrites(cli, tmp_path):
     assert (tmp_path / "thrust.yaml").read_text() == "default_host: local\n# mine\n"
 
 
+def test_init_in_a_subfolder_writes_at_the_projects_top_and_never_shadows_its_config(cli, tmp_path):
+    project = git_init(tmp_path / "project", identity=False)
+    (project / "src" / "deep").mkdir(parents=True)
+    made = cli("init", cwd=project / "src" / "deep")
+    assert made.returncode == 0, made.stderr
+    assert (project / "thrust.yaml").is_file() and not (project / "src" / "deep" / "thrust.yaml").exists()
+    again = cli("init", cwd=project / "src")
+    assert again.returncode == ExitCode.USAGE
+    assert f"{project / 'thrust.yaml'} already configures this directory" in again.stderr
+    assert not (project / "src" / "thrust.yaml").exists()
+
+
 def test_config_elsewhere_only_configures_the_git_tree_you_stand_in(tmp_path, monkeypatch):
     project = git_init(tmp_path / "project", identity=False)
     (project / "sub").mkdir()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from thrust_remote.core.config import CONFIG_NAME, parse_config_text
+from thrust_remote.core.config import CONFIG_NAME, find_config, parse_config_text, project_root
 from thrust_remote.core.console import console
 from thrust_remote.core.errors import UsageError
 
@@ -55,13 +55,16 @@ jobs:                          # snake and cartpole are built in; an entry here 
 
 
 def register(app: typer.Typer) -> None:
-    app.command("init", help="Write a commented thrust.yaml in the current directory.")(init)
+    app.command("init", help="Write a commented thrust.yaml at the project's top (the git work tree; else here).")(init)
 
 
 def init(force: bool = typer.Option(False, "--force", help="Overwrite an existing thrust.yaml.")) -> None:
-    path = Path.cwd() / CONFIG_NAME
-    if path.exists() and not force:
-        raise UsageError(f"{path} already exists", "use --force to overwrite it")
+    # the project's top (git's work tree) is where train looks first and what it syncs: a thrust.yaml
+    # written in a subfolder would shadow the project's own from there only
+    path = project_root(Path.cwd()) / CONFIG_NAME
+    found = find_config()
+    if found and not force:
+        raise UsageError(f"{found} already configures this directory", f"edit it, or use --force to overwrite {path}")
     parse_config_text(TEMPLATE, path)  # the template itself must always be a valid config
     path.write_text(TEMPLATE)
     # soft_wrap: rich never breaks these lines, so the path and the command stay whole and can be
