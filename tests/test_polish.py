@@ -96,6 +96,18 @@ def test_a_reader_that_goes_away_is_sigpipes_141_not_a_failed_job(tmp_path):
     assert "hi" in err  # the job ran and its log was followed
 
 
+def test_train_on_local_outside_a_git_project_runs_and_says_what_it_does_not_record(cli, tmp_path):
+    (tmp_path / "thrust.yaml").write_text("jobs:\n  quick:\n    command: [sh, -c, 'echo hi']\n")
+    result = cli("train", "quick", "--host", "local", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    warning = next(line for line in result.stderr.splitlines() if line.startswith("warning:"))
+    assert f"{tmp_path} is not in a git project" in warning and f"{tmp_path}/.thrust" in warning
+    # in a git project the same train says nothing of the kind
+    _quick_project(tmp_path)
+    again = cli("train", "quick", "--host", "local", cwd=tmp_path)
+    assert again.returncode == 0 and "not in a git project" not in again.stderr
+
+
 def test_a_misspelt_job_or_host_is_64_with_the_near_name(cli, tmp_path):
     job = cli("train", "cartpol", "--host", "local", cwd=tmp_path)
     assert job.returncode == 64 and "unknown job 'cartpol' (did you mean 'cartpole'?)" in job.stderr

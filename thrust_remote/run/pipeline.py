@@ -266,6 +266,10 @@ def _sync_stage(config: Config, session: HostSession,
             reporter.warn(w)
         return local, result
     if local is None:
+        # allowed (the code is what stands here), but nothing records which code ran, and the run's
+        # .thrust/ (and a model's web/public/) go into this directory: say both
+        reporter.warn(f"{config.root} is not in a git project: the run's code is not recorded as a commit, and "
+                      f"its files go under {config.root}/.thrust (`git init` here, or run from your project)")
         return None, None
     if local.dirty:
         reporter.warn("the working tree has uncommitted changes: they are what runs (recorded in run.json)")
