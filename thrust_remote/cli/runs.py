@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import sys
 import time
@@ -17,6 +19,7 @@ from thrust_remote.cli.follow import say
 from thrust_remote.cli.train import CliReporter, show_outcome
 from thrust_remote.core.console import console, err_console
 from thrust_remote.core.errors import ExitCode, UnknownHostError, UnreachableError, UsageError
+from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import lifecycle
 from thrust_remote.runs import control, index
@@ -32,6 +35,7 @@ def register(app: typer.Typer) -> None:
     app.command("status", help="State of one run: RUNNING, FINISHED, FAILED, STOPPED or LOST.")(status)
     app.command("logs", help="Print a run's log from a byte offset; --follow until it ends.")(logs)
     app.command("stop", help="Stop a run: TERM its process group, KILL after a grace period.")(stop)
+    app.command("wait", help="Wait until every run named has ended; exit 0 when all FINISHED.")(wait)
     app.command("fetch", help="Fetch a run's model into web/public and its artifacts into .thrust/fetched/RUN/"
                 "artifacts/ (verified; again: only what changed).")(fetch)
 
@@ -155,6 +159,38 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
         code = "" if node.get("exit_code") is None else f" (exit code {node['exit_code']})"
         console.print(f"  node {node['node']}  {escape(str(node['host']))}  "
                       f"[{STATE_STYLE.get(node['state'], 'red')}]{node['state']}[/]{code}", highlight=False)
+
+
+def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="RUN...", help="Run ids."),
+         host: str | None = HOST_OPT,
+         timeout: float | None = typer.Option(None, "--timeout", min=0, help="Give up after this many seconds "
+                                              "(exit 75: the runs go on)."),
+         as_json: bool = typer.Option(False, "--json", help="Print the runs' statuses as a JSON list.")) -> None:
+    """Each run asked on its own host (the index's, or --host) over one connection per host; the exit
+    code is 0 when every run FINISHED, else the one `train` would give for the first that did not."""
+    config = get_config(ctx)
+    unique = list(dict.fromkeys(control.check_run_id(r) for r in run_ids))
+    with contextlib.ExitStack() as stack:
+        sessions: dict[str, HostSession] = {}
+
+        def session_for(run_id: str) -> HostSession:
+            name = index.resolve_host(config, run_id, host) or config.default_host
+            if name not in sessions:
+                sessions[name] = stack.enter_context(_open(ctx, name))
+            return sessions[name]
+
+        asks = [(r, functools.partial(lifecycle.status, session_for(r), r, _opener(ctx, r))) for r in unique]
+        statuses = lifecycle.wait(
+            asks, timeout=timeout, on_end=_said_ended,
+            again=lambda going: command_hint("wait", *going, host=host, config=config.given_path))
+    if as_json:
+        typer.echo(json.dumps(statuses))
+    raise typer.Exit(lifecycle.wait_code(statuses))
+
+
+def _said_ended(st: dict) -> None:
+    code = "" if st.get("exit_code") is None else f" (exit code {st['exit_code']})"
+    say(f"{st['run_id']}: {st['state']}{code}")
 
 
 def _opener(ctx: typer.Context, run_id: str) -> lifecycle.OpenNode:

@@ -83,3 +83,11 @@ class Detached(ThrustError):
 
     label = "detached"
     code = ExitCode.CONNECTION_LOST
+
+
+class StillGoing(ThrustError):
+    """`wait --timeout` ran out before the runs ended: they go on; 75, as a detach, so a script can
+    wait again."""
+
+    label = "timeout"
+    code = ExitCode.CONNECTION_LOST

@@ -13,6 +13,7 @@ nodes need (agree, plan, rendezvous, the watch, the state over nodes) is multino
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 
 from thrust_remote.agent.protocol import MODEL, RUN_JSON, RunState
 from thrust_remote.core.config import Config, HostConfig, JobConfig
-from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
+from thrust_remote.core.errors import ConnectionLostError, StillGoing, ThrustError, UnreachableError, UsageError
 from thrust_remote.fetch import artifacts
 from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
@@ -354,3 +355,38 @@ def stop(session: HostSession, run_id: str, open_node: OpenNode, grace: float = 
 
         answers = multinode.each(one, nodes.sessions)
         return list(zip(nodes.names, answers, strict=True))
+
+
+# ------------------------------------------------------------------------------------------ wait
+
+Ask = Callable[[], dict[str, Any]]  # one run's status, asked again (lifecycle.status over its nodes)
+
+
+def wait(asks: Sequence[tuple[str, Ask]], *, timeout: float | None = None, every: float = 2.0,
+         on_end: Callable[[dict[str, Any]], None] = lambda _: None,
+         again: Callable[[Sequence[str]], str] = lambda going: f"thrust-remote wait {' '.join(going)}",
+         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+         ) -> list[dict[str, Any]]:
+    """`wait RUN...`: each run asked every `every` s until every one has ended (a terminal state);
+    their last statuses, in the order given. `on_end` hears each one as it ends. Past `timeout`
+    seconds: StillGoing (75) naming the runs that go on, `again(them)` the command to wait again."""
+    ended: dict[str, dict[str, Any]] = {}
+    deadline = None if timeout is None else clock() + timeout
+    while True:
+        for run_id, ask in asks:
+            if run_id not in ended and RunState.of((answer := ask()).get("state")).is_terminal:
+                ended[run_id] = answer
+                on_end(answer)
+        if len(ended) == len(asks):
+            return [ended[run_id] for run_id, _ in asks]
+        if deadline is not None and clock() >= deadline:
+            going = [run_id for run_id, _ in asks if run_id not in ended]
+            raise StillGoing(f"after {timeout:g} s {len(going)} of {len(asks)} run(s) still going: {', '.join(going)}",
+                             f"they go on; wait again with: {again(going)}")
+        sleep(every if deadline is None else max(0.0, min(every, deadline - clock())))
+
+
+def wait_code(statuses: Sequence[dict[str, Any]]) -> int:
+    """0 when every run FINISHED, else the code `train` would give for the first that did not."""
+    failed = next((st for st in statuses if st.get("state") != RunState.FINISHED), None)
+    return 0 if failed is None else pipeline.exit_code_for(failed)
