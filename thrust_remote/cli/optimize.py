@@ -15,12 +15,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from thrust_remote import optimize as core
+from thrust_remote.agent.protocol import RunState
 from thrust_remote.cli.common import get_config, open_runner
 from thrust_remote.cli.train import CliReporter
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.console import console, err_console
 from thrust_remote.core.errors import UsageError
 from thrust_remote.core.hints import command_hint
+from thrust_remote.runs import notify
 
 STATE_STYLE = {"RUNNING": "cyan", "LAUNCHING": "cyan", "COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}
 
@@ -149,7 +151,18 @@ def optimize(
         typer.echo(json.dumps(summary.as_json(), indent=2))
     else:
         render_summary(summary, {h.name: h for h in hosts})
+    _tell(config, summary, reporter)
     raise typer.Exit(summary.exit_code)
+
+
+def _tell(config: Config, s: core.Summary, reporter: CliReporter) -> None:
+    """The study's end to `notify:` (each end: a resumed study ends again): THRUST_RUN_ID is its name."""
+    cfg = config.notify_for(s.job)
+    if cfg.enabled:
+        state = (RunState.FINISHED if s.exit_code == 0
+                 else RunState.STOPPED if s.stopped == "aborted" else RunState.FAILED)
+        host = ",".join(s.hosts) if s.hosts else str(s.host)
+        notify.tell(cfg, notify.Ended(s.study, state.value, s.exit_code, host, f"optimize {s.job}"), reporter.warn)
 
 
 def _stop(config: Config, job: JobConfig, hosts: Sequence[HostConfig], study: str | None, as_json: bool) -> None:

@@ -180,8 +180,12 @@ def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="R
             return sessions[name]
 
         asks = [(r, functools.partial(lifecycle.status, session_for(r), r, _opener(ctx, r))) for r in unique]
+        def ended(st: dict) -> None:
+            _said_ended(st)
+            lifecycle.tell_ended(config, st, CliReporter().warn)
+
         statuses = lifecycle.wait(
-            asks, timeout=timeout, on_end=_said_ended,
+            asks, timeout=timeout, on_end=ended,
             again=lambda going: command_hint("wait", *going, host=host, config=config.given_path))
     if as_json:
         typer.echo(json.dumps(statuses))

@@ -64,6 +64,20 @@ class HostConfig:
 
 
 @dataclass(frozen=True)
+class NotifyConfig:
+    """`notify:` (top level, or a job's own, which replaces it): what runs on the laptop when a followed
+    run ends (docs/architecture.md, "Notifications")."""
+
+    command: tuple[str, ...] = ()  # argv, never a shell string; THRUST_RUN_* in its environment
+    webhook: str | None = None  # an http(s) URL, or $NAME / ${NAME}: the URL is that variable's value here
+    desktop: bool = False  # notify-send or osascript, where present
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.command or self.webhook or self.desktop)
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """One job of thrust.yaml (docs/architecture.md, "Config (thrust.yaml)": the job kinds)."""
 
@@ -83,6 +97,7 @@ class JobConfig:
     artifacts: tuple[str, ...] = ()  # globs under the job's working directory on the host
     metrics: Mapping[str, str] = field(default_factory=dict)  # {"tensorboard": DIR}; default THRUST_METRICS lines
     objective: Mapping[str, str] = field(default_factory=dict)  # {"metric": NAME, "mode": "max"|"min"}
+    notify: NotifyConfig | None = None  # the job's own `notify:`; None: the top level's
     # thrust.yaml's line of each key the job wrote, and of the job's name under "job": a check after
     # the sync (a script missing from the synced commit) names file:line as the loader does
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)
@@ -103,6 +118,7 @@ class Config:
     jobs: Mapping[str, JobConfig] = field(default_factory=dict)
     search: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> host names, in node order
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
     # the user named this file (--config / THRUST_CONFIG) rather than it being found upwards
     given: bool = False
 
@@ -151,6 +167,11 @@ class Config:
                                      "name each host once: every host is one node of the run")
                 out.append(host)
         return out
+
+    def notify_for(self, job: str | None) -> NotifyConfig:
+        """A job's own `notify:` when it has one, else the top level's."""
+        own = self.jobs[job].notify if job in self.jobs else None
+        return own if own is not None else self.notify
 
     def job(self, name: str) -> JobConfig:
         if name not in self.jobs:
@@ -319,14 +340,14 @@ class _Reader:
         return yaml.safe_load(yaml.serialize(node))
 
 
-_TOP_KEYS = ("default_host", "hosts", "groups", "jobs", "search")
+_TOP_KEYS = ("default_host", "hosts", "groups", "jobs", "search", "notify")
 _HOST_KEYS = (
     "address", "workdir", "python", "identity", "known_hosts", "host_key_policy", "gpus", "connect_timeout",
     "rdzv_address", "rdzv_port", "ifname",
 )
 _JOB_KEYS = (
     "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
-    "export", "env", "toolchain", "example", "crate", "artifact", "tch_version", "bypass_version_check",
+    "export", "env", "toolchain", "example", "crate", "artifact", "tch_version", "bypass_version_check", "notify",
 )
 # Keys only some kinds take: another kind's job names them as an error (the cargo keys stay lenient).
 _KIND_ONLY = {
@@ -365,6 +386,7 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
     default_host_node: yaml.Node | None = None
     groups: dict[str, tuple[str, ...]] = {}
     group_nodes: dict[str, yaml.Node] = {}
+    notify = NotifyConfig()
     for key, key_node, value in reader.mapping(root, ""):
         if key == "default_host":
             default_host = reader.string(value, key) or LOCAL
@@ -382,6 +404,8 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
             for name, name_node, job_node in reader.mapping(value, "jobs"):
                 _check_name(reader, name_node, f"jobs.{name}", name)
                 jobs[name] = _parse_job(reader, name, job_node, jobs.get(name), name_node)
+        elif key == "notify":
+            notify = _parse_notify(reader, "notify", value)
         elif key == "search":
             for name, name_node, spec_node in reader.mapping(value, "search"):
                 _check_name(reader, name_node, f"search.{name}", name)
@@ -394,7 +418,8 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
             default_host_node, "default_host", f"{default_host!r} is not a host defined under hosts:"
         )
     _check_groups(reader, groups, group_nodes, hosts)
-    return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search, groups=groups)
+    return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search, groups=groups,
+                  notify=notify)
 
 
 def _check_groups(reader: _Reader, groups: Mapping[str, tuple[str, ...]], nodes: Mapping[str, yaml.Node],
@@ -566,6 +591,8 @@ def _job_value(reader: _Reader, kind: str, key: str, f: str, value: yaml.Node) -
         return {key: tuple(_repo_path(reader, f, item) for item in _items(reader, f, value, "a list of globs"))}
     if key == "metrics":
         return {key: _job_metrics(reader, f, value)}
+    if key == "notify":
+        return {key: _parse_notify(reader, f, value)}
     return {key: _job_objective(reader, f, value)}
 
 
@@ -643,6 +670,29 @@ def _words(reader: _Reader, f: str, node: yaml.Node, expected: str, *, pip: bool
             raise reader.fail(item, f, f"expected a pip requirement like numpy>=1.26, got {text!r}")
         out.append(text)
     return out
+
+
+_NOTIFY_KEYS = ("command", "webhook", "desktop")
+_ENV_REF = re.compile(r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$")
+
+
+def _parse_notify(reader: _Reader, f: str, node: yaml.Node) -> NotifyConfig:
+    values: dict[str, Any] = {}
+    for key, key_node, value in reader.mapping(node, f):
+        if key == "command":
+            values[key] = _job_command(reader, f"{f}.command", value)
+        elif key == "webhook":
+            url = (reader.string(value, f"{f}.webhook") or "").strip()
+            if not (_ENV_REF.match(url) or re.match(r"^https?://[^\s]+$", url)):
+                # the URL itself is a secret: never repeated in the message
+                raise reader.fail(value, f"{f}.webhook", "expected an http(s):// URL, or $NAME to read it from the "
+                                                          "environment (keeps the secret out of this file)")
+            values[key] = url
+        elif key == "desktop":
+            values[key] = reader.boolean(value, f"{f}.desktop")
+        else:
+            raise reader.unknown(key_node, f"{f}.{key}", _NOTIFY_KEYS)
+    return NotifyConfig(**values)
 
 
 def _repo_path(reader: _Reader, f: str, node: yaml.Node) -> str:

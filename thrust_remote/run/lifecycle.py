@@ -29,7 +29,7 @@ from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import multinode, pipeline
 from thrust_remote.run.pipeline import Launched, Reporter, Stage, TrainOutcome, TrainRequest
-from thrust_remote.runs import control, index, scalarwatch
+from thrust_remote.runs import control, index, notify, scalarwatch
 
 OpenNode = Callable[[str], HostSession]  # a session on a configured host, by name
 
@@ -173,6 +173,7 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
             watch.fail(node, "lost: the connection to it broke while following")
             raise
     status = _over_nodes_at_end(nodes, node, followed.status, watch) if nodes.many else followed.status
+    tell_ended(config, status, reporter.warn)
     head_session = nodes.sessions[0]
     fetched = got = None
     if status["state"] == RunState.FINISHED and fetch and job is not None and head_session is not None:
@@ -355,6 +356,21 @@ def stop(session: HostSession, run_id: str, open_node: OpenNode, grace: float = 
 
         answers = multinode.each(one, nodes.sessions)
         return list(zip(nodes.names, answers, strict=True))
+
+
+# ------------------------------------------------------------------------------------------ ended
+
+def tell_ended(config: Config, status: dict[str, Any], warn: Callable[[str], None]) -> None:
+    """A followed run has ended: the `notify:` of its job (else the top level's) told, once per run
+    whoever follows it (runs/notify.py). A run still going tells nothing."""
+    state = RunState.of(status.get("state"))
+    job = str(status.get("job") or "")
+    cfg = config.notify_for(job)
+    if not state.is_terminal or not cfg.enabled or not notify.first_time(config.root, str(status.get("run_id"))):
+        return
+    ended = notify.Ended(str(status.get("run_id")), state.value, status.get("exit_code"),
+                         str(status.get("host") or ""), job)
+    notify.tell(cfg, ended, warn)
 
 
 # ------------------------------------------------------------------------------------------ wait
