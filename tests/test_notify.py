@@ -171,3 +171,31 @@ def test_desktop_uses_notify_send_where_it_is(cli, tmp_path):
     title, text = got.read_text().splitlines()
     assert title == "thrust-remote" and text == f"thrust-remote: quick run {_run_id(trained.stderr)} on local ended " \
                                                 "FINISHED (exit code 0)"
+
+
+@pytest.mark.slow
+def test_an_optimize_study_that_ends_is_told_with_its_name(cli, tmp_path):
+    told = tmp_path / "told.txt"
+    proj = tmp_path / "p"
+    git_init(proj)
+    (proj / "score.sh").write_text('for w in "$@"; do case "$w" in lr=*) lr="${w#lr=}";; esac; done\n'
+                                   'echo "THRUST_METRICS {\\"step\\": 1, \\"score\\": $lr}"\n')
+    (proj / "thrust.yaml").write_text(f"""\
+notify:
+  command: [sh, -c, 'env | grep ^THRUST_ | sort >> "$0"', {told}]
+jobs:
+  words:
+    command: [sh, score.sh]
+    objective: {{metric: score, mode: max}}
+search:
+  words: {{lr: {{choices: [0.1, 0.3]}}}}
+""")
+    commit(proj, "a study")
+    result = cli("optimize", "words", "--trials", "2", "--seed", "2", "--host", "local", "--study", "notified",
+                 "--json", cwd=proj, timeout=300)
+    assert result.returncode == 0, result.stderr
+    seen = dict(line.split("=", 1) for line in told.read_text().splitlines())
+    # one message for the study, none per trial (nobody followed a trial as a run)
+    assert seen == {"THRUST_RUN_ID": "notified", "THRUST_RUN_STATE": "FINISHED", "THRUST_EXIT_CODE": "0",
+                    "THRUST_HOST": "local", "THRUST_JOB": "optimize words"}
+    assert len(told.read_text().splitlines()) == 5
