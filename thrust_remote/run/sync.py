@@ -200,6 +200,8 @@ def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None
             _refuse_if_busy(session, local, busy if state.get("repo") else None)
             if bundle is not None and not state.get("have"):
                 result.bundle_bytes = bundle.path.stat().st_size
+                step(f"sending the missing {'tree' if result.checkout else 'commits'} as a git bundle "
+                     f"({result.bundle_bytes} bytes)")
                 if _send_bundle(session, local, bundle):
                     result.method = "shallow-bundle"
             _send_lfs(session, local, state.get("lfs_missing") or (), step)
@@ -277,7 +279,6 @@ def _reach_commit(session: HostSession, local: LocalState, state: dict, method: 
         fetched = _host_git(session, "fetch", "-q", "--", local.origin, local.commit, timeout=300).ok
         if fetched and _host_git(session, "cat-file", "-e", f"{local.commit}^{{commit}}").ok:
             return ("fetch" if method != "clone" else "clone"), None
-    step("making a git bundle of the missing commits")
     return "bundle", _make_bundle(local, set(state.get("known") or ()), tmp)
 
 
@@ -370,7 +371,7 @@ def _checkout(session: HostSession, local: LocalState, target: str, step: Step) 
             tmp.flush()
             session.runner.put(tmp.name, remote_patch)
     step(f"checking out {target[:12]}")
-    lfs = [a for f in local.lfs or () for a in ("--lfs", f.spec)]
+    lfs = [f"--lfs={f.spec}" for f in local.lfs or ()]  # one word: a path may start with "-"
     res = session.agent("git-checkout", "--workdir", session.paths.workdir, "--commit", target,
                         "--patch", remote_patch, "--patch-id", local.applied_id, *lfs, timeout=300)
     if not res.ok:
