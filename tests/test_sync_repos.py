@@ -182,6 +182,19 @@ def test_a_tree_with_a_missing_blob_is_refused_naming_the_file(damaged, tmp_path
     assert error.value.exit_code == ExitCode.TRANSFER and "git fsck" in error.value.hint
 
 
+def test_a_partial_clone_whose_promisor_is_gone_sends_its_tree(tmp_path):
+    upstream = git_init(tmp_path / "upstream")
+    for text in ("first\n", "second\n"):
+        (upstream / "f.txt").write_text(text)
+        commit(upstream, text)
+    git(upstream, "config", "uploadpack.allowFilter", "true")
+    laptop = tmp_path / "laptop"
+    subprocess.run(["git", "clone", "-q", "--filter=blob:none", f"file://{upstream}", str(laptop)], check=True)
+    upstream.rename(tmp_path / "gone")  # the promisor (and origin) out of reach: the old blob cannot come
+    result = sync(_session(HostPaths(str(tmp_path / "host"))), local_state(laptop))
+    assert result.method == "tree" and (tmp_path / "host" / "f.txt").read_text() == "second\n"
+
+
 # ------------------------------------------------------------------------------------------ Git LFS
 
 POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
@@ -212,6 +225,17 @@ def test_an_lfs_pointer_without_its_content_is_refused_and_the_stored_object_is_
     result = sync(_session(host), local_state(repo))
     assert (Path(host.workdir) / "data.bin").read_bytes() == data
     assert result.as_meta()["lfs"] == ["data.bin"]
+
+
+def test_train_refuses_pointer_only_lfs_files_before_the_host_gets_anything(sshd, cli, tmp_path):
+    workdir = remote_tempdir(sshd)
+    project = new_project(tmp_path / "project", sshd, workdir, jobs=JOBS.format(path="data.bin"),
+                          files={".gitattributes": "*.bin filter=lfs -text\n",
+                                 "data.bin": POINTER.format(oid="cd" * 32, size=10)})
+    result = cli("train", "show", cwd=project)
+    assert result.returncode == ExitCode.UNAVAILABLE, result.stderr
+    assert "data.bin" in result.stderr and "git lfs pull" in result.stderr
+    assert not (workdir / ".git").exists()
 
 
 @pytest.mark.skipif(shutil.which("git-lfs") is None, reason="git-lfs is not installed (make system-deps)")
