@@ -1,7 +1,8 @@
 """sync with the repositories users really have (docs/architecture.md, "Sync"): a shallow clone with a
-commit of its own, a superproject whose submodule has a dirty change (both trained over a real sshd),
-an object store missing a blob (the tree goes alone, or a clear error naming the file) and Git LFS
-files (content, never the pointer; refused naming them when the laptop has only the pointer)."""
+commit of its own and a superproject whose submodule has a dirty change (both trained over a real
+sshd); an object store missing a blob, or a partial clone whose promisor is gone (the tree goes alone,
+or a clear error naming the file); Git LFS files (content, never the pointer; refused naming them, by
+train too, when the laptop has only the pointer)."""
 
 from __future__ import annotations
 
