@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WEB_STAMP := web/node_modules/.installed
 SYS_STAMP := $(VENV)/.system-deps
-APT_PACKAGES := openssh-server rsync chromium iproute2 procps
+APT_PACKAGES := openssh-server rsync chromium iproute2 procps git-lfs
 
 .PHONY: demo test lint setup system-deps web-deps bench clean wheel
 
@@ -31,6 +31,7 @@ $(SYS_STAMP): | $(STAMP)
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v pkill >/dev/null || missing="$$missing procps"; \
+	command -v git-lfs >/dev/null || missing="$$missing git-lfs"; \
 	command -v g++ >/dev/null || missing="$$missing g++"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "write-file": ("files", False),
     "git-state": ("checkout", True),
     "git-checkout": ("checkout", True),
+    "git-receive": ("checkout", True),
     "preflight": ("probe", True),
     "missing-modules": ("probe", True),
     "stage-artifact": ("artifact", False),

@@ -3,18 +3,30 @@
     agent git-state --workdir W --commit C
         {"git": bool, "repo": bool, "head": str|null, "applied": str, "current": str,
          "have": bool, "known": [sha...]}
-    agent git-checkout --workdir W --commit C [--patch P] --patch-id ID
+    agent git-state ... [--lfs OID]...
+        ... + {"lfs_missing": [oid...]}: the Git LFS objects W/.git/lfs/objects lacks
+    agent git-receive --workdir W --bundle B --refspec SRC:DST [--shallow SHA]...
+        {"shallow": [sha...]}    (fetch B into W, then delete B; exit 1 and git's stderr when it fails)
+    agent git-checkout --workdir W --commit C [--patch P] --patch-id ID [--lfs PATH=OID]...
         {"head": sha}            (exit 1 and git's stderr when a step fails)
 
 `applied` is what the last checkout left in W/.thrust/applied-patch ("<patch id> <tree diff sha>"),
 `current` the sha256 of the tree's diff now: equal, the checkout is untouched since (sync skips it).
 `known` (only when the commit is missing) lists the commits the host has, so the laptop bundles
 only what the host lacks. git is always called with argv, never through a shell.
+
+`--shallow` (a shallow laptop clone): the boundary commits the host lacks are written to W/.git/shallow
+before the fetch, so the host's history stops where the laptop's does (a bundle cannot say it).
+`--lfs PATH=OID`: after the patch, PATH gets the content of W/.git/lfs/objects' OID (sent before), not
+the pointer git checked out (an empty OID: the file was deleted on the laptop). Submodules and LFS
+paths are left out of the tree's diff: each submodule is a checkout of its own, and LFS content differs
+from its pointer by design.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -24,10 +36,19 @@ import sys
 
 APPLIED = os.path.join(".thrust", "applied-patch")
 EXCLUDE = "/.thrust/"
+# what the tree's diff leaves out: submodules (synced on their own) and LFS paths (content, not pointer)
+DIFF_SCOPE = ("--ignore-submodules=all", "--", ".", ":(exclude,attr:filter=lfs)")
+# a host's git-lfs, if installed, must not try to download what the laptop sends itself
+ENV = {**os.environ, "GIT_LFS_SKIP_SMUDGE": "1"}
+
+
+def lfs_object(workdir: str, oid: str) -> str:
+    """Where git-lfs keeps an object (.git/lfs/objects/aa/bb/aabb...)."""
+    return os.path.join(workdir, ".git", "lfs", "objects", oid[:2], oid[2:4], oid)
 
 
 def _git(workdir: str, *args: str, check: bool = False) -> subprocess.CompletedProcess:
-    result = subprocess.run(["git", "-C", workdir, *args], capture_output=True)
+    result = subprocess.run(["git", "-C", workdir, *args], capture_output=True, env=ENV)
     if check and result.returncode != 0:
         sys.stderr.write(result.stderr.decode("utf-8", "replace"))
         raise SystemExit(1)
@@ -39,11 +60,11 @@ def _out(result: subprocess.CompletedProcess) -> str:
 
 
 def tree_diff_sha(workdir: str) -> str:
-    """sha256 of `git diff HEAD --binary`: what was changed in the tree (empty diff: sha of b"")."""
-    return hashlib.sha256(_git(workdir, "diff", "HEAD", "--binary").stdout).hexdigest()
+    """sha256 of `git diff HEAD --binary` (DIFF_SCOPE): what was changed in the tree (empty diff: sha of b"")."""
+    return hashlib.sha256(_git(workdir, "diff", "HEAD", "--binary", *DIFF_SCOPE).stdout).hexdigest()
 
 
-def state(workdir: str, commit: str) -> dict:
+def state(workdir: str, commit: str, lfs: list[str] | None = None) -> dict:
     if shutil.which("git") is None:
         return {"git": False}
     out: dict = {"git": True, "repo": False}
@@ -57,14 +78,51 @@ def state(workdir: str, commit: str) -> dict:
         applied = ""
     have = _git(workdir, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
     out.update(repo=True, head=_out(_git(workdir, "rev-parse", "-q", "--verify", "HEAD")) or None,
-               applied=applied, current=tree_diff_sha(workdir), have=have, known=[])
+               applied=applied, current=tree_diff_sha(workdir), have=have, known=[],
+               lfs_missing=[oid for oid in lfs or () if not os.path.isfile(lfs_object(workdir, oid))])
     if not have:
         refs = _out(_git(workdir, "for-each-ref", "--format=%(objectname)")).split()
         out["known"] = sorted({*([out["head"]] if out["head"] else []), *refs})
     return out
 
 
-def checkout(workdir: str, commit: str, patch: str, patch_id: str) -> dict:
+def receive(workdir: str, bundle: str, refspec: str, shallow: list[str]) -> dict:
+    # a boundary commit the host already has keeps its history; one it lacks arrives without parents
+    added = [c for c in shallow if _git(workdir, "cat-file", "-e", f"{c}^{{commit}}").returncode != 0]
+    if added:
+        path = os.path.join(workdir, ".git", "shallow")
+        try:
+            with open(path) as fh:
+                have = set(fh.read().split())
+        except OSError:
+            have = set()
+        with open(path, "a") as fh:
+            fh.writelines(f"{c}\n" for c in added if c not in have)
+    try:
+        _git(workdir, "fetch", "-q", bundle, refspec, check=True)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(bundle)
+    return {"shallow": added}
+
+
+def _place_lfs(workdir: str, lfs: list[str]) -> None:
+    for item in lfs:
+        path, _, oid = item.rpartition("=")
+        dest = os.path.join(workdir, path)
+        if not oid:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(dest)
+            continue
+        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+        tmp = f"{dest}.thrust-lfs"
+        shutil.copyfile(lfs_object(workdir, oid), tmp)
+        if os.path.exists(dest):
+            shutil.copymode(dest, tmp)
+        os.replace(tmp, dest)
+
+
+def checkout(workdir: str, commit: str, patch: str, patch_id: str, lfs: list[str] | None = None) -> dict:
     os.makedirs(os.path.join(workdir, ".thrust"), exist_ok=True)
     os.makedirs(os.path.join(workdir, ".git", "info"), exist_ok=True)
     exclude = os.path.join(workdir, ".git", "info", "exclude")
@@ -81,6 +139,7 @@ def checkout(workdir: str, commit: str, patch: str, patch_id: str) -> dict:
     _git(workdir, "checkout", "-q", "--force", "--detach", commit, check=True)
     if patch:
         _git(workdir, "apply", "--index", "--whitespace=nowarn", patch, check=True)
+    _place_lfs(workdir, lfs or [])
     # what we left: the local patch's id and the tree's own diff, so the next sync can tell it is untouched
     with open(os.path.join(workdir, APPLIED), "w") as fh:
         fh.write(f"{patch_id} {tree_diff_sha(workdir)}\n")
@@ -93,17 +152,27 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("git-state")
     p.add_argument("--workdir", required=True)
     p.add_argument("--commit", required=True)
+    p.add_argument("--lfs", action="append", default=[])
+    p = sub.add_parser("git-receive")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--bundle", required=True)
+    p.add_argument("--refspec", required=True)
+    p.add_argument("--shallow", action="append", default=[])
     p = sub.add_parser("git-checkout")
     p.add_argument("--workdir", required=True)
     p.add_argument("--commit", required=True)
     p.add_argument("--patch", default="")
     p.add_argument("--patch-id", required=True)
+    p.add_argument("--lfs", action="append", default=[])
     args = parser.parse_args(argv)
     if args.cmd == "git-state":
-        print(json.dumps(state(args.workdir, args.commit)))
+        print(json.dumps(state(args.workdir, args.commit, args.lfs)))
         return 0
     try:
-        answer = checkout(args.workdir, args.commit, args.patch, args.patch_id)
+        if args.cmd == "git-receive":
+            answer = receive(args.workdir, args.bundle, args.refspec, args.shallow)
+        else:
+            answer = checkout(args.workdir, args.commit, args.patch, args.patch_id, args.lfs)
     except OSError as exc:
         sys.stderr.write(f"checkout in {args.workdir}: {exc}\n")
         return 1

@@ -60,10 +60,11 @@ class CargoPlan:
         return [self.binary, *(self.args if args is None else args)]
 
     def build_key(self, sync_result: SyncResult | None) -> str:
-        """What a built binary is good for: the env's fingerprint, the commit and patch, the example."""
+        """What a built binary is good for: the env's fingerprint, the commit and patch (with submodules and
+        LFS content: SyncResult.code_id), the example."""
         return hashlib.sha256(json.dumps([
             self.fingerprint.get("digest"), sync_result.commit if sync_result else None,
-            sync_result.patch_sha256 if sync_result else None, self.example, self.toolchain,
+            sync_result.code_id if sync_result else None, self.example, self.toolchain,
         ]).encode()).hexdigest()
 
 

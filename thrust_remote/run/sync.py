@@ -6,6 +6,9 @@
 - Uncommitted changes to tracked files travel as a binary patch, applied with `--index` so the next
   sync's `reset --hard` removes them again; untracked files are listed, not copied.
 - `.git` is never copied; untracked files on the host (target/, caches, .thrust/) are kept.
+- A shallow clone's bundle takes its boundary along (the host's history stops there too); a commit
+  whose history cannot be read goes as its tree alone (a stand-in commit, sync "tree"); checked-out
+  submodules are synced as repositories of their own; Git LFS files arrive as content (run/repo.py).
 """
 
 from __future__ import annotations
@@ -13,20 +16,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
+import re
 import tempfile
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from thrust_remote.agent.checkout import DIFF_SCOPE
 from thrust_remote.core.config import CONFIG_NAME
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
-from thrust_remote.host.session import HostSession
+from thrust_remote.host.session import HostPaths, HostSession
+from thrust_remote.run.repo import LfsFile, lfs_files, missing_in_tree, shallow_boundary, submodule_paths, tree_commit
+from thrust_remote.run.repo import git as _git
 from thrust_remote.runs.control import see_or_stop
 
 Step = Callable[[str], None]
+HOST_REF = "refs/thrust/sync"  # the host's name for what the bundle carries
+# git's words for an object it cannot read: the history is incomplete here (not a full disk, say)
+UNREADABLE = re.compile(r"unable to read|could not read|bad object|missing (blob|tree|commit)|promisor",
+                        re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,10 @@ class LocalState:
     patch: bytes = b""
     untracked: tuple[str, ...] = ()
     origin: str | None = None
+    shallow: tuple[str, ...] = ()  # a shallow clone's boundary commits
+    lfs: tuple[LfsFile, ...] | None = None  # None: not looked at yet (sync does; a local run needs none)
+    submodules: tuple[tuple[str, LocalState], ...] = ()  # (path, its own state), checked out ones
+    absent_submodules: tuple[str, ...] = ()  # not checked out on the laptop either
 
     @property
     def dirty(self) -> bool:
@@ -45,36 +59,61 @@ class LocalState:
     def patch_sha256(self) -> str | None:
         return hashlib.sha256(self.patch).hexdigest() if self.patch else None
 
+    @property
+    def applied_id(self) -> str:
+        """What the host's checkout records as applied: the patch, and the LFS content put in place."""
+        if not self.lfs:
+            return self.patch_sha256 or "none"
+        listed = "\n".join(f.spec for f in self.lfs).encode()
+        return hashlib.sha256(self.patch + b"\0" + listed).hexdigest()
+
 
 @dataclass
 class SyncResult:
     commit: str
-    method: str  # "up-to-date" | "fetch" | "bundle" | "clone" | "local"
+    method: str  # "up-to-date" | "fetch" | "bundle" | "shallow-bundle" | "clone" | "tree" | "local"
     dirty: bool
     patch_sha256: str | None
     untracked: tuple[str, ...]
     bundle_bytes: int = 0
     warnings: list[str] = field(default_factory=list)
+    checkout: str | None = None  # the host's HEAD when it is not `commit` (method "tree")
+    shallow: bool = False
+    lfs: tuple[str, ...] = ()
+    submodules: dict[str, SyncResult] = field(default_factory=dict)
+    lfs_id: str | None = None  # LocalState.applied_id when LFS content went along
+
+    @property
+    def code_id(self) -> str | None:
+        """The patch's sha256, widened to the LFS content and the submodules' code when there are any:
+        what a build cache keyed on commit + patch must also change with."""
+        if not self.lfs_id and not self.submodules:
+            return self.patch_sha256
+        subs = {path: [sub.checkout or sub.commit, sub.code_id] for path, sub in sorted(self.submodules.items())}
+        return hashlib.sha256(json.dumps([self.patch_sha256, self.lfs_id, subs]).encode()).hexdigest()
 
     def as_meta(self) -> dict:
-        return {
+        meta = {
             "commit": self.commit,
             "sync": self.method,
             "dirty": self.dirty,
             "patch_sha256": self.patch_sha256,
             "untracked": list(self.untracked),
         }
-
-
-def _git(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(["git", "-C", str(root), *args], capture_output=True)
-    if check and result.returncode != 0:
-        raise ThrustError(f"git {' '.join(args)} failed: {result.stderr.decode(errors='replace').strip()}")
-    return result
+        if self.checkout:
+            meta["checkout"] = self.checkout
+        if self.shallow:
+            meta["shallow"] = True
+        if self.lfs:
+            meta["lfs"] = list(self.lfs)
+        if self.submodules:
+            meta["submodules"] = {path: sub.as_meta() for path, sub in self.submodules.items()}
+        return meta
 
 
 def local_state(root: Path) -> LocalState:
-    """What the laptop has: HEAD, the uncommitted diff, untracked files, origin's URL."""
+    """What the laptop has: HEAD, the uncommitted diff, untracked files, origin's URL, and what sync
+    needs beyond them (shallow boundary, LFS content, submodules: run/repo.py)."""
     inside = _git(root, "rev-parse", "--show-toplevel", check=False)
     if inside.returncode != 0:
         raise ThrustError(
@@ -86,15 +125,20 @@ def local_state(root: Path) -> LocalState:
     head = _git(top, "rev-parse", "--verify", "-q", "HEAD^{commit}", check=False)
     if head.returncode != 0:
         raise ThrustError(f"{top} has no commit yet", "git add -A && git commit -m 'first'", ExitCode.USAGE)
-    patch = _git(top, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff").stdout
+    # submodules and LFS files travel on their own (their own sync; the content), not in the patch
+    patch = _git(top, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff", *DIFF_SCOPE).stdout
     untracked = _git(top, "ls-files", "--others", "--exclude-standard", "-z").stdout.decode().split("\0")
     origin = _git(top, "remote", "get-url", "origin", check=False)
+    present, absent = submodule_paths(top)
     return LocalState(
         root=top,
         commit=head.stdout.decode().strip(),
         patch=patch,
         untracked=tuple(u for u in untracked if u),
         origin=origin.stdout.decode().strip() if origin.returncode == 0 else None,
+        shallow=shallow_boundary(top),
+        submodules=tuple((path, local_state(top / path)) for path in present),
+        absent_submodules=tuple(absent),
     )
 
 
@@ -103,9 +147,10 @@ def _host_git(session: HostSession, *args: str, timeout: float = 120):
     return session.runner.run(["git", "-C", session.paths.workdir, *args], timeout=timeout)
 
 
-def _host_state(session: HostSession, commit: str) -> dict:
+def _host_state(session: HostSession, commit: str, local: LocalState) -> dict:
     """One round trip: the agent's git-state (docs/architecture.md, "The host agent")."""
-    res = session.agent("git-state", "--workdir", session.paths.workdir, "--commit", commit, timeout=120)
+    lfs = [arg for f in local.lfs or () if f.oid for arg in ("--lfs", f.oid)]
+    res = session.agent("git-state", "--workdir", session.paths.workdir, "--commit", commit, *lfs, timeout=120)
     try:
         state = json.loads(res.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -119,8 +164,10 @@ def _host_state(session: HostSession, commit: str) -> dict:
 def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None,
          busy: Callable[[], list[str]] | None = None) -> SyncResult:
     """`busy` lists the runs that still use the workdir: the tree is never changed under them."""
-    runner, workdir = session.runner, session.paths.workdir
-    state = _host_state(session, local.commit)
+    runner = session.runner
+    if local.lfs is None:  # every level's LFS content is found (or refused) before the host is touched
+        local = _with_lfs(local)
+    state = _host_state(session, local.commit, local)
     if not state["git"]:
         raise ThrustError(
             f"git is not installed on {runner.name}",
@@ -131,33 +178,72 @@ def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None
     if not state.get("repo"):
         method = "clone"
         state = _first_sync(session, local, step)
-    patch_id = local.patch_sha256 or "none"
-    untouched = (
-        state.get("head") == local.commit
-        and state.get("applied", "").split() == [patch_id, state.get("current")]
+    with tempfile.TemporaryDirectory() as tmp:
+        target, bundle = local.commit, None
+        if not state.get("have"):
+            method, bundle = _reach_commit(session, local, state, method, Path(tmp), step)
+            if bundle is not None and bundle.target != local.commit:
+                target = bundle.target
+                state = _host_state(session, target, local)
+        result = SyncResult(local.commit, method, local.dirty, local.patch_sha256, local.untracked,
+                            warnings=_warnings(local), checkout=target if target != local.commit else None,
+                            shallow=bool(local.shallow), lfs=tuple(f.path for f in local.lfs or ()),
+                            lfs_id=local.applied_id if local.lfs else None)
+        if bundle is not None and bundle.target != local.commit:
+            result.method = "tree"
+            result.warnings.append(bundle.why)
+        if _untouched(local, state, target):
+            same = " with the same patch" if local.patch else ""
+            step(f"{session.paths.workdir} is already at {target[:12]}{same}")
+            result.method = "tree" if result.checkout else "up-to-date"
+        else:
+            _refuse_if_busy(session, local, busy if state.get("repo") else None)
+            if bundle is not None and not state.get("have"):
+                result.bundle_bytes = bundle.path.stat().st_size
+                step(f"sending the missing {'tree' if result.checkout else 'commits'} as a git bundle "
+                     f"({result.bundle_bytes} bytes)")
+                if _send_bundle(session, local, bundle):
+                    result.method = "shallow-bundle"
+            _send_lfs(session, local, state.get("lfs_missing") or (), step)
+            _checkout(session, local, target, step)
+    _sync_submodules(session, local, result, step, busy)
+    return result
+
+
+def _with_lfs(local: LocalState) -> LocalState:
+    return replace(local, lfs=lfs_files(local.root),
+                   submodules=tuple((path, _with_lfs(sub)) for path, sub in local.submodules))
+
+
+def _untouched(local: LocalState, state: dict, target: str) -> bool:
+    return state.get("head") == target and state.get("applied", "").split() == [local.applied_id, state.get("current")]
+
+
+def _refuse_if_busy(session: HostSession, local: LocalState, busy: Callable[[], list[str]] | None) -> None:
+    running = busy() if busy else []
+    if not running:
+        return
+    # Runs of the same commit and patch share the workdir freely (the `untouched` case);
+    # other code would change under these runs (docs/architecture.md, "Concurrent runs").
+    what = f"{local.commit[:12]}{' + uncommitted changes' if local.patch else ''}"
+    first, name = running[0], session.name
+    raise ThrustError(
+        f"{session.paths.workdir} on {name} is in use by running run(s) {', '.join(running)}; syncing {what} "
+        "would change their code under them",
+        f"{see_or_stop(first, session.host)}; or wait for it to end "
+        f"({command_hint('logs', first, '-f', host=session.host)}), or give this host another workdir",
     )
-    if untouched:
-        step(f"{workdir} is already at {local.commit[:12]}" + (" with the same patch" if local.patch else ""))
-        return SyncResult(local.commit, "up-to-date", local.dirty, local.patch_sha256, local.untracked, 0,
-                          _warnings(local))
-    running = busy() if busy and state.get("repo") else []
-    if running:
-        # Runs of the same commit and patch share the workdir freely (the `untouched` return above);
-        # other code would change under these runs (docs/architecture.md, "Concurrent runs").
-        what = f"{local.commit[:12]}{' + uncommitted changes' if local.patch else ''}"
-        first, name = running[0], session.name
-        raise ThrustError(
-            f"{workdir} on {name} is in use by running run(s) {', '.join(running)}; syncing {what} "
-            "would change their code under them",
-            f"{see_or_stop(first, session.host)}; or wait for it to end "
-            f"({command_hint('logs', first, '-f', host=session.host)}), or give this host another workdir",
-        )
-    bundle_bytes = 0
-    if not state.get("have"):
-        method, bundle_bytes = _bring_commit(session, local, state, method, step)
-    _checkout(session, local, patch_id, step)
-    return SyncResult(local.commit, method, local.dirty, local.patch_sha256, local.untracked, bundle_bytes,
-                      _warnings(local))
+
+
+def _sync_submodules(session: HostSession, local: LocalState, result: SyncResult, step: Step,
+                     busy: Callable[[], list[str]] | None) -> None:
+    """Each checked-out submodule is a repository of its own at its path in the host's checkout: its
+    commit (the one the laptop has checked out), its own patch, its own submodules."""
+    for path, sub in local.submodules:
+        sub_session = replace(session, paths=HostPaths(f"{session.paths.workdir}/{path}"))
+        done = sync(sub_session, sub, step=lambda m, p=path: step(f"{p}: {m}"), busy=busy)
+        result.submodules[path] = done
+        result.warnings += [f"submodule {path}: {w}" for w in done.warnings]
 
 
 def _first_sync(session: HostSession, local: LocalState, step: Step) -> dict:
@@ -171,21 +257,111 @@ def _first_sync(session: HostSession, local: LocalState, step: Step) -> dict:
     if not cloned:
         session.runner.makedirs(workdir)
         _host_git(session, "init", "-q").check("git init on the host")
-    return _host_state(session, local.commit)
+    return _host_state(session, local.commit, local)
 
 
-def _bring_commit(session: HostSession, local: LocalState, state: dict, method: str, step: Step) -> tuple[str, int]:
-    """The host lacks the commit: fetch it from origin there, else send a bundle. (method, bundle bytes)"""
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle made on the laptop, sent once the busy check has passed."""
+
+    path: Path
+    ref: str  # the ref it carries (the laptop's name)
+    target: str  # the commit it carries: the local commit, or the stand-in for its tree
+    why: str = ""  # a stand-in: why the history could not be sent
+
+
+def _reach_commit(session: HostSession, local: LocalState, state: dict, method: str, tmp: Path,
+                  step: Step) -> tuple[str, Bundle | None]:
+    """The host lacks the commit: it fetches it from origin (objects only: the checkout is untouched),
+    else a bundle is made here. (method, the bundle to send)"""
     if local.origin:
         step("fetching the commit from origin on the host")
         fetched = _host_git(session, "fetch", "-q", "--", local.origin, local.commit, timeout=300).ok
         if fetched and _host_git(session, "cat-file", "-e", f"{local.commit}^{{commit}}").ok:
-            return ("fetch" if method != "clone" else "clone"), 0
-    step("sending the missing commits as a git bundle")
-    return "bundle", _send_bundle(session, local, set(state.get("known") or ()))
+            return ("fetch" if method != "clone" else "clone"), None
+    return "bundle", _make_bundle(local, set(state.get("known") or ()), tmp)
 
 
-def _checkout(session: HostSession, local: LocalState, patch_id: str, step: Step) -> None:
+def _bundle(root: Path, commit: str, exclude: list[str], path: Path) -> tuple[str, str]:
+    """`git bundle create` of `commit` under a ref of this thread's own: (ref, git's error or "")."""
+    # per thread: the nodes of a run over several hosts (or optimize's hosts) sync at once from one
+    # repository, and a shared name would be deleted under another thread's bundle
+    mine = f"refs/thrust/sync-{os.getpid()}-{threading.get_ident()}"
+    _git(root, "update-ref", mine, commit)
+    try:
+        made = _git(root, "bundle", "create", "-q", str(path), mine, *exclude, check=False)
+    finally:
+        _git(root, "update-ref", "-d", mine, check=False)
+    return mine, "" if made.returncode == 0 else made.stderr.decode(errors="replace").strip()
+
+
+def _make_bundle(local: LocalState, known: set[str], tmp: Path) -> Bundle:
+    # What the host already has and we know too: those commits (and their history) stay out.
+    exclude = [
+        f"^{c}" for c in sorted(known)
+        if _git(local.root, "cat-file", "-e", f"{c}^{{commit}}", check=False).returncode == 0
+    ]
+    path = tmp / "sync.bundle"
+    ref, error = _bundle(local.root, local.commit, exclude, path)
+    if not error:
+        return Bundle(path, ref, local.commit)
+    if not UNREADABLE.search(error):
+        raise ThrustError(f"git bundle create in {local.root} failed: {error[-400:]}")
+    # The history cannot be read (a promisor out of reach, a damaged object store) but the run needs
+    # only the tree: when that is complete it goes alone, as a parentless stand-in commit. A made-up
+    # history (or a shallow boundary at HEAD) would claim more than we know; the stand-in says what it is.
+    missing = missing_in_tree(local.root, local.commit)
+    if missing:
+        shown = ", ".join(missing[:5]) + ("…" if len(missing) > 5 else "")
+        raise ThrustError(
+            f"{local.root}: the commit {local.commit[:12]} cannot be sent: its own files are missing from "
+            f"the object store ({len(missing)}: {shown}); git said: {error.splitlines()[-1]}",
+            f"cd {local.root} && git fsck, then fetch the missing objects again (git fetch from a remote that "
+            "has them), or reclone",
+            ExitCode.TRANSFER,
+        )
+    stand_in = tree_commit(local.root, local.commit)
+    ref, again = _bundle(local.root, stand_in, [], path)
+    if again:
+        raise ThrustError(f"git bundle create of the tree of {local.commit[:12]} failed: {again[-400:]}")
+    why = (f"the history of {local.commit[:12]} cannot be read in {local.root} ({error.splitlines()[-1]}): "
+           f"the host got its tree alone, as commit {stand_in[:12]} (run.json: sync \"tree\"); `git fsck` "
+           "says what is missing")
+    return Bundle(path, ref, stand_in, why)
+
+
+def _send_bundle(session: HostSession, local: LocalState, bundle: Bundle) -> bool:
+    """Send and fetch `bundle` on the host; True when a shallow boundary went with it."""
+    remote = f"{session.paths.thrust}/sync.bundle"
+    session.runner.put(bundle.path, remote)  # put makes the parent directories
+    # a shallow clone's bundle stops at commits whose parents the host may lack: the host is told to
+    # stop there too (git-receive writes them to its .git/shallow); a stand-in has no parents at all
+    shallow = local.shallow if bundle.target == local.commit else ()
+    # "+": the ref moves wherever the laptop's HEAD went (amend, rebase, another branch), not only forward
+    res = session.agent("git-receive", "--workdir", session.paths.workdir, "--bundle", remote,
+                        "--refspec", f"+{bundle.ref}:{HOST_REF}", *[a for c in shallow for a in ("--shallow", c)],
+                        timeout=300)
+    res.check(f"fetching the bundle in {session.paths.workdir} on {session.name}")
+    try:
+        return bool(json.loads(res.stdout.strip().splitlines()[-1]).get("shallow"))
+    except (ValueError, IndexError):
+        return False
+
+
+def _send_lfs(session: HostSession, local: LocalState, missing: Iterable[str], step: Step) -> None:
+    """The LFS objects the host lacks, into its .git/lfs/objects (where git-lfs keeps them too)."""
+    wanted = set(missing)
+    files = {f.oid: f.source for f in local.lfs or () if f.oid in wanted and f.source is not None}
+    if files:
+        step(f"sending {len(files)} Git LFS file(s)")
+    for oid, source in files.items():
+        sent = session.runner.put(source, f"{session.paths.workdir}/.git/lfs/objects/{oid[:2]}/{oid[2:4]}/{oid}")
+        if sent != oid:
+            raise ThrustError(f"{source} changed while it was sent (sha256 {sent[:12]}, expected {oid[:12]})",
+                              "train again once it is written", ExitCode.TRANSFER)
+
+
+def _checkout(session: HostSession, local: LocalState, target: str, step: Step) -> None:
     remote_patch = ""
     if local.patch:
         step("sending uncommitted changes as a patch")
@@ -194,24 +370,25 @@ def _checkout(session: HostSession, local: LocalState, patch_id: str, step: Step
             tmp.write(local.patch)
             tmp.flush()
             session.runner.put(tmp.name, remote_patch)
-    step(f"checking out {local.commit[:12]}")
-    res = session.agent("git-checkout", "--workdir", session.paths.workdir, "--commit", local.commit,
-                        "--patch", remote_patch, "--patch-id", patch_id, timeout=300)
+    step(f"checking out {target[:12]}")
+    lfs = [f"--lfs={f.spec}" for f in local.lfs or ()]  # one word: a path may start with "-"
+    res = session.agent("git-checkout", "--workdir", session.paths.workdir, "--commit", target,
+                        "--patch", remote_patch, "--patch-id", local.applied_id, *lfs, timeout=300)
     if not res.ok:
-        raise ThrustError(f"checking out {local.commit[:12]} on {session.runner.name} failed: "
+        raise ThrustError(f"checking out {target[:12]} on {session.runner.name} failed: "
                           f"{res.stderr.strip()[-400:]}")
     try:
         head = json.loads(res.stdout.strip().splitlines()[-1]).get("head", "")
     except (ValueError, IndexError):
         head = ""
-    if head != local.commit:
-        raise ThrustError(f"the host's checkout is at {head[:12]}, expected {local.commit[:12]}")
+    if head != target:
+        raise ThrustError(f"the host's checkout is at {head[:12]}, expected {target[:12]}")
 
 
 def _warnings(local: LocalState) -> list[str]:
     out = []
     if local.patch:
-        changed = _git(local.root, "diff", "HEAD", "--name-only").stdout.decode().split()
+        changed = _git(local.root, "diff", "HEAD", "--name-only", *DIFF_SCOPE).stdout.decode().split()
         out.append(
             f"uncommitted changes sent as a patch ({len(local.patch)} bytes, {len(changed)} files: "
             f"{', '.join(changed[:5])}{'…' if len(changed) > 5 else ''}); commit them to make the run reproducible"
@@ -221,35 +398,13 @@ def _warnings(local: LocalState) -> list[str]:
         shown = ", ".join(untracked[:5]) + ("…" if len(untracked) > 5 else "")
         out.append(f"{len(untracked)} untracked files were not sent: {shown} (`git add` them to send them, "
                    "or list them in .gitignore to silence this)")
+    if local.absent_submodules:
+        shown = ", ".join(local.absent_submodules[:5])
+        out.append(f"submodule(s) not checked out here were not sent either: {shown} "
+                   "(`git submodule update --init --recursive` to send them)")
     return out
 
 
 def _tool_owned(path: str) -> bool:
     """thrust.yaml and .thrust/ are this tool's own files, not code the run is missing: no warning."""
     return Path(path).name == CONFIG_NAME or Path(path).parts[:1] == (".thrust",)
-
-
-def _send_bundle(session: HostSession, local: LocalState, known: set[str]) -> int:
-    # What the host already has and we know too: those commits (and their history) stay out.
-    exclude = [
-        f"^{c}" for c in sorted(known)
-        if _git(local.root, "cat-file", "-e", f"{c}^{{commit}}", check=False).returncode == 0
-    ]
-    with tempfile.TemporaryDirectory() as tmp:
-        bundle = Path(tmp) / "sync.bundle"
-        ref = "refs/thrust/sync"  # the host's name for it
-        # ours is per thread: the nodes of a run over several hosts (or optimize's hosts) sync at once
-        # from one repository, and a shared name would be deleted under another thread's bundle
-        mine = f"refs/thrust/sync-{os.getpid()}-{threading.get_ident()}"
-        _git(local.root, "update-ref", mine, local.commit)
-        try:
-            _git(local.root, "bundle", "create", "-q", str(bundle), mine, *exclude)
-        finally:
-            _git(local.root, "update-ref", "-d", mine, check=False)
-        size = bundle.stat().st_size
-        remote = f"{session.paths.thrust}/sync.bundle"
-        session.runner.put(bundle, remote)  # put makes the parent directories
-    # "+": the ref moves wherever the laptop's HEAD went (amend, rebase, another branch), not only forward
-    _host_git(session, "fetch", "-q", remote, f"+{mine}:{ref}").check("fetching the bundle on the host")
-    session.runner.run(["rm", "-f", "--", remote])
-    return size
