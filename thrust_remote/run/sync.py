@@ -232,6 +232,7 @@ def _refuse_if_busy(session: HostSession, local: LocalState, busy: Callable[[], 
         "would change their code under them",
         f"{see_or_stop(first, session.host)}; or wait for it to end "
         f"({command_hint('logs', first, '-f', host=session.host)}), or give this host another workdir",
+        ExitCode.UNAVAILABLE,  # nothing was launched, and a retry later may work: not 1 (a job failed)
     )
 
 
