@@ -4,6 +4,7 @@ files, and the trainer's early stop that said nothing. (The chart's ticks: tests
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -168,6 +169,17 @@ def test_untracked_warning_skips_the_tools_own_files_and_says_how_to_silence_it(
     assert "thrust.yaml" not in warning
     assert ".thrust" not in warning
     assert "`git add` them to send them, or list them in .gitignore to silence this" in warning
+
+    # a model a fetch placed under web/public/ (its .onnx, manifest and metrics) is this tool's output
+    kept = repo / ".thrust" / "fetched" / "cartpole-20260101-000000-ab12"
+    kept.mkdir(parents=True)
+    (kept / "model.onnx").write_bytes(b"onnx")
+    (kept / "fetch.json").write_text(json.dumps({"run_id": kept.name, "target": "web/public/cartpole.onnx"}))
+    (repo / "web" / "public").mkdir(parents=True)
+    for name in ("cartpole.onnx", "cartpole.json", "cartpole.metrics.jsonl"):
+        (repo / "web" / "public" / name).write_text("x")
+    (warning,) = _untracked_warnings(repo, tmp_path / "host")
+    assert "1 untracked files were not sent: scratch.txt" in warning
 
 
 # ------------------------------------------------------------------------------------ early stop

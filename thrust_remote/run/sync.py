@@ -27,6 +27,7 @@ from thrust_remote.agent.checkout import DIFF_SCOPE
 from thrust_remote.core.config import CONFIG_NAME
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
+from thrust_remote.fetch import models
 from thrust_remote.host.session import HostPaths, HostSession
 from thrust_remote.run.repo import LfsFile, lfs_files, missing_in_tree, shallow_boundary, submodule_paths, tree_commit
 from thrust_remote.run.repo import git as _git
@@ -394,7 +395,8 @@ def _warnings(local: LocalState) -> list[str]:
             f"uncommitted changes sent as a patch ({len(local.patch)} bytes, {len(changed)} files: "
             f"{', '.join(changed[:5])}{'…' if len(changed) > 5 else ''}); commit them to make the run reproducible"
         )
-    untracked = [u for u in local.untracked if not _tool_owned(u)]
+    placed = _placed_models(local.root)
+    untracked = [u for u in local.untracked if not _tool_owned(u) and u not in placed]
     if untracked:
         shown = ", ".join(untracked[:5]) + ("…" if len(untracked) > 5 else "")
         out.append(f"{len(untracked)} untracked files were not sent: {shown} (`git add` them to send them, "
@@ -403,6 +405,24 @@ def _warnings(local: LocalState) -> list[str]:
         shown = ", ".join(local.absent_submodules[:5])
         out.append(f"submodule(s) not checked out here were not sent either: {shown} "
                    "(`git submodule update --init --recursive` to send them)")
+    return out
+
+
+def _placed_models(root: Path) -> set[str]:
+    """The files a fetch placed (a model under web/public/ and its manifest and metrics): this tool's
+    output, not code the run lacks. Read from the kept models' fetch.json `target`s."""
+    out: set[str] = set()
+    for row in models.list_kept(root):
+        target = Path(str(row.get("target") or ""))
+        if not row.get("target"):
+            continue
+        if target.is_absolute():
+            try:
+                target = target.resolve().relative_to(root.resolve())
+            except ValueError:
+                continue
+        stem = target.with_suffix("")
+        out |= {target.as_posix(), f"{stem.as_posix()}.json", f"{stem.as_posix()}.metrics.jsonl"}
     return out
 
 
