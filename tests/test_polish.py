@@ -165,7 +165,7 @@ def test_untracked_warning_skips_the_tools_own_files_and_says_how_to_silence_it(
 
     (repo / "scratch.txt").write_text("notes\n")
     (warning,) = _untracked_warnings(repo, tmp_path / "host")
-    assert "1 untracked files were not sent: scratch.txt" in warning
+    assert "1 untracked file was not sent: scratch.txt" in warning
     assert "thrust.yaml" not in warning
     assert ".thrust" not in warning
     assert "`git add` them to send them, or list them in .gitignore to silence this" in warning
@@ -179,7 +179,7 @@ def test_untracked_warning_skips_the_tools_own_files_and_says_how_to_silence_it(
     for name in ("cartpole.onnx", "cartpole.json", "cartpole.metrics.jsonl"):
         (repo / "web" / "public" / name).write_text("x")
     (warning,) = _untracked_warnings(repo, tmp_path / "host")
-    assert "1 untracked files were not sent: scratch.txt" in warning
+    assert "1 untracked file was not sent: scratch.txt" in warning
 
 
 # ------------------------------------------------------------------------------------ early stop

@@ -399,7 +399,8 @@ def _warnings(local: LocalState) -> list[str]:
     untracked = [u for u in local.untracked if not _tool_owned(u) and u not in placed]
     if untracked:
         shown = ", ".join(untracked[:5]) + ("…" if len(untracked) > 5 else "")
-        out.append(f"{len(untracked)} untracked files were not sent: {shown} (`git add` them to send them, "
+        files = "1 untracked file was" if len(untracked) == 1 else f"{len(untracked)} untracked files were"
+        out.append(f"{files} not sent: {shown} (`git add` them to send them, "
                    "or list them in .gitignore to silence this)")
     if local.absent_submodules:
         shown = ", ".join(local.absent_submodules[:5])
