@@ -47,6 +47,13 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _as_the_runs(workdir: Path, run_id: str, path: Path) -> None:
+    """Date `path` inside the run's life (at its end): a file changed after a run ended is a later run's,
+    and fetch leaves it out; these tests change files as if the run had written them."""
+    ended = json.loads((workdir / ".thrust" / "runs" / run_id / "exit_code").read_text())["ended_ts"]
+    os.utime(path, (ended, ended))
+
+
 @pytest.fixture(scope="module")
 def trained(sshd, tmp_path_factory) -> tuple[Path, Path, str, subprocess.CompletedProcess]:
     """(project, host workdir, run id, train's result): one run of the writer job, fetched by train."""
@@ -100,6 +107,7 @@ def test_a_second_fetch_transfers_nothing_and_a_changed_file_comes_again(cli, tr
     assert again.stdout.strip() == str(dest)  # no model: the artifacts dir is what fetch names
     assert {p: p.stat().st_ino for p in dest.rglob("*") if p.is_file()} == inodes  # nothing rewritten
     (workdir / "runs/tb/events.out.1").write_text("event-1, appended later\n")
+    _as_the_runs(workdir, run_id, workdir / "runs/tb/events.out.1")
     changed, n = _fetch(cli, proj, run_id)
     assert changed.returncode == 0, changed.stderr
     assert n == 1, changed.stderr
@@ -112,6 +120,7 @@ def test_a_cut_fetch_leaves_no_half_file_and_the_next_fetch_completes(cli, sshd,
     dest = proj / ".thrust" / "fetched" / run_id / "artifacts"
     big = workdir / "models" / "big.pt"
     big.write_bytes(os.urandom(150_000_000))
+    _as_the_runs(workdir, run_id, big)
     proc = subprocess.Popen([EXE, "fetch", run_id], cwd=proj, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     cut_done = threading.Event()
@@ -188,11 +197,19 @@ def test_listing_skips_what_an_earlier_run_left_in_the_shared_checkout(tmp_path)
     answer = listing.list_files(str(cwd), str(run_dir), ["runs/*", "runs/old*", "$THRUST_RUN_DIR/*"], since=started - 1)
     assert sorted((f["base"], f["path"]) for f in answer["files"]) == [("cwd", "runs/new.txt"), ("run", "out.txt")]
     assert answer["older"] == 1 and answer["unmatched"] == ["runs/old*"]
+    # once the run has ended, what changed after its end is a later run's
+    os.utime(cwd / "runs" / "new.txt", (started + 3600, started + 3600))
+    ended = listing.list_files(str(cwd), str(run_dir), ["runs/*", "$THRUST_RUN_DIR/*"], since=started - 1,
+                               until=started)
+    assert [(f["base"], f["path"]) for f in ended["files"]] == [("run", "out.txt")]
+    assert ended["newer"] == 1 and ended["older"] == 1
 
 
 @pytest.mark.slow
 def test_a_later_run_does_not_bring_back_what_an_earlier_one_left(cli, trained):
     proj, workdir, first_id, _ = trained
+    first_event = proj / ".thrust" / "fetched" / first_id / "artifacts" / "runs" / "tb" / "events.out.1"
+    first_had = first_event.read_text()
     stale = workdir / "models" / "stale.pt"
     stale.write_text("left by an earlier run")
     an_hour_ago = time.time() - 3600
@@ -205,3 +222,8 @@ def test_a_later_run_does_not_bring_back_what_an_earlier_one_left(cli, trained):
     assert (dest / "models" / "a.pt").is_file()  # this run rewrote it
     assert not (dest / "models" / "stale.pt").exists()
     assert "older than this run" in result.stderr
+    # ... nor does a fetch of the earlier run bring back what the later one wrote since
+    again = cli("fetch", first_id, cwd=proj)
+    assert again.returncode == 0, again.stderr
+    assert "newer than this run's end (a later run's): not fetched" in again.stderr
+    assert first_event.read_text() == first_had and run_id not in first_had

@@ -6,12 +6,15 @@ depth; a directory that matches stands for every file under it. Only regular fil
 once. A match whose real path is outside its base (a symlink out, a `..`) is refused, never listed:
 the laptop fetches only what is under the workdir or the run dir (docs/architecture.md, "Artifacts").
 
-Under the cwd (the checkout every run of the workdir shares) only files modified since the run
-started (run.json's `started_ts`) are this run's: older ones were left by an earlier run or came with
-the checkout, and are counted in "older", not listed; a glob that matches only those is "unmatched".
+Under the cwd (the checkout every run of the workdir shares) only files modified while the run went
+are this run's: since it started (run.json's `started_ts`) and, once it has ended, not after its end
+(the exit record's `ended_ts`). Older ones were left by an earlier run or came with the checkout
+("older"), newer ones by a later run ("newer"); both are counted, not listed, and a glob that
+matches only those is "unmatched".
 
 Answer: {"cwd", "files": [{"base": "cwd" | "run", "path" (relative to the base, '/'-separated),
-"abs", "size", "mtime", "sha256"}], "unmatched": [GLOB...], "refused": [GLOB or PATH...], "older": N}.
+"abs", "size", "mtime", "sha256"}], "unmatched": [GLOB...], "refused": [GLOB or PATH...], "older": N,
+"newer": N}.
 Exit 2 with {"error"} when R has no run.json.
 """
 
@@ -24,7 +27,7 @@ import json
 import os
 import sys
 
-from .protocol import RUN_DIR_PREFIX, RUN_JSON, AgentExit
+from .protocol import EXIT_CODE, RUN_DIR_PREFIX, RUN_JSON, AgentExit
 
 BLOCK = 1 << 20
 
@@ -72,11 +75,16 @@ def _bad_glob(pattern: str) -> bool:
 
 # file times come from the kernel's coarse clock, which may lag time.time() by a tick or two
 MTIME_SLACK_S = 0.05
+# the run's last files are written before its process exits and the supervisor records the end: a
+# second covers that, and a later run of the same workdir starts after a sync and a launch anyway
+ENDED_SLACK_S = 1.0
 
 
-def list_files(cwd: str, run_dir: str, patterns: list[str], since: float | None = None) -> dict:
+def list_files(cwd: str, run_dir: str, patterns: list[str], since: float | None = None,
+               until: float | None = None) -> dict:
     files: dict[str, dict] = {}
     older: set[str] = set()
+    newer: set[str] = set()
     unmatched: list[str] = []
     refused: list[str] = []
     real = _Real()
@@ -100,6 +108,9 @@ def list_files(cwd: str, run_dir: str, patterns: list[str], since: float | None 
             if base_name == "cwd" and since is not None and st.st_mtime < since - MTIME_SLACK_S:
                 older.add(key)
                 continue
+            if base_name == "cwd" and until is not None and st.st_mtime > until + ENDED_SLACK_S:
+                newer.add(key)
+                continue
             found += 1
             if key not in files:
                 files[key] = {"base": base_name, "path": rel.replace(os.sep, "/"), "abs": path, "size": st.st_size,
@@ -107,7 +118,17 @@ def list_files(cwd: str, run_dir: str, patterns: list[str], since: float | None 
         if not found:
             unmatched.append(pattern)
     return {"cwd": cwd, "files": list(files.values()), "unmatched": unmatched, "refused": refused,
-            "older": len(older)}
+            "older": len(older), "newer": len(newer)}
+
+
+def _ended_ts(run_dir: str) -> float | None:
+    """When the run ended (its exit record), or None while it goes (or when the record is unreadable)."""
+    try:
+        with open(os.path.join(run_dir, EXIT_CODE)) as fh:
+            ended = json.load(fh).get("ended_ts")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(ended) if isinstance(ended, int | float) else None
 
 
 def main(argv: list[str]) -> int:
@@ -124,7 +145,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"error": f"{run_dir}/{RUN_JSON}: {exc}"}))
         return AgentExit.MISSING
     try:
-        answer = list_files(os.path.abspath(cwd), run_dir, args.globs, float(since) if since else None)
+        answer = list_files(os.path.abspath(cwd), run_dir, args.globs, float(since) if since else None,
+                            _ended_ts(run_dir))
     except OSError as exc:
         print(json.dumps({"error": str(exc)}))
         return 1

@@ -142,6 +142,9 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     if answer.get("older"):
         result.warnings.append(f"artifacts: {answer['older']} matching file(s) under {answer.get('cwd')} on "
                                f"{session.name} are older than this run (an earlier run's): not fetched")
+    if answer.get("newer"):
+        result.warnings.append(f"artifacts: {answer['newer']} matching file(s) under {answer.get('cwd')} on "
+                               f"{session.name} are newer than this run's end (a later run's): not fetched")
     for path in answer.get("refused", []):
         result.warnings.append(f"artifacts: {path!r} is outside the run's directories on {session.name}: not fetched")
     for text in result.warnings:
