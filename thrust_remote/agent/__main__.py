@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "git-checkout": ("checkout", True),
     "preflight": ("probe", True),
     "missing-modules": ("probe", True),
+    "dist-versions": ("probe", True),  # torchvision/torchaudio as pip sees them (run/pins.py)
     "stage-artifact": ("artifact", False),
     "poll": ("poll", False),
     "lease": ("lease", False),
