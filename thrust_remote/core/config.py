@@ -103,6 +103,8 @@ class Config:
     jobs: Mapping[str, JobConfig] = field(default_factory=dict)
     search: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> host names, in node order
+    # each searched parameter's line, "JOB.PARAM" -> line: optimize names the key a trial's usage error came from
+    search_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
     # the user named this file (--config / THRUST_CONFIG) rather than it being found upwards
     given: bool = False
 
@@ -361,6 +363,7 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
     hosts = dict(config.hosts)
     jobs = dict(config.jobs)
     search: dict[str, dict[str, dict[str, Any]]] = {}
+    search_lines: dict[str, int] = {}
     default_host = LOCAL
     default_host_node: yaml.Node | None = None
     groups: dict[str, tuple[str, ...]] = {}
@@ -386,6 +389,8 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
             for name, name_node, spec_node in reader.mapping(value, "search"):
                 _check_name(reader, name_node, f"search.{name}", name)
                 search[name] = _parse_search(reader, name, spec_node)
+                search_lines.update({f"{name}.{param}": _line(p_node)
+                                     for param, p_node, _spec in reader.mapping(spec_node, f"search.{name}")})
         else:
             raise reader.unknown(key_node, key, _TOP_KEYS)
     if default_host not in hosts:
@@ -394,7 +399,8 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
             default_host_node, "default_host", f"{default_host!r} is not a host defined under hosts:"
         )
     _check_groups(reader, groups, group_nodes, hosts)
-    return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search, groups=groups)
+    return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search, groups=groups,
+                  search_lines=search_lines)
 
 
 def _check_groups(reader: _Reader, groups: Mapping[str, tuple[str, ...]], nodes: Mapping[str, yaml.Node],
