@@ -246,8 +246,9 @@ def test_usage_errors_name_the_flag_and_where_it_came_from(tmp_path):
     err = usage_error(2, f"training\n{usage}score.py: error: argument --lr: invalid float value: 'x'\n", 4, sources)
     assert err is not None and err.exit_code == 78
     line = JOBS.splitlines().index("    lr: {low: 0.01, high: 1.0, log: true}") + 1
-    assert err.message.startswith(f"{tmp_path / 'thrust.yaml'}:{line}: search.badflag.lr: trial 4 exited 2 with "
-                                  "a usage error (argument --lr: invalid float value: 'x'): the job refused --lr's value")
+    where = f"{tmp_path / 'thrust.yaml'}:{line}: search.badflag.lr"
+    assert err.message.startswith(f"{where}: trial 4 exited 2 with a usage error "
+                                  "(argument --lr: invalid float value: 'x'): the job refused --lr's value")
     err = usage_error(2, f"{usage}score.py: error: unrecognized arguments: --steps=5\n", 0, sources)
     assert err is not None and err.message.startswith("--set steps: trial 0")
     words = UsageSources(cfg, cfg.job("words"), {})
