@@ -234,7 +234,7 @@ def check(pins: Sequence[Pin], versions: Mapping[str, str | None], facts: Mappin
                 else f"pip picks the {pin.name} built for the host's torch")
         raise ConfigError(
             f"{pin.where}: {kind} {pin.display} {why}; the job's venv is built on {host}'s own torch "
-            f"({versions.get('torch')}) and never replaces it",
+            "and never replaces it",
             f"drop that pin ({then}), or point `python:` under hosts.{host} in {config_label} at an "
             f"interpreter on {host} that has {pin.display}")
 
