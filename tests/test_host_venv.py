@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TINY_TRAIN, new_project
+from helpers import REPO, TINY_TRAIN, commit, new_project
 
 from thrust_remote.core.config import JobConfig, load_config
 from thrust_remote.core.errors import ExitCode, ThrustError
@@ -285,7 +285,7 @@ def _pin_project(tmp_path: Path, sshd, remote_dir: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_torch_pin_the_host_cannot_meet_is_78_before_any_venv_is_built(tmp_path, sshd, remote_dir, cli):
+def test_a_torch_pin_is_78_before_any_venv_is_built_and_an_unreachable_index_is_named(tmp_path, sshd, remote_dir, cli):
     import torch
 
     project = _pin_project(tmp_path, sshd, remote_dir)
@@ -297,6 +297,19 @@ def test_a_torch_pin_the_host_cannot_meet_is_78_before_any_venv_is_built(tmp_pat
     assert "drop that pin" in err and "`python:` under hosts.sandbox" in err and "that has torch==2.4.0" in err
     assert "Traceback" not in result.stderr and "No matching distribution" not in result.stderr
     assert not (remote_dir / "thrust" / ".thrust" / "venvs").exists()  # refused before any venv was made
+
+    # the pin dropped, the index down: pip fails in seconds, and the error names the index
+    index = f"http://127.0.0.1:{_closed_port()}/simple"
+    (project / "reqs" / "torch.txt").write_text("numpy>=1.24\n")
+    (project / "requirements.txt").write_text(f"-i {index}\nthrust-unreachable-zz==1.0\n")
+    commit(project, "a mirror that is down")
+    started = time.monotonic()
+    result = cli("train", "pinned", cwd=project)
+    assert result.returncode == ExitCode.UNAVAILABLE, result.stderr
+    err = " ".join(result.stderr.split())
+    assert f"pip could not reach the package index {index} (Connection refused)" in err
+    assert "nothing was launched; check that URL (the requirements' -i / --extra-index-url" in err
+    assert time.monotonic() - started < 60
 
 
 HOST = {"python": "3.11.2", "machine": "x86_64", "platform": "Linux-6.1.0-x86_64-with-glibc2.36"}
