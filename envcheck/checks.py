@@ -13,6 +13,7 @@ import shlex
 from . import buildenv, tables
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+LOCAL_HOST = "local"  # thrust.yaml's name for this machine (thrust_remote/core/config.py LOCAL): doctor passes it
 
 # (id, title) in report order: the GPU box checklist (python, torch, CUDA, the tch-rs link) first, then
 # what a run over SSH needs besides.
@@ -268,9 +269,7 @@ def check_cuda(c: Ctx) -> dict:
         return result(cid, OK, f"{p.get('device_count')} device(s): {names}; 256x256 matmul ran in "
                       f"{mm.get('ms')} ms, max error {mm.get('max_abs_err'):.1e}")
     if not c.has_gpu:
-        return result(cid, WARN, f"no NVIDIA GPU on this host (torch {p.get('version')}, no nvidia-smi GPUs, "
-                      "no /dev/nvidia*): training runs on the CPU",
-                      "train on a GPU host: add it under hosts: in thrust.yaml and pass --host")
+        return _no_gpu(c)
     if not p.get("cuda_version"):
         return result(cid, FAIL, f"the host has {c.gpu_count or 'a'} GPU(s) but torch {p.get('version')} is a "
                       "CPU-only build", c.pip_torch().replace(" install ", " install --force-reinstall ", 1))
@@ -280,6 +279,22 @@ def check_cuda(c: Ctx) -> dict:
     return result(cid, FAIL, f"{why} (torch built for CUDA {p.get('cuda_version')}, driver "
                   f"{c.smi.get('driver_version') or 'unknown'}{hint})",
                   "nvidia-smi   # then see the driver-cuda and cuda-visible-devices rows")
+
+
+def _no_gpu(c: Ctx) -> dict:
+    """No NVIDIA driver or GPU at all. The fix depends on where doctor looked: this machine (`local`)
+    is not a GPU host, so another one goes under hosts:; a configured host is one already, so what
+    it lacks is said as it is (a CUDA build of torch there shows it was meant for a GPU)."""
+    p = c.probe
+    build = f"a CUDA {p.get('cuda_version')} build" if p.get("cuda_version") else "a CPU build"
+    detail = (f"no NVIDIA driver or GPU on {c.host} (torch {p.get('version')} is {build}; no nvidia-smi GPUs, "
+              "no /dev/nvidia*): training runs on the CPU")
+    if c.host == LOCAL_HOST:
+        return result("cuda-available", WARN, detail,
+                      "train on a GPU host: add it under hosts: in thrust.yaml and pass --host")
+    return result("cuda-available", WARN, detail,
+                  f"{c.host} has no NVIDIA driver or GPU: train on a GPU host (another one under hosts:, with --host), "
+                  f"or install the NVIDIA driver on {c.host} if it has a GPU (`lspci | grep -i nvidia` lists it)")
 
 
 def check_nvidia_smi(c: Ctx) -> dict:

@@ -225,6 +225,43 @@ def test_ssh_python_without_torch(cli, sshd, remote_dir: Path, tmp_path: Path, b
     assert rows["torch-import"]["status"] == "fail" and "pip install torch" in rows["torch-import"]["fix"]
 
 
+# What a CUDA wheel of torch reports on a machine without an NVIDIA driver, as torch 2.13.0+cu128 does
+# there: a CUDA build (torch.version.cuda), CUDA not available, no device. A stand-in package with
+# those answers, so this CPU machine's host python "has" a CUDA build (as test_envcheck_run.py stands
+# in a torch whose import hangs): envcheck's torch probe asks exactly these.
+CUDA_BUILD_TORCH = {
+    "torch/__init__.py": "__version__ = '2.13.0+cu128'\nfrom . import cuda, version\n\n\n"
+                         "class _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n",
+    "torch/version.py": "cuda = '12.8'\n",
+    "torch/cuda.py": "def is_available():\n    return False\n\n\ndef device_count():\n    return 0\n",
+}
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None,
+                    reason="this machine has an NVIDIA driver: the host would not be one without")
+def test_ssh_cuda_build_without_a_gpu_says_the_host_lacks_the_driver(cli, sshd, remote_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    venv = tmp_path / "cuda-venv"
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
+    fake = tmp_path / "cuda-torch"
+    for name, text in CUDA_BUILD_TORCH.items():
+        (fake / name).parent.mkdir(parents=True, exist_ok=True)
+        (fake / name).write_text(text)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "cuda_torch.pth").write_text(f"{fake}\n")
+    cfg = sshd.thrust_yaml(tmp_path / "thrust.yaml", workdir=str(remote_dir))
+    cfg.write_text(cfg.read_text().replace(f"python: {sshd.host_config().python}", f"python: {venv}/bin/python"))
+    rows = report_of(cli("--config", str(cfg), "doctor", "--host", "sandbox", "--json"))
+    row = rows["cuda-available"]
+    assert row["status"] == "warn"
+    assert "no NVIDIA driver or GPU on sandbox (torch 2.13.0+cu128 is a CUDA 12.8 build" in row["detail"]
+    # sandbox is a configured host already: not "add it under hosts:", but what it lacks and the two ways on
+    assert row["fix"].startswith("sandbox has no NVIDIA driver or GPU: train on a GPU host (another one under "
+                                 "hosts:, with --host), or install the NVIDIA driver on sandbox")
+    assert "add it under hosts:" not in row["fix"]
+
+
 def test_ssh_missing_python_is_69(cli, sshd, remote_dir: Path, tmp_path: Path) -> None:
     cfg = sshd.thrust_yaml(tmp_path / "thrust.yaml", workdir=str(remote_dir))
     cfg.write_text(cfg.read_text().replace(f"python: {sshd.host_config().python}", "python: python3.99"))

@@ -153,6 +153,18 @@ def test_cpu_wheel_on_gpu_host_names_the_cuda_wheel() -> None:
     assert r["cuda-available"]["fix"].endswith("--index-url https://download.pytorch.org/whl/cu124")
 
 
+def test_no_gpu_fix_says_what_the_host_lacks_and_sends_local_to_a_gpu_host() -> None:
+    none = {"found": False, "dev_nodes": 0}
+    cuda_build = {"cuda_available": False, "device_count": 0, "devices": [], "matmul": None}
+    remote = {**gpu_facts("l4_one_gpu.csv", **cuda_build), "nvidia_smi": none}
+    row = by_id(remote)["cuda-available"]
+    assert row["status"] == "warn" and "torch 2.9.0+cu128 is a CUDA 12.8 build" in row["detail"]
+    assert row["fix"].startswith("gpu has no NVIDIA driver or GPU: train on a GPU host")
+    assert "install the NVIDIA driver on gpu" in row["fix"]
+    local = by_id({**remote, "host": "local"})["cuda-available"]
+    assert local["fix"] == "train on a GPU host: add it under hosts: in thrust.yaml and pass --host"
+
+
 @pytest.mark.parametrize(
     ("value", "status", "evidence"),
     [("1,3", "ok", "'1,3'"), ("7", "fail", "index 7 does not exist"), ("0,0", "fail", "listed twice"),

@@ -13,14 +13,16 @@ import base64
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import zipfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TINY_TRAIN, new_project
+from helpers import REPO, TINY_TRAIN, commit, new_project
 
 from thrust_remote.core.config import JobConfig, load_config
 from thrust_remote.core.errors import ExitCode, ThrustError
@@ -243,3 +245,121 @@ def test_the_torch_pin_matches_the_hosts_torch_whatever_its_local_label():
     assert pin.contains("2.15.0") and pin.contains("2.15.0+cu132") and pin.contains("2.15.0+cpu")
     assert not pin.contains("2.16.0")
     assert torch_release(None) == ""
+
+
+# ------------------------------------------------------------------------------------ torch pins, indexes
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed): a connect to it is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_agent_venv_ensure_unreachable_index_fails_fast_naming_its_url(tmp_path):
+    """pip's own defaults (5 retries with backoff) take ~8 s per package on a refused index before its
+    resolver says "No matching distribution"; bounded, one retry, then the index is named."""
+    index = f"http://127.0.0.1:{_closed_port()}/simple"
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"--index-url {index}   # a mirror that is down\nthrust-unreachable-zz==1.0\n")
+    started = time.monotonic()
+    result = _agent("--dir", str(tmp_path / "venvs"), "--key", "k", "--requirements", str(requirements))
+    wall = time.monotonic() - started
+    assert result.returncode == ExitCode.UNAVAILABLE
+    doc = json.loads(result.stdout)
+    assert doc["index"] == index
+    assert doc["error"] == f"pip could not reach the package index {index} (Connection refused)"
+    assert doc["tail"].count("Retrying (") == 1  # --retries 1: pip's default would show five
+    assert wall < 20
+
+
+def _pin_project(tmp_path: Path, sshd, remote_dir: Path) -> Path:
+    jobs = ("jobs:\n  pinned:\n    script: train.py\n    requirements: requirements.txt\n")
+    return new_project(tmp_path / "project", sshd, remote_dir / "thrust", jobs=jobs, files={
+        "train.py": "print('never runs')\n",
+        # pip's syntax: an index option, a comment, an include relative to this file, a marker
+        "requirements.txt": "--extra-index-url https://example.invalid/simple\n# the model's needs\n"
+                            "-r reqs/torch.txt\ntorchvision==0.20.1 ; python_version < '3'\n",
+        "reqs/torch.txt": "numpy>=1.24\ntorch==2.4.0  # the version the paper used\n",
+    })
+
+
+@pytest.mark.slow
+def test_a_torch_pin_is_78_before_any_venv_is_built_and_an_unreachable_index_is_named(tmp_path, sshd, remote_dir, cli):
+    import torch
+
+    project = _pin_project(tmp_path, sshd, remote_dir)
+    result = cli("train", "pinned", cwd=project)
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    err = " ".join(result.stderr.split())
+    assert "reqs/torch.txt:2 (from requirements.txt:3): requirement torch==2.4.0 pins another torch than " \
+           f"sandbox has ({torch.__version__})" in err
+    assert "drop that pin" in err and "`python:` under hosts.sandbox" in err and "that has torch==2.4.0" in err
+    assert "Traceback" not in result.stderr and "No matching distribution" not in result.stderr
+    assert not (remote_dir / "thrust" / ".thrust" / "venvs").exists()  # refused before any venv was made
+
+    # the pin dropped, the index down: pip fails in seconds, and the error names the index
+    index = f"http://127.0.0.1:{_closed_port()}/simple"
+    (project / "reqs" / "torch.txt").write_text("numpy>=1.24\n")
+    (project / "requirements.txt").write_text(f"-i {index}\nthrust-unreachable-zz==1.0\n")
+    commit(project, "a mirror that is down")
+    started = time.monotonic()
+    result = cli("train", "pinned", cwd=project)
+    assert result.returncode == ExitCode.UNAVAILABLE, result.stderr
+    err = " ".join(result.stderr.split())
+    assert f"pip could not reach the package index {index} (Connection refused)" in err
+    assert "nothing was launched; check that URL (the requirements' -i / --extra-index-url" in err
+    assert time.monotonic() - started < 60
+
+
+HOST = {"python": "3.11.2", "machine": "x86_64", "platform": "Linux-6.1.0-x86_64-with-glibc2.36"}
+
+
+def _why(spec: str, **versions: str | None) -> str | None:
+    from thrust_remote.run import pins
+
+    pin = pins.inline_pins([spec], "thrust.yaml:3: jobs.a.requirements")[0]
+    return pins.conflict(pin, versions)
+
+
+def test_torch_pins_follow_pep_440_local_labels_and_the_vision_audio_pairs():
+    # a pin without a local label ignores the host's; one with a label must match it exactly
+    assert _why("torch==2.13.0", torch="2.13.0+cu128") is None
+    assert _why("torch>=2.4,<3", torch="2.13.0+cu128") is None
+    assert _why("torch~=2.13.0", torch="2.14.0.dev20260101+cu128") is not None
+    assert _why("torch>=2.4", torch="2.14.0.dev20260101+cu128") is None  # a nightly host meets a range
+    assert _why("torch==2.13.0+cu126", torch="2.13.0+cu128") == "pins another torch than the host has (2.13.0+cu128)"
+    assert _why("torch", torch="2.13.0") is None  # no version asked: nothing to hold against
+    # torchvision / torchaudio: the host's own when it has them, else the torch an exact pin is built for
+    assert _why("torchvision==0.27.0", torch="2.13.0", torchvision="0.28.0") is not None
+    assert _why("torchvision==0.28.0", torch="2.13.0") is None  # 0.28 goes with torch 2.13
+    assert _why("torchvision==0.20.1", torch="2.13.0") == "is built for torch 2.5, and the host's torch is 2.13.0"
+    assert _why("torchaudio==2.4.1", torch="2.13.0") == "is built for torch 2.4, and the host's torch is 2.13.0"
+    assert _why("torchvision>=0.20", torch="2.13.0") is None  # a range: pip's to resolve
+
+
+def test_requirements_are_read_as_pip_reads_them(tmp_path):
+    from thrust_remote.core.errors import ConfigError
+    from thrust_remote.run import pins
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "requirements.txt").write_text(
+        "-i https://mirror.example/simple\n--extra-index-url=https://other.example/simple\n"
+        "torchx==0.7  # not torch\n#torch==1.0\nurl-thing @ https://x.example/a.whl\n./local.whl\n"
+        "-rsub/more.txt\n--constraint sub/c.txt\n")
+    (tmp_path / "sub" / "more.txt").write_text("torch==2.4.0 \\\n    --hash=sha256:00\n-r more.txt\n")
+    (tmp_path / "sub" / "c.txt").write_text("torchaudio==2.4.1; sys_platform == 'darwin'\ntorch<2.5\n")
+    found = pins.read_file(tmp_path, "requirements.txt")
+    assert [(p.where, p.display, p.constraint) for p in found] == [
+        ("sub/more.txt:1 (from requirements.txt:7)", "torch==2.4.0", False),
+        ("sub/c.txt:1 (from requirements.txt:8)", "torchaudio==2.4.1", True),
+        ("sub/c.txt:2 (from requirements.txt:8)", "torch<2.5", True)]
+    # markers are the host's: a darwin-only pin does not apply on a Linux host
+    markers = pins.host_markers(HOST)
+    assert [pins.applies(p, markers) for p in found] == [True, False, True]
+    with pytest.raises(ConfigError, match=r"sub/more.txt:1 \(from requirements.txt:7\): requirement torch==2.4.0 "
+                                          r"pins another torch than gpu has \(2.13.0\+cu128\)"):
+        pins.check(found, {"torch": "2.13.0+cu128"}, HOST, "gpu", "thrust.yaml")
+    (tmp_path / "requirements.txt").write_text("numpy\n-r gone.txt\n")
+    with pytest.raises(ConfigError, match=r"requirements.txt:2: -r gone.txt: gone.txt does not exist"):
+        pins.read_file(tmp_path, "requirements.txt")

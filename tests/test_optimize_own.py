@@ -25,6 +25,7 @@ from thrust_remote.host import payload
 from thrust_remote.optimize.objective import objective_for
 from thrust_remote.optimize.ownmonitor import value_at
 from thrust_remote.optimize.space import search_space
+from thrust_remote.optimize.usage import UsageSources, usage_error
 from thrust_remote.runs.progress import own_metrics
 
 # A score with its best at lr = 0.3, reported every 10 steps: as THRUST_METRICS lines, or as
@@ -76,12 +77,18 @@ jobs:
     kind: command
     command: [sh, words.sh]
     objective: {metric: charts/score, mode: max}
+  badflag:
+    script: score.py
+    objective: {metric: charts/score, mode: max}
 search:
   lines: {lr: {low: 0.01, high: 1.0, log: true}}
   loss: {lr: {low: 0.01, high: 1.0, log: true}}
   tb: {lr: {low: 0.01, high: 1.0, log: true}}
   typo: {lr: {low: 0.01, high: 1.0, log: true}}
   words: {lr: {choices: [0.1, 0.3]}}
+  badflag:
+    lr: {low: 0.01, high: 1.0, log: true}
+    momentum: {low: 0.1, high: 0.9}   # score.py has no --momentum: argparse exits 2
 """
 
 # a command job: its parameters arrive as KEY=VALUE words
@@ -187,6 +194,23 @@ def test_metric_that_never_appears_stops_after_the_first_trial(cli, own_project)
     assert len(runs) == 1  # one trial, not three
 
 
+@pytest.mark.slow
+def test_a_usage_error_stops_the_study_after_one_trial_naming_the_flag_and_key(cli, own_project):
+    proj, workdir = own_project
+    started = time.time()
+    result = _optimize(cli, proj, "badflag")
+    assert result.returncode == 78, result.stderr
+    err = " ".join(result.stderr.split())
+    line = next(i for i, text in enumerate((proj / "thrust.yaml").read_text().splitlines(), 1)
+                if text.strip().startswith("momentum:"))
+    assert f"thrust.yaml:{line}: search.badflag.momentum: trial 0 exited 2 with a usage error " \
+           "(unrecognized arguments: --momentum" in err
+    assert "the job does not take --momentum" in err and "Traceback" not in result.stderr
+    runs = [d for d in (workdir / ".thrust" / "runs").iterdir()
+            if d.name.startswith("badflag-t") and d.stat().st_mtime >= started - 1]
+    assert len(runs) == 1  # one trial, not three identical failures
+
+
 # ------------------------------------------------------------------------------------------ no host
 
 def _config(tmp_path: Path, body: str):
@@ -213,6 +237,26 @@ def test_own_job_without_objective_or_search_is_a_config_error(tmp_path):
         objective_for(cfg, cfg.job("a"), "auto")
     with pytest.raises(ConfigError, match="has no search space"):
         search_space(cfg, cfg.job("b"), {})
+
+
+def test_usage_errors_name_the_flag_and_where_it_came_from(tmp_path):
+    cfg = _config(tmp_path, JOBS)
+    sources = UsageSources(cfg, cfg.job("badflag"), {"steps": "5"})
+    usage = "usage: score.py [-h] --lr LR [--steps STEPS] [--tb TB]\n"
+    err = usage_error(2, f"training\n{usage}score.py: error: argument --lr: invalid float value: 'x'\n", 4, sources)
+    assert err is not None and err.exit_code == 78
+    line = JOBS.splitlines().index("    lr: {low: 0.01, high: 1.0, log: true}") + 1
+    where = f"{tmp_path / 'thrust.yaml'}:{line}: search.badflag.lr"
+    assert err.message.startswith(f"{where}: trial 4 exited 2 with a usage error "
+                                  "(argument --lr: invalid float value: 'x'): the job refused --lr's value")
+    err = usage_error(2, f"{usage}score.py: error: unrecognized arguments: --steps=5\n", 0, sources)
+    assert err is not None and err.message.startswith("--set steps: trial 0")
+    words = UsageSources(cfg, cfg.job("words"), {})
+    err = usage_error(2, "usage: train [-h]\ntrain: error: unrecognized arguments: lr=0.1\n", 0, words)
+    assert err is not None and "search.words.lr" in err.message and "does not take lr=0.1" in err.message
+    # not argparse's usage error: a plain failure, left to the usual count of failures
+    assert usage_error(2, "Traceback ...\nValueError: x\n", 0, sources) is None
+    assert usage_error(1, f"{usage}score.py: error: unrecognized arguments: --x\n", 0, sources) is None
 
 
 def test_rungs_take_the_last_value_at_or_before_the_step():

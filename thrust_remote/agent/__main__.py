@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "git-receive": ("checkout", True),
     "preflight": ("probe", True),
     "missing-modules": ("probe", True),
+    "dist-versions": ("probe", True),  # torchvision/torchaudio as pip sees them (run/pins.py)
     "stage-artifact": ("artifact", False),
     "poll": ("poll", False),
     "lease": ("lease", False),

@@ -4,6 +4,8 @@
         the cached envcheck report (JSON, as envcheck printed it) or {"miss": PATH}
     agent missing-modules MODULE...
         ["module", ...]: those the host's python cannot import (find_spec is None)
+    agent dist-versions NAME...
+        {"name": "version" or null}: the installed distributions' versions, as pip sees them
 
 preflight: what the envcheck report depends on is the interpreter, where torch is installed and when,
 the NVIDIA driver and the GPUs visible (plus the caller's `extra`: the job, envcheck's version, the
@@ -69,6 +71,18 @@ def missing_modules(names: list[str]) -> list[str]:
     return [m for m in names if importlib.util.find_spec(m) is None]
 
 
+def dist_versions(names: list[str]) -> dict[str, str | None]:
+    import importlib.metadata
+
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agent")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -77,9 +91,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--extra", default="")
     p = sub.add_parser("missing-modules")
     p.add_argument("modules", nargs="*")
+    p = sub.add_parser("dist-versions")
+    p.add_argument("names", nargs="*")
     args = parser.parse_args(argv)
     if args.cmd == "preflight":
         print(preflight(args.cache_dir, args.extra))
+    elif args.cmd == "dist-versions":
+        print(json.dumps(dist_versions(args.names)))
     else:
         print(json.dumps(missing_modules(args.modules)))
     return 0

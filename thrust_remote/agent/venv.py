@@ -4,7 +4,9 @@
                       [--check] -- [SPEC...]
         {"python": "D/K/bin/python", "venv": "D/K", "created": bool, "installed": [...], "skipped": bool,
          "missing": [each --expect PATH that does not exist]}
-        exit 69 with {"error", "exit_code", "tail"} when the venv cannot be made or pip fails
+        exit 69 with {"error", "exit_code", "tail", "index"} when the venv cannot be made or pip fails
+        (`index`: the package index pip could not connect to, when that is why; pip runs with
+        `--retries 1 --timeout 10`, so an unreachable index fails in seconds)
 
 The venv is D/K (K: the caller's hash of the requirements and the python/torch versions), made with
 `--system-site-packages` by the python that runs the agent (the host's `python:`), so the host's own
@@ -27,10 +29,12 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import urllib.parse
 from collections.abc import Iterator, Sequence
 
 from .files import write_atomic
@@ -39,13 +43,54 @@ UNAVAILABLE = 69  # docs/architecture.md, "Exit codes": a failed setup
 STAMP = ".thrust-venv.json"
 PTH = "_thrust_host_site.pth"
 TAIL_LINES = 15
+# pip's defaults (5 retries with backoff, 15 s) spend tens of seconds on an index that cannot be
+# reached before its resolver speaks; one retry and 10 s a socket wait fail in seconds, naming it
+PIP_RETRIES = 1
+PIP_TIMEOUT_S = 10
+PYPI = "https://pypi.org/simple"  # pip's index when nothing names another (no "Looking in indexes")
+# pip's warning when a request to an index fails to connect: "... after connection broken by 'WHY': /PATH"
+_RETRY = re.compile(r"Retrying \(.*?\) after connection broken by '(?P<why>.*)': (?P<path>/\S*)\s*$")
+_FETCH = re.compile(r"Could not fetch URL (?P<url>\S+?): (?P<why>.*?)(?: - skipping)?\s*$")
 
 
 class SetupFailed(Exception):
-    def __init__(self, message: str, exit_code: int, output: str) -> None:
+    def __init__(self, message: str, exit_code: int, output: str, index: str | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.output = output
         self.tail = "\n".join(output.strip().splitlines()[-TAIL_LINES:])
+        self.index = index  # the package index pip could not reach, when that is why it failed
+
+
+def _reason(why: str) -> str:
+    """`Connection refused`, `timed out`, `Failed to resolve 'host'`: the words of a connection error."""
+    found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", why) or re.search(r"(Failed to resolve '[^']+')", why)
+    if found:
+        return found.group(1).strip()
+    return "timed out" if "timed out" in why.lower() else why.split("(", 1)[0].strip() or why
+
+
+def unreachable_index(output: str) -> tuple[str, str] | None:
+    """(index URL, why) when pip's output says it could not connect to a package index, else None.
+    The URL is the index (from pip's "Looking in indexes:" line, else PyPI) whose path the failed
+    request was under; the host named in the error picks between indexes with the same path."""
+    indexes = [PYPI]
+    for line in output.splitlines():
+        if line.startswith("Looking in indexes: "):
+            indexes = [u.strip() for u in line[len("Looking in indexes: "):].split(",") if u.strip()]
+    for line in output.splitlines():
+        fetched = _FETCH.search(line)
+        if fetched and "connection" in fetched.group("why").lower():
+            return fetched.group("url"), _reason(fetched.group("why"))
+        retry = _RETRY.search(line)
+        if not retry:
+            continue
+        path, why = retry.group("path"), retry.group("why")
+        under = [u for u in indexes if u.startswith(("http://", "https://"))
+                 and path.startswith(urllib.parse.urlsplit(u).path.rstrip("/") + "/")]
+        named = [u for u in under if (urllib.parse.urlsplit(u).hostname or "") in why]
+        return ", ".join(named or under or [path]), _reason(why)
+    return None
 
 
 @contextlib.contextmanager
@@ -127,10 +172,18 @@ def _install(python: str, venv: str, constraints: Sequence[str], requirements: s
         return []
     constraint_file = os.path.join(venv, "constraints.txt")
     write_atomic(constraint_file, "".join(f"{c}\n" for c in constraints).encode(), 0o644)
-    argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-c", constraint_file]
+    argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--retries",
+            str(PIP_RETRIES), "--timeout", str(PIP_TIMEOUT_S), "-c", constraint_file]
     if requirements:
         argv += ["-r", requirements]
-    _run([*argv, "--", *specs], "pip install")  # `--`: a spec is never an option
+    try:
+        _run([*argv, "--", *specs], "pip install")  # `--`: a spec is never an option
+    except SetupFailed as exc:
+        found = unreachable_index(exc.output)
+        if found is None:
+            raise
+        raise SetupFailed(f"pip could not reach the package index {found[0]} ({found[1]})", exc.exit_code,
+                          exc.output, found[0]) from None
     return wanted
 
 
@@ -178,7 +231,7 @@ def main(argv: list[str]) -> int:
     except (SetupFailed, OSError, subprocess.TimeoutExpired) as exc:
         tail = exc.tail if isinstance(exc, SetupFailed) else ""
         print(json.dumps({"error": str(exc), "exit_code": getattr(exc, "exit_code", None), "tail": tail,
-                          "missing": missing}))
+                          "index": getattr(exc, "index", None), "missing": missing}))
         sys.stderr.write(f"venv ensure: {exc}\n{tail}\n")
         return UNAVAILABLE
     print(json.dumps({**answer, "missing": missing}))

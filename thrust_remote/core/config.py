@@ -119,6 +119,8 @@ class Config:
     search: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> host names, in node order
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    # each searched parameter's line, "JOB.PARAM" -> line: optimize names the key a trial's usage error came from
+    search_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
     # the user named this file (--config / THRUST_CONFIG) rather than it being found upwards
     given: bool = False
 
@@ -382,6 +384,7 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
     hosts = dict(config.hosts)
     jobs = dict(config.jobs)
     search: dict[str, dict[str, dict[str, Any]]] = {}
+    search_lines: dict[str, int] = {}
     default_host = LOCAL
     default_host_node: yaml.Node | None = None
     groups: dict[str, tuple[str, ...]] = {}
@@ -410,6 +413,8 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
             for name, name_node, spec_node in reader.mapping(value, "search"):
                 _check_name(reader, name_node, f"search.{name}", name)
                 search[name] = _parse_search(reader, name, spec_node)
+                search_lines.update({f"{name}.{param}": _line(p_node)
+                                     for param, p_node, _spec in reader.mapping(spec_node, f"search.{name}")})
         else:
             raise reader.unknown(key_node, key, _TOP_KEYS)
     if default_host not in hosts:
@@ -419,7 +424,7 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
         )
     _check_groups(reader, groups, group_nodes, hosts)
     return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search, groups=groups,
-                  notify=notify)
+                  notify=notify, search_lines=search_lines)
 
 
 def _check_groups(reader: _Reader, groups: Mapping[str, tuple[str, ...]], nodes: Mapping[str, yaml.Node],

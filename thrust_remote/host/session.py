@@ -135,7 +135,7 @@ def bad_python(runner: Runner, host: HostConfig, reason: str) -> UnreachableErro
 # Agent subcommands that look at the host's installed packages (torch, numpy...). The others import
 # only the standard library, so they run with `python -S`: no site-packages scan and no .pth files,
 # ~35 ms less per call on a venv python (each sync, launch, status and poll is such a call).
-NEEDS_SITE = frozenset({"preflight", "missing-modules"})
+NEEDS_SITE = frozenset({"preflight", "missing-modules", "dist-versions"})
 
 
 def _flags(args: tuple[str, ...]) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ from thrust_remote.optimize.slots import Slot, SlotPool, plan_slots, union
 from thrust_remote.optimize.space import distributions, search_space
 from thrust_remote.optimize.store import HostsStore, StudyStore, default_study_name, open_study, remember_settings
 from thrust_remote.optimize.summary import Summary, build_summary
+from thrust_remote.optimize.usage import UsageSources
 
 
 class Optimizer:
@@ -107,7 +108,8 @@ class Optimizer:
             settings["mode"] = o.mode
         rung_steps = remember_settings(study, settings, self.reporter)
         monitor = OwnMonitor(fleet, study, o, rung_steps) if o.own else Monitor(fleet, study, o.metric, rung_steps)
-        plan = Plan(self.study_name, self.dists, self._args, r.trials, r.timeout, r.poll_s)
+        plan = Plan(self.study_name, self.dists, self._args, r.trials, r.timeout, r.poll_s,
+                    UsageSources(self.config, self.job, self.fixed))
         scheduler = Scheduler(plan, study, fleet, store, monitor, pool, self.observer, self.control, self.reporter)
         self.control.started = True
         self._drive(scheduler, started)

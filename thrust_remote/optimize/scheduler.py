@@ -31,6 +31,7 @@ from thrust_remote.optimize.monitor import ActiveTrial, Ended, Monitor, Prune
 from thrust_remote.optimize.resume import Resumer
 from thrust_remote.optimize.slots import Slot, SlotPool
 from thrust_remote.optimize.store import HostsStore, StudyStore
+from thrust_remote.optimize.usage import UsageSources, usage_error
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Plan:
     trials: int  # COMPLETE + PRUNED to reach
     timeout: float | None  # seconds after which no new trial starts
     poll_s: float
+    sources: UsageSources | None = None  # where a trial's arguments come from (a usage error names it)
 
 
 class Scheduler(Resumer):
@@ -63,7 +65,7 @@ class Scheduler(Resumer):
         self.stopped: str | None = None  # why no new trials start (timeout, drained, failures, aborted)
         self.by_us: set[str] = set()  # run ids we are stopping (pruned or aborted)
         self.dirty_since: float | None = None  # the local copy has changes the host's lacks
-        self.fatal: ThrustError | None = None  # the study cannot work (a metric that never appears)
+        self.fatal: ThrustError | None = None  # the study cannot work (a metric that never appears, a usage error)
 
     def _view(self, view: TrialView) -> TrialView:
         self.views[view.number] = view
@@ -216,6 +218,8 @@ class Scheduler(Resumer):
             self.consecutive_failures = 0
             self.observer.event(f"trial {act.view.number} complete: {value:.4g}")
         elif ended.state == RunState.FAILED:
+            if self._usage(act, ended):
+                return
             lines = [ln for ln in ended.log_tail.strip().splitlines() if not ln.startswith("THRUST_")]
             last = f": {lines[-1].strip()[:200]}" if lines else ""
             self._fail(act, f"run {run_id} failed (exit code {ended.exit_code}){last}; see "
@@ -242,6 +246,20 @@ class Scheduler(Resumer):
         if self.fatal is None:
             self.fatal = error
             self.control.abort = True
+
+    def _usage(self, act: ActiveTrial, ended: Ended) -> bool:
+        """A trial that died of a usage error before any trial ran through: the arguments are the job's
+        problem, not this trial's, so the study stops (the running trials too) with that error."""
+        if self.plan.sources is None or count_states(self.study)["done"] > 0:
+            return False
+        error = usage_error(ended.exit_code, ended.log_tail, act.view.number, self.plan.sources)
+        if error is None:
+            return False
+        self._fail(act, error.message)
+        if self.fatal is None:
+            self.fatal = error
+            self.control.abort = True
+        return True
 
     def _fail(self, act: ActiveTrial, why: str) -> None:
         act.trial.set_user_attr("fail_reason", why)

@@ -28,7 +28,7 @@ from thrust_remote.doctor import checklist
 from thrust_remote.fetch import artifacts, models
 from thrust_remote.host import payload
 from thrust_remote.host.session import HostPaths, HostSession
-from thrust_remote.run import buildenv, cargo, jobs
+from thrust_remote.run import buildenv, cargo, jobs, pins
 from thrust_remote.run.buildenv import JobSpec
 from thrust_remote.run.cargo import CargoPlan
 from thrust_remote.run.gpus import host_gpus, select_gpus
@@ -315,6 +315,12 @@ def check(config: Config, job: JobConfig, session: HostSession, reporter: Report
     reporter.step(f"checking {session.name} (envcheck)")
     report = envcheck_report(session, spec)
     preflight(report, spec, [*job_arguments(job, {}, {}), *args_for_preflight], session)
+    if job.kind != "cargo":  # a torch pin the host cannot meet: refused before any venv is built
+        root = Path(session.paths.workdir) if session.host.is_local else (local.root if local else config.root)
+        line = job.lines.get("requirements")
+        pins.check_job(session, job.requirements, job.requirements_file, root, report.facts,
+                       f"{label}:{line}: jobs.{job.name}.requirements" if line else f"{label}: jobs.{job.name}",
+                       label)
     timings[Stage.PREFLIGHT] = time.monotonic() - t1
     return Checked(config, job, spec, session, report, local, sync_result, timings)
 

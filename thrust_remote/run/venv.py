@@ -119,10 +119,12 @@ def _ensure(session: HostSession, job: JobConfig, argv: Sequence[str]) -> dict[s
     if result.exit_code == ExitCode.UNAVAILABLE:
         doc = parse_json(result, "venv ensure", check=False)
         where = f"jobs.{job.name}.requirements / requirements_file"
+        fix = (f"check that URL (the requirements' -i / --extra-index-url, or pip's own config on {session.name}: "
+               f"`pip config list`) and that {session.name} reaches it" if doc.get("index")
+               else f"fix the requirements ({where}) or the host's python (hosts.{session.name}.python)")
         raise ThrustError(
             f"setting up the job's venv on {session.name} failed: {doc.get('error')}\n{doc.get('tail') or ''}".rstrip(),
-            f"nothing was launched; fix the requirements ({where}) or the host's python "
-            f"(hosts.{session.name}.python) and run again: the venv is made afresh",
+            f"nothing was launched; {fix} and run again: the venv is made afresh",
             ExitCode.UNAVAILABLE,
         )
     return parse_json(result, "venv ensure")
