@@ -199,3 +199,12 @@ search:
     assert seen == {"THRUST_RUN_ID": "notified", "THRUST_RUN_STATE": "FINISHED", "THRUST_EXIT_CODE": "0",
                     "THRUST_HOST": "local", "THRUST_JOB": "optimize words"}
     assert len(told.read_text().splitlines()) == 5
+
+
+def test_the_job_spec_sent_to_a_host_never_carries_notify(tmp_path):
+    from thrust_remote.run.buildenv import job_spec
+
+    path = tmp_path / "thrust.yaml"
+    path.write_text(f"jobs:\n  j:\n    command: [x]\n    notify:\n      webhook: https://hooks.example/{SECRET}\n")
+    spec = job_spec(load_config(path, environ={}).job("j"))
+    assert "notify" not in spec and SECRET not in json.dumps(spec)

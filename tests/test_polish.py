@@ -209,3 +209,36 @@ def test_trainer_says_nothing_of_solving_when_it_runs_to_the_end(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert not [line for line in result.stdout.splitlines() if line.startswith("solved")]
+
+
+# ------------------------------------------------------------------------------------ CUDA flags
+
+@pytest.mark.parametrize(("kind", "args", "asks"), [
+    ("trainer", ["--device", "cuda"], True),
+    ("trainer", ["--device=cuda:1"], True),
+    ("trainer", ["--device", "cpu", "--tag", "cuda"], False),
+    ("python", ["--cuda", "false"], False),  # your own flags are your own: this turns CUDA off
+    ("python", ["--device", "cuda"], False),
+    ("command", ["cuda"], False),
+    ("cargo", ["--cuda"], True),
+])
+def test_only_flags_whose_meaning_is_known_ask_for_cuda(kind, args, asks):
+    from thrust_remote.run.preflight import asks_for_cuda
+
+    assert asks_for_cuda(kind, args) is asks
+
+
+def test_your_own_script_with_cuda_false_runs_on_a_host_without_a_gpu(cli, tmp_path):
+    (tmp_path / "train.py").write_text("import sys\nprint('args', sys.argv[1:])\n")
+    (tmp_path / "thrust.yaml").write_text("jobs:\n  own:\n    script: train.py\n")
+    git_init(tmp_path)
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-q", "-m", "own")
+    own = cli("train", "own", "--host", "local", "--set", "cuda=false", cwd=tmp_path)
+    assert own.returncode == 0, own.stderr
+    assert "args ['--cuda', 'false']" in own.stdout + own.stderr
+    import torch
+
+    if not torch.cuda.is_available():  # the built-in trainer's --device cuda is refused where there is none
+        builtin = cli("train", "cartpole", "--host", "local", "--set", "device=cuda", cwd=tmp_path)
+        assert builtin.returncode == 69 and "asks for CUDA but it is not available" in builtin.stderr

@@ -35,6 +35,7 @@ def job_spec(job: JobConfig | Mapping[str, Any] | None) -> JobSpec:
     for key in ("requirements", "command", "artifacts"):
         data[key] = list(getattr(job, key))
     del data["lines"]  # where thrust.yaml wrote it: not the host's business, and not part of any cache key
+    del data["notify"]  # the laptop's own (a webhook URL is a secret): never sent to a host
     return data
 
 

@@ -31,15 +31,26 @@ def preflight(report: checklist.Report, spec: JobSpec, args: Sequence[str], sess
                 check.fix or "run: " + command_hint("doctor", host=host),
                 ExitCode.UNAVAILABLE,
             )
-    wants_cuda = "cuda" in [a.lower() for a in args] or "--cuda" in args
-    if wants_cuda and not report.facts.get("cuda_available"):
+    if asks_for_cuda(str(spec.get("kind")), args) and not report.facts.get("cuda_available"):
         check = report.check("cuda-available")
         raise ThrustError(
             f"{host.name}: the job asks for CUDA but it is not available there: {check.detail}",
             check.fix or "train on the CPU (drop --device cuda) or fix the driver: "
             + command_hint("doctor", host=host),
-            ExitCode.FAILED,
+            ExitCode.UNAVAILABLE,
         )
+
+
+def asks_for_cuda(kind: str, args: Sequence[str]) -> bool:
+    """Only flags whose meaning we know: the built-in trainer's `--device cuda[:N]`, a tch-rs example's
+    `--cuda`. Your own code's flags are its own (`--cuda false` turns CUDA off; `cuda` may be any
+    word): it is never refused for them."""
+    if kind == "trainer":
+        words = list(args)
+        devices = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--device"]
+        devices += [w.split("=", 1)[1] for w in words if w.startswith("--device=")]
+        return any(d.lower().startswith("cuda") for d in devices)
+    return kind == "cargo" and "--cuda" in args
 
 
 def envcheck_report(session: HostSession, spec: JobSpec) -> checklist.Report:
