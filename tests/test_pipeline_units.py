@@ -29,10 +29,19 @@ def test_sets_params_and_job_args_merge_last_wins(tmp_path):
     params = tmp_path / "best.yaml"
     params.write_text("params:\n  learning-rate: 0.001\n  total-steps: 200\n")
     args = pipeline.job_arguments(job, pipeline.parse_sets(["total-steps=300"]), pipeline.load_params(params))
-    assert args == ["--env", "snake", "--total-steps", "300", "--learning-rate", "0.001"]
+    # the trainer's switches take a value: a false overrides its env's preset instead of vanishing
+    assert args == ["--env", "snake", "--total-steps", "300", "--tensorboard", "false", "--learning-rate", "0.001"]
+    flipped = pipeline.job_arguments(job, pipeline.parse_sets(["tensorboard", "compile=false"]), {})
+    assert flipped == ["--env", "snake", "--total-steps", "100", "--tensorboard", "true", "--compile", "false"]
 
 
-@pytest.mark.parametrize("item", ["noequals", "=1", "bad key=1", "-x=1", "a;b=1"])
+def test_set_takes_bare_flags_as_the_args_mapping_does():
+    job = JobConfig(name="own", kind="python", script="train.py", args={"lr": 0.1})
+    sets = pipeline.parse_sets(["no-cuda", "text=true", "verbose=False", "name=true-ish"])
+    assert pipeline.job_arguments(job, sets, {}) == ["--lr", "0.1", "--no-cuda", "--text", "--name", "true-ish"]
+
+
+@pytest.mark.parametrize("item", ["=1", "bad key=1", "-x=1", "a;b=1", "a;b"])
 def test_bad_set_items_are_usage_errors(item):
     with pytest.raises(UsageError):
         pipeline.parse_sets([item])

@@ -43,18 +43,25 @@ def arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]
     merged: dict[str, Any] = {**params, **sets}
     if job.kind == "command":
         return [f"{key}={_word(value)}" for key, value in merged.items() if value is not None]
+    spelled = job.kind == "trainer"
     if isinstance(job.args, Mapping):
         merged = {**dict(job.args), **merged}
-        return _flags(merged)
-    return [*job.args, *_flags(merged)]
+        return _flags(merged, spelled=spelled)
+    return [*job.args, *_flags(merged, spelled=spelled)]
 
 
-def _flags(values: Mapping[str, Any]) -> list[str]:
+def _flags(values: Mapping[str, Any], *, spelled: bool = False) -> list[str]:
+    """`--key value` each; a bool is a bare `--key` (true) or nothing (false), as argparse's switches
+    take it. `spelled`: the built-in trainer, whose switches take a value, so a false overrides its
+    env's preset (`--compile false`) instead of vanishing."""
     out: list[str] = []
     for key, value in values.items():
-        if value is None or value is False:
+        if value is None or (value is False and not spelled):
             continue
-        out += [f"--{key}"] if value is True else [f"--{key}", str(value)]
+        if isinstance(value, bool):
+            out += [f"--{key}", _word(value)] if spelled else [f"--{key}"]
+        else:
+            out += [f"--{key}", str(value)]
     return out
 
 

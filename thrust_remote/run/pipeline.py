@@ -164,14 +164,17 @@ class TrainOutcome:
 
 # ------------------------------------------------------------------------------------------ args
 
-def parse_sets(sets: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
+def parse_sets(sets: Sequence[str]) -> dict[str, str | bool]:
+    """`--set KEY=VALUE` as thrust.yaml's `args:` mapping takes it: `KEY` alone or `KEY=true` is a bare
+    flag (`--KEY`, as `{KEY: true}`), `KEY=false` leaves the flag out; any other value is a string."""
+    out: dict[str, str | bool] = {}
     for item in sets:
         key, sep, value = item.partition("=")
         key = key.strip().removeprefix("--")
-        if not sep or not valid_id(key) or key.startswith("-"):
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE with KEY like total-steps")
-        out[key] = value
+        if not valid_id(key) or key.startswith("-"):
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE (or KEY alone, a bare --KEY) with KEY like "
+                             "total-steps")
+        out[key] = True if not sep else {"true": True, "false": False}.get(value.strip().lower(), value)
     return out
 
 
