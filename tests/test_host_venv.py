@@ -363,3 +363,28 @@ def test_requirements_are_read_as_pip_reads_them(tmp_path):
     (tmp_path / "requirements.txt").write_text("numpy\n-r gone.txt\n")
     with pytest.raises(ConfigError, match=r"requirements.txt:2: -r gone.txt: gone.txt does not exist"):
         pins.read_file(tmp_path, "requirements.txt")
+
+
+@pytest.mark.slow
+def test_a_requirement_relative_to_the_project_is_the_checkouts_not_the_hosts_home(tmp_path, sshd, remote_dir, cli):
+    """A requirements file's `./wheels/x.whl` (or `-e .`) is the project's: pip runs in the checkout."""
+    jobs = "jobs:\n  own:\n    script: train.py\n    requirements: requirements.txt\n"
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = make_wheel(wheels, "tinyrel", "0.3")
+    project = new_project(tmp_path / "project", sshd, remote_dir / "thrust", jobs=jobs, files={
+        "train.py": "import tinyrel\nprint('tinyrel', tinyrel.VERSION)\n",
+        "requirements.txt": f"./wheels/{wheel.name}\n",
+    })
+    (project / "wheels").mkdir()
+    (project / "wheels" / wheel.name).write_bytes(wheel.read_bytes())
+    commit(project, "a wheel of our own")
+    result = cli("train", "own", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert "tinyrel 0.3" in result.stdout + result.stderr
+    # the hint of a failing setup names the job's key and the file, not a key thrust.yaml does not have
+    (project / "requirements.txt").write_text("./wheels/not-there-0.1-py3-none-any.whl\n")
+    commit(project, "a wheel that is gone")
+    failed = cli("train", "own", cwd=project)
+    assert failed.returncode == ExitCode.UNAVAILABLE, failed.stderr
+    assert "jobs.own.requirements (requirements.txt)" in failed.stderr and "requirements_file" not in failed.stderr

@@ -1,7 +1,7 @@
 """The job's virtualenv on the host: made once per set of requirements, python and torch.
 
     agent venv ensure --dir D --key K [--constraint SPEC]... [--requirements FILE] [--expect PATH]...
-                      [--check] -- [SPEC...]
+                      [--cwd CHECKOUT] [--check] -- [SPEC...]
         {"python": "D/K/bin/python", "venv": "D/K", "created": bool, "installed": [...], "skipped": bool,
          "missing": [each --expect PATH that does not exist]}
         exit 69 with {"error", "exit_code", "tail", "index"} when the venv cannot be made or pip fails
@@ -132,9 +132,9 @@ def host_site_dirs() -> list[str]:
     return out
 
 
-def _run(argv: Sequence[str], what: str, timeout: float = 3600) -> str:
+def _run(argv: Sequence[str], what: str, timeout: float = 3600, cwd: str | None = None) -> str:
     proc = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, check=False)
+                          timeout=timeout, check=False, cwd=cwd)
     if proc.returncode != 0:
         raise SetupFailed(f"{what} failed (exit {proc.returncode})", proc.returncode, proc.stdout)
     return proc.stdout
@@ -166,7 +166,9 @@ def _make(venv: str) -> str:
 
 
 def _install(python: str, venv: str, constraints: Sequence[str], requirements: str | None,
-             specs: Sequence[str]) -> list[str]:
+             specs: Sequence[str], cwd: str | None = None) -> list[str]:
+    """pip in `cwd` (the job's checkout): a requirement's `-e .` or `./pkg` means the project's, as pip
+    reads them where it runs."""
     wanted = ([f"-r {requirements}"] if requirements else []) + list(specs)
     if not wanted:
         return []
@@ -177,7 +179,7 @@ def _install(python: str, venv: str, constraints: Sequence[str], requirements: s
     if requirements:
         argv += ["-r", requirements]
     try:
-        _run([*argv, "--", *specs], "pip install")  # `--`: a spec is never an option
+        _run([*argv, "--", *specs], "pip install", cwd=cwd)  # `--`: a spec is never an option
     except SetupFailed as exc:
         found = unreachable_index(exc.output)
         if found is None:
@@ -188,7 +190,7 @@ def _install(python: str, venv: str, constraints: Sequence[str], requirements: s
 
 
 def ensure(root: str, key: str, constraints: Sequence[str], requirements: str | None, specs: Sequence[str],
-           check: bool = False) -> dict:
+           check: bool = False, cwd: str | None = None) -> dict:
     venv = os.path.join(root, key)
     answer = {"python": os.path.join(venv, "bin", "python"), "venv": venv, "created": False, "installed": [],
               "skipped": True}
@@ -204,7 +206,7 @@ def ensure(root: str, key: str, constraints: Sequence[str], requirements: str | 
         if os.path.lexists(venv):  # a cut build: never half-trusted
             shutil.rmtree(venv)
         python = _make(venv)
-        installed = _install(python, venv, constraints, requirements, specs)
+        installed = _install(python, venv, constraints, requirements, specs, cwd)
         stamp = {"key": key, "constraints": list(constraints), "requirements": requirements, "specs": list(specs),
                  "base": sys.executable}
         write_atomic(os.path.join(venv, STAMP), json.dumps(stamp).encode(), 0o644)
@@ -219,6 +221,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--key", required=True)
     p.add_argument("--constraint", action="append", default=[], help="a pip constraint, e.g. torch==2.13.0")
     p.add_argument("--requirements", help="a requirements file (absolute)")
+    p.add_argument("--cwd", help="where pip runs: the job's checkout (relative paths in requirements)")
     p.add_argument("--expect", action="append", default=[], help="a path to report in `missing` when absent")
     p.add_argument("--check", action="store_true", help="only say whether the venv is ready")
     p.add_argument("specs", nargs="*")
@@ -227,7 +230,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"--key {args.key!r}: expected a plain name")
     missing = [path for path in args.expect if not os.path.exists(path)]
     try:
-        answer = ensure(args.dir, args.key, args.constraint, args.requirements, args.specs, check=args.check)
+        answer = ensure(args.dir, args.key, args.constraint, args.requirements, args.specs, check=args.check,
+                        cwd=args.cwd)
     except (SetupFailed, OSError, subprocess.TimeoutExpired) as exc:
         tail = exc.tail if isinstance(exc, SetupFailed) else ""
         print(json.dumps({"error": str(exc), "exit_code": getattr(exc, "exit_code", None), "tail": tail,

@@ -92,7 +92,7 @@ def setup_python(session: HostSession, job: JobConfig, facts: Mapping[str, Any],
     key = venv_key(session, facts, specs, job.requirements_file, _file_sha256(local, job.requirements_file))
     trainer = expand_home(payload.trainer().remote, runner.home()) if is_builtin_trainer(job) else None
     torch_version = torch_release(facts.get("torch"))
-    argv = ["venv", "ensure", "--dir", paths.venvs, "--key", key]
+    argv = ["venv", "ensure", "--dir", paths.venvs, "--key", key, "--cwd", paths.workdir]
     argv += ["--constraint", f"torch=={torch_version}"] if torch_version else []
     argv += ["--requirements", requirements] if requirements else []
     argv += ["--expect", trainer] if trainer else []
@@ -118,7 +118,7 @@ def _ensure(session: HostSession, job: JobConfig, argv: Sequence[str]) -> dict[s
     result = session.agent(*argv, timeout=3600)
     if result.exit_code == ExitCode.UNAVAILABLE:
         doc = parse_json(result, "venv ensure", check=False)
-        where = f"jobs.{job.name}.requirements / requirements_file"
+        where = f"jobs.{job.name}.requirements" + (f" ({job.requirements_file})" if job.requirements_file else "")
         fix = (f"check that URL (the requirements' -i / --extra-index-url, or pip's own config on {session.name}: "
                f"`pip config list`) and that {session.name} reaches it" if doc.get("index")
                else f"fix the requirements ({where}) or the host's python (hosts.{session.name}.python)")
