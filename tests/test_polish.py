@@ -180,6 +180,11 @@ def test_untracked_warning_skips_the_tools_own_files_and_says_how_to_silence_it(
         (repo / "web" / "public" / name).write_text("x")
     (warning,) = _untracked_warnings(repo, tmp_path / "host")
     assert "1 untracked file was not sent: scratch.txt" in warning
+    # optimize's best params (its first line says whose it is) are too; a file of that name of yours is not
+    (repo / "ppo-best.yaml").write_text("# best trial of study ppo (thrust-remote optimize)\nparams: {}\n")
+    (repo / "mine-best.yaml").write_text("params: {}\n")
+    (warning,) = _untracked_warnings(repo, tmp_path / "host")
+    assert "2 untracked files were not sent: mine-best.yaml, scratch.txt" in warning
 
 
 # ------------------------------------------------------------------------------------ early stop

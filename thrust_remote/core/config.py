@@ -25,6 +25,10 @@ from thrust_remote.core.errors import ConfigError
 from thrust_remote.core.names import bad_name_reason, parse_address, valid_host, valid_id
 
 CONFIG_NAME = "thrust.yaml"
+# optimize's best params: `<study>-best.yaml` in the project, its first line ending with the mark (so a
+# sync knows the file is this tool's output, not code the run lacks)
+BEST_PARAMS_SUFFIX = "-best.yaml"
+BEST_PARAMS_MARK = "(thrust-remote optimize)"
 LOCAL = "local"
 
 HOST_KEY_POLICIES = ("strict", "accept-new")

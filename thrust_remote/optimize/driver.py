@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from thrust_remote.core.config import Config, HostConfig
+from thrust_remote.core.config import BEST_PARAMS_SUFFIX, Config, HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, UsageError
 from thrust_remote.core.names import valid_id
 from thrust_remote.host.runner import Runner
@@ -117,7 +117,7 @@ class Optimizer:
             raise scheduler.fatal
         names = [h.name for h in r.all_hosts]
         return build_summary(study, name=self.study_name, job=self.job.name, host=",".join(names), request=r,
-                             fixed=self.fixed, best_file=self.config.root / f"{self.study_name}-best.yaml",
+                             fixed=self.fixed, best_file=self.config.root / f"{self.study_name}{BEST_PARAMS_SUFFIX}",
                              store=store, slots=pool.slots, views=scheduler.views, stopped=scheduler.stopped,
                              wall=time.monotonic() - started, metric=o.metric, direction=o.direction,
                              hosts=names, lost=fleet.lost)

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from thrust_remote.core.config import BEST_PARAMS_MARK
 from thrust_remote.core.errors import ExitCode
 from thrust_remote.core.files import write_atomic
 from thrust_remote.optimize.model import OptimizeRequest, TrialView, count_states
@@ -145,7 +146,7 @@ def write_best_params(path: Path, study: str, job: str, best: Mapping[str, Any],
     if best.get("host"):  # where the best trial ran: the host its numbers are true for
         body["host"] = best["host"]
         on = f" --host {best['host']}"
-    text = (f"# best trial of study {study} (thrust-remote optimize)\n"
+    text = (f"# best trial of study {study} {BEST_PARAMS_MARK}\n"
             f"# use it with: thrust-remote train {job} --params {path.name}{on}\n"
             + yaml.safe_dump(body, sort_keys=False))
     write_atomic(path, text, mode=0o644)  # the user's own file, to keep and share

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from thrust_remote.agent.checkout import DIFF_SCOPE
-from thrust_remote.core.config import CONFIG_NAME
+from thrust_remote.core.config import BEST_PARAMS_MARK, BEST_PARAMS_SUFFIX, CONFIG_NAME
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import models
@@ -396,7 +396,7 @@ def _warnings(local: LocalState) -> list[str]:
             f"{', '.join(changed[:5])}{'…' if len(changed) > 5 else ''}); commit them to make the run reproducible"
         )
     placed = _placed_models(local.root)
-    untracked = [u for u in local.untracked if not _tool_owned(u) and u not in placed]
+    untracked = [u for u in local.untracked if not _tool_owned(u, local.root) and u not in placed]
     if untracked:
         shown = ", ".join(untracked[:5]) + ("…" if len(untracked) > 5 else "")
         files = "1 untracked file was" if len(untracked) == 1 else f"{len(untracked)} untracked files were"
@@ -427,6 +427,15 @@ def _placed_models(root: Path) -> set[str]:
     return out
 
 
-def _tool_owned(path: str) -> bool:
-    """thrust.yaml and .thrust/ are this tool's own files, not code the run is missing: no warning."""
-    return Path(path).name == CONFIG_NAME or Path(path).parts[:1] == (".thrust",)
+def _tool_owned(path: str, root: Path | None = None) -> bool:
+    """thrust.yaml, .thrust/ and optimize's best params are this tool's own files, not code the run is
+    missing: no warning."""
+    if Path(path).name == CONFIG_NAME or Path(path).parts[:1] == (".thrust",):
+        return True
+    if root is None or not path.endswith(BEST_PARAMS_SUFFIX):
+        return False
+    try:
+        with (root / path).open(encoding="utf-8", errors="replace") as fh:
+            return fh.readline().rstrip().endswith(BEST_PARAMS_MARK)
+    except OSError:
+        return False
