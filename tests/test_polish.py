@@ -116,6 +116,11 @@ def test_a_misspelt_job_or_host_is_64_with_the_near_name(cli, tmp_path):
     assert host.returncode == 68 and "unknown host 'locl' (did you mean 'local'?)" in host.stderr
     far = cli("train", "zzz", "--host", "local", cwd=tmp_path)
     assert far.returncode == 64 and "did you mean" not in far.stderr
+    # the SSH alias a host's address names, typed for the host's own name
+    aliased = tmp_path / "aliased.yaml"
+    aliased.write_text("hosts:\n  box:\n    address: me@trialbox:2222\n")
+    alias = cli("--config", str(aliased), "train", "cartpole", "--host", "trialbox", cwd=tmp_path)
+    assert alias.returncode == 68 and "'trialbox' is the address of host 'box': --host box" in alias.stderr
     # the hint names the file the user gave, not a thrust.yaml that is not the one read
     cfg = tmp_path / "elsewhere.yaml"
     cfg.write_text("jobs:\n  quick:\n    command: [sh, -c, 'true']\n")

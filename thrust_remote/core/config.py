@@ -152,11 +152,19 @@ class Config:
             known = ", ".join(sorted(self.hosts))
             where = f" in {self.path}" if self.path else " (no thrust.yaml found)"
             raise UnknownHostError(
-                f"unknown host {name!r}{_did_you_mean(name, [*self.hosts, *self.groups])}{where}; known hosts: {known}",
+                f"unknown host {name!r}{self._near_host(name)}{where}; known hosts: {known}",
                 f"add it under `hosts:` in {self.path or CONFIG_NAME} (address: user@host[:port] or an ~/.ssh/config "
                 "alias)",
             )
         return self.hosts[name]
+
+    def _near_host(self, name: str | None) -> str:
+        """A configured host whose address is what was typed (its SSH alias, or user@alias), else a near name."""
+        for host in self.hosts.values():
+            address = host.address or ""
+            if name and name in (address, address.rpartition("@")[2].split(":")[0]):
+                return f" ({name!r} is the address of host {host.name!r}: --host {host.name})"
+        return _did_you_mean(name, [*self.hosts, *self.groups])
 
     def host_list(self, names: Sequence[str] | None) -> list[HostConfig]:
         """`--host a --host b` (a group name stands for its hosts, in order): the hosts, node 0 first.
