@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,bench]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,bench,local]'
 	touch $@
 
 # Debian packages the tests need: a real sshd, rsync (benchmark peer), chromium (browser tests),

@@ -51,6 +51,26 @@ def test_trainer_never_imports_the_tool_and_the_tool_takes_only_trainer_args():
         assert trainer <= {"trainer.args"}, f"{module} imports {trainer} (torch) on the laptop"
 
 
+def test_the_laptop_imports_none_of_the_local_extra():
+    """torch, onnxscript and gymnasium are pyproject's `local` extra (a plain install lacks them: a run on
+    a remote host never needs them here): no module of thrust_remote/ or envcheck/ imports one, at import
+    time or later, but envcheck's torch probe (a child process, on the host). The extra names exactly
+    the modules the local host's check asks for, and the base dependencies name none of them."""
+    import tomllib
+
+    from thrust_remote.run.preflight import LOCAL_EXTRA_MODULES
+
+    for package in ("thrust_remote", "envcheck"):
+        for module, names in imports(package).items():
+            if module not in PROBES_TORCH:
+                reached = {n for n in names if n.split(".")[0] in LOCAL_EXTRA_MODULES}
+                assert not reached, f"{module} imports {reached}: a plain install has none of them"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extra = [dep.split(">")[0].split("=")[0] for dep in project["optional-dependencies"]["local"]]
+    assert sorted(extra) == sorted(LOCAL_EXTRA_MODULES)
+    assert not [d for d in project["dependencies"] if d.split(">")[0].split("=")[0] in LOCAL_EXTRA_MODULES]
+
+
 def test_no_room_over_the_size_limits_and_no_host_program_in_a_string():
     result = subprocess.run([sys.executable, "tools/room_sizes.py"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout

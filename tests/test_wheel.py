@@ -1,11 +1,14 @@
-"""The wheel: built from this tree, installed into a fresh venv outside the repo, it trains the built-in
-`cartpole` over a real sshd from a project that has only a thrust.yaml, and `play` serves the page and
-the onnxruntime-web files it carries (thrust_remote/web-page/, staged as `make wheel` does).
+"""The wheel: built from this tree, installed into a fresh venv outside the repo with no torch,
+gymnasium or onnxscript (a laptop's plain install: those are the `local` extra), it runs `doctor` and
+trains the built-in `cartpole` over a real sshd from a project that has only a thrust.yaml, `play` serves
+the page and the onnxruntime-web files it carries (thrust_remote/web-page/, staged as `make wheel`
+does), and `--host local` names the one pip command that adds the trainer's packages.
 
 Built offline (`pip wheel --no-build-isolation`, this venv's setuptools) from a copy of the tree, so the
 checkout is not touched; `make wheel` runs the same staging, then `python -m build`. The new venv gets
-torch & co. from this venv's site-packages through a .pth naming a directory of links to them, minus
-every trace of this repo's editable install: what imports as thrust_remote there is the wheel's.
+the other dependencies from this venv's site-packages through a .pth naming a directory of links to
+them, minus every trace of this repo's editable install (what imports as thrust_remote there is the
+wheel's) and minus the `local` extra's packages. The sshd host's python is this venv's, with torch.
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ from pathlib import Path
 import pytest
 from helpers import CHROMIUM, REPO, TINY_TRAIN, export_policy, new_project
 
-from thrust_remote.core.errors import ThrustError
+from thrust_remote.core.errors import ExitCode, ThrustError
+from thrust_remote.core.hints import LOCAL_EXTRA_INSTALL
 from thrust_remote.play import serve
 from thrust_remote.play.serve import HEADLESS_CHROMIUM_ARGS, ORT_DIST, ORT_FILES, PlayServer, Site, stage_page
 
 OURS = ("thrust_remote", "trainer", "envcheck", "__editable__", "thrust-remote")  # this repo's install
+# pyproject's `local` extra (and torch's own companions): not on a laptop that only drives remote hosts
+LOCAL_EXTRA = ("torch", "functorch", "torchgen", "gymnasium", "onnxscript")
 
 
 def _clean_env() -> dict[str, str]:
@@ -54,15 +60,16 @@ def build_wheel(tmp: Path) -> Path:
     return next((tmp / "wheels").glob("thrust_remote-*.whl"))
 
 
-def fresh_venv(path: Path) -> Path:
+def fresh_venv(path: Path, without: tuple[str, ...] = ()) -> Path:
     """A venv whose own site-packages is empty (no pip or setuptools of its own to shadow newer ones) and
-    which sees this venv's third-party packages (not this repo) through a .pth; returns its python."""
+    which sees this venv's third-party packages (not this repo, nor those named in `without`, modules and
+    their dist-info alike) through a .pth; returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     site = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p, "torch").is_dir())
     links = path.parent / "inherited-site-packages"
     links.mkdir()
     for entry in site.iterdir():
-        if not entry.name.startswith(OURS) and entry.suffix != ".pth":
+        if not entry.name.startswith(OURS + without) and entry.suffix != ".pth":
             (links / entry.name).symlink_to(entry)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     (path / "lib" / version / "site-packages" / "inherited.pth").write_text(f"{links}\n")
@@ -176,12 +183,40 @@ def test_the_staged_page_plays_in_chromium_with_only_the_ort_files_it_carries(tm
     assert failed == []
 
 
+def _laptop_without_the_local_extra(python: Path, project: Path) -> None:
+    """The plain install imports and helps without torch & co., and `--host local` says the one pip
+    command that adds them: exit 69 (the host lacks torch), no traceback, nothing set up."""
+    exe = python.parent / "thrust-remote"
+    probe = subprocess.run([str(python), "-c", "import importlib.util, sys; import thrust_remote.cli.main; "
+                            "print([m for m in ('torch', 'gymnasium', 'onnxscript') if importlib.util.find_spec(m)]); "
+                            "print(sorted(m for m in sys.modules if m in ('torch', 'gymnasium', 'onnxscript')))"],
+                           capture_output=True, text=True, env=_clean_env(), cwd=project, check=False)
+    assert probe.returncode == 0 and probe.stdout.split() == ["[]", "[]"], probe.stdout + probe.stderr
+    helped = subprocess.run([str(exe), "--help"], capture_output=True, text=True, env=_clean_env(), check=False)
+    assert helped.returncode == 0 and "train" in helped.stdout, helped.stderr
+    local = subprocess.run([str(exe), "train", "cartpole", "--host", "local", *TINY_TRAIN], cwd=project,
+                           env=_clean_env(), capture_output=True, text=True, timeout=120, check=False)
+    said = local.stdout + local.stderr
+    assert local.returncode == ExitCode.UNAVAILABLE, said
+    assert f"{python} has no torch, onnxscript, gymnasium" in said
+    assert f"hint: {python} -m {LOCAL_EXTRA_INSTALL}   (on Linux without a GPU, first" in said
+    assert "Traceback" not in said
+    assert not (project / ".thrust" / "venvs").exists()  # stopped before any setup
+    doctor = subprocess.run([str(exe), "doctor", "--host", "local", "--json"], cwd=project, env=_clean_env(),
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert doctor.returncode == ExitCode.FAILED, doctor.stdout + doctor.stderr
+    torch_row = next(c for c in json.loads(doctor.stdout)["checks"] if c["id"] == "torch-import")
+    assert torch_row["status"] == "fail" and torch_row["fix"].endswith(f", then {python} -m {LOCAL_EXTRA_INSTALL}")
+
+
 @pytest.mark.slow
-def test_wheel_in_a_clean_venv_trains_cartpole_from_a_fresh_project_and_plays(tmp_path, sshd, remote_dir):
+def test_wheel_without_torch_runs_doctor_trains_cartpole_on_a_host_and_plays(tmp_path, sshd, remote_dir):
+    """A laptop's plain install: torch, gymnasium and onnxscript are the `local` extra, left out here, and
+    the wheel installs (--no-index: its dependencies are all there without them) and drives the host."""
     if not _have_ort():
         pytest.skip("web/node_modules is missing (make web-deps)")
     wheel = build_wheel(tmp_path / "build")
-    python = fresh_venv(tmp_path / "elsewhere" / "venv")
+    python = fresh_venv(tmp_path / "elsewhere" / "venv", without=LOCAL_EXTRA)
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
                               "--disable-pip-version-check", str(wheel)],
                              capture_output=True, text=True, env=_clean_env(), check=False)
@@ -196,7 +231,11 @@ def test_wheel_in_a_clean_venv_trains_cartpole_from_a_fresh_project_and_plays(tm
 
     project = new_project(tmp_path / "project", sshd, remote_dir / "thrust")
     assert sorted(p.name for p in project.iterdir()) == [".git", "thrust.yaml"]
+    _laptop_without_the_local_extra(python, project)
     exe = venv / "bin" / "thrust-remote"
+    doctor = subprocess.run([str(exe), "doctor"], cwd=project, env=_clean_env(), capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert doctor.returncode == 0 and "torch-import" in doctor.stdout, doctor.stdout + doctor.stderr
     train = subprocess.run([str(exe), "train", "cartpole", *TINY_TRAIN], cwd=project, env=_clean_env(),
                            capture_output=True, text=True, timeout=300, check=False)
     assert train.returncode == 0, train.stderr

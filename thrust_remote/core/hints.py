@@ -33,3 +33,9 @@ def command_hint(command: str, *args: str, host: HostConfig | str | None = None,
     if name:
         argv += ["--host", name]
     return shlex.join(argv)
+
+
+# What adds the trainer's packages (torch, onnxscript, gymnasium: pyproject's `local` extra) to the
+# python thrust-remote runs in, which the host `local` runs jobs with; a plain install leaves them out.
+LOCAL_EXTRA_INSTALL = "pip install 'thrust-remote[local]'"
+CPU_TORCH_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"

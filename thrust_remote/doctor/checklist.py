@@ -12,6 +12,7 @@ import difflib
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -143,7 +144,22 @@ def run_envcheck(runner: Runner, host: HostConfig, job: Job = None, *,
         tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
         raise bad_python(runner, host, f"could not run envcheck (exit {result.exit_code}): "
                          f"{reason or tail}; envcheck needs Python 3.8+") from None
-    return with_config(Report.from_json(doc, time.monotonic() - started, uploaded), host.config_path)
+    report = Report.from_json(doc, time.monotonic() - started, uploaded)
+    return with_config(with_local_extra(report, runner, host), host.config_path)
+
+
+def with_local_extra(report: Report, runner: Runner, host: HostConfig) -> Report:
+    """The host `local` on thrust-remote's own python without torch is a plain install: torch alone would
+    not do, the trainer also wants the `local` extra's onnxscript and gymnasium (run/preflight.py)."""
+    python = payload.python_of(runner, host)
+    if not host.is_local or python != sys.executable:
+        return report
+    report.checks = [
+        replace(c, fix=f"{c.fix}, then {python} -m {hints.LOCAL_EXTRA_INSTALL}")
+        if c.id == "torch-import" and c.status == "fail" and " -m pip install torch " in (c.fix or "") else c
+        for c in report.checks
+    ]
+    return report
 
 
 def with_config(report: Report, config_path: str | None) -> Report:

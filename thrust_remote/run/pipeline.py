@@ -32,7 +32,7 @@ from thrust_remote.run import buildenv, cargo, jobs, pins
 from thrust_remote.run.buildenv import JobSpec
 from thrust_remote.run.cargo import CargoPlan
 from thrust_remote.run.gpus import host_gpus, select_gpus
-from thrust_remote.run.preflight import envcheck_report, preflight
+from thrust_remote.run.preflight import check_local_python, envcheck_report, preflight
 from thrust_remote.run.sync import LocalState, SyncResult, local_state, sync
 from thrust_remote.run.venv import setup_python
 from thrust_remote.runs import control
@@ -304,6 +304,7 @@ def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Repo
 def check(config: Config, job: JobConfig, session: HostSession, reporter: Reporter, *,
           args_for_preflight: Sequence[str] = ()) -> Checked:
     """sync (remote hosts) → envcheck preflight: the host runs this commit and can run the job."""
+    check_local_python(session, job)
     spec = buildenv.job_spec(job)  # the one conversion: from here on the host's view of the job
     label = jobs.config_label(config.path)
     jobs.check_before_sync(job, session, config.root, label)  # a script that cannot be there: before syncing

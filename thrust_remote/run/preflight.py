@@ -3,16 +3,45 @@ checks without which a job cannot run there at all (docs/architecture.md, "The f
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from collections.abc import Sequence
 
-from thrust_remote.core.errors import ExitCode, ThrustError
-from thrust_remote.core.hints import command_hint
+from thrust_remote.core.config import JobConfig
+from thrust_remote.core.errors import ExitCode, ThrustError, UnreachableError
+from thrust_remote.core.hints import CPU_TORCH_INSTALL, LOCAL_EXTRA_INSTALL, command_hint
 from thrust_remote.doctor import checklist
+from thrust_remote.host import payload
 from thrust_remote.host.session import HostSession
 from thrust_remote.run.buildenv import JobSpec
+from thrust_remote.run.venv import is_builtin_trainer
 
 CRITICAL_CHECKS = ("python", "torch-import")
+# pyproject's `local` extra: what the built-in trainer imports that a plain install leaves out
+LOCAL_EXTRA_MODULES = ("torch", "onnxscript", "gymnasium")
+
+
+def check_local_python(session: HostSession, job: JobConfig) -> None:
+    """The host `local` runs a job in the python thrust-remote itself runs in (unless its `python:` says
+    otherwise): a plain install (no `local` extra) has no torch there. Say which modules are missing and
+    the one command that adds them, before envcheck probes torch or setup pip-installs into a venv."""
+    host = session.host
+    if not host.is_local or job.kind in ("command", "cargo"):
+        return
+    if payload.python_of(session.runner, host) != sys.executable:
+        return  # another python: envcheck's torch-import check speaks for it
+    wanted = LOCAL_EXTRA_MODULES if is_builtin_trainer(job) else ("torch",)
+    missing = [name for name in wanted if importlib.util.find_spec(name) is None]
+    if missing:
+        python = sys.executable
+        raise UnreachableError(
+            f"{host.name}: {python} has no {', '.join(missing)}: the host `local` runs the job in the python "
+            "thrust-remote runs in, and the trainer's packages are the `local` extra, not in a plain install",
+            f"{python} -m {LOCAL_EXTRA_INSTALL}   (on Linux without a GPU, first `{python} -m {CPU_TORCH_INSTALL}`: "
+            "PyPI's torch there is the multi-GB CUDA build), or train on a GPU host: "
+            + command_hint(f"train {job.name}", host="HOST"),
+        )
 
 
 def preflight(report: checklist.Report, spec: JobSpec, args: Sequence[str], session: HostSession) -> None:
