@@ -206,7 +206,7 @@ def connect_error(exc: BaseException, target: Target, conn: Connection) -> BaseE
         )
     if isinstance(exc, NoValidConnectionsError | TimeoutError | ConnectionError | OSError):
         return UnreachableError(
-            f"cannot connect to {conn.host}:{conn.port}: {exc}",
+            f"cannot connect to {conn.host}:{conn.port}: {_why_not_connected(exc)}",
             "is the host up and sshd listening? try: " + ssh_command(target),
         )
     if isinstance(exc, SSHException | EOFError):
@@ -217,6 +217,17 @@ def connect_error(exc: BaseException, target: Target, conn: Connection) -> BaseE
             )
         return UnreachableError(f"SSH handshake with {conn.host}:{conn.port} failed: {exc}")
     return exc
+
+
+def _why_not_connected(exc: BaseException) -> str:
+    """The reason in words: paramiko's NoValidConnectionsError reads "[Errno None] Unable to connect to
+    port 1 on 127.0.0.1"; the socket errors it gathered (one per address tried) say why."""
+    if isinstance(exc, NoValidConnectionsError) and exc.errors:
+        reasons = {(e.strerror or str(e)).strip() for e in exc.errors.values()}
+        return "; ".join(sorted(r[:1].lower() + r[1:] for r in reasons if r)) or "refused"
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timed out"
+    return (getattr(exc, "strerror", None) or str(exc)).strip()
 
 
 def ssh_command(target: Target) -> str:
