@@ -156,6 +156,7 @@ def test_wrong_python_is_69_with_doctors_hint_on_every_command(cli, sshd, remote
             assert words in proc.stderr or "not found" in proc.stderr, (args, proc.stderr)
         assert hint in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+        assert f"under hosts.sandbox in {cfg.resolve()}" in proc.stderr, (args, proc.stderr)  # the file named
 
 
 @pytest.mark.slow

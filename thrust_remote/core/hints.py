@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from thrust_remote.core.config import HostConfig
+from thrust_remote.core.config import CONFIG_NAME, HostConfig
 
 PROG = "thrust-remote"
 
@@ -33,6 +33,11 @@ def command_hint(command: str, *args: str, host: HostConfig | str | None = None,
     if name:
         argv += ["--host", name]
     return shlex.join(argv)
+
+
+def config_file(host: HostConfig) -> str:
+    """The config file a hint tells the user to edit: the one they named (--config), else thrust.yaml."""
+    return host.config_path or CONFIG_NAME
 
 
 # What adds the trainer's packages (torch, onnxscript, gymnasium: pyproject's `local` extra) to the

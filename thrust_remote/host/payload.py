@@ -28,7 +28,7 @@ from pathlib import Path
 
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, UnreachableError
-from thrust_remote.core.hints import command_hint
+from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.host.runner import BytesCallback, Runner, RunResult, expand_home
 
 CACHE_DIR = "~/.cache/thrust-remote"
@@ -167,7 +167,7 @@ def missing_python(runner: Runner, host: HostConfig) -> UnreachableError:
     path = runner.run(["printenv", "PATH"], timeout=30)
     return UnreachableError(
         f"{runner.name}: python '{python_of(runner, host)}' not found (PATH={path.stdout.strip()})",
-        f"install python3 on {runner.name}, or set `python:` under hosts.{host.name} in thrust.yaml "
+        f"install python3 on {runner.name}, or set `python:` under hosts.{host.name} in {config_file(host)} "
         "to an interpreter that exists there (ideally the one with torch); check with: "
         + command_hint("doctor", host=host),
     )

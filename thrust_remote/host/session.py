@@ -19,7 +19,7 @@ from typing import Any
 
 from thrust_remote.core.config import Config, HostConfig
 from thrust_remote.core.errors import ThrustError, UnreachableError, UsageError
-from thrust_remote.core.hints import command_hint
+from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.core.names import valid_id
 from thrust_remote.host import payload
 from thrust_remote.host.runner import BytesCallback, Runner, RunResult, expand_home
@@ -127,7 +127,7 @@ def bad_python(runner: Runner, host: HostConfig, reason: str) -> UnreachableErro
     """The one error for a `python:` that cannot run the agent: exit 69 with doctor's hint."""
     return UnreachableError(
         f"{runner.name}: hosts.{host.name}.python: {reason}",
-        f"set `python:` under hosts.{host.name} in thrust.yaml to a Python 3.10+ with torch on that host "
+        f"set `python:` under hosts.{host.name} in {config_file(host)} to a Python 3.10+ with torch on that host "
         f"(e.g. python: ~/venv/bin/python); check with: {command_hint('doctor', host=host)}",
     )
 
