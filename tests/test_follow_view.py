@@ -175,3 +175,12 @@ def test_train_through_a_pipe_prints_readable_progress_lines(tmp_path):
 def test_a_job_without_a_total_counts_its_steps_in_words_that_agree(step, words):
     line = progress_line({"step": step, "total_steps": None, "return_mean": 1.0}, 120, bar=False)
     assert re.search(rf"(^|\s){words}(\s|$)", line), line
+
+
+@pytest.mark.parametrize("width", [60, 30])
+def test_a_job_without_a_total_gets_no_empty_bar_and_keeps_its_metrics(width):
+    """No total, no progress to draw: an empty bar would only push the metrics off a narrow terminal."""
+    m = {"step": 1234, "total_steps": None, "return_mean": 3.5, "sps": 1000.0}
+    line = progress_line(m, width, elapsed=12.0)
+    assert EMPTY not in line and FILLED not in line and len(line) <= width
+    assert line.startswith("1,234 steps") and "return 3.5" in line

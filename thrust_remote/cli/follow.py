@@ -86,9 +86,12 @@ def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar:
         text = "waiting for the first metrics"
         return (text if width is None else text[:width]), 0
     pct, optional = _fields(m, elapsed)
+    step, total = m.get("step") or 0, m.get("total_steps")
+    if not total and width is not None:
+        # no total, no progress to draw: the bar would be all empty, taking the metrics' room
+        return _fitted([v[0] for v in optional], [v[-1] for v in optional], width), 0
     if not bar or width is None:
         return "  ".join(([pct.strip()] if pct else []) + [v[0] for v in optional]), 0
-    step, total = m.get("step") or 0, m.get("total_steps")
     # first every field in its wide form beside a comfortable bar, dropping the least important; when
     # not even steps and the score fit so, the narrow forms beside a shorter bar (docs/architecture.md)
     for variant, min_bar, min_keep in ((0, COMFY_BAR, min(2, len(optional))), (1, MIN_BAR, 0)):
@@ -103,6 +106,16 @@ def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar:
     n = max(0, width - len(pct) - 1)  # narrower than a bar and its %: what fits of them
     filled = int(n * min(1.0, step / total)) if total else 0
     return f"{FILLED * filled}{EMPTY * (n - filled)} {pct}"[:width], min(filled, width)
+
+
+def _fitted(wide: list[str], narrow: list[str], width: int) -> str:
+    """The most fields that fit in `width`, wide forms first, then narrow ones; from the end dropped."""
+    for forms in (wide, narrow):
+        for keep in range(len(forms), 0, -1):
+            text = "  ".join(forms[:keep])
+            if len(text) <= width:
+                return text
+    return (narrow[0] if narrow else "")[:width]
 
 
 def progress_line(m: Mapping[str, Any], width: int | None = None, *, elapsed: float | None = None,
