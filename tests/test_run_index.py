@@ -303,3 +303,25 @@ def test_stop_without_host_finds_the_run(cli, project, two_runs):
         res = cli("stop", run_id, "--grace", "2", cwd=project)
         assert res.returncode == 0, res.stderr
         assert _wait(cli, project, run_id, ("STOPPED",))["state"] == "STOPPED"
+
+
+@pytest.mark.parametrize("width", [200, 80, 60])
+def test_runs_on_a_narrow_terminal_drops_columns_whole_never_the_state(width):
+    import io
+
+    from rich.console import Console
+
+    from thrust_remote.cli.runs import COLUMNS, _print_table
+
+    rows = [("ppo", "FINISHED", "0", "2026-11-25T08:23:05Z", "2026-11-25T08:25:05Z", "3f2a9c1b7d0e",
+             "ppo-20261125-082305-4cbb"),
+            ("ppo", "FAILED", "2", "2026-11-25T08:30:00Z", "2026-11-25T08:30:04Z", "3f2a9c1b7d0e",
+             "ppo-20261125-083000-77aa")]
+    out = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)
+    _print_table(COLUMNS, rows, out=out)
+    text = out.file.getvalue()
+    assert all(len(line) <= width for line in text.splitlines())
+    for row in rows:
+        assert row[1] in text and row[-1] in text  # the state and the run id, whole
+    assert "…" not in text
+    assert ("3f2a9c1b7d0e" in text) is (width == 200)  # the commit goes first when room is short

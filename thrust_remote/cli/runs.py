@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -119,25 +120,45 @@ def _row(r: dict) -> tuple[str, ...]:
             r.get("ended_at") or "", (r.get("commit") or "")[:12], r["run_id"])
 
 
-def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = ()) -> None:
+# what a narrow terminal drops first: the values are whole or absent, never `FINI…`
+DROP_FIRST = ("commit", "ended", "started", "job", "exit")
+
+
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = (),
+                 out: Console | None = None) -> None:
     """A rich table on a terminal; without one (a pipe, CI) plain columns with every value whole,
     so `runs | grep` and `awk` see full run ids, never `cart…`."""
-    if not console.is_terminal:
+    out = out or console
+    if not out.is_terminal:
         widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
         for line in (headers, *rows):
             typer.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
         return
-    table = Table(*headers[:-1])
-    table.add_column(headers[-1], no_wrap=True)
+    keep = _columns_that_fit(headers, rows, out.width)
+    table = Table(*(headers[i] for i in keep))
+    for column in table.columns:
+        column.no_wrap = True
     state_at = list(headers).index("state")
     for row in rows:
         style = STATE_STYLE.get(row[state_at], "red" if row[state_at] else "")
         cells = [escape(c) for c in row]
         cells[state_at] = f"[{style}]{cells[state_at]}[/]" if style else cells[state_at]
-        table.add_row(*cells)
-    console.print(table)
+        table.add_row(*(cells[i] for i in keep))
+    out.print(table)
     for note in notes:
-        console.print(f"[red]{escape(note)}[/]", highlight=False)
+        out.print(f"[red]{escape(note)}[/]", highlight=False)
+
+
+def _columns_that_fit(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[int]:
+    """The columns shown: all when they fit whole, else without the least needed (DROP_FIRST)."""
+    keep = list(range(len(headers)))
+    need = {i: max([len(headers[i]), *(len(r[i]) for r in rows)]) for i in keep}
+    for name in DROP_FIRST:
+        if sum(need[i] + 3 for i in keep) + 1 <= width:
+            break
+        if name in headers:
+            keep.remove(list(headers).index(name))
+    return keep
 
 
 def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
