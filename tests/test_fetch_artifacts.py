@@ -35,7 +35,7 @@ jobs:
   writer:
     kind: command
     command: [sh, write.sh]
-    artifacts: ["runs/**", "models/*.pt", "$THRUST_RUN_DIR/out.txt", "nothing/*.bin"]
+    artifacts: ["runs/**", "models/*.pt", "$THRUST_RUN_DIR/out.txt", "nothing/*.bin", "$THRUST_RUN_DIR/none*"]
     metrics: {tensorboard: runs/tb}
   plain:
     kind: command
@@ -79,6 +79,9 @@ def test_train_fetches_the_artifacts_verified_and_warns_for_a_glob_that_matches_
     dest = proj / ".thrust" / "fetched" / run_id / "artifacts"
     assert f".thrust/fetched/{run_id}/artifacts/" in result.stderr
     assert "'nothing/*.bin' matches nothing" in result.stderr  # a warning, and the run still exit 0
+    # a glob under the run directory is said to be looked for there, not in the checkout
+    run_dir_glob = next(line for line in result.stderr.splitlines() if "'$THRUST_RUN_DIR/none*'" in line)
+    assert run_dir_glob.endswith(f"(under {workdir / '.thrust' / 'runs' / run_id})"), run_dir_glob
     run_dir = workdir / ".thrust" / "runs" / run_id
     expected = {
         "runs/tb/events.out.1": workdir / "runs/tb/events.out.1",

@@ -138,7 +138,8 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     result = DirFetch(dest)
     answer = list_remote(session, run_dir, globs)
     for pattern in answer.get("unmatched", []):
-        result.warnings.append(f"artifacts: {pattern!r} matches nothing on {session.name} (under {answer.get('cwd')})")
+        under = run_dir if pattern.startswith(RUN_DIR_PREFIX) else answer.get("cwd")
+        result.warnings.append(f"artifacts: {pattern!r} matches nothing on {session.name} (under {under})")
     if answer.get("older"):
         result.warnings.append(f"artifacts: {answer['older']} matching file(s) under {answer.get('cwd')} on "
                                f"{session.name} are older than this run (an earlier run's): not fetched")
