@@ -252,3 +252,22 @@ def test_your_own_script_with_cuda_false_runs_on_a_host_without_a_gpu(cli, tmp_p
     if not torch.cuda.is_available():  # the built-in trainer's --device cuda is refused where there is none
         builtin = cli("train", "cartpole", "--host", "local", "--set", "device=cuda", cwd=tmp_path)
         assert builtin.returncode == 69 and "asks for CUDA but it is not available" in builtin.stderr
+
+
+def test_fetch_of_a_run_whose_globs_matched_nothing_names_no_folder_that_is_not_there(cli, tmp_path):
+    (tmp_path / "thrust.yaml").write_text("jobs:\n  quiet:\n    command: [sh, -c, 'true']\n    artifacts: [out/**]\n")
+    git_init(tmp_path)
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-q", "-m", "quiet")
+    trained = cli("train", "quiet", "--host", "local", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    run_id = _run_id_of(trained.stderr)
+    fetched = cli("fetch", run_id, "--host", "local", cwd=tmp_path)
+    assert fetched.returncode == 0, fetched.stderr
+    assert "'out/**' matches nothing" in fetched.stderr and "nothing fetched" in fetched.stderr
+    assert fetched.stdout == ""  # stdout names what is there, for a script: here nothing
+    assert not (tmp_path / ".thrust" / "fetched" / run_id).exists()
+
+
+def _run_id_of(stderr: str) -> str:
+    return re.search(r"following (\S+)", stderr).group(1)

@@ -302,7 +302,8 @@ def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | Non
         got = lifecycle.fetch(config, session, run_id, _opener(ctx, run_id), CliReporter(), force=force)
     if got.model is None:
         assert got.artifacts is not None
-        typer.echo(got.artifacts.dest)
+        if got.artifacts.dest.is_dir():  # stdout names what is there; nothing matched: nothing to name
+            typer.echo(got.artifacts.dest)
         return
     from thrust_remote.cli.kept import render_fetched
 
