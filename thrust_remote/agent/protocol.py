@@ -77,6 +77,10 @@ class LaunchAnswer(TypedDict, total=False):
     gpus: list
 
 
+# run.json's GPUs a run could use (GPU-hours count them): the chosen ones, else all the job could see
+GPUS_USED = "gpus_used"
+
+
 class StatusAnswer(TypedDict, total=False):
     """agent `status` and each item of `list` (a node of a run over several hosts adds the last three)."""
 
@@ -92,6 +96,8 @@ class StatusAnswer(TypedDict, total=False):
     commit: str | None
     cwd: str | None
     gpus: list
+    wall_hours: float | None  # started to ended (or now, while it runs; a LOST run: its log's last write)
+    gpu_hours: float | None  # wall_hours x the GPUs it could use (run.json's gpus_used); 0.0 on the CPU
     node: int
     nodes: list
     peer_failed: dict | None

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 
 from . import peerwatch
 from .files import write_atomic
-from .protocol import EXIT_CODE, LOG, PEER_FAILED, RUN_JSON, STOPPED, AgentExit, RunState
+from .protocol import EXIT_CODE, GPUS_USED, LOG, PEER_FAILED, RUN_JSON, STOPPED, AgentExit, RunState
 
 
 def _write_atomic(path: str, data: str) -> None:
@@ -129,9 +129,29 @@ def run_state(run_dir: str) -> dict:
         "cwd": meta.get("cwd"),  # where the job ran (a cargo job: its crate, where its artifact is)
         "gpus": meta.get("gpus") or [],
         "ended_ts": ended_ts,
+        **_hours(run_dir, meta, state, ended_ts),
         **({"node": meta["node"], "nodes": [n.get("host") for n in meta.get("nodes") or []],
             "peer_failed": read_json(os.path.join(run_dir, PEER_FAILED))} if "node" in meta else {}),
     }
+
+
+def _hours(run_dir: str, meta: dict, state: str, ended_ts: float | None) -> dict:
+    """wall_hours and gpu_hours by this host's clock: to the end, or to now while it runs; a LOST run
+    has no end record, so its log's last write is the last sign it was alive."""
+    start = meta.get("started_ts")
+    end = ended_ts
+    if end is None and state == RunState.RUNNING:
+        end = time.time()
+    elif end is None:
+        try:
+            end = os.stat(os.path.join(run_dir, LOG)).st_mtime
+        except OSError:
+            end = None
+    if not isinstance(start, int | float) or not isinstance(end, int | float):
+        return {"wall_hours": None, "gpu_hours": None}
+    wall = max(0.0, float(end) - float(start)) / 3600
+    used = meta.get(GPUS_USED, meta.get("gpus")) or []
+    return {"wall_hours": round(wall, 6), "gpu_hours": round(wall * len(used), 6)}
 
 
 def _now() -> str:

@@ -23,7 +23,7 @@ from thrust_remote.core.errors import ExitCode, UnknownHostError, UnreachableErr
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import lifecycle
-from thrust_remote.runs import control, index
+from thrust_remote.runs import control, index, usage
 
 HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: the run's host from the "
                         "local index, else default_host).")
@@ -32,7 +32,8 @@ STATE_STYLE = {RunState.RUNNING: "cyan", RunState.FINISHED: "green", RunState.FA
 
 
 def register(app: typer.Typer) -> None:
-    app.command("runs", help="List the runs on a host (--all: on every configured host).")(list_runs)
+    app.command("runs", help="List the runs on a host (--all: on every configured host; --summary: "
+                "GPU-hours per host and job).")(list_runs)
     app.command("status", help="State of one run: RUNNING, FINISHED, FAILED, STOPPED or LOST.")(status)
     app.command("logs", help="Print a run's log from a byte offset; --follow until it ends.")(logs)
     app.command("stop", help="Stop a run: TERM its process group, KILL after a grace period.")(stop)
@@ -61,10 +62,20 @@ def list_runs(ctx: typer.Context,
               all_hosts: bool = typer.Option(False, "--all", help="Every configured host's runs, asked in parallel."),
               timeout: float = typer.Option(10.0, "--timeout", min=0.1,
                                             help="With --all: seconds to wait for each host."),
+              summary: bool = typer.Option(False, "--summary", help="Totals per host and job: runs, wall-hours, "
+                                            "GPU-hours."),
+              since: str | None = typer.Option(None, "--since", help="With --summary: only runs started within "
+                                               "this long, e.g. 7d, 24h, 30m."),
               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    if all_hosts and host:
+        raise UsageError("give --all or --host, not both")
+    if since is not None and not summary:
+        raise UsageError("--since goes with --summary", "thrust-remote runs --summary --since 7d")
+    if summary:
+        since_s = usage.parse_since(since) if since is not None else None  # a bad value before connecting
+        _summary(ctx, host, all_hosts, timeout, since_s, as_json)
+        return
     if all_hosts:
-        if host:
-            raise UsageError("give --all or --host, not both")
         _list_all(ctx, timeout, as_json)
         return
     with _open(ctx, host) as session:
@@ -81,6 +92,28 @@ def list_runs(ctx: typer.Context,
     say(f"no {where}" if not items else where)
     if items:
         _print_table(COLUMNS, [_row(r) for r in items])
+
+
+def _summary(ctx: typer.Context, host: str | None, all_hosts: bool, timeout: float, since_s: float | None,
+             as_json: bool) -> None:
+    """`runs --summary`: GPU-hours and wall-hours per host and job (runs/usage.py)."""
+    if all_hosts:
+        config = get_config(ctx)
+        listings = control.list_hosts(list(config.hosts), lambda name: _open(ctx, name), timeout)
+        for listing in listings:
+            if listing.runs is None:
+                say(f"{listing.host}: not counted ({listing.error})")
+        rows = [r for listing in listings for r in listing.runs or []]
+    else:
+        with _open(ctx, host) as session:
+            rows = [{**r, "host": r.get("host") or session.name} for r in control.list_runs(session)]
+    totals = usage.summarize(rows, since_s=since_s)
+    if as_json:
+        typer.echo(json.dumps(totals, indent=2))
+        return
+    _print_table(("host", "job", "runs", "wall_hours", "gpu_hours"),
+                 [(t["host"], t["job"], str(t["runs"]), f"{t['wall_hours']:.2f}", f"{t['gpu_hours']:.2f}")
+                  for t in totals])
 
 
 def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
@@ -138,11 +171,12 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: S
     table = Table(*(headers[i] for i in keep))
     for column in table.columns:
         column.no_wrap = True
-    state_at = list(headers).index("state")
+    state_at = list(headers).index("state") if "state" in headers else None
     for row in rows:
-        style = STATE_STYLE.get(row[state_at], "red" if row[state_at] else "")
         cells = [escape(c) for c in row]
-        cells[state_at] = f"[{style}]{cells[state_at]}[/]" if style else cells[state_at]
+        if state_at is not None:
+            style = STATE_STYLE.get(row[state_at], "red" if row[state_at] else "")
+            cells[state_at] = f"[{style}]{cells[state_at]}[/]" if style else cells[state_at]
         table.add_row(*(cells[i] for i in keep))
     out.print(table)
     for note in notes:

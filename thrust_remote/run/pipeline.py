@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from thrust_remote.agent.protocol import RunState
+from thrust_remote.agent.protocol import GPUS_USED, RunState
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
 from thrust_remote.core.hints import command_hint
@@ -386,6 +386,9 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
         "facts": {k: prepared.report.facts.get(k)
                   for k in ("hostname", "python", "python_path", "torch", "cuda_available")},
         "gpus": list(gpus),
+        # what GPU-hours count: the GPUs chosen, else every GPU the job can see there (a job given
+        # none sees them all; --gpus makes the account exact)
+        GPUS_USED: list(gpus) or host_gpus(prepared.report.facts, session.host),
         **(sync_result.as_meta() if sync_result else {"commit": None}),
         **(meta_extra or {}),
     }
