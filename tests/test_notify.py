@@ -90,7 +90,7 @@ def test_a_run_that_ends_tells_the_command_and_the_webhook_once(cli, hook, tmp_p
     run_id = _run_id(trained.stderr)
     seen = dict(line.split("=", 1) for line in told.read_text().splitlines())
     assert seen == {"THRUST_RUN_ID": run_id, "THRUST_RUN_STATE": "FAILED", "THRUST_EXIT_CODE": "4",
-                    "THRUST_HOST": "local", "THRUST_JOB": "quick"}
+                    "THRUST_HOST": "local", "THRUST_JOB": "quick", "THRUST_RUN_REASON": ""}
     assert len(hook.bodies) == 1
     body = hook.bodies[0]
     assert body["path"].endswith(SECRET) and body["run_id"] == run_id and body["state"] == "FAILED"
@@ -100,7 +100,7 @@ def test_a_run_that_ends_tells_the_command_and_the_webhook_once(cli, hook, tmp_p
     again = cli("logs", run_id, "--follow", "--host", "local", cwd=proj, env=env)
     waited = cli("wait", run_id, "--host", "local", cwd=proj, env=env)
     assert again.returncode == 4 and waited.returncode == 4
-    assert len(hook.bodies) == 1 and len(told.read_text().splitlines()) == 5
+    assert len(hook.bodies) == 1 and len(told.read_text().splitlines()) == 6
     for out in (trained, again, waited):
         assert SECRET not in out.stdout + out.stderr
 
@@ -197,8 +197,8 @@ search:
     seen = dict(line.split("=", 1) for line in told.read_text().splitlines())
     # one message for the study, none per trial (nobody followed a trial as a run)
     assert seen == {"THRUST_RUN_ID": "notified", "THRUST_RUN_STATE": "FINISHED", "THRUST_EXIT_CODE": "0",
-                    "THRUST_HOST": "local", "THRUST_JOB": "optimize words"}
-    assert len(told.read_text().splitlines()) == 5
+                    "THRUST_HOST": "local", "THRUST_JOB": "optimize words", "THRUST_RUN_REASON": ""}
+    assert len(told.read_text().splitlines()) == 6
 
 
 def test_the_job_spec_sent_to_a_host_never_carries_notify(tmp_path):

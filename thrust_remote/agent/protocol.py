@@ -98,6 +98,8 @@ class StatusAnswer(TypedDict, total=False):
     gpus: list
     wall_hours: float | None  # started to ended (or now, while it runs; a LOST run: its log's last write)
     gpu_hours: float | None  # wall_hours x the GPUs it could use (run.json's gpus_used); 0.0 on the CPU
+    reason: str  # a STOPPED run's: "user" (stop), "idle" (the idle-GPU stop)
+    reason_detail: str
     node: int
     nodes: list
     peer_failed: dict | None

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from . import peerwatch
+from . import idlewatch, peerwatch
 from .files import write_atomic
 from .protocol import EXIT_CODE, GPUS_USED, LOG, PEER_FAILED, RUN_JSON, STOPPED, AgentExit, RunState
 
@@ -116,9 +116,11 @@ def run_state(run_dir: str) -> dict:
         state = RunState.LOST
     else:
         state = RunState.STOPPED if stopped else RunState.LOST
+    reason = _stop_reason(run_dir) if state == RunState.STOPPED else None
     return {
         "run_id": meta.get("run_id") or os.path.basename(os.path.normpath(run_dir)),
         "state": state,
+        **({"reason": reason[0], "reason_detail": reason[1]} if reason else {}),
         "exit_code": exit_code,
         "pid": meta.get("pid"),
         "started_at": meta.get("started_at"),
@@ -133,6 +135,21 @@ def run_state(run_dir: str) -> dict:
         **({"node": meta["node"], "nodes": [n.get("host") for n in meta.get("nodes") or []],
             "peer_failed": read_json(os.path.join(run_dir, PEER_FAILED))} if "node" in meta else {}),
     }
+
+
+def _stop_reason(run_dir: str) -> tuple[str, str] | None:
+    """Why a STOPPED run stopped: `user` (stop on request, the file holds its time) or the reason the
+    file's JSON names (`idle`: the idle-GPU stop)."""
+    try:
+        with open(os.path.join(run_dir, STOPPED)) as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    try:
+        note = json.loads(text)
+    except ValueError:
+        return ("user", "")
+    return (str(note.get("reason") or "user"), str(note.get("detail") or "")) if isinstance(note, dict) else None
 
 
 def _hours(run_dir: str, meta: dict, state: str, ended_ts: float | None) -> dict:
@@ -273,6 +290,13 @@ def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, r
     if meta.get("watch_peers"):  # a node of a run over several hosts (peerwatch.py)
         peerwatch.watch(run_dir, meta["watch_peers"], float(meta.get("peer_timeout") or 15), done,
                         lambda: _kill_group(proc.pid, 5.0))
+    if meta.get("idle_stop"):  # the job's idle-GPU stop (idlewatch.py)
+
+        def idle(detail: str) -> None:
+            _write_atomic(os.path.join(run_dir, STOPPED), idlewatch.stopped_note(idlewatch.IDLE, detail, _now()))
+            _kill_group(proc.pid, 10.0)
+
+        idlewatch.watch(meta["idle_stop"], meta.get(GPUS_USED) or [], done, idle)
     code = proc.wait()
     done.set()
     if code < 0:

@@ -204,6 +204,8 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
         return
     style = STATE_STYLE.get(st["state"], "")
     code = f" (exit code {st['exit_code']})" if st.get("exit_code") is not None else ""
+    if st.get("reason") and st["reason"] != "user":  # stopped by the idle-GPU stop, not on request
+        code += escape(f" [{st['reason']}: {st.get('reason_detail') or ''}]")
     console.print(f"{st['run_id']}: [{style}]{st['state']}[/]{code}  job={st.get('job')} pid={st.get('pid')} "
                   f"started={st.get('started_at')} commit={(st.get('commit') or '')[:12]}")
     failed = st.get("failed_node")

@@ -102,6 +102,8 @@ class JobConfig:
     metrics: Mapping[str, str] = field(default_factory=dict)  # {"tensorboard": DIR}; default THRUST_METRICS lines
     objective: Mapping[str, str] = field(default_factory=dict)  # {"metric": NAME, "mode": "max"|"min"}
     notify: NotifyConfig | None = None  # the job's own `notify:`; None: the top level's
+    # {"below": PERCENT, "minutes": M, "every": S}: stopped when its GPUs idle that long (agent/idlewatch.py)
+    idle_stop: Mapping[str, float] | None = None
     # thrust.yaml's line of each key the job wrote, and of the job's name under "job": a check after
     # the sync (a script missing from the synced commit) names file:line as the loader does
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)
@@ -362,6 +364,7 @@ _HOST_KEYS = (
 _JOB_KEYS = (
     "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
     "export", "env", "toolchain", "example", "crate", "artifact", "tch_version", "bypass_version_check", "notify",
+    "idle_stop",
 )
 # Keys only some kinds take: another kind's job names them as an error (the cargo keys stay lenient).
 _KIND_ONLY = {
@@ -610,6 +613,8 @@ def _job_value(reader: _Reader, kind: str, key: str, f: str, value: yaml.Node) -
         return {key: _job_metrics(reader, f, value)}
     if key == "notify":
         return {key: _parse_notify(reader, f, value)}
+    if key == "idle_stop":
+        return {key: _parse_idle_stop(reader, f, value)}
     return {key: _job_objective(reader, f, value)}
 
 
@@ -686,6 +691,28 @@ def _words(reader: _Reader, f: str, node: yaml.Node, expected: str, *, pip: bool
         if pip and (not text.strip() or text.startswith("-") or "\n" in text):
             raise reader.fail(item, f, f"expected a pip requirement like numpy>=1.26, got {text!r}")
         out.append(text)
+    return out
+
+
+_IDLE_KEYS = {"below": (0.0, 100.0), "minutes": (0.0, None), "every": (0.0, None)}
+
+
+def _parse_idle_stop(reader: _Reader, f: str, node: yaml.Node) -> dict[str, float]:
+    """`{below: PERCENT, minutes: M}` (and `every: SECONDS`, the sampling interval, default 30)."""
+    out: dict[str, float] = {}
+    for key, key_node, value in reader.mapping(node, f):
+        if key not in _IDLE_KEYS:
+            raise reader.unknown(key_node, f"{f}.{key}", tuple(_IDLE_KEYS))
+        number = reader.scalar(value, f"{f}.{key}")
+        low, high = _IDLE_KEYS[key]
+        if isinstance(number, bool) or not isinstance(number, int | float) or number <= low or (
+                high is not None and number > high):
+            bound = f"a number in (0, {high:g}]" if high is not None else "a number > 0"
+            raise reader.fail(value, f"{f}.{key}", f"expected {bound}, got {_pytype(number)}")
+        out[key] = float(number)
+    for key in ("below", "minutes"):
+        if key not in out:
+            raise reader.fail(node, f"{f}.{key}", "missing: idle_stop takes {below: PERCENT, minutes: M}")
     return out
 
 

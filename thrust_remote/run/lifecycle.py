@@ -368,8 +368,9 @@ def tell_ended(config: Config, status: dict[str, Any], warn: Callable[[str], Non
     cfg = config.notify_for(job)
     if not state.is_terminal or not cfg.enabled or not notify.first_time(config.root, str(status.get("run_id"))):
         return
+    reason = str(status.get("reason") or "")
     ended = notify.Ended(str(status.get("run_id")), state.value, status.get("exit_code"),
-                         str(status.get("host") or ""), job)
+                         str(status.get("host") or ""), job, "" if reason == "user" else reason)
     notify.tell(cfg, ended, warn)
 
 

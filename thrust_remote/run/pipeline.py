@@ -389,6 +389,7 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
         # what GPU-hours count: the GPUs chosen, else every GPU the job can see there (a job given
         # none sees them all; --gpus makes the account exact)
         GPUS_USED: list(gpus) or host_gpus(prepared.report.facts, session.host),
+        **({"idle_stop": dict(job.idle_stop)} if job.idle_stop else {}),
         **(sync_result.as_meta() if sync_result else {"commit": None}),
         **(meta_extra or {}),
     }

@@ -36,16 +36,18 @@ class Ended:
     exit_code: int | None
     host: str
     job: str
+    reason: str = ""  # a STOPPED run's reason other than a stop on request (`idle`)
 
     @property
     def text(self) -> str:
         code = "" if self.exit_code is None else f" (exit code {self.exit_code})"
-        return f"thrust-remote: {self.job} run {self.run_id} on {self.host} ended {self.state}{code}"
+        why = f" [{self.reason}]" if self.reason else ""
+        return f"thrust-remote: {self.job} run {self.run_id} on {self.host} ended {self.state}{why}{code}"
 
     def env(self) -> dict[str, str]:
         return {"THRUST_RUN_ID": self.run_id, "THRUST_RUN_STATE": self.state,
                 "THRUST_EXIT_CODE": "" if self.exit_code is None else str(self.exit_code),
-                "THRUST_HOST": self.host, "THRUST_JOB": self.job}
+                "THRUST_HOST": self.host, "THRUST_JOB": self.job, "THRUST_RUN_REASON": self.reason}
 
 
 def first_time(root: Path, run_id: str) -> bool:
@@ -103,7 +105,7 @@ def _webhook(spec: str, ended: Ended, env: dict[str, str], warn: Warn) -> None:
     if not url.startswith(("https://", "http://")):
         warn(f"notify webhook: the value of {spec} is not an http(s):// URL; nothing was posted")
         return
-    body = json.dumps({"text": ended.text, "run_id": ended.run_id, "state": ended.state,
+    body = json.dumps({"text": ended.text, "run_id": ended.run_id, "state": ended.state, "reason": ended.reason,
                        "exit_code": ended.exit_code, "host": ended.host, "job": ended.job}).encode()
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/json", "User-Agent": "thrust-remote"})
