@@ -160,6 +160,7 @@ def test_train_json_attached_prints_one_object_and_nothing_else(cli, project, re
     assert result["sha256"] == hashlib.sha256(Path(result["model"]).read_bytes()).hexdigest()
     assert result["steps"] == result["total_steps"] and result["steps"] >= 6000
     assert isinstance(result["score"], float) and result["score"] == result["return_mean"]
+    assert result["metrics"]["step"] == result["steps"] and "sps" in result["metrics"]  # the last, whole
     assert result["wall_s"] > 0 and "fetch" in result["timings"]
 
     # a run that fails: still the one object, and the job's exit code as the command's

@@ -101,4 +101,7 @@ class RunProgress:
             "eval_return": d.get("eval_return"),
             "solved": d.get("solved"),
             "train_wall_s": d.get("wall_s"),
+            # the last metrics as the job named them (a job of your own: its THRUST_METRICS keys or its
+            # TensorBoard tags, e.g. charts/episodic_return, which no field above stands for)
+            "metrics": dict(m),
         }
