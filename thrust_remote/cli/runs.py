@@ -332,10 +332,22 @@ def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
 
 def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
           force: bool = typer.Option(False, "--force", help="Place the model in web/public even when its run did "
-                                     "not FINISH or it scores clearly worse than the placed one.")) -> None:
+                                     "not FINISH or it scores clearly worse than the placed one."),
+          as_json: bool = typer.Option(False, "--json", help="Print what was fetched as JSON (progress to stderr).")
+          ) -> None:
     config = get_config(ctx)
     with _open(ctx, host, run_id) as session:
-        got = lifecycle.fetch(config, session, run_id, _opener(ctx, run_id), CliReporter(), force=force)
+        got = lifecycle.fetch(config, session, run_id, _opener(ctx, run_id), CliReporter(quiet=as_json), force=force)
+    if as_json:
+        model = got.model
+        typer.echo(json.dumps({
+            "run_id": run_id, "host": got.host,
+            "model": str(model.model) if model else None, "sha256": model.sha256 if model else None,
+            "placed": model.placed if model else False, "kept": str(model.kept) if model else None,
+            "why_not_placed": model.why_not if model else None,
+            "artifacts": got.artifacts.as_json() if got.artifacts else None,
+        }))
+        return
     if got.model is None:
         assert got.artifacts is not None
         if got.artifacts.dest.is_dir():  # stdout names what is there; nothing matched: nothing to name
