@@ -267,6 +267,9 @@ def test_fetch_of_a_run_whose_globs_matched_nothing_names_no_folder_that_is_not_
     assert "'out/**' matches nothing" in fetched.stderr and "nothing fetched" in fetched.stderr
     assert fetched.stdout == ""  # stdout names what is there, for a script: here nothing
     assert not (tmp_path / ".thrust" / "fetched" / run_id).exists()
+    # its log is empty: `logs` says so on stderr instead of printing nothing at all
+    empty = cli("logs", run_id, "--host", "local", cwd=tmp_path)
+    assert empty.returncode == 0 and empty.stdout == "" and f"run {run_id}: nothing in its log" in empty.stderr
     as_json = json.loads(cli("fetch", run_id, "--host", "local", "--json", cwd=tmp_path).stdout)
     assert as_json["run_id"] == run_id and as_json["model"] is None and as_json["placed"] is False
     assert as_json["artifacts"]["files"] == 0 and "'out/**' matches nothing" in as_json["artifacts"]["warnings"][0]

@@ -294,8 +294,17 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
             if shown is None:
                 raise UnreachableError(f"run {run_id}: node {node} ({nodes.names[node or 0]}) does not answer",
                                        f"thrust-remote doctor --host {nodes.names[node or 0]}")
-            control.follow_log(shown, run_id, offset=offset, follow=False,
-                            on_bytes=lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush()))
+            got = [0]
+
+            def out(chunk: bytes) -> None:
+                got[0] += len(chunk)
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+
+            control.follow_log(shown, run_id, offset=offset, follow=False, on_bytes=out)
+        if not got[0]:  # say so on stderr: nothing on stdout could be a log, or a wrong node
+            which = f" node {node} ({nodes.names[node]})" if node is not None else ""
+            say(f"run {run_id}{which}: nothing in its log" + (f" past byte {offset}" if offset else ""))
 
 
 def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, node: int | None, offset: int, fetch: bool,
