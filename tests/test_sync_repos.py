@@ -148,6 +148,31 @@ def test_nested_submodules_follow_the_laptop_and_an_uninitialized_one_is_named(t
         "up-to-date"] * 3
 
 
+def test_a_submodule_not_checked_out_here_leaves_no_earlier_copy_on_the_host(tmp_path):
+    """Sent once (dirty), then from a clone without it: the host must not run the old copy as if sent."""
+    lib = git_init(tmp_path / "lib")
+    (lib / "lib.txt").write_text("lib\n")
+    commit(lib, "lib")
+    top = git_init(tmp_path / "top")
+    (top / "t.txt").write_text("top\n")
+    commit(top, "top")
+    _submodule_add(top, lib, "lib")
+    commit(top, "lib inside")
+    (top / "lib" / "lib.txt").write_text("lib, an old uncommitted edit\n")
+    host = HostPaths(str(tmp_path / "host"))
+    sync(_session(host), local_state(top))
+    assert (Path(host.workdir) / "lib" / "lib.txt").read_text() == "lib, an old uncommitted edit\n"
+
+    plain = tmp_path / "plain"
+    git(tmp_path, "clone", "-q", str(top), str(plain))  # no --recursive: lib is not checked out here
+    steps: list[str] = []
+    result = sync(_session(host), local_state(plain), step=steps.append)
+    assert result.not_sent == ("lib",) and result.as_meta()["submodules_not_sent"] == ["lib"]
+    assert list((Path(host.workdir) / "lib").iterdir()) == []  # empty there too, as here
+    assert any("clearing the copy an earlier sync left" in m for m in steps)
+    assert any("not checked out here were not sent" in w for w in result.warnings)
+
+
 # ------------------------------------------------------------------------------------------ missing objects
 
 

@@ -83,15 +83,18 @@ class SyncResult:
     lfs: tuple[str, ...] = ()
     submodules: dict[str, SyncResult] = field(default_factory=dict)
     lfs_id: str | None = None  # LocalState.applied_id when LFS content went along
+    not_sent: tuple[str, ...] = ()  # submodules not checked out here: empty on the host too
 
     @property
     def code_id(self) -> str | None:
         """The patch's sha256, widened to the LFS content and the submodules' code when there are any:
         what a build cache keyed on commit + patch must also change with."""
-        if not self.lfs_id and not self.submodules:
+        if not self.lfs_id and not self.submodules and not self.not_sent:
             return self.patch_sha256
         subs = {path: [sub.checkout or sub.commit, sub.code_id] for path, sub in sorted(self.submodules.items())}
-        return hashlib.sha256(json.dumps([self.patch_sha256, self.lfs_id, subs]).encode()).hexdigest()
+        empty = sorted(self.not_sent)
+        return hashlib.sha256(json.dumps([self.patch_sha256, self.lfs_id, subs, *([empty] if empty else [])]).encode()
+                              ).hexdigest()
 
     def as_meta(self) -> dict:
         meta = {
@@ -109,6 +112,8 @@ class SyncResult:
             meta["lfs"] = list(self.lfs)
         if self.submodules:
             meta["submodules"] = {path: sub.as_meta() for path, sub in self.submodules.items()}
+        if self.not_sent:
+            meta["submodules_not_sent"] = list(self.not_sent)
         return meta
 
 
@@ -246,6 +251,25 @@ def _sync_submodules(session: HostSession, local: LocalState, result: SyncResult
         done = sync(sub_session, sub, step=lambda m, p=path: step(f"{p}: {m}"), busy=busy)
         result.submodules[path] = done
         result.warnings += [f"submodule {path}: {w}" for w in done.warnings]
+    _clear_absent(session, local, result, step, busy)
+
+
+def _clear_absent(session: HostSession, local: LocalState, result: SyncResult, step: Step,
+                  busy: Callable[[], list[str]] | None) -> None:
+    """A submodule not checked out here is an empty directory here: on the host too. What an earlier
+    sync left at that path (another commit, an old patch) would otherwise run as if it were sent."""
+    result.not_sent = tuple(local.absent_submodules)
+    for path in local.absent_submodules:
+        parts = Path(path).parts
+        if Path(path).is_absolute() or ".." in parts or not parts:
+            continue  # a gitlink path is relative and inside the tree; anything else is not touched
+        where = f"{session.paths.workdir}/{path}"
+        if not session.runner.exists(f"{where}/.git"):
+            continue
+        _refuse_if_busy(session, local, busy)
+        step(f"{path}: not checked out here: clearing the copy an earlier sync left on the host")
+        session.runner.run(["rm", "-rf", "--", where]).check(f"clearing {where}")
+        session.runner.makedirs(where)
 
 
 def _first_sync(session: HostSession, local: LocalState, step: Step) -> dict:
@@ -404,7 +428,7 @@ def _warnings(local: LocalState) -> list[str]:
                    "or list them in .gitignore to silence this)")
     if local.absent_submodules:
         shown = ", ".join(local.absent_submodules[:5])
-        out.append(f"submodule(s) not checked out here were not sent either: {shown} "
+        out.append(f"submodule(s) not checked out here were not sent (empty on the host too): {shown} "
                    "(`git submodule update --init --recursive` to send them)")
     return out
 
