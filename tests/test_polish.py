@@ -238,15 +238,16 @@ def test_only_flags_whose_meaning_is_known_ask_for_cuda(kind, args, asks):
     assert asks_for_cuda(kind, args) is asks
 
 
-def test_your_own_script_with_cuda_false_runs_on_a_host_without_a_gpu(cli, tmp_path):
+def test_your_own_scripts_cuda_flags_run_on_a_host_without_a_gpu(cli, tmp_path):
     (tmp_path / "train.py").write_text("import sys\nprint('args', sys.argv[1:])\n")
     (tmp_path / "thrust.yaml").write_text("jobs:\n  own:\n    script: train.py\n")
     git_init(tmp_path)
     git(tmp_path, "add", "-A")
     git(tmp_path, "commit", "-q", "-m", "own")
-    own = cli("train", "own", "--host", "local", "--set", "cuda=false", cwd=tmp_path)
+    # your own flags are your own: `--cuda off` or even `--device cuda` are passed, never refused here
+    own = cli("train", "own", "--host", "local", "--set", "cuda=off", "--set", "device=cuda", cwd=tmp_path)
     assert own.returncode == 0, own.stderr
-    assert "args ['--cuda', 'false']" in own.stdout + own.stderr
+    assert "args ['--cuda', 'off', '--device', 'cuda']" in own.stdout + own.stderr
     import torch
 
     if not torch.cuda.is_available():  # the built-in trainer's --device cuda is refused where there is none
