@@ -208,3 +208,20 @@ def test_the_job_spec_sent_to_a_host_never_carries_notify(tmp_path):
     path.write_text(f"jobs:\n  j:\n    command: [x]\n    notify:\n      webhook: https://hooks.example/{SECRET}\n")
     spec = job_spec(load_config(path, environ={}).job("j"))
     assert "notify" not in spec and SECRET not in json.dumps(spec)
+
+
+@pytest.mark.slow
+def test_a_relative_notify_command_is_the_projects_wherever_train_is_typed(cli, tmp_path):
+    told = tmp_path / "told.txt"
+    proj = git_init(tmp_path / "p")
+    (proj / "tell.sh").write_text(f'#!/bin/sh\necho "told $THRUST_RUN_ID" >> {told}\n')
+    (proj / "tell.sh").chmod(0o755)
+    (proj / "sub").mkdir()
+    (proj / "sub" / "keep.txt").write_text("a folder of the project\n")
+    (proj / "thrust.yaml").write_text("notify:\n  command: [./tell.sh]\n"
+                                      "jobs:\n  quick:\n    command: [sh, -c, 'true']\n")
+    commit(proj, "a notify script of the project's")
+    trained = cli("train", "quick", "--host", "local", cwd=proj / "sub")
+    assert trained.returncode == 0, trained.stderr
+    assert "warning" not in trained.stderr
+    assert told.read_text() == f"told {_run_id(trained.stderr)}\n"

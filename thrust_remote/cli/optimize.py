@@ -162,7 +162,8 @@ def _tell(config: Config, s: core.Summary, reporter: CliReporter) -> None:
         state = (RunState.FINISHED if s.exit_code == 0
                  else RunState.STOPPED if s.stopped == "aborted" else RunState.FAILED)
         host = ",".join(s.hosts) if s.hosts else str(s.host)
-        notify.tell(cfg, notify.Ended(s.study, state.value, s.exit_code, host, f"optimize {s.job}"), reporter.warn)
+        notify.tell(cfg, notify.Ended(s.study, state.value, s.exit_code, host, f"optimize {s.job}"), reporter.warn,
+                    cwd=config.path.parent if config.path else config.root)
 
 
 def _stop(config: Config, job: JobConfig, hosts: Sequence[HostConfig], study: str | None, as_json: bool) -> None:

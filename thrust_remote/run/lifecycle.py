@@ -371,7 +371,7 @@ def tell_ended(config: Config, status: dict[str, Any], warn: Callable[[str], Non
     reason = str(status.get("reason") or "")
     ended = notify.Ended(str(status.get("run_id")), state.value, status.get("exit_code"),
                          str(status.get("host") or ""), job, "" if reason == "user" else reason)
-    notify.tell(cfg, ended, warn)
+    notify.tell(cfg, ended, warn, cwd=config.path.parent if config.path else config.root)
 
 
 # ------------------------------------------------------------------------------------------ wait

@@ -66,20 +66,22 @@ def first_time(root: Path, run_id: str) -> bool:
     return True
 
 
-def tell(cfg: NotifyConfig, ended: Ended, warn: Warn, *, environ: Mapping[str, str] | None = None) -> None:
-    """Every notifier `cfg` names, each failure a warning."""
+def tell(cfg: NotifyConfig, ended: Ended, warn: Warn, *, cwd: Path | None = None,
+         environ: Mapping[str, str] | None = None) -> None:
+    """Every notifier `cfg` names, each failure a warning. The command runs in `cwd` (thrust.yaml's
+    directory: `./notify.sh` is the project's, wherever the command that saw the end was typed)."""
     env = dict(os.environ if environ is None else environ)
     if cfg.command:
-        _command(cfg.command, ended, env, warn)
+        _command(cfg.command, ended, env, warn, cwd)
     if cfg.webhook:
         _webhook(cfg.webhook, ended, env, warn)
     if cfg.desktop:
         _desktop(ended, warn)
 
 
-def _command(argv: tuple[str, ...], ended: Ended, env: dict[str, str], warn: Warn) -> None:
+def _command(argv: tuple[str, ...], ended: Ended, env: dict[str, str], warn: Warn, cwd: Path | None) -> None:
     try:
-        proc = subprocess.run(list(argv), env={**env, **ended.env()}, stdin=subprocess.DEVNULL,
+        proc = subprocess.run(list(argv), env={**env, **ended.env()}, stdin=subprocess.DEVNULL, cwd=cwd,
                               capture_output=True, text=True, timeout=TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         warn(f"the notify command {argv[0]!r} did not run: {exc}")
