@@ -263,6 +263,7 @@ def test_fetch_of_a_run_whose_globs_matched_nothing_names_no_folder_that_is_not_
     trained = cli("train", "quiet", "--host", "local", cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr
     run_id = _run_id_of(trained.stderr)
+    assert git(tmp_path, "status", "--porcelain") == ""  # .thrust/ ignores itself, even with nothing fetched
     fetched = cli("fetch", run_id, "--host", "local", cwd=tmp_path)
     assert fetched.returncode == 0, fetched.stderr
     assert "'out/**' matches nothing" in fetched.stderr and "nothing fetched" in fetched.stderr

@@ -41,3 +41,15 @@ def _replace(path: Path, mode: int, fill: Callable[[BinaryIO], object]) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def tool_dir(project_root: Path, *parts: str) -> Path:
+    """`<project>/.thrust/PARTS...`, made; .thrust/ is thrust-remote's own, so the first of its folders
+    made also writes `.thrust/.gitignore` (`*`): out of `git status` and out of sync's untracked list."""
+    where = project_root / ".thrust" / Path(*parts) if parts else project_root / ".thrust"
+    where.mkdir(parents=True, exist_ok=True)
+    ignore = project_root / ".thrust" / ".gitignore"
+    if not ignore.exists():
+        with contextlib.suppress(OSError):
+            ignore.write_text("*\n")
+    return where

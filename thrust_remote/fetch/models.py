@@ -22,7 +22,7 @@ from typing import Any
 from thrust_remote.agent import protocol
 from thrust_remote.agent.protocol import RunState
 from thrust_remote.core.errors import ExitCode, ThrustError, TransferError
-from thrust_remote.core.files import copy_atomic, write_atomic
+from thrust_remote.core.files import copy_atomic, tool_dir, write_atomic
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.runner import Runner
 
@@ -182,11 +182,7 @@ def _replace_dir(staging: Path, final: Path) -> None:
 
 def _ensure_kept_root(project_root: Path) -> Path:
     root = kept_root(project_root)
-    root.mkdir(parents=True, exist_ok=True)
-    ignore = root.parent / ".gitignore"
-    if not ignore.exists():
-        # .thrust/ is thrust-remote's: keep it out of `git status` and out of sync's untracked list
-        ignore.write_text("*\n")
+    tool_dir(project_root, *root.relative_to(project_root / ".thrust").parts)
     return root
 
 

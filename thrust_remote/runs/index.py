@@ -15,7 +15,7 @@ from pathlib import Path
 
 from thrust_remote.core.config import Config
 from thrust_remote.core.errors import UnknownHostError
-from thrust_remote.core.files import write_atomic
+from thrust_remote.core.files import tool_dir, write_atomic
 from thrust_remote.core.names import valid_id
 
 INDEX_DIR = Path(".thrust") / "index"
@@ -53,6 +53,7 @@ def _path(root: Path, run_id: str) -> Path:
 
 def record(root: Path, entry: IndexEntry) -> Path:
     """Write the entry atomically (temp file, fsync, rename) and owner-only; returns its path."""
+    tool_dir(root, *INDEX_DIR.parts[1:])  # .thrust/ with its .gitignore: a train that fetched nothing too
     return write_atomic(_path(root, entry.run_id), json.dumps(entry.as_json(), indent=1) + "\n")
 
 
