@@ -145,7 +145,8 @@ def test_an_install_without_the_staged_page_says_to_build_with_make_wheel(
     monkeypatch.setattr(serve, "PACKAGED_WEB", page)  # where an installed package would look
     with pytest.raises(ThrustError, match="lacks the page or its onnxruntime-web files") as info:
         Site(web_dir=page, public_dir=tmp_path).check()
-    assert "make wheel" in (info.value.hint or "")
+    assert "make wheel" in (info.value.hint or "") and "`pip install .` from a checkout" in (info.value.hint or "")
+    assert info.value.exit_code == 69  # a part the install lacks: unavailable, not a failed job's 1
 
 
 @pytest.mark.browser

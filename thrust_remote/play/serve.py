@@ -35,7 +35,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.core.errors import ThrustError
+from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.fetch import models
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,9 @@ class Site:
             # a wheel built without staging (`pip install .` straight from a checkout)
             raise ThrustError(
                 f"this installation of thrust-remote lacks the page or its onnxruntime-web files ({self.web_dir})",
-                hint="install a wheel built with `make wheel`, which stages them into thrust_remote/web-page/",
+                hint="install a wheel built with `make wheel`, which stages them into thrust_remote/web-page/ "
+                     "(`pip install .` from a checkout has no page; `make demo` there plays from web/)",
+                exit_code=ExitCode.UNAVAILABLE,  # the install lacks a part: nothing the user typed was wrong
             )
         if not (self.web_dir / "index.html").is_file():
             raise ThrustError(f"the web page is missing: {self.web_dir / 'index.html'}")
