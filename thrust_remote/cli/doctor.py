@@ -108,8 +108,11 @@ def _local_crate(config: Config, job) -> Path | None:
     return crate if (crate / "Cargo.toml").is_file() else None
 
 
+NARROW = 80  # below it a table folds paths and fix commands mid-token: the plain lines instead
+
+
 def render(report: Report) -> None:
-    if console.is_terminal:
+    if console.is_terminal and console.width >= NARROW:
         _render_table(report)
     else:
         _render_plain(report)
@@ -125,8 +128,8 @@ def render(report: Report) -> None:
 
 
 def _render_plain(report: Report) -> None:
-    """Without a terminal (a pipe, CI, a log): a line per check and one per fix, never wrapped, so a
-    path or a fix command pastes back whole and `grep fail` finds the check."""
+    """Without a terminal (a pipe, CI, a log), or on a narrow one: a line per check and one per fix,
+    never folded by us, so a path or a fix command pastes back whole and `grep fail` finds the check."""
     width = max((len(c.id) for c in report.checks), default=5)
     typer.echo(f"doctor: {report.host}")
     for c in report.checks:
