@@ -313,3 +313,25 @@ def test_fix_build_rs_ignores_the_flag_in_a_comment() -> None:
     assert 'cargo:rustc-link-arg=-ltorch' in body
     assert patched.startswith("// see the --no-as-needed docs\nfn main() {")
     assert patch_build_rs(patched) == patched
+
+
+@pytest.mark.parametrize(("width", "table"), [(60, False), (120, True)])
+def test_a_narrow_terminal_gets_doctors_plain_lines(cli, tmp_path: Path, monkeypatch, capsys, width, table) -> None:
+    """Below 80 columns a table folds paths and fixes mid-token: the plain lines instead."""
+    import io
+
+    from rich.console import Console
+
+    from thrust_remote.cli import doctor as doctor_cli
+    from thrust_remote.doctor.checklist import Report
+
+    cfg = write_config(tmp_path / "thrust.yaml", workdir=tmp_path)
+    report = Report.from_json(json.loads(cli("--config", str(cfg), "doctor", "--json").stdout))
+    screen = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)
+    monkeypatch.setattr(doctor_cli, "console", screen)
+    doctor_cli.render(report)
+    shown = screen.file.getvalue() + capsys.readouterr().out
+    assert ("┏" in shown) is table
+    if not table:
+        torch_line = next(line for line in shown.splitlines() if line.split()[1:2] == ["torch-import"])
+        assert torch_line.rstrip().endswith("s)")  # the whole evidence on the check's own line
