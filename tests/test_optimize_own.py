@@ -254,6 +254,14 @@ def test_usage_errors_name_the_flag_and_where_it_came_from(tmp_path):
     words = UsageSources(cfg, cfg.job("words"), {})
     err = usage_error(2, "usage: train [-h]\ntrain: error: unrecognized arguments: lr=0.1\n", 0, words)
     assert err is not None and "search.words.lr" in err.message and "does not take lr=0.1" in err.message
+    # once a trial ran through, only a searched choice the job refuses stays fatal (later trials draw it again)
+    refused = "usage: train [-h] [--lr {0.1}]\ntrain: error: argument --lr: invalid choice: '0.3' (choose from '0.1')\n"
+    err = usage_error(2, refused, 5, words, only_choices=True)
+    assert err is not None and "search.words.lr" in err.message and "invalid choice: '0.3'" in err.message
+    assert usage_error(2, f"{usage}score.py: error: argument --lr: invalid float value: 'x'\n", 4, sources,
+                       only_choices=True) is None  # a float range, not a choice: one trial's bad luck
+    assert usage_error(2, f"{usage}score.py: error: unrecognized arguments: --steps=5\n", 0, sources,
+                       only_choices=True) is None
     # not argparse's usage error: a plain failure, left to the usual count of failures
     assert usage_error(2, "Traceback ...\nValueError: x\n", 0, sources) is None
     assert usage_error(1, f"{usage}score.py: error: unrecognized arguments: --x\n", 0, sources) is None

@@ -248,11 +248,14 @@ class Scheduler(Resumer):
             self.control.abort = True
 
     def _usage(self, act: ActiveTrial, ended: Ended) -> bool:
-        """A trial that died of a usage error before any trial ran through: the arguments are the job's
-        problem, not this trial's, so the study stops (the running trials too) with that error."""
-        if self.plan.sources is None or count_states(self.study)["done"] > 0:
+        """A trial that died of a usage error before any trial ran through, or of a searched choice the
+        job refuses at any time: the arguments are the job's problem, not this trial's, so the study
+        stops (the running trials too) with that error."""
+        if self.plan.sources is None:
             return False
-        error = usage_error(ended.exit_code, ended.log_tail, act.view.number, self.plan.sources)
+        # once a trial ran through, the flags are fine: only a searched choice the job refuses stays fatal
+        error = usage_error(ended.exit_code, ended.log_tail, act.view.number, self.plan.sources,
+                            only_choices=count_states(self.study)["done"] > 0)
         if error is None:
             return False
         self._fail(act, error.message)

@@ -45,8 +45,12 @@ class UsageSources:
         return f"{label}:{line}: jobs.{self.job.name}" + (".args" if "args" in self.job.lines else "")
 
 
-def usage_error(exit_code: object, log_tail: str, trial: int, sources: UsageSources) -> ConfigError | None:
-    """The config error of a trial that exited 2 with argparse's `usage:` and `error:` lines, else None."""
+def usage_error(exit_code: object, log_tail: str, trial: int, sources: UsageSources, *,
+                only_choices: bool = False) -> ConfigError | None:
+    """The config error of a trial that exited 2 with argparse's `usage:` and `error:` lines, else None.
+    `only_choices` (trials have run through already, so the flags themselves are fine): only a value of
+    a searched `choices:` list that the job refuses (`invalid choice`), which later trials would draw
+    again."""
     if exit_code != USAGE_EXIT:
         return None
     lines = [ln.strip() for ln in log_tail.splitlines()]
@@ -54,6 +58,8 @@ def usage_error(exit_code: object, log_tail: str, trial: int, sources: UsageSour
     if not errors or not any(ln.startswith("usage:") for ln in lines):
         return None
     what = errors[-1]
+    if only_choices and not _refused_choice(what, sources):
+        return None
     if what.startswith(_UNRECOGNIZED):
         flags = [w for w in what[len(_UNRECOGNIZED):].split() if w.startswith("-") or "=" in w]
         flag = flags[0] if flags else what[len(_UNRECOGNIZED):].split()[0]
@@ -72,3 +78,12 @@ def usage_error(exit_code: object, log_tail: str, trial: int, sources: UsageSour
         f"{sources.origin(flag)}: trial {trial} exited {USAGE_EXIT} with a usage error ({what}): {does}; "
         "stopping the study rather than running trials that fail the same way",
         fix)
+
+
+def _refused_choice(what: str, sources: UsageSources) -> bool:
+    """argparse's `argument --act: invalid choice: 'gelu'` for a key searched as `choices:`."""
+    m = _ARGUMENT.match(what)
+    if not m or "invalid choice" not in what:
+        return False
+    spec = sources.config.search.get(sources.job.name, {}).get(sources.key_of(m.group("flag")) or "")
+    return isinstance(spec, Mapping) and "choices" in spec
