@@ -292,9 +292,13 @@ def _no_gpu(c: Ctx) -> dict:
     if c.host == LOCAL_HOST:
         return result("cuda-available", WARN, detail,
                       "train on a GPU host: add it under hosts: in thrust.yaml and pass --host")
+    # a CPU build stays one after the driver is in: say that the torch must change too
+    then = "" if p.get("cuda_version") else (", then a CUDA build of torch there (doctor gives its pip command "
+                                             "once the driver is in)")
     return result("cuda-available", WARN, detail,
                   f"{c.host} has no NVIDIA driver or GPU: train on a GPU host (another one under hosts:, with --host), "
-                  f"or install the NVIDIA driver on {c.host} if it has a GPU (`lspci | grep -i nvidia` lists it)")
+                  f"or install the NVIDIA driver on {c.host} if it has a GPU (`lspci | grep -i nvidia` lists it)"
+                  + then)
 
 
 def check_nvidia_smi(c: Ctx) -> dict:

@@ -160,7 +160,12 @@ def test_no_gpu_fix_says_what_the_host_lacks_and_sends_local_to_a_gpu_host() -> 
     row = by_id(remote)["cuda-available"]
     assert row["status"] == "warn" and "torch 2.9.0+cu128 is a CUDA 12.8 build" in row["detail"]
     assert row["fix"].startswith("gpu has no NVIDIA driver or GPU: train on a GPU host")
-    assert "install the NVIDIA driver on gpu" in row["fix"]
+    assert "install the NVIDIA driver on gpu" in row["fix"] and "CUDA build of torch" not in row["fix"]
+    # a CPU build of torch stays one once the driver is in: the fix says the torch must change too
+    cpu = {**remote, "torch_probe": {**remote["torch_probe"], "version": "2.13.0+cpu", "cuda_version": None}}
+    cpu_row = by_id(cpu)["cuda-available"]
+    assert "is a CPU build" in cpu_row["detail"] and cpu_row["fix"].endswith(
+        "then a CUDA build of torch there (doctor gives its pip command once the driver is in)")
     local = by_id({**remote, "host": "local"})["cuda-available"]
     assert local["fix"] == "train on a GPU host: add it under hosts: in thrust.yaml and pass --host"
 
