@@ -243,7 +243,7 @@ def test_an_lfs_pointer_without_its_content_is_refused_and_the_stored_object_is_
     host = HostPaths(str(tmp_path / "host"))
     with pytest.raises(ThrustError, match=r"data\.bin") as error:
         sync(_session(host), local_state(repo))
-    assert error.value.exit_code == ExitCode.UNAVAILABLE and "git lfs pull" in error.value.hint
+    assert error.value.exit_code == ExitCode.UNAVAILABLE and "git lfs pull --include" in error.value.hint
     assert not Path(host.workdir).exists()  # refused before anything reached the host
     store = repo / ".git" / "lfs" / "objects" / oid[:2] / oid[2:4]
     store.mkdir(parents=True)

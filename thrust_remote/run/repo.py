@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +109,9 @@ def lfs_files(root: Path) -> tuple[LfsFile, ...]:
         raise ThrustError(
             f"{len(missing)} Git LFS file(s) in {root} hold only their pointer, not the data: {shown}; "
             "the host would get the pointer in place of the content",
-            f"cd {root} && git lfs pull (fetches and checks out the content), then train again",
+            # `--exclude ''`: a file lfs.fetchexclude leaves out is fetched too (--include alone does not)
+            f"cd {shlex.quote(str(root))} && git lfs pull --include {shlex.quote(','.join(missing))} --exclude '' "
+            "(fetches and checks out their content), then train again",
             ExitCode.UNAVAILABLE,
         )
     return tuple(found)
