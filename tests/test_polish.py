@@ -121,6 +121,7 @@ def test_a_misspelt_job_or_host_is_64_with_the_near_name(cli, tmp_path):
     aliased.write_text("hosts:\n  box:\n    address: me@trialbox:2222\n")
     alias = cli("--config", str(aliased), "train", "cartpole", "--host", "trialbox", cwd=tmp_path)
     assert alias.returncode == 68 and "'trialbox' is the address of host 'box': --host box" in alias.stderr
+    assert "hint: give that host's name" in alias.stderr and "add it under" not in alias.stderr
     # the hint names the file the user gave, not a thrust.yaml that is not the one read
     cfg = tmp_path / "elsewhere.yaml"
     cfg.write_text("jobs:\n  quick:\n    command: [sh, -c, 'true']\n")
@@ -173,7 +174,7 @@ def test_untracked_warning_skips_the_tools_own_files_and_says_how_to_silence_it(
     assert "1 untracked file was not sent: scratch.txt" in warning
     assert "thrust.yaml" not in warning
     assert ".thrust" not in warning
-    assert "`git add` them to send them, or list them in .gitignore to silence this" in warning
+    assert "`git add` it to send it, or list it in .gitignore to silence this" in warning
 
     # a model a fetch placed under web/public/ (its .onnx, manifest and metrics) is this tool's output
     kept = repo / ".thrust" / "fetched" / "cartpole-20260101-000000-ab12"
@@ -190,6 +191,7 @@ def test_untracked_warning_skips_the_tools_own_files_and_says_how_to_silence_it(
     (repo / "mine-best.yaml").write_text("params: {}\n")
     (warning,) = _untracked_warnings(repo, tmp_path / "host")
     assert "2 untracked files were not sent: mine-best.yaml, scratch.txt" in warning
+    assert "`git add` them to send them, or list them in .gitignore" in warning
 
 
 # ------------------------------------------------------------------------------------ early stop

@@ -107,6 +107,7 @@ def test_wait_blocks_until_every_run_has_ended_and_exits_as_train_would(cli, gat
     statuses = json.loads(out)
     assert [(s["run_id"], s["state"]) for s in statuses] == [(going, "FINISHED"), (failing, "FAILED")]
     assert f"{going}: FINISHED (exit code 0)" in err
+    assert f"{failing}: FAILED (exit code 3); its log: thrust-remote logs {failing} --host sandbox" in err
     alone = cli("wait", going, cwd=proj)
     assert alone.returncode == 0 and f"{going}: FINISHED" in alone.stderr
     unknown = cli("wait", going, "gated-20200101-000000-abcd", cwd=proj)

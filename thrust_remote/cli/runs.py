@@ -251,7 +251,9 @@ def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="R
 
 def _said_ended(st: dict) -> None:
     code = "" if st.get("exit_code") is None else f" (exit code {st['exit_code']})"
-    say(f"{st['run_id']}: {st['state']}{code}")
+    see = "" if st.get("state") == RunState.FINISHED else \
+        f"; its log: {command_hint('logs', st['run_id'], host=st.get('host') or None)}"
+    say(f"{st['run_id']}: {st['state']}{code}{see}")
 
 
 def _opener(ctx: typer.Context, run_id: str) -> lifecycle.OpenNode:

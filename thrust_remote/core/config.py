@@ -153,8 +153,10 @@ class Config:
         if name not in self.hosts:
             known = ", ".join(sorted(self.hosts))
             where = f" in {self.path}" if self.path else " (no thrust.yaml found)"
+            near = self._near_host(name)
             raise UnknownHostError(
-                f"unknown host {name!r}{self._near_host(name)}{where}; known hosts: {known}",
+                f"unknown host {name!r}{near}{where}; known hosts: {known}",
+                "give that host's name" if " is the address of host " in near else
                 f"add it under `hosts:` in {self.path or CONFIG_NAME} (address: user@host[:port] or an ~/.ssh/config "
                 "alias)",
             )

@@ -416,7 +416,8 @@ def _warnings(local: LocalState) -> list[str]:
     if local.patch:
         changed = _git(local.root, "diff", "HEAD", "--name-only", *DIFF_SCOPE).stdout.decode().split()
         out.append(
-            f"uncommitted changes sent as a patch ({len(local.patch)} bytes, {len(changed)} files: "
+            f"uncommitted changes sent as a patch ({len(local.patch)} bytes, {len(changed)} "
+            f"file{'' if len(changed) == 1 else 's'}: "
             f"{', '.join(changed[:5])}{'…' if len(changed) > 5 else ''}); commit them to make the run reproducible"
         )
     placed = _placed_models(local.root)
@@ -424,8 +425,9 @@ def _warnings(local: LocalState) -> list[str]:
     if untracked:
         shown = ", ".join(untracked[:5]) + ("…" if len(untracked) > 5 else "")
         files = "1 untracked file was" if len(untracked) == 1 else f"{len(untracked)} untracked files were"
-        out.append(f"{files} not sent: {shown} (`git add` them to send them, "
-                   "or list them in .gitignore to silence this)")
+        them = "it" if len(untracked) == 1 else "them"
+        out.append(f"{files} not sent: {shown} (`git add` {them} to send {them}, "
+                   f"or list {them} in .gitignore to silence this)")
     if local.absent_submodules:
         shown = ", ".join(local.absent_submodules[:5])
         out.append(f"submodule(s) not checked out here were not sent (empty on the host too): {shown} "
