@@ -342,3 +342,25 @@ def test_follow_view_of_your_own_job_shows_its_metrics_never_its_json():
     assert "r1: 200 steps  charts/episodic_return 12.5  losses/value_loss 0.0031" in text
     narrow = progress_line({"step": 200, "charts/episodic_return": 12.5, "losses/value_loss": 0.0031}, 50)
     assert len(narrow) <= 50 and "episodic_return 12.5" in narrow
+
+
+def test_a_study_rerun_with_another_search_names_what_changed_and_the_way_out():
+    import optuna
+
+    from thrust_remote.optimize.store import remember_settings
+
+    class Warned:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def warn(self, message: str) -> None:
+            self.lines.append(message)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study, said = optuna.create_study(study_name="ppo"), Warned()
+    remember_settings(study, {"job": "ppo", "space": {"lr": [0.1, 1.0]}, "metric": "score"}, said)
+    assert said.lines == []
+    remember_settings(study, {"job": "ppo", "space": {"lr": [0.01, 1.0]}, "metric": "score"}, said)
+    (line,) = said.lines
+    assert "study ppo was started with other settings (space changed)" in line
+    assert "--study NEW_NAME" in line and "{" not in line  # no raw dict

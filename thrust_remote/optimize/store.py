@@ -299,8 +299,11 @@ def remember_settings(study: Any, settings: dict[str, Any], reporter: hostops.Re
     attrs = study.user_attrs
     old = attrs.get("settings")
     if old is not None and json.loads(json.dumps(old)) != json.loads(json.dumps(settings)):
-        reporter.warn(f"study {study.study_name} was started with other settings ({old}); "
-                      "its earlier trials still count")
+        now = json.loads(json.dumps(settings))
+        changed = sorted(k for k in {*old, *now} if old.get(k) != now.get(k)) if isinstance(old, dict) else []
+        what = f" ({', '.join(changed)} changed)" if changed else ""
+        reporter.warn(f"study {study.study_name} was started with other settings{what}; its earlier trials "
+                      f"still count: give --study NEW_NAME for a study of the new ones alone")
     study.set_user_attr("settings", settings)
     return attrs.get("rung_steps")
 
