@@ -92,6 +92,7 @@ def test_no_file_gives_local_host_and_builtin_jobs(tmp_path, monkeypatch):
         ("jobs:\n  j:\n    script: a.py\n    args: 5\n", 4, "jobs.j.args", "a list of arguments like [--lr, '0.1'] or "
          "a mapping"),
         ("hosts:\n  a:\n    address: box\n    connect_timeout: soon\n", 4, "hosts.a.connect_timeout", "number"),
+        ("hosts:\n  a:\n    address: box\n    cpu_slots: 0\n", 4, "hosts.a.cpu_slots", "integer >= 1"),
     ],
 )
 def test_bad_config_names_file_line_and_field(tmp_path, text, line, field, words):

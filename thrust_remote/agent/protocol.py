@@ -13,6 +13,7 @@ from typing import TypedDict  # 3.8+, the agent's oldest python
 class RunState(str, enum.Enum):
     """A run's state. A str, so it compares and serialises as the word in the JSON answers."""
 
+    QUEUED = "QUEUED"  # waiting on the host for its GPUs or CPU slot (`train --queue`); starts by itself
     RUNNING = "RUNNING"
     FINISHED = "FINISHED"  # exit 0
     FAILED = "FAILED"  # exit != 0 (or, over several hosts, a node failed)
@@ -30,8 +31,13 @@ class RunState(str, enum.Enum):
 
     @property
     def ended_well(self) -> bool:
-        """Still going or finished: not a failure (a node's peers keep going)."""
-        return self in (RunState.RUNNING, RunState.FINISHED)
+        """Still going (or waiting to) or finished: not a failure (a node's peers keep going)."""
+        return self in (RunState.QUEUED, RunState.RUNNING, RunState.FINISHED)
+
+    @property
+    def is_live(self) -> bool:
+        """Queued or running: its checkout must stay, its log may still grow, `stop` has work to do."""
+        return self in (RunState.QUEUED, RunState.RUNNING)
 
     @classmethod
     def of(cls, value: object) -> RunState:
@@ -75,7 +81,12 @@ class LaunchAnswer(TypedDict, total=False):
     error: str  # with exit 3: "exists" or "gpus-taken"
     run_id: str
     gpus: list
+    queued: bool  # launch --queue: it waits on the host (no pid yet)
+    position: int  # its place in the host's queue, 1 first
 
+
+# run.json's `queue` of a run launched with --queue (agent/runqueue.py): what it waits for, its order
+QUEUE = "queue"
 
 # run.json's GPUs a run could use (GPU-hours count them): the chosen ones, else all the job could see
 GPUS_USED = "gpus_used"
@@ -98,6 +109,8 @@ class StatusAnswer(TypedDict, total=False):
     gpus: list
     wall_hours: float | None  # started to ended (or now, while it runs; a LOST run: its log's last write)
     gpu_hours: float | None  # wall_hours x the GPUs it could use (run.json's gpus_used); 0.0 on the CPU
+    queued_at: str | None  # a run launched with --queue: when it joined the queue
+    position: int  # a QUEUED run's place in the host's queue (1: next to start)
     reason: str  # a STOPPED run's: "user" (stop), "idle" (the idle-GPU stop)
     reason_detail: str
     node: int

@@ -1,6 +1,7 @@
 """The agent's run supervisor: detached runs on the host (docs/architecture.md, "The run directory on the host").
 
-    agent launch --run-dir D --cwd W --lock L [--gpus LIST] [--marker M] [--stdin] [--meta JSON --env JSON] -- ARGV...
+    agent launch --run-dir D --cwd W --lock L [--gpus LIST] [--marker M] [--stdin] [--meta JSON --env JSON]
+                 [--queue --order TS [--gpu-count N --gpu-pool LIST] [--cpu-slots N]] -- ARGV...
     agent status --run-dir D
     agent list --runs-dir R
     agent logs --run-dir D --offset N [--follow]
@@ -13,6 +14,8 @@ watch in its supervisor, and `stop --peer-failed` ends it FAILED for the node na
 SSH channel closes at once and the run survives the link), starts the job in a process group of its
 own (so `stop` can signal the job's whole tree and still leave the supervisor to record the end),
 waits for it, and writes `exit_code` atomically. `launch` prints one JSON line and returns at once.
+With `--queue` a launch that cannot start now leaves its supervisor waiting its turn (runqueue.py):
+the run is QUEUED until then.
 
 A run is RUNNING only when the recorded pid is alive *and* its start time matches *and* the marker
 token is in its command line (a recycled pid is not our run); otherwise FINISHED/FAILED/STOPPED from
@@ -34,9 +37,9 @@ import threading
 import time
 from collections.abc import Iterator
 
-from . import idlewatch, peerwatch
+from . import idlewatch, peerwatch, runqueue
 from .files import write_atomic
-from .protocol import EXIT_CODE, GPUS_USED, LOG, PEER_FAILED, RUN_JSON, STOPPED, AgentExit, RunState
+from .protocol import EXIT_CODE, GPUS_USED, LOG, PEER_FAILED, QUEUE, RUN_JSON, STOPPED, AgentExit, RunState
 
 
 def _write_atomic(path: str, data: str) -> None:
@@ -89,9 +92,10 @@ def _alive(pid: int | None, start: str | None, marker: str | None, *, in_env: bo
     return marker in _proc_cmdline(pid)
 
 
-def run_state(run_dir: str) -> dict:
-    """The status object of one run directory (docs/architecture.md, "JSON shapes")."""
-    meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+def run_state(run_dir: str, meta: dict | None = None) -> dict:
+    """The status object of one run directory (docs/architecture.md, "JSON shapes"); `meta`: its
+    run.json when the caller has read it already."""
+    meta = meta if meta is not None else read_json(os.path.join(run_dir, RUN_JSON)) or {}
     exit_text = None
     with contextlib.suppress(OSError), open(os.path.join(run_dir, EXIT_CODE)) as fh:
         exit_text = fh.read().strip()
@@ -108,6 +112,9 @@ def run_state(run_dir: str) -> dict:
             exit_code = None
     if exit_code is not None:
         state = RunState.STOPPED if stopped else (RunState.FINISHED if exit_code == 0 else RunState.FAILED)
+    elif meta.get(QUEUE) and "pid" not in meta:  # launched with --queue, not started yet
+        alive = _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), marker)
+        state = RunState.QUEUED if alive else (RunState.STOPPED if stopped else RunState.LOST)
     elif _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), marker):
         state = RunState.RUNNING
     elif _alive(meta.get("pid"), meta.get("pid_start"), marker, in_env=True):
@@ -131,10 +138,38 @@ def run_state(run_dir: str) -> dict:
         "cwd": meta.get("cwd"),  # where the job ran (a cargo job: its crate, where its artifact is)
         "gpus": meta.get("gpus") or [],
         "ended_ts": ended_ts,
+        **({"queued_at": meta[QUEUE].get("queued_at")} if isinstance(meta.get(QUEUE), dict) else {}),
         **_hours(run_dir, meta, state, ended_ts),
         **({"node": meta["node"], "nodes": [n.get("host") for n in meta.get("nodes") or []],
             "peer_failed": read_json(os.path.join(run_dir, PEER_FAILED))} if "node" in meta else {}),
     }
+
+
+def _queue_view(runs_dir: str, ended: set[str] | None = None) -> list[tuple[dict, runqueue.Entry]]:
+    """Each run dir's status object and what the queue needs of it. `ended`: run dirs known to have
+    ended, skipped and added to (a waiter looks every POLL_S s: an ended run holds and wants nothing,
+    and reading hundreds of them each time costed a waiter ~6% of a core)."""
+    out = []
+    for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else ():
+        path = os.path.join(runs_dir, name)
+        if ended is not None and name in ended:
+            continue
+        if os.path.isdir(path):
+            meta = read_json(os.path.join(path, RUN_JSON)) or {}
+            st = run_state(path, meta)
+            if ended is not None and st["exit_code"] is not None:  # a recorded end: final (a dir
+                ended.add(name)  # without run.json yet reads LOST but may be a launch under way)
+            spec = meta.get(QUEUE) if isinstance(meta.get(QUEUE), dict) else None
+            out.append((st, runqueue.Entry(st["run_id"], st["state"], st["gpus"], spec)))
+    return out
+
+
+def _placed(st: dict, view: list[tuple[dict, runqueue.Entry]]) -> dict:
+    """A QUEUED run's status object with its place in the queue."""
+    if st["state"] != RunState.QUEUED:
+        return st
+    spec = next((e.spec for _, e in view if e.run_id == st["run_id"]), None) or {}
+    return {**st, "position": runqueue.position(spec, st["run_id"], [e for _, e in view])}
 
 
 def _stop_reason(run_dir: str) -> tuple[str, str] | None:
@@ -179,7 +214,7 @@ def _collision(run_dir: str, gpus: list[int]) -> dict | None:
     """What a launch into run_dir claiming `gpus` would collide with: the same run dir still
     RUNNING, or a RUNNING run of the same runs directory holding one of those GPUs (its run.json
     `gpus`). None when nothing does. Called under the launch lock."""
-    if os.path.exists(os.path.join(run_dir, RUN_JSON)) and run_state(run_dir)["state"] == RunState.RUNNING:
+    if os.path.exists(os.path.join(run_dir, RUN_JSON)) and run_state(run_dir)["state"].is_live:
         return {"error": "exists", "run_id": os.path.basename(run_dir)}
     if not gpus:
         return None
@@ -203,10 +238,19 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     # dir); only what would collide is refused (docs/architecture.md, "Concurrent runs").
     fcntl.flock(lock_fd, fcntl.LOCK_EX)
     gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else []
-    clash = _collision(run_dir, gpus)
+    spec = _queue_spec(args, run_dir, gpus) if args.queue else None
+    clash = _collision(run_dir, [] if spec else gpus) or (_never_fits(spec) if spec else None)
     if clash:
         print(json.dumps(clash))
         return AgentExit.REFUSED
+    wait, position, taken = None, 0, gpus
+    if spec is not None:  # start now when its turn is now, else leave the supervisor waiting for it
+        view = [e for _, e in _queue_view(os.path.dirname(run_dir))]
+        start_with = runqueue.may_start(spec, os.path.basename(run_dir), view)
+        if start_with is None:
+            wait, position = spec, runqueue.position(spec, os.path.basename(run_dir), view)
+        else:
+            taken = start_with
     os.makedirs(run_dir, mode=0o700, exist_ok=True)  # the run's files are the user's alone
     # meta and env arrive on stdin, not argv: a command line is world-readable (ps), env values are not
     payload = json.loads(sys.stdin.read() or "{}") if args.stdin else {}
@@ -218,14 +262,9 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     env["THRUST_RUN_MARKER"] = marker
     _activate(env)
     env["PYTHONUNBUFFERED"] = "1"
-    meta.update(
-        run_id=os.path.basename(run_dir),
-        argv=argv,
-        cwd=args.cwd,
-        marker=marker,
-        started_at=_now(),
-        started_ts=time.time(),  # sub-second, for overlap checks and benchmarks
-    )
+    meta.update(run_id=os.path.basename(run_dir), argv=argv, cwd=args.cwd, marker=marker)
+    if wait is None:
+        _starting(meta, env, spec, taken)
     read_end, write_end = os.pipe()
     first = os.fork()
     if first == 0:  # child: become a session leader, fork the supervisor, exit
@@ -234,7 +273,7 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
         os.setsid()
         if os.fork() != 0:
             os._exit(0)
-        _supervise(run_dir, args.cwd, argv, env, meta, write_end, marker)
+        _supervise(run_dir, args.cwd, argv, env, meta, write_end, marker, wait, position)
         os._exit(0)
     os.close(write_end)
     os.waitpid(first, 0)
@@ -243,7 +282,60 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
         report += chunk
     os.close(lock_fd)
     sys.stdout.write(report.decode() + "\n")
-    return 0 if b'"pid"' in report else 1
+    return 0 if b'"pid"' in report or b'"queued"' in report else 1
+
+
+def _queue_spec(args: argparse.Namespace, run_dir: str, gpus: list[int]) -> dict:
+    """run.json's `queue`: what the run waits for and its place in the order (runqueue.py)."""
+    pool = [int(g) for g in args.gpu_pool.split(",") if g.strip()] if args.gpu_pool else []
+    return {"order": [float(args.order) if args.order else time.time(), os.path.basename(run_dir)],
+            "gpus": gpus, "count": int(args.gpu_count or 0), "pool": pool, "cpu_slots": int(args.cpu_slots),
+            "queued_at": _now(), "lock": os.path.abspath(args.lock)}
+
+
+def _never_fits(spec: dict) -> dict | None:
+    why = runqueue.never_fits(spec)
+    return {"error": "never-fits", "why": why} if why else None
+
+
+def _starting(meta: dict, env: dict, spec: dict | None, gpus: list[int]) -> None:
+    """What a run records as it starts; a queued `--gpus N` learns its GPUs only now."""
+    if spec is not None and spec.get("count"):
+        env["CUDA_VISIBLE_DEVICES"] = env["GPU_LIST"] = ",".join(str(g) for g in gpus)
+        meta.update(gpus=list(gpus), **{GPUS_USED: list(gpus)})
+    meta.update(started_at=_now(), started_ts=time.time())  # sub-second, for overlap checks and benchmarks
+
+
+def _lock(path: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _wait_turn(run_dir: str, spec: dict) -> tuple[int, list[int]] | None:
+    """Wait until the queue lets this run start: (the launch lock's fd, held until the run is recorded
+    RUNNING, and the GPUs to take), or None once it was stopped while waiting. Looked at without the
+    lock first: a waiter takes it only when its turn seems to have come."""
+    runs_dir, run_id = os.path.dirname(run_dir), os.path.basename(run_dir)
+    ended: set[str] = set()
+    while True:
+        if _ended_waiting(run_dir):
+            return None
+        if runqueue.may_start(spec, run_id, [e for _, e in _queue_view(runs_dir, ended)]) is not None:
+            fd = _lock(spec["lock"])
+            gpus = None if _ended_waiting(run_dir) else runqueue.may_start(
+                spec, run_id, [e for _, e in _queue_view(runs_dir, ended)])
+            if gpus is not None:
+                return fd, gpus
+            os.close(fd)
+            if _ended_waiting(run_dir):
+                return None
+        time.sleep(runqueue.POLL_S)
+
+
+def _ended_waiting(run_dir: str) -> bool:
+    """A queued run was stopped (`stop`), or failed for another node (`stop --peer-failed`)."""
+    return any(os.path.exists(os.path.join(run_dir, name)) for name in (STOPPED, PEER_FAILED))
 
 
 def _activate(env: dict) -> None:
@@ -257,32 +349,63 @@ def _activate(env: dict) -> None:
         env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", os.defpath)
 
 
-def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, report_fd: int, marker: str) -> None:
+def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, report_fd: int, marker: str,
+               wait: dict | None = None, position: int = 0) -> None:
+    """Start the job (after its turn in the queue when `wait` is its queue spec), record it, watch it,
+    record its end."""
     # Every stream away from the SSH channel, or the session would wait for us.
     devnull = os.open(os.devnull, os.O_RDWR)
     log_fd = os.open(os.path.join(run_dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(devnull, 0)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    lock_fd = None
+    meta.update(supervisor_pid=os.getpid(), supervisor_start=_proc_start_time(os.getpid()))
+    if wait is not None:
+        _write_atomic(os.path.join(run_dir, RUN_JSON), json.dumps({**meta, QUEUE: wait}, indent=1))
+        os.write(report_fd, json.dumps({"queued": True, "position": position, "run_dir": run_dir,
+                                        "marker": marker}).encode())
+        os.close(report_fd)
+        report_fd = -1
+        turn = _wait_turn(run_dir, wait)
+        if turn is None:
+            _write_atomic(os.path.join(run_dir, EXIT_CODE),
+                          json.dumps({"exit_code": 128 + signal.SIGTERM, "ended_at": _now(), "ended_ts": time.time()}))
+            return
+        lock_fd, gpus = turn
+        meta[QUEUE] = wait  # kept: when it was queued, what it waited for
+        _starting(meta, env, wait, gpus)
+    proc = _start(run_dir, cwd, argv, env, devnull, log_fd, report_fd)
+    if lock_fd is not None and proc is None:
+        os.close(lock_fd)
+    if proc is None:
+        return
+    meta.update(pid=proc.pid, pid_start=_proc_start_time(proc.pid))
+    _write_atomic(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
+    if lock_fd is not None:
+        os.close(lock_fd)  # recorded RUNNING with its GPUs: the next waiter sees them taken
+    if report_fd >= 0:
+        os.write(report_fd, json.dumps({"pid": proc.pid, "run_dir": run_dir, "marker": marker}).encode())
+        os.close(report_fd)
+    _watch(run_dir, meta, proc)
+
+
+def _start(run_dir: str, cwd: str, argv: list[str], env: dict, devnull: int, log_fd: int,
+           report_fd: int) -> subprocess.Popen | None:
     try:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             argv, cwd=cwd, env=env, stdin=devnull, stdout=log_fd, stderr=log_fd, start_new_session=True
         )
     except OSError as exc:
         os.write(log_fd, f"thrust: cannot start {argv[0]}: {exc}\n".encode())
         _write_atomic(os.path.join(run_dir, EXIT_CODE), json.dumps({"exit_code": 127, "ended_at": _now()}))
-        os.write(report_fd, json.dumps({"error": str(exc)}).encode())
-        os.close(report_fd)
-        return
-    meta.update(
-        pid=proc.pid,
-        pid_start=_proc_start_time(proc.pid),
-        supervisor_pid=os.getpid(),
-        supervisor_start=_proc_start_time(os.getpid()),
-    )
-    _write_atomic(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
-    os.write(report_fd, json.dumps({"pid": proc.pid, "run_dir": run_dir, "marker": marker}).encode())
-    os.close(report_fd)
+        if report_fd >= 0:
+            os.write(report_fd, json.dumps({"error": str(exc)}).encode())
+            os.close(report_fd)
+        return None
+
+
+def _watch(run_dir: str, meta: dict, proc: subprocess.Popen) -> None:
     # The supervisor ignores the signals meant for the job's group; `stop` signals that group only.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -307,18 +430,17 @@ def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, r
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    print(json.dumps(run_state(args.run_dir)))
+    st = run_state(args.run_dir)
+    if st["state"] == RunState.QUEUED:
+        st = _placed(st, _queue_view(os.path.dirname(os.path.abspath(args.run_dir))))
+    print(json.dumps(st))
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    out = []
-    if os.path.isdir(args.runs_dir):
-        for name in sorted(os.listdir(args.runs_dir)):
-            path = os.path.join(args.runs_dir, name)
-            if os.path.isdir(path):
-                out.append(run_state(path))
-    out.sort(key=lambda r: r.get("started_at") or "")
+    view = _queue_view(args.runs_dir)
+    out = [_placed(st, view) for st, _ in view]
+    out.sort(key=lambda r: r.get("started_at") or r.get("queued_at") or "")
     print(json.dumps(out))
     return 0
 
@@ -342,7 +464,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 return AgentExit.MISSING
         if not args.follow:
             return 0
-        if run_state(args.run_dir)["state"] != RunState.RUNNING:
+        if not run_state(args.run_dir)["state"].is_live:
             # one last read: the job may have written its final lines after our read above
             with contextlib.suppress(FileNotFoundError), open(path, "rb") as fh:
                 fh.seek(offset)
@@ -357,6 +479,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     meta = read_json(os.path.join(args.run_dir, RUN_JSON)) or {}
     state = run_state(args.run_dir)
+    if state["state"] == RunState.QUEUED and _stop_queued(args, meta):
+        return 0
+    meta = read_json(os.path.join(args.run_dir, RUN_JSON)) or {}  # a queued run may have started meanwhile
+    state = run_state(args.run_dir, meta)
     if state["state"] != RunState.RUNNING:
         print(json.dumps({"stopped": False, "state": state["state"]}))
         return 0
@@ -379,6 +505,31 @@ def cmd_stop(args: argparse.Namespace) -> int:
         time.sleep(0.05)
     print(json.dumps({"stopped": True, "killed": killed, "state": run_state(args.run_dir)["state"]}))
     return 0
+
+
+def _stop_queued(args: argparse.Namespace, meta: dict) -> bool:
+    """Stop a run while it waits in the queue: its end written under the launch lock, so it cannot start
+    meanwhile. False when it started before we held the lock (then it is stopped as a running run)."""
+    fd = _lock(meta[QUEUE]["lock"])
+    try:
+        if run_state(args.run_dir)["state"] != RunState.QUEUED:
+            return False
+        if args.peer_failed:
+            peerwatch.record(args.run_dir, json.loads(args.peer_failed))
+        else:
+            _write_atomic(os.path.join(args.run_dir, STOPPED), _now())
+    finally:
+        os.close(fd)
+    for _ in range(100):  # its supervisor sees the file within runqueue.POLL_S and records the end
+        if os.path.exists(os.path.join(args.run_dir, EXIT_CODE)):
+            break
+        if not _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), meta.get("marker")):
+            _write_atomic(os.path.join(args.run_dir, EXIT_CODE),
+                          json.dumps({"exit_code": 128 + signal.SIGTERM, "ended_at": _now(), "ended_ts": time.time()}))
+            break
+        time.sleep(0.05)
+    print(json.dumps({"stopped": True, "killed": False, "state": run_state(args.run_dir)["state"]}))
+    return True
 
 
 def _kill_group(pgid: int, grace: float) -> bool:
@@ -454,6 +605,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", default="{}")
     p.add_argument("--marker", default="")
     p.add_argument("--stdin", action="store_true", help="read {meta, env} as JSON from stdin")
+    p.add_argument("--queue", action="store_true", help="wait for the GPUs (or a CPU slot) instead of refusing")
+    p.add_argument("--order", default="", help="the queue's order: the submit time (the same on every node)")
+    p.add_argument("--gpu-count", type=int, default=0, help="--queue: take this many GPUs of --gpu-pool")
+    p.add_argument("--gpu-pool", default="", help="--queue: the host's GPUs --gpu-count chooses among")
+    p.add_argument("--cpu-slots", type=int, default=1, help="--queue without GPUs: RUNNING runs at once")
     p = sub.add_parser("status")
     p.add_argument("--run-dir", required=True)
     p = sub.add_parser("list")

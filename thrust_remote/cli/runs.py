@@ -27,14 +27,14 @@ from thrust_remote.runs import control, index, usage
 
 HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: the run's host from the "
                         "local index, else default_host).")
-STATE_STYLE = {RunState.RUNNING: "cyan", RunState.FINISHED: "green", RunState.FAILED: "red", RunState.LOST: "yellow",
-               RunState.STOPPED: "magenta"}
+STATE_STYLE = {RunState.QUEUED: "blue", RunState.RUNNING: "cyan", RunState.FINISHED: "green",
+               RunState.FAILED: "red", RunState.LOST: "yellow", RunState.STOPPED: "magenta"}
 
 
 def register(app: typer.Typer) -> None:
     app.command("runs", help="List the runs on a host (--all: on every configured host; --summary: "
                 "GPU-hours per host and job).")(list_runs)
-    app.command("status", help="State of one run: RUNNING, FINISHED, FAILED, STOPPED or LOST.")(status)
+    app.command("status", help="State of one run: QUEUED, RUNNING, FINISHED, FAILED, STOPPED or LOST.")(status)
     app.command("logs", help="Print a run's log from a byte offset; --follow until it ends.")(logs)
     app.command("stop", help="Stop a run: TERM its process group, KILL after a grace period.")(stop)
     app.command("wait", help="Wait until every run named has ended; exit 0 when all FINISHED.")(wait)
@@ -149,7 +149,8 @@ COLUMNS = ("job", "state", "exit", "started", "ended", "commit", "run")
 
 def _row(r: dict) -> tuple[str, ...]:
     code = r.get("exit_code")
-    return (r.get("job") or "", r["state"], "" if code is None else str(code), r.get("started_at") or "",
+    state = f"{r['state']} ({r['position']})" if r.get("position") else r["state"]  # QUEUED (2): its place
+    return (r.get("job") or "", state, "" if code is None else str(code), r.get("started_at") or "",
             r.get("ended_at") or "", (r.get("commit") or "")[:12], r["run_id"])
 
 
@@ -175,7 +176,8 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: S
     for row in rows:
         cells = [escape(c) for c in row]
         if state_at is not None:
-            style = STATE_STYLE.get(row[state_at], "red" if row[state_at] else "")
+            word = row[state_at].split(" ")[0]
+            style = STATE_STYLE.get(word, "red" if word else "")
             cells[state_at] = f"[{style}]{cells[state_at]}[/]" if style else cells[state_at]
         table.add_row(*(cells[i] for i in keep))
     out.print(table)
@@ -206,6 +208,8 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
     code = f" (exit code {st['exit_code']})" if st.get("exit_code") is not None else ""
     if st.get("reason") and st["reason"] != "user":  # stopped by the idle-GPU stop, not on request
         code += escape(f" [{st['reason']}: {st.get('reason_detail') or ''}]")
+    if st.get("position"):
+        code += f" (position {st['position']} in the queue since {st.get('queued_at')})"
     console.print(f"{st['run_id']}: [{style}]{st['state']}[/]{code}  job={st.get('job')} pid={st.get('pid')} "
                   f"started={st.get('started_at')} commit={(st.get('commit') or '')[:12]}")
     failed = st.get("failed_node")

@@ -57,6 +57,9 @@ def train(
     nproc: int | None = typer.Option(None, "--nproc", help="Processes under torchrun (default: one per GPU)."),
     share_gpus: bool = typer.Option(False, "--allow-shared-gpus",
                                     help="Run on --gpus that a RUNNING run already holds (refused otherwise)."),
+    queue: bool = typer.Option(False, "--queue", help="When its GPUs (or, without GPUs, the host's cpu_slots) "
+                               "are taken by running runs, wait in the host's queue and start by itself when "
+                               "they free (refused otherwise)."),
     sets: list[str] = typer.Option([], "--set", help="KEY=VALUE: a job argument, --KEY VALUE (a command job: "
                                    "the word KEY=VALUE); KEY alone or KEY=true: a bare --KEY; KEY=false: left "
                                    "out; repeatable."),
@@ -75,7 +78,7 @@ def train(
     hosts = config.host_list(host)
     request = pipeline.TrainRequest(job=config.job(job), host=hosts[0], gpus=gpus, nproc=nproc, sets=sets,
                                     params_file=params, detach=detach, fetch=not no_fetch, force=force,
-                                    share_gpus=share_gpus)
+                                    share_gpus=share_gpus, queue=queue)
     lifecycle.check_request(request, hosts, max_restarts)  # before anything connects
     started = time.monotonic()
     # --json: stdout carries the one JSON object; the progress view goes to stderr
@@ -106,7 +109,11 @@ def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, as_json: bo
         if as_json:
             typer.echo(json.dumps(launched.as_json()))
         else:
-            console.print(f"run [bold]{launched.run_id}[/] started on {host_cfg.name} (pid {launched.pid})")
+            if launched.pid is None:
+                console.print(f"run [bold]{launched.run_id}[/] queued on {host_cfg.name} (position "
+                              f"{launched.position}): it starts there by itself when what it asks frees")
+            else:
+                console.print(f"run [bold]{launched.run_id}[/] started on {host_cfg.name} (pid {launched.pid})")
             console.print(f"follow it with: {reattach_command(launched.run_id, host_cfg, None, config_path)}",
                           highlight=False, soft_wrap=True)
         return

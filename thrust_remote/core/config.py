@@ -52,6 +52,7 @@ class HostConfig:
     host_key_policy: str = "strict"
     gpus: tuple[int, ...] | None = None
     connect_timeout: float = 10.0
+    cpu_slots: int = 1  # `train --queue` on a host without GPUs: how many runs at once, the others wait
     # several hosts, one run (docs/architecture.md, "Several hosts"): how the other nodes reach this
     # one when it is node 0 (default: the address its SSH connection resolves to), a fixed rendezvous
     # port (default: a free one, checked there), the interface NCCL/gloo use (default: from `ip route get`)
@@ -361,7 +362,7 @@ class _Reader:
 _TOP_KEYS = ("default_host", "hosts", "groups", "jobs", "search", "notify")
 _HOST_KEYS = (
     "address", "workdir", "python", "identity", "known_hosts", "host_key_policy", "gpus", "connect_timeout",
-    "rdzv_address", "rdzv_port", "ifname",
+    "cpu_slots", "rdzv_address", "rdzv_port", "ifname",
 )
 _JOB_KEYS = (
     "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
@@ -513,6 +514,11 @@ def _parse_host(reader: _Reader, name: str, node: yaml.Node, name_node: yaml.Nod
             if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
                 raise reader.fail(value, f, f"expected a TCP port (1-65535), got {port!r}")
             values[key] = port
+        elif key == "cpu_slots":
+            slots = reader.scalar(value, f)
+            if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+                raise reader.fail(value, f, f"expected how many runs at once (an integer >= 1), got {slots!r}")
+            values[key] = slots
         elif key == "connect_timeout":
             t = reader.number(value, f)
             if t <= 0:

@@ -127,7 +127,7 @@ def prepare(config: Config, job: JobConfig, host: HostConfig, runner: Runner, re
 
 
 def running_run_ids(session: HostSession) -> list[str]:
-    return [r["run_id"] for r in control.list_runs(session) if r["state"] == RunState.RUNNING]
+    return [r["run_id"] for r in control.list_runs(session) if RunState.of(r["state"]).is_live]
 
 
 def stop_run(session: HostSession, run_id: str, grace: float = 10.0) -> None:

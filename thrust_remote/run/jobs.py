@@ -83,6 +83,9 @@ def process_count(job: JobConfig, nproc: int | None, gpus: Sequence[int]) -> int
     return job.nproc or max(1, len(gpus))
 
 
+QUEUE_WAIT_S = 7 * 24 * 3600  # how long a queued run's first node waits for the others at the rendezvous
+
+
 @dataclass(frozen=True)
 class Rendezvous:
     """One node's part of a run over several hosts: torchrun's c10d rendezvous at node 0's
@@ -96,6 +99,14 @@ class Rendezvous:
     local_addr: str | None = None  # this node's own address as the others reach it
     max_restarts: int = 0
     is_host: bool = False  # this node serves the rendezvous (it has `address`)
+    queued: bool = False  # `train --queue`: each node starts when its host frees, the others may come later
+
+    def conf(self) -> str:
+        """--rdzv-conf. A queued run's nodes start as their hosts free, hours apart maybe: the nodes that
+        start first wait at the rendezvous (join_timeout; read_timeout for a node whose store host has
+        not started yet) up to QUEUE_WAIT_S instead of torch's 600 and 60 s."""
+        conf = f"is_host={'true' if self.is_host else 'false'}"
+        return f"{conf},join_timeout={QUEUE_WAIT_S},read_timeout={QUEUE_WAIT_S}" if self.queued else conf
 
     def argv(self) -> list[str]:
         host = f"[{self.address}]" if ":" in self.address else self.address
@@ -104,7 +115,7 @@ class Rendezvous:
         # No --node-rank: c10d ignores it (with a warning) and ranks the nodes by --local-addr
         return [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={host}:{self.port}", f"--rdzv-id={self.run_id}",
-                f"--rdzv-conf=is_host={'true' if self.is_host else 'false'}",
+                f"--rdzv-conf={self.conf()}",
                 *([f"--local-addr={self.local_addr}"] if self.local_addr else []),
                 f"--max-restarts={self.max_restarts}"]
 

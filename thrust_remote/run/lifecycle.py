@@ -70,6 +70,9 @@ def arguments(request: TrainRequest) -> list[str]:
 
 def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restarts: int = 0) -> None:
     """What a run cannot be on these hosts, said before anything connects (64)."""
+    if request.queue and request.share_gpus:
+        raise UsageError("--queue waits for GPUs no running run holds; --allow-shared-gpus runs on held ones",
+                         "give one of them")
     if len(hosts) > 1:
         multinode.check_request(request, hosts)
         if request.gpus:
@@ -97,18 +100,26 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     multinode.agree(checked)
     prepared = multinode.each(lambda c: pipeline.set_up(c, told(c.session)), checked)
     run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
+    order = time.time()  # the queue's order, the same on every node (agent/runqueue.py)
     if many:
-        launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts)
+        launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
+                                                  order=order)
     else:
-        launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter)], list(sessions)
+        launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter, order)], list(sessions)
     _remember(config, launched, reporter)
     return Started(launched, RunNodes(run_id, [s.name for s in ranked], list(ranked)))
 
 
 def _launch_one(prepared: pipeline.Prepared, request: TrainRequest, args: Sequence[str], run_id: str,
-                reporter: Reporter) -> Launched:
-    """One host: the GPUs `--gpus` asks for, claimed on the host unless shared."""
+                reporter: Reporter, order: float) -> Launched:
+    """One host: the GPUs `--gpus` asks for, claimed on the host unless shared; with --queue, what it
+    waits for there when that is taken."""
     session = prepared.session
+    if request.queue:
+        gpus, ask = pipeline.queue_ask(request, prepared.report.facts, order)
+        return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
+                                        extra_env=request.extra_env, reporter=reporter, exclusive_gpus=bool(gpus),
+                                        queue=ask)
     gpus = pipeline.choose_gpus(request, prepared.report.facts,
                                 lambda: {} if request.share_gpus else control.gpus_taken(session))
     return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,

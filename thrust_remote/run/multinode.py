@@ -61,10 +61,10 @@ class Plan:
                     tuple(self.local_addrs[i] for i in order), tuple(self.ssh[i] for i in order),
                     order.index(self.rdzv_host))
 
-    def rendezvous(self, rank: int, run_id: str, max_restarts: int) -> jobs.Rendezvous:
+    def rendezvous(self, rank: int, run_id: str, max_restarts: int, *, queued: bool = False) -> jobs.Rendezvous:
         return jobs.Rendezvous(len(self.ifnames), rank, self.address, self.port, run_id,
                                local_addr=self.local_addrs[rank], max_restarts=max_restarts,
-                               is_host=rank == self.rdzv_host)
+                               is_host=rank == self.rdzv_host, queued=queued)
 
 
 class Prefixed(pipeline.NullReporter):
@@ -200,7 +200,8 @@ def route(session: HostSession, address: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ launch
 
 def launch_nodes(prepared: Sequence[Prepared], request: TrainRequest, args: Sequence[str], run_id: str,
-                 reporter: Reporter, max_restarts: int) -> tuple[list[Launched], list[HostSession]]:
+                 reporter: Reporter, max_restarts: int, *,
+                 order: float = 0.0) -> tuple[list[Launched], list[HostSession]]:
     """The plan, then a launch on every node at once (a launch that fails stops the nodes already
     launched). The launched runs and the sessions come back in rank order (Plan.order): node 0 is
     rank 0's node."""
@@ -216,7 +217,7 @@ def launch_nodes(prepared: Sequence[Prepared], request: TrainRequest, args: Sequ
     launched: list[Launched | None] = [None] * len(sessions)
 
     def go(rank: int) -> None:
-        launched[rank] = _launch_node(prepared[rank], rank, where, run_id, args, request, nodes, max_restarts)
+        launched[rank] = _launch_node(prepared[rank], rank, where, run_id, args, request, nodes, max_restarts, order)
 
     try:
         each(go, list(range(len(sessions))))
@@ -227,7 +228,7 @@ def launch_nodes(prepared: Sequence[Prepared], request: TrainRequest, args: Sequ
 
 
 def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: Sequence[str],
-                 request: TrainRequest, nodes: list[dict[str, Any]], max_restarts: int) -> Launched:
+                 request: TrainRequest, nodes: list[dict[str, Any]], max_restarts: int, order: float) -> Launched:
     env = dict(request.extra_env)
     if where.ifnames[rank]:
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = str(where.ifnames[rank])
@@ -236,8 +237,10 @@ def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: 
     meta = {"node": rank, "nodes": nodes, "rdzv": f"{where.address}:{where.port}", "watch_peers": peers,
             "peer_timeout": PEER_TIMEOUT_S}
     # every node is told where to export: the job's rank 0 alone writes, on the node it runs on
-    return pipeline.launch_prepared(prepared, args=args, run_id=run_id, nproc=request.nproc, extra_env=env,
-                                    meta_extra=meta, rdzv=where.rendezvous(rank, run_id, max_restarts))
+    gpus, ask = pipeline.queue_ask(request, prepared.report.facts, order) if request.queue else ([], None)
+    return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
+                                    extra_env=env, meta_extra=meta, exclusive_gpus=bool(gpus), queue=ask,
+                                    rdzv=where.rendezvous(rank, run_id, max_restarts, queued=request.queue))
 
 
 def stop_all(sessions: Sequence[HostSession], run_id: str, verdict: dict[str, Any] | None) -> None:
@@ -359,7 +362,8 @@ def node_states(sessions: Sequence[HostSession | None], run_id: str) -> list[dic
 
 def aggregate(names: Sequence[str], states: Sequence[dict[str, Any] | None],
               verdict: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The run's state over its nodes: RUNNING while none ended badly, FINISHED when all did, STOPPED
+    """The run's state over its nodes: QUEUED while a node waits in its host's queue, RUNNING while none
+    ended badly, FINISHED when all did, STOPPED
     when the user stopped it, else FAILED naming the node that failed first: the one a node or the
     laptop reported lost (`peer_failed`, `verdict`), else the one that ended first."""
     head = next((s for s in states if s), {}) or {}
@@ -382,6 +386,8 @@ def _overall(states: list[str], lost_a_node: bool) -> str:
         return RunState.FINISHED
     if lost_a_node or any(s in (RunState.FAILED, RunState.LOST) for s in states):
         return RunState.FAILED
+    if RunState.QUEUED in states:
+        return RunState.QUEUED  # its training starts when every node has: a queued node has not
     if RunState.RUNNING in states:
         return RunState.RUNNING  # a node that does not answer now is not a failure yet: the nodes table shows it
     return RunState.STOPPED if RunState.STOPPED in states else RunState.LOST

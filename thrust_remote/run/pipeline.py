@@ -109,13 +109,14 @@ class TrainRequest:
     share_gpus: bool = False  # --allow-shared-gpus: run on GPUs a RUNNING run holds
     fetch: bool = True  # fetch the model when the run finished
     force: bool = False  # place the fetched model even when it scores clearly worse than the placed one
+    queue: bool = False  # --queue: wait on the host for the GPUs (or a CPU slot) instead of refusing
 
 
 @dataclass
 class Launched:
     run_id: str
     run_dir: str
-    pid: int
+    pid: int | None  # None while it waits in the host's queue
     host: str
     job: str
     commit: str | None
@@ -124,10 +125,12 @@ class Launched:
     setup_skipped: bool
     timings: dict[str, float]
     spec: JobSpec = field(default_factory=dict)  # the job as the host saw it (buildenv.job_spec)
+    position: int | None = None  # its place in the host's queue when it had to wait (1: next)
 
     def as_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "host": self.host, "run_dir": self.run_dir, "pid": self.pid,
-                "job": self.job, "commit": self.commit}
+                "job": self.job, "commit": self.commit,
+                **({"state": RunState.QUEUED.value, "position": self.position} if self.position else {})}
 
 
 @dataclass
@@ -263,8 +266,9 @@ def _sync_stage(config: Config, session: HostSession,
     if not session.host.is_local:
         assert local is not None
         reporter.step(f"syncing {local.commit[:12]} to {session.name}:{session.paths.workdir}")
-        result = sync(session, local, step=reporter.step,
-                      busy=lambda: [r["run_id"] for r in control.list_runs(session) if r["state"] == RunState.RUNNING])
+        # a queued run will start on this checkout: it counts as using it, as a running one does
+        live = lambda: [r["run_id"] for r in control.list_runs(session) if RunState.of(r["state"]).is_live]  # noqa: E731
+        result = sync(session, local, step=reporter.step, busy=live)
         for w in result.warnings:
             reporter.warn(w)
         return local, result
@@ -355,13 +359,15 @@ def set_up(checked: Checked, reporter: Reporter) -> Prepared:
 def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | None = None,
                     gpus: Sequence[int] = (), nproc: int | None = None, extra_env: Mapping[str, str] | None = None,
                     exclusive_gpus: bool = False, reporter: Reporter | None = None, export: bool = True,
-                    meta_extra: Mapping[str, Any] | None = None, rdzv: jobs.Rendezvous | None = None) -> Launched:
+                    meta_extra: Mapping[str, Any] | None = None, rdzv: jobs.Rendezvous | None = None,
+                    queue: control.QueueAsk | None = None) -> Launched:
     """Start one detached run. `args` are the job's arguments (job_arguments); `gpus` become
     CUDA_VISIBLE_DEVICES and GPU_LIST; `nproc` processes under torchrun (default: the job's `nproc:`,
     else one per GPU); `exclusive_gpus` makes the host refuse the launch when a RUNNING run holds one of
     them (runs of the same job and code otherwise run side by side, each in its own run dir);
     `export=False` skips the ONNX export (seconds per run that a hyperparameter trial does not need);
-    `meta_extra` goes into run.json; `rdzv`: this node's part of a run over several hosts (multinode.py).
+    `meta_extra` goes into run.json; `rdzv`: this node's part of a run over several hosts (multinode.py);
+    `queue`: it waits on the host for what it asks when that is taken (`--gpus N`: chosen there).
     The argv and env of each kind: jobs.py (docs/architecture.md, "Config")."""
     reporter = reporter or NullReporter()
     t3 = time.monotonic()
@@ -374,7 +380,8 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
         argv = prepared.cargo.run_argv(list(args))
     else:
         argv = jobs.job_argv(job, prepared.python, args, run_dir=run_dir,
-                             nproc=jobs.process_count(job, nproc, gpus), export=export, trainer=prepared.trainer,
+                             nproc=jobs.process_count(job, nproc, gpus or range(queue.count if queue else 0)),
+                             export=export, trainer=prepared.trainer,
                              rdzv=rdzv)
     sync_result = prepared.sync
     meta = {
@@ -395,13 +402,17 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
     }
     reporter.step(f"launching run {run_id}")
     answer = control.launch(session, run_id=run_id, job=job.name, argv=argv, cwd=prepared.cwd, env=env,
-                         meta={**meta, "job": job.name}, claim_gpus=gpus if exclusive_gpus else ())
+                         meta={**meta, "job": job.name}, claim_gpus=gpus if exclusive_gpus else (), queue=queue)
     timings = {**prepared.timings, Stage.LAUNCH: time.monotonic() - t3}
     if sync_result is not None and sync_result.dirty and prepared.local is not None:
         _save_patch(session, run_dir, prepared.local)
-    return Launched(run_id, run_dir, int(answer["pid"]), session.name, job.name,
+    pid = answer.get("pid")
+    if answer.get("queued"):
+        reporter.step(f"run {run_id} waits in {session.name}'s queue (position {answer.get('position')}): "
+                      "it starts by itself when what it asks frees")
+    return Launched(run_id, run_dir, int(pid) if pid is not None else None, session.name, job.name,
                     sync_result.commit if sync_result else None, session.paths, sync_result, prepared.setup_skipped,
-                    timings, prepared.spec)
+                    timings, prepared.spec, position=answer.get("position") if answer.get("queued") else None)
 
 
 def choose_gpus(request: TrainRequest, facts: Mapping[str, Any], taken: Callable[[], Mapping[int, str]]) -> list[int]:
@@ -420,6 +431,19 @@ def choose_gpus(request: TrainRequest, facts: Mapping[str, Any], taken: Callable
             f"{control.see_or_stop(other, request.host)}; or share them with --allow-shared-gpus",
         )
     return select_gpus(request.gpus, facts, replace(request.host, gpus=tuple(free)) if held else request.host)
+
+
+def queue_ask(request: TrainRequest, facts: Mapping[str, Any], order: float) -> tuple[list[int], control.QueueAsk]:
+    """`train --queue`: the GPUs to claim now (a list given, or every GPU of the host when none is asked:
+    the run would see them all) and what it waits for; `--gpus N` is chosen on the host when it starts.
+    A request that can never fit is refused here (64), before anything is sent."""
+    spec = (request.gpus or "").strip()
+    have = host_gpus(facts, request.host)
+    if spec.isdigit():
+        select_gpus(spec, facts, request.host)  # more than the host has: refused now, it never fits
+        return [], control.QueueAsk(order, count=int(spec), pool=tuple(have))
+    gpus = select_gpus(spec, facts, request.host) if spec else have
+    return gpus, control.QueueAsk(order, gpus=tuple(gpus), cpu_slots=request.host.cpu_slots)
 
 
 def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:

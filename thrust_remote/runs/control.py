@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from thrust_remote.agent.protocol import LOG, AgentExit, LaunchAnswer, RunState, StatusAnswer
 from thrust_remote.core.config import HostConfig
-from thrust_remote.core.errors import ConnectionLostError, ExitCode, ThrustError
+from thrust_remote.core.errors import ConnectionLostError, ExitCode, ThrustError, UsageError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostPaths, HostSession, check_run_id, host_paths, parse_json
 
@@ -26,6 +26,24 @@ __all__ = ["HostPaths", "HostSession", "check_run_id", "follow_log", "host_paths
 
 def new_run_id(job: str) -> str:
     return f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True)
+class QueueAsk:
+    """`train --queue`: what the run waits for on the host (agent/runqueue.py). `order` is the submit
+    time, the same on every node of a run over several hosts, so all hosts queue runs alike."""
+
+    order: float
+    gpus: tuple[int, ...] = ()  # these GPUs (--gpus 0,2, or every GPU of the host when none was asked)
+    count: int = 0  # or this many of `pool`, chosen on the host when it starts (--gpus N)
+    pool: tuple[int, ...] = ()
+    cpu_slots: int = 1  # neither: one of the host's CPU slots (hosts.H.cpu_slots)
+
+    def argv(self) -> list[str]:
+        """The launch's queue options (`gpus` travel as its --gpus claim)."""
+        return ["--queue", "--order", repr(self.order),
+                *(["--gpu-count", str(self.count), "--gpu-pool", ",".join(map(str, self.pool))] if self.count else []),
+                "--cpu-slots", str(self.cpu_slots)]
 
 
 def launch(
@@ -38,6 +56,7 @@ def launch(
     env: Mapping[str, str],
     meta: Mapping[str, object],
     claim_gpus: Sequence[int] = (),
+    queue: QueueAsk | None = None,
 ) -> LaunchAnswer:
     """Start argv detached under the supervisor; returns {"pid", "run_dir", "marker"}.
 
@@ -51,6 +70,7 @@ def launch(
         "--cwd", cwd,
         "--lock", launch_lock(paths),
         *(["--gpus", ",".join(str(g) for g in claim_gpus)] if claim_gpus else []),
+        *(queue.argv() if queue else []),
         "--marker", marker,
         "--stdin",
         "--", *argv,
@@ -70,7 +90,7 @@ def launch(
     except ValueError:
         answer = {}
     _refused(answer, run_id, host)
-    if not result.ok or "pid" not in answer:
+    if not result.ok or ("pid" not in answer and not answer.get("queued")):
         raise ThrustError(
             f"could not launch {argv[0]} on {host.name}: {answer.get('error') or result.stderr.strip()[-300:]}"
         )
@@ -95,6 +115,9 @@ def _refused(answer: Mapping[str, object], run_id: str, host: HostConfig) -> Non
     if answer.get("error") == "exists":
         raise ThrustError(f"run {run_id} is already running on {name}", see_or_stop(run_id, host),
                           ExitCode.FAILED)
+    if answer.get("error") == "never-fits":
+        raise UsageError(f"run {run_id} can never start on {name}: it {answer.get('why')}",
+                         "ask for fewer with --gpus, or choose another host with --host")
     if answer.get("error") == "gpus-taken":
         gpus = ",".join(str(g) for g in answer.get("gpus") or [])  # type: ignore[union-attr]
         raise ThrustError(
