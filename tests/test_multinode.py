@@ -56,6 +56,8 @@ jobs:
   crashy:
     args: {env: cartpole, total-steps: 4096, num-envs: 8, target-return: 0, log-interval: 0}
     env: {THRUST_TEST_CRASH_AT_STEP: "2048"}
+  gated:
+    command: [sh, -c, 'while [ ! -e "$THRUST_RUN_DIR/go" ]; do sleep 0.1; done']
 """
 
 
@@ -121,6 +123,27 @@ def test_two_nodes_train_the_builtin_trainer_and_node_0_brings_the_model_back(cl
     assert [(n["host"], n["state"]) for n in st["nodes"]] == [("n0", "FINISHED"), ("n1", "FINISHED")]
     # node 1 ran the same commit in its own workdir and exported nothing
     assert not (_run_dir(net, 1, run_id) / "model.onnx").exists()
+
+
+def test_a_queued_run_over_two_hosts_starts_training_when_its_last_node_frees(cli, net, project):
+    """Every node queues on its host; node 0's slot is free, node 1's is held by a run of its own: the run
+    is QUEUED until node 1 frees, then both nodes rendezvous (node 0 waited there) and train."""
+    held = cli("train", "gated", "--host", "n1", "--queue", "--detach", cwd=project)
+    assert held.returncode == 0, held.stderr
+    holder = _run_id(held.stderr)
+    result = cli("train", "ddp", "--host", "pair", "--queue", "--detach", "--no-fetch", cwd=project)
+    assert result.returncode == 0, result.stderr + result.stdout
+    run_id = _run_id(result.stderr)
+    assert "waits in n1's queue (position 1)" in result.stderr
+    st = _status(cli, project, run_id)
+    assert st["state"] == "QUEUED", st
+    assert [(n["host"], n["state"]) for n in st["nodes"]] == [("n0", "RUNNING"), ("n1", "QUEUED")]
+    (_run_dir(net, 1, holder) / "go").touch()
+    done = cli("wait", run_id, "--timeout", "120", cwd=project)
+    assert done.returncode == 0, done.stderr + _node_logs(net, run_id)
+    for node in (0, 1):
+        seen = json.loads((_run_dir(net, node, run_id) / f"seen-ddp-{node}.json").read_text())
+        assert seen["ranks"] == 2.0  # an all_reduce across the two hosts, once both had started
 
 
 def _node_logs(net: Network, run_id: str) -> str:

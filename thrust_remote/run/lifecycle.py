@@ -103,7 +103,7 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     order = time.time()  # the queue's order, the same on every node (agent/runqueue.py)
     if many:
         launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
-                                                  order=order)
+                                                  queue_order=order)
     else:
         launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter, order)], list(sessions)
     _remember(config, launched, reporter)

@@ -201,7 +201,7 @@ def route(session: HostSession, address: str) -> dict[str, Any]:
 
 def launch_nodes(prepared: Sequence[Prepared], request: TrainRequest, args: Sequence[str], run_id: str,
                  reporter: Reporter, max_restarts: int, *,
-                 order: float = 0.0) -> tuple[list[Launched], list[HostSession]]:
+                 queue_order: float = 0.0) -> tuple[list[Launched], list[HostSession]]:
     """The plan, then a launch on every node at once (a launch that fails stops the nodes already
     launched). The launched runs and the sessions come back in rank order (Plan.order): node 0 is
     rank 0's node."""
@@ -217,18 +217,24 @@ def launch_nodes(prepared: Sequence[Prepared], request: TrainRequest, args: Sequ
     launched: list[Launched | None] = [None] * len(sessions)
 
     def go(rank: int) -> None:
-        launched[rank] = _launch_node(prepared[rank], rank, where, run_id, args, request, nodes, max_restarts, order)
+        launched[rank] = _launch_node(prepared[rank], rank, where, run_id, args, request, nodes, max_restarts,
+                                      queue_order)
 
     try:
         each(go, list(range(len(sessions))))
     except BaseException:
         stop_all([s for s, n in zip(sessions, launched, strict=True) if n is not None], run_id, None)
         raise
+    for node in launched:
+        if node is not None and node.position:
+            reporter.step(f"run {run_id} waits in {node.host}'s queue (position {node.position}); its training "
+                          "starts when every node has")
     return [n for n in launched if n is not None], sessions
 
 
 def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: Sequence[str],
-                 request: TrainRequest, nodes: list[dict[str, Any]], max_restarts: int, order: float) -> Launched:
+                 request: TrainRequest, nodes: list[dict[str, Any]], max_restarts: int,
+                 queue_order: float) -> Launched:
     env = dict(request.extra_env)
     if where.ifnames[rank]:
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = str(where.ifnames[rank])
@@ -237,7 +243,7 @@ def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: 
     meta = {"node": rank, "nodes": nodes, "rdzv": f"{where.address}:{where.port}", "watch_peers": peers,
             "peer_timeout": PEER_TIMEOUT_S}
     # every node is told where to export: the job's rank 0 alone writes, on the node it runs on
-    gpus, ask = pipeline.queue_ask(request, prepared.report.facts, order) if request.queue else ([], None)
+    gpus, ask = pipeline.queue_ask(request, prepared.report.facts, queue_order) if request.queue else ([], None)
     return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
                                     extra_env=env, meta_extra=meta, exclusive_gpus=bool(gpus), queue=ask,
                                     rdzv=where.rendezvous(rank, run_id, max_restarts, queued=request.queue))
