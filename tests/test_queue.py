@@ -114,8 +114,8 @@ def test_a_queued_run_starts_by_itself_when_the_slot_frees_with_the_laptop_gone(
     assert stopped.returncode == 0, stopped.stderr
     gone = _status(cli, proj, _run_id(third.stderr))
     assert gone["state"] == "STOPPED" and gone["pid"] is None and gone["started_at"] is None
-    # the holder ends: the queued run starts on the host by itself, its turn taken with nobody connected
-    (runs / holder / "go").touch()
+    # the holder is stopped: the queued run starts on the host by itself, its turn taken with nobody connected
+    assert cli("stop", holder, cwd=proj).returncode == 0
     wait_until(lambda: _status(cli, proj, waiting)["state"] == "RUNNING", 60, "the queued run to start")
     started = _status(cli, proj, waiting)
     assert started["started_at"] >= _status(cli, proj, holder)["ended_at"]
