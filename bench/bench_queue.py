@@ -76,6 +76,17 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def _cpu_over(work: Path, run: str, window: float, gate: Path) -> float:
+    """CPU seconds a run's supervisor used in `window` s; then the run is let go and waited for."""
+    pid = json.loads((work / "runs" / run / "run.json").read_text())["supervisor_pid"]
+    before = _cpu(pid)
+    time.sleep(window)
+    used = _cpu(pid) - before
+    gate.touch()
+    _wait_file(work / "runs" / run / "exit_code")
+    return used
+
+
 def waiting_cpu(work: Path, ended_runs: int, window: float) -> float:
     """CPU seconds per second of one waiting supervisor, with `ended_runs` finished runs beside it."""
     for n in range(ended_runs):
@@ -86,13 +97,7 @@ def waiting_cpu(work: Path, ended_runs: int, window: float) -> float:
     gate = work / "hold"
     _launch(work, "holder", ["sh", "-c", f'while [ ! -e {gate} ]; do sleep 0.5; done'], "--queue")
     _launch(work, "waiter", ["true"], "--queue")
-    pid = json.loads((work / "runs" / "waiter" / "run.json").read_text())["supervisor_pid"]
-    before = _cpu(pid)
-    time.sleep(window)
-    used = _cpu(pid) - before
-    gate.touch()
-    _wait_file(work / "runs" / "waiter" / "exit_code")
-    return used / window
+    return _cpu_over(work, "waiter", window, gate) / window
 
 
 def sampling_cpu(work: Path, window: float) -> float:
@@ -109,13 +114,7 @@ def sampling_cpu(work: Path, window: float) -> float:
                     "--lock", str(work / "launch.lock"), "--marker", "m-s", "--meta", json.dumps(meta), "--",
                     "sh", "-c", f'while [ ! -e {gate} ]; do sleep 0.5; done'], env=env, check=True,
                    capture_output=True)
-    pid = json.loads((work / "runs" / "s" / "run.json").read_text())["supervisor_pid"]
-    before = _cpu(pid)
-    time.sleep(window)
-    used = _cpu(pid) - before
-    gate.touch()
-    _wait_file(work / "runs" / "s" / "exit_code")
-    return used / (window / 0.2)
+    return _cpu_over(work, "s", window, gate) / (window / 0.2)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ a condition, a user's own training script, an exported policy.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -197,3 +198,16 @@ def export_policy(path: Path, grid_size: int = 10, kind: str = "mlp", hidden: in
     manifest = path.with_suffix(".json")
     (path.parent / "manifest.json").replace(manifest)
     return manifest
+
+
+def gpu_shim(tmp_path: Path) -> dict[str, str]:
+    """The environment of a host with four GPUs, here where there is none: a small program named
+    nvidia-smi, first on PATH, prints the output recorded on a real 4 x A100 host (tests/data/nvidia_smi)."""
+    data = Path(__file__).parent / "data" / "nvidia_smi"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\ncase "$1" in -L|"") cat {data / "a100_four_gpus.list"};; '
+                   f'*) cat {data / "a100_four_gpus.csv"};; esac\n')
+    smi.chmod(0o755)
+    return {"PATH": f"{bindir}:{os.environ['PATH']}"}

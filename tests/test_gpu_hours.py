@@ -8,26 +8,12 @@ runs are real runs on the `local` host (the pipeline every host runs)."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
-from helpers import commit, git_init
+from helpers import commit, git_init, gpu_shim
 
 from thrust_remote.core.errors import UsageError
 from thrust_remote.runs import usage
-
-DATA = Path(__file__).parent / "data" / "nvidia_smi"
-
-
-def _gpu_path(tmp_path: Path) -> dict[str, str]:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    smi = bindir / "nvidia-smi"
-    smi.write_text(f'#!/bin/sh\ncase "$1" in -L|"") cat {DATA / "a100_four_gpus.list"};; '
-                   f'*) cat {DATA / "a100_four_gpus.csv"};; esac\n')
-    smi.chmod(0o755)
-    return {"PATH": f"{bindir}:{os.environ['PATH']}"}
 
 
 def _close(got: float, want: float) -> bool:
@@ -39,7 +25,7 @@ def test_each_run_counts_its_gpus_and_the_summary_adds_them_per_host_and_job(cli
     proj = git_init(tmp_path / "p")
     (proj / "thrust.yaml").write_text("jobs:\n  nap:\n    command: [sh, -c, 'sleep 0.3']\n")
     commit(proj, "a job that takes a moment")
-    gpu_host = _gpu_path(tmp_path)
+    gpu_host = gpu_shim(tmp_path)
     for extra, env in ((["--gpus", "2"], gpu_host), ([], gpu_host), ([], {})):
         result = cli("train", "nap", "--host", "local", *extra, cwd=proj, env=env)
         assert result.returncode == 0, result.stderr

@@ -17,14 +17,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import EXE, commit, git_init, new_project, remote_tempdir, wait_until
+from helpers import EXE, commit, git_init, gpu_shim, new_project, remote_tempdir, wait_until
 
 from thrust_remote.agent import runqueue
 from thrust_remote.agent.protocol import RunState
 from thrust_remote.agent.runqueue import Entry
 from thrust_remote.run import jobs
 
-DATA = Path(__file__).parent / "data" / "nvidia_smi"
 GATED = ("command: [sh, -c, 'echo gpus=$CUDA_VISIBLE_DEVICES; "
          "while [ ! -e \"$THRUST_RUN_DIR/go\" ]; do sleep 0.1; done']")
 
@@ -127,19 +126,11 @@ def test_a_queued_run_starts_by_itself_when_the_slot_frees_with_the_laptop_gone(
 
 # ------------------------------------------------------------------------------------------ GPUs
 
-def _gpu_path(tmp_path: Path) -> dict[str, str]:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    smi = bindir / "nvidia-smi"
-    smi.write_text(f'#!/bin/sh\ncase "$1" in -L|"") cat {DATA / "a100_four_gpus.list"};; '
-                   f'*) cat {DATA / "a100_four_gpus.csv"};; esac\n')
-    smi.chmod(0o755)
-    return {"PATH": f"{bindir}:{os.environ['PATH']}"}
 
 
 @pytest.mark.slow
 def test_gpus_n_queued_takes_the_first_n_to_free_and_a_run_that_never_fits_is_refused(cli, tmp_path):
-    env = _gpu_path(tmp_path)
+    env = gpu_shim(tmp_path)
     proj = git_init(tmp_path / "p")
     (proj / "thrust.yaml").write_text(f"jobs:\n  gated:\n    {GATED}\n")
     commit(proj, "a job that waits")
