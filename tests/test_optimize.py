@@ -109,6 +109,26 @@ def test_builtin_spaces_are_valid_and_cover_the_issue_list():
     # --set removes a parameter from the space
     assert "gamma" not in core.search_space(config, builtin_jobs()["cartpole"], {"gamma": "0.9"})
 
+def test_the_summary_counts_the_trials_done_toward_the_target_and_failed_ones_apart(monkeypatch):
+    """`--trials N` counts complete + pruned trials; a failed one is said apart, never as part of N."""
+    import io
+
+    from rich.console import Console
+
+    from thrust_remote.cli import optimize as optimize_cli
+    from thrust_remote.optimize.summary import Summary
+
+    screen = Console(file=io.StringIO(), width=200, color_system=None)
+    monkeypatch.setattr(optimize_cli, "console", screen)
+    summary = Summary(study="s1", storage="sqlite:///s.db", job="cartpole", host="h", metric="return_mean",
+                      trials_target=2, counts={"COMPLETE": 2, "PRUNED": 0, "FAIL": 1}, best=None, importances=None,
+                      importance_note=None, best_params_file=None, slots=[], trials=[], wall_s=12.0, stopped=None)
+    optimize_cli.render_summary(summary)
+    first = screen.file.getvalue().splitlines()[0]
+    assert first == ("study s1 (sqlite:///s.db): 2 of 2 trials done (2 complete, 0 pruned); 1 failed, not counted, "
+                     "in 12.0 s")
+
+
 
 def test_unknown_search_parameter_is_a_config_error(cli, tmp_path):
     (tmp_path / "thrust.yaml").write_text("search:\n  cartpole:\n    learning_rat: {low: 0.1, high: 0.2}\n")

@@ -112,6 +112,7 @@ def test_a_group_with_an_unreachable_host_runs_on_the_others(two_hosts):
     assert "host dead cannot be reached and takes no trials" in result.stderr
     assert "host dead was lost" in result.stdout and "trials per host (complete + pruned): a 2, dead 0" in result.stdout
     assert "--host a" in result.stdout  # the train hint names the best trial's host
+    assert "study half (" in result.stdout and "2 of 2 trials done (2 complete, 0 pruned), in " in result.stdout
     assert len(runs_in(work["a"], "half")) == 2
     from optuna.storages.journal import JournalFileBackend
 

@@ -205,9 +205,11 @@ def _sigint_handler(control: core.Control) -> Callable[[int, FrameType | None], 
 
 def render_summary(s: core.Summary, hosts: Mapping[str, HostConfig] | None = None) -> None:
     c = s.counts
-    console.print(f"study [bold]{escape(s.study)}[/] ({escape(s.storage)}): {c.get('COMPLETE', 0)} complete, "
-                  f"{c.get('PRUNED', 0)} pruned, {c.get('FAIL', 0)} failed of {s.trials_target} "
-                  f"in {s.wall_s:.1f} s", highlight=False)
+    # the target counts trials done (complete or pruned); a failed one is not one of them
+    done, failed = c.get("COMPLETE", 0) + c.get("PRUNED", 0), c.get("FAIL", 0)
+    console.print(f"study [bold]{escape(s.study)}[/] ({escape(s.storage)}): {done} of {s.trials_target} trials "
+                  f"done ({c.get('COMPLETE', 0)} complete, {c.get('PRUNED', 0)} pruned)"
+                  + (f"; {failed} failed, not counted" if failed else "") + f", in {s.wall_s:.1f} s", highlight=False)
     if len(s.hosts) > 1:
         console.print("trials per host (complete + pruned): "
                       + ", ".join(f"{escape(h)} {n}" for h, n in s.hosts.items()), highlight=False)
