@@ -206,6 +206,8 @@ def test_a_usage_error_stops_the_study_after_one_trial_naming_the_flag_and_key(c
     assert f"thrust.yaml:{line}: search.badflag.momentum: trial 0 exited 2 with a usage error " \
            "(unrecognized arguments: --momentum" in err
     assert "the job does not take --momentum" in err and "Traceback" not in result.stderr
+    assert err.count("exited 2 with a usage error") == 1  # said once: the trial's line points to it
+    assert "trial 0 failed: the study stops: the error below says why" in err
     runs = [d for d in (workdir / ".thrust" / "runs").iterdir()
             if d.name.startswith("badflag-t") and d.stat().st_mtime >= started - 1]
     assert len(runs) == 1  # one trial, not three identical failures

@@ -242,10 +242,7 @@ class Scheduler(Resumer):
         if error is None or count_states(self.study)["COMPLETE"] > 0:
             self._fail(act, "finished without the metric (no episode ended?)")
             return
-        self._fail(act, error.message)
-        if self.fatal is None:
-            self.fatal = error
-            self.control.abort = True
+        self._stop_for(act, error)
 
     def _usage(self, act: ActiveTrial, ended: Ended) -> bool:
         """A trial that died of a usage error before any trial ran through, or of a searched choice the
@@ -258,18 +255,23 @@ class Scheduler(Resumer):
                             only_choices=count_states(self.study)["done"] > 0)
         if error is None:
             return False
-        self._fail(act, error.message)
+        self._stop_for(act, error)
+        return True
+
+    def _stop_for(self, act: ActiveTrial, error: ThrustError) -> None:
+        """The trial failed for a reason every trial would share: it stops the study with `error`, which
+        the command prints once at its end (the trial's own line only points to it)."""
+        self._fail(act, error.message, said="the study stops: the error below says why")
         if self.fatal is None:
             self.fatal = error
             self.control.abort = True
-        return True
 
-    def _fail(self, act: ActiveTrial, why: str) -> None:
+    def _fail(self, act: ActiveTrial, why: str, *, said: str | None = None) -> None:
         act.trial.set_user_attr("fail_reason", why)
         self._tell(act, "FAIL")
         act.view.note = why
         self.consecutive_failures += 1
-        self.observer.event(f"trial {act.view.number} failed: {why}")
+        self.observer.event(f"trial {act.view.number} failed: {said or why}")
 
     def _interrupted(self, act: ActiveTrial, why: str) -> None:
         """Not the trial's fault: FAIL it and enqueue its parameters, so the study stays at N."""
