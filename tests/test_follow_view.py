@@ -184,3 +184,17 @@ def test_a_job_without_a_total_gets_no_empty_bar_and_keeps_its_metrics(width):
     line = progress_line(m, width, elapsed=12.0)
     assert EMPTY not in line and FILLED not in line and len(line) <= width
     assert line.startswith("1,234 steps") and "return 3.5" in line
+
+
+def test_elapsed_is_the_runs_own_time_after_a_reattach_not_the_time_watched():
+    """The trainer's metrics carry `wall_s` (since its start): a view opened on a run 10 minutes old says
+    10 minutes and counts on from there; a job without it counts from when the view began."""
+    clock = Clock()
+    out, _ = _console()
+    with LogView("run-1", "lines", out=out, clock=clock) as view:
+        clock.now += 2.0
+        assert view.elapsed() == 2.0
+        view.feed(b'THRUST_METRICS {"step": 10, "wall_s": 600.0}\n')
+        clock.now += 3.0
+        assert view.elapsed() == 603.0
+        assert "elapsed 10m03s" in progress_line(view.last, 120, elapsed=view.elapsed())

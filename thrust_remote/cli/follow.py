@@ -157,6 +157,7 @@ class LogView:
         self.live: Live | None = None
         self.printed_at: float | None = None  # when the last plain progress line was printed
         self.printed_updates = 0
+        self.wall: tuple[float, float] | None = None  # (the run's own wall_s, our clock when it came)
         self.lock = threading.Lock()  # log bytes and scalars (ScalarWatch's thread) both update it
 
     @property
@@ -164,6 +165,10 @@ class LogView:
         return self.progress.metrics
 
     def elapsed(self) -> float:
+        """The run's time: its own `wall_s` (the trainer's, since its start) carried on by our clock, so a
+        reattach shows how long the run has gone, not how long we have watched; else since we began."""
+        if self.wall is not None:
+            return self.wall[0] + self.clock() - self.wall[1]
         return self.clock() - self.started
 
     def __enter__(self) -> LogView:
@@ -204,7 +209,12 @@ class LogView:
             self._print_progress()
 
     def _line(self, text: str) -> None:
-        if self.progress.take(text) or self.mode == "raw":
+        if self.progress.take(text):
+            wall = self.progress.metrics.get("wall_s")
+            if isinstance(wall, int | float) and not isinstance(wall, bool):
+                self.wall = (float(wall), self.clock())
+            return
+        if self.mode == "raw":
             return
         self.out.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
