@@ -230,7 +230,7 @@ def test_env_name_must_be_an_identifier(sshd):
 
 
 def test_remote_command_is_quoted_argv():
-    cmd = build_remote_command(["echo", "a b", "$HOME"], env={"K": "v w"}, cwd="~/my dir")
+    cmd = build_remote_command(["echo", "a b", "$HOME"], cwd="~/my dir")
     assert cmd.startswith("sh -c ")
     assert "'\"'\"'a b'\"'\"'" in cmd  # 'a b' quoted inside the sh -c word
 

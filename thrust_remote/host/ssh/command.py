@@ -1,7 +1,8 @@
 """A command over SSH: the one string sent to the server, and the channel as `runner.drive` sees it.
 
-- The command is built from an argv with shlex.join, env values inside that argv (`env -- K=V cmd`),
-  so nothing the user passes is ever parsed by the remote shell. It runs under `sh -c '...; exit $?'`
+- The command is built from an argv with shlex.join, so nothing the user passes is ever parsed by the
+  remote shell. Env values are never in it (a command line is world-readable on the host: `ps`): they
+  go on stdin to agent/envexec.py, which sets them and execs the argv (`with_env`). It runs under `sh -c '...; exit $?'`
   so a command killed by a signal reports 128+N (paramiko drops `exit-signal`); a channel that
   closes without a status therefore really means the link died (exit 75).
 - A timeout is enforced by the host (`timeout -k 5 N`), so a timed-out command does not linger there.
@@ -9,35 +10,54 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import select
 import shlex
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import paramiko
 from paramiko.ssh_exception import SSHException
 
+from thrust_remote.agent import envexec
 from thrust_remote.core.errors import UsageError
 from thrust_remote.host.runner import LinkLost, check_argv, check_env
 
 CHUNK = 1 << 20
 
 
+@functools.cache
+def envexec_source() -> str:
+    """agent/envexec.py as installed with this package: run with `python -S -c`, nothing uploaded first."""
+    return Path(envexec.__file__).read_text(encoding="utf-8")
+
+
+def with_env(python: str, argv: Sequence[str], env: Mapping[str, str] | None,
+             stdin: bytes | None) -> tuple[list[str], bytes | None]:
+    """(argv, stdin) that run `argv` under `env` with no value on the command line: the values travel as
+    stdin's first line to envexec, which execs argv with the rest of stdin. No env: both unchanged."""
+    args = check_argv(argv)
+    env_items = check_env(env)
+    if not env_items:
+        return args, stdin
+    line = json.dumps(env_items).encode() + b"\n"  # JSON escapes a newline inside a value
+    return [python, "-S", "-c", envexec_source(), *args], line + (stdin or b"")
+
+
 def build_remote_command(
     argv: Sequence[str],
-    env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     timeout: float | None = None,
 ) -> str:
-    """The one string sent to the server. Every user value is a separately quoted word."""
+    """The one string sent to the server. Every user value is a separately quoted word; env values are
+    never among them (`with_env`)."""
     args = check_argv(argv)
-    env_items = check_env(env)
     cmd: list[str] = []
     if timeout is not None:
         # the host enforces the limit itself, so a timed-out command does not linger there
         cmd += ["timeout", "-k", "5", f"{max(timeout, 0.001):g}"]
-    if env_items:
-        cmd += ["env", "--", *(f"{k}={v}" for k, v in env_items.items())]
-    elif "=" in args[0]:
+    if "=" in args[0]:
         raise UsageError(f"command name {args[0]!r} contains '='")
     cmd += args
     script = shlex.join(cmd)

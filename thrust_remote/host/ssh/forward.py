@@ -14,7 +14,7 @@ import queue
 import select
 import socket
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import paramiko
 
@@ -150,9 +150,10 @@ def hang_up(chan: paramiko.Channel) -> None:
 
 
 def open_pty_command(transport: paramiko.Transport, argv: Sequence[str], *, cwd: str | None = None,
-                     env: Mapping[str, str] | None = None, timeout: float = 15) -> paramiko.Channel:
-    """`argv` on the host on a channel with a pty (merged output): closing the channel hangs it up."""
+                     timeout: float = 15) -> paramiko.Channel:
+    """`argv` on the host on a channel with a pty (merged output): closing the channel hangs it up. No env:
+    a pty echoes its input, so envexec's stdin line would be shown (SSHRunner.run takes env)."""
     chan = transport.open_session(timeout=timeout)
     chan.get_pty(width=200)
-    chan.exec_command(build_remote_command(argv, env, cwd))
+    chan.exec_command(build_remote_command(argv, cwd))
     return chan

@@ -24,7 +24,7 @@ from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, TransferError, UsageError
 from thrust_remote.core.names import Address, parse_address
 from thrust_remote.host.runner import BytesCallback, FileOps, RunResult, StreamCallback, check_argv, drive, expand_home
-from thrust_remote.host.ssh.command import ChannelProcess, build_remote_command
+from thrust_remote.host.ssh.command import ChannelProcess, build_remote_command, with_env
 from thrust_remote.host.ssh.connect import Target, connect
 from thrust_remote.host.ssh.transfer import LINK_ERRORS, SftpTransfer, StreamTransfer
 
@@ -158,8 +158,9 @@ class SSHRunner(FileOps):
         stdin: bytes | None = None,
         on_bytes: BytesCallback | None = None,
     ) -> RunResult:
-        command = build_remote_command(argv, env, cwd, timeout)
         args = check_argv(argv)
+        remote_argv, stdin = with_env(self.python, args, env, stdin)
+        command = build_remote_command(remote_argv, cwd, timeout)
         started = time.monotonic()
         process = ChannelProcess(self._start(command, stdin), self.alive, self.drop)
         return drive(process, args, name=self.name, started=started, timeout=timeout, stream=stream,
