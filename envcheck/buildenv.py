@@ -156,6 +156,15 @@ def fingerprint_diff(stored: dict, current: dict) -> list[str]:
     return out
 
 
+def without_env_values(job: dict) -> dict:
+    """The job with its `env:` reduced to the names (`env_names`): what a report or a cache key may keep
+    (values may be secrets; envcheck's checks of a job that is not cargo never read them)."""
+    out = {k: v for k, v in job.items() if k != "env"}
+    if job.get("env"):
+        out["env_names"] = sorted(job["env"])
+    return out
+
+
 def cargo_bin(facts: dict) -> str:
     return (facts.get("rust") or {}).get("cargo") or "cargo"
 

@@ -1,4 +1,7 @@
-"""`python -m envcheck --json [--job-json JSON] [--workdir DIR] [--host NAME] [--gpus 0,1]`."""
+"""`python -m envcheck --json [--job-json JSON|-] [--workdir DIR] [--host NAME] [--gpus 0,1]`.
+
+`--job-json -` reads the job from stdin: its `env:` values may be secrets, and a command line is
+readable by every user of the host (thrust-remote always sends it so)."""
 
 from __future__ import annotations
 
@@ -10,14 +13,15 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="envcheck", description="Report this host's GPU training facts.")
     parser.add_argument("--json", action="store_true", help="print the JSON report (the only format)")
-    parser.add_argument("--job-json", default=None, help="the job's config as a JSON object")
+    parser.add_argument("--job-json", default=None, help="the job's config as a JSON object (-: from stdin)")
     parser.add_argument("--workdir", default=".", help="where the code lives (crate paths are relative to it)")
     parser.add_argument("--host", default=None, help="the host's name in thrust.yaml (used in fixes)")
     parser.add_argument("--gpus", default=None, help="configured GPU indices, comma-separated")
     parser.add_argument("--torch-timeout", type=float, default=30.0, help="seconds for the torch probe")
     args = parser.parse_args(argv)
     try:
-        job = json.loads(args.job_json) if args.job_json else None
+        text = sys.stdin.read() if args.job_json == "-" else args.job_json
+        job = json.loads(text) if text else None
         if job is not None and not isinstance(job, dict):
             raise ValueError("not an object")
     except ValueError as exc:

@@ -331,7 +331,7 @@ def collect(
         "env": env,
         "workdir": {"path": workdir, "exists": os.path.isdir(workdir)},
         "gpus_config": gpus,
-        "job": job or None,
+        "job": buildenv.without_env_values(job) if job else None,  # names only: a report is printed, cached
         **results,
     }
     if "crate" in facts:

@@ -1,7 +1,7 @@
 """Cheap looks at the host's python, without importing torch.
 
-    agent preflight --cache-dir D --extra JSON
-        the cached envcheck report (JSON, as envcheck printed it) or {"miss": PATH}
+    agent preflight --cache-dir D --extra JSON|-
+        the cached envcheck report (JSON, as envcheck printed it) or {"miss": PATH}; `-`: JSON on stdin
     agent missing-modules MODULE...
         ["module", ...]: those the host's python cannot import (find_spec is None)
     agent dist-versions NAME...
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("names", nargs="*")
     args = parser.parse_args(argv)
     if args.cmd == "preflight":
-        print(preflight(args.cache_dir, args.extra))
+        print(preflight(args.cache_dir, sys.stdin.read() if args.extra == "-" else args.extra))
     elif args.cmd == "dist-versions":
         print(json.dumps(dist_versions(args.names)))
     else:

@@ -113,10 +113,11 @@ def payload_path() -> str:
 
 def envcheck_args(host: HostConfig, job: Job, workdir: str | None = None,
                   torch_timeout: float = 30.0) -> list[str]:
+    """envcheck's argv; the job goes on stdin (`--job-json -`, `envcheck_stdin`): its env may hold secrets."""
     args = ["--json", "--workdir", workdir or host.workdir, "--host", host.name,
             "--torch-timeout", f"{torch_timeout:g}"]
     if job is not None:
-        args += ["--job-json", json.dumps(job_spec(job), sort_keys=True)]
+        args += ["--job-json", "-"]
     if host.gpus:
         args += ["--gpus", ",".join(str(g) for g in host.gpus)]
     return args
@@ -128,8 +129,9 @@ def run_envcheck(runner: Runner, host: HostConfig, job: Job = None, *,
     A host without the configured python is UnreachableError (69), from payload.run_pyz."""
     started = time.monotonic()
     args = envcheck_args(host, job, workdir, torch_timeout)
+    stdin = json.dumps(job_spec(job), sort_keys=True).encode() if job is not None else None
     timeout = torch_timeout + 30.0
-    result, uploaded = payload.run_pyz(runner, host, payload.envcheck(), args, timeout=timeout)
+    result, uploaded = payload.run_pyz(runner, host, payload.envcheck(), args, timeout=timeout, stdin=stdin)
     if result.timed_out:
         raise ThrustError(f"envcheck on {runner.name} did not finish in {timeout:g} s",
                           "run it by hand to see where it hangs: "

@@ -40,6 +40,7 @@ def job_spec(job: JobConfig | Mapping[str, Any] | None) -> JobSpec:
 
 
 job_dict = job_spec  # the name envcheck's tests and older callers know
+without_env_values = _core.without_env_values  # a spec a report or a cache key may keep: env names only
 
 
 def build_env(facts: dict, job: JobLike) -> dict[str, str]:

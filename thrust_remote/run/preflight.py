@@ -14,7 +14,7 @@ from thrust_remote.core.hints import CPU_TORCH_INSTALL, LOCAL_EXTRA_INSTALL, com
 from thrust_remote.doctor import checklist
 from thrust_remote.host import payload
 from thrust_remote.host.session import HostSession
-from thrust_remote.run.buildenv import JobSpec
+from thrust_remote.run.buildenv import JobSpec, without_env_values
 from thrust_remote.run.venv import is_builtin_trainer
 
 CRITICAL_CHECKS = ("python", "torch-import")
@@ -89,8 +89,10 @@ def envcheck_report(session: HostSession, spec: JobSpec) -> checklist.Report:
     runner, host, paths = session.runner, session.host, session.paths
     if spec.get("kind") == "cargo":
         return checklist.run_doctor(runner, host, spec, workdir=paths.workdir)
-    extra = json.dumps([spec, checklist.payload_path(), paths.workdir], sort_keys=True)
-    probe = session.agent("preflight", "--cache-dir", paths.thrust, "--extra", extra, timeout=60)
+    # env names only: a value never reaches the host's cache (and cannot change a report of a job that is
+    # not cargo); on stdin all the same, like everything job-shaped
+    extra = json.dumps([without_env_values(spec), checklist.payload_path(), paths.workdir], sort_keys=True)
+    probe = session.agent("preflight", "--cache-dir", paths.thrust, "--extra", "-", stdin=extra.encode(), timeout=60)
     cache_path = None
     if probe.ok:
         try:
