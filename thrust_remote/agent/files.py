@@ -34,6 +34,23 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
         raise
 
 
+def unreadable(directory: str, names: tuple[str, ...]) -> str | None:
+    """The first of `directory` and its files `names` that this account may not read (permission denied),
+    or None. A file that is not there is not unreadable: it only says nothing."""
+    if os.path.isdir(directory) and not os.access(directory, os.R_OK | os.X_OK):
+        return directory
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            with open(path, "rb"):
+                pass
+        except PermissionError:
+            return path
+        except OSError:
+            continue
+    return None
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agent write-file")
     parser.add_argument("path")

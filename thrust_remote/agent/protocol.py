@@ -113,6 +113,7 @@ class StatusAnswer(TypedDict, total=False):
     position: int  # a QUEUED run's place in the host's queue (1: next to start)
     reason: str  # a STOPPED run's: "user" (stop), "idle" (the idle-GPU stop)
     reason_detail: str
+    unreadable: str  # a path of the run this account may not read (permission denied): the rest is a guess
     node: int
     nodes: list
     peer_failed: dict | None

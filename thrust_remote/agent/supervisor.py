@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterator
 
 from . import idlewatch, peerwatch, runqueue
-from .files import write_atomic
+from .files import unreadable, write_atomic
 from .protocol import EXIT_CODE, GPUS_USED, LOG, PEER_FAILED, QUEUE, RUN_JSON, STOPPED, AgentExit, RunState
 
 
@@ -124,10 +124,12 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
     else:
         state = RunState.STOPPED if stopped else RunState.LOST
     reason = _stop_reason(run_dir) if state == RunState.STOPPED else None
+    denied = unreadable(run_dir, (RUN_JSON, EXIT_CODE))  # then the state above is a guess: say why
     return {
         "run_id": meta.get("run_id") or os.path.basename(os.path.normpath(run_dir)),
         "state": state,
         **({"reason": reason[0], "reason_detail": reason[1]} if reason else {}),
+        **({"unreadable": denied} if denied else {}),
         "exit_code": exit_code,
         "pid": meta.get("pid"),
         "started_at": meta.get("started_at"),

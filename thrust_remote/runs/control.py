@@ -138,7 +138,22 @@ def status(session: HostSession, run_id: str) -> StatusAnswer:
             f"(or: {command_hint('runs', host=session.host)})",
             ExitCode.USAGE,  # a run id that names nothing is a bad value, not a failed job (1)
         )
-    return session.agent_json("status", "status", "--run-dir", run_dir)
+    answer: StatusAnswer = session.agent_json("status", "status", "--run-dir", run_dir)
+    if answer.get("unreadable"):
+        raise permission_denied(session, run_id, str(answer["unreadable"]))
+    return answer
+
+
+def permission_denied(session: HostSession, run_id: str, path: str) -> ThrustError:
+    """A run whose files this account may not read: its state and job would be guesses (LOST, none), so
+    say so, and where, instead of answering them."""
+    return ThrustError(
+        f"run {run_id} on {session.name}: permission denied: {path} cannot be read by the account "
+        "thrust-remote logs in as there",
+        f"the run belongs to another account or lost its read bits: look with `ls -ld {path}` on "
+        f"{session.name}, and give that account read access or use the account that started the run",
+        ExitCode.UNAVAILABLE,
+    )
 
 
 def list_runs(session: HostSession, timeout: float | None = 60) -> list[StatusAnswer]:
