@@ -7,13 +7,12 @@ import os
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
 from thrust_remote.cli.common import get_config, open_runner
 from thrust_remote.core.config import Config, HostConfig, JobConfig
-from thrust_remote.core.console import console, err_console
+from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import UsageError
 from thrust_remote.doctor import rdzv
 from thrust_remote.doctor.checklist import FixResult, Report, apply_fixes, run_doctor
@@ -121,7 +120,7 @@ def render(report: Report) -> None:
     torch = f"torch {facts['torch']}" if facts.get("torch") else "no torch"
     summary = ", ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in counts.items() if n)
     console.print(
-        f"{summary} — {escape(str(facts.get('python_path')))} (Python {facts.get('python')}, {torch}) "
+        f"{summary} — {host_text(str(facts.get('python_path')))} (Python {facts.get('python')}, {torch}) "
         f"in {report.wall_s:.2f} s" + (" (envcheck uploaded)" if report.uploaded else ""),
         highlight=False, soft_wrap=True,
     )
@@ -131,23 +130,24 @@ def _render_plain(report: Report) -> None:
     """Without a terminal (a pipe, CI, a log), or on a narrow one: a line per check and one per fix,
     never folded by us, so a path or a fix command pastes back whole and `grep fail` finds the check."""
     width = max((len(c.id) for c in report.checks), default=5)
-    typer.echo(f"doctor: {report.host}")
+    typer.echo(f"doctor: {host_text(report.host, markup=False)}")
     for c in report.checks:
-        typer.echo(f"{MARK.get(c.status, c.status):<4}  {c.id:<{width}}  {' '.join(c.detail.split())}")
+        detail = host_text(" ".join(c.detail.split()), markup=False)
+        typer.echo(f"{MARK.get(c.status, c.status):<4}  {c.id:<{width}}  {detail}")
         if c.fix and c.status in ("fail", "warn"):
-            typer.echo(f"{'':<4}  {'':<{width}}  fix: {' '.join(c.fix.split())}")
+            typer.echo(f"{'':<4}  {'':<{width}}  fix: {host_text(' '.join(c.fix.split()), markup=False)}")
 
 
 def _render_table(report: Report) -> None:
-    table = Table(title=f"doctor: {report.host}", title_justify="left", show_lines=False, expand=False)
+    table = Table(title=f"doctor: {host_text(report.host)}", title_justify="left", show_lines=False, expand=False)
     table.add_column("", no_wrap=True)
     table.add_column("check", no_wrap=True)
     table.add_column("evidence / fix", overflow="fold")
     for c in report.checks:
         style = STYLE.get(c.status, "")
-        text = escape(c.detail)
+        text = host_text(c.detail, lines=True)
         if c.fix and c.status in ("fail", "warn"):
-            text += f"\n[bold]fix:[/] [cyan]{escape(c.fix)}[/]"
+            text += f"\n[bold]fix:[/] [cyan]{host_text(c.fix, lines=True)}[/]"
         table.add_row(f"[{style}]{MARK.get(c.status, c.status)}[/]", f"[{style}]{c.id}[/]", text)
     console.print(table)
 
@@ -158,6 +158,6 @@ def _render_fixes(out, results: list[FixResult]) -> None:
         return
     for r in results:
         mark = "[green]fixed[/]" if r.applied else "[yellow]not applied[/]"
-        out.print(f"{mark} {escape(r.check_id)}: {escape(r.action)} — {escape(r.detail)}", highlight=False)
+        out.print(f"{mark} {host_text(r.check_id)}: {host_text(r.action)} — {host_text(r.detail)}", highlight=False)
         if r.output and not r.applied:
-            out.print(escape(r.output), style="dim")
+            out.print(host_text(r.output, lines=True), style="dim")

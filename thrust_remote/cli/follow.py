@@ -23,7 +23,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
 from rich.text import Text
 
-from thrust_remote.core.console import console, err_console
+from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.run import pipeline
 from thrust_remote.run.pipeline import exit_code_for, reattach_command
 from thrust_remote.runs.progress import LineSplitter, RunProgress, own_metrics
@@ -254,4 +254,4 @@ class LogReporter(pipeline.NullReporter):
 
 def say(message: str) -> None:
     """A line on stderr, never wrapped: the commands it names must paste back whole."""
-    err_console.print(message, highlight=False, markup=False, soft_wrap=True)
+    err_console.print(host_text(message, lines=True, markup=False), highlight=False, markup=False, soft_wrap=True)

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from thrust_remote.cli.common import state
-from thrust_remote.core.console import err_console
+from thrust_remote.core.console import err_console, host_text
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch.models import WORSE_MARGIN, FetchResult, relative
 
@@ -32,7 +31,7 @@ def say_line(text: str) -> None:
 
 
 def _warn(text: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
+    err_console.print(f"[yellow]warning:[/] {host_text(text, lines=True)}", highlight=False, soft_wrap=True)
 
 
 def render_fetched(ctx: typer.Context, result: FetchResult, host: str, root: Path) -> None:

@@ -19,7 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from thrust_remote.cli.common import AppState, _env_flag
 from thrust_remote.core.config import ENV_CONFIG, ENV_DEBUG
-from thrust_remote.core.console import err_console
+from thrust_remote.core.console import err_console, host_text
 from thrust_remote.core.errors import ExitCode, ThrustError
 
 
@@ -163,6 +163,8 @@ def _reader_gone() -> None:
 
 def _report(message: str, hint: str | None, label: str = "error") -> None:
     colour = "bold red" if label == "error" else "bold yellow"
-    err_console.print(f"[{colour}]{label}:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
+    # messages carry host answers (an error, a cwd, a path): host_text escapes their control characters
+    err_console.print(f"[{colour}]{label}:[/] {host_text(message, lines=True)}", highlight=False, markup=True,
+                      soft_wrap=True)
     if hint:
-        err_console.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]hint:[/] {host_text(hint, lines=True)}", highlight=False, soft_wrap=True)

@@ -11,7 +11,6 @@ from typing import Any
 
 import typer
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 
 from thrust_remote import optimize as core
@@ -19,7 +18,7 @@ from thrust_remote.agent.protocol import RunState
 from thrust_remote.cli.common import get_config, open_runner
 from thrust_remote.cli.train import CliReporter
 from thrust_remote.core.config import Config, HostConfig, JobConfig
-from thrust_remote.core.console import console, err_console
+from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import UsageError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.runs import notify
@@ -60,9 +59,10 @@ class LiveTable:
 
     def event(self, message: str) -> None:
         if self.live is not None:
-            self.live.console.print(f"[dim]{escape(message)}[/]", highlight=False)
+            self.live.console.print(f"[dim]{host_text(message)}[/]", highlight=False)
         else:
-            err_console.print(message, highlight=False, markup=False, soft_wrap=True)
+            err_console.print(host_text(message, lines=True, markup=False), highlight=False, markup=False,
+                              soft_wrap=True)
 
     def update(self, trials: Sequence[core.TrialView], counts: Mapping[str, int]) -> None:
         if self.live is None:
@@ -207,15 +207,15 @@ def render_summary(s: core.Summary, hosts: Mapping[str, HostConfig] | None = Non
     c = s.counts
     # the target counts trials done (complete or pruned); a failed one is not one of them
     done, failed = c.get("COMPLETE", 0) + c.get("PRUNED", 0), c.get("FAIL", 0)
-    console.print(f"study [bold]{escape(s.study)}[/] ({escape(s.storage)}): {done} of {s.trials_target} trials "
+    console.print(f"study [bold]{host_text(s.study)}[/] ({host_text(s.storage)}): {done} of {s.trials_target} trials "
                   f"done ({c.get('COMPLETE', 0)} complete, {c.get('PRUNED', 0)} pruned)"
                   + (f"; {failed} failed, not counted" if failed else "") + f", in {s.wall_s:.1f} s", highlight=False)
     if len(s.hosts) > 1:
         console.print("trials per host (complete + pruned): "
-                      + ", ".join(f"{escape(h)} {n}" for h, n in s.hosts.items()), highlight=False)
+                      + ", ".join(f"{host_text(h)} {n}" for h, n in s.hosts.items()), highlight=False)
     for name, why in s.lost_hosts.items():
-        console.print(f"[yellow]host {escape(name)} was lost: {escape(why)}; its trials ran again on the others[/]",
-                      highlight=False)
+        console.print(f"[yellow]host {host_text(name)} was lost: {host_text(why)}; its trials ran again on the "
+                      "others[/]", highlight=False)
     if s.stopped:
         console.print(f"[yellow]stopped before {s.trials_target} trials: {s.stopped}; rerun the same command to "
                       "continue[/]")
@@ -230,9 +230,9 @@ def render_summary(s: core.Summary, hosts: Mapping[str, HostConfig] | None = Non
         table.add_row(k, _short(v), "" if imp is None else f"{imp:.2f}")
     console.print(table)
     if s.importances is None:
-        console.print(f"importances not computed: {escape(s.importance_note or '')}", highlight=False)
+        console.print(f"importances not computed: {host_text(s.importance_note or '')}", highlight=False)
     best_host = s.best.get("host") or s.host
     train = command_hint("train", s.job, "--params", str(s.best_params_file),
                          host=(hosts or {}).get(best_host) or best_host)
     console.print(f"best params: {s.best_params_file}  →  {train}", highlight=False)
-    console.print(f"dashboard: optuna-dashboard {escape(s.dashboard_url or s.storage)}", highlight=False)
+    console.print(f"dashboard: optuna-dashboard {host_text(s.dashboard_url or s.storage)}", highlight=False)

@@ -18,7 +18,7 @@ from thrust_remote.agent.protocol import RunState
 from thrust_remote.cli.common import get_config, open_runner, state
 from thrust_remote.cli.follow import say
 from thrust_remote.cli.train import CliReporter, show_outcome
-from thrust_remote.core.console import console, err_console
+from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import ExitCode, UnknownHostError, UnreachableError, UsageError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostSession
@@ -161,8 +161,11 @@ DROP_FIRST = ("commit", "ended", "started", "job", "exit")
 def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = (),
                  out: Console | None = None) -> None:
     """A rich table on a terminal; without one (a pipe, CI) plain columns with every value whole,
-    so `runs | grep` and `awk` see full run ids, never `cart…`."""
+    so `runs | grep` and `awk` see full run ids, never `cart…`. Cells and notes come from hosts: shown
+    with their control characters escaped (host_text)."""
     out = out or console
+    rows = [[host_text(c, markup=False) for c in row] for row in rows]
+    notes = [host_text(n, lines=True, markup=False) for n in notes]
     if not out.is_terminal:
         widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
         for line in (headers, *rows):
@@ -174,7 +177,7 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: S
         column.no_wrap = True
     state_at = list(headers).index("state") if "state" in headers else None
     for row in rows:
-        cells = [escape(c) for c in row]
+        cells = [escape(c) for c in row]  # control characters escaped above; markup here
         if state_at is not None:
             word = row[state_at].split(" ")[0]
             style = STATE_STYLE.get(word, "red" if word else "")
@@ -207,19 +210,21 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
     style = STATE_STYLE.get(st["state"], "")
     code = f" (exit code {st['exit_code']})" if st.get("exit_code") is not None else ""
     if st.get("reason") and st["reason"] != "user":  # stopped by the idle-GPU stop, not on request
-        code += escape(f" [{st['reason']}: {st.get('reason_detail') or ''}]")
+        code += f" [{st['reason']}: {st.get('reason_detail') or ''}]"
     if st.get("position"):
         code += f" (position {st['position']} in the queue since {st.get('queued_at')})"
-    console.print(f"{st['run_id']}: [{style}]{st['state']}[/]{code}  job={st.get('job')} pid={st.get('pid')} "
-                  f"started={st.get('started_at')} commit={(st.get('commit') or '')[:12]}")
+    h = host_text  # every value below is the host's answer
+    console.print(f"{h(st['run_id'])}: [{style}]{h(st['state'])}[/]{h(code)}  job={h(st.get('job'))} "
+                  f"pid={h(st.get('pid'))} started={h(st.get('started_at'))} commit={h((st.get('commit') or '')[:12])}",
+                  highlight=False)
     failed = st.get("failed_node")
     if failed:
-        console.print(f"  node {failed['node']} ({escape(str(failed['host']))}) failed first: "
-                      f"{escape(str(failed.get('why')))}", highlight=False)
+        console.print(f"  node {h(failed['node'])} ({h(failed['host'])}) failed first: "
+                      f"{h(failed.get('why'), lines=True)}", highlight=False)
     for node in st.get("nodes") or []:
         code = "" if node.get("exit_code") is None else f" (exit code {node['exit_code']})"
-        console.print(f"  node {node['node']}  {escape(str(node['host']))}  "
-                      f"[{STATE_STYLE.get(node['state'], 'red')}]{node['state']}[/]{code}", highlight=False)
+        console.print(f"  node {h(node['node'])}  {h(node['host'])}  "
+                      f"[{STATE_STYLE.get(node['state'], 'red')}]{h(node['state'])}[/]{h(code)}", highlight=False)
 
 
 def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="RUN...", help="Run ids."),
@@ -340,9 +345,9 @@ def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
             console.print(f"{run_id}{where}: unreachable (it stops itself when it loses the other nodes)")
         elif answer.get("stopped"):
             how = "killed after the grace period" if answer.get("killed") else "stopped"
-            console.print(f"{run_id}{where}: {how} ({answer.get('state')})")
+            console.print(f"{run_id}{host_text(where)}: {how} ({host_text(answer.get('state'))})")
         else:
-            console.print(f"{run_id}{where}: not running ({answer.get('state')})")
+            console.print(f"{run_id}{host_text(where)}: not running ({host_text(answer.get('state'))})")
 
 
 def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,

@@ -7,11 +7,10 @@ import subprocess
 import sys
 
 import typer
-from rich.markup import escape
 
 from thrust_remote.cli.common import get_config
 from thrust_remote.cli.runs import HOST_OPT, _open
-from thrust_remote.core.console import err_console
+from thrust_remote.core.console import err_console, host_text
 from thrust_remote.fetch.models import relative
 from thrust_remote.runs import tboard
 
@@ -22,7 +21,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _say(text: str) -> None:
-    err_console.print(escape(text), highlight=False, soft_wrap=True)
+    err_console.print(host_text(text, lines=True), highlight=False, soft_wrap=True)
 
 
 def tensorboard(

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from thrust_remote.agent.protocol import MANIFEST, RunState
 from thrust_remote.cli.common import get_config, open_runner, state
 from thrust_remote.cli.follow import LogReporter, reattach_command, say
 from thrust_remote.cli.kept import command, render_fetched, say_line
-from thrust_remote.core.console import console, err_console
+from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.play.serve import PLAYABLE_ENVS
 from thrust_remote.run import lifecycle, multinode, pipeline
 
@@ -31,10 +30,10 @@ class CliReporter(LogReporter):
 
     def step(self, message: str) -> None:
         if not self.quiet:
-            err_console.print(f"[cyan]›[/] {escape(message)}", highlight=False)
+            err_console.print(f"[cyan]›[/] {host_text(message, lines=True)}", highlight=False)
 
     def warn(self, message: str) -> None:
-        err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
+        err_console.print(f"[yellow]warning:[/] {host_text(message, lines=True)}", highlight=False)
 
     def following(self, run_id: str, offset: int) -> None:
         say(f"following {run_id} (Ctrl-C detaches; the run goes on)")
