@@ -26,8 +26,9 @@ def score_text(score: Any, kind: Any) -> str:
 
 
 def say_line(text: str) -> None:
-    """One line on stderr, never wrapped: a command in it stays copyable."""
-    err_console.print(text, highlight=False, soft_wrap=True)
+    """One line on stderr, never wrapped: a command in it stays copyable. It names what a host said (a
+    state, a score's kind, a run id): shown escaped."""
+    err_console.print(host_text(text, lines=True), highlight=False, soft_wrap=True)
 
 
 def _warn(text: str) -> None:

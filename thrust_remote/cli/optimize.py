@@ -78,8 +78,9 @@ class LiveTable:
             value = _short(t.value if t.value is not None else t.intermediate)
             style = STATE_STYLE.get(t.state, "")
             slot = f"{t.host}/{t.slot}" if several and t.slot else t.slot or ""
-            table.add_row(str(t.number), slot, params, progress, value,
-                          f"[{style}]{t.state}[/]" if style else t.state)
+            state = host_text(t.state)  # a host's word, like the slot's name
+            table.add_row(str(t.number), host_text(slot), host_text(params), progress, host_text(value),
+                          f"[{style}]{state}[/]" if style else state)
         self.live.update(table)
 
 

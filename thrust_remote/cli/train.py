@@ -110,9 +110,10 @@ def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, as_json: bo
         else:
             if launched.pid is None:
                 console.print(f"run [bold]{launched.run_id}[/] queued on {host_cfg.name} (position "
-                              f"{launched.position}): it starts there by itself when what it asks frees")
+                              f"{host_text(launched.position)}): it starts there by itself when what it asks frees")
             else:
-                console.print(f"run [bold]{launched.run_id}[/] started on {host_cfg.name} (pid {launched.pid})")
+                console.print(f"run [bold]{launched.run_id}[/] started on {host_cfg.name} "
+                              f"(pid {host_text(launched.pid)})")
             console.print(f"follow it with: {reattach_command(launched.run_id, host_cfg, None, config_path)}",
                           highlight=False, soft_wrap=True)
         return
