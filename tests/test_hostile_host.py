@@ -133,7 +133,7 @@ def test_a_run_this_account_cannot_read_says_permission_denied_and_where(cli, ss
         f"    address: {name}@{sshd.ip}:{sshd.port}\n    workdir: {workdir}\n    python: /usr/bin/python3\n"
         f"    identity: {sshd.client_key}\n    known_hosts: {sshd.known_hosts}\n    connect_timeout: 5\n")
     env = {"THRUST_CONFIG": str(cfg)}
-    for args in (("status", RUN_ID), ("fetch", RUN_ID), ("status", RUN_ID, "--json")):
+    for args in (("status", RUN_ID), ("fetch", RUN_ID), ("logs", RUN_ID), ("status", RUN_ID, "--json")):
         result = cli(*args, env=env, cwd=tmp_path)
         assert result.returncode == ExitCode.UNAVAILABLE, (args, result.stdout, result.stderr)
         assert "permission denied" in result.stderr and denied in result.stderr, result.stderr
