@@ -138,3 +138,6 @@ def test_a_run_this_account_cannot_read_says_permission_denied_and_where(cli, ss
         assert result.returncode == ExitCode.UNAVAILABLE, (args, result.stdout, result.stderr)
         assert "permission denied" in result.stderr and denied in result.stderr, result.stderr
         assert "LOST" not in result.stdout + result.stderr and "no job recorded" not in result.stderr
+    listed = cli("runs", env=env, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "(permission denied)" in listed.stdout and RUN_ID in listed.stdout

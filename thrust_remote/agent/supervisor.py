@@ -124,7 +124,9 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
     else:
         state = RunState.STOPPED if stopped else RunState.LOST
     reason = _stop_reason(run_dir) if state == RunState.STOPPED else None
-    denied = unreadable(run_dir, (RUN_JSON, EXIT_CODE))  # then the state above is a guess: say why
+    # no run.json, or LOST: perhaps files this account cannot read; then say so (only then: a waiter reads
+    # every run dir each poll)
+    denied = unreadable(run_dir, (RUN_JSON, EXIT_CODE)) if state == RunState.LOST or not meta else None
     return {
         "run_id": meta.get("run_id") or os.path.basename(os.path.normpath(run_dir)),
         "state": state,

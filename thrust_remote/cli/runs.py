@@ -150,6 +150,8 @@ COLUMNS = ("job", "state", "exit", "started", "ended", "commit", "run")
 def _row(r: dict) -> tuple[str, ...]:
     code = r.get("exit_code")
     state = f"{r['state']} ({r['position']})" if r.get("position") else r["state"]  # QUEUED (2): its place
+    if r.get("unreadable"):  # its state is a guess: `status RUN` names the path
+        state += " (permission denied)"
     return (r.get("job") or "", state, "" if code is None else str(code), r.get("started_at") or "",
             r.get("ended_at") or "", (r.get("commit") or "")[:12], r["run_id"])
 
