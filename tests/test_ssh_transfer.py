@@ -43,7 +43,7 @@ def test_xfer_source_is_stdlib_only_and_self_contained():
     tree = ast.parse(transfer.xfer_source())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= {"__future__", "hashlib", "os", "sys"}
+    assert imported <= {"__future__", "hashlib", "os", "stat", "sys"}
     assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
 
 
