@@ -113,8 +113,10 @@ def list_remote(session: HostSession, run_dir: str, globs: Sequence[str]) -> dic
                             f"{LIST_DEADLINE_S + LIST_GRACE_S:g} s (globs {list(globs)})", hint)
     answer = parse_json(result, "list-files", check=False) if result.stdout.strip() else None
     if isinstance(answer, dict) and answer.get("error") == DEADLINE_ERROR:
+        seconds = answer.get("seconds")
         raise TransferError(f"listing the artifacts of {run_dir} on {session.name} took more than "
-                            f"{LIST_DEADLINE_S:g} s, at glob {answer.get('glob')!r}", hint)
+                            f"{seconds if isinstance(seconds, int | float) else LIST_DEADLINE_S:g} s, "
+                            f"at glob {answer.get('glob')!r}", hint)
     if not result.ok or not isinstance(answer, dict) or "files" not in answer:
         why = answer.get("error") if isinstance(answer, dict) else None
         raise TransferError(f"cannot list the artifacts of {run_dir} on {session.name}: "

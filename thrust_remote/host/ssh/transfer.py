@@ -312,7 +312,7 @@ class StreamTransfer(Transfer):
             if reply[1:2] == ["2"]:
                 raise TransferError(f"{name}:{source}: no such file")
             if reply[1:2] == ["5"]:
-                raise FileChangedError(f"{name}: {_err_text(reply)}")
+                raise FileChangedError(_err_text(reply))
             raise TransferError(f"cannot read {name}:{source}: {_err_text(reply)}")
         fout, part = open_part(dst)
         try:
