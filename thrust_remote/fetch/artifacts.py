@@ -239,20 +239,23 @@ def checked_entries(answer: dict[str, Any], host: str, dest: Path) -> list[tuple
     return out
 
 
-def _parent_dirs(dest: Path, target: Path, host: str) -> None:
+def _parent_dirs(dest: Path, target: Path, host: str, made: set[Path]) -> None:
     """Make target's parents under dest (0700), never through a symlink: each one must be a real
-    directory, and the whole path must stay under dest's real path."""
-    here = dest
-    for part in target.relative_to(dest).parts[:-1]:
-        here = here / part
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(here, 0o700)
-        if not stat.S_ISDIR(os.lstat(here).st_mode):
-            raise TransferError(f"artifacts: {here} is a symlink or a file, not a directory: refusing to write "
-                                f"{host}'s files through it", f"remove {here} and fetch again")
-    real = os.path.realpath(target.parent)
-    if real != os.path.realpath(dest) and not real.startswith(os.path.realpath(dest) + os.sep):
-        raise TransferError(f"artifacts: {target} leads out of {dest}: refused", "remove it and fetch again")
+    directory, and the whole path must stay under dest's real path. `made`: the parents already
+    checked in this fetch (thousands of files share a few directories)."""
+    if target.parent not in made:
+        here = dest
+        for part in target.relative_to(dest).parts[:-1]:
+            here = here / part
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(here, 0o700)
+            if not stat.S_ISDIR(os.lstat(here).st_mode):
+                raise TransferError(f"artifacts: {here} is a symlink or a file, not a directory: refusing to write "
+                                    f"{host}'s files through it", f"remove {here} and fetch again")
+        root, real = os.path.realpath(dest), os.path.realpath(target.parent)
+        if real != root and not real.startswith(root + os.sep):
+            raise TransferError(f"artifacts: {target} leads out of {dest}: refused", "remove it and fetch again")
+        made.add(target.parent)
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISDIR(os.lstat(target).st_mode):
             raise TransferError(f"artifacts: {host} lists {str(target.relative_to(dest))!r} as a file, and "
@@ -308,8 +311,9 @@ def _fetch_changed(session: HostSession, dest: Path, todo: list[tuple[str, Path,
     that completed is recorded even when another one fails or Ctrl-C stops the fetch (the next fetch
     skips it). Ctrl-C cuts the transfers in flight (their temporary files go with them) at once."""
     changed: list[tuple[str, Path, dict[str, Any]]] = []
+    made: set[Path] = set()
     for name, target, entry in todo:
-        _parent_dirs(dest, target, session.name)
+        _parent_dirs(dest, target, session.name, made)
         if local_sha256(target, record.get(name)) == entry["sha256"]:
             result.unchanged.append(name)
             _remember(record, name, target, entry, entry["sha256"])
