@@ -11,6 +11,7 @@ mode file beside it; with no mode file it is the real python and nothing else.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -330,3 +331,28 @@ def test_a_malformed_answer_is_a_clear_error_and_nothing_is_written(host, edit, 
     assert "THRUST_RUN_DIR/out/a.txt" in result.stderr
     assert "Traceback" not in result.stderr
     assert not host.dest.exists() or not [p for p in host.dest.rglob("*") if p.is_file()]
+
+
+# ------------------------------------------------------------------------------------------ host `local`
+
+def test_a_local_get_of_a_listed_file_refuses_one_swapped_since(tmp_path):
+    """Host `local` keeps the same promise as the transfer helper: only the listed file, never a link."""
+    from thrust_remote.host.runner import FileChangedError, LocalRunner
+
+    src, secret, out = tmp_path / "a.txt", tmp_path / "secret", tmp_path / "out" / "a.txt"
+    src.write_text("listed")
+    secret.write_text("not yours")
+    st = src.stat()
+    listed = (st.st_dev, st.st_ino)
+    runner = LocalRunner()
+    assert runner.get(str(src), out, identity=listed) == hashlib.sha256(b"listed").hexdigest()
+    (tmp_path / "new").write_text("another file")
+    os.replace(tmp_path / "new", src)  # the same name, another inode
+    with pytest.raises(FileChangedError):
+        runner.get(str(src), out, identity=listed)
+    src.unlink()
+    src.symlink_to(secret)
+    with pytest.raises(FileChangedError):
+        runner.get(str(src), out, identity=listed)
+    assert out.read_text() == "listed"
+    assert not list(out.parent.glob("*.part"))
