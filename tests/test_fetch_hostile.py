@@ -356,3 +356,31 @@ def test_a_local_get_of_a_listed_file_refuses_one_swapped_since(tmp_path):
         runner.get(str(src), out, identity=listed)
     assert out.read_text() == "listed"
     assert not list(out.parent.glob("*.part"))
+
+
+def _entry(**changes: object) -> dict:
+    row = {"base": "cwd", "path": "runs/a", "abs": "/w/runs/a", "size": 1, "mtime": 1.0, "mode": 0o644,
+           "dev": 1, "ino": 2, "sha256": "0" * 64}
+    return {**row, **changes}
+
+
+@pytest.mark.parametrize(("entry", "says"), [
+    (_entry(path="../x"), "not a plain relative path"),
+    (_entry(path="/etc/passwd"), "not a plain relative path"),
+    (_entry(abs="runs/a"), "no absolute host path"),
+    (_entry(abs="/w/a\0b"), "no absolute host path"),
+    (_entry(sha256="A" * 64), "no sha256"),
+    (_entry(size=True), "numbers"),
+    (_entry(ino=-1), "numbers"),
+    ({k: v for k, v in _entry().items() if k != "mode"}, "numbers"),
+    (_entry(base="home"), "without a base"),
+    ("runs/a", "without a base"),
+])
+def test_each_malformed_entry_is_named(tmp_path, entry, says):
+    from thrust_remote.core.errors import TransferError
+    from thrust_remote.fetch.artifacts import checked_entries
+
+    with pytest.raises(TransferError) as info:
+        checked_entries({"files": [_entry(path="ok"), entry]}, "gpu", tmp_path)
+    assert says in info.value.message and "gpu answered a malformed listing" in info.value.message
+    assert info.value.exit_code == ExitCode.TRANSFER
