@@ -55,14 +55,6 @@ class DeadlineHit(Exception):  # noqa: N818 - an event, answered as {"error": "d
         self.glob = glob
 
 
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _hash_regular(path: str) -> tuple[os.stat_result, str] | None:
     """(fstat, sha256) of the regular file at path, opened without following a link; None when a
     symlink or something other than a regular file stands there now."""

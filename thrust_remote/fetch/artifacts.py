@@ -2,7 +2,7 @@
 
 The host lists what the job's `artifacts:` globs match (agent `list-files`: size, mtime, sha256 of
 each file), and each file whose sha256 differs from the local copy's is fetched with the runner's
-verified `get` (sha256 on both ends, written to `.part` and renamed only when they agree). So a
+verified `get` (sha256 on both ends, written to a temporary file and renamed only when they agree). So a
 second fetch transfers nothing, a file changed on the host comes again (a TensorBoard dir comes
 incrementally), and a cut fetch leaves no half file under its final name: fetching again resumes
 with the files still missing. What was fetched is recorded in `.thrust/fetched/<run-id>/artifacts.json`
@@ -10,6 +10,11 @@ with the files still missing. What was fetched is recorded in `.thrust/fetched/<
 
 Paths keep their place: a glob under the run's cwd lands in `artifacts/<path>`, one under
 `$THRUST_RUN_DIR/` in `artifacts/THRUST_RUN_DIR/<path>`. A glob that matches nothing is a warning.
+
+The host may be hostile (docs/architecture.md, "Security"): its answer is checked whole before anything
+is written (checked_entries), directories here are made without following links (_parent_dirs), each
+file is fetched only while it is the one listed (its dev/ino), keeps the host's mode less the umask,
+and Ctrl-C cuts the transfers in flight and keeps what completed.
 """
 
 from __future__ import annotations
