@@ -6,6 +6,7 @@ final name and the next fetch completes it. The host side's listing is also chec
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -129,13 +130,14 @@ def test_a_cut_fetch_leaves_no_half_file_and_the_next_fetch_completes(cli, sshd,
     cut_done = threading.Event()
 
     def cut() -> None:
-        part = dest / "models" / "big.pt.part"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
-            if part.exists() and part.stat().st_size > 5_000_000:
-                sshd.kill_sessions()
-                cut_done.set()
-                return
+            for part in (dest / "models").glob(".big.pt.*.part"):  # the download's temporary file
+                with contextlib.suppress(OSError):
+                    if part.stat().st_size > 5_000_000:
+                        sshd.kill_sessions()
+                        cut_done.set()
+                        return
             time.sleep(0.005)
 
     watcher = threading.Thread(target=cut, daemon=True)
@@ -146,6 +148,7 @@ def test_a_cut_fetch_leaves_no_half_file_and_the_next_fetch_completes(cli, sshd,
         assert cut_done.is_set(), "the transfer ended before it could be cut"
         assert proc.returncode == ExitCode.TRANSFER == 74, err
         assert not (dest / "models" / "big.pt").exists()  # never a half file under the final name
+        assert not list(dest.rglob("*.part"))  # nor a temporary one
         done, n = _fetch(cli, proj, run_id)
         assert done.returncode == 0, done.stderr
         assert n == 1, done.stderr  # only the file the cut left missing

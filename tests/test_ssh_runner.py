@@ -3,6 +3,7 @@ verified transfers. Each test asserts what a user would see (exit code, message,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -269,7 +270,7 @@ def test_put_get_round_trip_verified(runner_kind, sshd, tmp_path, remote_dir):
         back = tmp_path / "back" / "b.bin"
         assert runner.get(str(remote_dir / "sub" / "a.bin"), back) == expected
         assert back.read_bytes() == data
-        assert not back.with_name("b.bin.part").exists()
+        assert not list(back.parent.glob("*.part"))
         with pytest.raises(TransferError):
             runner.get(str(remote_dir / "missing"), tmp_path / "m")
     finally:
@@ -277,12 +278,15 @@ def test_put_get_round_trip_verified(runner_kind, sshd, tmp_path, remote_dir):
 
 
 def _cut_when_part_grows(sshd, part: Path, min_bytes: int) -> threading.Thread:
+    """Cut the link once `part` (a glob pattern for a download's temporary name) holds min_bytes."""
     def watch() -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if part.exists() and part.stat().st_size >= min_bytes:
-                sshd.kill_sessions()
-                return
+            for found in part.parent.glob(part.name):
+                with contextlib.suppress(OSError):
+                    if found.stat().st_size >= min_bytes:
+                        sshd.kill_sessions()
+                        return
             time.sleep(0.002)
 
     t = threading.Thread(target=watch, daemon=True)
@@ -297,13 +301,13 @@ def test_cut_download_leaves_destination_untouched_and_retry_completes(sshd, tmp
     dest = tmp_path / "big.bin"
     dest.write_bytes(b"previous version")
     runner = sshd.runner()
-    watcher = _cut_when_part_grows(sshd, tmp_path / "big.bin.part", 10_000_000)
+    watcher = _cut_when_part_grows(sshd, tmp_path / ".big.bin.*.part", 10_000_000)
     with pytest.raises(TransferError) as info:
         runner.get(str(remote_file), dest)
     watcher.join()
     assert info.value.exit_code == ExitCode.TRANSFER
     assert dest.read_bytes() == b"previous version"
-    assert (tmp_path / "big.bin.part").exists()
+    assert not list(tmp_path.glob("*.part"))  # the laptop's temporary file goes with the cut
     # retry on a new connection completes
     assert runner.get(str(remote_file), dest) == hashlib.sha256(data).hexdigest()
     assert dest.read_bytes() == data

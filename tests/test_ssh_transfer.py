@@ -43,7 +43,7 @@ def test_xfer_source_is_stdlib_only_and_self_contained():
     tree = ast.parse(transfer.xfer_source())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= {"__future__", "hashlib", "os", "sys"}
+    assert imported <= {"__future__", "hashlib", "os", "stat", "sys"}
     assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
 
 
@@ -104,6 +104,51 @@ def test_serve_mismatch_and_cut_leave_the_target_untouched(tmp_path):
     assert proc.wait(timeout=10) == 4
     assert target.read_bytes() == b"previous"
     assert Path(part).read_bytes() == b"x" * 10
+
+
+def test_serve_get_with_an_identity_sends_only_that_file_never_a_link(tmp_path):
+    listed, secret = tmp_path / "listed", tmp_path / "secret"
+    listed.write_bytes(b"listed")
+    secret.write_bytes(b"secret")
+    st = listed.stat()
+    proc = _serve(tmp_path)
+
+    def get() -> list[str]:
+        proc.stdin.write(f"get {transfer._hex(str(listed))} {st.st_dev} {st.st_ino}\n".encode())
+        proc.stdin.flush()
+        return _reply(proc)
+
+    assert get() == ["ok", "6"]
+    assert proc.stdout.read(6) == b"listed"
+    assert _reply(proc) == [hashlib.sha256(b"listed").hexdigest()]
+    (tmp_path / "new").write_bytes(b"another")
+    os.replace(tmp_path / "new", listed)  # the same name, another file
+    assert get()[:2] == ["err", "5"]
+    listed.unlink()
+    listed.symlink_to(secret)  # a link put where the listed file was
+    reply = get()
+    assert reply[:2] == ["err", "5"] and "symlink" in bytes.fromhex(reply[2]).decode()
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+
+
+def test_sftp_fallback_get_with_an_identity_refuses_a_link(sshd, tmp_path, remote_dir):
+    from thrust_remote.host.runner import FileChangedError
+
+    runner = sshd.runner(python="/nonexistent/python3")
+    (remote_dir / "secret").write_text("secret")
+    (remote_dir / "listed").write_text("listed")
+    st = (remote_dir / "listed").stat()
+    try:
+        assert runner.get(str(remote_dir / "listed"), tmp_path / "got", identity=(st.st_dev, st.st_ino))
+        (remote_dir / "listed").unlink()
+        (remote_dir / "listed").symlink_to(remote_dir / "secret")
+        with pytest.raises(FileChangedError):
+            runner.get(str(remote_dir / "listed"), tmp_path / "got", identity=(st.st_dev, st.st_ino))
+        assert (tmp_path / "got").read_text() == "listed"
+        assert not list(tmp_path.glob("*.part"))
+    finally:
+        runner.close()
 
 
 def test_concurrent_transfers_each_take_their_own_helper(sshd, tmp_path, remote_dir):

@@ -1,10 +1,20 @@
-"""`agent list-files --run-dir R -- GLOB...`: the files a run's artifact globs match on the host.
+"""`agent list-files --run-dir R [--deadline S] -- GLOB...`: the files a run's artifact globs match on the host.
 
 A glob is relative to the run's cwd (run.json's `cwd`: the host's checkout, a cargo job's crate);
 one that starts with `$THRUST_RUN_DIR/` is relative to the run directory R itself. `**` matches any
-depth; a directory that matches stands for every file under it. Only regular files are listed, each
-once. A match whose real path is outside its base (a symlink out, a `..`) is refused, never listed:
-the laptop fetches only what is under the workdir or the run dir (docs/architecture.md, "Artifacts").
+depth; a directory that matches stands for every file under it. `*`, `?` and `[...]` match names
+that start with a dot too (`out/**` lists `out/.hidden`, `out/..foo`): an artifact is whatever the job
+wrote. Only regular files are listed, each once.
+
+Links and hostile trees (docs/architecture.md, "Security"): the walk never follows a symlinked
+directory (one is reported in "links", once, and not entered: no loop, no copy of /etc), so it ends;
+a symlink to a file is listed by its real path only when that lies under its base, else refused. A
+match whose real path is outside its base (a symlink out, a `..`) is refused, never listed: the
+laptop fetches only what is under the workdir or the run dir (docs/architecture.md, "Artifacts").
+Each file is opened without following a symlink and listed with the dev/ino it was hashed from, so
+the transfer (`xfer get PATH DEV INO`) sends that file or nothing. An unreadable file or directory
+is reported in "unreadable" and the rest is listed. The walk stops at `--deadline` seconds: exit 3
+with {"error": "deadline", "glob", "seconds"} (the glob it was on).
 
 Under the cwd (the checkout every run of the workdir shares) only files modified while the run went
 are this run's: since it started (run.json's `started_ts`) and, once it has ended, not after its end
@@ -13,64 +23,185 @@ are this run's: since it started (run.json's `started_ts`) and, once it has ende
 matches only those is "unmatched".
 
 Answer: {"cwd", "files": [{"base": "cwd" | "run", "path" (relative to the base, '/'-separated),
-"abs", "size", "mtime", "sha256"}], "unmatched": [GLOB...], "refused": [GLOB or PATH...], "older": N,
-"newer": N}.
+"abs", "size", "mtime", "mode", "dev", "ino", "sha256"}], "unmatched": [GLOB...], "refused": [GLOB or
+PATH...], "links": [PATH...], "unreadable": [{"path", "error"}], "older": N, "newer": N}; a path
+under the run directory is named `$THRUST_RUN_DIR/PATH` in "refused", "links" and "unreadable".
 Exit 2 with {"error"} when R has no run.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
+import fnmatch
 import hashlib
 import json
 import os
+import stat
 import sys
+import time
 
 from .protocol import EXIT_CODE, RUN_DIR_PREFIX, RUN_JSON, AgentExit
 
 BLOCK = 1 << 20
+DEADLINE_ERROR = "deadline"  # the answer's "error" when the walk ran out of time
+OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # no link, no FIFO wait
 
 
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+class DeadlineHit(Exception):  # noqa: N818 - an event, answered as {"error": "deadline"}
+    """The listing ran past its deadline while on `glob`."""
+
+    def __init__(self, glob: str) -> None:
+        super().__init__(glob)
+        self.glob = glob
+
+
+def _hash_regular(path: str) -> tuple[os.stat_result, str] | None:
+    """(fstat, sha256) of the regular file at path, opened without following a link; None when a
+    symlink or something other than a regular file stands there now."""
+    try:
+        fd = os.open(path, OPEN_FLAGS)
+    except OSError:
+        if os.path.islink(path):
+            return None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        digest = hashlib.sha256()
         for block in iter(lambda: fh.read(BLOCK), b""):
             digest.update(block)
-    return digest.hexdigest()
-
-
-class _Real:
-    """Real paths with each directory resolved once: one lstat per file, not one per component."""
-
-    def __init__(self) -> None:
-        self.dirs: dict[str, str] = {}
-
-    def __call__(self, path: str) -> str:
-        parent, name = os.path.split(path)
-        real_parent = self.dirs.get(parent)
-        if real_parent is None:
-            real_parent = self.dirs[parent] = os.path.realpath(parent)
-        full = os.path.join(real_parent, name)
-        return os.path.realpath(full) if os.path.islink(full) else full
-
-
-def _candidates(base: str, pattern: str) -> list[str]:
-    """The files a glob names under base: its file matches, and every file under a directory match
-    (a pattern ending in `**` lists those files itself)."""
-    out: list[str] = []
-    for match in sorted(glob.glob(os.path.join(glob.escape(base), pattern), recursive=True)):
-        if not os.path.isdir(match):
-            out.append(match)
-        elif not pattern.endswith("**"):
-            for root, _dirs, names in os.walk(match):  # symlinked directories are not followed
-                out += [os.path.join(root, name) for name in sorted(names)]
-    return out
+    return st, digest.hexdigest()
 
 
 def _bad_glob(pattern: str) -> bool:
     parts = pattern.replace("\\", "/").split("/")
     return not pattern.strip() or pattern.startswith(("/", "~")) or ".." in parts
+
+
+def _segments(pattern: str) -> list[str]:
+    """The pattern's path segments; `.` and empty ones dropped, a run of `**` kept once."""
+    out: list[str] = []
+    for seg in pattern.split("/"):
+        if seg in ("", ".") or (seg == "**" and out[-1:] == ["**"]):
+            continue
+        out.append(seg)
+    return out
+
+
+def _magic(seg: str) -> bool:
+    return any(c in seg for c in "*?[")
+
+
+class Walk:
+    """One base's walk: what a glob names under it, never through a symlinked directory."""
+
+    def __init__(self, base: str, label: str, deadline: float | None) -> None:
+        self.base = base
+        self.label = label  # "" for the cwd, "$THRUST_RUN_DIR/" for the run dir: how paths are reported
+        self.inside = os.path.realpath(base).rstrip(os.sep) + os.sep
+        self.deadline = deadline
+        self.glob = ""
+        self.links: set[str] = set()
+        self.refused: set[str] = set()
+        self.unreadable: dict[str, str] = {}
+
+    def tick(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise DeadlineHit(self.glob)
+
+    def full(self, rel: str) -> str:
+        return os.path.join(self.base, rel) if rel else self.base
+
+    def _entries(self, rel: str) -> list[os.DirEntry]:
+        self.tick()
+        try:
+            with os.scandir(self.full(rel)) as it:
+                return sorted(it, key=lambda e: e.name)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            self.unreadable[self.label + (rel or ".")] = exc.strerror or str(exc)
+            return []
+
+    def _descend(self, rel: str, entry: os.DirEntry | None = None) -> bool:
+        """Whether rel is a directory to walk into: a real one, not a symlink (noted in links)."""
+        try:
+            if entry is not None:
+                if entry.is_dir(follow_symlinks=False):
+                    return True
+                is_link = entry.is_symlink()
+            else:
+                st = os.lstat(self.full(rel))
+                if stat.S_ISDIR(st.st_mode):
+                    return True
+                is_link = stat.S_ISLNK(st.st_mode)
+            if is_link and os.path.isdir(self.full(rel)):
+                self._link(rel, os.path.realpath(self.full(rel)))
+        except OSError:
+            pass
+        return False
+
+    def _link(self, rel: str, real: str) -> None:
+        """A symlinked directory, not entered: refused when it points out of the base, else a link."""
+        (self.links if real.startswith(self.inside) else self.refused).add(self.label + rel)
+
+    def matches(self, rel: str, segs: list[str]):  # noqa: ANN201 - an iterator of relative paths
+        """The paths (relative to the base) that segs names under rel; directories among them too."""
+        if not segs:
+            yield rel
+            return
+        seg, rest = segs[0], segs[1:]
+        if seg == "**":
+            if not rest:
+                yield rel  # the directory itself: it stands for every file under it
+                return
+            yield from self.matches(rel, rest)
+            for entry in self._entries(rel):
+                child = os.path.join(rel, entry.name)
+                if self._descend(child, entry):
+                    yield from self.matches(child, segs)
+        elif not _magic(seg):
+            child = os.path.join(rel, seg)
+            if not rest:
+                if os.path.lexists(self.full(child)):
+                    yield child
+            elif self._descend(child):
+                yield from self.matches(child, rest)
+        else:
+            for entry in self._entries(rel):
+                if not fnmatch.fnmatchcase(entry.name, seg):
+                    continue
+                child = os.path.join(rel, entry.name)
+                if not rest:
+                    yield child
+                elif self._descend(child, entry):
+                    yield from self.matches(child, rest)
+
+    def files(self, rel: str):  # noqa: ANN201 - an iterator of (rel, abs path)
+        """The regular files a match stands for: itself, a symlink's target inside the base, or every
+        file under a directory (symlinked directories below it are not entered)."""
+        path = self.full(rel)
+        try:
+            st = os.lstat(path) if rel else os.stat(path)  # the base itself may be reached through a link
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self.unreadable[self.label + rel] = exc.strerror or str(exc)
+            return
+        if stat.S_ISREG(st.st_mode):
+            yield rel, path
+        elif stat.S_ISLNK(st.st_mode):
+            real = os.path.realpath(path)
+            if os.path.isdir(real):
+                self._link(rel, real)
+            elif not real.startswith(self.inside):
+                self.refused.add(self.label + rel)  # a symlink out of its base
+            elif os.path.isfile(real):
+                yield rel, real
+        elif stat.S_ISDIR(st.st_mode):
+            for entry in self._entries(rel):
+                yield from self.files(os.path.join(rel, entry.name))
 
 
 # file times come from the kernel's coarse clock, which may lag time.time() by a tick or two
@@ -81,43 +212,56 @@ ENDED_SLACK_S = 1.0
 
 
 def list_files(cwd: str, run_dir: str, patterns: list[str], since: float | None = None,
-               until: float | None = None) -> dict:
+               until: float | None = None, deadline_s: float | None = None) -> dict:
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
     files: dict[str, dict] = {}
     older: set[str] = set()
     newer: set[str] = set()
     unmatched: list[str] = []
+    walks = {"cwd": Walk(cwd, "", deadline), "run": Walk(run_dir, RUN_DIR_PREFIX, deadline)}
     refused: list[str] = []
-    real = _Real()
     for pattern in patterns:
-        base_name, base, rel_pattern = "cwd", cwd, pattern
+        base_name, rel_pattern = "cwd", pattern
         if pattern.startswith(RUN_DIR_PREFIX):
-            base_name, base, rel_pattern = "run", run_dir, pattern[len(RUN_DIR_PREFIX):]
+            base_name, rel_pattern = "run", pattern[len(RUN_DIR_PREFIX):]
         if _bad_glob(rel_pattern):
             refused.append(pattern)
             continue
-        inside = os.path.realpath(base).rstrip(os.sep) + os.sep
+        walk = walks[base_name]
+        walk.glob = pattern
         found = 0
-        for path in _candidates(base, rel_pattern):
-            rel = path[len(base):].lstrip(os.sep)
-            if not real(path).startswith(inside) or not os.path.isfile(path):
-                if os.path.lexists(path) and not os.path.isdir(path):
-                    refused.append(rel)  # a symlink out of its base
-                continue
-            key = f"{base_name}:{rel}"
-            st = os.stat(path)
-            if base_name == "cwd" and since is not None and st.st_mtime < since - MTIME_SLACK_S:
-                older.add(key)
-                continue
-            if base_name == "cwd" and until is not None and st.st_mtime > until + ENDED_SLACK_S:
-                newer.add(key)
-                continue
-            found += 1
-            if key not in files:
+        for match in walk.matches("", _segments(rel_pattern)):
+            for rel, path in walk.files(match):
+                walk.tick()
+                key = f"{base_name}:{rel}"
+                if key in files:
+                    found += 1
+                    continue
+                try:
+                    hashed = _hash_regular(path)
+                except OSError as exc:
+                    walk.unreadable[walk.label + rel] = exc.strerror or str(exc)
+                    continue
+                if hashed is None:
+                    continue  # replaced by a link or a special file while we looked
+                st, sha = hashed
+                if base_name == "cwd" and since is not None and st.st_mtime < since - MTIME_SLACK_S:
+                    older.add(key)
+                    continue
+                if base_name == "cwd" and until is not None and st.st_mtime > until + ENDED_SLACK_S:
+                    newer.add(key)
+                    continue
+                found += 1
                 files[key] = {"base": base_name, "path": rel.replace(os.sep, "/"), "abs": path, "size": st.st_size,
-                              "mtime": st.st_mtime, "sha256": sha256_of(path)}
+                              "mtime": st.st_mtime, "mode": stat.S_IMODE(st.st_mode), "dev": st.st_dev,
+                              "ino": st.st_ino, "sha256": sha}
         if not found:
             unmatched.append(pattern)
+    for walk in walks.values():
+        refused += sorted(walk.refused)
     return {"cwd": cwd, "files": list(files.values()), "unmatched": unmatched, "refused": refused,
+            "links": sorted(set().union(*(w.links for w in walks.values()))),
+            "unreadable": [{"path": p, "error": e} for w in walks.values() for p, e in sorted(w.unreadable.items())],
             "older": len(older), "newer": len(newer)}
 
 
@@ -134,6 +278,7 @@ def _ended_ts(run_dir: str) -> float | None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agent list-files")
     parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--deadline", type=float, default=None, help="seconds the walk may take")
     parser.add_argument("globs", nargs="*")
     args = parser.parse_args(argv)
     run_dir = os.path.abspath(args.run_dir)
@@ -146,7 +291,10 @@ def main(argv: list[str]) -> int:
         return AgentExit.MISSING
     try:
         answer = list_files(os.path.abspath(cwd), run_dir, args.globs, float(since) if since else None,
-                            _ended_ts(run_dir))
+                            _ended_ts(run_dir), args.deadline)
+    except DeadlineHit as exc:
+        print(json.dumps({"error": DEADLINE_ERROR, "glob": exc.glob, "seconds": args.deadline}))
+        return AgentExit.REFUSED
     except OSError as exc:
         print(json.dumps({"error": str(exc)}))
         return 1

@@ -14,10 +14,13 @@ as its channel, one request at a time:
 - A request is one line. Paths travel hex-encoded behind an `x` (utf-8, surrogateescape), so any
   byte may appear in them.
 
-      get xPATH
-          -> ok SIZE | err 2 (no such file) | err 3 HEXMSG
+      get xPATH [DEV INO]
+          -> ok SIZE | err 2 (no such file) | err 3 HEXMSG | err 5 HEXMSG (not the file listed)
           then SIZE bytes, then a line: SHA256 of those bytes | short (the file shrank: the bytes
           after its end are zeros, sent only to keep the stream in step)
+          With DEV INO (what a listing saw: `agent list-files`), PATH is opened without following a
+          final symlink and must be that very regular file: a file swapped after it was listed (for
+          a symlink to another, or through a swapped directory) is `err 5`, never sent.
       put xPART xTARGET SIZE MODE
           -> ok | err 3 HEXMSG           (the parent of TARGET is made; PART is opened)
           then the client sends SIZE bytes and its SHA256 (64 hex characters, no newline)
@@ -33,11 +36,33 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import sys
 
 # self-contained (run with `python -c` to upload the agent itself): the laptop imports MAGIC from here
 MAGIC = b"\x1ethrust-xfer-1\x1e"
 BLOCK = 1 << 20
+
+
+class ChangedError(OSError):
+    """The path no longer names the file that was listed."""
+
+
+def _open_listed(path: str, identity: tuple[int, int] | None):  # noqa: ANN202 - a binary file object
+    """`path` opened for reading; with `identity` (dev, ino), only when it is still that regular file."""
+    if identity is None:
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        if os.path.islink(path):  # ELOOP (or EMLINK on some systems): a symlink now stands there
+            raise ChangedError(f"{path} is now a symlink") from None
+        raise exc from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != identity:
+        os.close(fd)
+        raise ChangedError(f"{path} is no longer the file that was listed")
+    return os.fdopen(fd, "rb")
 
 
 class Helper:
@@ -54,11 +79,14 @@ class Helper:
     def fail(self, exc: OSError | str) -> None:
         self.say("err", "3", str(exc).encode().hex())
 
-    def get(self, path: str) -> None:
+    def get(self, path: str, identity: tuple[int, int] | None = None) -> None:
         try:
-            fh = open(path, "rb")  # noqa: SIM115 - closed below; open errors are replies
+            fh = _open_listed(path, identity)
         except FileNotFoundError:
             self.say("err", "2")
+            return
+        except ChangedError as exc:
+            self.say("err", "5", str(exc).encode().hex())
             return
         except OSError as exc:
             self.fail(exc)
@@ -128,7 +156,7 @@ class Helper:
                 continue
             paths = [bytes.fromhex(w[1:]).decode("utf-8", "surrogateescape") for w in words[1:3]]
             if words[0] == "get":
-                self.get(paths[0])
+                self.get(paths[0], (int(words[2]), int(words[3])) if len(words) == 4 else None)
             elif words[0] == "put":
                 self.put(paths[0], paths[1], int(words[3]), int(words[4], 8))
         return 0

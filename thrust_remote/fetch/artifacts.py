@@ -2,7 +2,7 @@
 
 The host lists what the job's `artifacts:` globs match (agent `list-files`: size, mtime, sha256 of
 each file), and each file whose sha256 differs from the local copy's is fetched with the runner's
-verified `get` (sha256 on both ends, written to `.part` and renamed only when they agree). So a
+verified `get` (sha256 on both ends, written to a temporary file and renamed only when they agree). So a
 second fetch transfers nothing, a file changed on the host comes again (a TensorBoard dir comes
 incrementally), and a cut fetch leaves no half file under its final name: fetching again resumes
 with the files still missing. What was fetched is recorded in `.thrust/fetched/<run-id>/artifacts.json`
@@ -10,24 +10,35 @@ with the files still missing. What was fetched is recorded in `.thrust/fetched/<
 
 Paths keep their place: a glob under the run's cwd lands in `artifacts/<path>`, one under
 `$THRUST_RUN_DIR/` in `artifacts/THRUST_RUN_DIR/<path>`. A glob that matches nothing is a warning.
+
+The host may be hostile (docs/architecture.md, "Security"): its answer is checked whole before anything
+is written (checked_entries), directories here are made without following links (_parent_dirs), each
+file is fetched only while it is the one listed (its dev/ino), keeps the host's mode less the umask,
+and Ctrl-C cuts the transfers in flight and keeps what completed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import stat
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thrust_remote.agent.listing import DEADLINE_ERROR
 from thrust_remote.agent.protocol import CHECKPOINTS, RUN_DIR_ENV, RUN_DIR_PREFIX
 from thrust_remote.core.config import JobConfig
-from thrust_remote.core.errors import ThrustError, TransferError
+from thrust_remote.core.errors import TransferError
 from thrust_remote.core.files import write_atomic
 from thrust_remote.fetch.models import _ensure_kept_root, kept_root
-from thrust_remote.host.runner import sha256_file
+from thrust_remote.host.runner import FileChangedError, sha256_file
 from thrust_remote.host.session import HostSession, parse_json
 
 ARTIFACTS_DIR = "artifacts"
@@ -41,6 +52,13 @@ TRAINER_DEFAULT = (f"{RUN_PREFIX}{CHECKPOINTS}/**",)
 # Files in flight at once: each is one transfer helper's channel on the host (sshd's default
 # MaxSessions is 10 per connection), and many small files are latency-bound, not bandwidth-bound.
 WORKERS = 4
+# How long the host's walk of the globs may take (agent list-files --deadline), and the grace past it
+# for the command itself: a listing always ends, with an error naming the glob it was on.
+LIST_DEADLINE_S = 300.0
+LIST_GRACE_S = 60.0
+# After Ctrl-C, how long the transfers in flight (their link cut) get to end and remove their temp files.
+ABORT_WAIT_S = 2.0
+MAX_NAMED = 5  # symlinked directories named in the one warning about them
 
 
 @dataclass
@@ -89,13 +107,59 @@ def local_name(entry: dict[str, Any]) -> str:
 
 
 def list_remote(session: HostSession, run_dir: str, globs: Sequence[str]) -> dict[str, Any]:
-    """The host's answer to `list-files`: files (with sha256), unmatched globs, refused paths."""
-    result = session.agent("list-files", "--run-dir", run_dir, "--", *globs, timeout=600)
-    answer = parse_json(result, "list-files", check=False)
+    """The host's answer to `list-files`: files (with sha256), unmatched globs, refused paths. A walk
+    that runs past LIST_DEADLINE_S is a TransferError naming the host and the glob it was on."""
+    result = session.agent("list-files", "--run-dir", run_dir, "--deadline", f"{LIST_DEADLINE_S:g}", "--", *globs,
+                           timeout=LIST_DEADLINE_S + LIST_GRACE_S)
+    hint = ("narrow that glob in `artifacts:` (a directory with many files, or a slow disk); "
+            "symlinked directories are never followed")
+    if result.timed_out:
+        raise TransferError(f"listing the artifacts of {run_dir} on {session.name} took more than "
+                            f"{LIST_DEADLINE_S + LIST_GRACE_S:g} s (globs {list(globs)})", hint)
+    answer = parse_json(result, "list-files", check=False) if result.stdout.strip() else None
+    if isinstance(answer, dict) and answer.get("error") == DEADLINE_ERROR:
+        seconds = answer.get("seconds")
+        raise TransferError(f"listing the artifacts of {run_dir} on {session.name} took more than "
+                            f"{seconds if isinstance(seconds, int | float) else LIST_DEADLINE_S:g} s, "
+                            f"at glob {answer.get('glob')!r}", hint)
     if not result.ok or not isinstance(answer, dict) or "files" not in answer:
         why = answer.get("error") if isinstance(answer, dict) else None
-        raise ThrustError(f"cannot list the artifacts of {run_dir} on {session.name}: {why or result.stderr[-200:]}")
+        raise TransferError(f"cannot list the artifacts of {run_dir} on {session.name}: "
+                            f"{why or result.stderr.strip()[-200:] or f'exit {result.exit_code}, no answer'}")
     return answer
+
+
+def _strings(answer: dict[str, Any], key: str) -> list[str]:
+    """A list of strings from the answer (anything else in it is dropped: it is only warned about)."""
+    value = answer.get(key)
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def listing_warnings(answer: dict[str, Any], host: str, run_dir: str) -> list[str]:
+    """What the listing left out, one line each (a link or an unreadable path named once)."""
+    out: list[str] = []
+    for pattern in _strings(answer, "unmatched"):
+        under = run_dir if pattern.startswith(RUN_DIR_PREFIX) else answer.get("cwd")
+        out.append(f"artifacts: {pattern!r} matches nothing on {host} (under {under})")
+    if answer.get("older"):
+        out.append(f"artifacts: {answer['older']} matching file(s) under {answer.get('cwd')} on "
+                   f"{host} are older than this run (an earlier run's): not fetched")
+    if answer.get("newer"):
+        out.append(f"artifacts: {answer['newer']} matching file(s) under {answer.get('cwd')} on "
+                   f"{host} are newer than this run's end (a later run's): not fetched")
+    for path in _strings(answer, "refused"):
+        out.append(f"artifacts: {path!r} is outside the run's directories on {host}: not fetched")
+    links = _strings(answer, "links")
+    if links:
+        shown = ", ".join(repr(p) for p in links[:MAX_NAMED]) + (f" and {len(links) - MAX_NAMED} more"
+                                                                    if len(links) > MAX_NAMED else "")
+        out.append(f"artifacts: {len(links)} symlinked director{'y' if len(links) == 1 else 'ies'} on {host} "
+                   f"not followed (their files are fetched only through their real path): {shown}")
+    unreadable = answer.get("unreadable")
+    for row in unreadable if isinstance(unreadable, list) else []:
+        if isinstance(row, dict) and isinstance(row.get("path"), str):
+            out.append(f"artifacts: cannot read {row['path']!r} on {host} ({row.get('error')}): not fetched")
+    return out
 
 
 def _read_record(path: Path) -> dict[str, dict[str, Any]]:
@@ -112,10 +176,13 @@ def _write_record(path: Path, files: dict[str, dict[str, Any]]) -> None:
 
 
 def local_sha256(path: Path, recorded: dict[str, Any] | None) -> str | None:
-    """The local file's sha256: the recorded one while its size and mtime are as recorded, else hashed."""
+    """The local file's sha256: the recorded one while its size and mtime are as recorded, else hashed.
+    None when no regular file is there (a symlink counts as none: it is replaced, never written through)."""
     try:
-        st = path.stat()
+        st = path.lstat()
     except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
         return None
     if recorded and recorded.get("local_size") == st.st_size and recorded.get("local_mtime_ns") == st.st_mtime_ns:
         return str(recorded.get("sha256"))
@@ -123,11 +190,93 @@ def local_sha256(path: Path, recorded: dict[str, Any] | None) -> str | None:
 
 
 def _target(dest: Path, name: str) -> Path | None:
-    """dest/name, or None when name would leave dest (absolute, or a `..` part)."""
+    """dest/name, or None when name would leave dest (absolute, or a `..` part) or has a NUL."""
     parts = name.split("/")
-    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+    if not name or "\0" in name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
         return None
     return dest.joinpath(*parts)
+
+
+def _malformed(host: str, what: str, path: object) -> TransferError:
+    return TransferError(f"artifacts: {host} answered a malformed listing: {what}: {path!r}",
+                         "nothing was fetched; the host's agent answered what thrust-remote's never does "
+                         f"(check the host: thrust-remote doctor --host {host})")
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_ENTRY_INTS = ("size", "mode", "dev", "ino")
+
+
+def checked_entries(answer: dict[str, Any], host: str, dest: Path) -> list[tuple[str, Path, dict[str, Any]]]:
+    """(local name, target, entry) for each file the host listed, every entry checked before anything
+    is written: its keys and types, a path that stays under dest, each name once, and no name that
+    is both a file and a directory. A malformed answer is a TransferError naming the host and path."""
+    entries = answer.get("files")
+    if not isinstance(entries, list):
+        raise _malformed(host, "`files` is not a list", entries)
+    out: list[tuple[str, Path, dict[str, Any]]] = []
+    names: set[str] = set()
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("base") not in ("cwd", "run") or not isinstance(
+                entry.get("path"), str):
+            raise _malformed(host, "an entry without a base and a path", entry)
+        name = local_name(entry)
+        target = _target(dest, name)
+        if target is None:
+            raise _malformed(host, "a path that is not a plain relative path under the artifacts", name)
+        src = entry.get("abs")
+        if not isinstance(src, str) or "\0" in src or not src.startswith("/"):
+            raise _malformed(host, "no absolute host path for", name)
+        if not isinstance(entry.get("sha256"), str) or not _SHA256.fullmatch(entry["sha256"]):
+            raise _malformed(host, "no sha256 for", name)
+        if any(not isinstance(entry.get(k), int) or isinstance(entry.get(k), bool) or entry[k] < 0
+               for k in _ENTRY_INTS) or not isinstance(entry.get("mtime"), int | float):
+            raise _malformed(host, f"no {'/'.join(_ENTRY_INTS)}/mtime numbers for", name)
+        if name in names:
+            raise _malformed(host, "the same path listed twice", name)
+        names.add(name)
+        out.append((name, target, entry))
+    for name in names:
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in names:
+                raise _malformed(host, "a path listed both as a file and as a directory", "/".join(parts[:i]))
+    return out
+
+
+def _parent_dirs(dest: Path, target: Path, host: str, made: set[Path]) -> None:
+    """Make target's parents under dest (0700), never through a symlink: each one must be a real
+    directory, and the whole path must stay under dest's real path. `made`: the parents already
+    checked in this fetch (thousands of files share a few directories)."""
+    if target.parent not in made:
+        here = dest
+        for part in target.relative_to(dest).parts[:-1]:
+            here = here / part
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(here, 0o700)
+            if not stat.S_ISDIR(os.lstat(here).st_mode):
+                raise TransferError(f"artifacts: {here} is a symlink or a file, not a directory: refusing to write "
+                                    f"{host}'s files through it", f"remove {here} and fetch again")
+        root, real = os.path.realpath(dest), os.path.realpath(target.parent)
+        if real != root and not real.startswith(root + os.sep):
+            raise TransferError(f"artifacts: {target} leads out of {dest}: refused", "remove it and fetch again")
+        made.add(target.parent)
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(os.lstat(target).st_mode):
+            raise TransferError(f"artifacts: {host} lists {str(target.relative_to(dest))!r} as a file, and "
+                                f"{target} is a directory here: not fetched", f"remove {target} and fetch again")
+
+
+def _safe_dest(project_root: Path, run_id: str) -> Path:
+    """.thrust/fetched/<run-id>/artifacts/, made 0700; refused when it is itself a symlink."""
+    dest = artifacts_dir(project_root, run_id)
+    dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(dest, 0o700)
+    if not stat.S_ISDIR(os.lstat(dest).st_mode):
+        raise TransferError(f"artifacts: {dest} is a symlink or a file, not a directory: refused",
+                            f"remove {dest} and fetch again")
+    return dest
 
 
 def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_root: Path, globs: Sequence[str], *,
@@ -137,71 +286,123 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     dest = artifacts_dir(project_root, run_id)
     result = DirFetch(dest)
     answer = list_remote(session, run_dir, globs)
-    for pattern in answer.get("unmatched", []):
-        under = run_dir if pattern.startswith(RUN_DIR_PREFIX) else answer.get("cwd")
-        result.warnings.append(f"artifacts: {pattern!r} matches nothing on {session.name} (under {under})")
-    if answer.get("older"):
-        result.warnings.append(f"artifacts: {answer['older']} matching file(s) under {answer.get('cwd')} on "
-                               f"{session.name} are older than this run (an earlier run's): not fetched")
-    if answer.get("newer"):
-        result.warnings.append(f"artifacts: {answer['newer']} matching file(s) under {answer.get('cwd')} on "
-                               f"{session.name} are newer than this run's end (a later run's): not fetched")
-    for path in answer.get("refused", []):
-        result.warnings.append(f"artifacts: {path!r} is outside the run's directories on {session.name}: not fetched")
+    result.warnings += listing_warnings(answer, session.name, run_dir)
     for text in result.warnings:
         if warn:
             warn(text)
-    if not answer["files"] and not dest.exists():
+    todo = checked_entries(answer, session.name, dest)
+    if not todo and not dest.exists():
         result.seconds = time.monotonic() - started
         return result  # nothing to bring: no empty directory beside the run's model
     _ensure_kept_root(project_root)  # .thrust/.gitignore: fetched files are never synced back as untracked
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = _safe_dest(project_root, run_id)
     record_path = dest.parent / RECORD
     record = _read_record(record_path)
+    said = len(result.warnings)
     try:
-        _fetch_changed(session, dest, answer["files"], record, result)
+        _fetch_changed(session, dest, todo, record, result)
     finally:
         _write_record(record_path, record)
         result.seconds = time.monotonic() - started
+        for text in result.warnings[said:]:
+            if warn:
+                warn(text)
     return result
 
 
-def _fetch_changed(session: HostSession, dest: Path, entries: list[dict[str, Any]],
+def _fetch_changed(session: HostSession, dest: Path, todo: list[tuple[str, Path, dict[str, Any]]],
                    record: dict[str, dict[str, Any]], result: DirFetch) -> None:
     """Skip the files whose local sha256 is the host's; get the others, WORKERS at a time. Every file
-    that completed is recorded even when another one fails (the next fetch skips it)."""
-    todo: list[tuple[str, Path, dict[str, Any]]] = []
-    for entry in entries:
-        name = local_name(entry)
-        target = _target(dest, name)
-        if target is None:
-            raise TransferError(f"artifacts: the host named {name!r}, which is outside {dest}")
+    that completed is recorded even when another one fails or Ctrl-C stops the fetch (the next fetch
+    skips it). Ctrl-C cuts the transfers in flight (their temporary files go with them) at once."""
+    changed: list[tuple[str, Path, dict[str, Any]]] = []
+    made: set[Path] = set()
+    for name, target, entry in todo:
+        _parent_dirs(dest, target, session.name, made)
         if local_sha256(target, record.get(name)) == entry["sha256"]:
             result.unchanged.append(name)
             _remember(record, name, target, entry, entry["sha256"])
         else:
-            todo.append((name, target, entry))
-    if not todo:
+            changed.append((name, target, entry))
+    if not changed:
         return
-    with ThreadPoolExecutor(max_workers=min(WORKERS, len(todo))) as pool:
-        futures = {pool.submit(session.runner.get, entry["abs"], target): (name, target, entry)
-                   for name, target, entry in todo}
-        failed: BaseException | None = None
+    umask = _umask()
+    stop = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=min(WORKERS, len(changed)))
+    futures = {pool.submit(_get_one, session, entry, target, stop): (name, target, entry)
+               for name, target, entry in changed}
+    seen: set[Future[str | None]] = set()
+    failed: BaseException | None = None
+    try:
         for future in as_completed(futures):
-            name, target, entry = futures[future]
-            try:
-                sha = future.result()  # verified: .part until both ends agree
-            except BaseException as exc:  # noqa: BLE001 - the first failure is raised once all stopped
-                if failed is None:
-                    failed = exc
-                    for other in futures:
-                        other.cancel()
-                continue
-            result.fetched.append(name)
-            result.bytes += target.stat().st_size
-            _remember(record, name, target, entry, sha)
+            seen.add(future)
+            failed = _settle(future, futures[future], session.name, record, result, umask) or failed
+            if failed is not None:
+                stop.set()
+                for other in futures:
+                    other.cancel()
+    except BaseException:  # Ctrl-C (KeyboardInterrupt): stop now, keep what completed
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        session.runner.close()  # cuts the transfers in flight: each removes its temporary file
+        wait([f for f in futures if not f.done()], timeout=ABORT_WAIT_S)
+        for future in futures:
+            if future.done() and future not in seen and not future.cancelled() and future.exception() is None:
+                _settle(future, futures[future], session.name, record, result, umask)
+        raise
+    pool.shutdown(wait=True)
     if failed is not None:
         raise failed
+
+
+def _get_one(session: HostSession, entry: dict[str, Any], target: Path, stop: threading.Event) -> str | None:
+    """One verified get of the listed file (and only that file: its dev/ino); None once stopped."""
+    if stop.is_set():
+        return None
+    return session.runner.get(entry["abs"], target, identity=(entry["dev"], entry["ino"]))
+
+
+def _settle(future: Future[str | None], job: tuple[str, Path, dict[str, Any]], host: str,
+            record: dict[str, dict[str, Any]], result: DirFetch, umask: int) -> BaseException | None:
+    """Record one finished transfer (or say why it was not); the exception that must stop the fetch."""
+    name, target, entry = job
+    if future.cancelled():
+        return None
+    exc = future.exception()
+    if isinstance(exc, FileChangedError):
+        result.warnings.append(f"artifacts: {name!r} was replaced on {host} after it was listed ({exc.message}): "
+                               "not fetched; fetch again for the new file")
+        return None
+    if exc is not None:
+        return exc
+    sha = future.result()
+    if sha is None:
+        return None
+    _keep_mode(target, entry["mode"], umask)
+    size = target.stat().st_size
+    if sha != entry["sha256"]:
+        result.warnings.append(f"artifacts: {name!r} changed on {host} while it was fetched (listed {entry['size']:,} "
+                               f"bytes, {entry['sha256'][:12]}; {size:,} bytes came, {sha[:12]}, verified): "
+                               "fetch again once the job stops writing it")
+    result.fetched.append(name)
+    result.bytes += size
+    _remember(record, name, target, entry, sha)
+    return None
+
+
+def _umask() -> int:
+    mask = os.umask(0o077)  # read it (there is no other way), then put it back at once
+    os.umask(mask)
+    return mask
+
+
+def _keep_mode(target: Path, host_mode: int, umask: int) -> None:
+    """The host file's permission bits, less the umask: never more open than the host's file."""
+    fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, host_mode & 0o777 & ~umask)
+    finally:
+        os.close(fd)
 
 
 def _remember(record: dict[str, dict[str, Any]], name: str, target: Path, entry: dict[str, Any], sha: str) -> None:

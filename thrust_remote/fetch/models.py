@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -181,8 +182,12 @@ def _replace_dir(staging: Path, final: Path) -> None:
 
 
 def _ensure_kept_root(project_root: Path) -> Path:
+    """.thrust/fetched/, owner-only (0700, also when an older version made it 0755): what a run brings
+    home is the user's alone, whatever the modes of the files under it."""
     root = kept_root(project_root)
     tool_dir(project_root, *root.relative_to(project_root / ".thrust").parts)
+    if stat.S_IMODE(root.stat().st_mode) != 0o700:
+        root.chmod(0o700)
     return root
 
 

@@ -15,8 +15,8 @@ import hashlib
 import os
 import queue
 import shlex
-import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -62,6 +62,26 @@ class RunResult:
         return self
 
 
+# A file as a listing saw it on its host: (st_dev, st_ino).
+FileId = tuple[int, int]
+
+
+class FileChangedError(TransferError):
+    """The path no longer names the file a listing saw (replaced, or a symlink now): nothing was copied."""
+
+
+def open_part(dst: Path) -> tuple[IO[bytes], Path]:
+    """A new temporary file beside `dst` for a download: a short random name (a 255-byte `dst` still
+    fits), created exclusively, owner-only, never through a symlink (mkstemp: O_EXCL | O_NOFOLLOW)."""
+    fd, part = tempfile.mkstemp(prefix=f".{dst.name[:24]}.", suffix=".part", dir=dst.parent)
+    return os.fdopen(fd, "wb"), Path(part)
+
+
+def drop_part(part: Path) -> None:
+    with contextlib.suppress(OSError):
+        part.unlink()
+
+
 @runtime_checkable
 class Runner(Protocol):
     """Where commands run. `name` is the host's name as the user wrote it (`local` for this machine)."""
@@ -87,8 +107,10 @@ class Runner(Protocol):
         """Copy a local file to `remote` (verified, atomic); returns its sha256."""
         ...
 
-    def get(self, remote: str, local: str | os.PathLike[str]) -> str:
-        """Copy `remote` to a local file (verified, atomic); returns its sha256."""
+    def get(self, remote: str, local: str | os.PathLike[str], *, identity: FileId | None = None) -> str:
+        """Copy `remote` to a local file (verified, atomic); returns its sha256. With `identity` (what a
+        listing saw), `remote` is opened without following a symlink and must still be that file, else
+        FileChangedError."""
         ...
 
     def exists(self, path: str) -> bool: ...
@@ -421,8 +443,8 @@ class LocalRunner(FileOps):
     def put(self, local: str | os.PathLike[str], remote: str) -> str:
         return _copy_verified(Path(local), Path(expand_home(remote, self.home())))
 
-    def get(self, remote: str, local: str | os.PathLike[str]) -> str:
-        return _copy_verified(Path(expand_home(remote, self.home())), Path(local))
+    def get(self, remote: str, local: str | os.PathLike[str], *, identity: FileId | None = None) -> str:
+        return _copy_verified(Path(expand_home(remote, self.home())), Path(local), identity)
 
     def exists(self, path: str) -> bool:
         return Path(expand_home(path, self.home())).exists()
@@ -455,26 +477,49 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def _copy_verified(src: Path, dst: Path) -> str:
-    """Copy through `dst.part`, hashing while copying; rename only when the copy's hash matches."""
-    if not src.is_file():
-        raise TransferError(f"{src}: no such file")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    part = dst.with_name(dst.name + ".part")
-    digest = hashlib.sha256()
+def _open_source(src: Path, identity: FileId | None) -> IO[bytes]:
+    if identity is None:
+        if not src.is_file():
+            raise TransferError(f"{src}: no such file")
+        return open(src, "rb")  # noqa: SIM115 - the caller closes it
     try:
-        with open(src, "rb") as fin, open(part, "wb") as fout:
-            while block := fin.read(1 << 20):
-                digest.update(block)
-                fout.write(block)
-            fout.flush()
-            os.fsync(fout.fileno())
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise TransferError(f"{src}: no such file") from None
     except OSError as exc:
-        raise TransferError(f"copy {src} -> {dst} failed: {exc}") from exc
-    expected = digest.hexdigest()
-    actual = sha256_file(part)
-    if actual != expected:
-        raise TransferError(f"checksum mismatch copying {src} -> {dst}", "retry the command")
-    shutil.copymode(src, part)
-    os.replace(part, dst)
+        if src.is_symlink():
+            raise FileChangedError(f"{src} is now a symlink") from None
+        raise TransferError(f"cannot read {src}: {exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != tuple(identity):
+        os.close(fd)
+        raise FileChangedError(f"{src} is no longer the file that was listed")
+    return os.fdopen(fd, "rb")
+
+
+def _copy_verified(src: Path, dst: Path, identity: FileId | None = None) -> str:
+    """Copy through a temporary file beside dst (open_part), hashing while copying; rename only when
+    the copy's hash matches. A failure (or Ctrl-C) removes the temporary file."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with _open_source(src, identity) as fin:
+        fout, part = open_part(dst)
+        try:
+            try:
+                with fout:
+                    while block := fin.read(1 << 20):
+                        digest.update(block)
+                        fout.write(block)
+                    fout.flush()
+                    os.fsync(fout.fileno())
+            except OSError as exc:
+                raise TransferError(f"copy {src} -> {dst} failed: {exc}") from exc
+            expected = digest.hexdigest()
+            if sha256_file(part) != expected:
+                raise TransferError(f"checksum mismatch copying {src} -> {dst}", "retry the command")
+            os.chmod(part, os.fstat(fin.fileno()).st_mode & 0o777)
+            os.replace(part, dst)
+        except BaseException:
+            drop_part(part)
+            raise
     return expected

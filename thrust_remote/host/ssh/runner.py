@@ -23,7 +23,16 @@ from fabric import Connection
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, TransferError, UsageError
 from thrust_remote.core.names import Address, parse_address
-from thrust_remote.host.runner import BytesCallback, FileOps, RunResult, StreamCallback, check_argv, drive, expand_home
+from thrust_remote.host.runner import (
+    BytesCallback,
+    FileId,
+    FileOps,
+    RunResult,
+    StreamCallback,
+    check_argv,
+    drive,
+    expand_home,
+)
 from thrust_remote.host.ssh.command import ChannelProcess, build_remote_command, with_env
 from thrust_remote.host.ssh.connect import Target, connect
 from thrust_remote.host.ssh.transfer import LINK_ERRORS, SftpTransfer, StreamTransfer
@@ -213,8 +222,8 @@ class SSHRunner(FileOps):
             raise TransferError(f"{src}: no such file")
         return self._transfer.put(src, self._path(remote))
 
-    def get(self, remote: str, local: str | os.PathLike[str]) -> str:
+    def get(self, remote: str, local: str | os.PathLike[str], *, identity: FileId | None = None) -> str:
         source = self._path(remote)
         dst = Path(local)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        return self._transfer.get(source, dst)
+        return self._transfer.get(source, dst, identity)

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import stat
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -33,7 +34,7 @@ from paramiko.ssh_exception import SSHException
 from thrust_remote.agent import xfer
 from thrust_remote.agent.xfer import MAGIC
 from thrust_remote.core.errors import ThrustError, TransferError
-from thrust_remote.host.runner import RunResult
+from thrust_remote.host.runner import FileChangedError, FileId, RunResult, drop_part, open_part
 from thrust_remote.host.ssh.command import build_remote_command
 
 CHUNK = 1 << 20
@@ -75,8 +76,9 @@ class Transfer(ABC):
         """Upload the local file `src` to the absolute host path `target`."""
 
     @abstractmethod
-    def get(self, source: str, dst: Path) -> str:
-        """Download the absolute host path `source` to `dst` (whose parent exists)."""
+    def get(self, source: str, dst: Path, identity: FileId | None = None) -> str:
+        """Download the absolute host path `source` to `dst` (whose parent exists); with `identity`,
+        only while `source` is still that file (Runner.get)."""
 
 
 def _mismatch_upload(link: Link, src: Path, target: str, expected: str, actual: str) -> TransferError:
@@ -289,30 +291,42 @@ class StreamTransfer(Transfer):
             raise _mismatch_upload(self.link, src, target, expected, actual)
         return expected
 
-    def get(self, source: str, dst: Path) -> str:
+    def get(self, source: str, dst: Path, identity: FileId | None = None) -> str:
         helper = self._take()
         if helper is None:
-            return self.fallback.get(source, dst)  # no usable python on the host
+            return self.fallback.get(source, dst, identity)  # no usable python on the host
         try:
-            return self._get(helper, source, dst)
+            return self._get(helper, source, dst, identity)
         finally:
             self._give(helper)
 
-    def _get(self, helper: _Helper, source: str, dst: Path) -> str:
-        name, part = self.link.name, dst.with_name(dst.name + ".part")
+    def _get(self, helper: _Helper, source: str, dst: Path, identity: FileId | None) -> str:
+        name = self.link.name
         cut = f"download of {name}:{source} was cut"
-        hint = f"{dst} is untouched (partial data in {part}); run the command again"
-        if not (reply := helper.ask(f"get {_hex(source)}\n")):
+        hint = f"{dst} is untouched; run the command again"
+        expect = f" {identity[0]} {identity[1]}" if identity is not None else ""
+        if not (reply := helper.ask(f"get {_hex(source)}{expect}\n")):
             raise self._lost(helper, cut, hint)
         if reply[0] == "err":
             helper.in_step = True
             if reply[1:2] == ["2"]:
                 raise TransferError(f"{name}:{source}: no such file")
+            if reply[1:2] == ["5"]:
+                raise FileChangedError(_err_text(reply))
             raise TransferError(f"cannot read {name}:{source}: {_err_text(reply)}")
+        fout, part = open_part(dst)
+        try:
+            return self._receive(helper, int(reply[1]), fout, part, dst, source, cut, hint)
+        except BaseException:
+            drop_part(part)  # a cut, a mismatch or Ctrl-C: nothing half-written stays behind
+            raise
+
+    def _receive(self, helper: _Helper, size: int, fout: IO[bytes], part: Path, dst: Path, source: str,
+                 cut: str, hint: str) -> str:
         digest = hashlib.sha256()
         try:
-            with open(part, "wb") as fout:
-                complete = helper.copy_to(int(reply[1]), digest, fout)
+            with fout:
+                complete = helper.copy_to(size, digest, fout)
                 if complete:
                     fout.flush()
                     os.fsync(fout.fileno())
@@ -322,7 +336,7 @@ class StreamTransfer(Transfer):
             raise self._lost(helper, cut, hint)
         helper.in_step = True
         if reply[0] == "short":
-            raise TransferError(f"{name}:{source} shrank while it was being read", hint)
+            raise TransferError(f"{self.link.name}:{source} shrank while it was being read", hint)
         actual = digest.hexdigest()
         if reply[0] != actual:
             raise _mismatch_download(self.link, source, dst, reply[0], actual)
@@ -409,8 +423,15 @@ class SftpTransfer(Transfer):
             raise TransferError(f"cannot rename {part} to {target} on {self.link.name}: {exc}") from None
         return expected
 
-    def get(self, source: str, dst: Path) -> str:
-        part = dst.with_name(dst.name + ".part")
+    def get(self, source: str, dst: Path, identity: FileId | None = None) -> str:
+        fout, part = open_part(dst)
+        try:
+            return self._get(source, dst, identity, fout, part)
+        except BaseException:
+            drop_part(part)
+            raise
+
+    def _get(self, source: str, dst: Path, identity: FileId | None, fout: IO[bytes], part: Path) -> str:
         digest = hashlib.sha256()
         remote_hash: dict[str, object] = {}
 
@@ -422,10 +443,15 @@ class SftpTransfer(Transfer):
 
         try:
             sftp = self.client()
-            size = sftp.stat(source).st_size or 0
+            st = sftp.lstat(source) if identity is not None else sftp.stat(source)
+            if identity is not None and not stat.S_ISREG(st.st_mode or 0):
+                # SFTP cannot open without following links: a listed file that is now anything but a
+                # regular file is refused (the streaming helper also checks dev/ino)
+                raise FileChangedError(f"{self.link.name}: {source} is no longer the file that was listed")
+            size = st.st_size or 0
             hasher = threading.Thread(target=hash_there, daemon=True)
             hasher.start()
-            with sftp.open(source, "rb") as fin, open(part, "wb") as fout:
+            with sftp.open(source, "rb") as fin, fout:
                 fin.prefetch(size)
                 while block := fin.read(CHUNK):
                     digest.update(block)
@@ -439,7 +465,7 @@ class SftpTransfer(Transfer):
             self.link.drop()
             raise TransferError(
                 f"download of {self.link.name}:{source} was cut: {exc}",
-                f"{dst} is untouched (partial data in {part}); run the command again",
+                f"{dst} is untouched; run the command again",
             ) from None
         if "error" in remote_hash:
             err = remote_hash["error"]
