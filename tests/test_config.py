@@ -93,6 +93,10 @@ def test_no_file_gives_local_host_and_builtin_jobs(tmp_path, monkeypatch):
          "a mapping"),
         ("hosts:\n  a:\n    address: box\n    connect_timeout: soon\n", 4, "hosts.a.connect_timeout", "number"),
         ("hosts:\n  a:\n    address: box\n    cpu_slots: 0\n", 4, "hosts.a.cpu_slots", "integer >= 1"),
+        # an empty value is None, said as such (never an internal YAML error)
+        ("hosts:\n  a:\n    address: box\n    cpu_slots:\n", 4, "hosts.a.cpu_slots", "got None"),
+        ("hosts:\n  a:\n    address: box\n    workdir:\n", 4, "hosts.a.workdir", "expected a string, got nothing"),
+        ("default_host:\n", 1, "default_host", ""),
     ],
 )
 def test_bad_config_names_file_line_and_field(tmp_path, text, line, field, words):

@@ -323,7 +323,7 @@ class _Reader:
     def scalar(self, node: yaml.Node, field_name: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, field_name, f"expected a single value, got {_kind(node)}")
-        return yaml.safe_load(yaml.serialize(node))
+        return _construct(node)
 
     def string(self, node: yaml.Node, field_name: str, *, nullable: bool = False) -> str | None:
         value = self.scalar(node, field_name)
@@ -356,7 +356,13 @@ class _Reader:
 
     def plain(self, node: yaml.Node, field_name: str) -> Any:
         """Any YAML value as Python data (for free-form args / search specs)."""
-        return yaml.safe_load(yaml.serialize(node))
+        return _construct(node)
+
+
+def _construct(node: yaml.Node) -> Any:
+    """A composed node as safe_load would give it. Its tags are resolved already (an empty value is
+    null); serializing it alone to load it again fails on an empty value (a document PyYAML cannot read)."""
+    return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
 
 
 _TOP_KEYS = ("default_host", "hosts", "groups", "jobs", "search", "notify")
