@@ -259,3 +259,33 @@ def test_host_session_agent_argv_and_json(tmp_path: Path) -> None:
     real = HostSession(runner, HostConfig(name="local", python=sys.executable), HostPaths(str(tmp_path)))
     assert real.agent_json("runs", "list", "--runs-dir", str(tmp_path / "none")) == []
     assert os.path.exists(argv[2])  # uploaded on the way
+
+
+def test_a_follower_whose_session_ended_stops_even_when_the_log_is_silent(pyz: Path, tmp_path: Path) -> None:
+    """`logs --follow` of a quiet run (a queued one, a job that prints nothing) whose SSH session went away
+    (its parent gone) ends by itself, instead of waiting on the host until the run prints something."""
+    gate = tmp_path / "go"
+    started = agent(pyz, "launch", "--run-dir", str(tmp_path / "runs" / "r1"), "--cwd", str(tmp_path), "--lock",
+                    str(tmp_path / "launch.lock"), "--marker", "m-r1", "--",
+                    "sh", "-c", f'while [ ! -e {gate} ]; do sleep 0.1; done')
+    assert started.returncode == 0, started.stderr
+    session = subprocess.Popen(["sh", "-c", f'{sys.executable} -I {pyz} logs --run-dir {tmp_path / "runs" / "r1"} '
+                                            '--follow & echo $!; wait'], stdout=subprocess.PIPE, text=True)
+    follower = int(session.stdout.readline())
+    try:
+        session.kill()  # the session's shell ends: the follower is orphaned
+        session.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _running(follower):
+            time.sleep(0.05)
+        assert not _running(follower), "the orphaned follower is still there"
+    finally:
+        gate.touch()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -104,6 +104,8 @@ def test_a_queued_run_starts_by_itself_when_the_slot_frees_with_the_laptop_gone(
     finally:
         attached.kill()
         attached.wait()
+    said = cli("status", waiting, cwd=proj).stdout
+    assert "QUEUED (position 1 in the queue since" in said and "None" not in said and "pid=" not in said
     listed = {r["run_id"]: r for r in json.loads(cli("runs", "--json", cwd=proj).stdout)}
     assert listed[waiting]["state"] == "QUEUED" and listed[waiting]["position"] == 1
     plain = cli("runs", cwd=proj).stdout
@@ -113,6 +115,7 @@ def test_a_queued_run_starts_by_itself_when_the_slot_frees_with_the_laptop_gone(
     assert stopped.returncode == 0, stopped.stderr
     gone = _status(cli, proj, _run_id(third.stderr))
     assert gone["state"] == "STOPPED" and gone["pid"] is None and gone["started_at"] is None
+    assert gone["exit_code"] is None and gone["ended_at"]  # no job ran: no exit code, only when it ended
     # the holder is stopped: the queued run starts on the host by itself, its turn taken with nobody connected
     assert cli("stop", holder, cwd=proj).returncode == 0
     wait_until(lambda: _status(cli, proj, waiting)["state"] == "RUNNING", 60, "the queued run to start")
@@ -138,9 +141,12 @@ def test_gpus_n_queued_takes_the_first_n_to_free_and_a_run_that_never_fits_is_re
     assert never.returncode == 64 and "has 4 GPU(s)" in never.stderr and "Traceback" not in never.stderr
     both = cli("train", "gated", "--queue", "--allow-shared-gpus", "--host", "local", cwd=proj, env=env)
     assert both.returncode == 64 and "--queue" in both.stderr
-    held = cli("train", "gated", "--host", "local", "--gpus", "1,2,3", "--queue", "--detach", cwd=proj, env=env)
+    held = cli("train", "gated", "--host", "local", "--gpus", "1,2,3", "--queue", "--detach", "--json", cwd=proj,
+               env=env)
     assert held.returncode == 0, held.stderr
-    holder = _run_id(held.stderr)
+    started = json.loads(held.stdout)
+    assert started["state"] == "RUNNING" and started["pid"]
+    holder = started["run_id"]
     two = cli("train", "gated", "--host", "local", "--gpus", "2", "--queue", "--detach", cwd=proj, env=env)
     assert two.returncode == 0 and "queued on local (position 1)" in two.stdout, two.stderr + two.stdout
     waiting = _run_id(two.stderr)

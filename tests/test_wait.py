@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import EXE, new_project, remote_tempdir, wait_until
 
-from thrust_remote.core.errors import ExitCode, StillGoing
+from thrust_remote.core.errors import ConnectionLostError, ExitCode, StillGoing, UnreachableError
 from thrust_remote.run import lifecycle
 
 
@@ -58,6 +58,29 @@ def test_wait_past_its_timeout_names_the_runs_that_go_on_and_the_command_to_wait
     assert info.value.exit_code == ExitCode.CONNECTION_LOST == 75
     assert "1 of 2 run(s) still going: b" in info.value.message and info.value.hint.endswith("again b")
     assert clock.now == 5.0  # the last sleep is cut to the deadline
+    assert [st["state"] for st in info.value.statuses] == ["FINISHED", "RUNNING"]  # as last seen
+
+
+def test_a_host_that_stops_answering_is_asked_again_but_one_that_never_answered_is_an_error():
+    clock, troubles = Clock(), []
+    answers = iter([{"run_id": "a", "state": "RUNNING"}, UnreachableError("no route"),
+                    ConnectionLostError("lost"), {"run_id": "a", "state": "FINISHED", "exit_code": 0}])
+
+    def ask():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    got = lifecycle.wait([("a", ask)], every=2.0, on_trouble=lambda r, exc: troubles.append((r, exc.message)),
+                         clock=clock, sleep=clock.sleep)
+    assert got[0]["state"] == "FINISHED" and troubles == [("a", "no route"), ("a", "lost")]
+
+    def down():
+        raise UnreachableError("no route")
+
+    with pytest.raises(UnreachableError):  # never answered: a wrong host is said at once, not waited out
+        lifecycle.wait([("b", down)], every=2.0, clock=clock, sleep=clock.sleep)
 
 
 # ------------------------------------------------------------------------------------------ over SSH
@@ -90,6 +113,8 @@ def test_wait_blocks_until_every_run_has_ended_and_exits_as_train_would(cli, gat
     early = cli("wait", going, failing, "--timeout", "1", cwd=proj)
     assert early.returncode == 75, early.stderr
     assert f"still going: {going}" in early.stderr and f"thrust-remote wait {going}" in early.stderr
+    as_json = cli("wait", going, "--timeout", "0", "--json", cwd=proj)
+    assert as_json.returncode == 75 and json.loads(as_json.stdout)[0]["state"] == "RUNNING"  # how it was last seen
     told = tmp_path / "wait.err"
     with told.open("w") as err_file:
         waiting = subprocess.Popen([EXE, "wait", going, failing, "--json"], cwd=proj, text=True,

@@ -101,17 +101,11 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
         exit_text = fh.read().strip()
     stopped = os.path.exists(os.path.join(run_dir, STOPPED))
     marker = meta.get("marker")
-    exit_code: int | None = None
-    ended_at = ended_ts = None
-    if exit_text:
-        try:
-            end = json.loads(exit_text)
-            exit_code = int(end["exit_code"])
-            ended_at, ended_ts = end.get("ended_at"), end.get("ended_ts")
-        except (ValueError, KeyError, TypeError):
-            exit_code = None
+    exit_code, ended_at, ended_ts, never_started = _end(exit_text)
     if exit_code is not None:
         state = RunState.STOPPED if stopped else (RunState.FINISHED if exit_code == 0 else RunState.FAILED)
+    elif never_started:  # ended while queued: stopped, or failed for another node (stop --peer-failed)
+        state = RunState.STOPPED if stopped else RunState.FAILED
     elif meta.get(QUEUE) and "pid" not in meta:  # launched with --queue, not started yet
         alive = _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), marker)
         state = RunState.QUEUED if alive else (RunState.STOPPED if stopped else RunState.LOST)
@@ -149,6 +143,22 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
     }
 
 
+def _end(text: str | None) -> tuple[int | None, str | None, float | None, bool]:
+    """`exit_code`'s (code, ended_at, ended_ts, never started): a run that ended while queued has no code."""
+    try:
+        end = json.loads(text) if text else None
+    except ValueError:
+        end = None
+    if not isinstance(end, dict):
+        return None, None, None, False
+    code = end.get("exit_code")
+    try:
+        code = None if code is None else int(code)
+    except (TypeError, ValueError):
+        return None, None, None, False
+    return code, end.get("ended_at"), end.get("ended_ts"), code is None and bool(end.get("never_started"))
+
+
 def _queue_view(runs_dir: str, ended: set[str] | None = None) -> list[tuple[dict, runqueue.Entry]]:
     """Each run dir's status object and what the queue needs of it. `ended`: run dirs known to have
     ended, skipped and added to (a waiter looks every POLL_S s: an ended run holds and wants nothing,
@@ -161,7 +171,7 @@ def _queue_view(runs_dir: str, ended: set[str] | None = None) -> list[tuple[dict
         if os.path.isdir(path):
             meta = read_json(os.path.join(path, RUN_JSON)) or {}
             st = run_state(path, meta)
-            if ended is not None and st["exit_code"] is not None:  # a recorded end: final (a dir
+            if ended is not None and st["ended_at"] is not None:  # a recorded end: final (a dir
                 ended.add(name)  # without run.json yet reads LOST but may be a launch under way)
             spec = meta.get(QUEUE) if isinstance(meta.get(QUEUE), dict) else None
             out.append((st, runqueue.Entry(st["run_id"], st["state"], st["gpus"], spec)))
@@ -337,6 +347,11 @@ def _wait_turn(run_dir: str, spec: dict) -> tuple[int, list[int]] | None:
         time.sleep(runqueue.POLL_S)
 
 
+def _never_started() -> str:
+    """`exit_code` of a run that ended while queued: no code (no job ran), the time it ended."""
+    return json.dumps({"exit_code": None, "never_started": True, "ended_at": _now(), "ended_ts": time.time()})
+
+
 def _ended_waiting(run_dir: str) -> bool:
     """A queued run was stopped (`stop`), or failed for another node (`stop --peer-failed`)."""
     return any(os.path.exists(os.path.join(run_dir, name)) for name in (STOPPED, PEER_FAILED))
@@ -373,8 +388,7 @@ def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, r
         report_fd = -1
         turn = _wait_turn(run_dir, wait)
         if turn is None:
-            _write_atomic(os.path.join(run_dir, EXIT_CODE),
-                          json.dumps({"exit_code": 128 + signal.SIGTERM, "ended_at": _now(), "ended_ts": time.time()}))
+            _write_atomic(os.path.join(run_dir, EXIT_CODE), _never_started())
             return
         lock_fd, gpus = turn
         meta[QUEUE] = wait  # kept: when it was queued, what it waited for
@@ -455,6 +469,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     offset = args.offset
     deadline_idle = time.monotonic()
+    # a follower whose laptop went away (its SSH session ended) is orphaned: a silent log (a queued
+    # run, a quiet job) would never show it by a failed write, so the parent is watched instead
+    parent = os.getppid()
     while True:
         try:
             with open(path, "rb") as fh:
@@ -476,8 +493,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 out.flush()
             return 0
         time.sleep(0.2)
-        if time.monotonic() - deadline_idle > 3600 * 24 * 30:
-            return 0
+        if time.monotonic() - deadline_idle > 3600 * 24 * 30 or os.getppid() != parent or parent == 1:
+            return 0  # parent 1 from the start: the session was gone before we looked
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -528,8 +545,7 @@ def _stop_queued(args: argparse.Namespace, meta: dict) -> bool:
         if os.path.exists(os.path.join(args.run_dir, EXIT_CODE)):
             break
         if not _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), meta.get("marker")):
-            _write_atomic(os.path.join(args.run_dir, EXIT_CODE),
-                          json.dumps({"exit_code": 128 + signal.SIGTERM, "ended_at": _now(), "ended_ts": time.time()}))
+            _write_atomic(os.path.join(args.run_dir, EXIT_CODE), _never_started())
             break
         time.sleep(0.05)
     print(json.dumps({"stopped": True, "killed": False, "state": run_state(args.run_dir)["state"]}))

@@ -19,7 +19,7 @@ from thrust_remote.cli.common import get_config, open_runner, state
 from thrust_remote.cli.follow import say
 from thrust_remote.cli.train import CliReporter, show_outcome
 from thrust_remote.core.console import console, err_console, host_text
-from thrust_remote.core.errors import ExitCode, UnknownHostError, UnreachableError, UsageError
+from thrust_remote.core.errors import ExitCode, StillGoing, ThrustError, UnknownHostError, UnreachableError, UsageError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import lifecycle
@@ -216,9 +216,10 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
     if st.get("position"):
         code += f" (position {st['position']} in the queue since {st.get('queued_at')})"
     h = host_text  # every value below is the host's answer
-    console.print(f"{h(st['run_id'])}: [{style}]{h(st['state'])}[/]{h(code)}  job={h(st.get('job'))} "
-                  f"pid={h(st.get('pid'))} started={h(st.get('started_at'))} commit={h((st.get('commit') or '')[:12])}",
-                  highlight=False)
+    known = {"job": st.get("job"), "pid": st.get("pid"), "started": st.get("started_at"),
+             "commit": (st.get("commit") or "")[:12]}  # a queued run has no pid nor start yet: not "None"
+    fields = "  ".join(f"{k}={h(v)}" for k, v in known.items() if v not in (None, ""))
+    console.print(f"{h(st['run_id'])}: [{style}]{h(st['state'])}[/]{h(code)}  {fields}", highlight=False)
     failed = st.get("failed_node")
     if failed:
         console.print(f"  node {h(failed['node'])} ({h(failed['host'])}) failed first: "
@@ -252,9 +253,22 @@ def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="R
             _said_ended(st)
             lifecycle.tell_ended(config, st, CliReporter().warn)
 
-        statuses = lifecycle.wait(
-            asks, timeout=timeout, on_end=ended,
-            again=lambda going: command_hint("wait", *going, host=host, config=config.given_path))
+        told: set[str] = set()
+
+        def trouble(run_id: str, exc: ThrustError) -> None:  # once per outage of a run's host
+            if run_id not in told:
+                told.add(run_id)
+                CliReporter().warn(f"{run_id}: its host does not answer now ({exc.message}); it goes on there: "
+                                   "asking again")
+
+        try:
+            statuses = lifecycle.wait(
+                asks, timeout=timeout, on_end=ended, on_trouble=trouble,
+                again=lambda going: command_hint("wait", *going, host=host, config=config.given_path))
+        except StillGoing as still:
+            if as_json:  # the statuses so far (a run not yet ended as it was last seen), then the 75
+                typer.echo(json.dumps(getattr(still, "statuses", [])))
+            raise
     if as_json:
         typer.echo(json.dumps(statuses))
     raise typer.Exit(lifecycle.wait_code(statuses))

@@ -100,23 +100,22 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     multinode.agree(checked)
     prepared = multinode.each(lambda c: pipeline.set_up(c, told(c.session)), checked)
     run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
-    order = time.time()  # the queue's order, the same on every node (agent/runqueue.py)
-    if many:
+    if many:  # a queued run's order, the same on every node (agent/runqueue.py); one host uses its own clock
         launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
-                                                  queue_order=order)
+                                                  queue_order=time.time())
     else:
-        launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter, order)], list(sessions)
+        launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter)], list(sessions)
     _remember(config, launched, reporter)
     return Started(launched, RunNodes(run_id, [s.name for s in ranked], list(ranked)))
 
 
 def _launch_one(prepared: pipeline.Prepared, request: TrainRequest, args: Sequence[str], run_id: str,
-                reporter: Reporter, order: float) -> Launched:
+                reporter: Reporter) -> Launched:
     """One host: the GPUs `--gpus` asks for, claimed on the host unless shared; with --queue, what it
     waits for there when that is taken."""
     session = prepared.session
     if request.queue:
-        gpus, ask = pipeline.queue_ask(request, prepared.report.facts, order)
+        gpus, ask = pipeline.queue_ask(request, prepared.report.facts, None)
         return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
                                         extra_env=request.extra_env, reporter=reporter, exclusive_gpus=bool(gpus),
                                         queue=ask)
@@ -268,6 +267,10 @@ def reattach(config: Config, session: HostSession, run_id: str, open_node: OpenN
             raise UnreachableError(f"run {run_id}: node {nodes.names.index(down)} ({down}) does not answer",
                                       f"thrust-remote doctor --host {down}")
         head_status = status if head_session is session else control.status(head_session, run_id)
+        if status.get("state") == RunState.QUEUED:  # the log stays empty until it starts: say why
+            where = f" (position {status['position']})" if status.get("position") else ""
+            reporter.step(f"run {run_id} waits in {session.name}'s queue{where}: it starts by itself when what "
+                          "it asks frees; its log follows then")
         job = _train_job(config, head_session, run_id, head_status)
         head = Launched(run_id, head_session.paths.run(run_id), int(head_status.get("pid") or 0), head_session.name,
                         str(head_status.get("job") or ""), head_status.get("commit"), head_session.paths, None, True,
@@ -392,25 +395,40 @@ Ask = Callable[[], dict[str, Any]]  # one run's status, asked again (lifecycle.s
 
 def wait(asks: Sequence[tuple[str, Ask]], *, timeout: float | None = None, every: float = 2.0,
          on_end: Callable[[dict[str, Any]], None] = lambda _: None,
+         on_trouble: Callable[[str, ThrustError], None] = lambda *_: None,
          again: Callable[[Sequence[str]], str] = lambda going: f"thrust-remote wait {' '.join(going)}",
          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
          ) -> list[dict[str, Any]]:
     """`wait RUN...`: each run asked every `every` s until every one has ended (a terminal state);
-    their last statuses, in the order given. `on_end` hears each one as it ends. Past `timeout`
-    seconds: StillGoing (75) naming the runs that go on, `again(them)` the command to wait again."""
+    their last statuses, in the order given. `on_end` hears each one as it ends. A host that answered
+    once and then does not for a while (a reboot, a link down) is told to `on_trouble` and asked again
+    next round: the runs go on there. Past `timeout` seconds: StillGoing (75) naming the runs that go on, `again(them)`
+    the command to wait again, and `.statuses` the last answer of each (None: never answered)."""
     ended: dict[str, dict[str, Any]] = {}
+    last: dict[str, dict[str, Any] | None] = dict.fromkeys((run_id for run_id, _ in asks), None)
     deadline = None if timeout is None else clock() + timeout
     while True:
         for run_id, ask in asks:
-            if run_id not in ended and RunState.of((answer := ask()).get("state")).is_terminal:
+            if run_id in ended:
+                continue
+            try:
+                last[run_id] = answer = ask()
+            except (UnreachableError, ConnectionLostError) as exc:
+                if last[run_id] is None:
+                    raise  # never answered: a wrong host, not an outage to sit out
+                on_trouble(run_id, exc)
+                continue
+            if RunState.of(answer.get("state")).is_terminal:
                 ended[run_id] = answer
                 on_end(answer)
         if len(ended) == len(asks):
             return [ended[run_id] for run_id, _ in asks]
         if deadline is not None and clock() >= deadline:
             going = [run_id for run_id, _ in asks if run_id not in ended]
-            raise StillGoing(f"after {timeout:g} s {len(going)} of {len(asks)} run(s) still going: {', '.join(going)}",
-                             f"they go on; wait again with: {again(going)}")
+            still = StillGoing(f"after {timeout:g} s {len(going)} of {len(asks)} run(s) still going: "
+                               f"{', '.join(going)}", f"they go on; wait again with: {again(going)}")
+            still.statuses = [last[run_id] for run_id, _ in asks]  # type: ignore[attr-defined]
+            raise still
         sleep(every if deadline is None else max(0.0, min(every, deadline - clock())))
 
 

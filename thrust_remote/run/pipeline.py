@@ -130,7 +130,8 @@ class Launched:
     def as_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "host": self.host, "run_dir": self.run_dir, "pid": self.pid,
                 "job": self.job, "commit": self.commit,
-                **({"state": RunState.QUEUED.value, "position": self.position} if self.position else {})}
+                **({"state": RunState.QUEUED.value, "position": self.position} if self.position
+                   else {"state": RunState.RUNNING.value})}
 
 
 @dataclass
@@ -433,7 +434,8 @@ def choose_gpus(request: TrainRequest, facts: Mapping[str, Any], taken: Callable
     return select_gpus(request.gpus, facts, replace(request.host, gpus=tuple(free)) if held else request.host)
 
 
-def queue_ask(request: TrainRequest, facts: Mapping[str, Any], order: float) -> tuple[list[int], control.QueueAsk]:
+def queue_ask(request: TrainRequest, facts: Mapping[str, Any],
+              order: float | None) -> tuple[list[int], control.QueueAsk]:
     """`train --queue`: the GPUs to claim now (a list given, or every GPU of the host when none is asked:
     the run would see them all) and what it waits for; `--gpus N` is chosen on the host when it starts.
     A request that can never fit is refused here (64), before anything is sent."""

@@ -30,10 +30,11 @@ def new_run_id(job: str) -> str:
 
 @dataclass(frozen=True)
 class QueueAsk:
-    """`train --queue`: what the run waits for on the host (agent/runqueue.py). `order` is the submit
-    time, the same on every node of a run over several hosts, so all hosts queue runs alike."""
+    """`train --queue`: what the run waits for on the host (agent/runqueue.py). `order`: over several
+    hosts, the laptop's submit time, the same on every node so all hosts queue runs alike; None on one
+    host, where the host's own clock orders its queue (a laptop's clock may be off)."""
 
-    order: float
+    order: float | None
     gpus: tuple[int, ...] = ()  # these GPUs (--gpus 0,2, or every GPU of the host when none was asked)
     count: int = 0  # or this many of `pool`, chosen on the host when it starts (--gpus N)
     pool: tuple[int, ...] = ()
@@ -41,7 +42,7 @@ class QueueAsk:
 
     def argv(self) -> list[str]:
         """The launch's queue options (`gpus` travel as its --gpus claim)."""
-        return ["--queue", "--order", repr(self.order),
+        return ["--queue", *(["--order", repr(self.order)] if self.order is not None else []),
                 *(["--gpu-count", str(self.count), "--gpu-pool", ",".join(map(str, self.pool))] if self.count else []),
                 "--cpu-slots", str(self.cpu_slots)]
 
