@@ -170,7 +170,7 @@ def test_busy_workdir_hint_names_host_and_config_and_its_stop_works(cli, sshd, r
     git(project, "add", "NOTES.txt")
     git(project, "commit", "-q", "-m", "notes")
     busy = cli("--config", str(cfg), "train", "cartpole", "--detach", *long, cwd=project)
-    assert busy.returncode == 69 and "is in use by running run(s)" in busy.stderr, busy.stderr
+    assert busy.returncode == 69 and "is in use by running or queued run(s)" in busy.stderr, busy.stderr
     at = f"thrust-remote --config {cfg.resolve()}"
     assert f"{at} status {run_id} --host sandbox" in busy.stderr
     stop = f"{at} stop {run_id} --host sandbox"

@@ -67,7 +67,7 @@ def test_unchanged_tree_is_left_alone_and_a_busy_workdir_is_never_changed(repo, 
     before = git(Path(host.workdir), "rev-parse", "HEAD")
     (repo / "a.txt").write_text("two\n")
     git(repo, "commit", "-q", "-am", "two")
-    with pytest.raises(ThrustError, match="in use by running run"):
+    with pytest.raises(ThrustError, match="in use by running or queued run"):
         sync(_session(host), local_state(repo), busy=lambda: ["run-1"])
     assert git(Path(host.workdir), "rev-parse", "HEAD") == before
     assert (Path(host.workdir) / "a.txt").read_text() == "one\n"

@@ -234,7 +234,7 @@ def _refuse_if_busy(session: HostSession, local: LocalState, busy: Callable[[], 
     what = f"{local.commit[:12]}{' + uncommitted changes' if local.patch else ''}"
     first, name = running[0], session.name
     raise ThrustError(
-        f"{session.paths.workdir} on {name} is in use by running run(s) {', '.join(running)}; syncing {what} "
+        f"{session.paths.workdir} on {name} is in use by running or queued run(s) {', '.join(running)}; syncing {what} "
         "would change their code under them",
         f"{see_or_stop(first, session.host)}; or wait for it to end "
         f"({command_hint('logs', first, '-f', host=session.host)}), or give this host another workdir",
