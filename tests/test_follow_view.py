@@ -198,3 +198,14 @@ def test_elapsed_is_the_runs_own_time_after_a_reattach_not_the_time_watched():
         clock.now += 3.0
         assert view.elapsed() == 603.0
         assert "elapsed 10m03s" in progress_line(view.last, 120, elapsed=view.elapsed())
+
+
+def test_a_live_view_of_a_job_without_metrics_leaves_only_its_lines():
+    """A command job that prints no metrics: its lines stay on screen; the placeholder does not."""
+    out, buf = _console(terminal=True)
+    with LogView("run-1", "live", out=out) as view:
+        view.feed(b"start\nend\n")
+    text = buf.getvalue()
+    assert "start" in text and "end" in text
+    last_drawn = text[text.rindex("\x1b[2K"):]  # what stays after the live line's last erase
+    assert "waiting for the first metrics" not in last_drawn, repr(text)

@@ -136,6 +136,8 @@ class _LiveLine:
         self.view = view
 
     def __rich_console__(self, _console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.view.closed and not self.view.progress.metrics:
+            return  # a job that never reported metrics: no "waiting for the first metrics" left behind
         line, filled = _layout(self.view.progress.metrics, options.max_width, self.view.elapsed(), True)
         text = Text(line, no_wrap=True, overflow="crop")
         text.stylize("cyan", 0, filled)
@@ -157,6 +159,7 @@ class LogView:
         self.live: Live | None = None
         self.printed_at: float | None = None  # when the last plain progress line was printed
         self.printed_updates = 0
+        self.closed = False  # the run ended: the live line's last drawing stays on screen
         self.wall: tuple[float, float] | None = None  # (the run's own wall_s, our clock when it came)
         self.lock = threading.Lock()  # log bytes and scalars (ScalarWatch's thread) both update it
 
@@ -181,6 +184,8 @@ class LogView:
         for text in self.lines.close():
             self._line(text)
         if self.live is not None:
+            self.closed = True
+            self.live.refresh()
             self.live.stop()
             self.live = None
         if self.mode == "lines" and self.progress.updates > self.printed_updates:

@@ -344,9 +344,11 @@ def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, node: in
     outcome = lifecycle.reattach(get_config(ctx), session, run_id, _opener(ctx, run_id), reporter, node=node,
                                  offset=offset, fetch=fetch, config_path=state(ctx).config_path)
     if not outcome.fetchable and not as_json and not (outcome.status or {}).get("failed_node"):
-        # not a train run: nothing to fetch, only the end to tell
-        if outcome.exit_code:
-            say(f"run {run_id} ended {outcome.status['state']} (exit code {outcome.status.get('exit_code')})")
+        # not a train run: nothing to fetch, only the end to tell (FINISHED too: a quiet job's follow
+        # would otherwise end with no word)
+        st = outcome.status or {}
+        code = f" (exit code {st.get('exit_code')})" if st.get("exit_code") is not None else ""
+        say(f"run {run_id} ended {st.get('state')}{code}")
         raise typer.Exit(outcome.exit_code)
     show_outcome(ctx, outcome, as_json, started)
 
