@@ -53,11 +53,13 @@ def test_the_summary_keeps_only_runs_started_within_since_and_skips_hosts_that_f
         {"host": "gpu", "job": "ppo", "started_at": "2020-01-01T00:00:00Z", "wall_hours": 5.0, "gpu_hours": 40.0},
         {"host": "gpu", "job": "dqn", "started_at": "2027-01-15T07:00:00Z", "wall_hours": 0.5, "gpu_hours": None},
         {"host": "down", "error": "no answer within 10 s"},
+        {"host": "gpu", "job": "ppo", "started_at": None, "wall_hours": None, "gpu_hours": None},  # never started
     ]
     recent = usage.summarize(rows, since_s=usage.parse_since("7d"), now=now)
     assert recent == [{"host": "gpu", "job": "dqn", "runs": 1, "wall_hours": 0.5, "gpu_hours": 0.0},
                       {"host": "gpu", "job": "ppo", "runs": 1, "wall_hours": 1.0, "gpu_hours": 8.0}]
-    assert usage.summarize(rows)[1]["gpu_hours"] == 48.0
+    everything = usage.summarize(rows)
+    assert everything[1]["gpu_hours"] == 48.0 and everything[1]["runs"] == 2  # the never-started one is no run
     for text, seconds in (("30m", 1800), ("24h", 86400), ("2w", 1_209_600), ("90s", 90)):
         assert usage.parse_since(text) == seconds
     with pytest.raises(UsageError):

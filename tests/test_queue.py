@@ -104,6 +104,8 @@ def test_a_queued_run_starts_by_itself_when_the_slot_frees_with_the_laptop_gone(
     finally:
         attached.kill()
         attached.wait()
+    empty = cli("logs", waiting, cwd=proj)
+    assert empty.returncode == 0 and "nothing in its log (it is QUEUED: it has not started yet)" in empty.stderr
     said = cli("status", waiting, cwd=proj).stdout
     assert "QUEUED (position 1 in the queue since" in said and "None" not in said and "pid=" not in said
     listed = {r["run_id"]: r for r in json.loads(cli("runs", "--json", cwd=proj).stdout)}

@@ -157,7 +157,7 @@ def _row(r: dict) -> tuple[str, ...]:
 
 
 # what a narrow terminal drops first: the values are whole or absent, never `FINI…`
-DROP_FIRST = ("commit", "ended", "started", "job", "exit")
+DROP_FIRST = ("commit", "ended", "started", "job", "exit", "host")  # `runs --all`'s host last
 
 
 def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = (),
@@ -316,7 +316,7 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
             _reattach(ctx, session, run_id, node=node, offset=offset, fetch=not no_fetch, raw=raw, as_json=as_json)
             return
         # the run's status first: a clear error for an unknown id
-        with lifecycle.open_nodes(session, run_id, _opener(ctx, run_id)) as (nodes, _):
+        with lifecycle.open_nodes(session, run_id, _opener(ctx, run_id)) as (nodes, first):
             shown = nodes.sessions[lifecycle.check_node(nodes, node)]
             if shown is None:
                 raise UnreachableError(f"run {run_id}: node {node} ({nodes.names[node or 0]}) does not answer",
@@ -331,7 +331,8 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
             control.follow_log(shown, run_id, offset=offset, follow=False, on_bytes=out)
         if not got[0]:  # say so on stderr: nothing on stdout could be a log, or a wrong node
             which = f" node {node} ({nodes.names[node]})" if node is not None else ""
-            say(f"run {run_id}{which}: nothing in its log" + (f" past byte {offset}" if offset else ""))
+            queued = " (it is QUEUED: it has not started yet)" if first.get("state") == RunState.QUEUED else ""
+            say(f"run {run_id}{which}: nothing in its log" + (f" past byte {offset}" if offset else "") + queued)
 
 
 def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, node: int | None, offset: int, fetch: bool,

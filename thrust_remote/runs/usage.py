@@ -36,13 +36,13 @@ def started_ts(row: Mapping[str, Any]) -> float | None:
 
 def summarize(rows: Iterable[Mapping[str, Any]], *, since_s: float | None = None,
               now: float | None = None) -> list[dict[str, Any]]:
-    """Per (host, job), runs started within `since_s` seconds (all when None): how many, and their wall
-    and GPU hours summed, sorted by host then job."""
+    """Per (host, job), runs started within `since_s` seconds (all when None; a run that never started is
+    none of them): how many, and their wall and GPU hours summed, sorted by host then job."""
     cutoff = None if since_s is None else (time.time() if now is None else now) - since_s
     totals: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
-        if "error" in row:
-            continue
+        if "error" in row or not row.get("started_at"):
+            continue  # a host that did not answer; a run that never started (stopped while queued)
         start = started_ts(row)
         if cutoff is not None and (start is None or start < cutoff):
             continue
