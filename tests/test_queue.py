@@ -100,10 +100,13 @@ def test_a_queued_run_starts_by_itself_when_the_slot_frees_with_the_laptop_gone(
         third = cli("train", "gated", "--queue", "--detach", cwd=proj)
         assert third.returncode == 0, third.stderr
         assert "queued on sandbox (position 2)" in third.stdout
-        os.killpg(attached.pid, signal.SIGKILL)
+        os.killpg(attached.pid, signal.SIGINT)  # Ctrl-C: the laptop leaves; the run stays queued on the host
+        assert attached.wait(timeout=60) == 75
     finally:
         attached.kill()
         attached.wait()
+    told = err.read_text()
+    assert f"thrust-remote logs {waiting} --follow" in told and "from where you left" not in told  # no --offset
     empty = cli("logs", waiting, cwd=proj)
     assert empty.returncode == 0 and "nothing in its log (it is QUEUED: it has not started yet)" in empty.stderr
     said = cli("status", waiting, cwd=proj).stdout

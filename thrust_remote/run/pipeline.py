@@ -512,10 +512,11 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
         finally:
             reporter.followed()
     except KeyboardInterrupt:
+        reached = offset + delivered  # nothing shown yet: the command has no --offset to explain
+        where = "from where you left; without --offset for the whole log; " if reached else ""
         raise Detached(
             f"from run {run_id}; it goes on on {host.name}",
-            f"reattach with: {reattach_command(run_id, host, offset + delivered, config_path, node)}   (from where you "
-            f"left; without --offset for the whole log; stop it with: "
+            f"reattach with: {reattach_command(run_id, host, reached, config_path, node)}   ({where}stop it with: "
             f"{command_hint('stop', run_id, host=host, config=config_path)})",
         ) from None
     except ConnectionLostError as exc:
