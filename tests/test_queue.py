@@ -96,7 +96,7 @@ def test_a_queued_run_starts_by_itself_when_the_slot_frees_with_the_laptop_gone(
         wait_until(lambda: "queue (position 1)" in err.read_text(), 120, "the second run to be queued")
         waiting = _run_id(err.read_text())
         st = _status(cli, proj, waiting)
-        assert (st["state"], st["position"], st["pid"]) == ("QUEUED", 1, None) and st["queued_at"]
+        assert (st["state"], st.get("position"), st["pid"]) == ("QUEUED", 1, None) and st["queued_at"], st
         third = cli("train", "gated", "--queue", "--detach", cwd=proj)
         assert third.returncode == 0, third.stderr
         assert "queued on sandbox (position 2)" in third.stdout

@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "free-port": ("netinfo", True),  # several hosts: the rendezvous port, free on node 0
     "listen": ("netinfo", True),  # doctor over several hosts: node 0 accepts the others' connects
     "reach": ("netinfo", True),  # doctor over several hosts: a node connects to node 0
+    "serve": ("serve", False),  # one agent per connection: the other subcommands as requests (serve.py)
 }
 
 

@@ -58,6 +58,11 @@ class AgentExit(enum.IntEnum):
 
 
 # the run directory's files (docs/architecture.md, "The run directory on the host")
+# Agent subcommands that look at the host's installed packages (torch, numpy...): they run with site
+# (a command of their own without `-S`; over `agent serve`, site.main() in the request's process). The
+# others import only the standard library and run with `python -S`: no site-packages scan, no .pth files.
+SITE_COMMANDS = frozenset({"preflight", "missing-modules", "dist-versions"})
+
 RUN_JSON = "run.json"
 LOG = "log"
 EXIT_CODE = "exit_code"

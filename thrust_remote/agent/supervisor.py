@@ -17,9 +17,10 @@ waits for it, and writes `exit_code` atomically. `launch` prints one JSON line a
 With `--queue` a launch that cannot start now leaves its supervisor waiting its turn (runqueue.py):
 the run is QUEUED until then.
 
-A run is RUNNING only when the recorded pid is alive *and* its start time matches *and* the marker
-token is in its command line (a recycled pid is not our run); otherwise FINISHED/FAILED/STOPPED from
-`exit_code`, or LOST when nothing recorded an end.
+A run is RUNNING only when its supervisor's recorded pid is alive *and* its start time matches *and* it
+holds the run's log as its stdout (or has the marker on its command line), or the job's pid and start
+time match and the run's marker is in its environment (a recycled pid is not our run); otherwise FINISHED/FAILED/STOPPED
+from `exit_code`, or LOST when nothing recorded an end.
 """
 
 from __future__ import annotations
@@ -82,6 +83,21 @@ def _proc_environ_has(pid: int, needle: str) -> bool:
         return False
 
 
+def _supervisor_alive(meta: dict, run_dir: str) -> bool:
+    """The run's supervisor still there: its pid with its start time, and holding this run's log as its
+    stdout (it made it so first thing: a recycled pid, or another live process put in run.json, does not).
+    Its command line need not name the run: launched over `agent serve` it is the server's; the marker on
+    it is still taken (a supervisor that lost its fd 1 to a debugger, say)."""
+    pid, start = meta.get("supervisor_pid"), meta.get("supervisor_start")
+    if not pid or not start or _proc_start_time(pid) != start:
+        return False
+    try:
+        holds_log = os.path.realpath(f"/proc/{pid}/fd/1") == os.path.realpath(os.path.join(run_dir, LOG))
+    except OSError:
+        holds_log = False
+    return holds_log or _alive(pid, start, meta.get("marker"))
+
+
 def _alive(pid: int | None, start: str | None, marker: str | None, *, in_env: bool = False) -> bool:
     if not pid or not start or not marker:
         return False
@@ -107,9 +123,9 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
     elif never_started:  # ended while queued: stopped, or failed for another node (stop --peer-failed)
         state = RunState.STOPPED if stopped else RunState.FAILED
     elif meta.get(QUEUE) and "pid" not in meta:  # launched with --queue, not started yet
-        alive = _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), marker)
+        alive = _supervisor_alive(meta, run_dir)
         state = RunState.QUEUED if alive else (RunState.STOPPED if stopped else RunState.LOST)
-    elif _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), marker):
+    elif _supervisor_alive(meta, run_dir):
         state = RunState.RUNNING
     elif _alive(meta.get("pid"), meta.get("pid_start"), marker, in_env=True):
         state = RunState.RUNNING  # the supervisor is gone but the job is still ours and alive
@@ -517,7 +533,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     for _ in range(100):
         if os.path.exists(os.path.join(args.run_dir, EXIT_CODE)):
             break
-        if not _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), meta.get("marker")):
+        if not _supervisor_alive(meta, args.run_dir):
             _write_atomic(
                 os.path.join(args.run_dir, EXIT_CODE),
                 json.dumps({"exit_code": 128 + (9 if killed else 15), "ended_at": _now(), "ended_ts": time.time()}),
@@ -544,7 +560,7 @@ def _stop_queued(args: argparse.Namespace, meta: dict) -> bool:
     for _ in range(100):  # its supervisor sees the file within runqueue.POLL_S and records the end
         if os.path.exists(os.path.join(args.run_dir, EXIT_CODE)):
             break
-        if not _alive(meta.get("supervisor_pid"), meta.get("supervisor_start"), meta.get("marker")):
+        if not _supervisor_alive(meta, args.run_dir):
             _write_atomic(os.path.join(args.run_dir, EXIT_CODE), _never_started())
             break
         time.sleep(0.05)

@@ -235,6 +235,14 @@ class _LineSplitter:
         return b"".join(self.chunks).decode("utf-8", "replace")
 
 
+class LinkUnavailable(Exception):  # noqa: N818 - not the user's error: the caller runs commands instead
+    """A runner's agent link (`open_link`) did not come up; `text` is what the host said meanwhile."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
 class LinkLost(Exception):  # noqa: N818 - an event the loop turns into ConnectionLostError
     """Raised by a Process hook: the link died under the command, no exit status will come."""
 

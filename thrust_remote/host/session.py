@@ -13,16 +13,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from thrust_remote.agent.protocol import SITE_COMMANDS
 from thrust_remote.core.config import Config, HostConfig
 from thrust_remote.core.errors import ThrustError, UnreachableError, UsageError
 from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.core.names import valid_id
 from thrust_remote.host import payload
-from thrust_remote.host.runner import BytesCallback, Runner, RunResult, expand_home
+from thrust_remote.host.runner import BytesCallback, LinkUnavailable, Runner, RunResult, expand_home
 
 
 def check_run_id(run_id: str) -> str:
@@ -132,14 +134,13 @@ def bad_python(runner: Runner, host: HostConfig, reason: str) -> UnreachableErro
     )
 
 
-# Agent subcommands that look at the host's installed packages (torch, numpy...). The others import
-# only the standard library, so they run with `python -S`: no site-packages scan and no .pth files,
-# ~35 ms less per call on a venv python (each sync, launch, status and poll is such a call).
-NEEDS_SITE = frozenset({"preflight", "missing-modules", "dist-versions"})
-
+# THRUST_AGENT_LINK=0: every agent subcommand as a command of its own (a host where `agent serve`
+# misbehaves; the benchmarks' "before")
+LINK_SWITCH = "THRUST_AGENT_LINK"
 
 def _flags(args: tuple[str, ...]) -> tuple[str, ...]:
-    return () if args and args[0] in NEEDS_SITE else ("-S",)
+    """`-S` but for the subcommands that read installed packages: ~35 ms less per call on a venv python."""
+    return () if args and args[0] in SITE_COMMANDS else ("-S",)
 
 
 @dataclass
@@ -148,6 +149,11 @@ class HostSession:
     host: HostConfig
     paths: HostPaths
     _python_checked: bool = field(default=False, repr=False)
+    # the agent link (one `agent serve` per session, where the runner offers one: SSH); off for the
+    # session once it could not start (every request then runs as a command of its own, as before)
+    _link: Any = field(default=None, repr=False)
+    _link_off: bool = field(default=False, repr=False)
+    _link_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def open(cls, runner: Runner, host: HostConfig, config: Config | None = None) -> HostSession:
@@ -159,6 +165,8 @@ class HostSession:
         return self.host.name
 
     def close(self) -> None:
+        if self._link is not None:
+            self._link.close()
         self.runner.close()
 
     def __enter__(self) -> HostSession:
@@ -175,14 +183,41 @@ class HostSession:
 
     def agent(self, *args: str, timeout: float | None = 60, stdin: bytes | None = None,
               on_bytes: BytesCallback | None = None) -> RunResult:
-        """Run an agent subcommand (uploading the agent first when this host lacks this version)."""
-        result, _ = payload.run_pyz(self.runner, self.host, payload.agent(), args, timeout=timeout, stdin=stdin,
-                                    on_bytes=on_bytes, flags=_flags(args))
+        """Run an agent subcommand (uploading the agent first when this host lacks this version): a
+        request over the session's agent link when it has one and the subcommand answers whole, else a
+        command of its own (a streamed answer: logs --follow, venv's pip output)."""
+        link = self._agent_link() if on_bytes is None and args else None
+        if link is not None:
+            result = link.call(args, stdin=stdin, timeout=timeout)
+        else:
+            result, _ = payload.run_pyz(self.runner, self.host, payload.agent(), args, timeout=timeout, stdin=stdin,
+                                        on_bytes=on_bytes, flags=_flags(args))
         # every non-streaming subcommand answers a JSON line: a failure or silence may be a `python:`
         # that is no Python at all, which the user must hear about as such (69), not as "exit 2"
         if not result.ok or (on_bytes is None and not result.stdout.strip()):
             self.check_python()
         return result
+
+    def _agent_link(self) -> Any:
+        """The session's `agent serve` (started on first use, again once after it died), or None where
+        the runner has none or it cannot start here (no agent yet: uploaded, then tried again)."""
+        opener = getattr(self.runner, "open_link", None)
+        if opener is None or self._link_off or os.environ.get(LINK_SWITCH) == "0":
+            return None
+        with self._link_lock:
+            if self._link is not None and not self._link.dead:
+                return self._link
+            remote = expand_home(payload.agent().remote, self.runner.home())
+            for attempt in (1, 2):
+                try:
+                    self._link = opener(self.agent_argv("serve"))
+                    return self._link
+                except LinkUnavailable as exc:
+                    if attempt == 1 and "can't open file" in exc.text and remote in exc.text:
+                        payload.upload(self.runner, payload.agent())
+                        continue
+                    self._link, self._link_off = None, True
+            return None
 
     def check_python(self) -> None:
         """Raise bad_python (69) when the host's python cannot run the agent; asked once per session."""

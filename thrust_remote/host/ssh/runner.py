@@ -27,12 +27,14 @@ from thrust_remote.host.runner import (
     BytesCallback,
     FileId,
     FileOps,
+    LinkUnavailable,
     RunResult,
     StreamCallback,
     check_argv,
     drive,
     expand_home,
 )
+from thrust_remote.host.ssh.agentlink import AgentLink
 from thrust_remote.host.ssh.command import ChannelProcess, build_remote_command, with_env
 from thrust_remote.host.ssh.connect import Target, connect
 from thrust_remote.host.ssh.transfer import LINK_ERRORS, SftpTransfer, StreamTransfer
@@ -142,6 +144,15 @@ class SSHRunner(FileOps):
                 continue
             return chan
         raise AssertionError("unreachable")
+
+    def open_link(self, argv: Sequence[str]) -> AgentLink:
+        """`agent serve` (argv) on a channel of this connection: the agent's requests over one process
+        (agentlink.py). LinkUnavailable when it does not come up (the caller runs commands instead)."""
+        try:
+            return AgentLink.open(self.open_channel, argv, self.name, alive=self.alive, drop=self.drop,
+                                  liveness_timeout=self.liveness_timeout)
+        except LINK_ERRORS as exc:
+            raise LinkUnavailable(str(exc)) from None
 
     def drop(self) -> None:
         """Forget the connection (and what lived on it); the next operation opens a fresh one."""

@@ -1,0 +1,109 @@
+"""One agent process per connection (`agent serve`, host/ssh/agentlink.py), over a real sshd: the JSON
+subcommands of a session go to one server on the host as requests, answered as their own commands would
+be (stdout, stderr, exit code, stdin), at once from several threads, with the request's timeout kept by
+the host (124); a session whose server cannot start runs commands as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from helpers import remote_tempdir
+
+from thrust_remote.core.config import HostConfig
+from thrust_remote.host.runner import LocalRunner
+from thrust_remote.host.session import HostSession
+from thrust_remote.host.ssh import SSHRunner
+
+
+def _session(sshd, workdir) -> HostSession:
+    host = sshd.host_config(workdir=str(workdir))
+    return HostSession.open(SSHRunner.from_host(host), host)
+
+
+def _servers() -> list[str]:
+    """The `agent serve` processes on the sshd's host (this machine): their command lines."""
+    out = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "agent-" in cmd and cmd.rstrip().endswith(" serve"):
+            out.append(cmd)
+    return out
+
+
+def test_a_sessions_requests_go_to_one_agent_and_answer_as_commands_do(sshd) -> None:
+    workdir = remote_tempdir(sshd)
+    before = len(_servers())
+    with _session(sshd, workdir) as session:
+        runs = f"{workdir}/.thrust/runs"
+        assert session.agent_json("runs", "list", "--runs-dir", runs) == []
+        assert len(_servers()) == before + 1  # started on first use, and only one
+        lease = f"{workdir}/study.lease"
+        created = session.agent("lease", "create", lease, stdin=b'{"token": "t1"}')  # stdin reaches it
+        assert created.ok and json.loads(created.stdout) == {"created": True}
+        again = session.agent("lease", "create", lease, stdin=b"{}")
+        assert again.exit_code == 3 and json.loads(again.stdout) == {"created": False}  # its own exit code
+        bad = session.agent("lease", "frobnicate", lease)
+        assert bad.exit_code == 2 and "invalid choice" in bad.stderr  # argparse's usage error, on stderr
+        answers: list[dict] = []
+
+        def ask() -> None:
+            answers.append(session.agent_json("lease", "lease", "read", lease))
+
+        threads = [threading.Thread(target=ask) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(answers) == 8 and all(a["lease"] == {"token": "t1"} for a in answers)
+        assert len(_servers()) == before + 1  # eight at once, still one server
+    deadline = time.monotonic() + 10
+    while len(_servers()) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(_servers()) == before  # it never outlives its connection
+
+
+def test_a_request_that_reads_installed_packages_sees_the_hosts_site_packages(sshd) -> None:
+    """The server runs with -S; dist-versions and missing-modules must still see the host python's
+    packages (torch is installed in the test hosts' python) over the same, single server."""
+    from importlib.metadata import version
+
+    workdir = remote_tempdir(sshd)
+    before = len(_servers())
+    with _session(sshd, workdir) as session:
+        versions = session.agent_json("dist-versions", "dist-versions", "torch", "no-such-dist-xyz")
+        assert versions == {"torch": version("torch"), "no-such-dist-xyz": None}  # the same python as ours
+        missing = session.agent_json("missing-modules", "missing-modules", "torch", "no_such_module_xyz")
+        assert missing == ["no_such_module_xyz"]
+        assert len(_servers()) == before + 1  # both went to the one server
+
+
+def test_a_request_past_its_timeout_is_ended_on_the_host_with_124(sshd, tmp_path) -> None:
+    workdir = remote_tempdir(sshd)
+    gate = workdir / "go"
+    run_dir = f"{workdir}/.thrust/runs/r1"
+    with _session(sshd, workdir) as session:
+        started = session.agent("launch", "--run-dir", run_dir, "--cwd", str(workdir), "--lock",
+                                f"{workdir}/.thrust/locks/launch.lock", "--marker", "m-r1", "--",
+                                "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done")
+        assert started.ok, started.stderr
+        t0 = time.monotonic()
+        followed = session.agent("logs", "--run-dir", run_dir, "--follow", timeout=1)  # never ends by itself
+        assert followed.exit_code == 124 and followed.timed_out
+        assert time.monotonic() - t0 < 10
+        status = session.agent_json("status", "status", "--run-dir", run_dir)  # the link still serves
+        assert status["state"] == "RUNNING"
+        gate.touch()
+
+
+def test_a_runner_without_links_runs_each_subcommand_as_a_command(tmp_path) -> None:
+    host = HostConfig(name="local", workdir=str(tmp_path))
+    with HostSession.open(LocalRunner(), host) as session:
+        assert session.agent_json("runs", "list", "--runs-dir", str(tmp_path / "runs")) == []
+        assert session._link is None

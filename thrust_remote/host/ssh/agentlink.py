@@ -1,0 +1,161 @@
+"""One agent process per connection, the laptop's side: `agent serve` on one exec channel, and each
+JSON-answering agent subcommand sent to it as a request (thrust_remote/agent/serve.py has the protocol).
+
+A subcommand as a command of its own costs a login shell (the account's rc files) and a python start
+on the host, every time; over the link it costs a fork there and one round trip. Each request is a
+`runner.Process` for `drive`, so timeouts (the host kills at the request's deadline: exit 124),
+liveness (a silent link is probed; a dead one is ConnectionLostError, 75) and results are exactly a
+command's. Requests from several threads share the link; the answers come back by id.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import paramiko
+
+from thrust_remote.agent.serve import MAGIC
+from thrust_remote.host.runner import LinkLost, LinkUnavailable, RunResult, drive
+from thrust_remote.host.ssh.command import CHUNK, build_remote_command
+
+LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
+READY_S = 60.0  # how long `agent serve` gets to say it is ready (a first python start on a slow box)
+
+
+class _Call:
+    """One request, as `drive` sees a command: its answer arrives whole (stdout, stderr, exit)."""
+
+    host_enforces_timeout = True  # serve kills it at its deadline and answers 124
+
+    def __init__(self, link: AgentLink, rid: int) -> None:
+        self.link, self.rid = link, rid
+        self.done = threading.Event()
+        self.answer: dict | None = None
+        self.taken = False
+
+    def read(self, wait: float) -> list[tuple[str, bytes]]:
+        if not self.done.wait(wait) or self.answer is None or self.taken:
+            return []
+        self.taken = True
+        return [(name, base64.b64decode(self.answer.get(name) or "")) for name in ("out", "err")]
+
+    def exit_code(self) -> int | None:
+        if self.answer is not None:
+            return int(self.answer.get("exit", 1)) if self.taken else None
+        if self.link.dead:
+            raise LinkLost
+        return None
+
+    def alive(self) -> bool:
+        return self.link.alive()
+
+    def kill(self) -> None:
+        self.link.send({"id": self.rid, "cancel": True})
+
+    def lost(self) -> None:
+        self.link.lost()
+
+
+class AgentLink:
+    """`agent serve` on one channel of a connection (SSHRunner.open_link)."""
+
+    def __init__(self, chan: paramiko.Channel, name: str, alive: Callable[[], bool],
+                 drop: Callable[[], None], liveness_timeout: float | None) -> None:
+        self.chan, self.name, self._alive, self._drop = chan, name, alive, drop
+        self.liveness_timeout = liveness_timeout
+        self.dead = False
+        self._ids = itertools.count(1)
+        self._calls: dict[int, _Call] = {}
+        self._lock = threading.Lock()
+        self._buffer = self._await_ready()
+        threading.Thread(target=self._read, name=f"agent-link-{name}", daemon=True).start()
+
+    @classmethod
+    def open(cls, open_channel: Callable[[str], paramiko.Channel], argv: Sequence[str], name: str, *,
+             alive: Callable[[], bool], drop: Callable[[], None], liveness_timeout: float | None) -> AgentLink:
+        chan = open_channel(build_remote_command(list(argv)))
+        chan.set_combine_stderr(True)  # before the first byte: rc-file noise and python's complaints alike
+        return cls(chan, name, alive, drop, liveness_timeout)
+
+    def _await_ready(self) -> bytes:
+        """Read up to `MAGIC ready` (what an rc file printed before it is skipped); StartFailed if the
+        channel ends first (no agent there yet, no such python) or stays silent."""
+        said = b""
+        self.chan.settimeout(READY_S)
+        try:
+            while (at := said.find(f"{MAGIC} ready\n".encode())) < 0:
+                chunk = self.chan.recv(CHUNK)
+                if not chunk:
+                    raise LinkUnavailable(said.decode("utf-8", "replace"))
+                said += chunk
+        except (TimeoutError, *LINK_ERRORS) as exc:
+            self.chan.close()
+            raise LinkUnavailable(f"{said.decode('utf-8', 'replace')}{exc}") from None
+        self.chan.settimeout(None)
+        return said[at + len(f"{MAGIC} ready\n"):]
+
+    def _read(self) -> None:
+        pending = self._buffer
+        try:
+            while True:
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._deliver(line)
+                chunk = self.chan.recv(CHUNK)
+                if not chunk:
+                    break
+                pending += chunk
+        except LINK_ERRORS:
+            pass
+        self.dead = True
+        with self._lock:
+            calls = list(self._calls.values())
+        for call in calls:
+            call.done.set()
+
+    def _deliver(self, line: bytes) -> None:
+        if not line.startswith(f"{MAGIC} {{".encode()):
+            return  # not ours (a stray print): answers alone start with MAGIC and a JSON object
+        answer = json.loads(line[len(MAGIC) + 1:])
+        with self._lock:
+            call = self._calls.pop(int(answer.get("id", -1)), None)
+        if call is not None:
+            call.answer = answer
+            call.done.set()
+
+    def send(self, message: dict) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        try:
+            with self._lock:
+                self.chan.sendall(data)
+        except LINK_ERRORS:
+            self.dead = True
+
+    def alive(self) -> bool:
+        return not self.dead and self._alive()
+
+    def lost(self) -> None:
+        self.dead = True
+        self._drop()
+
+    def call(self, args: Sequence[str], *, stdin: bytes | None, timeout: float | None) -> RunResult:
+        """Run one agent subcommand as a request: a RunResult as its own command would give."""
+        rid = next(self._ids)
+        call = _Call(self, rid)
+        with self._lock:
+            self._calls[rid] = call
+        self.send({"id": rid, "argv": list(args), "timeout": timeout,
+                   "stdin": base64.b64encode(stdin or b"").decode()})
+        return drive(call, ["agent", *args], name=self.name, started=time.monotonic(), timeout=timeout,
+                     stream=None, on_bytes=None, liveness_timeout=self.liveness_timeout)
+
+    def close(self) -> None:
+        self.dead = True
+        with contextlib.suppress(*LINK_ERRORS):
+            self.chan.close()
