@@ -95,6 +95,7 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     def told(session: HostSession) -> Reporter:  # the nodes speak at once: each line names its node
         return multinode.Prefixed(reporter, session.name) if many else reporter
 
+    planned = multinode.PlanAhead(sessions, reporter) if many else None  # beside the check and set-up
     checked = multinode.each(lambda s: pipeline.check(config, request.job, s, told(s), args_for_preflight=args),
                              sessions)
     multinode.agree(checked)
@@ -102,7 +103,7 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
     if many:  # a queued run's order, the same on every node (agent/runqueue.py); one host uses its own clock
         launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
-                                                  queue_order=time.time())
+                                                  queue_order=time.time(), planned=planned)
     else:
         launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter)], list(sessions)
     _remember(config, launched, reporter)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from thrust_remote.agent.protocol import LOG, RunState
@@ -180,6 +181,39 @@ def plan(sessions: Sequence[HostSession], reporter: Reporter) -> Plan:
     return Plan(address, port, tuple(ifnames), tuple(local_addrs), ssh)
 
 
+class PlanAhead:
+    """The plan, asked in a thread of its own while the nodes are checked and set up: it needs only the
+    sessions, so it is off the launch's critical path. A plan older than FRESH_S when the launch takes
+    it (a set-up that built a venv) gets its port asked again: the one found free may be taken by then."""
+
+    FRESH_S = 10.0
+
+    def __init__(self, sessions: Sequence[HostSession], reporter: Reporter) -> None:
+        self.sessions = list(sessions)
+        self._asked = time.monotonic()
+        self._result: Plan | BaseException | None = None
+        self._done = threading.Event()
+        # a daemon thread, not a pool: when a check fails first, nothing waits for the plan at exit
+        threading.Thread(target=self._ask, args=(reporter,), name="plan", daemon=True).start()
+
+    def _ask(self, reporter: Reporter) -> None:
+        try:
+            self._result = plan(self.sessions, reporter)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by result()
+            self._result = exc
+        finally:
+            self._done.set()
+
+    def result(self) -> Plan:
+        self._done.wait()
+        if isinstance(self._result, BaseException):
+            raise self._result
+        assert self._result is not None
+        if time.monotonic() - self._asked > self.FRESH_S:
+            return replace(self._result, port=rendezvous_port(self.sessions[0], self._result.address))
+        return self._result
+
+
 def rendezvous_port(head: HostSession, address: str) -> int:
     """`rdzv_port:` if free on the rendezvous host, else a free port there (agent `free-port`)."""
     bind = "::" if ":" in address else "0.0.0.0"  # torchrun's store listens on every address
@@ -200,13 +234,13 @@ def route(session: HostSession, address: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ launch
 
 def launch_nodes(prepared: Sequence[Prepared], request: TrainRequest, args: Sequence[str], run_id: str,
-                 reporter: Reporter, max_restarts: int, *,
-                 queue_order: float = 0.0) -> tuple[list[Launched], list[HostSession]]:
-    """The plan, then a launch on every node at once (a launch that fails stops the nodes already
-    launched). The launched runs and the sessions come back in rank order (Plan.order): node 0 is
-    rank 0's node."""
+                 reporter: Reporter, max_restarts: int, *, queue_order: float = 0.0,
+                 planned: PlanAhead | None = None) -> tuple[list[Launched], list[HostSession]]:
+    """The plan (`planned`, asked beside the set-up, or asked now), then a launch on every node at once
+    (a launch that fails stops the nodes already launched). The launched runs and the sessions come
+    back in rank order (Plan.order): node 0 is rank 0's node."""
     sessions = [p.session for p in prepared]
-    given = plan(sessions, reporter)
+    given = planned.result() if planned is not None else plan(sessions, reporter)
     order, where = given.order(), given.ranked()
     sessions, prepared = [sessions[i] for i in order], [prepared[i] for i in order]
     if order[0] != 0:
