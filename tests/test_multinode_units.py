@@ -170,3 +170,43 @@ def test_max_restarts_on_one_host_is_refused_not_ignored(cli, tmp_path):
     assert result.returncode == ExitCode.USAGE
     assert "several hosts" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / ".thrust").exists()  # refused before anything ran
+
+
+# ------------------------------------------------------------------ the plan, asked beside the set-up
+
+def _a_plan(port: int) -> multinode.Plan:
+    return multinode.Plan("10.0.0.1", port, ("eth0", "eth0"), ("10.0.0.1", "10.0.0.2"),
+                          (("10.0.0.1", 22), ("10.0.0.2", 22)))
+
+
+def test_a_plan_asked_ahead_is_the_plan_and_its_error_reaches_the_launch(monkeypatch):
+    import threading
+
+    gate = threading.Event()
+
+    def slow_plan(sessions, reporter):
+        gate.wait(10)  # the set-up goes on meanwhile: result() waits for it
+        return _a_plan(29500)
+
+    monkeypatch.setattr(multinode, "plan", slow_plan)
+    ahead = multinode.PlanAhead(["s0", "s1"], None)
+    gate.set()
+    assert ahead.result() == _a_plan(29500)
+
+    def refused(sessions, reporter):
+        raise UsageError("the rendezvous host (a) is reached at 127.0.0.1, which the other nodes cannot use")
+
+    monkeypatch.setattr(multinode, "plan", refused)
+    with pytest.raises(UsageError, match="rendezvous host"):  # raised where the launch takes the plan
+        multinode.PlanAhead(["s0", "s1"], None).result()
+
+
+def test_a_plan_taken_long_after_it_was_asked_gets_its_port_asked_again(monkeypatch):
+    asked: list[tuple[str, str]] = []
+    monkeypatch.setattr(multinode, "plan", lambda sessions, reporter: _a_plan(29500))
+    monkeypatch.setattr(multinode, "rendezvous_port", lambda head, address: asked.append((head, address)) or 29611)
+    fresh = multinode.PlanAhead(["s0", "s1"], None)
+    assert fresh.result().port == 29500 and asked == []  # taken at once: the port found free stands
+    stale = multinode.PlanAhead(["s0", "s1"], None)
+    stale._asked -= multinode.PlanAhead.FRESH_S + 1  # as if a venv was built in between
+    assert stale.result() == _a_plan(29611) and asked == [("s0", "10.0.0.1")]
