@@ -5,7 +5,9 @@ has no age filter, so files made after the run still count) and runs `fetch RUN`
 misbehave at one exact moment (an answer altered, a file swapped or grown between the listing and the
 transfer, a listing out of time, an account that root's permissions do not cover), the host's `python:`
 is a small wrapper script (HOST_PY) that runs the real python and does that one thing, as told by a
-mode file beside it; with no mode file it is the real python and nothing else.
+mode file beside it; with no mode file it is the real python and nothing else. A wrapper that alters
+`list-files` must see it as a command of its own, so those fetches run with THRUST_AGENT_LINK=0 (over
+the agent link, `list-files` is a request inside `agent serve`, which the wrapper starts unaltered).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ jobs:
     artifacts: ["$THRUST_RUN_DIR/out/**"]
 """
 GLOB = "$THRUST_RUN_DIR/out/**"
+LISTING_MODES = {"deadline", "edit", "swap", "swap_dir", "grow"}  # the wrapper's modes that alter list-files
 
 # The host's python, as the tests need it to misbehave: reads mode.json beside itself, then runs the
 # real python (REAL) unchanged, or for `list-files` alters its answer, or the tree after it answered.
@@ -53,7 +56,7 @@ argv = [REAL, *sys.argv[1:]]
 if mode.get("drop_dac") and os.geteuid() == 0:  # root without its read-anything capabilities
     caps = "-dac_override,-dac_read_search"
     argv = ["setpriv", "--bounding-set", caps, "--inh-caps", caps, *argv]
-if "list-files" not in sys.argv or not {{"deadline", "edit", "swap", "swap_dir", "grow"}} & set(mode):
+if "list-files" not in sys.argv or not {listing_modes!r} & set(mode):
     os.execvp(argv[0], argv)
 if "deadline" in mode:
     argv[argv.index("--deadline") + 1] = str(mode["deadline"])
@@ -91,6 +94,7 @@ class Host:
         self.out = self.run_dir / "out"
         self.dest = proj / ".thrust" / "fetched" / run_id / "artifacts"
         self.local = self.dest / "THRUST_RUN_DIR" / "out"
+        self.mode: dict = {}
 
     def reset(self) -> None:
         """An empty out/ on the host, nothing fetched yet, the wrapper a plain python."""
@@ -102,6 +106,7 @@ class Host:
         self.set_mode(None)
 
     def set_mode(self, mode: dict | None) -> None:
+        self.mode = mode or {}
         path = self.wrapper.parent / "mode.json"
         if mode is None:
             path.unlink(missing_ok=True)
@@ -110,6 +115,8 @@ class Host:
 
     def fetch(self, timeout: float = 120) -> subprocess.CompletedProcess:
         env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}
+        if set(self.mode) & LISTING_MODES:  # the wrapper alters list-files: it must run as a command
+            env["THRUST_AGENT_LINK"] = "0"
         return subprocess.run([EXE, "fetch", self.run_id], cwd=self.proj, capture_output=True, text=True, env=env,
                               timeout=timeout)
 
@@ -129,7 +136,7 @@ class Host:
 def host(sshd, tmp_path_factory) -> Iterator[Host]:
     workdir = remote_tempdir(sshd) / "hostile"
     wrapper = remote_tempdir(sshd, "hostpy-") / "python"
-    wrapper.write_text(HOST_PY.format(real=sshd.host_config().python))
+    wrapper.write_text(HOST_PY.format(real=sshd.host_config().python, listing_modes=LISTING_MODES))
     wrapper.chmod(0o755)
     proj = new_project(tmp_path_factory.mktemp("hostile") / "project", sshd, workdir, jobs=JOBS, python=wrapper,
                        message="outs")

@@ -173,6 +173,44 @@ def test_concurrent_transfers_each_take_their_own_helper(sshd, tmp_path, remote_
         other.close()
 
 
+def test_many_gets_are_pipelined_on_one_helper_in_order_with_a_swapped_file_in_place(sshd, tmp_path, remote_dir):
+    """get_many over a real sshd: 200 files through one helper (one channel), answered in order; a file
+    replaced after it was listed is its FileChangedError, in its place, and the stream goes on."""
+    from thrust_remote.host.runner import FileChangedError
+
+    items, want = [], {}
+    for i in range(200):
+        src = remote_dir / "many" / f"f{i:03d}.bin"
+        src.parent.mkdir(exist_ok=True)
+        data = os.urandom(100 + i * 37)
+        src.write_bytes(data)
+        st = src.stat()
+        items.append((str(src), tmp_path / src.name, (st.st_dev, st.st_ino)))
+        want[src.name] = hashlib.sha256(data).hexdigest()
+    swapped = remote_dir / "many" / "f100.bin"
+    swapped.unlink()
+    swapped.symlink_to(remote_dir / "many" / "f000.bin")  # what a listing saw is gone
+    runner = sshd.runner()
+    try:
+        got = list(runner.get_many(items, threading.Event()))
+        assert len(got) == 200 and isinstance(got[100], FileChangedError)
+        assert [g for i, g in enumerate(got) if i != 100] == [want[f"f{i:03d}.bin"] for i in range(200) if i != 100]
+        assert all(hashlib.sha256((tmp_path / n).read_bytes()).hexdigest() == h for n, h in want.items()
+                   if n != "f100.bin")
+        assert not (tmp_path / "f100.bin").exists() and not list(tmp_path.glob("*.part"))
+        pool = runner._transfer._idle
+        assert len(pool) == 1  # one helper answered all 200, and is in step to be used again
+        stop = threading.Event()
+        stream = runner.get_many(items[:50], stop)
+        assert next(stream) == want["f000.bin"]
+        stop.set()  # asked no more than the window ahead; the rest never asked
+        rest = list(stream)
+        assert 0 < len(rest) < 49 and all(isinstance(r, str) for r in rest)
+        assert not list(tmp_path.glob("*.part"))
+    finally:
+        runner.close()
+
+
 def test_host_without_python_falls_back_to_sftp(sshd, tmp_path, remote_dir):
     runner = sshd.runner(python="/nonexistent/python3")
     data = os.urandom(3_000_000)

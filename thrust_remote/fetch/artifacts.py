@@ -22,12 +22,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,9 +49,11 @@ RUN_LOCAL = RUN_DIR_ENV  # where the run dir's files land under artifacts/
 # which resume or re-export a run; model.onnx is inference only, and metrics.jsonl already comes
 # with the model (fetch/models.py).
 TRAINER_DEFAULT = (f"{RUN_PREFIX}{CHECKPOINTS}/**",)
-# Files in flight at once: each is one transfer helper's channel on the host (sshd's default
-# MaxSessions is 10 per connection), and many small files are latency-bound, not bandwidth-bound.
-WORKERS = 4
+# Streams at once, each one transfer helper's channel on the host (sshd's default MaxSessions is 10 per
+# connection) with its gets pipelined (Runner.get_many): many small files cost their bytes, not a round
+# trip each; two streams keep both ends busy while one waits on a large file.
+STREAMS = 2
+Job = tuple[str, Path, dict[str, Any]]  # a file to fetch: its name under artifacts/, where it goes, its listing
 # How long the host's walk of the globs may take (agent list-files --deadline), and the grace past it
 # for the command itself: a listing always ends, with an error naming the glob it was on.
 LIST_DEADLINE_S = 300.0
@@ -312,9 +314,10 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
 
 def _fetch_changed(session: HostSession, dest: Path, todo: list[tuple[str, Path, dict[str, Any]]],
                    record: dict[str, dict[str, Any]], result: DirFetch) -> None:
-    """Skip the files whose local sha256 is the host's; get the others, WORKERS at a time. Every file
-    that completed is recorded even when another one fails or Ctrl-C stops the fetch (the next fetch
-    skips it). Ctrl-C cuts the transfers in flight (their temporary files go with them) at once."""
+    """Skip the files whose local sha256 is the host's; get the others over STREAMS pipelined streams
+    (Runner.get_many). Every file that completed is recorded even when another one fails or Ctrl-C stops
+    the fetch (the next fetch skips it). Ctrl-C cuts the transfers in flight (their temporary files go
+    with them) at once."""
     changed: list[tuple[str, Path, dict[str, Any]]] = []
     made: set[Path] = set()
     for name, target, entry in todo:
@@ -328,56 +331,66 @@ def _fetch_changed(session: HostSession, dest: Path, todo: list[tuple[str, Path,
         return
     umask = _umask()
     stop = threading.Event()
-    pool = ThreadPoolExecutor(max_workers=min(WORKERS, len(changed)))
-    futures = {pool.submit(_get_one, session, entry, target, stop): (name, target, entry)
-               for name, target, entry in changed}
-    seen: set[Future[str | None]] = set()
+    outcomes: queue.Queue[tuple[Job | None, str | BaseException | None]] = queue.Queue()
+    streams = [changed[i::STREAMS] for i in range(min(STREAMS, len(changed)))]
+    workers = [threading.Thread(target=_stream, args=(session, jobs, stop, outcomes), daemon=True,
+                                name=f"fetch-{i}") for i, jobs in enumerate(streams)]
+    for worker in workers:
+        worker.start()
     failed: BaseException | None = None
     try:
-        for future in as_completed(futures):
-            seen.add(future)
-            failed = _settle(future, futures[future], session.name, record, result, umask) or failed
+        ended = 0
+        while ended < len(workers):
+            job, outcome = outcomes.get()
+            if job is None:  # a stream ended: by itself (None) or with the error that stops the fetch
+                ended += 1
+                failed = failed or outcome  # type: ignore[assignment]
+            else:
+                failed = _settle(job, outcome, session.name, record, result, umask) or failed
             if failed is not None:
                 stop.set()
-                for other in futures:
-                    other.cancel()
     except BaseException:  # Ctrl-C (KeyboardInterrupt): stop now, keep what completed
         stop.set()
-        pool.shutdown(wait=False, cancel_futures=True)
         session.runner.close()  # cuts the transfers in flight: each removes its temporary file
-        wait([f for f in futures if not f.done()], timeout=ABORT_WAIT_S)
-        for future in futures:
-            if future.done() and future not in seen and not future.cancelled() and future.exception() is None:
-                _settle(future, futures[future], session.name, record, result, umask)
+        deadline = time.monotonic() + ABORT_WAIT_S
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        while not outcomes.empty():
+            job, outcome = outcomes.get_nowait()
+            if job is not None and isinstance(outcome, str):
+                _settle(job, outcome, session.name, record, result, umask)
         raise
-    pool.shutdown(wait=True)
     if failed is not None:
         raise failed
 
 
-def _get_one(session: HostSession, entry: dict[str, Any], target: Path, stop: threading.Event) -> str | None:
-    """One verified get of the listed file (and only that file: its dev/ino); None once stopped."""
-    if stop.is_set():
-        return None
-    return session.runner.get(entry["abs"], target, identity=(entry["dev"], entry["ino"]))
+def _stream(session: HostSession, jobs: list[Job], stop: threading.Event,
+            outcomes: queue.Queue[tuple[Job | None, str | BaseException | None]]) -> None:
+    """One stream of the fetch (a thread): each job's outcome as it completes, then (None, why it ended)."""
+    items = [(entry["abs"], target, (entry["dev"], entry["ino"])) for _, target, entry in jobs]
+    ended: BaseException | None = None
+    try:
+        with contextlib.closing(session.runner.get_many(items, stop)) as got:  # type: ignore[arg-type]
+            for job, outcome in zip(jobs, got, strict=False):
+                outcomes.put((job, outcome))
+    except BaseException as exc:  # noqa: BLE001 - handed to the fetch's own thread, which raises it
+        ended = exc
+    outcomes.put((None, ended))
 
 
-def _settle(future: Future[str | None], job: tuple[str, Path, dict[str, Any]], host: str,
-            record: dict[str, dict[str, Any]], result: DirFetch, umask: int) -> BaseException | None:
+def _settle(job: Job, outcome: str | BaseException | None, host: str, record: dict[str, dict[str, Any]],
+            result: DirFetch, umask: int) -> BaseException | None:
     """Record one finished transfer (or say why it was not); the exception that must stop the fetch."""
     name, target, entry = job
-    if future.cancelled():
-        return None
-    exc = future.exception()
-    if isinstance(exc, FileChangedError):
-        result.warnings.append(f"artifacts: {name!r} was replaced on {host} after it was listed ({exc.message}): "
+    if isinstance(outcome, FileChangedError):
+        result.warnings.append(f"artifacts: {name!r} was replaced on {host} after it was listed ({outcome.message}): "
                                "not fetched; fetch again for the new file")
         return None
-    if exc is not None:
-        return exc
-    sha = future.result()
-    if sha is None:
+    if isinstance(outcome, BaseException):
+        return outcome
+    if outcome is None:
         return None
+    sha = outcome
     _keep_mode(target, entry["mode"], umask)
     size = target.stat().st_size
     if sha != entry["sha256"]:

@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
@@ -70,6 +70,22 @@ class FileChangedError(TransferError):
     """The path no longer names the file a listing saw (replaced, or a symlink now): nothing was copied."""
 
 
+# A file to get: (its path on the host, where it goes here, the (dev, ino) a listing saw or None).
+GetItem = tuple[str, Path, "FileId | None"]
+
+
+def one_by_one(get: Callable[[str, Path, FileId | None], str], items: Sequence[GetItem],
+               stop: threading.Event) -> Iterator[str | FileChangedError]:
+    """`get_many` for a transfer that cannot pipeline: each item's get in turn, until `stop`."""
+    for source, dst, identity in items:
+        if stop.is_set():
+            return
+        try:
+            yield get(source, dst, identity)
+        except FileChangedError as exc:
+            yield exc
+
+
 def open_part(dst: Path) -> tuple[IO[bytes], Path]:
     """A new temporary file beside `dst` for a download: a short random name (a 255-byte `dst` still
     fits), created exclusively, owner-only, never through a symlink (mkstemp: O_EXCL | O_NOFOLLOW)."""
@@ -111,6 +127,12 @@ class Runner(Protocol):
         """Copy `remote` to a local file (verified, atomic); returns its sha256. With `identity` (what a
         listing saw), `remote` is opened without following a symlink and must still be that file, else
         FileChangedError."""
+        ...
+
+    def get_many(self, items: Sequence[GetItem], stop: threading.Event) -> Iterator[str | FileChangedError]:
+        """`get` of each item, in order, as fast as the runner can (SSH: pipelined on one channel): each
+        file's sha256, or the FileChangedError of a file replaced since it was listed; any other failure
+        is raised. Asks nothing more once `stop` is set."""
         ...
 
     def exists(self, path: str) -> bool: ...
@@ -166,6 +188,9 @@ class FileOps:
 
     def makedirs(self, path: str) -> None:
         self.run(["mkdir", "-p", "--", path]).check(f"mkdir -p {path} on {self.name}")
+
+    def get_many(self, items: Sequence[GetItem], stop: threading.Event) -> Iterator[str | FileChangedError]:
+        return one_by_one(lambda source, dst, identity: self.get(source, dst, identity=identity), items, stop)
 
 
 def check_env(env: Mapping[str, str] | None) -> dict[str, str]:

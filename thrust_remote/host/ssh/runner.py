@@ -14,7 +14,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import paramiko
@@ -25,8 +25,10 @@ from thrust_remote.core.errors import ConnectionLostError, TransferError, UsageE
 from thrust_remote.core.names import Address, parse_address
 from thrust_remote.host.runner import (
     BytesCallback,
+    FileChangedError,
     FileId,
     FileOps,
+    GetItem,
     LinkUnavailable,
     RunResult,
     StreamCallback,
@@ -238,3 +240,7 @@ class SSHRunner(FileOps):
         dst = Path(local)
         dst.parent.mkdir(parents=True, exist_ok=True)
         return self._transfer.get(source, dst, identity)
+
+    def get_many(self, items: Sequence[GetItem], stop: threading.Event) -> Iterator[str | FileChangedError]:
+        """Runner.get_many: pipelined on one transfer helper (the destinations' parents must exist)."""
+        return self._transfer.get_many([(self._path(src), dst, ident) for src, dst, ident in items], stop)

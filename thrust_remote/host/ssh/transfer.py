@@ -24,7 +24,7 @@ import os
 import stat
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Protocol, TypeVar
 
@@ -34,7 +34,15 @@ from paramiko.ssh_exception import SSHException
 from thrust_remote.agent import xfer
 from thrust_remote.agent.xfer import MAGIC
 from thrust_remote.core.errors import ThrustError, TransferError
-from thrust_remote.host.runner import FileChangedError, FileId, RunResult, drop_part, open_part
+from thrust_remote.host.runner import (
+    FileChangedError,
+    FileId,
+    GetItem,
+    RunResult,
+    drop_part,
+    one_by_one,
+    open_part,
+)
 from thrust_remote.host.ssh.command import build_remote_command
 
 CHUNK = 1 << 20
@@ -98,6 +106,9 @@ def _mismatch_download(link: Link, source: str, dst: Path, theirs: str, ours: st
 def _close_quietly(chan: paramiko.Channel) -> None:
     with contextlib.suppress(Exception):  # closing on a dead link may raise anything
         chan.close()
+
+
+WINDOW = 32  # gets asked ahead of their answers on one helper: ~5 KB of requests, never a full window
 
 
 class _Helper:
@@ -300,12 +311,54 @@ class StreamTransfer(Transfer):
         finally:
             self._give(helper)
 
+    def get_many(self, items: Sequence[GetItem], stop: threading.Event) -> Iterator[str | FileChangedError]:
+        """Each item's get, in order, pipelined on one helper: up to WINDOW requests are in flight, so a
+        small file costs its bytes, not a round trip (the helper answers its requests in order). Yields
+        each file's sha256, or the FileChangedError of a file replaced since it was listed; any other
+        failure is raised, as `get` raises it. Asks nothing more once `stop` is set."""
+        helper = self._take()
+        if helper is None:
+            yield from one_by_one(self.fallback.get, items, stop)  # no usable python on the host
+            return
+        asked = answered = 0
+        try:
+            for source, dst, _identity in items:
+                while asked < len(items) and asked - answered < WINDOW and not stop.is_set():
+                    ahead, _, ahead_id = items[asked]
+                    if not helper.send(self._get_request(ahead, ahead_id).encode()):
+                        raise self._lost(helper, f"download of {self.link.name}:{ahead} was cut",
+                                         "run the command again")
+                    asked += 1
+                if answered == asked:
+                    return  # stopped: nothing left in flight
+                answered += 1
+                try:
+                    yield self._get_answer(helper, source, dst)
+                except FileChangedError as exc:
+                    yield exc
+        finally:
+            if answered != asked:
+                helper.in_step = False  # answers still on their way: this helper is closed, not reused
+            self._give(helper)
+
+    @staticmethod
+    def _get_request(source: str, identity: FileId | None) -> str:
+        expect = f" {identity[0]} {identity[1]}" if identity is not None else ""
+        return f"get {_hex(source)}{expect}\n"
+
     def _get(self, helper: _Helper, source: str, dst: Path, identity: FileId | None) -> str:
+        if not helper.send(self._get_request(source, identity).encode()):
+            raise self._lost(helper, f"download of {self.link.name}:{source} was cut",
+                             f"{dst} is untouched; run the command again")
+        return self._get_answer(helper, source, dst)
+
+    def _get_answer(self, helper: _Helper, source: str, dst: Path) -> str:
+        """The helper's answer to one `get` (asked already): the file into `dst`, verified."""
         name = self.link.name
         cut = f"download of {name}:{source} was cut"
         hint = f"{dst} is untouched; run the command again"
-        expect = f" {identity[0]} {identity[1]}" if identity is not None else ""
-        if not (reply := helper.ask(f"get {_hex(source)}{expect}\n")):
+        helper.in_step = False
+        if not (reply := helper.line()):
             raise self._lost(helper, cut, hint)
         if reply[0] == "err":
             helper.in_step = True
