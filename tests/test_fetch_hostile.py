@@ -231,6 +231,8 @@ def test_ctrl_c_stops_a_fetch_at_once_records_what_came_and_leaves_no_temporary_
     took = time.monotonic() - interrupted
     assert proc.returncode == ExitCode.INTERRUPTED, err
     assert took < 2.0, f"{took:.1f} s after Ctrl-C"
+    assert f"fetch of run {host.run_id}'s artifacts interrupted: " in err and "not fetched" in err, err
+    assert f"fetch the rest with: thrust-remote fetch {host.run_id}" in err, err  # what to do next
     local = host.fetched()
     assert 40 <= len(local) < n, len(local)
     for name, data in local.items():  # whole files only

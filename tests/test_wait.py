@@ -61,6 +61,20 @@ def test_wait_past_its_timeout_names_the_runs_that_go_on_and_the_command_to_wait
     assert [st["state"] for st in info.value.statuses] == ["FINISHED", "RUNNING"]  # as last seen
 
 
+def test_ctrl_c_while_waiting_leaves_the_runs_going_with_75_and_the_command_to_wait_again():
+    from thrust_remote.core.errors import Detached
+
+    def ctrl_c(_s: float) -> None:
+        raise KeyboardInterrupt
+
+    asks = _asks({"a": ["FINISHED"], "b": ["RUNNING"], "c": ["QUEUED"]})
+    with pytest.raises(Detached) as info:
+        lifecycle.wait(asks, again=lambda going: f"again {' '.join(going)}", sleep=ctrl_c)
+    assert info.value.exit_code == ExitCode.CONNECTION_LOST == 75  # as a detach: not a success, not a failure
+    assert "2 of 3 run(s) still going: b, c" in info.value.message
+    assert info.value.hint == "they go on; wait again with: again b c"
+
+
 def test_a_host_that_stops_answering_is_asked_again_but_one_that_never_answered_is_an_error():
     clock, troubles = Clock(), []
     answers = iter([{"run_id": "a", "state": "RUNNING"}, UnreachableError("no route"),

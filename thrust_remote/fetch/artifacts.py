@@ -35,8 +35,9 @@ from typing import Any
 from thrust_remote.agent.listing import DEADLINE_ERROR
 from thrust_remote.agent.protocol import CHECKPOINTS, RUN_DIR_ENV, RUN_DIR_PREFIX
 from thrust_remote.core.config import JobConfig
-from thrust_remote.core.errors import TransferError
+from thrust_remote.core.errors import ExitCode, ThrustError, TransferError
 from thrust_remote.core.files import write_atomic
+from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch.models import _ensure_kept_root, kept_root
 from thrust_remote.host.runner import FileChangedError, sha256_file
 from thrust_remote.host.session import HostSession, parse_json
@@ -303,6 +304,12 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     said = len(result.warnings)
     try:
         _fetch_changed(session, dest, todo, record, result)
+    except KeyboardInterrupt:  # what completed is kept and recorded: the next fetch brings only the rest
+        left = len(todo) - len(result.fetched) - len(result.unchanged)
+        raise ThrustError(f"fetch of run {run_id}'s artifacts interrupted: {len(result.fetched)} file(s) fetched, "
+                          f"{len(result.unchanged)} unchanged, {left} not fetched ({dest})",
+                          f"fetch the rest with: {command_hint('fetch', run_id, host=session.host)}",
+                          ExitCode.INTERRUPTED) from None
     finally:
         _write_record(record_path, record)
         result.seconds = time.monotonic() - started

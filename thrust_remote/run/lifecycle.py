@@ -22,7 +22,14 @@ from typing import Any
 
 from thrust_remote.agent.protocol import MODEL, RUN_JSON, RunState
 from thrust_remote.core.config import Config, HostConfig, JobConfig
-from thrust_remote.core.errors import ConnectionLostError, StillGoing, ThrustError, UnreachableError, UsageError
+from thrust_remote.core.errors import (
+    ConnectionLostError,
+    Detached,
+    StillGoing,
+    ThrustError,
+    UnreachableError,
+    UsageError,
+)
 from thrust_remote.fetch import artifacts
 from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
@@ -407,6 +414,19 @@ def wait(asks: Sequence[tuple[str, Ask]], *, timeout: float | None = None, every
     the command to wait again, and `.statuses` the last answer of each (None: never answered)."""
     ended: dict[str, dict[str, Any]] = {}
     last: dict[str, dict[str, Any] | None] = dict.fromkeys((run_id for run_id, _ in asks), None)
+    try:
+        return _wait_rounds(asks, ended, last, timeout, every, on_end, on_trouble, again, clock, sleep)
+    except KeyboardInterrupt:  # Ctrl-C: the runs go on; 75 as a detach, with the command to wait again
+        going = [run_id for run_id, _ in asks if run_id not in ended]
+        raise Detached(f"from waiting: {len(going)} of {len(asks)} run(s) still going: {', '.join(going)}",
+                       f"they go on; wait again with: {again(going)}") from None
+
+
+def _wait_rounds(asks: Sequence[tuple[str, Ask]], ended: dict[str, dict[str, Any]],
+                 last: dict[str, dict[str, Any] | None], timeout: float | None, every: float,
+                 on_end: Callable[[dict[str, Any]], None], on_trouble: Callable[[str, ThrustError], None],
+                 again: Callable[[Sequence[str]], str], clock: Callable[[], float],
+                 sleep: Callable[[float], None]) -> list[dict[str, Any]]:
     deadline = None if timeout is None else clock() + timeout
     while True:
         for run_id, ask in asks:
