@@ -67,8 +67,13 @@ def test_unchanged_tree_is_left_alone_and_a_busy_workdir_is_never_changed(repo, 
     before = git(Path(host.workdir), "rev-parse", "HEAD")
     (repo / "a.txt").write_text("two\n")
     git(repo, "commit", "-q", "-am", "two")
-    with pytest.raises(ThrustError, match="in use by running or queued run"):
+    with pytest.raises(ThrustError, match="in use by running or queued run") as one:
         sync(_session(host), local_state(repo), busy=lambda: ["run-1"])
+    assert "wait for it to end (thrust-remote wait run-1 --host" in one.value.hint
+    with pytest.raises(ThrustError) as two:  # one running, one queued behind it: stopping the first is not enough
+        sync(_session(host), local_state(repo), busy=lambda: ["run-1", "run-2"])
+    assert "wait for them all to end: thrust-remote wait run-1 run-2 --host" in two.value.hint
+    assert "stop run-1 --host" in two.value.hint and "stop run-2 --host" in two.value.hint
     assert git(Path(host.workdir), "rev-parse", "HEAD") == before
     assert (Path(host.workdir) / "a.txt").read_text() == "one\n"
 

@@ -232,13 +232,18 @@ def _refuse_if_busy(session: HostSession, local: LocalState, busy: Callable[[], 
     # Runs of the same commit and patch share the workdir freely (the `untouched` case);
     # other code would change under these runs (docs/architecture.md, "Concurrent runs").
     what = f"{local.commit[:12]}{' + uncommitted changes' if local.patch else ''}"
-    first, name = running[0], session.name
+    host = session.host
+    if len(running) == 1:
+        waits = command_hint("wait", running[0], host=host)
+        hint = f"{see_or_stop(running[0], host)}; or wait for it to end ({waits}), or give this host another workdir"
+    else:  # a queued run starts when the one ahead stops: every one of them holds the workdir
+        stops = "; ".join(command_hint("stop", run, host=host) for run in running)
+        hint = (f"wait for them all to end: {command_hint('wait', *running, host=host)}; or stop them: {stops}; "
+                "or give this host another workdir")
     raise ThrustError(
-        f"{session.paths.workdir} on {name} is in use by running or queued run(s) {', '.join(running)}; syncing {what} "
-        "would change their code under them",
-        f"{see_or_stop(first, session.host)}; or wait for it to end "
-        f"({command_hint('logs', first, '-f', host=session.host)}), or give this host another workdir",
-        ExitCode.UNAVAILABLE,  # nothing was launched, and a retry later may work: not 1 (a job failed)
+        f"{session.paths.workdir} on {session.name} is in use by running or queued run(s) {', '.join(running)}; "
+        f"syncing {what} would change their code under them",
+        hint, ExitCode.UNAVAILABLE,  # nothing was launched, and a retry later may work: not 1 (a job failed)
     )
 
 
