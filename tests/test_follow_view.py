@@ -209,3 +209,26 @@ def test_a_live_view_of_a_job_without_metrics_leaves_only_its_lines():
     assert "start" in text and "end" in text
     last_drawn = text[text.rindex("\x1b[2K"):]  # what stays after the live line's last erase
     assert "waiting for the first metrics" not in last_drawn, repr(text)
+
+
+def test_a_followed_run_that_waits_in_the_queue_says_where_until_its_log_starts():
+    """`train --queue` attached, or a reattach to a QUEUED run: the live line names the queue and the
+    place in it (not 'waiting for the first metrics'), then counts the run's time from its start."""
+    from thrust_remote.cli.follow import LogReporter
+
+    clock = Clock()
+    out, buf = _console(width=100, terminal=True)
+    reporter = LogReporter(True, out=out)
+    reporter.queued("box", 2)
+    reporter.following("run-1", 0)
+    view = reporter.view
+    view.clock = clock
+    view.live.refresh()
+    assert "queued on box (position 2): starts when what it asks frees" in buf.getvalue()
+    clock.now += 600.0  # ten minutes in the queue
+    reporter.log(b"starting\n")
+    view.live.refresh()
+    assert view.elapsed() == 0.0  # the run's time begins when it starts, not when the view opened
+    drawn = buf.getvalue()
+    assert drawn.rindex("waiting for the first metrics") > drawn.rindex("queued on box")
+    reporter.followed()

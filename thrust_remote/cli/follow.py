@@ -80,10 +80,14 @@ def _fields(m: Mapping[str, Any], elapsed: float | None) -> tuple[str, list[list
     return pct, optional
 
 
-def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar: bool) -> tuple[str, int]:
-    """(the line, how many of its first characters are the bar's filled part)."""
+WAITING = "waiting for the first metrics"
+
+
+def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar: bool,
+            waiting: str = WAITING) -> tuple[str, int]:
+    """(the line, how many of its first characters are the bar's filled part); `waiting` while no metrics."""
     if not m:
-        text = "waiting for the first metrics"
+        text = waiting
         return (text if width is None else text[:width]), 0
     pct, optional = _fields(m, elapsed)
     step, total = m.get("step") or 0, m.get("total_steps")
@@ -138,7 +142,8 @@ class _LiveLine:
     def __rich_console__(self, _console: Console, options: ConsoleOptions) -> RenderResult:
         if self.view.closed and not self.view.progress.metrics:
             return  # a job that never reported metrics: no "waiting for the first metrics" left behind
-        line, filled = _layout(self.view.progress.metrics, options.max_width, self.view.elapsed(), True)
+        line, filled = _layout(self.view.progress.metrics, options.max_width, self.view.elapsed(), True,
+                               self.view.waiting)
         text = Text(line, no_wrap=True, overflow="crop")
         text.stylize("cyan", 0, filled)
         yield text
@@ -148,7 +153,7 @@ class LogView:
     """Consumes log bytes and shows them in one of the three modes (see the module's docstring)."""
 
     def __init__(self, run_id: str, mode: str = "lines", *, out: Console | None = None,
-                 clock: Callable[[], float] = time.monotonic, interval: float = 5.0) -> None:
+                 clock: Callable[[], float] = time.monotonic, interval: float = 5.0, queued: str | None = None) -> None:
         if mode not in ("live", "lines", "raw"):
             raise ValueError(f"mode {mode!r}")
         self.run_id, self.mode, self.out = run_id, mode, out or console
@@ -162,6 +167,9 @@ class LogView:
         self.closed = False  # the run ended: the live line's last drawing stays on screen
         self.wall: tuple[float, float] | None = None  # (the run's own wall_s, our clock when it came)
         self.lock = threading.Lock()  # log bytes and scalars (ScalarWatch's thread) both update it
+        # what the live line says before any metrics: where the run waits while it is queued, until its
+        # log's first bytes say it started (and its elapsed time starts then)
+        self.waiting = queued or WAITING
 
     @property
     def last(self) -> dict[str, Any]:
@@ -203,6 +211,8 @@ class LogView:
                 self._print_progress()  # they come every few seconds already: no interval to wait
 
     def _feed(self, chunk: bytes) -> None:
+        if chunk and self.waiting != WAITING:  # the queued run started: its log has begun
+            self.waiting, self.started = WAITING, self.clock()
         self.offset += len(chunk)
         if self.mode == "raw":
             sys.stdout.buffer.write(chunk)  # byte for byte: a transcript equals the host's log
@@ -238,9 +248,14 @@ class LogReporter(pipeline.NullReporter):
         self.fancy = self.out.is_terminal if fancy is None else fancy
         self.mode = "raw" if raw else "live" if self.fancy else "lines"
         self.view: LogView | None = None
+        self.waits: str | None = None  # where the followed run is queued, if it is
+
+    def queued(self, host: str, position: int | None) -> None:
+        where = f" (position {position})" if position else ""
+        self.waits = f"queued on {host}{where}: starts when what it asks frees"
 
     def following(self, run_id: str, offset: int) -> None:
-        self.view = LogView(run_id, self.mode, out=self.out).__enter__()
+        self.view = LogView(run_id, self.mode, out=self.out, queued=self.waits).__enter__()
 
     def log(self, chunk: bytes) -> None:
         if self.view is not None:

@@ -182,6 +182,8 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     followed_session = nodes.sessions[node]
     assert followed_session is not None
     timings = dict(head.timings)
+    if head.position is not None:  # still waiting on its host: the view says so until its log starts
+        reporter.queued(head.host, head.position or None)
     with multinode.Watch(nodes.sessions, nodes.names, nodes.run_id, reporter, followed=node) as watch:
         try:
             followed = pipeline.follow(followed_session, nodes.run_id, reporter, offset=offset,
@@ -282,7 +284,7 @@ def reattach(config: Config, session: HostSession, run_id: str, open_node: OpenN
         job = _train_job(config, head_session, run_id, head_status)
         head = Launched(run_id, head_session.paths.run(run_id), int(head_status.get("pid") or 0), head_session.name,
                         str(head_status.get("job") or ""), head_status.get("commit"), head_session.paths, None, True,
-                        {})
+                        {}, position=(status.get("position") or 0) if status.get("state") == RunState.QUEUED else None)
         return follow(config, nodes, head, job, reporter, fetch=fetch, force=force, offset=offset, node=node,
                       config_path=config_path)
 

@@ -63,10 +63,12 @@ class Reporter(Protocol):
     """What the pipeline tells its caller. Following a run adds four calls: `following` when the
     log starts, `log` with its bytes exactly as the host wrote them (progress is parsed from them:
     THRUST_METRICS lines), `metrics` with a metrics object read elsewhere (a job's TensorBoard
-    scalars, from another thread), `followed` when following ends for any reason (end, detach, lost link)."""
+    scalars, from another thread), `followed` when following ends for any reason (end, detach, lost link).
+    `queued` comes first when the followed run still waits in its host's queue (its log starts later)."""
 
     def step(self, message: str) -> None: ...
     def warn(self, message: str) -> None: ...
+    def queued(self, host: str, position: int | None) -> None: ...
     def following(self, run_id: str, offset: int) -> None: ...
     def log(self, chunk: bytes) -> None: ...
     def metrics(self, obj: dict[str, Any]) -> None: ...
@@ -80,6 +82,9 @@ class NullReporter:
         pass
 
     def warn(self, message: str) -> None:
+        pass
+
+    def queued(self, host: str, position: int | None) -> None:
         pass
 
     def following(self, run_id: str, offset: int) -> None:
