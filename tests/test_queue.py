@@ -136,6 +136,20 @@ def test_a_queued_run_starts_by_itself_when_the_slot_frees_with_the_laptop_gone(
 
 
 
+def test_gpus_a_host_can_never_give_are_refused_before_anything_is_set_up(cli, tmp_path):
+    """--gpus 5 on a 4-GPU host (the stand-in nvidia-smi), queued or not: 64 once the host's facts are in,
+    before a venv is made for the job (a new user waited through a set-up to hear it)."""
+    env = gpu_shim(tmp_path)
+    proj = git_init(tmp_path / "p")
+    (proj / "t.py").write_text("print('ran')\n")
+    (proj / "thrust.yaml").write_text("jobs:\n  own:\n    kind: python\n    script: t.py\n")
+    commit(proj, "a python job")
+    for queued in ([], ["--queue"]):
+        never = cli("train", "own", "--host", "local", "--gpus", "5", *queued, cwd=proj, env=env)
+        assert never.returncode == 64 and "--gpus 5: local has 4 GPU(s)" in never.stderr, never.stderr
+        assert "venv" not in never.stderr and not (proj / ".thrust" / "venvs").exists(), never.stderr
+
+
 @pytest.mark.slow
 def test_gpus_n_queued_takes_the_first_n_to_free_and_a_run_that_never_fits_is_refused(cli, tmp_path):
     env = gpu_shim(tmp_path)

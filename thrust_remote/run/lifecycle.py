@@ -34,7 +34,7 @@ from thrust_remote.fetch import artifacts
 from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import multinode, pipeline
+from thrust_remote.run import gpus, multinode, pipeline
 from thrust_remote.run.pipeline import Launched, Reporter, Stage, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index, notify, scalarwatch
 
@@ -106,6 +106,9 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     checked = multinode.each(lambda s: pipeline.check(config, request.job, s, told(s), args_for_preflight=args),
                              sessions)
     multinode.agree(checked)
+    if request.gpus:  # GPUs a host can never give (more than it has, none at all): 64 before any set-up
+        for node in checked:
+            gpus.select_gpus(request.gpus, node.report.facts, node.session.host)
     prepared = multinode.each(lambda c: pipeline.set_up(c, told(c.session)), checked)
     run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
     if many:  # a queued run's order, the same on every node (agent/runqueue.py); one host uses its own clock
