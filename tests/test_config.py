@@ -216,3 +216,19 @@ def test_config_elsewhere_without_git_makes_the_cwd_the_project(tmp_path, monkey
     here.mkdir()
     monkeypatch.chdir(here)
     assert load_config(elsewhere, environ={}).root == here
+
+
+def test_hosts_through_a_pipe_prints_every_value_whole(cli, tmp_path):
+    """`hosts | cat` at 50 columns: plain columns, the long workdir and python whole (a new user saw
+    `trialb…` and `~/thru…` in a box table)."""
+    workdir = "~/a-rather-long-workdir-name/that-would-not-fit/in-fifty-columns"
+    (tmp_path / "thrust.yaml").write_text(
+        f"hosts:\n  trialbox-gpu-host:\n    address: trial@trialbox.example\n    workdir: {workdir}\n"
+        "    python: ~/venvs/torch-2.13/bin/python\ndefault_host: trialbox-gpu-host\n")
+    result = cli("hosts", cwd=tmp_path, env={"COLUMNS": "50"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["host", "address", "workdir", "python", "host", "keys"]
+    row = next(line for line in lines if line.startswith("trialbox-gpu-host"))
+    assert row.split() == ["trialbox-gpu-host", "(default)", "trial@trialbox.example", workdir,
+                           "~/venvs/torch-2.13/bin/python", "strict"]

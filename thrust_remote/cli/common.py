@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,3 +51,11 @@ def open_runner(host: HostConfig) -> Runner:
 
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def plain_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Columns as plain text with every value whole: what a table is without a terminal (a pipe, CI),
+    so `grep` and `awk` see whole values, never a cell cut to fit."""
+    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
+    for line in (headers, *rows):
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())

@@ -7,9 +7,10 @@ import sys
 import time
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from thrust_remote.cli.common import get_config, host_config, open_runner
+from thrust_remote.cli.common import get_config, host_config, open_runner, plain_table
 from thrust_remote.core.console import console
 from thrust_remote.core.errors import UsageError
 
@@ -40,10 +41,15 @@ def hosts(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table("host", "address", "workdir", "python", "host keys")
-    for r in rows:
-        name = f"{r['name']} (default)" if r["default"] else r["name"]
-        table.add_row(name, r["address"], r["workdir"], r["python"], r["host_key_policy"])
+    headers = ("host", "address", "workdir", "python", "host keys")
+    cells = [(f"{r['name']} (default)" if r["default"] else r["name"], r["address"], r["workdir"], r["python"],
+              r["host_key_policy"]) for r in rows]
+    if not console.is_terminal:  # piped: whole values, never `trialb…`
+        plain_table(headers, cells)
+        return
+    table = Table(*headers)
+    for row in cells:
+        table.add_row(*(escape(c) for c in row))
     console.print(table)
 
 

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from thrust_remote.agent.protocol import RunState
-from thrust_remote.cli.common import get_config, open_runner, state
+from thrust_remote.cli.common import get_config, open_runner, plain_table, state
 from thrust_remote.cli.follow import say
 from thrust_remote.cli.train import CliReporter, show_outcome
 from thrust_remote.core.console import console, err_console, host_text
@@ -169,9 +169,7 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: S
     rows = [[host_text(c, markup=False) for c in row] for row in rows]
     notes = [host_text(n, lines=True, markup=False) for n in notes]
     if not out.is_terminal:
-        widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
-        for line in (headers, *rows):
-            typer.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+        plain_table(headers, rows)
         return
     keep = _columns_that_fit(headers, rows, out.width)
     table = Table(*(headers[i] for i in keep))
