@@ -10,6 +10,8 @@ import os
 import threading
 import time
 
+import pytest
+from conftest import _start_sshd
 from helpers import remote_tempdir
 
 from thrust_remote.core.config import HostConfig
@@ -18,19 +20,32 @@ from thrust_remote.host.session import HostSession
 from thrust_remote.host.ssh import SSHRunner
 
 
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """A host of this module's own: its `agent serve` processes are counted, and no other test's
+    session (one not closed yet, a server on its way out) is among them."""
+    server = _start_sshd(tmp_path_factory.mktemp("link-sshd"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def _session(sshd, workdir) -> HostSession:
     host = sshd.host_config(workdir=str(workdir))
     return HostSession.open(SSHRunner.from_host(host), host)
 
 
-def _servers() -> list[str]:
-    """The `agent serve` processes on the sshd's host (this machine): their command lines."""
+def _servers(sshd) -> list[str]:
+    """The `agent serve` processes this test's sshd started (another suite on the machine has its own):
+    their command lines."""
+    import psutil
+
     out = []
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    for proc in psutil.Process(sshd.wrapper.pid).children(recursive=True):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            cmd = " ".join(proc.cmdline())
+        except psutil.Error:
             continue
         if "agent-" in cmd and cmd.rstrip().endswith(" serve"):
             out.append(cmd)
@@ -39,11 +54,11 @@ def _servers() -> list[str]:
 
 def test_a_sessions_requests_go_to_one_agent_and_answer_as_commands_do(sshd) -> None:
     workdir = remote_tempdir(sshd)
-    before = len(_servers())
+    before = len(_servers(sshd))
     with _session(sshd, workdir) as session:
         runs = f"{workdir}/.thrust/runs"
         assert session.agent_json("runs", "list", "--runs-dir", runs) == []
-        assert len(_servers()) == before + 1  # started on first use, and only one
+        assert len(_servers(sshd)) == before + 1  # started on first use, and only one
         lease = f"{workdir}/study.lease"
         created = session.agent("lease", "create", lease, stdin=b'{"token": "t1"}')  # stdin reaches it
         assert created.ok and json.loads(created.stdout) == {"created": True}
@@ -62,11 +77,11 @@ def test_a_sessions_requests_go_to_one_agent_and_answer_as_commands_do(sshd) -> 
         for t in threads:
             t.join(60)
         assert len(answers) == 8 and all(a["lease"] == {"token": "t1"} for a in answers)
-        assert len(_servers()) == before + 1  # eight at once, still one server
+        assert len(_servers(sshd)) == before + 1  # eight at once, still one server
     deadline = time.monotonic() + 10
-    while len(_servers()) > before and time.monotonic() < deadline:
+    while len(_servers(sshd)) > before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(_servers()) == before  # it never outlives its connection
+    assert len(_servers(sshd)) == before  # it never outlives its connection
 
 
 def test_a_request_that_reads_installed_packages_sees_the_hosts_site_packages(sshd) -> None:
@@ -75,13 +90,13 @@ def test_a_request_that_reads_installed_packages_sees_the_hosts_site_packages(ss
     from importlib.metadata import version
 
     workdir = remote_tempdir(sshd)
-    before = len(_servers())
+    before = len(_servers(sshd))
     with _session(sshd, workdir) as session:
         versions = session.agent_json("dist-versions", "dist-versions", "torch", "no-such-dist-xyz")
         assert versions == {"torch": version("torch"), "no-such-dist-xyz": None}  # the same python as ours
         missing = session.agent_json("missing-modules", "missing-modules", "torch", "no_such_module_xyz")
         assert missing == ["no_such_module_xyz"]
-        assert len(_servers()) == before + 1  # both went to the one server
+        assert len(_servers(sshd)) == before + 1  # both went to the one server
 
 
 def test_a_request_past_its_timeout_is_ended_on_the_host_with_124(sshd, tmp_path) -> None:
@@ -107,3 +122,18 @@ def test_a_runner_without_links_runs_each_subcommand_as_a_command(tmp_path) -> N
     with HostSession.open(LocalRunner(), host) as session:
         assert session.agent_json("runs", "list", "--runs-dir", str(tmp_path / "runs")) == []
         assert session._link is None
+
+
+def test_the_server_imports_a_subcommands_module_once_for_every_later_request():
+    """A zipapp has no .pyc cache: each request's process would compile its module again (a follow asks
+    `status` every 2 s). The server imports it before its first fork; later requests fork with it."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from thrust_remote.agent import serve; "
+             "before = 'thrust_remote.agent.listing' in sys.modules; serve._preload(['list-files', '--run-dir', 'x']); "
+             "serve._preload(['no-such-subcommand']); serve._preload([]); "
+             "print(before, 'thrust_remote.agent.listing' in sys.modules, 'thrust_remote.agent.venv' in sys.modules)")
+    out = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    assert out.stdout.split() == ["False", "True", "False"]  # that one module, not every one

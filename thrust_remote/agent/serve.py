@@ -96,10 +96,24 @@ def _answer(write, req: _Request, code: int) -> None:
     write(f"{MAGIC} {json.dumps(payload)}\n")
 
 
+def _preload(argv: list) -> None:
+    """The subcommand's module imported here, in the server, before the fork: this request's process and
+    every later one for it start with it imported. An agent zipapp has no .pyc cache, so each import
+    compiles the module's source: a follow's status poll, every 2 s for hours, would compile
+    supervisor.py each time. Imported on first use, not all at start: a server lives one command."""
+    from .__main__ import COMMANDS
+
+    entry = COMMANDS.get(str(argv[0])) if argv else None
+    if entry is not None and entry[0] != "serve":
+        with contextlib.suppress(Exception):  # its own process will hit (and report) the same error
+            importlib.import_module(f".{entry[0]}", __package__)
+
+
 def _start(message: dict) -> _Request:
     # closed once answered (_answer): they outlive this function, held by the request
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
     stdin = base64.b64decode(message.get("stdin") or "")
+    _preload(list(message.get("argv") or []))
     sys.stdout.flush()
     pid = os.fork()
     if pid == 0:
