@@ -72,7 +72,10 @@ class AgentLink:
         self.dead = False
         self._ids = itertools.count(1)
         self._calls: dict[int, _Call] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the calls waiting for an answer
+        # the channel's writers, one at a time; apart from _lock, so that a send waiting on the channel's
+        # window never keeps the reader from handing out the answers that would free it
+        self._send_lock = threading.Lock()
         self._buffer = self._await_ready()
         threading.Thread(target=self._read, name=f"agent-link-{name}", daemon=True).start()
 
@@ -132,7 +135,7 @@ class AgentLink:
     def send(self, message: dict) -> None:
         data = (json.dumps(message) + "\n").encode()
         try:
-            with self._lock:
+            with self._send_lock:
                 self.chan.sendall(data)
         except LINK_ERRORS:
             self.dead = True
