@@ -136,6 +136,26 @@ def test_a_queued_run_starts_by_itself_when_the_slot_frees_with_the_laptop_gone(
 
 
 
+@pytest.mark.slow
+def test_a_run_without_queue_on_a_full_cpu_host_is_told_it_shares_the_cpu(cli, tmp_path):
+    """cpu_slots bounds the queue only; a plain `train` still starts at once, and says so when RUNNING
+    runs fill the slots (a new user read `cpu_slots: 1` as a limit on every run)."""
+    proj = git_init(tmp_path / "p")
+    (proj / "thrust.yaml").write_text(f"jobs:\n  gated:\n    {GATED}\n")
+    commit(proj, "a job that waits")
+    first = cli("train", "gated", "--host", "local", "--detach", cwd=proj)
+    assert first.returncode == 0 and "cpu_slots" not in first.stderr, first.stderr  # a free slot: nothing said
+    holder = _run_id(first.stderr)
+    second = cli("train", "gated", "--host", "local", "--detach", cwd=proj)
+    assert second.returncode == 0, second.stderr
+    assert f"local's cpu_slots (1) are taken by RUNNING run(s) {holder}" in second.stderr
+    assert "`train --queue` waits for a free slot" in second.stderr
+    runs = proj / ".thrust" / "runs"
+    for run in (holder, _run_id(second.stderr)):
+        (runs / run / "go").touch()
+        assert cli("wait", run, "--host", "local", "--timeout", "60", cwd=proj).returncode == 0
+
+
 def test_gpus_a_host_can_never_give_are_refused_before_anything_is_set_up(cli, tmp_path):
     """--gpus 5 on a 4-GPU host (the stand-in nvidia-smi), queued or not: 64 once the host's facts are in,
     before a venv is made for the job (a new user waited through a set-up to hear it)."""

@@ -34,7 +34,8 @@ from thrust_remote.fetch import artifacts
 from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import gpus, multinode, pipeline
+from thrust_remote.run import gpus as inventory  # the module; `gpus` is the chosen list in places
+from thrust_remote.run import multinode, pipeline
 from thrust_remote.run.pipeline import Launched, Reporter, Stage, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index, notify, scalarwatch
 
@@ -108,7 +109,7 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     multinode.agree(checked)
     if request.gpus:  # GPUs a host can never give (more than it has, none at all): 64 before any set-up
         for node in checked:
-            gpus.select_gpus(request.gpus, node.report.facts, node.session.host)
+            inventory.select_gpus(request.gpus, node.report.facts, node.session.host)
     prepared = multinode.each(lambda c: pipeline.set_up(c, told(c.session)), checked)
     run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
     if many:  # a queued run's order, the same on every node (agent/runqueue.py); one host uses its own clock
@@ -130,11 +131,24 @@ def _launch_one(prepared: pipeline.Prepared, request: TrainRequest, args: Sequen
         return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
                                         extra_env=request.extra_env, reporter=reporter, exclusive_gpus=bool(gpus),
                                         queue=ask)
+    if not request.gpus and not inventory.host_gpus(prepared.report.facts, session.host):
+        _say_cpu_slots_taken(session, reporter)
     gpus = pipeline.choose_gpus(request, prepared.report.facts,
                                 lambda: {} if request.share_gpus else control.gpus_taken(session))
     return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
                                     extra_env=request.extra_env, reporter=reporter,
                                     exclusive_gpus=bool(gpus) and not request.share_gpus)
+
+
+def _say_cpu_slots_taken(session: HostSession, reporter: Reporter) -> None:
+    """A run without --queue on a host without GPUs starts at once, as it always has; when RUNNING runs
+    already fill the host's `cpu_slots`, it is told that it shares the CPU with them (--queue waits)."""
+    slots = session.host.cpu_slots
+    holders = [r["run_id"] for r in control.list_runs(session)
+               if r.get("state") == RunState.RUNNING and not r.get("gpus")]
+    if len(holders) >= slots:
+        reporter.warn(f"{session.name}'s cpu_slots ({slots}) are taken by RUNNING run(s) {', '.join(holders)}: this "
+                      "run starts now and shares the CPU with them; `train --queue` waits for a free slot instead")
 
 
 def _remember(config: Config, launched: Sequence[Launched], reporter: Reporter) -> None:
