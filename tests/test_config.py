@@ -232,3 +232,13 @@ def test_hosts_through_a_pipe_prints_every_value_whole(cli, tmp_path):
     row = next(line for line in lines if line.startswith("trialbox-gpu-host"))
     assert row.split() == ["trialbox-gpu-host", "(default)", "trial@trialbox.example", workdir,
                            "~/venvs/torch-2.13/bin/python", "strict"]
+
+
+def test_an_unknown_host_from_thrust_host_says_where_it_came_from(cli, tmp_path):
+    (tmp_path / "thrust.yaml").write_text("hosts:\n  box:\n    address: u@box.example\n")
+    result = cli("runs", cwd=tmp_path, env={"THRUST_HOST": "zzz"})
+    assert result.returncode == 68, result.stderr
+    assert "unknown host 'zzz' (from THRUST_HOST in your environment)" in result.stderr
+    assert "unset THRUST_HOST or set it to a known host" in result.stderr
+    named = cli("runs", "--host", "zzz", cwd=tmp_path)  # typed: nothing about the environment
+    assert named.returncode == 68 and "THRUST_HOST" not in named.stderr

@@ -130,6 +130,7 @@ class Config:
     search_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
     # the user named this file (--config / THRUST_CONFIG) rather than it being found upwards
     given: bool = False
+    default_from_env: bool = False  # default_host is THRUST_HOST's: an unknown one says where it came from
 
     @property
     def given_path(self) -> str | None:
@@ -145,6 +146,7 @@ class Config:
     def host(self, name: str | None = None) -> HostConfig:
         from thrust_remote.core.errors import UnknownHostError
 
+        from_env = not name and self.default_from_env
         name = name or self.default_host
         if name not in self.hosts and name in self.groups:
             from thrust_remote.core.errors import UsageError
@@ -155,11 +157,13 @@ class Config:
             known = ", ".join(sorted(self.hosts))
             where = f" in {self.path}" if self.path else " (no thrust.yaml found)"
             near = self._near_host(name)
+            said = f" (from {ENV_HOST} in your environment)" if from_env else ""
             raise UnknownHostError(
-                f"unknown host {name!r}{near}{where}; known hosts: {known}",
-                "give that host's name" if " is the address of host " in near else
-                f"add it under `hosts:` in {self.path or CONFIG_NAME} (address: user@host[:port] or an ~/.ssh/config "
-                "alias)",
+                f"unknown host {name!r}{said}{near}{where}; known hosts: {known}",
+                (f"unset {ENV_HOST} or set it to a known host; or " if from_env else "")
+                + ("give that host's name" if " is the address of host " in near else
+                   f"add it under `hosts:` in {self.path or CONFIG_NAME} (address: user@host[:port] or an "
+                   "~/.ssh/config alias)"),
             )
         return self.hosts[name]
 
@@ -285,7 +289,7 @@ def load_config(
         reason = bad_name_reason(host, "host name")
         if reason:
             raise ConfigError(reason)
-        config = replace(config, default_host=host)
+        config = replace(config, default_host=host, default_from_env=not default_host)
     return config
 
 
