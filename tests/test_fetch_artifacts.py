@@ -233,3 +233,15 @@ def test_a_later_run_does_not_bring_back_what_an_earlier_one_left(cli, trained):
     assert again.returncode == 0, again.stderr
     assert "newer than this run's end (a later run's): not fetched" in again.stderr
     assert first_event.read_text() == first_had and run_id not in first_had
+
+
+def test_a_glob_that_matched_only_other_runs_files_does_not_read_as_matching_nothing():
+    """Fetching an earlier run whose files a later run rewrote: one warning said the glob 'matches nothing'
+    and the next that 5,000 matching files were a later run's. Now the first says 'nothing of this run's'."""
+    from thrust_remote.fetch.artifacts import listing_warnings
+
+    aged = listing_warnings({"cwd": "/w", "unmatched": ["out/**"], "newer": 5000}, "box", "/w/.thrust/runs/r")
+    assert aged[0] == "artifacts: 'out/**' matches nothing of this run's on box (under /w)"
+    assert "5000 matching file(s) under /w on box are newer than this run's end" in aged[1]
+    plain = listing_warnings({"cwd": "/w", "unmatched": ["out/**"]}, "box", "/w/.thrust/runs/r")
+    assert plain == ["artifacts: 'out/**' matches nothing on box (under /w)"]

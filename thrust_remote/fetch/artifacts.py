@@ -141,9 +141,11 @@ def _strings(answer: dict[str, Any], key: str) -> list[str]:
 def listing_warnings(answer: dict[str, Any], host: str, run_dir: str) -> list[str]:
     """What the listing left out, one line each (a link or an unreadable path named once)."""
     out: list[str] = []
+    aged = bool(answer.get("older") or answer.get("newer"))  # a glob that matched only those is unmatched too
     for pattern in _strings(answer, "unmatched"):
         under = run_dir if pattern.startswith(RUN_DIR_PREFIX) else answer.get("cwd")
-        out.append(f"artifacts: {pattern!r} matches nothing on {host} (under {under})")
+        what = "nothing of this run's" if aged else "nothing"
+        out.append(f"artifacts: {pattern!r} matches {what} on {host} (under {under})")
     if answer.get("older"):
         out.append(f"artifacts: {answer['older']} matching file(s) under {answer.get('cwd')} on "
                    f"{host} are older than this run (an earlier run's): not fetched")
