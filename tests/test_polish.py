@@ -44,6 +44,18 @@ def test_switches_are_still_listed_and_still_refuse_a_value(cli):
     assert "does not take a value" in refused.stderr
 
 
+def test_a_bad_command_line_is_an_error_and_a_hint_like_every_other_error(cli):
+    """Not click's `Usage:`/`Error:` blocks: `error:` with what is wrong, `hint:` with the usage line."""
+    typo = cli("train", "cartpole", "--gpu", "2")
+    assert typo.returncode == 64
+    assert typo.stderr.splitlines() == [
+        "error: No such option: --gpu (Possible options: --gpus)",
+        "hint: usage: thrust-remote train [OPTIONS] {job}; thrust-remote train -h shows its options"]
+    missing = cli("wait")
+    assert missing.returncode == 64 and missing.stderr.startswith("error: Missing argument 'RUN...'.")
+    assert "Usage:" not in missing.stderr + typo.stderr and "Traceback" not in missing.stderr
+
+
 def test_a_global_option_after_the_command_gets_the_command_that_works(cli, tmp_path):
     cfg = tmp_path / "my.yaml"
     cfg.write_text("jobs:\n  quick:\n    command: [sh, -c, 'true']\n")

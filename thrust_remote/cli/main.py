@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from thrust_remote.cli.common import AppState, _env_flag
@@ -120,12 +119,14 @@ def run(argv: list[str] | None = None) -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:
-        if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # typer/click usage errors
+        if getattr(exc, "exit_code", None) == 2 and hasattr(exc, "format_message"):  # click's UsageError (typer
+            # vendors click in some versions: known by its shape): error/hint as every other error
+            _report(exc.format_message(), _global_option_hint(args, getattr(exc, "option_name", None))
+                    or _usage_hint(getattr(exc, "ctx", None)))
+            sys.exit(ExitCode.USAGE)
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # click's other errors (a file it cannot open)
             exc.show()
-            hint = _global_option_hint(args, getattr(exc, "option_name", None))
-            if hint:
-                err_console.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
-            sys.exit(ExitCode.USAGE if exc.exit_code == 2 else exc.exit_code)
+            sys.exit(exc.exit_code)
         if debug:  # the last resort: a bug, shown briefly unless --debug
             raise
         _report(f"internal error: {type(exc).__name__}: {exc}", "rerun with --debug for the traceback")
@@ -150,6 +151,14 @@ def _global_option_hint(args: list[str], option: str | None) -> str | None:
     width = 1 if "=" in args[at] else 1 + GLOBAL_OPTIONS[name]
     moved = [*args[at:at + width], *args[:at], *args[at + width:]]
     return f"{name} is thrust-remote's own option: it goes before the command: {shlex.join(['thrust-remote', *moved])}"
+
+
+def _usage_hint(ctx: Any) -> str:
+    """The command's usage line and how to see its options: what click prints above its `Error:`."""
+    if ctx is None:
+        return "thrust-remote -h lists the commands"
+    usage = ctx.get_usage().removeprefix("Usage:").strip()
+    return f"usage: {usage}; {ctx.command_path} -h shows its options"
 
 
 def _reader_gone() -> None:
