@@ -67,6 +67,21 @@ def test_a_run_whose_gpus_stay_idle_is_stopped_with_reason_idle(cli, tmp_path):
     assert "GPUs 0,1 below 5% for 0.02 min" in st["reason_detail"]
     said = cli("status", run_id, "--host", "local", cwd=proj, env=env).stdout
     assert "STOPPED" in said and "[idle: GPUs 0,1 below 5%" in said
+    assert "idle_stop" not in started.stderr  # GPUs to watch: nothing to warn about
+
+
+def test_an_idle_stop_on_a_host_without_gpus_is_said_to_do_nothing(cli, tmp_path):
+    """This machine has no nvidia-smi: the run starts, with a warning that idle_stop can never stop it."""
+    proj = git_init(tmp_path / "p")
+    (proj / "thrust.yaml").write_text(JOBS)
+    commit(proj, "a job that waits")
+    started = cli("train", "waits", "--host", "local", "--detach", cwd=proj)
+    assert started.returncode == 0, started.stderr
+    assert "idle_stop: local has no GPUs that nvidia-smi lists: it watches GPUs, so it will never stop this run" \
+        in started.stderr
+    run_id = re.search(r"launching run (\S+)", started.stderr).group(1)
+    (proj / ".thrust" / "runs" / run_id / "go").touch()
+    assert cli("wait", run_id, "--host", "local", "--timeout", "60", cwd=proj).returncode == 0
 
 
 @pytest.mark.parametrize(("text", "words"), [

@@ -390,6 +390,9 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
                              export=export, trainer=prepared.trainer,
                              rdzv=rdzv)
     sync_result = prepared.sync
+    if job.idle_stop and not host_gpus(prepared.report.facts, session.host):
+        reporter.warn(f"idle_stop: {session.name} has no GPUs that nvidia-smi lists: it watches GPUs, so it will "
+                      "never stop this run")
     meta = {
         "argv": argv,
         "env_keys": sorted(env),
