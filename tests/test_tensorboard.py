@@ -157,6 +157,8 @@ def test_nothing_fetched_says_how_to_fetch(cli, project):
     result = cli("tensorboard", RUN, "--job", "writer", cwd=proj)
     assert result.returncode == ExitCode.USAGE, result.stderr
     assert f"thrust-remote fetch {RUN}" in result.stderr
+    typo = cli("tensorboard", RUN, "--job", "writr", cwd=proj)  # never silently ignored
+    assert typo.returncode == ExitCode.USAGE and "unknown job 'writr' (did you mean 'writer'?)" in typo.stderr
 
 
 @pytest.mark.slow

@@ -44,8 +44,11 @@ def require_tensorboard() -> None:
 
 
 def job_of(config: Config, run_id: str, job_name: str | None = None) -> JobConfig | None:
-    """The run's job: the name given, else the one the local index recorded; None when unknown."""
-    name = job_name or (entry.job if (entry := index.lookup(config.root, run_id)) else None)
+    """The run's job: the name given (an unknown one is 64), else the one the local index recorded; None
+    when unknown."""
+    if job_name:
+        return config.job(job_name)
+    name = entry.job if (entry := index.lookup(config.root, run_id)) else None
     return config.jobs.get(name) if name else None
 
 
