@@ -107,7 +107,9 @@ def test_train_and_doctor_keep_env_values_off_command_lines_and_out_of_host_file
         train = cli("train", "tok", cwd=proj)
     assert train.returncode == 0, train.stderr
     assert "token ok" in train.stderr + train.stdout  # the value reached the job
-    assert train_ps.saw("job.py") and train_ps.saw("preflight")
+    # the job ran, and so did the agent server every step went through (the preflight, the launch: their
+    # stdin, where the values travel, is the server's channel, never a command line)
+    assert train_ps.saw("job.py") and train_ps.saw(".pyz\0serve")
     assert train_ps.with_secret() == []
     # the preflight cache, run.json, the venv's files: names at most, never the value
     cached = list((workdir / ".thrust").glob("preflight-*.json"))
@@ -115,10 +117,10 @@ def test_train_and_doctor_keep_env_values_off_command_lines_and_out_of_host_file
     assert json.loads(cached[0].read_text())["facts"]["job"]["env_names"] == ["API_TOKEN", "OTHER"]
     assert files_holding(workdir / ".thrust", SECRET) == []
 
-    with sampling() as again_ps:  # a cache hit: the preflight's own command line
-        again = cli("train", "tok", "--detach", cwd=proj)
+    with sampling() as again_ps:  # a cache hit, each step a command of its own (no agent link): the
+        again = cli("train", "tok", "--detach", cwd=proj, env={"THRUST_AGENT_LINK": "0"})  # preflight's own line
     assert again.returncode == 0, again.stderr
-    assert again_ps.with_secret() == []
+    assert again_ps.saw("preflight") and again_ps.with_secret() == []
 
 
 def test_exec_env_reaches_the_command_not_its_command_line(cli, sshd, tmp_path):
