@@ -200,8 +200,9 @@ def release_rc_lock(older_than_s: float = 60.0) -> bool:
     return True
 
 
-def _start_sshd(root: Path, ip: str = "127.0.0.1", netns: str | None = None) -> SSHServer:
-    """A private sshd on `ip` (inside network namespace `netns` when given: tests/netns.py)."""
+def _start_sshd(root: Path, ip: str = "127.0.0.1", netns: str | None = None, extra_config: str = "") -> SSHServer:
+    """A private sshd on `ip` (inside network namespace `netns` when given: tests/netns.py), with
+    `extra_config` lines appended to its sshd_config."""
     if not Path(SSHD).exists():
         pytest.skip("openssh-server is not installed (make test installs it)")
     if release_rc_lock():
@@ -235,6 +236,7 @@ def _start_sshd(root: Path, ip: str = "127.0.0.1", netns: str | None = None) -> 
         "MaxSessions 30\n"
         "MaxStartups 100:30:200\n"
         "LogLevel ERROR\n"
+        f"{extra_config}"
     )
     Path("/run/sshd").mkdir(exist_ok=True)
     wrapper = subprocess.Popen(

@@ -63,6 +63,10 @@ class AgentExit(enum.IntEnum):
 # others import only the standard library and run with `python -S`: no site-packages scan, no .pth files.
 SITE_COMMANDS = frozenset({"preflight", "missing-modules", "dist-versions"})
 
+# What `agent logs` writes before the log's first byte: a line an account's start-up file printed for the
+# command comes before it and is not the log (nor counted in the reattach offset).
+LOG_START = b"\x1ethrust-log\x1e\n"
+
 RUN_JSON = "run.json"
 LOG = "log"
 EXIT_CODE = "exit_code"

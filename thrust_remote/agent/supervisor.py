@@ -40,7 +40,18 @@ from collections.abc import Iterator
 
 from . import idlewatch, peerwatch, runqueue
 from .files import unreadable, write_atomic
-from .protocol import EXIT_CODE, GPUS_USED, LOG, PEER_FAILED, QUEUE, RUN_JSON, STOPPED, AgentExit, RunState
+from .protocol import (
+    EXIT_CODE,
+    GPUS_USED,
+    LOG,
+    LOG_START,
+    PEER_FAILED,
+    QUEUE,
+    RUN_JSON,
+    STOPPED,
+    AgentExit,
+    RunState,
+)
 
 
 def _write_atomic(path: str, data: str) -> None:
@@ -483,6 +494,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     """Copy the log from a byte offset; with --follow, until the run has ended and all is sent."""
     path = os.path.join(args.run_dir, LOG)
     out = sys.stdout.buffer
+    out.write(LOG_START)  # what came before it is not the log (a start-up file's words)
+    out.flush()
     offset = args.offset
     deadline_idle = time.monotonic()
     # a follower whose laptop went away (its SSH session ended) is orphaned: a silent log (a queued

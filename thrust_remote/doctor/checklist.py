@@ -136,18 +136,32 @@ def run_envcheck(runner: Runner, host: HostConfig, job: Job = None, *,
         raise ThrustError(f"envcheck on {runner.name} did not finish in {timeout:g} s",
                           "run it by hand to see where it hangs: "
                           f"{host.python} {payload_path()} --json", ExitCode.UNAVAILABLE)
-    try:
-        doc = json.loads(result.stdout)
-        if not isinstance(doc, dict) or "checks" not in doc:
-            raise ValueError("no checks in the report")
-    except ValueError:
+    doc = _report_doc(result.stdout)
+    if doc is None:
         # not executable, not a Python, too old: say which, with doctor's own hint (exit 69)
         reason = python_problem(runner, host)
-        tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
-        raise bad_python(runner, host, f"could not run envcheck (exit {result.exit_code}): "
-                         f"{reason or tail}; envcheck needs Python 3.8+") from None
+        if reason or not result.ok:
+            tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])[:300]
+            raise bad_python(runner, host, f"could not run envcheck (exit {result.exit_code}): {reason or tail}")
+        raise ThrustError(f"envcheck on {runner.name} answered something that is not its report: "
+                          f"{result.stdout.strip()[:200]!r}",
+                          "does a start-up file of that account (~/.bashrc, ~/.profile) print to stdout for "
+                          f"commands? Make it print only in interactive shells; see what it prints with: "
+                          f"ssh {host.address or 'HOST'} true",
+                          ExitCode.UNAVAILABLE)
     report = Report.from_json(doc, time.monotonic() - started, uploaded)
     return with_config(with_local_extra(report, runner, host), host.config_path)
+
+
+def _report_doc(stdout: str) -> dict[str, Any] | None:
+    """envcheck's report: its one JSON line, the last of stdout (a line an account's start-up file
+    prints before the command's own output comes first, and is not the report)."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and "checks" in doc else None
 
 
 def with_local_extra(report: Report, runner: Runner, host: HostConfig) -> Report:

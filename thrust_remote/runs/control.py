@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from thrust_remote.agent.protocol import LOG, AgentExit, LaunchAnswer, RunState, StatusAnswer
+from thrust_remote.agent.protocol import LOG, LOG_START, AgentExit, LaunchAnswer, RunState, StatusAnswer
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ExitCode, ThrustError, UsageError
 from thrust_remote.core.hints import command_hint
@@ -240,10 +240,21 @@ def follow_log(
     carrying `.offset`) a reattach from that offset repeats and loses nothing.
     """
     position = offset
+    before = b""  # what came before the agent's LOG_START: an account's start-up file's words, not the log
+    started = False
 
     def take(name: str, chunk: bytes) -> None:
-        nonlocal position
-        if name == "out":
+        nonlocal position, before, started
+        if name != "out":
+            return
+        if not started:
+            before += chunk
+            at = before.find(LOG_START)
+            if at < 0:
+                before = before[-(len(LOG_START) - 1):]  # keep only what may be the start of a split marker
+                return
+            started, chunk, before = True, before[at + len(LOG_START):], b""
+        if chunk:
             on_bytes(chunk)
             position += len(chunk)
 
