@@ -114,6 +114,13 @@ def test_a_request_past_its_timeout_is_ended_on_the_host_with_124(sshd, tmp_path
         assert time.monotonic() - t0 < 10
         status = session.agent_json("status", "status", "--run-dir", run_dir)  # the link still serves
         assert status["state"] == "RUNNING"
+        # the run's supervisor is the agent's launch in `ps` (its run dir, its marker), never `serve`: an
+        # admin who ends stray servers must not end runs
+        import psutil
+
+        marked = [p.cmdline() for p in psutil.Process(sshd.wrapper.pid).children(recursive=True)
+                  if "m-r1" in p.cmdline()]  # (the host's pids are its pid namespace's: found by command line)
+        assert marked and all("launch" in argv and "serve" not in argv for argv in marked), marked
         gate.touch()
 
 

@@ -39,6 +39,9 @@ import traceback
 from .protocol import SITE_COMMANDS
 
 MAGIC = "THRUST-AGENT"
+# Requests that run as the agent's own command (exec'd in the request's process): `launch` leaves a run's
+# supervisor behind, which `ps` must show as that (its run dir and marker), never as this server.
+EXEC_COMMANDS = frozenset({"launch"})
 KILL_GRACE_S = 5.0
 
 
@@ -67,6 +70,9 @@ def _child(argv: list, stdin: bytes, out: io.BufferedRandom, err: io.BufferedRan
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
         sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
         sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), line_buffering=True)
+        if argv and argv[0] in EXEC_COMMANDS and sys.argv and sys.argv[0]:
+            with contextlib.suppress(OSError):  # else it runs here, as every other request does
+                os.execv(sys.executable, [sys.executable, "-S", sys.argv[0], *[str(a) for a in argv]])
         if argv and argv[0] in SITE_COMMANDS:  # serve runs with -S: these read installed packages
             import site
 

@@ -97,8 +97,8 @@ def _proc_environ_has(pid: int, needle: str) -> bool:
 def _supervisor_alive(meta: dict, run_dir: str) -> bool:
     """The run's supervisor still there: its pid with its start time, and holding this run's log as its
     stdout (it made it so first thing: a recycled pid, or another live process put in run.json, does not).
-    Its command line need not name the run: launched over `agent serve` it is the server's; the marker on
-    it is still taken (a supervisor that lost its fd 1 to a debugger, say)."""
+    Or, as before, the run's marker on its command line (`agent serve` execs a launch, so the supervisor's
+    command line is the launch's: either proof is enough)."""
     pid, start = meta.get("supervisor_pid"), meta.get("supervisor_start")
     if not pid or not start or _proc_start_time(pid) != start:
         return False
