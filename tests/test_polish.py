@@ -303,3 +303,41 @@ def test_a_narrow_table_drops_whole_columns_and_keeps_the_run_id_whole():
     kept = [headers[i] for i in _columns_that_fit(headers, [row], 50)]
     assert "run" in kept and "state" in kept
     assert sum(max(len(headers[i]), len(row[i])) + 3 for i in range(len(headers)) if headers[i] in kept) + 1 <= 50
+
+
+def test_ctrl_c_while_connecting_says_interrupted_not_a_silent_130(tmp_path):
+    """A host that accepts the connection and never speaks: Ctrl-C during the SSH handshake must say
+    what happened (typer turns a KeyboardInterrupt into a silent exit 130 on its own)."""
+    import os
+    import signal
+    import socket
+    import threading
+
+    from helpers import wait_until
+
+    accepted: list[socket.socket] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(30)
+        port = listener.getsockname()[1]
+
+        def accept_once() -> None:
+            accepted.append(listener.accept()[0])  # held open, silent: the handshake waits on it
+
+        threading.Thread(target=accept_once, daemon=True).start()
+        (tmp_path / "thrust.yaml").write_text(
+            f"hosts:\n  mute:\n    address: u@127.0.0.1:{port}\n    connect_timeout: 30\n")
+        proc = subprocess.Popen([EXE, "status", "cartpole-20261127-000000-abcd", "--host", "mute"], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "NO_COLOR": "1"})
+        try:
+            wait_until(lambda: accepted, 30, "the CLI to connect")
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+            for conn in accepted:
+                conn.close()
+    assert proc.returncode == 130, err
+    assert err.strip() == "interrupted: stopped by Ctrl-C", err

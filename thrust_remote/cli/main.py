@@ -19,7 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 from thrust_remote.cli.common import AppState, _env_flag
 from thrust_remote.core.config import ENV_CONFIG, ENV_DEBUG
 from thrust_remote.core.console import err_console, host_text
-from thrust_remote.core.errors import ExitCode, ThrustError
+from thrust_remote.core.errors import ExitCode, Interrupted, ThrustError
 
 
 class _SwitchesTakeNoValue:
@@ -35,7 +35,14 @@ class _SwitchesTakeNoValue:
 
 
 class SwitchCommand(_SwitchesTakeNoValue, TyperCommand):
-    """A command whose help shows switches as flags (see `_SwitchesTakeNoValue`)."""
+    """A command whose help shows switches as flags (see `_SwitchesTakeNoValue`), and whose Ctrl-C is
+    said: some typer versions turn a KeyboardInterrupt into a silent exit 130 before run() sees it."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Interrupted("stopped by Ctrl-C") from None
 
 
 class SwitchGroup(_SwitchesTakeNoValue, TyperGroup):

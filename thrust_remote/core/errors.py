@@ -78,6 +78,13 @@ class TransferError(ThrustError):
     code = ExitCode.TRANSFER
 
 
+class Interrupted(ThrustError):
+    """Ctrl-C that no command turned into something more telling (a detach, a cut fetch): 130."""
+
+    label = "interrupted"
+    code = ExitCode.INTERRUPTED
+
+
 class Detached(ThrustError):
     """Ctrl-C while following: the run goes on; exit 75 so a script does not take it for success."""
 
