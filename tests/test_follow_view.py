@@ -232,3 +232,25 @@ def test_a_followed_run_that_waits_in_the_queue_says_where_until_its_log_starts(
     drawn = buf.getvalue()
     assert drawn.rindex("waiting for the first metrics") > drawn.rindex("queued on box")
     reporter.followed()
+
+
+def test_the_last_pull_of_the_runs_checkpoint_shows_its_age_and_a_pipe_gets_a_line_only_when_something_came():
+    """While a run is followed its checkpoint is pulled every sync_every s (runs/pull.py): the live line
+    ends with how old the copy here is (the first field a narrow terminal drops); a pipe gets one line
+    for a pull that brought something and none for a pull with nothing new."""
+    from thrust_remote.cli.follow import _layout
+    from thrust_remote.runs.pull import Pulled
+
+    wide, _ = _layout(METRICS, 160, 30.0, True, pulled=80.0)
+    assert wide.endswith("pulled 1m20s ago")
+    narrow, _ = _layout(METRICS, 60, 30.0, True, pulled=80.0)
+    assert "pulled" not in narrow and "25k/60k" in narrow
+    clock = Clock()
+    out, buf = _console(width=120)
+    with LogView("run-1", "lines", out=out, clock=clock) as view:
+        view.take_pull(Pulled(0.0, "ckpt-000000004096.pt", 1, 132_081, 0.2))
+        clock.now += 5
+        view.take_pull(Pulled(0.0, "ckpt-000000004096.pt", 0, 0, 0.1))
+        assert view.pulled_ago() == 0.0
+    assert buf.getvalue().splitlines() == [
+        "run-1: pulled checkpoint ckpt-000000004096.pt (1 file(s), 132,081 bytes, 0.2 s)"]

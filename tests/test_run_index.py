@@ -45,12 +45,21 @@ def test_index_entry_is_one_private_file_per_run_written_whole(tmp_path):
     assert (path.stat().st_mode & 0o077) == 0
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
     data = json.loads(path.read_text())
-    assert set(data) == {"run_id", "host", "job", "commit", "started_at", "run_dir", "config", "nodes"}
+    assert set(data) == {"run_id", "host", "job", "commit", "started_at", "run_dir", "config", "nodes", "sets",
+                         "params", "patch_sha256", "resumed_from"}
     assert data["nodes"] == []  # one host: no nodes (a run over several hosts lists them, node 0 first)
     assert index.lookup(tmp_path, "cartpole-20261123-101010-ab12") == _entry()
     several = index.record(tmp_path, replace(_entry(), run_id="r2", nodes=("a", "b")))
     assert json.loads(several.read_text())["nodes"] == ["a", "b"]
     assert index.lookup(tmp_path, "r2").nodes == ("a", "b")
+    # what `resume` needs comes back as it went in: the --set words, the parameters, the patch, the chain
+    resumed = replace(_entry(), run_id="r3", sets=("lr=0.1",), params={"hidden": 32}, patch_sha256="ab" * 32,
+                      resumed_from="r2")
+    index.record(tmp_path, resumed)
+    index.record_patch(tmp_path, "r3", b"diff --git a/x b/x\n")
+    assert index.lookup(tmp_path, "r3") == resumed
+    assert index.read_patch(tmp_path, "r3") == b"diff --git a/x b/x\n" and index.read_patch(tmp_path, "r2") is None
+    assert (tmp_path / ".thrust" / "index" / "r3.patch").stat().st_mode & 0o077 == 0
 
 
 def test_index_lookup_of_unknown_or_damaged_entries_is_none(tmp_path):

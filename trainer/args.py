@@ -149,6 +149,8 @@ class TrainArgs:
     """default runs/<env>-<UTC timestamp>-<pid>"""
     resume: bool = flag(False)
     """continue from the latest checkpoint in --run-dir, if any"""
+    resume_from: str | None = flag(None, metavar="CKPT")
+    """continue from this checkpoint file (its step, optimizer and random state); a restart prefers --run-dir's"""
     export: str | None = flag(None, metavar="PATH")
     """write the final policy as ONNX (+ manifest.json)"""
     policy: str = flag("mlp", choices=("mlp", "cnn"))

@@ -72,3 +72,20 @@ def load_latest(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], Path
         except Exception:  # noqa: BLE001 - a damaged file (e.g. disk full) falls back to the previous one
             continue
     return None
+
+
+def load_start(directory: str | os.PathLike[str], resume_from: str | None) -> tuple[dict[str, Any], Path] | str | None:
+    """Where a run starts from: its own newest checkpoint (a restart, `--resume`), else `resume_from`'s
+    file (`--resume-from`: a run continued elsewhere); a string says why that file cannot be used."""
+    own = load_latest(directory)
+    if own is not None or not resume_from:
+        return own
+    path = Path(resume_from)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same usage error
+        why = (str(exc).strip().splitlines() or [""])[0][:200]  # torch's own text runs to many lines
+        return f"--resume-from {path}: not a checkpoint this trainer can read ({type(exc).__name__}: {why})"
+    if not isinstance(state, dict) or not {"model", "optimizer", "step", "config"} <= set(state):
+        return f"--resume-from {path}: not a checkpoint of this trainer (no model, optimizer, step and config)"
+    return state, path

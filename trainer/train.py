@@ -58,7 +58,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402 - the start time above includes torch's import
 
 from trainer.args import PRESETS, TrainArgs, UsageError, build_parser, flag_specs, parse_args  # noqa: E402
-from trainer.checkpoint import load_latest, save_checkpoint  # noqa: E402
+from trainer.checkpoint import load_start, save_checkpoint  # noqa: E402
 from trainer.dist import Dist  # noqa: E402
 from trainer.envs.registry import EnvSpec, close_env, get_spec  # noqa: E402
 from trainer.gym_ids import GymEnvError  # noqa: E402
@@ -226,7 +226,7 @@ class Trainer:
         self.config = dict(vars(args))
         self.config.update(num_envs=self.total_envs, world_size=dist.world, device=str(self.device))
         self._build()
-        resumed_rng = self._resume() if args.resume or dist.restart_count > 0 else None
+        resumed_rng = self._resume() if args.resume or args.resume_from or dist.restart_count > 0 else None
         self._seed(resumed_rng)
         if dist.is_main:
             self._announce(auto_note)
@@ -270,9 +270,11 @@ class Trainer:
     def _resume(self) -> dict[str, Any] | None:
         """Load the latest checkpoint, if any; its state when its random streams fit this run. Rank 0
         reads it and hands it to every rank: over several hosts only node 0 has the checkpoints."""
-        loaded = self.dist.broadcast(load_latest(self.ckpt_dir) if self.dist.is_main else None)
+        loaded = self.dist.broadcast(load_start(self.ckpt_dir, self.args.resume_from) if self.dist.is_main else None)
         if loaded is None:
             return None
+        if isinstance(loaded, str):  # rank 0 could not read --resume-from: every rank stops with its reason
+            raise TrainError(loaded, EXIT_USAGE)
         state, path = loaded
         # The settings that shape the network (or the env it reads) must match the checkpoint's.
         for key in ("env", "policy", "hidden", "activation", *self.spec.settings):

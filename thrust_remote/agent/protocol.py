@@ -97,6 +97,9 @@ class LaunchAnswer(TypedDict, total=False):
 # run.json's `queue` of a run launched with --queue (agent/runqueue.py): what it waits for, its order
 QUEUE = "queue"
 
+# run.json's (and status's) run id of the run this one continues (`thrust-remote resume`)
+RESUMED_FROM = "resumed_from"
+
 # run.json's GPUs a run could use (GPU-hours count them): the chosen ones, else all the job could see
 GPUS_USED = "gpus_used"
 
@@ -126,3 +129,4 @@ class StatusAnswer(TypedDict, total=False):
     node: int
     nodes: list
     peer_failed: dict | None
+    resumed_from: str  # the run this one continues from a checkpoint (`resume`, a retry)

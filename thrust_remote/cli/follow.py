@@ -27,6 +27,7 @@ from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.run import pipeline
 from thrust_remote.run.pipeline import exit_code_for, reattach_command
 from thrust_remote.runs.progress import LineSplitter, RunProgress, own_metrics
+from thrust_remote.runs.pull import Pulled
 
 __all__ = ["LogReporter", "LogView", "exit_code_for", "progress_line", "reattach_command", "say"]
 
@@ -52,7 +53,7 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _fields(m: Mapping[str, Any], elapsed: float | None) -> tuple[str, list[list[str]]]:
+def _fields(m: Mapping[str, Any], elapsed: float | None, pulled: float | None = None) -> tuple[str, list[list[str]]]:
     """(the % field, the optional fields most important first, each as its variants widest first)."""
     step, total = m.get("step") or 0, m.get("total_steps")
     pct = f"{min(100.0, 100.0 * step / total):3.0f}%" if total else ""
@@ -77,6 +78,8 @@ def _fields(m: Mapping[str, Any], elapsed: float | None) -> tuple[str, list[list
         optional.append([f"GPU {m['gpu_util']:.0f}%"])
     if elapsed is not None:
         optional.append([f"elapsed {_duration(elapsed)}"])
+    if pulled is not None:  # the last pull of its checkpoint (runs/pull.py): how old the copy here is
+        optional.append([f"pulled {_duration(pulled)} ago", f"pulled {_duration(pulled)}"])
     return pct, optional
 
 
@@ -84,12 +87,13 @@ WAITING = "waiting for the first metrics"
 
 
 def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar: bool,
-            waiting: str = WAITING) -> tuple[str, int]:
-    """(the line, how many of its first characters are the bar's filled part); `waiting` while no metrics."""
+            waiting: str = WAITING, pulled: float | None = None) -> tuple[str, int]:
+    """(the line, how many of its first characters are the bar's filled part); `waiting` while no metrics;
+    `pulled`: seconds since the last pull of the run's checkpoint."""
     if not m:
         text = waiting
         return (text if width is None else text[:width]), 0
-    pct, optional = _fields(m, elapsed)
+    pct, optional = _fields(m, elapsed, pulled)
     step, total = m.get("step") or 0, m.get("total_steps")
     if not total and width is not None:
         # no total, no progress to draw: the bar would be all empty, taking the metrics' room
@@ -143,7 +147,7 @@ class _LiveLine:
         if self.view.closed and not self.view.progress.metrics:
             return  # a job that never reported metrics: no "waiting for the first metrics" left behind
         line, filled = _layout(self.view.progress.metrics, options.max_width, self.view.elapsed(), True,
-                               self.view.waiting)
+                               self.view.waiting, self.view.pulled_ago())
         text = Text(line, no_wrap=True, overflow="crop")
         text.stylize("cyan", 0, filled)
         yield text
@@ -170,10 +174,23 @@ class LogView:
         # what the live line says before any metrics: where the run waits while it is queued, until its
         # log's first bytes say it started (and its elapsed time starts then)
         self.waiting = queued or WAITING
+        self.pulled_at: float | None = None  # when the run's checkpoint was last pulled (runs/pull.py)
 
     @property
     def last(self) -> dict[str, Any]:
         return self.progress.metrics
+
+    def pulled_ago(self) -> float | None:
+        return None if self.pulled_at is None else self.clock() - self.pulled_at
+
+    def take_pull(self, pulled: Pulled) -> None:
+        """A pull of the run's checkpoint (another thread): its age on the live line; in the plain mode a
+        line of its own when something came; nothing in the log's raw bytes."""
+        with self.lock:
+            self.pulled_at = self.clock()
+            if self.mode == "lines" and pulled.files:
+                self.out.print(f"{self.run_id}: {pulled.text()}", markup=False, highlight=False, emoji=False,
+                               soft_wrap=True)
 
     def elapsed(self) -> float:
         """The run's time: its own `wall_s` (the trainer's, since its start) carried on by our clock, so a
@@ -253,6 +270,11 @@ class LogReporter(pipeline.NullReporter):
     def queued(self, host: str, position: int | None) -> None:
         where = f" (position {position})" if position else ""
         self.waits = f"queued on {host}{where}: starts when what it asks frees"
+
+    def pulled(self, pulled: Pulled) -> None:
+        view = self.view
+        if view is not None:
+            view.take_pull(pulled)
 
     def following(self, run_id: str, offset: int) -> None:
         self.view = LogView(run_id, self.mode, out=self.out, queued=self.waits).__enter__()

@@ -39,6 +39,9 @@ jobs:                          # snake and cartpole are built in; an entry here 
   #   requirements: requirements.txt   # pip-installed into the job's venv on the host
   #   nproc: 2                   # torchrun --nproc-per-node
   #   artifacts: ["runs/**"]     # globs under the checkout (or $THRUST_RUN_DIR/...), fetched back
+  #   checkpoints: "runs/ckpt-*.pt"             # pulled while followed (sync_every: 300 s) and at the end
+  #   resume: [--resume-from, "{checkpoint}"]   # how your script continues: `thrust-remote resume RUN`
+  #   retry: {max: 2, hosts: [gpu2]}            # a lost host's run resumes there from its checkpoint
   # snake-rs:
   #   kind: cargo                # tch-rs: cargo +TOOLCHAIN build --release --example EXAMPLE, then run it
   #   toolchain: nightly

@@ -60,7 +60,8 @@ app = typer.Typer(
 )
 
 # Each module defines `register(app)`. Add a command by adding its module here.
-COMMAND_MODULES: tuple[str, ...] = ("hosts", "play", "doctor", "train", "runs", "optimize", "init", "tensorboard")
+COMMAND_MODULES: tuple[str, ...] = ("hosts", "play", "doctor", "train", "runs", "resume", "optimize", "init",
+                                    "tensorboard")
 
 
 def _print_version(value: bool) -> None:

@@ -7,7 +7,7 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import typer
 from rich.console import Console
@@ -18,12 +18,13 @@ from thrust_remote.agent.protocol import RunState
 from thrust_remote.cli.common import get_config, open_runner, plain_table, state
 from thrust_remote.cli.follow import say
 from thrust_remote.cli.train import CliReporter, show_outcome
+from thrust_remote.core.config import Config
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import ExitCode, StillGoing, ThrustError, UnknownHostError, UnreachableError, UsageError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import lifecycle
-from thrust_remote.runs import control, index, usage
+from thrust_remote.runs import control, index, pull, usage
 
 HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: the run's host from the "
                         "local index, else default_host).")
@@ -38,11 +39,12 @@ def register(app: typer.Typer) -> None:
     app.command("logs", help="Print a run's log from a byte offset; --follow until it ends.")(logs)
     app.command("stop", help="Stop a run: TERM its process group, KILL after a grace period.")(stop)
     app.command("wait", help="Wait until every run named has ended; exit 0 when all FINISHED.")(wait)
-    app.command("fetch", help="Fetch a run's model into web/public and its artifacts into .thrust/fetched/RUN/"
-                "artifacts/ (verified; again: only what changed).")(fetch)
+    app.command("fetch", help="Fetch a run's model into web/public, its newest checkpoint and its artifacts into "
+                ".thrust/fetched/RUN/ (verified; again: only what changed; a RUNNING run: checkpoint and artifacts "
+                "so far).")(fetch)
 
 
-def _open(ctx: typer.Context, host: str | None, run_id: str | None = None) -> HostSession:
+def open_session(ctx: typer.Context, host: str | None, run_id: str | None = None) -> HostSession:
     """A session on `--host`, else (for a run id) the host the local index recorded, else the default."""
     config = get_config(ctx)
     if run_id is not None:
@@ -78,7 +80,7 @@ def list_runs(ctx: typer.Context,
     if all_hosts:
         _list_all(ctx, timeout, as_json)
         return
-    with _open(ctx, host) as session:
+    with open_session(ctx, host) as session:
         items = control.list_runs(session)
         listed = session.name
     if as_json:
@@ -91,7 +93,8 @@ def list_runs(ctx: typer.Context,
         "; --host H for another, --all for every host)" if others else ")")
     say(f"no {where}" if not items else where)
     if items:
-        _print_table(COLUMNS, [_row(r) for r in items])
+        resumed = _any_resumed(items)
+        _print_table(_columns(resumed), [_row(r, resumed) for r in items])
 
 
 def _summary(ctx: typer.Context, host: str | None, all_hosts: bool, timeout: float, since_s: float | None,
@@ -99,13 +102,13 @@ def _summary(ctx: typer.Context, host: str | None, all_hosts: bool, timeout: flo
     """`runs --summary`: GPU-hours and wall-hours per host and job (runs/usage.py)."""
     if all_hosts:
         config = get_config(ctx)
-        listings = control.list_hosts(list(config.hosts), lambda name: _open(ctx, name), timeout)
+        listings = control.list_hosts(list(config.hosts), lambda name: open_session(ctx, name), timeout)
         for listing in listings:
             if listing.runs is None:
                 say(f"{listing.host}: not counted ({listing.error})")
         rows = [r for listing in listings for r in listing.runs or []]
     else:
-        with _open(ctx, host) as session:
+        with open_session(ctx, host) as session:
             rows = [{**r, "host": r.get("host") or session.name} for r in control.list_runs(session)]
     totals = usage.summarize(rows, since_s=since_s)
     if as_json:
@@ -118,7 +121,7 @@ def _summary(ctx: typer.Context, host: str | None, all_hosts: bool, timeout: flo
 
 def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
     config = get_config(ctx)
-    listings = control.list_hosts(list(config.hosts), lambda name: _open(ctx, name), timeout)
+    listings = control.list_hosts(list(config.hosts), lambda name: open_session(ctx, name), timeout)
     if as_json:
         out: list[dict] = []
         for listing in listings:
@@ -126,14 +129,15 @@ def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
         typer.echo(json.dumps(out, indent=2))
     else:
         rows, notes = [], []
+        resumed = _any_resumed([r for listing in listings for r in listing.runs or []])
         for listing in listings:
             if listing.runs is None:
                 # piped: the reason in the row (one line per host for grep); on a terminal: under the table
                 why = "" if console.is_terminal else listing.error or ""
-                rows.append((listing.host, "", _unreachable(listing), "", "", "", "", why))
+                rows.append((listing.host, "", _unreachable(listing), "", "", "", "", why, *([""] if resumed else [])))
                 notes.append(f"{listing.host}: {listing.error}")
-            rows += [(listing.host, *_row(r)) for r in listing.runs or []]
-        _print_table(("host", *COLUMNS), rows, notes)
+            rows += [(listing.host, *_row(r, resumed)) for r in listing.runs or []]
+        _print_table(("host", *_columns(resumed)), rows, notes)
     answered = [listing for listing in listings if listing.runs is not None]
     if not answered:  # no host answered: the first one's reason is the exit code (69 for a timeout)
         raise typer.Exit(listings[0].exit_code if listings else 0)
@@ -145,19 +149,29 @@ def _unreachable(listing: control.HostListing) -> str:
 
 
 COLUMNS = ("job", "state", "exit", "started", "ended", "commit", "run")
+RESUMED = "resumed_from"  # a column only when a listed run continues another (`resume`, a retry)
 
 
-def _row(r: dict) -> tuple[str, ...]:
+def _any_resumed(items: Sequence[dict]) -> bool:
+    return any(r.get(RESUMED) for r in items)
+
+
+def _columns(resumed: bool) -> tuple[str, ...]:
+    return (*COLUMNS, RESUMED) if resumed else COLUMNS
+
+
+def _row(r: dict, resumed: bool = False) -> tuple[str, ...]:
     code = r.get("exit_code")
     state = f"{r['state']} ({r['position']})" if r.get("position") else r["state"]  # QUEUED (2): its place
     if r.get("unreadable"):  # its state is a guess: `status RUN` names the path
         state += " (permission denied)"
-    return (r.get("job") or "", state, "" if code is None else str(code), r.get("started_at") or "",
-            r.get("ended_at") or "", (r.get("commit") or "")[:12], r["run_id"])
+    row = (r.get("job") or "", state, "" if code is None else str(code), r.get("started_at") or "",
+           r.get("ended_at") or "", (r.get("commit") or "")[:12], r["run_id"])
+    return (*row, str(r.get(RESUMED) or "")) if resumed else row
 
 
 # what a narrow terminal drops first: the values are whole or absent, never `FINI…`
-DROP_FIRST = ("commit", "ended", "started", "job", "exit", "host")  # `runs --all`'s host last
+DROP_FIRST = (RESUMED, "commit", "ended", "started", "job", "exit", "host")  # `runs --all`'s host last
 
 
 def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = (),
@@ -202,8 +216,8 @@ def _columns_that_fit(headers: Sequence[str], rows: Sequence[Sequence[str]], wid
 
 def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    with _open(ctx, host, run_id) as session:  # over several hosts: every node's state, and the run's
-        st = lifecycle.status(session, run_id, _opener(ctx, run_id))
+    with open_session(ctx, host, run_id) as session:  # over several hosts: every node's state, and the run's
+        st = lifecycle.status(session, run_id, opener(ctx, run_id))
     if as_json:
         typer.echo(json.dumps(st))
         return
@@ -214,8 +228,9 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | No
     if st.get("position"):
         code += f" (position {st['position']} in the queue since {st.get('queued_at')})"
     h = host_text  # every value below is the host's answer
+    # a queued run has no pid nor start yet: not "None"
     known = {"job": st.get("job"), "pid": st.get("pid"), "started": st.get("started_at"),
-             "commit": (st.get("commit") or "")[:12]}  # a queued run has no pid nor start yet: not "None"
+             "commit": (st.get("commit") or "")[:12], RESUMED: st.get(RESUMED)}
     fields = "  ".join(f"{k}={h(v)}" for k, v in known.items() if v not in (None, ""))
     console.print(f"{h(st['run_id'])}: [{style}]{h(st['state'])}[/]{h(code)}  {fields}", highlight=False)
     failed = st.get("failed_node")
@@ -232,9 +247,13 @@ def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="R
          host: str | None = HOST_OPT,
          timeout: float | None = typer.Option(None, "--timeout", min=0, help="Give up after this many seconds "
                                               "(exit 75: the runs go on)."),
-         as_json: bool = typer.Option(False, "--json", help="Print the runs' statuses as a JSON list.")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="Print the runs' statuses as a JSON list."),
+         sync_every: float | None = typer.Option(None, "--sync-every", min=0, help="Seconds between pulls of each "
+                                                 "run's newest checkpoint and changed artifacts (default: the job's "
+                                                 "sync_every:, else 300; 0: off).")) -> None:
     """Each run asked on its own host (the index's, or --host) over one connection per host; the exit
-    code is 0 when every run FINISHED, else the one `train` would give for the first that did not."""
+    code is 0 when every run FINISHED, else the one `train` would give for the first that did not. A
+    run of a job of this config has its checkpoint pulled meanwhile, and once more when it ends."""
     config = get_config(ctx)
     unique = list(dict.fromkeys(control.check_run_id(r) for r in run_ids))
     with contextlib.ExitStack() as stack:
@@ -243,13 +262,19 @@ def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="R
         def session_for(run_id: str) -> HostSession:
             name = index.resolve_host(config, run_id, host) or config.default_host
             if name not in sessions:
-                sessions[name] = stack.enter_context(_open(ctx, name))
+                sessions[name] = stack.enter_context(open_session(ctx, name))
             return sessions[name]
 
-        asks = [(r, functools.partial(lifecycle.status, session_for(r), r, _opener(ctx, r))) for r in unique]
+        asks = [(r, functools.partial(lifecycle.status, session_for(r), r, opener(ctx, r))) for r in unique]
+        pullers = _pullers(config, stack, unique, session_for, sync_every)
+
         def ended(st: dict) -> None:
             _said_ended(st)
             lifecycle.tell_ended(config, st, CliReporter().warn)
+            puller = pullers.pop(str(st.get("run_id")), None)
+            if puller is not None:  # its last checkpoint, whatever its host does next
+                puller.__exit__(None)
+                lifecycle.last_checkpoint(config, puller.session, puller.run_id, puller.job, CliReporter(quiet=True))
 
         told: set[str] = set()
 
@@ -272,6 +297,27 @@ def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="R
     raise typer.Exit(lifecycle.wait_code(statuses))
 
 
+def _pullers(config: Config, stack: contextlib.ExitStack, run_ids: Sequence[str],
+             session_for: Callable[[str], HostSession], given: float | None) -> dict[str, pull.Puller]:
+    """`wait`: a Puller per run whose job this config has (runs/pull.py); stopped when the wait ends."""
+    out: dict[str, pull.Puller] = {}
+    for run_id in run_ids:
+        entry = index.lookup(config.root, run_id)
+        job = config.jobs.get(entry.job) if entry else None
+        every = pull.sync_every(job, given)
+        if job is None or not every:
+            continue
+        session = session_for(run_id)
+
+        def shown(p: pull.Pulled, run_id: str = run_id) -> None:
+            if p.files:
+                say(f"{run_id}: {p.text()}")
+
+        out[run_id] = stack.enter_context(pull.Puller(session, job, session.paths.run(run_id), run_id, config.root,
+                                                      every, shown, CliReporter().warn))
+    return out
+
+
 def _said_ended(st: dict) -> None:
     code = "" if st.get("exit_code") is None else f" (exit code {st['exit_code']})"
     see = "" if st.get("state") == RunState.FINISHED else \
@@ -279,13 +325,13 @@ def _said_ended(st: dict) -> None:
     say(f"{st['run_id']}: {st['state']}{code}{see}")
 
 
-def _opener(ctx: typer.Context, run_id: str) -> lifecycle.OpenNode:
+def opener(ctx: typer.Context, run_id: str) -> lifecycle.OpenNode:
     """A session on another node of run `run_id`, by host name; a host this config lacks is an error
     naming the config the run was started with (from the local index), not a node that is gone."""
 
     def open_node(name: str) -> HostSession:
         try:
-            return _open(ctx, name)
+            return open_session(ctx, name)
         except UnknownHostError as exc:
             entry = index.lookup(get_config(ctx).root, run_id)
             started = entry.config if entry and entry.config else None
@@ -307,14 +353,18 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
          as_json: bool = typer.Option(False, "--json", help="With --follow: print the result as train --json does "
                                       "(progress to stderr)."),
          node: int | None = typer.Option(None, "--node", min=0, help="A run over several hosts: this node's log "
-                                         "(default: node 0, where rank 0 writes).")) -> None:
+                                         "(default: node 0, where rank 0 writes)."),
+         sync_every: float | None = typer.Option(None, "--sync-every", min=0, help="With --follow: seconds between "
+                                                 "pulls of the run's newest checkpoint and changed artifacts "
+                                                 "(default: the job's sync_every:, else 300; 0: off).")) -> None:
     control.check_run_id(run_id)
-    with _open(ctx, host, run_id) as session:
+    with open_session(ctx, host, run_id) as session:
         if follow_:
-            _reattach(ctx, session, run_id, node=node, offset=offset, fetch=not no_fetch, raw=raw, as_json=as_json)
+            _reattach(ctx, session, run_id, node=node, offset=offset, fetch=not no_fetch, raw=raw, as_json=as_json,
+                      sync_every=sync_every)
             return
         # the run's status first: a clear error for an unknown id
-        with lifecycle.open_nodes(session, run_id, _opener(ctx, run_id)) as (nodes, first):
+        with lifecycle.open_nodes(session, run_id, opener(ctx, run_id)) as (nodes, first):
             shown = nodes.sessions[lifecycle.check_node(nodes, node)]
             if shown is None:
                 raise UnreachableError(f"run {run_id}: node {node} ({nodes.names[node or 0]}) does not answer",
@@ -334,14 +384,15 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
 
 
 def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, node: int | None, offset: int, fetch: bool,
-              raw: bool, as_json: bool) -> None:
+              raw: bool, as_json: bool, sync_every: float | None = None) -> None:
     """`logs -f`: the run's follow and end as `train` has them, over every node of the run (a failed
     node named, a finished train run fetched), rendered as train's end is; the exit code is the job's
     (docs/architecture.md, "Exit codes")."""
     started = time.monotonic()
     reporter = CliReporter(quiet=as_json, out=err_console if as_json else None, raw=raw)
-    outcome = lifecycle.reattach(get_config(ctx), session, run_id, _opener(ctx, run_id), reporter, node=node,
-                                 offset=offset, fetch=fetch, config_path=state(ctx).config_path)
+    outcome = lifecycle.reattach(get_config(ctx), session, run_id, opener(ctx, run_id), reporter, node=node,
+                                 offset=offset, fetch=fetch, config_path=state(ctx).config_path,
+                                 sync_every=sync_every)
     if not outcome.fetchable and not as_json and not (outcome.status or {}).get("failed_node"):
         # not a train run: nothing to fetch, only the end to tell (FINISHED too: a quiet job's follow
         # would otherwise end with no word)
@@ -354,8 +405,8 @@ def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, node: in
 
 def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
          grace: float = typer.Option(10.0, "--grace", help="Seconds between TERM and KILL.")) -> None:
-    with _open(ctx, host, run_id) as session:
-        answers = lifecycle.stop(session, run_id, _opener(ctx, run_id), grace)
+    with open_session(ctx, host, run_id) as session:
+        answers = lifecycle.stop(session, run_id, opener(ctx, run_id), grace)
     for name, answer in answers:
         where = f" on {name}" if len(answers) > 1 else ""
         if answer is None:
@@ -370,24 +421,30 @@ def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
 def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
           force: bool = typer.Option(False, "--force", help="Place the model in web/public even when its run did "
                                      "not FINISH or it scores clearly worse than the placed one."),
+          all_checkpoints: bool = typer.Option(False, "--all-checkpoints", help="Every checkpoint on the host, not "
+                                               "only the newest."),
           as_json: bool = typer.Option(False, "--json", help="Print what was fetched as JSON (progress to stderr).")
           ) -> None:
+    """A RUNNING run brings its newest checkpoint and changed artifacts (its model once it ends)."""
     config = get_config(ctx)
-    with _open(ctx, host, run_id) as session:
-        got = lifecycle.fetch(config, session, run_id, _opener(ctx, run_id), CliReporter(quiet=as_json), force=force)
+    with open_session(ctx, host, run_id) as session:
+        got = lifecycle.fetch(config, session, run_id, opener(ctx, run_id), CliReporter(quiet=as_json), force=force,
+                              all_checkpoints=all_checkpoints)
     if as_json:
         model = got.model
         typer.echo(json.dumps({
-            "run_id": run_id, "host": got.host,
+            "run_id": run_id, "host": got.host, "state": got.state,
             "model": str(model.model) if model else None, "sha256": model.sha256 if model else None,
             "placed": model.placed if model else False, "kept": str(model.kept) if model else None,
             "why_not_placed": model.why_not if model else None,
+            "checkpoint": got.checkpoint.as_json() if got.checkpoint else None,
             "artifacts": got.artifacts.as_json() if got.artifacts else None,
         }))
         return
-    if got.model is None:
-        assert got.artifacts is not None
-        if got.artifacts.dest.is_dir():  # stdout names what is there; nothing matched: nothing to name
+    if got.model is None:  # stdout names what is here now: the checkpoint, the artifacts' directory
+        if got.checkpoint is not None and got.checkpoint.newest:
+            typer.echo(got.checkpoint.dest / got.checkpoint.newest)
+        if got.artifacts is not None and got.artifacts.dest.is_dir():
             typer.echo(got.artifacts.dest)
         return
     from thrust_remote.cli.kept import render_fetched

@@ -72,23 +72,39 @@ def train(
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="Several hosts: torchrun restarts every "
                                      "node's workers this often after a failure (they resume from the latest "
                                      "checkpoint)."),
+    sync_every: float | None = typer.Option(None, "--sync-every", min=0, help="Seconds between pulls of the run's "
+                                            "newest checkpoint and changed artifacts while it is followed (default: "
+                                            "the job's sync_every:, else 300; 0: off)."),
+    retry: int | None = typer.Option(None, "--retry", min=0, help="Resume the run from its newest checkpoint up to "
+                                     "N times when its host stops answering or it ends LOST (the job's retry: "
+                                     "says more: on, hosts)."),
 ) -> None:
     config = get_config(ctx)
     hosts = config.host_list(host)
     request = pipeline.TrainRequest(job=config.job(job), host=hosts[0], gpus=gpus, nproc=nproc, sets=sets,
                                     params_file=params, detach=detach, fetch=not no_fetch, force=force,
-                                    share_gpus=share_gpus, queue=queue)
+                                    share_gpus=share_gpus, queue=queue, sync_every=sync_every)
     lifecycle.check_request(request, hosts, max_restarts)  # before anything connects
     started = time.monotonic()
     # --json: stdout carries the one JSON object; the progress view goes to stderr
     reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
-    sessions = multinode.open_sessions(config, hosts, open_runner)
-    try:
-        outcome = lifecycle.train(config, request, sessions, reporter, max_restarts=max_restarts,
-                                  config_path=state(ctx).config_path)
-    finally:
-        for session in sessions:
-            session.close()
+
+
+    def first() -> pipeline.TrainOutcome:
+        sessions = multinode.open_sessions(config, hosts, open_runner)
+        try:
+            return lifecycle.train(config, request, sessions, reporter, max_restarts=max_restarts,
+                                   config_path=state(ctx).config_path)
+        finally:
+            for session in sessions:
+                session.close()
+
+    if detach:
+        outcome = first()
+    else:
+        from thrust_remote.cli.resume import followed_with_retry  # it imports this module
+
+        outcome = followed_with_retry(ctx, request.job, retry, reporter, first, sync_every)
     show_outcome(ctx, outcome, as_json, started)
 
 

@@ -105,6 +105,14 @@ class JobConfig:
     notify: NotifyConfig | None = None  # the job's own `notify:`; None: the top level's
     # {"below": PERCENT, "minutes": M, "every": S}: stopped when its GPUs idle that long (agent/idlewatch.py)
     idle_stop: Mapping[str, float] | None = None
+    # runs that outlive their host (docs/architecture.md, "Checkpoints and resume"): the glob of the job's
+    # checkpoints (relative to the checkout, or $THRUST_RUN_DIR/...), the arguments that continue from one
+    # ("{checkpoint}" is its path on the host), seconds between pulls while a run is followed (None: the
+    # default, 0: off), and the retry policy {"max": N, "on": (...), "hosts": (...)}
+    checkpoints: str | None = None
+    resume: tuple[str, ...] = ()
+    sync_every: float | None = None
+    retry: Mapping[str, Any] | None = None
     # thrust.yaml's line of each key the job wrote, and of the job's name under "job": a check after
     # the sync (a script missing from the synced commit) names file:line as the loader does
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)
@@ -377,7 +385,7 @@ _HOST_KEYS = (
 _JOB_KEYS = (
     "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
     "export", "env", "toolchain", "example", "crate", "artifact", "tch_version", "bypass_version_check", "notify",
-    "idle_stop",
+    "idle_stop", "checkpoints", "resume", "sync_every", "retry",
 )
 # Keys only some kinds take: another kind's job names them as an error (the cargo keys stay lenient).
 _KIND_ONLY = {
@@ -451,6 +459,7 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
             default_host_node, "default_host", f"{default_host!r} is not a host defined under hosts:"
         )
     _check_groups(reader, groups, group_nodes, hosts)
+    _check_retry_hosts(reader, jobs, hosts, groups)
     return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search, groups=groups,
                   notify=notify, search_lines=search_lines)
 
@@ -469,6 +478,17 @@ def _check_groups(reader: _Reader, groups: Mapping[str, tuple[str, ...]], nodes:
                 raise reader.fail(nodes[name], where, f"{member!r} is not a host defined under hosts:")
         if len(set(members)) != len(members):
             raise reader.fail(nodes[name], where, "a host is listed twice; each host is one node")
+
+
+def _check_retry_hosts(reader: _Reader, jobs: Mapping[str, JobConfig], hosts: Mapping[str, HostConfig],
+                       groups: Mapping[str, tuple[str, ...]]) -> None:
+    """A job's `retry: {hosts: [...]}` names hosts (or groups) this config defines."""
+    for job in jobs.values():
+        for name in (job.retry or {}).get("hosts", ()):
+            if name not in hosts and name not in groups:
+                line = job.retry.get("hosts_line") if job.retry else None
+                raise ConfigError(f"{reader.label}:{line}: jobs.{job.name}.retry.hosts: {name!r} is not a host "
+                                  "defined under hosts: (or a group)")
 
 
 def _check_name(reader: _Reader, node: yaml.Node, field_name: str, name: str) -> None:
@@ -633,6 +653,14 @@ def _job_value(reader: _Reader, kind: str, key: str, f: str, value: yaml.Node) -
         return {key: _parse_notify(reader, f, value)}
     if key == "idle_stop":
         return {key: _parse_idle_stop(reader, f, value)}
+    if key == "checkpoints":
+        return {key: _repo_path(reader, f, value)}
+    if key == "resume":
+        return {key: _job_resume(reader, f, value)}
+    if key == "sync_every":
+        return {key: _sync_every(reader, f, value)}
+    if key == "retry":
+        return {key: _parse_retry(reader, f, value)}
     return {key: _job_objective(reader, f, value)}
 
 
@@ -731,6 +759,53 @@ def _parse_idle_stop(reader: _Reader, f: str, node: yaml.Node) -> dict[str, floa
     for key in ("below", "minutes"):
         if key not in out:
             raise reader.fail(node, f"{f}.{key}", "missing: idle_stop takes {below: PERCENT, minutes: M}")
+    return out
+
+
+CHECKPOINT_FIELD = "{checkpoint}"  # in a job's `resume:` template: the checkpoint's path on the host
+RETRY_ON = ("host-lost", "lost", "failed")  # what a followed run's retry answers (docs/architecture.md)
+RETRY_ON_DEFAULT = ("host-lost", "lost")  # a FAILED run is retried only when asked: a bug fails again
+
+
+def _job_resume(reader: _Reader, f: str, node: yaml.Node) -> tuple[str, ...]:
+    """The arguments that continue a run from a checkpoint, like [--resume-from, "{checkpoint}"]."""
+    words = _words(reader, f, node, 'a list of arguments like [--resume-from, "{checkpoint}"]')
+    if not any(CHECKPOINT_FIELD in w for w in words):
+        raise reader.fail(node, f, f'expected the checkpoint\'s place in the arguments, "{CHECKPOINT_FIELD}", '
+                                   'as in [--resume-from, "{checkpoint}"]')
+    return tuple(words)
+
+
+def _sync_every(reader: _Reader, f: str, node: yaml.Node) -> float:
+    number = reader.scalar(node, f)
+    if isinstance(number, bool) or not isinstance(number, int | float) or number < 0:
+        raise reader.fail(node, f, f"expected seconds between pulls (a number >= 0; 0: off), got {_pytype(number)}")
+    return float(number)
+
+
+def _parse_retry(reader: _Reader, f: str, node: yaml.Node) -> dict[str, Any]:
+    """`{max: N, on: [host-lost, lost, failed], hosts: [a, b]}`; `max` is needed, the rest has defaults."""
+    out: dict[str, Any] = {"on": RETRY_ON_DEFAULT, "hosts": ()}
+    for key, key_node, value in reader.mapping(node, f):
+        if key == "max":
+            n = reader.scalar(value, f"{f}.max")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise reader.fail(value, f"{f}.max",
+                                  f"expected a number of retries (an integer >= 0), got {_pytype(n)}")
+            out["max"] = n
+        elif key == "on":
+            events = _words(reader, f"{f}.on", value, f"a list of {', '.join(RETRY_ON)}")
+            for event in events:
+                if event not in RETRY_ON:
+                    raise reader.fail(value, f"{f}.on", f"{event!r} is not one of {', '.join(RETRY_ON)}")
+            out["on"] = tuple(events)
+        elif key == "hosts":
+            out["hosts"] = tuple(_words(reader, f"{f}.hosts", value, "a list of host names"))
+            out["hosts_line"] = _line(value)
+        else:
+            raise reader.unknown(key_node, f"{f}.{key}", ("max", "on", "hosts"))
+    if "max" not in out:
+        raise reader.fail(node, f"{f}.max", "missing: retry takes {max: N, on: [...], hosts: [...]}")
     return out
 
 

@@ -72,6 +72,8 @@ class UnknownHostError(ThrustError):
 class ConnectionLostError(ThrustError):
     code = ExitCode.CONNECTION_LOST
     offset: int | None = None  # following a log: the byte offset delivered before the link broke
+    run_id: str | None = None  # following a run: the run, and its node 0's host (a retry resumes it)
+    host: str | None = None
 
 
 class TransferError(ThrustError):

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from thrust_remote.agent.listing import DEADLINE_ERROR
-from thrust_remote.agent.protocol import CHECKPOINTS, RUN_DIR_ENV, RUN_DIR_PREFIX
+from thrust_remote.agent.protocol import RUN_DIR_ENV, RUN_DIR_PREFIX
 from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, TransferError
 from thrust_remote.core.files import write_atomic
@@ -46,10 +46,6 @@ ARTIFACTS_DIR = "artifacts"
 RECORD = "artifacts.json"
 RUN_PREFIX = RUN_DIR_PREFIX  # a glob under the run directory (agent/listing.py reads the same)
 RUN_LOCAL = RUN_DIR_ENV  # where the run dir's files land under artifacts/
-# The built-in trainer's default `artifacts:`: its checkpoints (weights, optimizer state and step),
-# which resume or re-export a run; model.onnx is inference only, and metrics.jsonl already comes
-# with the model (fetch/models.py).
-TRAINER_DEFAULT = (f"{RUN_PREFIX}{CHECKPOINTS}/**",)
 # Streams at once, each one transfer helper's channel on the host (sshd's default MaxSessions is 10 per
 # connection) with its gets pipelined (Runner.get_many): many small files cost their bytes, not a round
 # trip each; two streams keep both ends busy while one waits on a large file.
@@ -95,10 +91,9 @@ class DirFetch:
 
 
 def artifact_globs(job: JobConfig) -> tuple[str, ...]:
-    """The job's `artifacts:`, else the trainer's default (TRAINER_DEFAULT); none for the other kinds."""
-    if job.artifacts:
-        return tuple(job.artifacts)
-    return TRAINER_DEFAULT if job.kind == "trainer" else ()
+    """The job's `artifacts:`. The built-in trainer has none by default: its checkpoints come as
+    checkpoints (fetch/checkpoints.py), its model and metrics.jsonl with the model (fetch/models.py)."""
+    return tuple(job.artifacts)
 
 
 def artifacts_dir(project_root: Path, run_id: str) -> Path:
@@ -305,7 +300,7 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     record = _read_record(record_path)
     said = len(result.warnings)
     try:
-        _fetch_changed(session, dest, todo, record, result)
+        fetch_changed(session, dest, todo, record, result)
     except KeyboardInterrupt:  # what completed is kept and recorded: the next fetch brings only the rest
         left = len(todo) - len(result.fetched) - len(result.unchanged)
         raise ThrustError(f"fetch of run {run_id}'s artifacts interrupted: {len(result.fetched)} file(s) fetched, "
@@ -321,7 +316,7 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     return result
 
 
-def _fetch_changed(session: HostSession, dest: Path, todo: list[tuple[str, Path, dict[str, Any]]],
+def fetch_changed(session: HostSession, dest: Path, todo: list[tuple[str, Path, dict[str, Any]]],
                    record: dict[str, dict[str, Any]], result: DirFetch) -> None:
     """Skip the files whose local sha256 is the host's; get the others over STREAMS pipelined streams
     (Runner.get_many). Every file that completed is recorded even when another one fails or Ctrl-C stops

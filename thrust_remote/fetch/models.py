@@ -304,7 +304,8 @@ def fetch_run_model(runner: Runner, run_dir: str, stem: str, dest: Path, *, proj
             "sha256": sha, "placed": False, "target": relative(dest / f"{stem}.onnx", project_root),
         }
         _write_json(staging / FETCH_INFO, info)
-        for name in ("artifacts", "artifacts.json"):  # the run's artifacts (fetch/artifacts.py) stay with it
+        # the run's artifacts and checkpoints (fetch/artifacts.py, fetch/checkpoints.py) stay with it
+        for name in ("artifacts", "artifacts.json", "checkpoints", "checkpoints.json"):
             if (kept / name).exists():
                 os.replace(kept / name, staging / name)
         _replace_dir(staging, kept)

@@ -12,6 +12,7 @@ nodes need (agree, plan, rendezvous, the watch, the state over nodes) is multino
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,14 +31,16 @@ from thrust_remote.core.errors import (
     UnreachableError,
     UsageError,
 )
-from thrust_remote.fetch import artifacts
+from thrust_remote.core.hints import command_hint
+from thrust_remote.fetch import artifacts, checkpoints
 from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import gpus as inventory  # the module; `gpus` is the chosen list in places
 from thrust_remote.run import multinode, pipeline
 from thrust_remote.run.pipeline import Launched, Reporter, Stage, TrainOutcome, TrainRequest
-from thrust_remote.runs import control, index, notify, scalarwatch
+from thrust_remote.run.sync import LocalState
+from thrust_remote.runs import control, index, notify, pull, scalarwatch
 
 OpenNode = Callable[[str], HostSession]  # a session on a configured host, by name
 
@@ -71,7 +74,9 @@ class Started:
 def arguments(request: TrainRequest) -> list[str]:
     """The job's arguments from its config, `--params` and `--set`, checked before anything connects."""
     sets = pipeline.parse_sets(request.sets)
-    params = pipeline.load_params(request.params_file) if request.params_file else {}
+    params = dict(request.params or {})
+    if request.params_file:
+        params.update(pipeline.load_params(request.params_file))
     pipeline.check_trainer_args(request.job, sets, params)
     return pipeline.job_arguments(request.job, sets, params)
 
@@ -104,20 +109,25 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
         return multinode.Prefixed(reporter, session.name) if many else reporter
 
     planned = multinode.PlanAhead(sessions, reporter) if many else None  # beside the check and set-up
-    checked = multinode.each(lambda s: pipeline.check(config, request.job, s, told(s), args_for_preflight=args),
-                             sessions)
+    checked = multinode.each(lambda s: pipeline.check(config, request.job, s, told(s), args_for_preflight=args,
+                                                      code_at=request.resume), sessions)
     multinode.agree(checked)
     if request.gpus:  # GPUs a host can never give (more than it has, none at all): 64 before any set-up
         for node in checked:
             inventory.select_gpus(request.gpus, node.report.facts, node.session.host)
     prepared = multinode.each(lambda c: pipeline.set_up(c, told(c.session)), checked)
     run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
+    if request.resume is not None:  # every node can read the checkpoint; the job's rank 0 does
+        resume = request.resume
+        reporter.step(f"placing checkpoint {resume.label} for run {run_id}")
+        paths = multinode.each(lambda p: pipeline.place_checkpoint(p, resume, run_id, relative=many), prepared)
+        args = [*args, *pipeline.resume_args(resume, paths[0])]
     if many:  # a queued run's order, the same on every node (agent/runqueue.py); one host uses its own clock
         launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
                                                   queue_order=time.time(), planned=planned)
     else:
         launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter)], list(sessions)
-    _remember(config, launched, reporter)
+    _remember(config, launched, reporter, request, prepared[0].local)
     return Started(launched, RunNodes(run_id, [s.name for s in ranked], list(ranked)))
 
 
@@ -130,14 +140,15 @@ def _launch_one(prepared: pipeline.Prepared, request: TrainRequest, args: Sequen
         gpus, ask = pipeline.queue_ask(request, prepared.report.facts, None)
         return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
                                         extra_env=request.extra_env, reporter=reporter, exclusive_gpus=bool(gpus),
-                                        queue=ask)
+                                        queue=ask, meta_extra=pipeline.resume_meta(request))
     if not request.gpus and not inventory.host_gpus(prepared.report.facts, session.host):
         _say_cpu_slots_taken(session, reporter)
     gpus = pipeline.choose_gpus(request, prepared.report.facts,
                                 lambda: {} if request.share_gpus else control.gpus_taken(session))
     return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
                                     extra_env=request.extra_env, reporter=reporter,
-                                    exclusive_gpus=bool(gpus) and not request.share_gpus)
+                                    exclusive_gpus=bool(gpus) and not request.share_gpus,
+                                    meta_extra=pipeline.resume_meta(request))
 
 
 def _say_cpu_slots_taken(session: HostSession, reporter: Reporter) -> None:
@@ -151,14 +162,25 @@ def _say_cpu_slots_taken(session: HostSession, reporter: Reporter) -> None:
                       "run starts now and shares the CPU with them; `train --queue` waits for a free slot instead")
 
 
-def _remember(config: Config, launched: Sequence[Launched], reporter: Reporter) -> None:
-    """The run in the project's local index, so status/logs/stop/fetch find its host without --host."""
+def _remember(config: Config, launched: Sequence[Launched], reporter: Reporter, request: TrainRequest,
+              local: LocalState | None) -> None:
+    """The run in the project's local index, so status/logs/stop/fetch find its host without --host,
+    and `resume` its job, arguments and code (the patch kept beside the entry)."""
     head = launched[0]
+    params = dict(request.params or {})
+    if request.params_file:
+        params.update(pipeline.load_params(request.params_file))
+    patch = local.patch if local is not None and head.commit == local.commit else b""
     entry = index.IndexEntry(run_id=head.run_id, host=head.host, job=head.job, commit=head.commit,
                              started_at=index.now(), run_dir=head.run_dir,
                              config=str(config.path.resolve()) if config.path else None,
-                             nodes=tuple(n.host for n in launched) if len(launched) > 1 else ())
+                             nodes=tuple(n.host for n in launched) if len(launched) > 1 else (),
+                             sets=tuple(request.sets), params=params or None,
+                             patch_sha256=hashlib.sha256(patch).hexdigest() if patch else None,
+                             resumed_from=request.resume.run_id if request.resume else None)
     try:
+        if patch:
+            index.record_patch(config.root, head.run_id, patch)
         index.record(config.root, entry)
     except OSError as exc:
         reporter.warn(f"run {head.run_id} is not in the local index ({exc}): give --host {head.host} to status, "
@@ -185,44 +207,76 @@ def train(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     if Stage.FOLLOW not in stages:
         return TrainOutcome(started.head, None, None, 0, dict(started.head.timings))
     return follow(config, started.nodes, started.head, request.job, reporter, fetch=Stage.FETCH in stages,
-                  force=request.force, config_path=config_path)
+                  force=request.force, config_path=config_path, sync_every=request.sync_every)
 
 
 # ------------------------------------------------------------------------------------------ follow
 
 def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | None, reporter: Reporter, *,
            fetch: bool = True, force: bool = False, offset: int = 0, node: int = 0,
-           config_path: Path | str | None = None) -> TrainOutcome:
-    """Follow node `node`'s log (rank 0's by default) while the watch minds the other nodes; then the
-    run's state over every node and, when it FINISHED, node 0's model and artifacts (`job` None: an
-    optimize trial or a job this config lacks: nothing fetched)."""
+           config_path: Path | str | None = None, sync_every: float | None = None) -> TrainOutcome:
+    """Follow node `node`'s log (rank 0's by default) while the watch minds the other nodes and node 0's
+    checkpoint and artifacts are pulled every `sync_every` s (runs/pull.py); then the run's state over
+    every node and, when it FINISHED, node 0's model and artifacts; whatever the end, its newest
+    checkpoint (`job` None: an optimize trial or a job this config lacks: nothing fetched)."""
     followed_session = nodes.sessions[node]
     assert followed_session is not None
     timings = dict(head.timings)
     if head.position is not None:  # still waiting on its host: the view says so until its log starts
         reporter.queued(head.host, head.position or None)
-    with multinode.Watch(nodes.sessions, nodes.names, nodes.run_id, reporter, followed=node) as watch:
+    with multinode.Watch(nodes.sessions, nodes.names, nodes.run_id, reporter, followed=node) as watch, \
+            _pulling(config, nodes, head, job, reporter, sync_every if fetch else 0.0) as puller:
         try:
             followed = pipeline.follow(followed_session, nodes.run_id, reporter, offset=offset,
                                        config_path=config_path, node=node if nodes.many else None,
                                        scalars=scalarwatch.source_for(followed_session, nodes.run_id, job))
-        except ConnectionLostError:
+        except ConnectionLostError as exc:
             watch.fail(node, "lost: the connection to it broke while following")
+            exc.run_id, exc.host = nodes.run_id, nodes.names[0]  # what a retry resumes (run/resume.py)
             raise
     status = _over_nodes_at_end(nodes, node, followed.status, watch) if nodes.many else followed.status
     tell_ended(config, status, reporter.warn)
     head_session = nodes.sessions[0]
-    fetched = got = None
+    fetched = got = checkpoint = None
     if status["state"] == RunState.FINISHED and fetch and job is not None and head_session is not None:
         fetched, got = pipeline.fetch_finished(config, head_session, head, job, status, reporter, force=force,
                                                timings=timings)
+    if fetch and job is not None and head_session is not None:
+        checkpoint = last_checkpoint(config, head_session, head.run_id, job, reporter)
     job = job if job is not None and pipeline.exports_model(job) else None
     # a run that did not finish is worth a fetch hint only when it left a model (a stopped trainer
     # exports; a killed one usually has none); node 0 holds it
     fetchable = job is not None and head_session is not None and (
         status["state"] == RunState.FINISHED or head_session.runner.exists(f"{head.run_dir}/{MODEL}"))
     return TrainOutcome(head, status, fetched, pipeline.exit_code_for(status), timings, followed.progress,
-                        fetchable=fetchable, artifacts=got)
+                        fetchable=fetchable, artifacts=got, checkpoint=checkpoint,
+                        pulled=puller.last if puller is not None else None)
+
+
+@contextmanager
+def _pulling(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | None, reporter: Reporter,
+             given: float | None) -> Iterator[pull.Puller | None]:
+    """Node 0's checkpoint and artifacts pulled every `sync_every` s while the run is followed."""
+    every = pull.sync_every(job, given)
+    session = nodes.sessions[0]
+    if not every or job is None or session is None:
+        yield None
+        return
+    with pull.Puller(session, job, head.run_dir, nodes.run_id, config.root, every,
+                     reporter.pulled, reporter.warn) as puller:
+        yield puller
+
+
+def last_checkpoint(config: Config, session: HostSession, run_id: str, job: JobConfig,
+                    reporter: Reporter) -> checkpoints.CheckpointPull | None:
+    """An ended run's newest checkpoint (node 0's `session`), pulled: what `resume` continues from,
+    whatever the host does next. A failure is a warning: the run's end is what the exit code tells."""
+    try:
+        return pipeline.pull_checkpoint(config, session, job, session.paths.run(run_id), run_id, reporter)
+    except ThrustError as exc:
+        reporter.warn(f"run {run_id}'s newest checkpoint was not pulled ({exc.message}); "
+                      f"later: {command_hint('fetch', run_id, host=session.host)}")
+        return None
 
 
 def _over_nodes_at_end(nodes: RunNodes, node: int, followed: dict[str, Any], watch: multinode.Watch) -> dict[str, Any]:
@@ -281,7 +335,8 @@ def open_nodes(session: HostSession, run_id: str, open_node: OpenNode,
 
 def reattach(config: Config, session: HostSession, run_id: str, open_node: OpenNode,
              reporter: Reporter | None = None, *, node: int | None = None, offset: int = 0, fetch: bool = True,
-             force: bool = False, config_path: Path | str | None = None) -> TrainOutcome:
+             force: bool = False, config_path: Path | str | None = None,
+             sync_every: float | None = None) -> TrainOutcome:
     """`logs RUN --follow`: follow a run already started and end it as `train` would, over all its
     nodes: the same watch, the same failed node named, the same fetch and exit code. `node`: the node
     whose log is shown (default node 0's)."""
@@ -303,7 +358,7 @@ def reattach(config: Config, session: HostSession, run_id: str, open_node: OpenN
                         str(head_status.get("job") or ""), head_status.get("commit"), head_session.paths, None, True,
                         {}, position=(status.get("position") or 0) if status.get("state") == RunState.QUEUED else None)
         return follow(config, nodes, head, job, reporter, fetch=fetch, force=force, offset=offset, node=node,
-                      config_path=config_path)
+                      config_path=config_path, sync_every=sync_every)
 
 
 def check_node(nodes: RunNodes, node: int | None) -> int:
@@ -355,12 +410,16 @@ class Fetched:
     host: str  # node 0's: where the model and the artifacts came from
     model: FetchResult | None
     artifacts: DirFetch | None
+    checkpoint: checkpoints.CheckpointPull | None = None
+    state: str | None = None  # the run's state over its nodes when it was fetched
 
 
 def fetch(config: Config, session: HostSession, run_id: str, open_node: OpenNode, reporter: Reporter, *,
-          force: bool = False) -> Fetched:
-    """`fetch RUN`: node 0's model (the job exports one) and artifacts, placed by the rules of "Kept
-    models" judged on the run's state over every node."""
+          force: bool = False, all_checkpoints: bool = False) -> Fetched:
+    """`fetch RUN`: node 0's model (the job exports one and the run has ended), its newest checkpoint
+    (`all_checkpoints`: every one) and its changed artifacts, placed by the rules of "Kept models"
+    judged on the run's state over every node. A run still going brings its checkpoint and artifacts
+    so far; its model comes when it ends."""
     with open_nodes(session, control.check_run_id(run_id), open_node) as (nodes, first):
         head = nodes.sessions[0]
         if head is None:
@@ -371,14 +430,33 @@ def fetch(config: Config, session: HostSession, run_id: str, open_node: OpenNode
         if not job_name:
             raise ThrustError(f"run {run_id} has no job recorded")
         job, run_dir = config.job(job_name), head.paths.run(run_id)
-        model = None
-        if pipeline.exports_model(job):
-            model = pipeline.finish(config, head, job, run_dir, run_id=run_id, status=st, force=force)
-        elif not artifacts.artifact_globs(job):
-            raise UsageError(f"job {job_name} exports no model and has no `artifacts:`: nothing to fetch",
-                             f"add `export:` or `artifacts:` under jobs.{job_name} in thrust.yaml")
+        glob = checkpoints.checkpoint_glob(job)
+        if not pipeline.exports_model(job) and not glob and not artifacts.artifact_globs(job):
+            raise UsageError(f"job {job_name} exports no model and has no `checkpoints:` or `artifacts:`: nothing "
+                             "to fetch", f"add `export:`, `checkpoints:` or `artifacts:` under jobs.{job_name} in "
+                             "thrust.yaml")
+        model = _fetch_model(config, head, job, run_dir, run_id, st, reporter, force=force, others=bool(glob))
+        pulled = pipeline.pull_checkpoint(config, head, job, run_dir, run_id, reporter, every=all_checkpoints)
         got = pipeline.fetch_artifacts(config, head, job, run_dir, run_id, reporter)
-        return Fetched(head.name, model, got)
+        return Fetched(head.name, model, got, pulled, str(st.get("state")))
+
+
+def _fetch_model(config: Config, head: HostSession, job: JobConfig, run_dir: str, run_id: str, st: dict[str, Any],
+                 reporter: Reporter, *, force: bool, others: bool) -> FetchResult | None:
+    """The run's model when it has one to give: none while it runs (said), none from a run that ended
+    without exporting when there are checkpoints to bring instead (said); else `pipeline.finish`."""
+    if not pipeline.exports_model(job):
+        return None
+    state = RunState.of(st.get("state"))
+    if state.is_live:
+        reporter.step(f"run {run_id} is {state}: its newest checkpoint and changed artifacts come now; its model "
+                      "when it ends")
+        return None
+    if state != RunState.FINISHED and others and not head.runner.exists(f"{run_dir}/{MODEL}"):
+        reporter.warn(f"run {run_id} ended {state} without a model: its checkpoint and artifacts come; "
+                      f"continue it with: {command_hint('resume', run_id)}")
+        return None
+    return pipeline.finish(config, head, job, run_dir, run_id=run_id, status=st, force=force)
 
 
 def stop(session: HostSession, run_id: str, open_node: OpenNode, grace: float = 10.0,

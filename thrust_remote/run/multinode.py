@@ -275,7 +275,7 @@ def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: 
     peers = [{"node": i, "host": n["host"], "address": where.ssh[i][0], "port": where.ssh[i][1]}
              for i, n in enumerate(nodes) if i != rank]
     meta = {"node": rank, "nodes": nodes, "rdzv": f"{where.address}:{where.port}", "watch_peers": peers,
-            "peer_timeout": PEER_TIMEOUT_S}
+            "peer_timeout": PEER_TIMEOUT_S, **pipeline.resume_meta(request)}
     # every node is told where to export: the job's rank 0 alone writes, on the node it runs on
     gpus, ask = pipeline.queue_ask(request, prepared.report.facts, queue_order) if request.queue else ([], None)
     return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,

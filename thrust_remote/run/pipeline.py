@@ -19,13 +19,21 @@ from typing import Any, Protocol
 
 import yaml
 
-from thrust_remote.agent.protocol import GPUS_USED, RunState
-from thrust_remote.core.config import Config, HostConfig, JobConfig
-from thrust_remote.core.errors import ConfigError, ConnectionLostError, Detached, ExitCode, ThrustError, UsageError
+from thrust_remote.agent.protocol import GPUS_USED, RESUMED_FROM, RUNS_DIR, RunState
+from thrust_remote.core.config import CHECKPOINT_FIELD, Config, HostConfig, JobConfig
+from thrust_remote.core.errors import (
+    ConfigError,
+    ConnectionLostError,
+    Detached,
+    ExitCode,
+    ThrustError,
+    TransferError,
+    UsageError,
+)
 from thrust_remote.core.hints import command_hint
 from thrust_remote.core.names import valid_id
 from thrust_remote.doctor import checklist
-from thrust_remote.fetch import artifacts, models
+from thrust_remote.fetch import artifacts, checkpoints, models
 from thrust_remote.host import payload
 from thrust_remote.host.session import HostPaths, HostSession
 from thrust_remote.run import buildenv, cargo, jobs, pins
@@ -37,6 +45,7 @@ from thrust_remote.run.sync import LocalState, SyncResult, local_state, sync
 from thrust_remote.run.venv import setup_python
 from thrust_remote.runs import control
 from thrust_remote.runs.progress import LineSplitter, RunProgress
+from thrust_remote.runs.pull import Pulled
 from thrust_remote.runs.scalarwatch import ScalarSource, ScalarWatch
 from trainer.args import parse_flag
 
@@ -64,11 +73,14 @@ class Reporter(Protocol):
     log starts, `log` with its bytes exactly as the host wrote them (progress is parsed from them:
     THRUST_METRICS lines), `metrics` with a metrics object read elsewhere (a job's TensorBoard
     scalars, from another thread), `followed` when following ends for any reason (end, detach, lost link).
-    `queued` comes first when the followed run still waits in its host's queue (its log starts later)."""
+    `queued` comes first when the followed run still waits in its host's queue (its log starts later);
+    `pulled` after each pull of the run's checkpoint and artifacts while it is followed (runs/pull.py,
+    from another thread)."""
 
     def step(self, message: str) -> None: ...
     def warn(self, message: str) -> None: ...
     def queued(self, host: str, position: int | None) -> None: ...
+    def pulled(self, pulled: Pulled) -> None: ...
     def following(self, run_id: str, offset: int) -> None: ...
     def log(self, chunk: bytes) -> None: ...
     def metrics(self, obj: dict[str, Any]) -> None: ...
@@ -87,6 +99,9 @@ class NullReporter:
     def queued(self, host: str, position: int | None) -> None:
         pass
 
+    def pulled(self, pulled: Pulled) -> None:
+        pass
+
     def following(self, run_id: str, offset: int) -> None:
         pass
 
@@ -98,6 +113,22 @@ class NullReporter:
 
     def followed(self) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class ResumeFrom:
+    """What `resume` continues (run/resume.py): the run, the code it ran (commit + its uncommitted patch),
+    its checkpoint (`local`: a pulled, verified copy that goes to every node; else `on_host`: its path on
+    the one host the new run goes to) and the arguments that continue from it ("{checkpoint}" filled)."""
+
+    run_id: str
+    commit: str | None
+    patch: bytes
+    template: tuple[str, ...]
+    local: Path | None = None
+    local_sha256: str | None = None
+    on_host: str | None = None
+    label: str = ""  # the checkpoint as the messages name it
 
 
 @dataclass
@@ -115,6 +146,9 @@ class TrainRequest:
     fetch: bool = True  # fetch the model when the run finished
     force: bool = False  # place the fetched model even when it scores clearly worse than the placed one
     queue: bool = False  # --queue: wait on the host for the GPUs (or a CPU slot) instead of refusing
+    sync_every: float | None = None  # --sync-every: seconds between pulls while followed (None: the job's)
+    resume: ResumeFrom | None = None  # `resume`: the run continued, its code and its checkpoint
+    params: Mapping[str, Any] | None = None  # parameters given as data (a resumed run's), under params_file's
 
 
 @dataclass
@@ -153,6 +187,9 @@ class TrainOutcome:
     progress: RunProgress = field(default_factory=RunProgress)
     fetchable: bool = True
     artifacts: artifacts.DirFetch | None = None  # the job's artifacts, when fetched (fetch/artifacts.py)
+    checkpoint: checkpoints.CheckpointPull | None = None  # its newest checkpoint, when pulled at the end
+    pulled: Pulled | None = None  # the last pull while it was followed
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # a retried run's chain, first attempt first
 
     def as_json(self, wall_s: float) -> dict[str, Any]:
         """`train --json` (attached) and `logs -f --json`: docs/architecture.md, "JSON shapes"."""
@@ -166,6 +203,10 @@ class TrainOutcome:
             "model": str(fetched.model) if fetched else None, "manifest": str(fetched.manifest) if fetched else None,
             "sha256": fetched.sha256 if fetched else None, "bytes": fetched.bytes if fetched else None,
             "artifacts": self.artifacts.as_json() if self.artifacts else None,
+            "checkpoint": self.checkpoint.as_json() if self.checkpoint else None,
+            "last_pull": self.pulled.as_json() if self.pulled else None,
+            **({"resumed_from": status["resumed_from"]} if status.get("resumed_from") else {}),
+            **({"attempts": self.attempts} if self.attempts else {}),
             **self.progress.summary(),
             "wall_s": round(wall_s, 3), "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
@@ -259,9 +300,10 @@ class Prepared:
         return self.session.paths
 
 
-def _sync_stage(config: Config, session: HostSession,
-                reporter: Reporter) -> tuple[LocalState | None, SyncResult | None]:
-    """What we run: the exact local commit (synced to a remote host; the project itself when local)."""
+def _sync_stage(config: Config, session: HostSession, reporter: Reporter,
+                code_at: ResumeFrom | None = None) -> tuple[LocalState | None, SyncResult | None]:
+    """What we run: the exact local commit (synced to a remote host; the project itself when local);
+    `code_at`: a resumed run's commit and patch instead (the code the run it continues ran)."""
     local: LocalState | None
     try:
         local = local_state(config.root)
@@ -269,6 +311,8 @@ def _sync_stage(config: Config, session: HostSession,
         if not session.host.is_local:
             raise
         local = None
+    if code_at is not None and code_at.commit and local is not None:
+        local = _at_run_code(local, code_at, session, reporter)
     if not session.host.is_local:
         assert local is not None
         reporter.step(f"syncing {local.commit[:12]} to {session.name}:{session.paths.workdir}")
@@ -287,6 +331,23 @@ def _sync_stage(config: Config, session: HostSession,
     if local.dirty:
         reporter.warn("the working tree has uncommitted changes: they are what runs (recorded in run.json)")
     return local, SyncResult(local.commit, "local", local.dirty, local.patch_sha256, local.untracked)
+
+
+def _at_run_code(local: LocalState, code_at: ResumeFrom, session: HostSession, reporter: Reporter) -> LocalState:
+    """The laptop's state moved to the code a resumed run ran: its commit with its patch. The host
+    `local` runs the working tree as it stands: a difference is said, not hidden."""
+    assert code_at.commit is not None
+    same = local.commit == code_at.commit and local.patch == code_at.patch
+    if same:
+        return local
+    if session.host.is_local:
+        reporter.warn(f"the working tree is not the code run {code_at.run_id} ran ({code_at.commit[:12]}"
+                      f"{' + its patch' if code_at.patch else ''}): on host local the tree as it stands runs")
+        return local
+    # a warning, not a step: what runs is not the tree in front of you (said under --json too)
+    reporter.warn(f"resuming at run {code_at.run_id}'s code: {code_at.commit[:12]}"
+                  f"{' + its uncommitted patch' if code_at.patch else ''} (your tree is at {local.commit[:12]})")
+    return replace(local, commit=code_at.commit, patch=code_at.patch, untracked=(), lfs=None)
 
 
 @dataclass
@@ -312,7 +373,7 @@ def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Repo
 
 
 def check(config: Config, job: JobConfig, session: HostSession, reporter: Reporter, *,
-          args_for_preflight: Sequence[str] = ()) -> Checked:
+          args_for_preflight: Sequence[str] = (), code_at: ResumeFrom | None = None) -> Checked:
     """sync (remote hosts) → envcheck preflight: the host runs this commit and can run the job."""
     check_local_python(session, job)
     spec = buildenv.job_spec(job)  # the one conversion: from here on the host's view of the job
@@ -320,7 +381,7 @@ def check(config: Config, job: JobConfig, session: HostSession, reporter: Report
     jobs.check_before_sync(job, session, config.root, label)  # a script that cannot be there: before syncing
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    local, sync_result = _sync_stage(config, session, reporter)
+    local, sync_result = _sync_stage(config, session, reporter, code_at)
     if job.kind != "cargo":
         jobs.check_on_host(session, job, session.paths.workdir, label)
     timings[Stage.SYNC] = time.monotonic() - t0
@@ -422,6 +483,39 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
     return Launched(run_id, run_dir, int(pid) if pid is not None else None, session.name, job.name,
                     sync_result.commit if sync_result else None, session.paths, sync_result, prepared.setup_skipped,
                     timings, prepared.spec, position=answer.get("position") if answer.get("queued") else None)
+
+
+RESUME_DIR = "resume"  # under the new run's directory: the checkpoint it starts from
+
+
+def place_checkpoint(prepared: Prepared, resume: ResumeFrom, run_id: str, *, relative: bool) -> str:
+    """The checkpoint a resumed run starts from, where its job can read it on this node: the run's own
+    file when it stays on the host that has it, else the pulled copy uploaded (verified: sha256 on both
+    ends) into the new run's directory (0700). `relative`: the path from the checkout, the same on
+    every node of a run over several hosts (each has its own workdir)."""
+    session = prepared.session
+    if resume.on_host is not None:
+        return resume.on_host
+    assert resume.local is not None
+    run_dir = session.paths.run(run_id)
+    session.runner.run(["mkdir", "-p", "-m", "700", "--", run_dir]).check(f"mkdir {run_dir} on {session.name}")
+    target = f"{run_dir}/{RESUME_DIR}/{resume.local.name}"
+    sha = session.runner.put(resume.local, target)
+    if sha != resume.local_sha256:  # the copy here changed since it was verified: never start from it
+        raise TransferError(f"the checkpoint {resume.local} changed while it was sent to {session.name} "
+                            f"({sha[:12]}, verified {str(resume.local_sha256)[:12]}): not resumed from",
+                            "fetch it again from the run's host, or resume where the run's checkpoints are")
+    return f"{RUNS_DIR}/{run_id}/{RESUME_DIR}/{resume.local.name}" if relative else target
+
+
+def resume_args(resume: ResumeFrom, path: str) -> list[str]:
+    """The job's `resume:` template with "{checkpoint}" filled."""
+    return [word.replace(CHECKPOINT_FIELD, path) for word in resume.template]
+
+
+def resume_meta(request: TrainRequest) -> dict[str, Any]:
+    """run.json's link to the run a resumed run continues."""
+    return {RESUMED_FROM: request.resume.run_id} if request.resume is not None else {}
 
 
 def choose_gpus(request: TrainRequest, facts: Mapping[str, Any], taken: Callable[[], Mapping[int, str]]) -> list[int]:
@@ -562,7 +656,8 @@ def exit_code_for(status: dict) -> int:
 def fetch_finished(config: Config, session: HostSession, launched: Launched, job: JobConfig, status: dict,
                    reporter: Reporter, *, force: bool, timings: dict[str, float],
                    ) -> tuple[models.FetchResult | None, artifacts.DirFetch | None]:
-    """A FINISHED run's model (when the job exports one) and artifacts, each timed into `timings`."""
+    """A FINISHED run's model (when the job exports one) and artifacts, each timed into `timings`;
+    its newest checkpoint is pulled by the caller (`pull_checkpoint`), as for any end."""
     fetched = None
     t0 = time.monotonic()
     if exports_model(job):
@@ -585,6 +680,20 @@ def fetch_artifacts(config: Config, session: HostSession, job: JobConfig, run_di
         return None
     reporter.step("fetching the artifacts")
     got = artifacts.fetch_artifacts(session, run_dir, run_id, config.root, globs, warn=reporter.warn)
+    reporter.step(got.summary(config.root))
+    return got
+
+
+def pull_checkpoint(config: Config, session: HostSession, job: JobConfig, run_dir: str, run_id: str,
+                    reporter: Reporter, *, every: bool = False) -> checkpoints.CheckpointPull | None:
+    """The run's newest checkpoint (`every`: all) into .thrust/fetched/<run-id>/checkpoints/, verified,
+    only what changed (fetch/checkpoints.py); None when the job declares no checkpoints."""
+    glob = checkpoints.checkpoint_glob(job)
+    if glob is None:
+        return None
+    got = checkpoints.pull(session, run_dir, run_id, config.root, glob, every=every)
+    for text in got.warnings:
+        reporter.warn(text)
     reporter.step(got.summary(config.root))
     return got
 

@@ -12,6 +12,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from thrust_remote.core.config import Config
 from thrust_remote.core.errors import UnknownHostError
@@ -31,6 +32,13 @@ class IndexEntry:
     run_dir: str
     config: str | None = None  # the thrust.yaml that named the host, when there was one
     nodes: tuple[str, ...] = ()  # a run over several hosts: every node's host, node 0 (`host`) first
+    # what `resume` needs to run the same job again at the same code (docs/architecture.md, "Checkpoints
+    # and resume"): the --set words and parameters it was given, its patch's sha256 (the patch itself is
+    # <run-id>.patch beside this file), and the run it continued
+    sets: tuple[str, ...] = ()
+    params: dict[str, Any] | None = None
+    patch_sha256: str | None = None
+    resumed_from: str | None = None
 
     def as_json(self) -> dict[str, object]:
         return asdict(self)
@@ -74,7 +82,27 @@ def lookup(root: Path, run_id: str) -> IndexEntry | None:
         run_dir=str(data.get("run_dir") or ""),
         config=data.get("config"),
         nodes=tuple(str(n) for n in data.get("nodes") or () if isinstance(n, str)),
+        sets=tuple(str(w) for w in data.get("sets") or () if isinstance(w, str)),
+        params=data.get("params") if isinstance(data.get("params"), dict) else None,
+        patch_sha256=data.get("patch_sha256") if isinstance(data.get("patch_sha256"), str) else None,
+        resumed_from=data.get("resumed_from") if isinstance(data.get("resumed_from"), str) else None,
     )
+
+
+PATCH_SUFFIX = ".patch"
+
+
+def record_patch(root: Path, run_id: str, patch: bytes) -> Path:
+    """The uncommitted patch a run ran with, kept beside its entry (0600): `resume` syncs the same code
+    even when the run's host is gone and the laptop's tree has moved on."""
+    return write_atomic(_path(root, run_id).with_suffix(PATCH_SUFFIX), patch)
+
+
+def read_patch(root: Path, run_id: str) -> bytes | None:
+    try:
+        return _path(root, run_id).with_suffix(PATCH_SUFFIX).read_bytes()
+    except OSError:
+        return None
 
 
 def resolve_host(config: Config, run_id: str, explicit: str | None) -> str | None:

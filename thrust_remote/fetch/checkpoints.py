@@ -1,0 +1,246 @@
+"""A run's checkpoints brought home, while it runs and after: `.thrust/fetched/<run-id>/checkpoints/`
+(docs/architecture.md, "Checkpoints and resume").
+
+A job's checkpoints are the files its `checkpoints:` glob matches (the built-in trainer's are known:
+TRAINER_GLOB). A pull lists them on the host (agent `list-files`, sha256 of each), takes the newest by
+mtime (every one with `every`), and gets each one whose local copy differs with the artifacts' verified
+transfer (a temporary file, sha256 on both ends, renamed only when they agree): a cut pull leaves no
+partial file under a final name, and a second pull of an unchanged checkpoint moves no byte. A
+checkpoint that changed while it came (a job that writes in place) is dropped, never kept as the
+newest. `checkpoints.json` beside the directory records each file's host sha256 and which one is the
+newest; `newest_verified` hashes that file again before anything resumes from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from thrust_remote.agent.protocol import CHECKPOINTS, RUN_DIR_PREFIX
+from thrust_remote.core.config import JobConfig
+from thrust_remote.core.errors import ExitCode, ThrustError, TransferError
+from thrust_remote.core.files import write_atomic
+from thrust_remote.core.hints import command_hint
+from thrust_remote.fetch import artifacts
+from thrust_remote.fetch.models import _ensure_kept_root, kept_root
+from thrust_remote.host.runner import sha256_file
+from thrust_remote.host.session import HostSession
+
+RECORD = "checkpoints.json"
+# The built-in trainer's checkpoints (trainer/checkpoint.py: written whole, then renamed into place).
+TRAINER_GLOB = f"{RUN_DIR_PREFIX}{CHECKPOINTS}/ckpt-*.pt"
+
+
+def checkpoint_glob(job: JobConfig) -> str | None:
+    """The job's `checkpoints:`, else the built-in trainer's; None: the job declares none."""
+    if job.checkpoints:
+        return job.checkpoints
+    return TRAINER_GLOB if job.kind == "trainer" else None
+
+
+def checkpoints_dir(project_root: Path, run_id: str) -> Path:
+    return kept_root(project_root) / run_id / CHECKPOINTS
+
+
+@dataclass
+class CheckpointPull:
+    """What one pull did: `newest` is the newest checkpoint here now (its name under `dest`)."""
+
+    dest: Path
+    newest: str | None = None
+    fetched: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    bytes: int = 0
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    on_host: int = 0  # checkpoints the host listed
+    newest_on_host: str | None = None  # the newest one's path on the host (when it came or was here)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"dir": str(self.dest), "newest": self.newest, "fetched": len(self.fetched),
+                "unchanged": len(self.unchanged), "bytes": self.bytes, "on_host": self.on_host,
+                "warnings": self.warnings}
+
+    def summary(self, root: Path) -> str:
+        if self.newest is None:
+            return "checkpoints: none on the host yet"
+        try:
+            where = f"{self.dest.relative_to(root)}/"
+        except ValueError:
+            where = f"{self.dest}/"
+        how = f"fetched, {self.bytes:,} bytes" if self.fetched else "unchanged"
+        return f"checkpoint: {where}{self.newest} ({how}), verified by sha256"
+
+
+def read_record(project_root: Path, run_id: str) -> dict[str, Any]:
+    try:
+        data = json.loads((kept_root(project_root) / run_id / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else {}
+
+
+TRIES = 3  # a checkpoint replaced between the listing and its transfer is listed again, this often
+
+
+def pull(session: HostSession, run_dir: str, run_id: str, project_root: Path, glob: str, *,
+         every: bool = False) -> CheckpointPull:
+    """Bring the run's newest checkpoint (`every`: all of them) home, verified; only what changed. A job
+    that replaces its checkpoint while it came (the same name, a new file) has it listed again."""
+    started = time.monotonic()
+    result = CheckpointPull(checkpoints_dir(project_root, run_id))
+    record = read_record(project_root, run_id)
+    files: dict[str, dict[str, Any]] = dict(record.get("files") or {})
+    good: list[tuple[str, dict[str, Any]]] = []
+    for _ in range(TRIES):
+        answer = artifacts.list_remote(session, run_dir, [glob])
+        listed = artifacts.checked_entries(answer, session.name, result.dest)  # the whole answer checked first
+        result.on_host = len(listed)
+        chosen = _choose(listed, result.dest, every, session.name, result.warnings)
+        if not chosen:
+            break
+        _bring(session, result, chosen, files, project_root, run_id, record)
+        good = [(name, entry) for name, _t, entry in chosen
+                if name in files and files[name]["sha256"] == entry["sha256"]]
+        if good and good[-1][0] == chosen[-1][0]:
+            break
+    newest = good[-1][0] if good else _still_here(record, files, result.dest)
+    result.newest_on_host = str(good[-1][1]["abs"]) if good else None
+    if not every and newest is not None:
+        _prune(result.dest, files, keep=newest)
+    result.newest = newest
+    _write(project_root, run_id, files, newest, session.name)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _bring(session: HostSession, result: CheckpointPull, chosen: list[tuple[str, Path, dict[str, Any]]],
+           files: dict[str, dict[str, Any]], project_root: Path, run_id: str, record: dict[str, Any]) -> None:
+    """The chosen checkpoints fetched (only what differs), counted into `result`; a torn one dropped."""
+    _ensure_kept_root(project_root)
+    _safe_dir(result.dest)
+    _drop_stale_parts(result.dest)
+    got = artifacts.DirFetch(result.dest)
+    try:
+        artifacts.fetch_changed(session, result.dest, chosen, files, got)
+    except KeyboardInterrupt:
+        _write(project_root, run_id, files, record.get("newest"), session.name)
+        raise ThrustError(f"pulling run {run_id}'s checkpoint interrupted: nothing partial was kept",
+                          f"pull it again with: {command_hint('fetch', run_id, host=session.host)}",
+                          ExitCode.INTERRUPTED) from None
+    result.fetched += got.fetched
+    result.unchanged += got.unchanged
+    result.bytes += got.bytes
+    result.warnings += _drop_torn(chosen, files, session.name)
+
+
+def _choose(listed: list[tuple[str, Path, dict[str, Any]]], dest: Path, every: bool, host: str,
+            warnings: list[str]) -> list[tuple[str, Path, dict[str, Any]]]:
+    """The checkpoints to bring, oldest first: the newest (by mtime, then name) or all; each lands under
+    its own file name in `dest`, so two of the same name in different directories keep the newer one."""
+    by_name: dict[str, dict[str, Any]] = {}
+    for name, _target, entry in sorted(listed, key=lambda item: (item[2]["mtime"], item[0])):
+        base = name.rsplit("/", 1)[-1]
+        if base in by_name:
+            warnings.append(f"checkpoints: two checkpoints on {host} are named {base!r}: only the newer comes")
+        by_name[base] = entry
+    picked = sorted(((base, dest / base, entry) for base, entry in by_name.items()),
+                    key=lambda item: (item[2]["mtime"], item[0]))
+    return picked if every else picked[-1:]
+
+
+def _safe_dir(dest: Path) -> None:
+    dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(dest, 0o700)
+    if not stat.S_ISDIR(os.lstat(dest).st_mode):
+        raise TransferError(f"checkpoints: {dest} is a symlink or a file, not a directory: refused",
+                            f"remove {dest} and fetch again")
+
+
+STALE_PART_S = 60.0  # a download's temporary file untouched this long was left by a pull that was killed
+
+
+def _drop_stale_parts(dest: Path) -> None:
+    """Temporary files of pulls killed outright (SIGKILL, a laptop that slept): checkpoints are large,
+    and nothing else would ever remove them. One still being written is newer than STALE_PART_S."""
+    now = time.time()
+    for part in dest.glob(".*.part"):
+        with contextlib.suppress(OSError):
+            if now - part.lstat().st_mtime > STALE_PART_S:
+                part.unlink()
+
+
+def _drop_torn(chosen: list[tuple[str, Path, dict[str, Any]]], files: dict[str, dict[str, Any]],
+               host: str) -> list[str]:
+    """A checkpoint whose bytes on arrival are not the listed ones was being written while it came: it
+    is removed here (a resume must never start from it); the next pull brings it whole."""
+    out = []
+    for name, target, entry in chosen:
+        row = files.get(name)
+        if row is not None and row["sha256"] != entry["sha256"]:
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
+            files.pop(name, None)
+            out.append(f"checkpoints: {name!r} changed on {host} while it came: not kept (the next pull brings "
+                       "it whole)")
+    return out
+
+
+def _still_here(record: dict[str, Any], files: dict[str, dict[str, Any]], dest: Path) -> str | None:
+    """The newest checkpoint pulled before, while its file is still here (nothing new came)."""
+    newest = record.get("newest")
+    return newest if isinstance(newest, str) and newest in files and (dest / newest).is_file() else None
+
+
+def _prune(dest: Path, files: dict[str, dict[str, Any]], keep: str) -> None:
+    """Only the newest stays (its verified copy is in place first): a run pulled every few minutes
+    for hours does not fill the laptop's disk with checkpoints (`--all-checkpoints` keeps them all)."""
+    for name in list(files):
+        if name != keep:
+            with contextlib.suppress(FileNotFoundError):
+                (dest / name).unlink()
+            files.pop(name)
+
+
+def _write(project_root: Path, run_id: str, files: dict[str, dict[str, Any]], newest: str | None, host: str) -> None:
+    path = kept_root(project_root) / run_id / RECORD
+    if not files and not path.exists():
+        return
+    write_atomic(path, json.dumps({"files": files, "newest": newest, "host": host,
+                                   "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+
+
+@dataclass(frozen=True)
+class LocalCheckpoint:
+    path: Path
+    sha256: str
+    host: str | None  # where it was pulled from
+
+
+def newest_verified(project_root: Path, run_id: str) -> LocalCheckpoint | None:
+    """The newest checkpoint pulled for a run, hashed again now and matching the sha256 it came with;
+    None when none was pulled. A file that is gone or does not match is a ThrustError saying so: a
+    resume never starts from a checkpoint it cannot vouch for."""
+    record = read_record(project_root, run_id)
+    newest = record.get("newest")
+    if not isinstance(newest, str):
+        return None
+    row = record["files"].get(newest) or {}
+    path = checkpoints_dir(project_root, run_id) / newest
+    if not path.is_file():
+        raise ThrustError(f"run {run_id}'s checkpoint {newest} was pulled, but {path} is gone",
+                          "fetch it again from the run's host (thrust-remote fetch RUN), or resume where the run's "
+                          "own checkpoints are (--host its host)", ExitCode.USAGE)
+    sha = sha256_file(path)
+    if sha != row.get("sha256"):
+        raise TransferError(f"run {run_id}'s checkpoint {path} does not match the sha256 it was pulled with "
+                            f"({sha[:12]} here, {str(row.get('sha256'))[:12]} on the host): not resumed from",
+                            "fetch it again from the run's host (thrust-remote fetch RUN); never edit the pulled copy")
+    return LocalCheckpoint(path, sha, record.get("host") if isinstance(record.get("host"), str) else None)

@@ -1,0 +1,309 @@
+"""Runs that outlive their host: `resume RUN` and the retry of a followed run (docs/architecture.md,
+"Checkpoints and resume").
+
+`resume` is a new run (a new id, `resumed_from` in its run.json and in the local index) of the same
+job at the same code (the run's commit and the uncommitted patch it ran with, kept beside its index
+entry), started from the run's newest checkpoint: the one on its own host when it stays there and that
+host answers (pulled first, so a copy is here too), else the newest one pulled before, hashed again
+and uploaded verified to every node. The job's `resume:` template ("{checkpoint}" filled) is what
+tells it to continue; the built-in trainer's is known.
+
+`Chain` is the retry: a followed run whose host stops answering, or that ends LOST (or FAILED, when
+asked), is resumed on its host when it answers again, else on the next of the job's `retry: hosts`;
+each attempt is said and recorded, first attempt first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from thrust_remote.agent.protocol import PATCH, RUN_JSON, RunState
+from thrust_remote.core.config import CHECKPOINT_FIELD, RETRY_ON_DEFAULT, Config, JobConfig
+from thrust_remote.core.errors import (
+    ConnectionLostError,
+    Detached,
+    ExitCode,
+    ThrustError,
+    TransferError,
+    UnreachableError,
+    UsageError,
+)
+from thrust_remote.core.hints import command_hint
+from thrust_remote.fetch import checkpoints
+from thrust_remote.host.session import HostSession
+from thrust_remote.run import pipeline
+from thrust_remote.run.pipeline import Reporter, ResumeFrom, TrainOutcome
+from thrust_remote.runs import control, index
+
+TRAINER_TEMPLATE = ("--resume-from", CHECKPOINT_FIELD)  # trainer/args.py: --resume-from CKPT
+OpenSession = Callable[[str], HostSession]  # a session on a configured host, by name
+
+
+def template_of(job: JobConfig) -> tuple[str, ...]:
+    """How the job continues from a checkpoint; a job that does not say cannot be resumed (64)."""
+    if checkpoints.checkpoint_glob(job) is None:
+        raise UsageError(f"job {job.name} declares no checkpoints: there is nothing to resume it from",
+                         f"add `checkpoints: GLOB` (where your code writes them) and `resume: [--resume-from, "
+                         f"\"{CHECKPOINT_FIELD}\"]` (how it continues) under jobs.{job.name} in thrust.yaml")
+    if job.resume:
+        return tuple(job.resume)
+    if job.kind == "trainer":
+        return TRAINER_TEMPLATE
+    raise UsageError(f"job {job.name} does not say how to continue from a checkpoint (`resume:`)",
+                     f"add `resume: [--resume-from, \"{CHECKPOINT_FIELD}\"]` (the arguments your code takes, "
+                     f"\"{CHECKPOINT_FIELD}\" where the path goes) under jobs.{job.name} in thrust.yaml")
+
+
+@dataclass
+class Source:
+    """The run `resume` continues, as far as it is known here: its job, its hosts, what it was given."""
+
+    run_id: str
+    job: JobConfig
+    hosts: tuple[str, ...]  # its nodes, node 0 first: where it resumes unless told otherwise
+    sets: tuple[str, ...] = ()
+    params: dict[str, Any] | None = None
+    resume: ResumeFrom | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def plan(config: Config, run_id: str, open_session: OpenSession, reporter: Reporter, *,
+         hosts: Sequence[str] = (), force: bool = False) -> Source:
+    """What resuming `run_id` on `hosts` (default: its own) takes, checked before anything starts: the
+    run not still going (unless `force`), its job's template, its code, its newest checkpoint verified."""
+    run_id = control.check_run_id(run_id)
+    entry = index.lookup(config.root, run_id)
+    head = entry.host if entry else (hosts[0] if hosts else config.default_host)
+    own = tuple(entry.nodes or (entry.host,)) if entry else (head,)
+    targets = tuple(hosts) or own
+    meta, on_host, patch = _ask_head(config, run_id, head, open_session, reporter, force=force,
+                                     same_host=tuple(targets) == (head,))
+    job_name = (entry.job if entry else "") or str(meta.get("job") or "")
+    if not job_name:
+        raise UsageError(f"run {run_id} is not in this project's index and {head} did not say its job",
+                         "give --host the host it ran on (it must answer), or resume from the project that started it")
+    job = config.job(job_name)
+    template = template_of(job)
+    commit = (entry.commit if entry else None) or meta.get("commit")
+    want = (entry.patch_sha256 if entry else None) or meta.get("patch_sha256")
+    patch = _patch(config, run_id, want, patch)
+    local = None if on_host else checkpoints.newest_verified(config.root, run_id)
+    if local is None and on_host is None:
+        raise ThrustError(f"run {run_id} has no checkpoint to resume from here: {_why_none(meta, head)}",
+                          "a followed run pulls its newest checkpoint every --sync-every seconds and when it ends; "
+                          f"pull one by hand with: {command_hint('fetch', run_id, host=config.hosts.get(head))}",
+                          ExitCode.USAGE)
+    label = Path(on_host).name if on_host else local.path.name  # type: ignore[union-attr]
+    resume = ResumeFrom(run_id, commit, patch, template, local=local.path if local else None,
+                        local_sha256=local.sha256 if local else None, on_host=on_host, label=label)
+    source = Source(run_id, job, targets, entry.sets if entry else (), entry.params if entry else None, resume)
+    if entry is None:
+        source.notes.append(f"run {run_id} is not in this project's index: the --set and --params it was given are "
+                            "not known here; it continues with the job's own arguments and yours")
+    return source
+
+
+def _ask_head(config: Config, run_id: str, head: str, open_session: OpenSession, reporter: Reporter, *,
+              force: bool, same_host: bool) -> tuple[dict[str, Any], str | None, bytes | None]:
+    """The run's host, when it answers: refuse a run still going, pull its newest checkpoint (a copy
+    here whatever happens next), and read its run.json and patch. (run.json, the checkpoint's path there
+    when the new run stays on that host, the patch) — empty and None when the host does not answer."""
+    try:
+        with open_session(head) as session:  # the link opens on first use: inside, so a host down is caught
+            return _asked(config, session, run_id, reporter, force=force, same_host=same_host)
+    except (UnreachableError, ConnectionLostError) as exc:
+        reporter.warn(f"{head}, where run {run_id} ran, does not answer ({exc.message}): resuming from the "
+                      "checkpoint pulled before")
+        return {}, None, None
+
+
+def _asked(config: Config, session: HostSession, run_id: str, reporter: Reporter, *, force: bool,
+           same_host: bool) -> tuple[dict[str, Any], str | None, bytes | None]:
+    st = control.status(session, run_id)
+    state = RunState.of(st.get("state"))
+    if state.is_live and not force:
+        raise UsageError(f"run {run_id} is still {state} on {session.name}: a resumed copy would train beside it",
+                         f"stop it first: {command_hint('stop', run_id, host=session.host)}; or give --force "
+                         "to resume it anyway")
+    run_dir = session.paths.run(run_id)
+    try:
+        meta = json.loads(session.runner.read_text(f"{run_dir}/{RUN_JSON}") or "{}")
+    except ValueError:
+        meta = {}
+    meta = meta if isinstance(meta, dict) else {}
+    job = config.jobs.get(str(meta.get("job") or st.get("job") or ""))
+    on_host = None
+    if job is not None and checkpoints.checkpoint_glob(job) is not None:
+        got = pipeline.pull_checkpoint(config, session, job, run_dir, run_id, reporter)
+        on_host = got.newest_on_host if (same_host and got is not None) else None
+    patch = _host_patch(session, run_dir) if meta.get("dirty") else None
+    return {**meta, "answered": True}, on_host, patch
+
+
+def _host_patch(session: HostSession, run_dir: str) -> bytes | None:
+    """The patch the run ran with, from its run directory (verified transfer); None when it is not there."""
+    with tempfile.TemporaryDirectory(prefix="thrust-patch-") as tmp:
+        try:
+            session.runner.get(f"{run_dir}/{PATCH}", Path(tmp) / PATCH)
+        except ThrustError:
+            return None
+        return (Path(tmp) / PATCH).read_bytes()
+
+
+def _patch(config: Config, run_id: str, want: str | None, from_host: bytes | None) -> bytes:
+    """The uncommitted patch the run ran with (b"" for a clean tree): kept beside its index entry, else
+    its host's copy; either must match the sha256 recorded at launch."""
+    if not want:
+        return b""
+    for patch in (index.read_patch(config.root, run_id), from_host):
+        if patch is not None and hashlib.sha256(patch).hexdigest() == want:
+            return patch
+    raise TransferError(f"run {run_id} ran with uncommitted changes (patch {want[:12]}), and neither this project "
+                        "nor its host has that patch now: its code cannot be rebuilt",
+                        "commit the changes you want and start a new run: thrust-remote train JOB")
+
+
+def _why_none(meta: dict[str, Any], head: str) -> str:
+    if meta.get("answered"):
+        return f"{head} has none of it (did the job write any yet? see its `checkpoints:` glob)"
+    return f"{head} does not answer, and none was pulled while the run was followed"
+
+
+def request_for(source: Source, host_config: Any, *, sets: Sequence[str] = (), params_file: Path | None = None,
+                detach: bool = False, sync_every: float | None = None, force: bool = False) -> pipeline.TrainRequest:
+    """The new run's request: the job, the run's own --set words and parameters, then yours (later wins)."""
+    return pipeline.TrainRequest(job=source.job, host=host_config, sets=[*source.sets, *sets], params=source.params,
+                                 params_file=params_file, detach=detach, resume=source.resume, sync_every=sync_every,
+                                 force=force)
+
+
+# ------------------------------------------------------------------------------------------ retry
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max: int
+    on: tuple[str, ...] = RETRY_ON_DEFAULT
+    hosts: tuple[str, ...] = ()
+
+
+def policy_for(job: JobConfig, given: int | None) -> RetryPolicy | None:
+    """`--retry N` (with the job's `on:`/`hosts:` when it has them), else the job's `retry:`; None: off."""
+    cfg = job.retry or {}
+    count = given if given is not None else cfg.get("max", 0)
+    if not count:
+        return None
+    return RetryPolicy(int(count), tuple(cfg.get("on") or RETRY_ON_DEFAULT), tuple(cfg.get("hosts") or ()))
+
+
+Answers = Callable[..., "dict[str, Any] | None"]  # (host, run_id=None) -> the run's status, None: no answer
+RETRY_POLL_S = 15.0  # how often a lost host with nowhere else to go is asked whether it is back
+
+
+def event_of(status: dict[str, Any] | None) -> str | None:
+    """The retry event a run's end is: `lost`, `failed`, or None (finished, stopped)."""
+    state = RunState.of((status or {}).get("state"))
+    return {RunState.LOST: "lost", RunState.FAILED: "failed"}.get(state)
+
+
+class Chain:
+    """A followed run and its retries. `first` follows the run (train, a reattach); `attempt(run_id,
+    hosts)` resumes `run_id` on `hosts` and follows the new run; `follow(run_id, host)` reattaches to a
+    run that turned out to go on; `answers(host, run_id)` is None when the host does not answer now, else
+    the run's status there ({} without a run id)."""
+
+    def __init__(self, policy: RetryPolicy, reporter: Reporter, *, attempt: Callable[[str, list[str]], TrainOutcome],
+                 follow: Callable[[str, str], TrainOutcome], answers: Answers,
+                 hosts_of: Callable[[str], list[str]], sleep: Callable[[float], None] = time.sleep) -> None:
+        self.policy, self.reporter = policy, reporter
+        self.attempt, self.follow_again, self.answers = attempt, follow, answers
+        self.hosts_of, self.sleep = hosts_of, sleep
+        self.attempts: list[dict[str, Any]] = []
+        self.used: set[str] = set()
+        self.waiting_for: str | None = None  # the run a retry is about to resume
+
+    def run(self, first: Callable[[], TrainOutcome]) -> TrainOutcome:
+        step, retries = first, 0
+        while True:
+            outcome, lost = self._one(step)
+            run_id = outcome.launched.run_id if outcome else lost.run_id  # type: ignore[union-attr]
+            host = outcome.launched.host if outcome else lost.host  # type: ignore[union-attr]
+            event = "host-lost" if outcome is None else event_of(outcome.status)
+            ended = (outcome.status or {}).get("state") if outcome else RunState.UNREACHABLE.value
+            self.attempts.append({"run_id": run_id, "host": host, "state": ended})
+            if event is None or event not in self.policy.on or retries >= self.policy.max or run_id is None:
+                if outcome is None:
+                    raise lost  # type: ignore[misc]
+                if len(self.attempts) > 1:
+                    outcome.attempts = self.attempts
+                return outcome
+            retries += 1
+            step = self._next(run_id, str(host), event, retries)
+
+    def _one(self, step: Callable[[], TrainOutcome]) -> tuple[TrainOutcome | None, ConnectionLostError | None]:
+        try:
+            return step(), None
+        except ConnectionLostError as exc:
+            if exc.run_id is None:
+                raise
+            return None, exc
+
+    def _next(self, run_id: str, host: str, event: str, n: int) -> Callable[[], TrainOutcome]:
+        """Where the next attempt goes: back to a run that went on after all, else a resume on the run's
+        hosts, each one that does not answer replaced by the next of `retry: hosts`."""
+        what = {"host-lost": f"{host} stopped answering", "lost": "it ended LOST (its host restarted?)",
+                "failed": "it FAILED"}[event]
+        self.reporter.warn(f"run {run_id}: {what}; retry {n} of {self.policy.max}")
+        nodes = self.hosts_of(run_id) or [host]
+        self.waiting_for = run_id
+        if event == "host-lost":
+            st = self.answers(host, run_id)
+            if st is not None and RunState.of(st.get("state")).is_live:
+                self.reporter.step(f"{host} answers again and run {run_id} goes on there: following it again")
+                return lambda: self.follow_again(run_id, host)
+        targets = [self._where(node) for node in nodes]
+        self.reporter.step(f"resuming run {run_id} on {', '.join(targets)}")
+        return lambda: self.attempt(run_id, targets)
+
+    def _where(self, node: str) -> str:
+        """`node` when it answers, else the next host of `retry: hosts` that does; with none to go to, the
+        node itself once it answers again (asked every RETRY_POLL_S s; Ctrl-C leaves)."""
+        if self.answers(node) is not None:
+            return node
+        self.used.add(node)
+        for other in self.policy.hosts:
+            if other not in self.used and self.answers(other) is not None:
+                self.used.add(other)
+                return other
+        self.reporter.step(f"no other host answers: waiting for {node} to come back (Ctrl-C leaves; the "
+                           "checkpoint pulled so far stays here)")
+        try:
+            while self.answers(node) is None:
+                self.sleep(RETRY_POLL_S)
+        except KeyboardInterrupt:
+            raise Detached(f"from waiting for {node} to come back", "the checkpoint pulled so far stays here; "
+                           f"continue later with: {command_hint('resume', self.waiting_for or '', host=None)} "
+                           "--host HOST") from None
+        return node
+
+
+def probe(open_session: OpenSession) -> Answers:
+    """`answers(host, run_id)` for a Chain: None when the host does not answer now, else the run's
+    status there ({} when no run is asked about)."""
+
+    def answers(host: str, run_id: str | None = None) -> dict[str, Any] | None:
+        with contextlib.suppress(UnreachableError, ConnectionLostError), open_session(host) as session:
+            if run_id:
+                return control.status(session, run_id)
+            session.runner.run(["true"], timeout=30).check(f"true on {host}")  # the link opens on first use
+            return {}
+        return None
+
+    return answers
