@@ -8,6 +8,7 @@ import ast
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -289,3 +290,43 @@ def _running(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _old_python() -> str | None:
+    """pyenv's 3.8 on these machines: the oldest python the agent promises to run on."""
+    found = shutil.which("python3.8")
+    if found is None:
+        return None
+    probe = subprocess.run([found, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True,
+                           env={**os.environ, "PYENV_VERSION": "3.8.18"}, check=False)
+    return found if probe.returncode == 0 and "(3, 8)" in probe.stdout else None
+
+
+@pytest.mark.parametrize("ended", ["exit record", "lost"])
+def test_list_files_of_an_ended_run_leaves_out_a_later_runs_files_on_the_oldest_python(
+        pyz: Path, tmp_path: Path, ended: str) -> None:
+    """A run's files under the shared checkout are the ones written while it went: up to its exit record,
+    or, for a LOST run (no record: its host restarted), up to its log's last write. Before, a LOST run had
+    no end, so `fetch`/`resume` took a later run's checkpoint for its own. Run with python 3.8 when this
+    machine has it (the agent's promise: `isinstance(x, int | float)` passed every test here and failed
+    there)."""
+    cwd, run_dir = tmp_path / "checkout", tmp_path / "checkout" / ".thrust" / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (cwd / "ckpt").mkdir()
+    now = time.time()
+    (run_dir / "run.json").write_text(json.dumps({"cwd": str(cwd), "started_ts": now - 100, "pid": 2 ** 22 + 7,
+                                                  "pid_start": 1}))
+    (run_dir / "log").write_text("its last line\n")
+    os.utime(run_dir / "log", (now - 50, now - 50))
+    if ended == "exit record":
+        (run_dir / "exit_code").write_text(json.dumps({"exit_code": 0, "ended_ts": now - 50}))
+    for name, age in (("ckpt-1.pt", 60), ("ckpt-2.pt", 10)):  # its own; a later run's
+        (cwd / "ckpt" / name).write_bytes(b"x")
+        os.utime(cwd / "ckpt" / name, (now - age, now - age))
+    python = _old_python() or sys.executable
+    proc = subprocess.run([python, "-I", str(pyz), "list-files", "--run-dir", str(run_dir), "--", "ckpt/*.pt"],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "PYENV_VERSION": "3.8.18"})
+    assert proc.returncode == 0, proc.stderr
+    got = answer(proc)
+    assert [f["path"] for f in got["files"]] == ["ckpt/ckpt-1.pt"] and got["newer"] == 1

@@ -123,6 +123,17 @@ def test_two_nodes_train_the_builtin_trainer_and_node_0_brings_the_model_back(cl
     assert [(n["host"], n["state"]) for n in st["nodes"]] == [("n0", "FINISHED"), ("n1", "FINISHED")]
     # node 1 ran the same commit in its own workdir and exported nothing
     assert not (_run_dir(net, 1, run_id) / "model.onnx").exists()
+    # its newest checkpoint came home with the model: resumed over the same two hosts, every node gets
+    # it (rank 0 reads it) and the step count goes on past it
+    pulled = json.loads((project / ".thrust" / "fetched" / run_id / "checkpoints.json").read_text())["newest"]
+    again = cli("resume", run_id, "--set", "total-steps=4096", "--json", cwd=project)
+    assert again.returncode == 0, again.stderr + again.stdout
+    out = json.loads(again.stdout)
+    assert out["state"] == "FINISHED" and out["resumed_from"] == run_id
+    for node in (0, 1):
+        assert (_run_dir(net, node, out["run_id"]) / "resume" / pulled).is_file()
+    first = json.loads((_run_dir(net, 0, out["run_id"]) / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] > int(pulled.removeprefix("ckpt-").removesuffix(".pt")) > 0
 
 
 def test_a_queued_run_over_two_hosts_starts_training_when_its_last_node_frees(cli, net, project):

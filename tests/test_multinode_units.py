@@ -210,3 +210,21 @@ def test_a_plan_taken_long_after_it_was_asked_gets_its_port_asked_again(monkeypa
     stale = multinode.PlanAhead(["s0", "s1"], None)
     stale._asked -= multinode.PlanAhead.FRESH_S + 1  # as if a venv was built in between
     assert stale.result() == _a_plan(29611) and asked == [("s0", "10.0.0.1")]
+
+
+def test_once_the_followed_node_finished_a_node_still_tearing_down_is_asked_again_not_counted_running(
+        monkeypatch):
+    """Node 0 FINISHED; node 1's processes take a moment more to exit: its RUNNING is asked again until it
+    ends (the run FINISHED, exit 0), within END_GRACE_S; one still going after that stays RUNNING."""
+    answers = iter([[None, {"state": "RUNNING"}], [None, {"state": "RUNNING"}], [None, {"state": "FINISHED"}]])
+    monkeypatch.setattr(multinode, "node_states", lambda sessions, run_id: next(answers))
+    now = [0.0]
+    got = multinode.states_at_end([object(), object()], "r1", 0, clock=lambda: now[0],
+                                  sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert got == [None, {"state": "FINISHED"}] and now[0] == 2 * multinode.END_POLL_S
+    assert multinode.aggregate(["a", "b"], [{"state": "FINISHED"}, got[1]])["state"] == "FINISHED"
+    monkeypatch.setattr(multinode, "node_states", lambda sessions, run_id: [None, {"state": "RUNNING"}])
+    now[0] = 0.0
+    stuck = multinode.states_at_end([object(), object()], "r1", 0, clock=lambda: now[0],
+                                    sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert stuck[1]["state"] == "RUNNING" and now[0] >= multinode.END_GRACE_S

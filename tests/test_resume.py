@@ -38,18 +38,26 @@ def test_the_new_job_keys_parse_and_a_wrong_one_names_its_line():
     job = config.jobs["own"]
     assert (job.checkpoints, job.resume, job.sync_every) == ("ckpt/*.pt", ("--resume-from", "{checkpoint}"), 30.0)
     assert job.retry["max"] == 2 and job.retry["on"] == ("host-lost", "lost") and job.retry["hosts"] == ("b",)
+    own = "    script: t.py\n    checkpoints: ckpt/*.pt\n    resume: [--resume-from, '{checkpoint}']\n"
     bad = {
-        "    resume: [--resume-from, x]\n": ":7: jobs.own.resume: expected the checkpoint's place",
-        "    sync_every: -1\n": ":7: jobs.own.sync_every: expected seconds between pulls",
-        "    retry: {max: 1, hosts: [c]}\n": ":7: jobs.own.retry.hosts: 'c' is not a host",
-        "    retry: {max: 1, on: [reboot]}\n": ":7: jobs.own.retry.on: 'reboot' is not one of",
-        "    retry: {on: [lost]}\n": ":7: jobs.own.retry.max: missing",
+        "    script: t.py\n    checkpoints: c/*\n    resume: [--resume-from, x]\n": ":8: jobs.own.resume: expected the "
+                                                                                 "checkpoint's place",
+        own + "    sync_every: -1\n": ":9: jobs.own.sync_every: expected seconds between pulls",
+        own + "    retry: {max: 1, hosts: [c]}\n": ":9: jobs.own.retry.hosts: 'c' is not a host",
+        own + "    retry: {max: 1, on: [reboot]}\n": ":9: jobs.own.retry.on: 'reboot' is not one of",
+        own + "    retry: {on: [lost]}\n": ":9: jobs.own.retry.max: missing",
+        # a job of your own that cannot continue from a checkpoint cannot be retried: said at load, not at hour three
+        "    script: t.py\n    retry: {max: 1}\n": ":7: jobs.own.retry: needs `checkpoints:` and `resume:` too",
+        "    script: t.py\n    resume: [--resume-from, '{checkpoint}']\n": ":7: jobs.own.resume: needs `checkpoints:`",
     }
-    for line, message in bad.items():
-        text = "hosts:\n  a: {address: a.example}\n  b: {address: b.example}\njobs:\n  own:\n    script: t.py\n" + line
+    for lines, message in bad.items():
+        text = "hosts:\n  a: {address: a.example}\n  b: {address: b.example}\njobs:\n  own:\n" + lines
         with pytest.raises(ConfigError) as info:
             parse_config_text(text, Path("thrust.yaml"))
-        assert message in str(info.value), (line, str(info.value))
+        assert message in str(info.value), (lines, str(info.value))
+    trainer = parse_config_text("jobs:\n  cp:\n    args: {env: cartpole}\n    retry: {max: 1, grace: 5}\n")
+    assert resume.policy_for(trainer.jobs["cp"], None) == resume.RetryPolicy(1, ("host-lost", "lost"), (), 5.0)
+    assert resume.policy_for(trainer.jobs["cp"], 0) is None  # --retry 0 turns the job's retry off
 
 
 def _outcome(run_id: str, host: str, state: str) -> TrainOutcome:
@@ -61,6 +69,17 @@ def _lost(run_id: str, host: str) -> ConnectionLostError:
     exc = ConnectionLostError(f"connection to {host} lost")
     exc.run_id, exc.host = run_id, host
     return exc
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
 
 
 class _Told:
@@ -84,23 +103,34 @@ def test_a_lost_host_resumes_on_the_next_retry_host_that_answers_and_the_chain_i
     def first() -> TrainOutcome:
         raise _lost("r1", "a")
 
-    chain = resume.Chain(resume.RetryPolicy(2, ("host-lost", "lost"), ("b",)), _Told(), attempt=attempt,
+    clock = _Clock()
+    told = _Told()
+    chain = resume.Chain(resume.RetryPolicy(2, ("host-lost", "lost"), ("b",), grace=20.0), told, attempt=attempt,
                          follow=lambda *a: pytest.fail("not a reattach"),
-                         answers=lambda host, run_id=None: {} if up[host] else None, hosts_of=lambda r: ["a"])
+                         answers=lambda host, run_id=None: {} if up[host] else None, hosts_of=lambda r: ["a"],
+                         sleep=clock.sleep, clock=clock)
     got = chain.run(first)
+    assert clock.now == 20.0  # a silent host gets the grace (asked every GRACE_POLL_S) before its run moves
     assert calls == [("attempt", ("r1", ["b"]))]
     assert got.attempts == [{"run_id": "r1", "host": "a", "state": "UNREACHABLE"},
                             {"run_id": "r2", "host": "b", "state": "FINISHED"}]
+    said = " ".join(told.lines)  # moved off a host that may only have lost its link: the stop command
+    assert "if run r1 still goes on on a" in said and "thrust-remote stop r1 --host a" in said
 
 
-def test_a_host_that_answers_again_with_the_run_still_going_is_followed_not_resumed():
-    followed = []
+def test_a_host_that_answers_again_within_the_grace_with_the_run_going_is_followed_not_resumed():
+    """Only the link dropped: the host answers on the third ask and the run goes on there. Following it
+    again is right; a resume elsewhere would train a second copy."""
+    followed, clock = [], _Clock()
+    asks = iter([None, None, {"state": "RUNNING"}])
     chain = resume.Chain(resume.RetryPolicy(1), _Told(), attempt=lambda *a: pytest.fail("no resume"),
                          follow=lambda run_id, host: followed.append((run_id, host)) or _outcome(run_id, host,
                                                                                                   "FINISHED"),
-                         answers=lambda host, run_id=None: {"state": "RUNNING"}, hosts_of=lambda r: ["a"])
+                         answers=lambda host, run_id=None: next(asks), hosts_of=lambda r: ["a"],
+                         sleep=clock.sleep, clock=clock)
     got = chain.run(lambda: (_ for _ in ()).throw(_lost("r1", "a")))
     assert followed == [("r1", "a")] and got.status["state"] == "FINISHED"
+    assert clock.now == 2 * resume.GRACE_POLL_S
 
 
 def test_a_failed_run_is_not_retried_unless_asked_and_retries_stop_at_max():
@@ -241,7 +271,7 @@ def test_a_running_run_fetched_then_its_host_lost_resumes_on_another_host_from_t
 @pytest.mark.slow
 def test_retry_resumes_a_followed_run_on_the_next_host_when_its_own_dies(tmp_path, host_a, host_b):
     project = _project(tmp_path / "proj", host_a, host_b,
-                       f"  cp:\n    args: {CARTPOLE}\n    retry: {{max: 1, hosts: [b]}}\n")
+                       f"  cp:\n    args: {CARTPOLE}\n    retry: {{max: 1, hosts: [b], grace: 2}}\n")
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     env.pop("THRUST_CONFIG", None)
     follow = subprocess.Popen([EXE, "train", "cp", "--host", "a", "--sync-every", "1", "--json",

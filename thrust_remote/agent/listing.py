@@ -40,7 +40,7 @@ import stat
 import sys
 import time
 
-from .protocol import EXIT_CODE, RUN_DIR_PREFIX, RUN_JSON, AgentExit
+from .protocol import EXIT_CODE, LOG, RUN_DIR_PREFIX, RUN_JSON, AgentExit, RunState
 
 BLOCK = 1 << 20
 DEADLINE_ERROR = "deadline"  # the answer's "error" when the walk ran out of time
@@ -265,14 +265,24 @@ def list_files(cwd: str, run_dir: str, patterns: list[str], since: float | None 
             "older": len(older), "newer": len(newer)}
 
 
-def _ended_ts(run_dir: str) -> float | None:
-    """When the run ended (its exit record), or None while it goes (or when the record is unreadable)."""
+def _ended_ts(run_dir: str, meta: dict) -> float | None:
+    """When the run ended: its exit record's time; for a run that ended with none (LOST: its host
+    restarted, its supervisor was killed) its log's last write, so a later run's files in the same
+    checkout are not taken for its own; None while it goes."""
     try:
         with open(os.path.join(run_dir, EXIT_CODE)) as fh:
             ended = json.load(fh).get("ended_ts")
+        return float(ended) if isinstance(ended, (int, float)) else None
     except (OSError, ValueError, AttributeError):
+        pass
+    from .supervisor import run_state  # only for a run without an exit record: is it still going?
+
+    if RunState.of(run_state(run_dir, meta)["state"]).is_live:
         return None
-    return float(ended) if isinstance(ended, int | float) else None
+    try:
+        return os.stat(os.path.join(run_dir, LOG)).st_mtime
+    except OSError:
+        return None
 
 
 def main(argv: list[str]) -> int:
@@ -291,7 +301,7 @@ def main(argv: list[str]) -> int:
         return AgentExit.MISSING
     try:
         answer = list_files(os.path.abspath(cwd), run_dir, args.globs, float(since) if since else None,
-                            _ended_ts(run_dir), args.deadline)
+                            _ended_ts(run_dir, meta), args.deadline)
     except DeadlineHit as exc:
         print(json.dumps({"error": DEADLINE_ERROR, "glob": exc.glob, "seconds": args.deadline}))
         return AgentExit.REFUSED

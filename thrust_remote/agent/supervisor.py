@@ -242,7 +242,7 @@ def _hours(run_dir: str, meta: dict, state: str, ended_ts: float | None) -> dict
             end = os.stat(os.path.join(run_dir, LOG)).st_mtime
         except OSError:
             end = None
-    if not isinstance(start, int | float) or not isinstance(end, int | float):
+    if not isinstance(start, (int, float)) or not isinstance(end, (int, float)):
         return {"wall_hours": None, "gpu_hours": None}
     wall = max(0.0, float(end) - float(start)) / 3600
     used = meta.get(GPUS_USED, meta.get("gpus")) or []

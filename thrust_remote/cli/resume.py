@@ -18,6 +18,7 @@ from thrust_remote.cli.train import CliReporter, show_outcome
 from thrust_remote.core.config import Config, JobConfig
 from thrust_remote.core.console import err_console
 from thrust_remote.core.errors import UsageError
+from thrust_remote.core.hints import command_hint
 from thrust_remote.run import lifecycle, multinode, resume
 from thrust_remote.run.pipeline import TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index
@@ -95,6 +96,7 @@ def watch(
         reporter.warn(f"job {job.name} has no retry policy (`retry:` or --retry N): this follows run {run_id} only")
         outcome = follow(run_id, name)
     else:
+        resume.template_of(job)  # a job that cannot continue from a checkpoint: 64 now, not when a host dies
         make = _attempts(ctx, config, reporter, sync_every=sync_every)
         outcome = _chain(ctx, config, policy, reporter, make, sync_every).run(lambda: follow(run_id, name))
     show_outcome(ctx, outcome, as_json, started)
@@ -155,5 +157,8 @@ def _chain(ctx: typer.Context, config: Config, policy: resume.RetryPolicy, repor
         entry = index.lookup(config.root, run_id)
         return list(entry.nodes or (entry.host,)) if entry else []
 
+    def hint(command: str, run_id: str, host: str) -> str:
+        return command_hint(command, run_id, host=config.hosts.get(host) or host, config=state(ctx).config_path)
+
     return resume.Chain(policy, reporter, attempt=attempt, follow=_reattach(ctx, config, reporter, sync_every),
-                        answers=resume.probe(session_on), hosts_of=hosts_of)
+                        answers=resume.probe(session_on), hosts_of=hosts_of, hint=hint)

@@ -17,7 +17,7 @@ from thrust_remote.cli.follow import LogReporter, reattach_command, say
 from thrust_remote.cli.kept import command, render_fetched, say_line
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.play.serve import PLAYABLE_ENVS
-from thrust_remote.run import lifecycle, multinode, pipeline
+from thrust_remote.run import lifecycle, multinode, pipeline, resume
 
 
 class CliReporter(LogReporter):
@@ -30,7 +30,8 @@ class CliReporter(LogReporter):
 
     def step(self, message: str) -> None:
         if not self.quiet:
-            err_console.print(f"[cyan]›[/] {host_text(message, lines=True)}", highlight=False)
+            # soft_wrap: a path in a step stays one line to copy, whatever the width
+            err_console.print(f"[cyan]›[/] {host_text(message, lines=True)}", highlight=False, soft_wrap=True)
 
     def warn(self, message: str) -> None:
         err_console.print(f"[yellow]warning:[/] {host_text(message, lines=True)}", highlight=False)
@@ -88,6 +89,7 @@ def train(
     started = time.monotonic()
     # --json: stdout carries the one JSON object; the progress view goes to stderr
     reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
+    _check_following(request, retry, sync_every, reporter)
 
 
     def first() -> pipeline.TrainOutcome:
@@ -106,6 +108,18 @@ def train(
 
         outcome = followed_with_retry(ctx, request.job, retry, reporter, first, sync_every)
     show_outcome(ctx, outcome, as_json, started)
+
+
+def _check_following(request: pipeline.TrainRequest, retry: int | None, sync_every: float | None,
+                     reporter: CliReporter) -> None:
+    """--retry needs a job that can continue from a checkpoint (64 now, not when a host dies hours in);
+    --retry and --sync-every act while a run is followed: with --detach, nothing does (said)."""
+    if request.detach and (retry or sync_every is not None):
+        given = " and ".join(f for f, v in (("--retry", retry), ("--sync-every", sync_every)) if v is not None)
+        reporter.warn(f"{given}: acted on while a run is followed, and with --detach nothing follows it; "
+                      "`thrust-remote watch RUN` follows it with its retries (and pulls), `logs RUN -f` with pulls")
+    elif retry:
+        resume.template_of(request.job)
 
 
 def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, as_json: bool, started: float) -> None:
@@ -139,6 +153,12 @@ def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, as_json: bo
             raise typer.Exit(outcome.exit_code)
         return
     status = outcome.status
+    if outcome.attempts:  # a retried run: where it went on, after how many tries
+        first, last = outcome.attempts[0], outcome.attempts[-1]
+        tries = len(outcome.attempts) - 1
+        chain = " -> ".join(f"{a['run_id']} ({a['state']})" for a in outcome.attempts)
+        say(f"run {first['run_id']} went on as {last['run_id']} on {last['host']} after {tries} "
+            f"retr{'y' if tries == 1 else 'ies'}: {chain}")
     if status["state"] != RunState.FINISHED:
         say(f"run {launched.run_id} ended {status['state']} (exit code {status.get('exit_code')})")
         if outcome.fetchable:  # it left a model behind: the user decides, nothing is placed by itself

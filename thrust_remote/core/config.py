@@ -588,9 +588,25 @@ def _parse_job(
     if kind == "command" and "command" not in keys:
         raise reader.fail(name_node, f"jobs.{name}.command",
                           "a command job needs `command:`, a list like [bash, devops/train.sh]")
+    _check_resumable(reader, name, kind, keys, values, base)
     values["lines"] = {"job": _line(name_node), **{key: _line(kn) for key, (kn, _v) in keys.items()}}
     start = base if base is not None and base.kind == kind else JobConfig(name=name, kind=kind)
     return replace(start, **values)
+
+
+def _check_resumable(reader: _Reader, name: str, kind: str, keys: Mapping[str, tuple[yaml.Node, yaml.Node]],
+                     values: Mapping[str, Any], base: JobConfig | None) -> None:
+    """`retry:` resumes from checkpoints, and `resume:` continues from one: a job of your own that gives
+    either says where its checkpoints are and how it continues (the built-in trainer's are known)."""
+    if kind == "trainer":
+        return
+    has = {k: values.get(k, getattr(base, k, None) if base is not None else None) for k in ("checkpoints", "resume")}
+    for key, needs in (("retry", ("checkpoints", "resume")), ("resume", ("checkpoints",))):
+        missing = [n for n in needs if not has[n]]
+        if key in keys and missing:
+            raise reader.fail(keys[key][0], f"jobs.{name}.{key}",
+                              f"needs {' and '.join(f'`{n}:`' for n in missing)} too (where your code writes its "
+                              'checkpoints, and the arguments that continue from one: [--resume-from, "{checkpoint}"])')
 
 
 def _line(node: yaml.Node) -> int:
@@ -802,8 +818,10 @@ def _parse_retry(reader: _Reader, f: str, node: yaml.Node) -> dict[str, Any]:
         elif key == "hosts":
             out["hosts"] = tuple(_words(reader, f"{f}.hosts", value, "a list of host names"))
             out["hosts_line"] = _line(value)
+        elif key == "grace":
+            out["grace"] = _sync_every(reader, f"{f}.grace", value)  # seconds >= 0, as sync_every's
         else:
-            raise reader.unknown(key_node, f"{f}.{key}", ("max", "on", "hosts"))
+            raise reader.unknown(key_node, f"{f}.{key}", ("max", "on", "hosts", "grace"))
     if "max" not in out:
         raise reader.fail(node, f"{f}.max", "missing: retry takes {max: N, on: [...], hosts: [...]}")
     return out

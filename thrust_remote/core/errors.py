@@ -92,6 +92,8 @@ class Detached(ThrustError):
 
     label = "detached"
     code = ExitCode.CONNECTION_LOST
+    run_id: str | None = None  # following a run: the run, and its node 0's host (a retry's hint names them)
+    host: str | None = None
 
 
 class StillGoing(ThrustError):

@@ -74,6 +74,10 @@ class CheckpointPull:
             where = f"{self.dest.relative_to(root)}/"
         except ValueError:
             where = f"{self.dest}/"
+        many = len(self.fetched) + len(self.unchanged)
+        if many > 1:  # --all-checkpoints
+            return (f"checkpoints: {many} in {where} ({len(self.fetched)} fetched, {self.bytes:,} bytes; "
+                    f"{len(self.unchanged)} unchanged; newest {self.newest}), verified by sha256")
         how = f"fetched, {self.bytes:,} bytes" if self.fetched else "unchanged"
         return f"checkpoint: {where}{self.newest} ({how}), verified by sha256"
 
@@ -234,13 +238,14 @@ def newest_verified(project_root: Path, run_id: str) -> LocalCheckpoint | None:
         return None
     row = record["files"].get(newest) or {}
     path = checkpoints_dir(project_root, run_id) / newest
+    host = record.get("host") if isinstance(record.get("host"), str) else None
+    again = (f"pull it again once {host} answers: {command_hint('fetch', run_id, host=host)}, or resume on it, "
+             f"where the run's own checkpoints are: {command_hint('resume', run_id, host=host)}")
     if not path.is_file():
-        raise ThrustError(f"run {run_id}'s checkpoint {newest} was pulled, but {path} is gone",
-                          "fetch it again from the run's host (thrust-remote fetch RUN), or resume where the run's "
-                          "own checkpoints are (--host its host)", ExitCode.USAGE)
+        raise ThrustError(f"run {run_id}'s checkpoint {newest} was pulled, but {path} is gone", again, ExitCode.USAGE)
     sha = sha256_file(path)
     if sha != row.get("sha256"):
         raise TransferError(f"run {run_id}'s checkpoint {path} does not match the sha256 it was pulled with "
                             f"({sha[:12]} here, {str(row.get('sha256'))[:12]} on the host): not resumed from",
-                            "fetch it again from the run's host (thrust-remote fetch RUN); never edit the pulled copy")
-    return LocalCheckpoint(path, sha, record.get("host") if isinstance(record.get("host"), str) else None)
+                            f"never edit the pulled copy; {again}")
+    return LocalCheckpoint(path, sha, host)

@@ -234,6 +234,9 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
             watch.fail(node, "lost: the connection to it broke while following")
             exc.run_id, exc.host = nodes.run_id, nodes.names[0]  # what a retry resumes (run/resume.py)
             raise
+        except Detached as exc:
+            exc.run_id, exc.host = nodes.run_id, nodes.names[0]  # a retry's hint names `watch` (run/resume.py)
+            raise
     status = _over_nodes_at_end(nodes, node, followed.status, watch) if nodes.many else followed.status
     tell_ended(config, status, reporter.warn)
     head_session = nodes.sessions[0]
@@ -283,7 +286,11 @@ def _over_nodes_at_end(nodes: RunNodes, node: int, followed: dict[str, Any], wat
     """The run's state once the followed node ended: every other node asked; a node that failed first
     other than the followed one shows the end of its log (the followed one's was on screen); and the
     nodes still running are stopped, FAILED for the failed one (the watch may not have seen it yet)."""
-    others = multinode.node_states([None if i == node else s for i, s in enumerate(nodes.sessions)], nodes.run_id)
+    if followed.get("state") == RunState.FINISHED:  # the others end with it: a few seconds' teardown
+        others = multinode.states_at_end(nodes.sessions, nodes.run_id, node)
+    else:
+        others = multinode.node_states([None if i == node else s for i, s in enumerate(nodes.sessions)],
+                                       nodes.run_id)
     states = [followed if i == node else st for i, st in enumerate(others)]
     status = multinode.aggregate(nodes.names, states, watch.verdict)
     failed = status.get("failed_node")
@@ -435,6 +442,10 @@ def fetch(config: Config, session: HostSession, run_id: str, open_node: OpenNode
             raise UsageError(f"job {job_name} exports no model and has no `checkpoints:` or `artifacts:`: nothing "
                              "to fetch", f"add `export:`, `checkpoints:` or `artifacts:` under jobs.{job_name} in "
                              "thrust.yaml")
+        state = RunState.of(st.get("state"))
+        if state.is_live:  # said for every kind: what comes now, and what only comes at the end
+            later = "; its model when it ends" if pipeline.exports_model(job) else ""
+            reporter.step(f"run {run_id} is {state}: its newest checkpoint and changed artifacts come now{later}")
         model = _fetch_model(config, head, job, run_dir, run_id, st, reporter, force=force, others=bool(glob))
         pulled = pipeline.pull_checkpoint(config, head, job, run_dir, run_id, reporter, every=all_checkpoints)
         got = pipeline.fetch_artifacts(config, head, job, run_dir, run_id, reporter)
@@ -449,8 +460,6 @@ def _fetch_model(config: Config, head: HostSession, job: JobConfig, run_dir: str
         return None
     state = RunState.of(st.get("state"))
     if state.is_live:
-        reporter.step(f"run {run_id} is {state}: its newest checkpoint and changed artifacts come now; its model "
-                      "when it ends")
         return None
     if state != RunState.FINISHED and others and not head.runner.exists(f"{run_dir}/{MODEL}"):
         reporter.warn(f"run {run_id} ended {state} without a model: its checkpoint and artifacts come; "

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from thrust_remote.agent.protocol import LOG, RunState
+from thrust_remote.agent.protocol import LOG, RESUMED_FROM, RunState
 from thrust_remote.core.config import Config, HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
 from thrust_remote.host.session import HostSession, parse_json
@@ -400,6 +400,29 @@ def node_states(sessions: Sequence[HostSession | None], run_id: str) -> list[dic
     return each(one, list(sessions))
 
 
+# After the followed node FINISHED, how long the others get to end too: torchrun's workers leave the
+# collective together, but a node's processes may take a few seconds more to tear down (gloo, the
+# export on node 0 only). Asked again every END_POLL_S until then; still going after: the run is
+# RUNNING over its nodes, as before.
+END_GRACE_S = 30.0
+END_POLL_S = 0.5
+
+
+def states_at_end(sessions: Sequence[HostSession | None], run_id: str, followed: int,
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> list[dict[str, Any] | None]:
+    """Every node's status but the followed one's (None there), once the followed node FINISHED: a node
+    still RUNNING is asked again until it ends or END_GRACE_S pass (before, a node a second slower to
+    exit made a finished run read RUNNING and exit 1)."""
+    asked = [None if i == followed else s for i, s in enumerate(sessions)]
+    deadline = clock() + END_GRACE_S
+    got = node_states(asked, run_id)
+    while any(st is not None and RunState.of(st.get("state")).is_live for st in got) and clock() < deadline:
+        sleep(END_POLL_S)
+        got = node_states(asked, run_id)
+    return got
+
+
 def aggregate(names: Sequence[str], states: Sequence[dict[str, Any] | None],
               verdict: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run's state over its nodes: QUEUED while a node waits in its host's queue, RUNNING while none
@@ -418,7 +441,8 @@ def aggregate(names: Sequence[str], states: Sequence[dict[str, Any] | None],
     codes += [n.get("exit_code") for n in nodes]  # the lost node has none: the first other node's then
     exit_code = 0 if state == RunState.FINISHED else next((c for c in codes if c), None)
     return {**{k: head.get(k) for k in ("run_id", "job", "commit", "started_at", "pid")}, "host": names[0],
-            "state": state, "exit_code": exit_code, "failed_node": failed, "nodes": nodes}
+            "state": state, "exit_code": exit_code, "failed_node": failed, "nodes": nodes,
+            **({RESUMED_FROM: head[RESUMED_FROM]} if head.get(RESUMED_FROM) else {})}
 
 
 def _overall(states: list[str], lost_a_node: bool) -> str:

@@ -9,6 +9,7 @@ see (docs/architecture.md, "The flow of one train").
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from thrust_remote.agent.protocol import GPUS_USED, RESUMED_FROM, RUNS_DIR, RunState
+from thrust_remote.agent.protocol import GPUS_USED, RESUMED_FROM, RUN_DIR_PREFIX, RunState
 from thrust_remote.core.config import CHECKPOINT_FIELD, Config, HostConfig, JobConfig
 from thrust_remote.core.errors import (
     ConfigError,
@@ -491,8 +492,8 @@ RESUME_DIR = "resume"  # under the new run's directory: the checkpoint it starts
 def place_checkpoint(prepared: Prepared, resume: ResumeFrom, run_id: str, *, relative: bool) -> str:
     """The checkpoint a resumed run starts from, where its job can read it on this node: the run's own
     file when it stays on the host that has it, else the pulled copy uploaded (verified: sha256 on both
-    ends) into the new run's directory (0700). `relative`: the path from the checkout, the same on
-    every node of a run over several hosts (each has its own workdir)."""
+    ends) into the new run's directory (0700). `relative`: the path from the job's cwd (the checkout, a
+    cargo job's crate), the same on every node of a run over several hosts (each has its own workdir)."""
     session = prepared.session
     if resume.on_host is not None:
         return resume.on_host
@@ -505,7 +506,7 @@ def place_checkpoint(prepared: Prepared, resume: ResumeFrom, run_id: str, *, rel
         raise TransferError(f"the checkpoint {resume.local} changed while it was sent to {session.name} "
                             f"({sha[:12]}, verified {str(resume.local_sha256)[:12]}): not resumed from",
                             "fetch it again from the run's host, or resume where the run's checkpoints are")
-    return f"{RUNS_DIR}/{run_id}/{RESUME_DIR}/{resume.local.name}" if relative else target
+    return posixpath.relpath(target, prepared.cwd) if relative else target
 
 
 def resume_args(resume: ResumeFrom, path: str) -> list[str]:
@@ -692,10 +693,24 @@ def pull_checkpoint(config: Config, session: HostSession, job: JobConfig, run_di
     if glob is None:
         return None
     got = checkpoints.pull(session, run_dir, run_id, config.root, glob, every=every)
+    if not glob.startswith(RUN_DIR_PREFIX):
+        got.warnings += _sharing_checkpoints(session, job, run_id, glob)
     for text in got.warnings:
         reporter.warn(text)
     reporter.step(got.summary(config.root))
     return got
+
+
+def _sharing_checkpoints(session: HostSession, job: JobConfig, run_id: str, glob: str) -> list[str]:
+    """Runs of the same job going on in the same checkout write where this one's `checkpoints:` looks
+    (a glob under the checkout): the newest file there may be theirs. Said, with the way out."""
+    others = [r["run_id"] for r in control.list_runs(session)
+              if r.get("run_id") != run_id and r.get("job") == job.name and RunState.of(r.get("state")).is_live]
+    if not others:
+        return []
+    return [f"checkpoints: {', '.join(others)} (the same job, going on in the same checkout on {session.name}) "
+            f"write(s) where {glob!r} looks: the newest checkpoint may be theirs; give each run its own directory "
+            f"with a glob under $THRUST_RUN_DIR/ (your code writes there: $THRUST_RUN_DIR is set for it)"]
 
 
 def exports_model(job: JobConfig) -> bool:

@@ -84,8 +84,10 @@ def plan(config: Config, run_id: str, open_session: OpenSession, reporter: Repor
     head = entry.host if entry else (hosts[0] if hosts else config.default_host)
     own = tuple(entry.nodes or (entry.host,)) if entry else (head,)
     targets = tuple(hosts) or own
+    if entry is not None and entry.job in config.jobs:
+        template_of(config.jobs[entry.job])  # a job that cannot resume is refused before anything is asked
     meta, on_host, patch = _ask_head(config, run_id, head, open_session, reporter, force=force,
-                                     same_host=tuple(targets) == (head,))
+                                     same_host=tuple(targets) == (head,), known=entry is not None)
     job_name = (entry.job if entry else "") or str(meta.get("job") or "")
     if not job_name:
         raise UsageError(f"run {run_id} is not in this project's index and {head} did not say its job",
@@ -112,14 +114,21 @@ def plan(config: Config, run_id: str, open_session: OpenSession, reporter: Repor
 
 
 def _ask_head(config: Config, run_id: str, head: str, open_session: OpenSession, reporter: Reporter, *,
-              force: bool, same_host: bool) -> tuple[dict[str, Any], str | None, bytes | None]:
-    """The run's host, when it answers: refuse a run still going, pull its newest checkpoint (a copy
-    here whatever happens next), and read its run.json and patch. (run.json, the checkpoint's path there
-    when the new run stays on that host, the patch) — empty and None when the host does not answer."""
+              force: bool, same_host: bool, known: bool) -> tuple[dict[str, Any], str | None, bytes | None]:
+    """The run's host, when it answers: refuse a run still going, pull its newest checkpoint (fresher
+    than any copy here, and a copy here whatever happens next), and read its run.json and patch.
+    (run.json, the checkpoint's path there when the new run stays on that host, the patch) — empty and
+    None when the host does not answer. A run this project did not start (`known` False) is only known
+    by its host: one that does not answer leaves nothing to go on."""
     try:
         with open_session(head) as session:  # the link opens on first use: inside, so a host down is caught
             return _asked(config, session, run_id, reporter, force=force, same_host=same_host)
     except (UnreachableError, ConnectionLostError) as exc:
+        if not known:
+            raise UnreachableError(f"run {run_id} is not in this project's index, and {head}, where it was looked "
+                                   f"for, does not answer ({exc.message})",
+                                   "give --host the host it ran on once that answers, or resume from the project "
+                                   "that started it") from None
         reporter.warn(f"{head}, where run {run_id} ran, does not answer ({exc.message}): resuming from the "
                       "checkpoint pulled before")
         return {}, None, None
@@ -187,24 +196,32 @@ def request_for(source: Source, host_config: Any, *, sets: Sequence[str] = (), p
 
 # ------------------------------------------------------------------------------------------ retry
 
+RETRY_GRACE_S = 60.0  # how long a host that stopped answering gets to answer again before its run moves
+GRACE_POLL_S = 5.0  # how often it is asked meanwhile
+RETRY_POLL_S = 15.0  # how often a lost host with nowhere else to go is asked whether it is back
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     max: int
     on: tuple[str, ...] = RETRY_ON_DEFAULT
     hosts: tuple[str, ...] = ()
+    grace: float = RETRY_GRACE_S
 
 
 def policy_for(job: JobConfig, given: int | None) -> RetryPolicy | None:
-    """`--retry N` (with the job's `on:`/`hosts:` when it has them), else the job's `retry:`; None: off."""
+    """`--retry N` (with the job's `on:`/`hosts:`/`grace:` when it has them), else the job's `retry:`;
+    None: off."""
     cfg = job.retry or {}
     count = given if given is not None else cfg.get("max", 0)
     if not count:
         return None
-    return RetryPolicy(int(count), tuple(cfg.get("on") or RETRY_ON_DEFAULT), tuple(cfg.get("hosts") or ()))
+    return RetryPolicy(int(count), tuple(cfg.get("on") or RETRY_ON_DEFAULT), tuple(cfg.get("hosts") or ()),
+                       float(cfg.get("grace", RETRY_GRACE_S)))
 
 
 Answers = Callable[..., "dict[str, Any] | None"]  # (host, run_id=None) -> the run's status, None: no answer
-RETRY_POLL_S = 15.0  # how often a lost host with nowhere else to go is asked whether it is back
+Hint = Callable[[str, str, str], str]  # (command, run id, host) -> the exact command to type
 
 
 def event_of(status: dict[str, Any] | None) -> str | None:
@@ -217,17 +234,19 @@ class Chain:
     """A followed run and its retries. `first` follows the run (train, a reattach); `attempt(run_id,
     hosts)` resumes `run_id` on `hosts` and follows the new run; `follow(run_id, host)` reattaches to a
     run that turned out to go on; `answers(host, run_id)` is None when the host does not answer now, else
-    the run's status there ({} without a run id)."""
+    the run's status there ({} without a run id); `hint(command, run_id, host)` the command to type."""
 
     def __init__(self, policy: RetryPolicy, reporter: Reporter, *, attempt: Callable[[str, list[str]], TrainOutcome],
                  follow: Callable[[str, str], TrainOutcome], answers: Answers,
-                 hosts_of: Callable[[str], list[str]], sleep: Callable[[float], None] = time.sleep) -> None:
+                 hosts_of: Callable[[str], list[str]],
+                 hint: Hint = lambda command, run_id, host: command_hint(command, run_id, host=host),
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy, self.reporter = policy, reporter
         self.attempt, self.follow_again, self.answers = attempt, follow, answers
-        self.hosts_of, self.sleep = hosts_of, sleep
+        self.hosts_of, self.hint, self.sleep, self.clock = hosts_of, hint, sleep, clock
         self.attempts: list[dict[str, Any]] = []
         self.used: set[str] = set()
-        self.waiting_for: str | None = None  # the run a retry is about to resume
+        self.moved: list[tuple[str, str]] = []  # (run, host) resumed elsewhere while its host was silent
 
     def run(self, first: Callable[[], TrainOutcome]) -> TrainOutcome:
         step, retries = first, 0
@@ -239,6 +258,7 @@ class Chain:
             ended = (outcome.status or {}).get("state") if outcome else RunState.UNREACHABLE.value
             self.attempts.append({"run_id": run_id, "host": host, "state": ended})
             if event is None or event not in self.policy.on or retries >= self.policy.max or run_id is None:
+                self._say_moved()
                 if outcome is None:
                     raise lost  # type: ignore[misc]
                 if len(self.attempts) > 1:
@@ -254,25 +274,47 @@ class Chain:
             if exc.run_id is None:
                 raise
             return None, exc
+        except Detached as exc:  # Ctrl-C: the way back in keeps the retries (`logs -f` has none)
+            if exc.run_id and exc.host:
+                exc.hint = (f"follow it again with its retries: {self.hint('watch', exc.run_id, exc.host)}   "
+                            f"(without them: {exc.hint})")
+            self._say_moved()
+            raise
 
     def _next(self, run_id: str, host: str, event: str, n: int) -> Callable[[], TrainOutcome]:
-        """Where the next attempt goes: back to a run that went on after all, else a resume on the run's
-        hosts, each one that does not answer replaced by the next of `retry: hosts`."""
+        """Where the next attempt goes: back to a run that went on after all (its host answers again
+        within the grace), else a resume on the run's hosts, each one that does not answer replaced by
+        the next of `retry: hosts`."""
         what = {"host-lost": f"{host} stopped answering", "lost": "it ended LOST (its host restarted?)",
                 "failed": "it FAILED"}[event]
         self.reporter.warn(f"run {run_id}: {what}; retry {n} of {self.policy.max}")
         nodes = self.hosts_of(run_id) or [host]
-        self.waiting_for = run_id
         if event == "host-lost":
-            st = self.answers(host, run_id)
+            st = self._back_within_grace(host, run_id)
             if st is not None and RunState.of(st.get("state")).is_live:
                 self.reporter.step(f"{host} answers again and run {run_id} goes on there: following it again")
                 return lambda: self.follow_again(run_id, host)
-        targets = [self._where(node) for node in nodes]
+        targets = [self._where(node, run_id) for node in nodes]
+        if event == "host-lost" and host not in targets:
+            self.moved.append((run_id, host))
+            self.reporter.warn(f"if run {run_id} still goes on on {host} (only its link may be down), it trains "
+                               f"beside the resumed one until stopped: {self.hint('stop', run_id, host)}")
         self.reporter.step(f"resuming run {run_id} on {', '.join(targets)}")
         return lambda: self.attempt(run_id, targets)
 
-    def _where(self, node: str) -> str:
+    def _back_within_grace(self, host: str, run_id: str) -> dict[str, Any] | None:
+        """The run's status on `host` once it answers again, asked every GRACE_POLL_S s for the policy's
+        grace; None when it stays silent that long."""
+        if self.policy.grace > 0:
+            self.reporter.step(f"asking {host} again for up to {self.policy.grace:g} s before moving run {run_id}")
+        deadline = self.clock() + self.policy.grace
+        while True:
+            st = self.answers(host, run_id)
+            if st is not None or self.clock() >= deadline:
+                return st
+            self.sleep(min(GRACE_POLL_S, max(0.0, deadline - self.clock())))
+
+    def _where(self, node: str, run_id: str) -> str:
         """`node` when it answers, else the next host of `retry: hosts` that does; with none to go to, the
         node itself once it answers again (asked every RETRY_POLL_S s; Ctrl-C leaves)."""
         if self.answers(node) is not None:
@@ -282,16 +324,25 @@ class Chain:
             if other not in self.used and self.answers(other) is not None:
                 self.used.add(other)
                 return other
-        self.reporter.step(f"no other host answers: waiting for {node} to come back (Ctrl-C leaves; the "
-                           "checkpoint pulled so far stays here)")
+        why = "no host of `retry: hosts` answers" if self.policy.hosts else "the job's `retry:` names no other hosts"
+        self.reporter.step(f"{why}: waiting for {node} to come back (Ctrl-C leaves; what was pulled stays here)")
         try:
             while self.answers(node) is None:
                 self.sleep(RETRY_POLL_S)
         except KeyboardInterrupt:
-            raise Detached(f"from waiting for {node} to come back", "the checkpoint pulled so far stays here; "
-                           f"continue later with: {command_hint('resume', self.waiting_for or '', host=None)} "
-                           "--host HOST") from None
+            raise Detached(f"from waiting for {node} to come back",
+                           f"what was pulled stays here; continue later with: {self.hint('resume', run_id, node)}"
+                           ) from None
         return node
+
+    def _say_moved(self) -> None:
+        """A run moved off a silent host that turns out to be going on there: said, with the stop command."""
+        for run_id, host in self.moved:
+            st = self.answers(host, run_id)
+            if st is not None and RunState.of(st.get("state")).is_live:
+                self.reporter.warn(f"run {run_id} is still {st.get('state')} on {host}, beside the run that resumed "
+                                   f"it: stop it with: {self.hint('stop', run_id, host)}")
+        self.moved = []
 
 
 def probe(open_session: OpenSession) -> Answers:

@@ -54,8 +54,8 @@ class Pulled:
         return f"pulled {what} ({moved}, {self.seconds:.1f} s)"
 
     def as_json(self) -> dict[str, Any]:
-        return {"at": self.at, "checkpoint": self.checkpoint, "files": self.files, "bytes": self.bytes,
-                "seconds": round(self.seconds, 3)}
+        return {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at)), "checkpoint": self.checkpoint,
+                "files": self.files, "bytes": self.bytes, "seconds": round(self.seconds, 3)}
 
 
 def pull_once(session: HostSession, job: JobConfig, run_dir: str, run_id: str, root: Path) -> Pulled:
