@@ -50,7 +50,7 @@ def test_a_bad_command_line_is_an_error_and_a_hint_like_every_other_error(cli):
     assert typo.returncode == 64
     assert typo.stderr.splitlines() == [
         "error: No such option: --gpu (Possible options: --gpus)",
-        "hint: usage: thrust-remote train [OPTIONS] {job}; thrust-remote train -h shows its options"]
+        "hint: usage: thrust-remote train [OPTIONS] {JOB}; thrust-remote train -h shows its options"]
     missing = cli("wait")
     assert missing.returncode == 64 and missing.stderr.startswith("error: Missing argument 'RUN...'.")
     assert "Usage:" not in missing.stderr + typo.stderr and "Traceback" not in missing.stderr

@@ -72,7 +72,7 @@ def ping(
 
 def exec_(
     ctx: typer.Context,
-    command: list[str] = typer.Argument(..., help="The command and its arguments, after --."),
+    command: list[str] = typer.Argument(..., metavar="CMD", help="The command and its arguments, after --."),
     host: str | None = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml."),
     cwd: str | None = typer.Option(None, "--cwd", help="Directory to run in (default: the home directory)."),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for the command's environment."),

@@ -86,7 +86,8 @@ class LiveTable:
 
 def optimize(
     ctx: typer.Context,
-    job: str | None = typer.Argument(None, help="Job to tune (default: the one job under `search:` in thrust.yaml)."),
+    job: str | None = typer.Argument(None, metavar="JOB",
+                                     help="Job to tune (default: the one job under `search:` in thrust.yaml)."),
     trials: int | None = typer.Option(None, "--trials", "-n", help="Trials to finish (COMPLETE + PRUNED)."),
     host: list[str] | None = typer.Option(None, "--host", "-H",
                                           help="Host (or group) from thrust.yaml; repeat for a study over several "

@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
 
 def resume_cmd(
     ctx: typer.Context,
-    run_id: str = typer.Argument(..., help="The run to continue."),
+    run_id: str = typer.Argument(..., metavar="RUN_ID", help="The run to continue."),
     host: list[str] = typer.Option([], "--host", "-H", help="Where the new run goes (repeat it, or name a group, "
                                    "for several hosts; node 0 gets the checkpoint). Default: the run's own."),
     sets: list[str] = typer.Option([], "--set", help="KEY=VALUE: change a job argument for the continuation "
@@ -70,7 +70,7 @@ def resume_cmd(
 
 def watch(
     ctx: typer.Context,
-    run_id: str = typer.Argument(...),
+    run_id: str = typer.Argument(..., metavar="RUN_ID"),
     host: str | None = HOST_OPT,
     sync_every: float | None = typer.Option(None, "--sync-every", min=0, help=SYNC_HELP),
     retry: int | None = typer.Option(None, "--retry", min=0, help=RETRY_HELP),

@@ -214,7 +214,7 @@ def _columns_that_fit(headers: Sequence[str], rows: Sequence[Sequence[str]], wid
     return keep
 
 
-def status(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
+def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     with open_session(ctx, host, run_id) as session:  # over several hosts: every node's state, and the run's
         st = lifecycle.status(session, run_id, opener(ctx, run_id))
@@ -343,7 +343,7 @@ def opener(ctx: typer.Context, run_id: str) -> lifecycle.OpenNode:
     return open_node
 
 
-def logs(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
+def logs(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,
          follow_: bool = typer.Option(False, "--follow", "-f", help="Follow until the run ends, with the progress "
                                       "view of train; a train run's model is then fetched, as train does."),
          offset: int = typer.Option(0, "--offset", min=0, help="Start at this byte of the log."),
@@ -403,7 +403,7 @@ def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, node: in
     show_outcome(ctx, outcome, as_json, started)
 
 
-def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
+def stop(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,
          grace: float = typer.Option(10.0, "--grace", help="Seconds between TERM and KILL.")) -> None:
     with open_session(ctx, host, run_id) as session:
         answers = lifecycle.stop(session, run_id, opener(ctx, run_id), grace)
@@ -418,7 +418,7 @@ def stop(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None
             console.print(f"{run_id}{host_text(where)}: not running ({host_text(answer.get('state'))})")
 
 
-def fetch(ctx: typer.Context, run_id: str = typer.Argument(...), host: str | None = HOST_OPT,
+def fetch(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,
           force: bool = typer.Option(False, "--force", help="Place the model in web/public even when its run did "
                                      "not FINISH or it scores clearly worse than the placed one."),
           all_checkpoints: bool = typer.Option(False, "--all-checkpoints", help="Every checkpoint on the host, not "

@@ -26,7 +26,7 @@ def _say(text: str) -> None:
 
 def tensorboard(
     ctx: typer.Context,
-    run_id: str = typer.Argument(...),
+    run_id: str = typer.Argument(..., metavar="RUN_ID"),
     host: str | None = HOST_OPT,
     port: int = typer.Option(tboard.DEFAULT_PORT, "--port", "-p", min=0, max=65535,
                              help="Port on 127.0.0.1 here (0: any free port)."),

@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
 
 def train(
     ctx: typer.Context,
-    job: str = typer.Argument(..., help="Job name: snake, cartpole, or one from thrust.yaml."),
+    job: str = typer.Argument(..., metavar="JOB", help="Job name: snake, cartpole, or one from thrust.yaml."),
     host: list[str] = typer.Option([], "--host", "-H", help="Host name from thrust.yaml (default: default_host); "
                                    "repeat it (or name a group) for one run over several hosts; the first "
                                    "serves the rendezvous."),
