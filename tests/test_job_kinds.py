@@ -71,7 +71,8 @@ def test_job_spec_is_plain_json_without_the_lines():
 
     cfg = parse_config_text(KINDS, Path("thrust.yaml"))
     spec = job_spec(cfg.job("ppo"))
-    assert "lines" not in spec
+    assert "lines" not in spec and "notify" not in spec
+    assert not {"checkpoints", "resume", "sync_every", "retry"} & set(spec)  # the laptop's, while it follows
     assert spec["args"] == ["--total-timesteps", "1000000"] and spec["artifacts"] == ["runs/**", "models/*.pt"]
     assert json.loads(json.dumps(spec)) == spec
 

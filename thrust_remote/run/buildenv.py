@@ -36,6 +36,10 @@ def job_spec(job: JobConfig | Mapping[str, Any] | None) -> JobSpec:
         data[key] = list(getattr(job, key))
     del data["lines"]  # where thrust.yaml wrote it: not the host's business, and not part of any cache key
     del data["notify"]  # the laptop's own (a webhook URL is a secret): never sent to a host
+    # what the laptop does while it follows a run (pulls, resume, retry): no concern of the host's, and
+    # a preflight cached on the spec stays valid when they change
+    for key in ("checkpoints", "resume", "sync_every", "retry"):
+        del data[key]
     return data
 
 
