@@ -9,8 +9,9 @@ more pulling than a real run sees).
 
 1. Training steps/s of `train cp --sync-every 10` vs `--sync-every 0` (and a harsher `--sync-every 2`),
    interleaved, `--repeat` rounds: the trainer's own steps / train_wall_s from `train --json`.
-2. Host loss to the resumed run's first step: `train cp --host a --retry 1` (the job's `retry: hosts:
-   [b]`, `--sync-every 2`) followed; host a's sshd and everything it started killed once a checkpoint
+2. Host loss to the resumed run's first step: `train cp --host a` with the job's `retry: {max: 1, hosts:
+   [b], grace: 0}` (the default grace, 60 s of asking the silent host again, comes on top), `--sync-every 2`,
+   followed; host a's sshd and everything it started killed once a checkpoint
    was pulled; the clock runs from the kill to the first metrics line of the run resumed on b. The
    peer: `train cp --host b --detach` of the same job, warm, from its start to its first metrics line
    (what starting a run there costs at best).
@@ -52,7 +53,7 @@ def _project(path: Path, a: SSHServer, b: SSHServer, a_work: Path, b_work: Path)
     project.mkdir(parents=True)
     (project / "thrust.yaml").write_text(
         "default_host: a\nhosts:\n" + _entry(a, "a", a_work) + _entry(b, "b", b_work)
-        + f"jobs:\n  cp:\n    args: {ARGS}\n    retry: {{max: 1, hosts: [b]}}\n")
+        + f"jobs:\n  cp:\n    args: {ARGS}\n    retry: {{max: 1, hosts: [b], grace: 0}}\n")
     for args in (["init", "-q"], ["add", "-A"], ["-c", "user.email=b@b", "-c", "user.name=b", "commit", "-qm", "x"]):
         subprocess.run(["git", *args], cwd=project, check=True)
     return project
@@ -67,10 +68,15 @@ def _cli(project: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([EXE, *args], cwd=project, env=_env(), capture_output=True, text=True, check=False)
 
 
-def steps_per_s(project: Path, repeat: int, steps: int) -> dict[str, list[float]]:
+def steps_per_s(project: Path, repeat: int, steps: int) -> tuple[dict[str, list[float]], list[float]]:
+    """Each setting's steps/s, in an order reversed every other round (this VM's speed drifts by tens
+    of percent over minutes: a fixed order would charge the drift to one setting); and the wall time of
+    each run's last pull."""
     rows: dict[str, list[float]] = {"--sync-every 0 (off)": [], "--sync-every 10": [], "--sync-every 2": []}
-    for _ in range(repeat):
-        for name in rows:
+    pulls: list[float] = []
+    _cli(project, "train", "cp", "--host", "b", "--set", "total-steps=20000")  # set up: not counted
+    for i in range(repeat):
+        for name in (list(rows) if i % 2 == 0 else list(reversed(rows))):
             every = name.split()[1]
             out = _cli(project, "train", "cp", "--host", "b", "--sync-every", every, "--json", "--set",
                        f"total-steps={steps}")
@@ -78,17 +84,20 @@ def steps_per_s(project: Path, repeat: int, steps: int) -> dict[str, list[float]
                 raise SystemExit(f"train failed: {out.stderr[-2000:]}")
             got = json.loads(out.stdout)
             rows[name].append(got["steps"] / got["train_wall_s"])
-    return rows
+            if got.get("last_pull"):
+                pulls.append(got["last_pull"]["seconds"])
+    return rows, pulls
 
 
-def _first_metrics(runs: Path, skip: set[str], deadline: float) -> tuple[str, float]:
+def _first_metrics(runs: Path, skip: set[str], deadline: float, log: Path | None = None) -> tuple[str, float]:
     """The first run dir under `runs` not in `skip` with a metrics line: (its id, when it was seen)."""
     while time.monotonic() < deadline:
         for run in runs.glob("*/metrics.jsonl") if runs.is_dir() else ():
             if run.parent.name not in skip and run.stat().st_size > 0:
                 return run.parent.name, time.monotonic()
         time.sleep(0.01)
-    raise SystemExit("no resumed run's first metrics line within the deadline")
+    said = log.read_text()[-3000:] if log is not None and log.exists() else ""
+    raise SystemExit(f"no resumed run's first metrics line within the deadline\n{said}")
 
 
 def host_loss(root: Path, repeat: int) -> tuple[list[float], list[float]]:
@@ -109,16 +118,18 @@ def host_loss(root: Path, repeat: int) -> tuple[list[float], list[float]]:
             fresh.append(at - t0)
             seen.add(run)
             _cli(project, "stop", run, "--host", "b")
+            record = project / ".thrust" / "fetched"
+            before = {p.parent.name for p in record.glob("*/checkpoints.json")}  # the warm-up's, on b
             follow = subprocess.Popen([EXE, "train", "cp", "--host", "a", "--sync-every", "2", "--set",
                                        "total-steps=400000"], cwd=project, env=_env(), stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL)
-            record = project / ".thrust" / "fetched"
+                                      stderr=open(root / f"follow{i}.log", "w"))  # noqa: SIM115
             deadline = time.monotonic() + 240
-            while not list(record.glob("*/checkpoints.json")) and time.monotonic() < deadline:
+            while not ({p.parent.name for p in record.glob("*/checkpoints.json")} - before) and \
+                    time.monotonic() < deadline:
                 time.sleep(0.05)
             t0 = time.monotonic()
             a.stop()
-            run, at = _first_metrics(runs_b, seen, time.monotonic() + 240)
+            run, at = _first_metrics(runs_b, seen, time.monotonic() + 240, root / f"follow{i}.log")
             lost.append(at - t0)
             _cli(project, "stop", run, "--host", "b")
             follow.wait(120)
@@ -165,39 +176,58 @@ def pull_cost(root: Path, repeat: int) -> dict[str, list[float]]:
     return out
 
 
+def part_1(root: Path, args: argparse.Namespace) -> None:
+    a, b = _start_sshd(root / "sps-a"), _start_sshd(root / "sps-b")
+    try:
+        rows, pulls = steps_per_s(_project(root / "sps", a, b, root / "sps-a-work", root / "sps-b-work"),
+                                  args.repeat, args.steps)
+    finally:
+        for server in (a, b):
+            os.killpg(server.wrapper.pid, signal.SIGKILL)
+    off = statistics.median(rows["--sync-every 0 (off)"])
+    print(f"1. training steps/s, cartpole {args.steps:,} steps on loopback host b, a checkpoint every 2 s, "
+          f"medians of {args.repeat} rounds (order reversed every other round)")
+    for name, vals in rows.items():
+        print(f"  {name:<22} {statistics.median(vals):9,.0f} steps/s  (min {min(vals):,.0f}, max {max(vals):,.0f})"
+              f"  {statistics.median(vals) / off:5.3f}x off")
+    if pulls:
+        print(f"  one pull while training (wall): median {statistics.median(pulls) * 1000:.0f} ms, max "
+              f"{max(pulls) * 1000:.0f} ms, over {len(pulls)} runs")
+
+
+def part_2(root: Path, args: argparse.Namespace) -> None:
+    lost, fresh = host_loss(root, args.repeat)
+    print(f"2. host a killed -> the run resumed on b logs its first metrics (medians of {args.repeat})")
+    print(f"  retry (host loss to first step)   {statistics.median(lost):6.2f} s  (min {min(lost):.2f})")
+    print(f"  peer: train --detach on b, warm   {statistics.median(fresh):6.2f} s  (min {min(fresh):.2f})  "
+          f"ratio {statistics.median(lost) / statistics.median(fresh):.2f}x")
+
+
+def part_3(root: Path, args: argparse.Namespace) -> None:
+    cost = pull_cost(root, args.repeat)
+    print(f"3. one checkpoint pull (medians of {args.repeat})")
+    for name, vals in cost.items():
+        unit = "bytes" if name.startswith("bytes") else "s"
+        print(f"  {name:<30} {statistics.median(vals):12,.3f} {unit}" if unit == "s" else
+              f"  {name:<30} {statistics.median(vals):12,.0f} {unit}")
+    scp = statistics.median(cost["scp of the same file"])
+    print(f"  fetch / scp: {statistics.median(cost['fetch RUN (new checkpoint)']) / scp:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300_000)
+    parser.add_argument("--parts", default="123", help="which of the three to measure, e.g. 23")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-outlive-"))
     try:
-        a, b = _start_sshd(root / "sps-a"), _start_sshd(root / "sps-b")
-        try:
-            rows = steps_per_s(_project(root / "sps", a, b, root / "sps-a-work", root / "sps-b-work"), args.repeat,
-                               args.steps)
-        finally:
-            for server in (a, b):
-                os.killpg(server.wrapper.pid, signal.SIGKILL)
-        off = statistics.median(rows["--sync-every 0 (off)"])
-        print(f"1. training steps/s, cartpole {args.steps:,} steps on loopback host b, a checkpoint every 2 s, "
-              f"medians of {args.repeat} interleaved rounds")
-        for name, vals in rows.items():
-            print(f"  {name:<22} {statistics.median(vals):9,.0f} steps/s  (min {min(vals):,.0f}, max {max(vals):,.0f})"
-                  f"  {statistics.median(vals) / off:5.3f}x off")
-        lost, fresh = host_loss(root, args.repeat)
-        print(f"2. host a killed -> the run resumed on b logs its first metrics (medians of {args.repeat})")
-        print(f"  retry (host loss to first step)   {statistics.median(lost):6.2f} s  (min {min(lost):.2f})")
-        print(f"  peer: train --detach on b, warm   {statistics.median(fresh):6.2f} s  (min {min(fresh):.2f})  "
-              f"ratio {statistics.median(lost) / statistics.median(fresh):.2f}x")
-        cost = pull_cost(root, args.repeat)
-        print(f"3. one checkpoint pull (medians of {args.repeat})")
-        for name, vals in cost.items():
-            unit = "bytes" if name.startswith("bytes") else "s"
-            print(f"  {name:<30} {statistics.median(vals):12,.3f} {unit}" if unit == "s" else
-                  f"  {name:<30} {statistics.median(vals):12,.0f} {unit}")
-        scp = statistics.median(cost["scp of the same file"])
-        print(f"  fetch / scp: {statistics.median(cost['fetch RUN (new checkpoint)']) / scp:.2f}x")
+        if "1" in args.parts:
+            part_1(root, args)
+        if "2" in args.parts:
+            part_2(root, args)
+        if "3" in args.parts:
+            part_3(root, args)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -269,14 +269,22 @@ def test_a_running_run_fetched_then_its_host_lost_resumes_on_another_host_from_t
 
 
 @pytest.mark.slow
-def test_retry_resumes_a_followed_run_on_the_next_host_when_its_own_dies(tmp_path, host_a, host_b):
+@pytest.mark.parametrize("follower", ["train", "watch"])
+def test_retry_resumes_a_followed_run_on_the_next_host_when_its_own_dies(tmp_path, host_a, host_b, follower):
+    """`train` attached, or `watch` of a run started with --detach (a machine left on to mind it): the
+    same chain. The job's retry gives the silent host 2 s (grace) before its run moves to b."""
     project = _project(tmp_path / "proj", host_a, host_b,
                        f"  cp:\n    args: {CARTPOLE}\n    retry: {{max: 1, hosts: [b], grace: 2}}\n")
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     env.pop("THRUST_CONFIG", None)
-    follow = subprocess.Popen([EXE, "train", "cp", "--host", "a", "--sync-every", "1", "--json",
-                               "--set", "total-steps=200000"], cwd=project, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
+    if follower == "train":
+        argv = ["train", "cp", "--host", "a", "--sync-every", "1", "--json", "--set", "total-steps=200000"]
+    else:
+        started = _cli(project, "train", "cp", "--host", "a", "--detach", "--json", "--set", "total-steps=200000")
+        assert started.returncode == 0, started.stderr
+        argv = ["watch", json.loads(started.stdout)["run_id"], "--sync-every", "1", "--json"]
+    follow = subprocess.Popen([EXE, *argv], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env)
     try:
         index = project / ".thrust" / "index"
         run_id = wait_until(lambda: next((p.stem for p in index.glob("*.json")), None) if index.is_dir() else None,
