@@ -246,6 +246,8 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
                                                timings=timings)
     if fetch and job is not None and head_session is not None:
         checkpoint = last_checkpoint(config, head_session, head.run_id, job, reporter)
+        if checkpoint is not None:
+            timings[pipeline.CHECKPOINT_TIMING] = checkpoint.seconds
     job = job if job is not None and pipeline.exports_model(job) else None
     # a run that did not finish is worth a fetch hint only when it left a model (a stopped trainer
     # exports; a killed one usually has none); node 0 holds it

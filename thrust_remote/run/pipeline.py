@@ -67,6 +67,7 @@ class Stage(str, Enum):
 
 
 ARTIFACTS_TIMING = "artifacts"  # the fetch stage's second part (the job's files), timed apart
+CHECKPOINT_TIMING = "checkpoint"  # the newest checkpoint pulled when a followed run ended (fetch/checkpoints.py)
 
 
 class Reporter(Protocol):
