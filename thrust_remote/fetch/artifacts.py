@@ -267,14 +267,14 @@ def _parent_dirs(dest: Path, target: Path, host: str, made: set[Path]) -> None:
                                 f"{target} is a directory here: not fetched", f"remove {target} and fetch again")
 
 
-def _safe_dest(project_root: Path, run_id: str) -> Path:
-    """.thrust/fetched/<run-id>/artifacts/, made 0700; refused when it is itself a symlink."""
-    dest = artifacts_dir(project_root, run_id)
+def safe_dir(dest: Path, what: str) -> Path:
+    """`dest` (a directory under .thrust/fetched/<run-id>/) made 0700; refused when it is itself a
+    symlink or a file: nothing a host sends is written through it. `what` names it in the error."""
     dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         os.mkdir(dest, 0o700)
     if not stat.S_ISDIR(os.lstat(dest).st_mode):
-        raise TransferError(f"artifacts: {dest} is a symlink or a file, not a directory: refused",
+        raise TransferError(f"{what}: {dest} is a symlink or a file, not a directory: refused",
                             f"remove {dest} and fetch again")
     return dest
 
@@ -295,7 +295,7 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
         result.seconds = time.monotonic() - started
         return result  # nothing to bring: no empty directory beside the run's model
     _ensure_kept_root(project_root)  # .thrust/.gitignore: fetched files are never synced back as untracked
-    dest = _safe_dest(project_root, run_id)
+    dest = safe_dir(artifacts_dir(project_root, run_id), "artifacts")
     record_path = dest.parent / RECORD
     record = _read_record(record_path)
     said = len(result.warnings)

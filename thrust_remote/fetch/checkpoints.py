@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +126,7 @@ def _bring(session: HostSession, result: CheckpointPull, chosen: list[tuple[str,
            files: dict[str, dict[str, Any]], project_root: Path, run_id: str, record: dict[str, Any]) -> None:
     """The chosen checkpoints fetched (only what differs), counted into `result`; a torn one dropped."""
     _ensure_kept_root(project_root)
-    _safe_dir(result.dest)
+    artifacts.safe_dir(result.dest, "checkpoints")
     _drop_stale_parts(result.dest)
     got = artifacts.DirFetch(result.dest)
     try:
@@ -157,15 +155,6 @@ def _choose(listed: list[tuple[str, Path, dict[str, Any]]], dest: Path, every: b
     picked = sorted(((base, dest / base, entry) for base, entry in by_name.items()),
                     key=lambda item: (item[2]["mtime"], item[0]))
     return picked if every else picked[-1:]
-
-
-def _safe_dir(dest: Path) -> None:
-    dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(dest, 0o700)
-    if not stat.S_ISDIR(os.lstat(dest).st_mode):
-        raise TransferError(f"checkpoints: {dest} is a symlink or a file, not a directory: refused",
-                            f"remove {dest} and fetch again")
 
 
 STALE_PART_S = 60.0  # a download's temporary file untouched this long was left by a pull that was killed
