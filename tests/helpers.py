@@ -167,6 +167,19 @@ if __name__ == "__main__":
 # ------------------------------------------------------------------------------------------ waiting
 
 
+class Clock:
+    """A clock of a test's own for code that takes `clock=` and `sleep=`: sleeping moves it on, at once."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
 def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
     """Poll `condition` until it returns something truthy, and return that; fail naming `what` once
     `timeout` seconds pass. A test waits exactly as long as the thing takes, never a guessed delay."""

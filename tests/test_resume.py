@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import _start_sshd
-from helpers import EXE, commit, git, git_init, wait_until
+from helpers import EXE, Clock, commit, git, git_init, wait_until
 
 from thrust_remote.core.config import parse_config_text
 from thrust_remote.core.errors import ConfigError, ConnectionLostError
@@ -71,17 +71,6 @@ def _lost(run_id: str, host: str) -> ConnectionLostError:
     return exc
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
-
-
 class _Told:
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -103,7 +92,7 @@ def test_a_lost_host_resumes_on_the_next_retry_host_that_answers_and_the_chain_i
     def first() -> TrainOutcome:
         raise _lost("r1", "a")
 
-    clock = _Clock()
+    clock = Clock()
     told = _Told()
     chain = resume.Chain(resume.RetryPolicy(2, ("host-lost", "lost"), ("b",), grace=20.0), told, attempt=attempt,
                          follow=lambda *a: pytest.fail("not a reattach"),
@@ -121,7 +110,7 @@ def test_a_lost_host_resumes_on_the_next_retry_host_that_answers_and_the_chain_i
 def test_a_host_that_answers_again_within_the_grace_with_the_run_going_is_followed_not_resumed():
     """Only the link dropped: the host answers on the third ask and the run goes on there. Following it
     again is right; a resume elsewhere would train a second copy."""
-    followed, clock = [], _Clock()
+    followed, clock = [], Clock()
     asks = iter([None, None, {"state": "RUNNING"}])
     chain = resume.Chain(resume.RetryPolicy(1), _Told(), attempt=lambda *a: pytest.fail("no resume"),
                          follow=lambda run_id, host: followed.append((run_id, host)) or _outcome(run_id, host,

@@ -11,21 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import EXE, new_project, remote_tempdir, wait_until
+from helpers import EXE, Clock, new_project, remote_tempdir, wait_until
 
 from thrust_remote.core.errors import ConnectionLostError, ExitCode, StillGoing, UnreachableError
 from thrust_remote.run import lifecycle
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
 
 
 def _asks(answers: dict[str, list[str]]) -> list[tuple[str, lifecycle.Ask]]:
