@@ -82,9 +82,9 @@ class Dist:
             self._dist.barrier()
 
     def close(self) -> None:
-        """Every rank has finished its last collective before any rank tears the group down: gloo on
-        CPU aborted a rank at teardown (SIGABRT, "terminate called without an active exception") when
-        its peer destroyed the group right after the last all_reduce."""
+        """Every rank has finished its last collective before any rank tears the group down. This is not
+        the whole teardown story: gloo's worker threads can outlive destroy_process_group and abort the
+        process if they drop a work while Python shuts down, so train.py ends in `os._exit`."""
         if self.enabled:
             self._dist.barrier()
             self._dist.destroy_process_group()
