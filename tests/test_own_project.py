@@ -21,6 +21,7 @@ pytest.importorskip("tensorboard", reason="the job writes TensorBoard events: pi
 TRAIN_PY = '''\
 """A user's DDP-aware training script: torch's own TensorBoard writer and a checkpoint."""
 import argparse
+import sys
 import os
 
 import torch
@@ -63,6 +64,8 @@ def main():
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown: gloo's threads can abort it (the README's troubleshooting)
 '''
 
 JOBS = """\
