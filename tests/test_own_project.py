@@ -21,8 +21,8 @@ pytest.importorskip("tensorboard", reason="the job writes TensorBoard events: pi
 TRAIN_PY = '''\
 """A user's DDP-aware training script: torch's own TensorBoard writer and a checkpoint."""
 import argparse
-import sys
 import os
+import sys
 
 import torch
 import torch.distributed as dist
