@@ -1,5 +1,6 @@
 """core/files.py: the laptop's one atomic write. A write that fails half-way leaves the old file whole
-and no temp file beside it; a finished one is owner-only unless asked otherwise."""
+and no temp file beside it; a finished one is owner-only unless asked otherwise. And host/runner.py's
+Landing: many downloads placed by one sync."""
 
 from __future__ import annotations
 
@@ -50,3 +51,35 @@ def test_a_copy_is_readable_by_the_page(tmp_path: Path):
     src.write_bytes(b"\x08\x07onnx")
     dst = copy_atomic(src, tmp_path / "public" / "snake.onnx")
     assert dst.read_bytes() == src.read_bytes() and os.stat(dst).st_mode & 0o777 == 0o644
+
+
+def test_landed_downloads_take_their_names_together_in_order_and_a_drop_leaves_nothing(tmp_path: Path):
+    """host/runner.Landing: verified parts wait for one sync, then each is renamed over its destination
+    (an old file stays whole until then); a changed file keeps its place among the outcomes; parts
+    still held when a transfer stops are removed, never placed."""
+    from thrust_remote.host.runner import LANDING_FILES, FileChangedError, Landing, open_part
+
+    old = tmp_path / "f1"
+    old.write_bytes(b"old")
+    landing = Landing()
+    held = []
+    for i in range(3):
+        fout, part = open_part(tmp_path / f"f{i}")
+        with fout:
+            fout.write(f"new {i}".encode())
+        held.append(part)
+        assert not landing.add((part, tmp_path / f"f{i}", f"sha{i}"), 5)
+        if i == 0:
+            assert not landing.add(FileChangedError("swapped"))
+    assert old.read_bytes() == b"old"  # nothing placed before the landing
+    outcomes = list(landing.place())
+    assert [o if isinstance(o, str) else "changed" for o in outcomes] == ["sha0", "changed", "sha1", "sha2"]
+    assert [(tmp_path / f"f{i}").read_bytes() for i in range(3)] == [b"new 0", b"new 1", b"new 2"]
+    assert not any(p.exists() for p in held)
+    fout, part = open_part(tmp_path / "late")
+    fout.close()
+    full = [landing.add((part, tmp_path / "late", "x")) for _ in range(LANDING_FILES)]
+    assert full[-1] and not any(full[:-1])  # a batch is due at LANDING_FILES
+    landing.drop()
+    assert not part.exists() and not (tmp_path / "late").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f0", "f1", "f2"]

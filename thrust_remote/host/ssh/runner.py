@@ -241,6 +241,9 @@ class SSHRunner(FileOps):
         dst.parent.mkdir(parents=True, exist_ok=True)
         return self._transfer.get(source, dst, identity)
 
+    def warm_transfers(self, count: int) -> None:
+        self._transfer.warm(count)
+
     def get_many(self, items: Sequence[GetItem], stop: threading.Event) -> Iterator[str | FileChangedError]:
         """Runner.get_many: pipelined on one transfer helper (the destinations' parents must exist)."""
         return self._transfer.get_many([(self._path(src), dst, ident) for src, dst, ident in items], stop)

@@ -38,6 +38,7 @@ from thrust_remote.host.runner import (
     FileChangedError,
     FileId,
     GetItem,
+    Landing,
     RunResult,
     drop_part,
     one_by_one,
@@ -211,17 +212,21 @@ class StreamTransfer(Transfer):
     def __init__(self, link: Link, fallback: Transfer) -> None:
         self.link = link
         self.fallback = fallback
-        self._lock = threading.Lock()  # this runner's pool only, held to take or give one helper
+        self._lock = threading.Condition()  # this runner's pool only, held to take or give one helper
         self._idle: list[_Helper] = []
+        self._warming = 0  # helpers being started by warm(): a get waits for one of them
         self._unusable: object = None  # the transport on which no helper could start (no python there)
 
-    def _take(self) -> _Helper | None:
-        """An idle helper on the current connection, or a new one; None if the host cannot run it."""
+    def _take(self, *, fresh: bool = False) -> _Helper | None:
+        """An idle helper on the current connection, or a new one (`fresh`: always); None if the host
+        cannot run it."""
         transport = self.link.transport()
         with self._lock:
+            if not fresh:
+                self._lock.wait_for(lambda: self._idle or not self._warming)
             self._idle = [h for h in self._idle if h.chan.get_transport() is transport and not h.chan.closed
                           and not h.chan.eof_received]
-            if self._idle:
+            if self._idle and not fresh:
                 return self._idle.pop()
             if self._unusable is transport:
                 return None
@@ -243,6 +248,27 @@ class StreamTransfer(Transfer):
             return None
         return helper
 
+    def warm(self, count: int) -> None:
+        """Start helpers in the background until `count` are idle; a get takes one already started. A
+        failure here is left for that get to meet (and report) again."""
+        def start() -> None:
+            try:
+                with contextlib.suppress(Exception):
+                    helper = self._take(fresh=True)
+                    if helper is not None:
+                        helper.in_step = True
+                        self._give(helper)
+            finally:
+                with self._lock:
+                    self._warming -= 1
+                    self._lock.notify_all()
+
+        with self._lock:
+            more = max(0, count - len(self._idle) - self._warming)
+            self._warming += more
+        for i in range(more):
+            threading.Thread(target=start, name=f"transfer-warm-{i}", daemon=True).start()
+
     def _give(self, helper: _Helper) -> None:
         if not helper.in_step:
             _close_quietly(helper.chan)  # the helper sees its stdin end and exits, leaving any .part
@@ -250,6 +276,7 @@ class StreamTransfer(Transfer):
         helper.in_step = False
         with self._lock:
             self._idle.append(helper)
+            self._lock.notify_all()
 
     def _lost(self, helper: _Helper, cut: str, hint: str) -> TransferError:
         _close_quietly(helper.chan)
@@ -313,14 +340,17 @@ class StreamTransfer(Transfer):
 
     def get_many(self, items: Sequence[GetItem], stop: threading.Event) -> Iterator[str | FileChangedError]:
         """Each item's get, in order, pipelined on one helper: up to WINDOW requests are in flight, so a
-        small file costs its bytes, not a round trip (the helper answers its requests in order). Yields
-        each file's sha256, or the FileChangedError of a file replaced since it was listed; any other
-        failure is raised, as `get` raises it. Asks nothing more once `stop` is set."""
+        small file costs its bytes, not a round trip (the helper answers its requests in order). The
+        verified files land together (Landing: one sync for many, not an fsync each). Yields each file's
+        sha256 once it is in place, or the FileChangedError of a file replaced since it was listed; any
+        other failure is raised, as `get` raises it, and the files not yet placed are dropped. Asks
+        nothing more once `stop` is set."""
         helper = self._take()
         if helper is None:
             yield from one_by_one(self.fallback.get, items, stop)  # no usable python on the host
             return
         asked = answered = 0
+        landing = Landing()
         try:
             for source, dst, _identity in items:
                 while asked < len(items) and asked - answered < WINDOW and not stop.is_set():
@@ -330,13 +360,18 @@ class StreamTransfer(Transfer):
                                          "run the command again")
                     asked += 1
                 if answered == asked:
-                    return  # stopped: nothing left in flight
+                    break  # stopped: nothing left in flight
                 answered += 1
                 try:
-                    yield self._get_answer(helper, source, dst)
+                    sha, part, size = self._get_answer(helper, source, dst, durable=False)
+                    full = landing.add((part, dst, sha), size)
                 except FileChangedError as exc:
-                    yield exc
+                    full = landing.add(exc)
+                if full:
+                    yield from landing.place()
+            yield from landing.place()
         finally:
+            landing.drop()
             if answered != asked:
                 helper.in_step = False  # answers still on their way: this helper is closed, not reused
             self._give(helper)
@@ -350,10 +385,12 @@ class StreamTransfer(Transfer):
         if not helper.send(self._get_request(source, identity).encode()):
             raise self._lost(helper, f"download of {self.link.name}:{source} was cut",
                              f"{dst} is untouched; run the command again")
-        return self._get_answer(helper, source, dst)
+        return self._get_answer(helper, source, dst, durable=True)[0]
 
-    def _get_answer(self, helper: _Helper, source: str, dst: Path) -> str:
-        """The helper's answer to one `get` (asked already): the file into `dst`, verified."""
+    def _get_answer(self, helper: _Helper, source: str, dst: Path, *, durable: bool) -> tuple[str, Path, int]:
+        """The helper's answer to one `get` (asked already): the file's bytes into a `.part` beside `dst`,
+        verified; (sha256, the part, its size). `durable`: fsynced and renamed over `dst` now (the part
+        is then `dst`); else the part waits for a Landing."""
         name = self.link.name
         cut = f"download of {name}:{source} was cut"
         hint = f"{dst} is untouched; run the command again"
@@ -367,20 +404,25 @@ class StreamTransfer(Transfer):
             if reply[1:2] == ["5"]:
                 raise FileChangedError(_err_text(reply))
             raise TransferError(f"cannot read {name}:{source}: {_err_text(reply)}")
+        size = int(reply[1])
         fout, part = open_part(dst)
         try:
-            return self._receive(helper, int(reply[1]), fout, part, dst, source, cut, hint)
+            sha = self._receive(helper, size, fout, part, dst, source, cut, hint, durable)
         except BaseException:
             drop_part(part)  # a cut, a mismatch or Ctrl-C: nothing half-written stays behind
             raise
+        if durable:
+            os.replace(part, dst)
+            return sha, dst, size
+        return sha, part, size
 
     def _receive(self, helper: _Helper, size: int, fout: IO[bytes], part: Path, dst: Path, source: str,
-                 cut: str, hint: str) -> str:
+                 cut: str, hint: str, durable: bool) -> str:
         digest = hashlib.sha256()
         try:
             with fout:
                 complete = helper.copy_to(size, digest, fout)
-                if complete:
+                if complete and durable:
                     fout.flush()
                     os.fsync(fout.fileno())
         except OSError as exc:
@@ -393,7 +435,6 @@ class StreamTransfer(Transfer):
         actual = digest.hexdigest()
         if reply[0] != actual:
             raise _mismatch_download(self.link, source, dst, reply[0], actual)
-        os.replace(part, dst)
         return actual
 
 
