@@ -224,6 +224,8 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     timings = dict(head.timings)
     if head.position is not None:  # still waiting on its host: the view says so until its log starts
         reporter.queued(head.host, head.position or None)
+    if fetch and job is not None and nodes.sessions[0] is not None:
+        nodes.sessions[0].runner.warm_transfers(1)  # the model's get at the end finds its helper started
     with multinode.Watch(nodes.sessions, nodes.names, nodes.run_id, reporter, followed=node) as watch, \
             _pulling(config, nodes, head, job, reporter, sync_every if fetch else 0.0) as puller:
         try:
@@ -429,6 +431,7 @@ def fetch(config: Config, session: HostSession, run_id: str, open_node: OpenNode
     (`all_checkpoints`: every one) and its changed artifacts, placed by the rules of "Kept models"
     judged on the run's state over every node. A run still going brings its checkpoint and artifacts
     so far; its model comes when it ends."""
+    session.runner.warm_transfers(1)  # beside the status requests: the gets after them find it started
     with open_nodes(session, control.check_run_id(run_id), open_node) as (nodes, first):
         head = nodes.sessions[0]
         if head is None:
