@@ -84,6 +84,32 @@ def test_a_sessions_requests_go_to_one_agent_and_answer_as_commands_do(sshd) -> 
     assert len(_servers(sshd)) == before  # it never outlives its connection
 
 
+def test_a_session_starts_its_agent_before_its_first_request_and_a_close_meanwhile_leaves_none(sshd) -> None:
+    """HostSession.open starts the server in the background (its login shell and python beside the
+    caller's own work); a session closed while it starts leaves no server and no connection behind."""
+    from helpers import wait_until
+
+    workdir = remote_tempdir(sshd)
+    before = len(_servers(sshd))
+    with _session(sshd, workdir) as session:
+        wait_until(lambda: len(_servers(sshd)) == before + 1, 30, "the session's server, before any request")
+        runs = f"{workdir}/.thrust/runs"
+        assert session.agent_json("runs", "list", "--runs-dir", runs) == []
+        assert len(_servers(sshd)) == before + 1  # the request went to the server already started
+    wait_until(lambda: len(_servers(sshd)) == before, 10, "the server's end with its connection")
+    closed = []
+    for _ in range(5):
+        session = _session(sshd, workdir)
+        session.close()  # at once: its server is still starting
+        closed.append(session)
+    for session in closed:
+        session._starting.join(30)  # each start has ended: given up, or closed what it opened
+        assert not session._starting.is_alive()
+        assert session._link is None or session._link.dead
+        assert session.runner._conn is None  # no connection opened again after the close
+    wait_until(lambda: len(_servers(sshd)) == before, 10, "no server left by the sessions closed while starting")
+
+
 def test_a_request_that_reads_installed_packages_sees_the_hosts_site_packages(sshd) -> None:
     """The server runs with -S; dist-versions and missing-modules must still see the host python's
     packages (torch is installed in the test hosts' python) over the same, single server."""
