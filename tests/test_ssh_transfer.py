@@ -210,12 +210,17 @@ def test_a_helper_warmed_beforehand_serves_the_next_get_and_no_second_one_starts
     (remote_dir / "w.bin").write_bytes(data)
     runner = sshd.runner()
     try:
+        pool = runner._transfer
+        runner.warm_transfers(1)
+        with pool._lock:
+            assert pool._lock.wait_for(lambda: not pool._warming, timeout=30)
+        assert not pool._idle and not runner.connected()  # no connection yet: a warm never opens one
+        runner.transport()
         runner.warm_transfers(1)
         runner.warm_transfers(1)  # one is on its way already: no second
         assert runner.get(str(remote_dir / "w.bin"), tmp_path / "w.bin") == hashlib.sha256(data).hexdigest()
-        pool = runner._transfer
         with pool._lock:
-            pool._lock.wait_for(lambda: not pool._warming, timeout=30)
+            assert pool._lock.wait_for(lambda: not pool._warming, timeout=30)
         assert len(pool._idle) == 1  # the warmed helper did the get and is back, reusable
         runner.warm_transfers(1)
         assert pool._warming == 0 and len(pool._idle) == 1  # one idle already: nothing to start

@@ -170,6 +170,9 @@ class HostSession:
     def _start_link(self) -> None:
         if getattr(self.runner, "open_link", None) is None or os.environ.get(LINK_SWITCH) == "0":
             return
+        # the connection itself here, in the caller: a host that is down fails now, once (not in the
+        # background and then again in the first request), and what starts beside it finds it open
+        self.runner.transport()  # type: ignore[attr-defined]
 
         def start() -> None:
             with contextlib.suppress(Exception):  # the first request meets (and reports) the same failure

@@ -112,6 +112,15 @@ class SSHRunner(FileOps):
     def transport(self) -> paramiko.Transport:
         return self.connection().transport
 
+    def connected(self, wait: bool = False) -> bool:
+        """A connection is open now (nothing is opened to find out); `wait`: once a connect under way in
+        another thread has ended."""
+        if wait:
+            with self._lock:
+                pass
+        conn = self._conn
+        return conn is not None and conn.is_connected
+
     def alive(self, timeout: float | None = None) -> bool:
         """Ask the server for a reply; False if none comes before the deadline (a dead link)."""
         conn = self._conn

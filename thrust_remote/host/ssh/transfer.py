@@ -71,6 +71,7 @@ class Link(Protocol):
     liveness_timeout: float
 
     def transport(self) -> paramiko.Transport: ...
+    def connected(self, wait: bool = False) -> bool: ...
     def open_channel(self, command: str) -> paramiko.Channel: ...
     def alive(self, timeout: float | None = None) -> bool: ...
     def drop(self) -> None: ...
@@ -250,10 +251,15 @@ class StreamTransfer(Transfer):
 
     def warm(self, count: int) -> None:
         """Start helpers in the background until `count` are idle; a get takes one already started. A
-        failure here is left for that get to meet (and report) again."""
+        failure in the background is left for that get to meet (and report) again; the warm never opens
+        a connection (none there: nothing is warmed)."""
         def start() -> None:
             try:
                 with contextlib.suppress(Exception):
+                    # after a connect under way (the session's link start), and never opening one: a
+                    # host that is down or a runner closed meanwhile costs nothing more
+                    if not self.link.connected(wait=True):
+                        return
                     helper = self._take(fresh=True)
                     if helper is not None:
                         helper.in_step = True
