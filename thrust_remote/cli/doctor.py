@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import typer
-from rich.syntax import Syntax
 from rich.table import Table
 
 from thrust_remote.cli.common import get_config, open_runner
@@ -56,6 +55,8 @@ def doctor(
         report = run_doctor(runner, host_cfg, job_cfg, workdir=workdir)
         if fix:
             local_crate = _local_crate(config, job_cfg)
+
+            from rich.syntax import Syntax  # a fix's preview only: not on every command's start
 
             def show(check_id: str, preview: str) -> None:
                 out.print(f"[bold]{check_id}[/]: writing this change")

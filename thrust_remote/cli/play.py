@@ -10,7 +10,7 @@ import typer
 from thrust_remote.cli.common import get_config
 from thrust_remote.core.console import console
 from thrust_remote.core.errors import ThrustError
-from thrust_remote.play.serve import PLAYABLE_ENVS, ModelFiles, PlayServer, Site, default_web_dir, find_models
+from thrust_remote.play import PLAYABLE_ENVS
 
 
 def register(app: typer.Typer) -> None:
@@ -34,6 +34,8 @@ def play(
     no_open: bool = typer.Option(False, "--no-open",
                                  help="Only print the URL; do not open a browser (default: open it)."),
 ) -> None:
+    from thrust_remote.play.serve import ModelFiles, PlayServer, Site, default_web_dir  # its HTTP server: here only
+
     extra = ModelFiles.from_model_path(model) if model is not None else None
     site = Site(web_dir=default_web_dir(), public_dir=public or project_models_dir(ctx), extra=extra,
                 project_root=project_root(ctx))
@@ -78,5 +80,7 @@ def project_models_dir(ctx: typer.Context) -> Path | None:
         return None  # a broken thrust.yaml should not stop the demo; `train` reports it
     if config.path is None:
         return None
+    from thrust_remote.play.serve import find_models
+
     dirs = [(config.root / (job.export or f"web/public/{name}.onnx")).parent for name, job in config.jobs.items()]
     return next((d for d in dict.fromkeys(dirs) if find_models(d)), None)

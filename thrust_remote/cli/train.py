@@ -16,7 +16,7 @@ from thrust_remote.cli.common import get_config, open_runner, state
 from thrust_remote.cli.follow import LogReporter, reattach_command, say
 from thrust_remote.cli.kept import command, render_fetched, say_line
 from thrust_remote.core.console import console, err_console, host_text
-from thrust_remote.play.serve import PLAYABLE_ENVS
+from thrust_remote.play import PLAYABLE_ENVS
 from thrust_remote.run import lifecycle, multinode, pipeline, resume
 
 

@@ -37,11 +37,10 @@ from typing import Any
 
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.fetch import models
+from thrust_remote.play import PLAYABLE_ENVS
 
 log = logging.getLogger(__name__)
 
-# The envs the page (web/src/snake.js) can play; other models are listed but marked not playable.
-PLAYABLE_ENVS = ("snake",)
 KEPT_FILES = (models.MODEL, models.MANIFEST, models.METRICS, models.FETCH_INFO)
 KEPT_INFO_KEYS = ("run_id", "host", "job", "state", "exit_code", "steps", "score", "score_kind", "fetched_at",
                   "sha256", "note")
