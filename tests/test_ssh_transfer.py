@@ -268,6 +268,31 @@ def test_many_gets_are_pipelined_on_one_helper_in_order_with_a_swapped_file_in_p
         runner.close()
 
 
+def test_sftp_requests_from_several_threads_at_once_all_get_their_answers(sshd, remote_dir):
+    """One runner's SFTP client, asked from several threads at once (a session's link start asks `home`
+    while the command asks `exists`): paramiko's client lets one thread read another's answer and drop
+    it, which hung `fetch` in CI; the runner's requests go one at a time."""
+    (remote_dir / "here").write_text("x")
+    runner = sshd.runner()
+    answers: list[bool] = []
+
+    def ask() -> None:
+        for _ in range(150):
+            answers.append(runner.exists(str(remote_dir / "here")))
+
+    try:
+        threads = [threading.Thread(target=ask, daemon=True) for _ in range(3)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in threads), "an SFTP request never got its answer"
+        assert answers == [True] * 450
+    finally:
+        runner.close()
+
+
 def test_host_without_python_falls_back_to_sftp(sshd, tmp_path, remote_dir):
     runner = sshd.runner(python="/nonexistent/python3")
     data = os.urandom(3_000_000)

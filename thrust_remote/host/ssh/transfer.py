@@ -450,6 +450,10 @@ class SftpTransfer(Transfer):
     def __init__(self, link: Link) -> None:
         self.link = link
         self._client: paramiko.SFTPClient | None = None
+        # paramiko's SFTPClient is not safe for requests from two threads at once: each reader may take
+        # the other's answer off the channel and drop it, and the other then waits for it forever (a
+        # session's link start asked `home` while a command asked `exists`). One request at a time.
+        self._lock = threading.RLock()
 
     def client(self) -> paramiko.SFTPClient:
         transport = self.link.transport()  # reconnects (and resets this client) if the link is gone
@@ -468,14 +472,15 @@ class SftpTransfer(Transfer):
         self._client = None
 
     def call(self, op: Callable[[paramiko.SFTPClient], T]) -> T:
-        """op(client); a dead SFTP channel on a live connection is reopened once."""
-        try:
-            return op(self.client())
-        except (EOFError, OSError) as exc:
-            if isinstance(exc, FileNotFoundError | PermissionError):
-                raise
-            self._client = None
-            return op(self.client())
+        """op(client), one at a time; a dead SFTP channel on a live connection is reopened once."""
+        with self._lock:
+            try:
+                return op(self.client())
+            except (EOFError, OSError) as exc:
+                if isinstance(exc, FileNotFoundError | PermissionError):
+                    raise
+                self._client = None
+                return op(self.client())
 
     def remote_sha256(self, path: str) -> str:
         result = self.link.run(xfer_argv(self.link.python, "hash", path))
@@ -494,6 +499,10 @@ class SftpTransfer(Transfer):
             self.link.run(["mkdir", "-p", "--", path]).check(f"mkdir -p {path}")
 
     def put(self, src: Path, target: str) -> str:
+        with self._lock:  # the client's requests, one thread at a time (__init__)
+            return self._put(src, target)
+
+    def _put(self, src: Path, target: str) -> str:
         part = target + ".part"
         digest = hashlib.sha256()
         try:
@@ -526,7 +535,8 @@ class SftpTransfer(Transfer):
     def get(self, source: str, dst: Path, identity: FileId | None = None) -> str:
         fout, part = open_part(dst)
         try:
-            return self._get(source, dst, identity, fout, part)
+            with self._lock:  # the client's requests, one thread at a time (__init__)
+                return self._get(source, dst, identity, fout, part)
         except BaseException:
             drop_part(part)
             raise
