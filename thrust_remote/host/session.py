@@ -189,7 +189,7 @@ class HostSession:
         return self.host.name
 
     def close(self) -> None:
-        self._closed = True  # a link start still under way closes what it opened (_agent_link)
+        self._closed = True  # a link start still under way closes what it opened (_start_link)
         if self._link is not None:
             self._link.close()
         self.runner.close()
