@@ -53,11 +53,11 @@ def test_a_copy_is_readable_by_the_page(tmp_path: Path):
     assert dst.read_bytes() == src.read_bytes() and os.stat(dst).st_mode & 0o777 == 0o644
 
 
-def test_landed_downloads_take_their_names_together_in_order_and_a_drop_leaves_nothing(tmp_path: Path):
+def test_landed_downloads_take_their_names_together_in_order_and_a_stopped_transfer_still_lands(tmp_path: Path):
     """host/runner.Landing: verified parts wait for one sync, then each is renamed over its destination
-    (an old file stays whole until then); a changed file keeps its place among the outcomes; parts
-    still held when a transfer stops are removed, never placed."""
-    from thrust_remote.host.runner import LANDING_FILES, FileChangedError, Landing, open_part
+    (an old file stays whole until then); a changed file keeps its place among the outcomes; parts still
+    held when a transfer stops (an error, Ctrl-C) land all the same, their outcomes unsaid."""
+    from thrust_remote.host.runner import LANDING_BYTES, FileChangedError, Landing, open_part
 
     old = tmp_path / "f1"
     old.write_bytes(b"old")
@@ -77,9 +77,9 @@ def test_landed_downloads_take_their_names_together_in_order_and_a_drop_leaves_n
     assert [(tmp_path / f"f{i}").read_bytes() for i in range(3)] == [b"new 0", b"new 1", b"new 2"]
     assert not any(p.exists() for p in held)
     fout, part = open_part(tmp_path / "late")
-    fout.close()
-    full = [landing.add((part, tmp_path / "late", "x")) for _ in range(LANDING_FILES)]
-    assert full[-1] and not any(full[:-1])  # a batch is due at LANDING_FILES
-    landing.drop()
-    assert not part.exists() and not (tmp_path / "late").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f0", "f1", "f2"]
+    with fout:
+        fout.write(b"late")
+    assert landing.add((part, tmp_path / "late", "x"), LANDING_BYTES)  # enough bytes: a landing is due
+    landing.settle()
+    assert (tmp_path / "late").read_bytes() == b"late" and not part.exists() and not landing.held
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f0", "f1", "f2", "late"]

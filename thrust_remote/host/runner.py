@@ -139,7 +139,8 @@ class Landing:
     it), but an fsync per file costs 0.4-1 ms on ext4 here: a 1,000-file fetch spent up to a second
     in them. So a get of many files writes the parts without one, and `place` makes them durable with
     one syncfs of their filesystem (an fsync of each where there is none), then renames them.
-    FileChangedError outcomes keep their place in the order; they have no file.
+    FileChangedError outcomes keep their place in the order; they have no file. A transfer stopped
+    half-way `settle`s: what it verified lands all the same.
     """
 
     def __init__(self) -> None:
@@ -168,25 +169,31 @@ class Landing:
         for h in held:
             yield h if isinstance(h, FileChangedError) else h[2]
 
-    def drop(self) -> None:
-        """Remove the held parts (a transfer that stops half-way keeps only what was placed)."""
-        for h in self.held:
-            if not isinstance(h, FileChangedError):
-                drop_part(h[0])
-        self.held, self.bytes = [], 0
+    def settle(self) -> None:
+        """Place the held parts without yielding their outcomes (a transfer stopped half-way by an error,
+        Ctrl-C or its consumer: what was verified still lands, unrecorded, and a later fetch finds it by
+        its hash); a part that cannot be placed is removed."""
+        with contextlib.suppress(TransferError):
+            for _ in self.place():
+                pass
 
 
 def _make_durable(parts: Sequence[Path]) -> None:
-    if not parts:
-        return
-    syncfs = _syncfs()
+    """Every part's data on disk: one syncfs per filesystem they are on, else an fsync each."""
+    syncfs = _syncfs() if parts else None
     if syncfs is not None:
-        fd = os.open(parts[0].parent, os.O_RDONLY)
-        try:
-            if syncfs(fd) == 0:
-                return
-        finally:
-            os.close(fd)
+        filesystems: dict[int, Path] = {}
+        for parent in {part.parent for part in parts}:
+            filesystems.setdefault(os.stat(parent).st_dev, parent)
+        synced = True
+        for parent in filesystems.values():
+            fd = os.open(parent, os.O_RDONLY)
+            try:
+                synced = syncfs(fd) == 0 and synced
+            finally:
+                os.close(fd)
+        if synced:
+            return
     for part in parts:  # no syncfs (or it failed): each file on its own
         fd = os.open(part, os.O_RDONLY)
         try:

@@ -139,10 +139,18 @@ class SSHRunner(FileOps):
         threading.Thread(target=ask, daemon=True).start()
         return done.wait(self.liveness_timeout if timeout is None else timeout) and transport.is_active()
 
-    def open_channel(self, command: str) -> paramiko.Channel:
+    def open_channel(self, command: str, *, reconnect: bool = True) -> paramiko.Channel:
         """A session channel running `command`. A cached connection can look alive for a moment after
         the link died (paramiko has not read the EOF yet); nothing has started then, so one retry on
-        a fresh connection is always safe."""
+        a fresh connection is always safe. `reconnect=False` (a background warm): on the connection
+        open now or not at all, and a failure drops nothing (another thread may be using it)."""
+        if not reconnect:
+            conn = self._conn
+            if conn is None or not conn.is_connected:
+                raise EOFError("no connection open")
+            chan = conn.transport.open_session(timeout=self.connect_timeout)
+            chan.exec_command(command)
+            return chan
         for attempt in (1, 2):
             transport = self.transport()
             try:

@@ -72,7 +72,7 @@ class Link(Protocol):
 
     def transport(self) -> paramiko.Transport: ...
     def connected(self, wait: bool = False) -> bool: ...
-    def open_channel(self, command: str) -> paramiko.Channel: ...
+    def open_channel(self, command: str, *, reconnect: bool = True) -> paramiko.Channel: ...
     def alive(self, timeout: float | None = None) -> bool: ...
     def drop(self) -> None: ...
     def run(self, argv: Sequence[str]) -> RunResult: ...
@@ -219,8 +219,11 @@ class StreamTransfer(Transfer):
         self._unusable: object = None  # the transport on which no helper could start (no python there)
 
     def _take(self, *, fresh: bool = False) -> _Helper | None:
-        """An idle helper on the current connection, or a new one (`fresh`: always); None if the host
-        cannot run it."""
+        """An idle helper on the current connection, or a new one; None if the host cannot run it.
+        `fresh` (a background warm): always a new one, on the connection open now, else None: a warm
+        never opens a connection, and a failure of its own drops none."""
+        if fresh and not self.link.connected():
+            return None
         transport = self.link.transport()
         with self._lock:
             if not fresh:
@@ -233,17 +236,20 @@ class StreamTransfer(Transfer):
                 return None
         name = self.link.name
         try:
-            chan = self.link.open_channel(build_remote_command(xfer_argv(self.link.python, "serve")))
+            chan = self.link.open_channel(build_remote_command(xfer_argv(self.link.python, "serve")),
+                                          reconnect=not fresh)
             chan.settimeout(self.link.liveness_timeout)
         except LINK_ERRORS as exc:
-            self.link.drop()
+            if not fresh:
+                self.link.drop()
             raise TransferError(f"cannot start a transfer on {name}: {exc}", "run the command again") from None
         helper = _Helper(chan, self.link.alive)
         ready = helper.wait_ready()
         if not ready:
             _close_quietly(chan)
             if ready is None:
-                self.link.drop()
+                if not fresh:
+                    self.link.drop()
                 raise TransferError(f"connection to {name} lost before the transfer started", "run the command again")
             self._unusable = chan.get_transport()
             return None
@@ -261,6 +267,9 @@ class StreamTransfer(Transfer):
                     if not self.link.connected(wait=True):
                         return
                     helper = self._take(fresh=True)
+                    if helper is not None and not self.link.connected():
+                        _close_quietly(helper.chan)  # the connection went meanwhile: nobody will take it
+                        return
                     if helper is not None:
                         helper.in_step = True
                         self._give(helper)
@@ -273,7 +282,12 @@ class StreamTransfer(Transfer):
             more = max(0, count - len(self._idle) - self._warming)
             self._warming += more
         for i in range(more):
-            threading.Thread(target=start, name=f"transfer-warm-{i}", daemon=True).start()
+            try:
+                threading.Thread(target=start, name=f"transfer-warm-{i}", daemon=True).start()
+            except RuntimeError:  # no thread to be had (a limit, the interpreter ending): no warm, no wait
+                with self._lock:
+                    self._warming -= 1
+                    self._lock.notify_all()
 
     def _give(self, helper: _Helper) -> None:
         if not helper.in_step:
@@ -349,8 +363,8 @@ class StreamTransfer(Transfer):
         small file costs its bytes, not a round trip (the helper answers its requests in order). The
         verified files land together (Landing: one sync for many, not an fsync each). Yields each file's
         sha256 once it is in place, or the FileChangedError of a file replaced since it was listed; any
-        other failure is raised, as `get` raises it, and the files not yet placed are dropped. Asks
-        nothing more once `stop` is set."""
+        other failure is raised, as `get` raises it, once the files verified before it have landed
+        (their outcomes unsaid). Asks nothing more once `stop` is set."""
         helper = self._take()
         if helper is None:
             yield from one_by_one(self.fallback.get, items, stop)  # no usable python on the host
@@ -377,7 +391,7 @@ class StreamTransfer(Transfer):
                     yield from landing.place()
             yield from landing.place()
         finally:
-            landing.drop()
+            landing.settle()  # stopped by an error or the consumer: the verified parts still land
             if answered != asked:
                 helper.in_step = False  # answers still on their way: this helper is closed, not reused
             self._give(helper)
@@ -414,12 +428,15 @@ class StreamTransfer(Transfer):
         fout, part = open_part(dst)
         try:
             sha = self._receive(helper, size, fout, part, dst, source, cut, hint, durable)
+            if durable:
+                try:
+                    os.replace(part, dst)
+                except OSError as exc:
+                    raise TransferError(f"cannot place {dst}: {exc}", f"{dst} is untouched") from None
+                return sha, dst, size
         except BaseException:
-            drop_part(part)  # a cut, a mismatch or Ctrl-C: nothing half-written stays behind
+            drop_part(part)  # a cut, a mismatch, a failed rename or Ctrl-C: nothing half-written stays
             raise
-        if durable:
-            os.replace(part, dst)
-            return sha, dst, size
         return sha, part, size
 
     def _receive(self, helper: _Helper, size: int, fout: IO[bytes], part: Path, dst: Path, source: str,
