@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -85,6 +86,20 @@ def remove_no_rc_account() -> None:
         subprocess.run(["userdel", "-f", NO_RC_USER], capture_output=True, check=False)
 
 
+def as_each_account(server: SSHServer, root: Path, run: Callable[[SSHServer, Path, str], None]) -> None:
+    """`run(server, workdir, who)` as the server's user (its rc files run), then, when root, again as a
+    login of the same uid without rc files (made here and removed after)."""
+    run(server, root / "host" / "thrust", f"{server.user} (its rc files run)")
+    user = make_no_rc_account(root / "norc-home")
+    if user is None:
+        print("(not root: no account without rc files to measure)")
+        return
+    try:
+        run(replace(server, user=user), root / "host-norc" / "thrust", f"{user}: this uid with empty rc files")
+    finally:
+        remove_no_rc_account()
+
+
 def measure(server: SSHServer, project: Path, workdir: Path, repeat: int) -> dict[str, list[float]]:
     """`repeat` interleaved rounds of the three launches against `server` (as its `user`)."""
     server.thrust_yaml(project / "thrust.yaml", workdir=str(workdir))
@@ -133,17 +148,10 @@ def main() -> None:
     try:
         project = root / "project"
         subprocess.run(["git", "clone", "-q", str(REPO), str(project)], check=True)
-        rows = measure(server, project, root / "host" / "thrust", args.repeat)
-        report(f"warm resubmit on loopback sshd, {server.user} (its rc files run), medians of {args.repeat} "
-               "interleaved rounds", rows)
-        user = make_no_rc_account(root / "norc-home")
-        if user is None:
-            print("(not root: no account without rc files to measure)")
-            return
-        rows = measure(replace(server, user=user), project, root / "host-norc" / "thrust", args.repeat)
-        report(f"the same, {user}: this uid with empty rc files, medians of {args.repeat} rounds", rows)
+        as_each_account(server, root, lambda srv, workdir, who: report(
+            f"warm resubmit on loopback sshd as {who}, medians of {args.repeat} interleaved rounds",
+            measure(srv, project, workdir, args.repeat)))
     finally:
-        remove_no_rc_account()
         os.killpg(server.wrapper.pid, signal.SIGKILL)
 
 

@@ -22,13 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from bench_resubmit import make_no_rc_account, remove_no_rc_account  # noqa: E402
+from bench_resubmit import as_each_account  # noqa: E402
 from conftest import _start_sshd  # noqa: E402
 
 from thrust_remote.core.config import load_config  # noqa: E402
@@ -89,17 +88,10 @@ def main() -> None:
         project = root / "project"
         subprocess.run(["git", "clone", "-q", str(REPO), str(project)], check=True)
         subprocess.run(["git", "-C", str(project), "remote", "remove", "origin"], check=True)
-        rows = measure(server, project, root / "host" / "thrust", args.repeat)
-        report(f"train overhead on loopback sshd as {server.user}, its rc files run (medians of {args.repeat}, "
-               "interleaved; setup skipped; host python = venv)", rows)
-        user = make_no_rc_account(root / "norc-home")
-        if user is None:
-            print("(not root: no account without rc files to measure)")
-            return
-        rows = measure(replace(server, user=user), project, root / "host-norc" / "thrust", args.repeat)
-        report(f"the same as {user}: this uid with empty rc files", rows)
+        as_each_account(server, root, lambda srv, workdir, who: report(
+            f"train overhead on loopback sshd as {who} (medians of {args.repeat}, interleaved; setup skipped; "
+            "host python = venv)", measure(srv, project, workdir, args.repeat)))
     finally:
-        remove_no_rc_account()
         os.killpg(server.wrapper.pid, signal.SIGKILL)
 
 
