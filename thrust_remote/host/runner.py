@@ -11,6 +11,7 @@ command and supplies the `Process` hooks (read what arrived, exit status, livene
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import os
@@ -117,6 +118,7 @@ LANDING_FILES = 256  # verified downloads held before one sync places them all
 LANDING_BYTES = 64 << 20  # ...or this many of their bytes: a big file is placed about as soon as it lands
 
 
+@functools.cache
 def _syncfs() -> Callable[[int], int] | None:
     """libc's syncfs(2) (Linux), or None. One call makes every file written on a filesystem durable;
     Python's os module has no binding for it."""
