@@ -204,7 +204,7 @@ def check_torch_import(c: Ctx) -> dict:
     p = c.probe
     if p.get("version"):  # the import itself worked, even if CUDA init hung afterwards
         return result("torch-import", OK, f"torch {p.get('version')} from {p.get('file')} "
-                      f"(import {p.get('import_s', '?')} s)")
+                      f"(import {p.get('import_s', '?')} s){_reused(c)}")
     err = p.get("error") or "unknown error"
     if p.get("timed_out"):
         return result("torch-import", FAIL, f"{c.python}: {err}",
@@ -216,6 +216,21 @@ def check_torch_import(c: Ctx) -> dict:
         return result("torch-import", FAIL, f"{c.python} has no torch: {err}", fix)
     return result("torch-import", FAIL, f"import torch failed in {c.python}: {err}",
                   c.pip_torch(_wanted_torch(c)).replace(" install ", " install --force-reinstall ", 1))
+
+
+def _reused(c: Ctx) -> str:
+    """Said beside every answer taken from a kept probe (torchprobe.REUSE_S), with how to redo it."""
+    reused = c.probe.get("reused")
+    if not reused:
+        return ""
+    host = "" if c.host == LOCAL_HOST else f" --host {c.host}"
+    return (f"; probed {_ago(reused.get('age_s'))} ago and reused: its python, packages, driver and GPUs are "
+            f"unchanged (`thrust-remote doctor{host} --fresh` probes again)")
+
+
+def _ago(seconds: object) -> str:
+    s = float(seconds) if isinstance(seconds, (int, float)) else 0.0
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min"
 
 
 def _wanted_torch(c: Ctx) -> str | None:
@@ -267,7 +282,7 @@ def check_cuda(c: Ctx) -> dict:
                           f"{mm.get('error') or 'wrong result, max error ' + str(mm.get('max_abs_err'))}",
                           f"{c.python} -c 'import torch; print(torch.ones(1, device=\"cuda\") * 2)'")
         return result(cid, OK, f"{p.get('device_count')} device(s): {names}; 256x256 matmul ran in "
-                      f"{mm.get('ms')} ms, max error {mm.get('max_abs_err'):.1e}")
+                      f"{mm.get('ms')} ms, max error {mm.get('max_abs_err'):.1e}{_reused(c)}")
     if not c.has_gpu:
         return _no_gpu(c)
     if not p.get("cuda_version"):

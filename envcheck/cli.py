@@ -1,4 +1,5 @@
-"""`python -m envcheck --json [--job-json JSON|-] [--workdir DIR] [--host NAME] [--gpus 0,1]`.
+"""`python -m envcheck --json [--job-json JSON|-] [--workdir DIR] [--host NAME] [--gpus 0,1]
+[--cache-dir DIR [--fresh]]`.
 
 `--job-json -` reads the job from stdin: its `env:` values may be secrets, and a command line is
 readable by every user of the host (thrust-remote always sends it so)."""
@@ -18,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default=None, help="the host's name in thrust.yaml (used in fixes)")
     parser.add_argument("--gpus", default=None, help="configured GPU indices, comma-separated")
     parser.add_argument("--torch-timeout", type=float, default=30.0, help="seconds for the torch probe")
+    parser.add_argument("--cache-dir", default=None,
+                        help="keep a passing torch probe here and reuse it while nothing it depends on changed")
+    parser.add_argument("--fresh", action="store_true", help="probe torch again even when a kept probe is valid")
     args = parser.parse_args(argv)
     try:
         text = sys.stdin.read() if args.job_json == "-" else args.job_json
@@ -31,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     # import torch is the critical path: start it before loading the rest of envcheck
     from . import torchprobe
 
-    probe = torchprobe.start(args.torch_timeout)
+    probe = torchprobe.start(args.torch_timeout, cache_dir=args.cache_dir, fresh=args.fresh)
     from . import report
 
     doc = report(workdir=args.workdir, job=job, host=args.host, gpus=gpus, torch_timeout=args.torch_timeout,

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from . import buildenv, elf, nvsmi
-from .torchprobe import NVIDIA_SMI_PLACES, TorchProbe, find_program
+from .torchprobe import NVIDIA_SMI_PLACES, ReusedProbe, TorchProbe, find_program
 from .torchprobe import start as start_torch_probe
 
 ENV_KEYS = (
@@ -272,7 +272,7 @@ def collect(
     host: str | None = None,
     gpus: list[int] | None = None,
     torch_timeout: float = 30.0,
-    torch_probe: TorchProbe | None = None,
+    torch_probe: TorchProbe | ReusedProbe | None = None,
 ) -> dict:
     """All facts, in one process. Never raises for a broken host: a broken host is what we report.
 

@@ -2,11 +2,19 @@
 process with a deadline, so a missing, broken or hanging torch is a fact and never a crash.
 
 Kept apart from the other probes, with light imports only, so the CLI can start the child before it
-imports the rest of envcheck: `import torch` (~1 s) is the critical path of the whole report.
+imports the rest of envcheck: `import torch` (1-2 s) is the critical path of the whole report.
+
+A probe that found nothing wrong is kept (`--cache-dir`) and reused for REUSE_S while nothing its
+answer depends on changed: the interpreter, every directory on its sys.path (an install or upgrade
+writes there), torch's own files, the environment variables that steer the import or CUDA, the NVIDIA
+driver, the GPUs and device nodes, and the boot. A failing probe is never reused: a fix shows at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import hashlib
 import json
 import os
 import shutil
@@ -31,10 +39,144 @@ def find_program(name: str, places: tuple = ()) -> tuple[str | None, bool]:
     return None, False
 
 
-def start(timeout: float, python: str | None = None) -> TorchProbe:
-    """Start the child now; collect it later with .result()."""
+# How long a passing probe is reused. A GPU can go bad with nothing above changing (it falls off the
+# bus, another user takes it in exclusive mode): nvidia-smi, run fresh on every report, shows most of
+# that, and this bound the rest.
+REUSE_S = 600.0
+# What steers `import torch` or CUDA init besides the files: a change is a new probe.
+STEERING_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "LD_LIBRARY_PATH", "LD_PRELOAD",
+                "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "HOME")
+
+
+def start(timeout: float, python: str | None = None, cache_dir: str | None = None,
+          fresh: bool = False) -> TorchProbe | ReusedProbe:
+    """Start the child now (collect it later with .result()), or reuse a kept probe from cache_dir
+    when nothing it depends on changed (fresh: never reuse, but keep this one)."""
     smi, _ = find_program("nvidia-smi", NVIDIA_SMI_PLACES)
-    return TorchProbe(python or sys.executable, smi, timeout)
+    python = python or sys.executable
+    kept = None
+    if cache_dir and python == sys.executable:  # depends_on describes this interpreter
+        kept = os.path.join(os.path.expanduser(cache_dir), f"torch-probe-{_digest([python, sys.prefix])}.json")
+        reused = None if fresh else ReusedProbe.load(kept, smi)
+        if reused is not None:
+            return reused
+    return TorchProbe(python, smi, timeout, kept)
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _stat(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_size, st.st_ino]
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def depends_on(smi: str | None, torch_file: str | None) -> dict:
+    """Everything a passing probe's answer depends on, as comparable data (stats, not contents: this
+    runs on every report and must cost milliseconds)."""
+    import site
+
+    exe = os.path.realpath(sys.executable)
+    # this process's sys.path is the child's (same interpreter and environment) but for its first
+    # entry: the zipapp or script here, the child's temporary cwd there
+    dirs = [*sys.path[1:], site.getusersitepackages()]
+    torch_dir = os.path.dirname(torch_file) if torch_file else None
+    torch_files = ([torch_dir, os.path.join(torch_dir, "lib"), torch_file, os.path.join(torch_dir, "version.py")]
+                   if torch_dir else [])
+    try:
+        gpus: list[str] | None = sorted(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        gpus = None
+    return {
+        "python": [exe, _stat(exe), sys.prefix, sys.version],
+        "paths": {d: _stat(d) for d in dirs if d},
+        "torch": {f: _stat(f) for f in torch_files},
+        "env": {k: os.environ.get(k) for k in STEERING_ENV},
+        "driver": _read("/proc/driver/nvidia/version"),
+        "gpus": gpus,
+        "dev": sorted(glob.glob("/dev/nvidia*")),
+        "boot": _read("/proc/sys/kernel/random/boot_id"),
+        "nvidia_smi": smi,
+        "child": _digest(child_source()),
+    }
+
+
+def passing(data: dict, smi: str | None) -> bool:
+    """The probe found nothing wrong: torch imported and, where there is a GPU, CUDA worked."""
+    if data.get("stage") != "done" or not data.get("ok") or not data.get("version"):
+        return False
+    if data.get("cuda_error") or data.get("nccl_error"):
+        return False
+    if data.get("cuda_available"):
+        return bool((data.get("matmul") or {}).get("ok"))
+    # a driver or GPU that torch cannot use is a failure to look at again each time
+    return not smi and not glob.glob("/dev/nvidia[0-9]*")
+
+
+def keep(path: str, data: dict, smi: str | None) -> None:
+    """Write the record under a temporary name, then rename: a reader sees a whole record or none.
+    Best effort: a probe that cannot be kept is only slower next time."""
+    record = {"at": time.time(), "depends_on": depends_on(smi, data.get("file")), "result": data}
+    _prune(os.path.dirname(path))
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _prune(cache_dir: str) -> None:
+    """Records past REUSE_S are never read again: one per interpreter would otherwise pile up."""
+    for old in glob.glob(os.path.join(cache_dir, "torch-probe-*.json")):
+        with contextlib.suppress(OSError):
+            if time.time() - os.stat(old).st_mtime > REUSE_S:
+                os.unlink(old)
+
+
+class ReusedProbe:
+    """A kept probe whose dependencies are unchanged: .result() is its answer, marked `reused`."""
+
+    def __init__(self, data: dict) -> None:
+        self.data = data
+
+    @classmethod
+    def load(cls, path: str, smi: str | None) -> ReusedProbe | None:
+        text = _read(path)
+        try:
+            record = json.loads(text) if text else None
+        except ValueError:
+            return None
+        if not isinstance(record, dict) or not isinstance(record.get("result"), dict):
+            return None
+        data = record["result"]
+        age = time.time() - float(record.get("at") or 0)
+        if not 0 <= age < REUSE_S or not passing(data, smi):
+            return None
+        if record.get("depends_on") != json.loads(json.dumps(depends_on(smi, data.get("file")))):
+            return None
+        data["reused"] = {"age_s": round(age, 1), "wall_s": data.get("wall_s")}
+        data["wall_s"] = 0.0  # this report's cost of it
+        return cls(data)
+
+    def result(self) -> dict:
+        return self.data
 
 
 def child_source() -> str:
@@ -51,8 +193,10 @@ def child_source() -> str:
 class TorchProbe:
     """The torch child process: started at once, collected with a deadline."""
 
-    def __init__(self, python: str, nvidia_smi: str | None, timeout: float) -> None:
+    def __init__(self, python: str, nvidia_smi: str | None, timeout: float, kept: str | None = None) -> None:
         self.timeout = timeout
+        self.smi = nvidia_smi
+        self.kept = kept  # where a passing answer is kept for the next report
         self.started = time.monotonic()
         self.proc: subprocess.Popen | None = None
         self.error: str | None = None
@@ -107,6 +251,8 @@ class TorchProbe:
                     t for t in tail if not t.startswith("stage: ")),
             }
         data["wall_s"] = round(time.monotonic() - self.started, 3)
+        if self.kept and passing(data, self.smi):
+            keep(self.kept, data, self.smi)
         return data
 
 

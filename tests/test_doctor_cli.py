@@ -214,6 +214,21 @@ def test_ssh_doctor_is_one_command_and_fast(sshd, remote_dir: Path) -> None:
     assert wall < 10.0
 
 
+def test_ssh_doctor_reuses_a_passing_torch_probe_and_fresh_probes_again(cli, sshd, remote_dir: Path,
+                                                                        tmp_path: Path) -> None:
+    """The host keeps a passing probe (its own ~/.cache/thrust-remote): the next doctor says it reused
+    it and names the command that probes again; --fresh does."""
+    cfg = sshd.thrust_yaml(tmp_path / "thrust.yaml", workdir=str(remote_dir))
+    first = report_of(cli("--config", str(cfg), "doctor", "--host", "sandbox", "--fresh", "--json"))
+    assert first["torch-import"]["status"] == "ok" and "reused" not in first["torch-import"]["detail"]
+    proc = cli("--config", str(cfg), "doctor", "--host", "sandbox")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "torch-import" in x)
+    assert "reused" in line and "thrust-remote doctor --host sandbox --fresh" in " ".join(proc.stdout.split())
+    again = report_of(cli("--config", str(cfg), "doctor", "--host", "sandbox", "--fresh", "--json"))
+    assert "reused" not in again["torch-import"]["detail"]
+
+
 def test_ssh_python_without_torch(cli, sshd, remote_dir: Path, tmp_path: Path, bare_python: Path) -> None:
     cfg = sshd.thrust_yaml(tmp_path / "thrust.yaml", workdir=str(remote_dir))
     text = cfg.read_text()
@@ -334,4 +349,5 @@ def test_a_narrow_terminal_gets_doctors_plain_lines(cli, tmp_path: Path, monkeyp
     assert ("┏" in shown) is table
     if not table:
         torch_line = next(line for line in shown.splitlines() if line.split()[1:2] == ["torch-import"])
-        assert torch_line.rstrip().endswith("s)")  # the whole evidence on the check's own line
+        # the whole evidence on the check's own line
+        assert torch_line.rstrip().endswith(report.check("torch-import").detail[-20:])

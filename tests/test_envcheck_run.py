@@ -130,3 +130,58 @@ def test_gpu_host_facts_through_nvidia_smi_on_path(tmp_path: Path) -> None:
         # the header's "CUDA Version: 12.4": the newest wheel index at or below it
         assert r["cuda-available"]["fix"].endswith("--index-url https://download.pytorch.org/whl/cu124")
     assert doc["facts"]["nvidia_smi"]["cuda_version"] == "12.4"
+
+
+# ------------------------------------------------------------------------------ a kept torch probe
+
+
+def _probe_of(doc: dict) -> tuple[dict, dict]:
+    return doc["facts"]["torch_probe"], rows(doc)["torch-import"]
+
+
+def test_a_passing_torch_probe_is_kept_and_reused_until_something_changes(tmp_path: Path) -> None:
+    """`--cache-dir`: the second report reuses the first's `import torch` (and says so, with how to
+    redo it); --fresh, a new package on sys.path, a changed CUDA_VISIBLE_DEVICES and age each probe
+    again. Each probe here is a real `import torch` in a child; only the record's age is edited."""
+    cache, site = tmp_path / "cache", tmp_path / "site"
+    site.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    kept = ["--cache-dir", str(cache), "--host", "gpu1"]
+
+    first, _ = _probe_of(envcheck(sys.executable, *kept, env=env)[0])
+    assert "reused" not in first
+    [record] = list(cache.glob("torch-probe-*.json"))
+    assert record.stat().st_mode & 0o077 == 0  # the account's own, like the rest of its cache
+
+    doc, wall = envcheck(sys.executable, *kept, env=env)
+    probe, row = _probe_of(doc)
+    assert probe["reused"]["age_s"] >= 0 and probe["version"] == first["version"]
+    assert row["status"] == "ok" and "reused" in row["detail"]
+    assert "thrust-remote doctor --host gpu1 --fresh" in row["detail"]
+    print(f"\nreport with the kept probe: {wall:.2f} s (import torch was {first['import_s']} s)")
+
+    def probes_again(*args: str, **extra: str) -> None:
+        probe, row = _probe_of(envcheck(sys.executable, *kept, *args, env={**env, **extra})[0])
+        assert "reused" not in probe and "reused" not in row["detail"]
+
+    probes_again("--fresh")
+    (site / "newpkg.py").write_text("")  # what any install does: its sys.path directory changes
+    probes_again()
+    probes_again(CUDA_VISIBLE_DEVICES="")
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    assert "reused" in _probe_of(envcheck(sys.executable, *kept, env=env)[0])[0]  # nothing changed since
+
+    data = json.loads(record.read_text())
+    data["at"] -= 3600  # an hour old
+    record.write_text(json.dumps(data))
+    probes_again()
+
+
+def test_a_failing_torch_probe_is_never_kept(bare_venv: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        doc, _ = envcheck(bare_venv, "--cache-dir", str(cache), "--workdir", str(tmp_path),
+                          env={**os.environ, "HOME": str(tmp_path)})
+        probe, row = _probe_of(doc)
+        assert row["status"] == "fail" and "reused" not in probe
+    assert not list(cache.glob("torch-probe-*"))

@@ -13,10 +13,8 @@ from thrust_remote.cli.common import get_config, open_runner
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import UsageError
-from thrust_remote.doctor import rdzv
 from thrust_remote.doctor.checklist import FixResult, Report, apply_fixes, run_doctor
 from thrust_remote.host.session import resolve_host
-from thrust_remote.run import multinode
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 MARK = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
@@ -35,6 +33,8 @@ def doctor(
     job: str | None = typer.Option(None, "--job", "-j", help="Also check this job (cargo jobs: the tch-rs build)."),
     as_json: bool = typer.Option(False, "--json", help="Print envcheck's JSON report."),
     fix: bool = typer.Option(False, "--fix", help="Apply the safe fixes (cargo clean, build.rs lines), then recheck."),
+    fresh: bool = typer.Option(False, "--fresh", help="Import torch again even if the host kept a passing probe "
+                               "(kept up to 10 min while its python, packages, driver and GPUs are unchanged)."),
 ) -> None:
     config = get_config(ctx)
     hosts = config.host_list(host)
@@ -42,7 +42,7 @@ def doctor(
     if len(hosts) > 1:
         if fix:
             raise UsageError("--fix works on one host at a time", "give one --host with --fix")
-        _doctor_nodes(config, hosts, job_cfg, as_json)
+        _doctor_nodes(config, hosts, job_cfg, as_json, fresh)
         return
     host_cfg = hosts[0]
     workdir = _workdir(config, host_cfg)
@@ -52,7 +52,7 @@ def doctor(
     try:
         # `python:` means what it means for every other command (session.resolve_python)
         host_cfg = resolve_host(runner, host_cfg, config)
-        report = run_doctor(runner, host_cfg, job_cfg, workdir=workdir)
+        report = run_doctor(runner, host_cfg, job_cfg, workdir=workdir, fresh=fresh)
         if fix:
             local_crate = _local_crate(config, job_cfg)
 
@@ -75,12 +75,17 @@ def doctor(
     raise typer.Exit(report.exit_code)
 
 
-def _doctor_nodes(config: Config, hosts: list[HostConfig], job_cfg: JobConfig | None, as_json: bool) -> None:
+def _doctor_nodes(config: Config, hosts: list[HostConfig], job_cfg: JobConfig | None, as_json: bool,
+                  fresh: bool) -> None:
     """Every node's checklist (at once), each with its rendezvous row (rdzv.py); exit 1 when any fails."""
+    # here, not at the top: they bring the run pipeline (~70 ms), which a one-host doctor never uses
+    from thrust_remote.doctor import rdzv
+    from thrust_remote.run import multinode
+
     sessions = multinode.open_sessions(config, hosts, open_runner)
     try:
-        reports = multinode.each(lambda s: run_doctor(s.runner, s.host, job_cfg, workdir=_workdir(config, s.host)),
-                                 sessions)
+        reports = multinode.each(
+            lambda s: run_doctor(s.runner, s.host, job_cfg, workdir=_workdir(config, s.host), fresh=fresh), sessions)
         for report, row in zip(reports, rdzv.rendezvous_checks(sessions), strict=True):
             report.checks.append(row)
     finally:

@@ -27,7 +27,7 @@ from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host import payload
-from thrust_remote.host.runner import Runner
+from thrust_remote.host.runner import Runner, expand_home
 from thrust_remote.host.session import bad_python, python_problem
 from thrust_remote.run.buildenv import job_spec
 
@@ -111,11 +111,14 @@ def payload_path() -> str:
     return payload.envcheck().remote
 
 
-def envcheck_args(host: HostConfig, job: Job, workdir: str | None = None,
-                  torch_timeout: float = 30.0) -> list[str]:
-    """envcheck's argv; the job goes on stdin (`--job-json -`, `envcheck_stdin`): its env may hold secrets."""
+def envcheck_args(host: HostConfig, job: Job, workdir: str | None = None, torch_timeout: float = 30.0, *,
+                  cache_dir: str | None = None, fresh: bool = False) -> list[str]:
+    """envcheck's argv; the job goes on stdin (`--job-json -`, `envcheck_stdin`): its env may hold secrets.
+    cache_dir: where the host keeps a passing torch probe to reuse (fresh: probe again all the same)."""
     args = ["--json", "--workdir", workdir or host.workdir, "--host", host.name,
             "--torch-timeout", f"{torch_timeout:g}"]
+    if cache_dir:
+        args += ["--cache-dir", cache_dir] + (["--fresh"] if fresh else [])
     if job is not None:
         args += ["--job-json", "-"]
     if host.gpus:
@@ -124,11 +127,12 @@ def envcheck_args(host: HostConfig, job: Job, workdir: str | None = None,
 
 
 def run_envcheck(runner: Runner, host: HostConfig, job: Job = None, *,
-                 workdir: str | None = None, torch_timeout: float = 30.0) -> Report:
+                 workdir: str | None = None, torch_timeout: float = 30.0, fresh: bool = False) -> Report:
     """One remote command (two plus an upload the first time a host sees this envcheck version).
     A host without the configured python is UnreachableError (69), from payload.run_pyz."""
     started = time.monotonic()
-    args = envcheck_args(host, job, workdir, torch_timeout)
+    args = envcheck_args(host, job, workdir, torch_timeout, cache_dir=expand_home(CACHE_DIR, runner.home()),
+                         fresh=fresh)
     stdin = json.dumps(job_spec(job), sort_keys=True).encode() if job is not None else None
     timeout = torch_timeout + 30.0
     result, uploaded = payload.run_pyz(runner, host, payload.envcheck(), args, timeout=timeout, stdin=stdin)
@@ -193,13 +197,14 @@ def with_config(report: Report, config_path: str | None) -> Report:
 
 
 def run_doctor(runner: Runner, host: HostConfig, job: Job = None, *,
-               workdir: str | None = None, torch_timeout: float = 30.0) -> Report:
+               workdir: str | None = None, torch_timeout: float = 30.0, fresh: bool = False) -> Report:
     """The whole checklist for `host` (and `job`, when given): a Report with every check id.
 
     Connection problems arrive as the Runner's ThrustError (exit 68/69/76/77); a host without the
     configured python is UnreachableError (69). A failing check is data: Report.exit_code says 1.
+    fresh: import torch again even where the host kept a passing probe (envcheck/torchprobe.py).
     """
-    report = run_envcheck(runner, host, job, workdir=workdir, torch_timeout=torch_timeout)
+    report = run_envcheck(runner, host, job, workdir=workdir, torch_timeout=torch_timeout, fresh=fresh)
     missing = [cid for cid in CHECK_IDS if cid not in {c.id for c in report.checks}]
     if missing:  # an old payload cached under the same hash cannot happen; a hand-edited one can
         raise ThrustError(f"envcheck on {runner.name} did not report {', '.join(missing)}")
