@@ -228,10 +228,17 @@ def test_a_helper_warmed_beforehand_serves_the_next_get_and_no_second_one_starts
         runner.close()
 
 
-def test_many_gets_are_pipelined_on_one_helper_in_order_with_a_swapped_file_in_place(sshd, tmp_path, remote_dir):
-    """get_many over a real sshd: 200 files through one helper (one channel), answered in order; a file
+def test_many_gets_are_pipelined_on_one_helper_in_order_with_a_swapped_file_in_place(sshd, tmp_path, remote_dir,
+                                                                                    monkeypatch):
+    """get_many over a real sshd: 200 files through one helper (one channel), answered in order, their
+    requests sent in batches (a write, so a packet, per half window: not one per file); a file
     replaced after it was listed is its FileChangedError, in its place, and the stream goes on."""
     from thrust_remote.host.runner import FileChangedError
+    from thrust_remote.host.ssh.transfer import _Helper
+
+    sends: list[bytes] = []
+    real_send = _Helper.send
+    monkeypatch.setattr(_Helper, "send", lambda self, data: sends.append(data) or real_send(self, data))
 
     items, want = [], {}
     for i in range(200):
@@ -249,6 +256,7 @@ def test_many_gets_are_pipelined_on_one_helper_in_order_with_a_swapped_file_in_p
     try:
         got = list(runner.get_many(items, threading.Event()))
         assert len(got) == 200 and isinstance(got[100], FileChangedError)
+        assert b"".join(sends).count(b"get ") == 200 and len(sends) <= 200 // (WINDOW // 2) + 1
         assert [g for i, g in enumerate(got) if i != 100] == [want[f"f{i:03d}.bin"] for i in range(200) if i != 100]
         assert all(hashlib.sha256((tmp_path / n).read_bytes()).hexdigest() == h for n, h in want.items()
                    if n != "f100.bin")

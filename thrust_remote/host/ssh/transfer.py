@@ -373,12 +373,15 @@ class StreamTransfer(Transfer):
         landing = Landing()
         try:
             for source, dst, _identity in items:
-                while asked < len(items) and asked - answered < WINDOW and not stop.is_set():
-                    ahead, _, ahead_id = items[asked]
-                    if not helper.send(self._get_request(ahead, ahead_id).encode()):
-                        raise self._lost(helper, f"download of {self.link.name}:{ahead} was cut",
+                # topped up once half the window is answered, all in one write: a packet (and a read on
+                # the host) per 16 requests, not one each (1,000 small files: 63 writes, not 1,000)
+                if asked - answered <= WINDOW // 2 and asked < len(items) and not stop.is_set():
+                    more = items[asked:answered + WINDOW]
+                    batch = "".join(self._get_request(ahead, ahead_id) for ahead, _, ahead_id in more)
+                    if not helper.send(batch.encode()):
+                        raise self._lost(helper, f"download of {self.link.name}:{more[0][0]} was cut",
                                          "run the command again")
-                    asked += 1
+                    asked += len(more)
                 if answered == asked:
                     break  # stopped: nothing left in flight
                 answered += 1
