@@ -407,3 +407,74 @@ def test_local_runner_stdin_raw_bytes_and_missing_commands(tmp_path):
     started = time.monotonic()
     assert runner.run(["sh", "-c", "sleep 8 & echo done"]).stdout == "done\n"
     assert time.monotonic() - started < 8
+
+
+def test_serve_send_reads_the_bytes_even_when_the_part_cannot_be_opened(tmp_path):
+    """`send` is a put whose bytes follow at once: with an unwritable target the helper still reads
+    them (and their hash), answers err, and takes the next request in step."""
+    proc = _serve(tmp_path)
+    (tmp_path / "file").write_text("a file, not a directory")
+    bad, good = tmp_path / "file" / "sub" / "x", tmp_path / "out" / "y"
+    for target, data in ((bad, b"lost"), (good, b"kept")):
+        proc.stdin.write(f"send {transfer._hex(str(target) + '.part')} {transfer._hex(str(target))} {len(data)} 640\n"
+                         .encode() + data + hashlib.sha256(data).hexdigest().encode())
+    proc.stdin.flush()
+    assert _reply(proc)[:2] == ["err", "3"]
+    assert _reply(proc) == ["ok", hashlib.sha256(b"kept").hexdigest()]
+    assert good.read_bytes() == b"kept" and good.stat().st_mode & 0o777 == 0o640
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+
+
+def test_put_many_streams_files_on_one_helper_and_stops_at_a_failure(sshd, tmp_path, remote_dir):
+    """put_many over a real sshd: 100 files (an empty one, a 3 MiB one) in order on one helper, each
+    verified and in place; a target that cannot be written fails after the files before it landed,
+    and the helper stays in step for the next transfer."""
+    local = tmp_path / "local"
+    local.mkdir()
+    items, want = [], {}
+    for i in range(100):
+        data = os.urandom(0 if i == 7 else 3 << 20 if i == 50 else 50 + i * 41)
+        src = local / f"f{i:03d}"
+        src.write_bytes(data)
+        items.append((src, str(remote_dir / "up" / f"d{i % 5}" / f"f{i:03d}")))
+        want[i] = hashlib.sha256(data).hexdigest()
+    (remote_dir / "blocker").write_text("a file where a directory is wanted")
+    runner = sshd.runner()
+    try:
+        assert runner.put_many(items) == [want[i] for i in range(100)]
+        for i, (_src, target) in enumerate(items):
+            assert hashlib.sha256(Path(target).read_bytes()).hexdigest() == want[i]
+        assert not list((remote_dir / "up").rglob("*.part"))
+        helper = runner._transfer._idle[0]
+        bad = [(items[0][0], str(remote_dir / "again0")), (items[1][0], str(remote_dir / "blocker" / "x")),
+               (items[2][0], str(remote_dir / "again2"))]
+        with pytest.raises(TransferError, match="cannot write"):
+            runner.put_many(bad)
+        assert (remote_dir / "again0").read_bytes() == items[0][0].read_bytes()
+        # already under way when the failure was answered: whole or absent, never half
+        assert not (remote_dir / "again2").exists() or (remote_dir / "again2").read_bytes() == items[2][0].read_bytes()
+        assert runner._transfer._idle == [helper]  # answered in step: the same helper, reusable
+        assert runner.put(items[3][0], str(remote_dir / "after")) == want[3]
+    finally:
+        runner.close()
+
+
+SYSFS_FILE = Path("/sys/devices/system/cpu/online")  # sysfs says 4096 bytes and reads a few: it "shrinks"
+
+
+@pytest.mark.skipif(not SYSFS_FILE.is_file(), reason="no sysfs here")
+def test_put_many_of_a_file_that_shrinks_leaves_its_target_untouched(sshd, tmp_path, remote_dir):
+    assert SYSFS_FILE.stat().st_size > len(SYSFS_FILE.read_bytes())
+    first = tmp_path / "first"
+    first.write_bytes(b"first")
+    (remote_dir / "shrunk").write_text("as it was")
+    runner = sshd.runner()
+    try:
+        with pytest.raises(TransferError, match="shrank while it was being sent"):
+            runner.put_many([(first, str(remote_dir / "first")), (SYSFS_FILE, str(remote_dir / "shrunk"))])
+        assert (remote_dir / "first").read_bytes() == b"first"
+        assert (remote_dir / "shrunk").read_text() == "as it was"
+        assert len(runner._transfer._idle) == 1  # padded and refused by hash: the helper stayed in step
+    finally:
+        runner.close()

@@ -264,6 +264,25 @@ def test_train_refuses_pointer_only_lfs_files_before_the_host_gets_anything(sshd
     assert not (workdir / ".git").exists()
 
 
+def test_many_lfs_objects_reach_a_host_over_ssh_as_their_content(sshd, cli, tmp_path):
+    """A project whose LFS objects the laptop holds (pointers in git, objects in .git/lfs/objects, as
+    `git lfs fetch` leaves them): `train` over SSH sends them all (streamed on one channel) and the job
+    reads the content, never a pointer."""
+    workdir = remote_tempdir(sshd)
+    blobs = {f"data/d{i:02d}.bin": os.urandom(500 + 997 * i) for i in range(40)}
+    oids = {name: hashlib.sha256(data).hexdigest() for name, data in blobs.items()}
+    files = {".gitattributes": "*.bin filter=lfs diff=lfs merge=lfs -text\n",
+             **{name: POINTER.format(oid=oids[name], size=len(data)) for name, data in blobs.items()}}
+    project = new_project(tmp_path / "project", sshd, workdir, files=files,
+                          jobs=JOBS.replace("cat {path}", "sha256sum data/*.bin"))
+    for name, data in blobs.items():
+        store = project / ".git" / "lfs" / "objects" / oids[name][:2] / oids[name][2:4]
+        store.mkdir(parents=True, exist_ok=True)
+        (store / oids[name]).write_bytes(data)
+    seen = dict(reversed(line.split()) for line in _train(cli, project, workdir)["seen"].splitlines())
+    assert seen == oids  # what the job read is each file's content: its sha256 is the object id
+
+
 @pytest.mark.skipif(shutil.which("git-lfs") is None, reason="git-lfs is not installed (make system-deps)")
 def test_an_lfs_file_arrives_as_its_content_and_a_new_version_replaces_it(tmp_path):
     repo = git_init(tmp_path / "lfs")

@@ -28,8 +28,14 @@ as its channel, one request at a time:
            | mismatch SHA256             (PART stays, TARGET untouched)
            | err 3 HEXMSG                (a write failed; PART stays, TARGET untouched)
 
-  If stdin ends in the middle of a put, the helper exits with status 4: PART keeps the partial
-  data and TARGET is untouched.
+      send xPART xTARGET SIZE MODE
+          followed at once by SIZE bytes and their SHA256 (64 hex characters, no newline): a put that
+          does not wait for its `ok`, so the client streams many files back to back (Runner.put_many)
+          -> the put's last answer: ok SHA256 | mismatch SHA256 | err 3 HEXMSG (PART could not be
+          opened or written: the bytes are still read, so the stream stays in step)
+
+  If stdin ends in the middle of a put or a send, the helper exits with status 4: PART keeps the
+  partial data and TARGET is untouched.
 """
 
 from __future__ import annotations
@@ -148,19 +154,25 @@ class Helper:
                 left -= n
             self.say("short" if shrank else digest.hexdigest())
 
-    def put(self, part: str, target: str, size: int, mode: int) -> None:
+    def put(self, part: str, target: str, size: int, mode: int, asked: bool = True) -> None:
+        """`put` (asked: the client waits for `ok` before it sends the bytes) or `send` (the bytes
+        follow the request at once: they are read even when PART cannot be opened)."""
+        fh = None
+        error = ""
         try:
             parent = os.path.dirname(target)
             if parent:
                 os.makedirs(parent, exist_ok=True)
             fh = open(part, "wb")  # noqa: SIM115 - closed below, after the data is read
         except OSError as exc:
-            self.fail(exc)
-            return
-        self.say("ok")
-        self.wfile.flush()  # the client waits for this before it sends the bytes
+            if asked:
+                self.fail(exc)
+                return
+            error = str(exc)
+        if asked:
+            self.say("ok")
+            self.wfile.flush()  # the client waits for this before it sends the bytes
         digest = hashlib.sha256()
-        error = ""
         while size:
             block = self.rfile.read(min(size, BLOCK))
             if not block:
@@ -173,12 +185,15 @@ class Helper:
                 except OSError as exc:
                     error = str(exc)
         try:
-            fh.close()
-            os.chmod(part, mode)
+            if fh is not None:
+                fh.close()
+                os.chmod(part, mode)
         except OSError as exc:
             error = error or str(exc)
         ours = digest.hexdigest()
         theirs = self.rfile.read(64).decode()
+        if len(theirs) < 64:
+            sys.exit(4)  # cut before the hash: as above
         if error:
             self.fail(error)
         elif theirs != ours:
@@ -201,8 +216,8 @@ class Helper:
             paths = [bytes.fromhex(w[1:]).decode("utf-8", "surrogateescape") for w in words[1:3]]
             if words[0] == "get":
                 self.get(paths[0], (int(words[2]), int(words[3])) if len(words) == 4 else None)
-            elif words[0] == "put":
-                self.put(paths[0], paths[1], int(words[3]), int(words[4], 8))
+            elif words[0] in ("put", "send"):
+                self.put(paths[0], paths[1], int(words[3]), int(words[4], 8), asked=words[0] == "put")
         return 0
 
 

@@ -229,6 +229,13 @@ class Runner(Protocol):
         """Copy a local file to `remote` (verified, atomic); returns its sha256."""
         ...
 
+    def put_many(self, items: Sequence[tuple[str | os.PathLike[str], str]]) -> list[str]:
+        """`put` of each (local, remote), as fast as the runner can (SSH: streamed back to back on one
+        channel); their sha256s in order. The first failure is raised once the puts under way are done:
+        those before it are in place, and no put starts after it (each is atomic: a remote path is
+        the whole new file or untouched)."""
+        ...
+
     def get(self, remote: str, local: str | os.PathLike[str], *, identity: FileId | None = None) -> str:
         """Copy `remote` to a local file (verified, atomic); returns its sha256. With `identity` (what a
         listing saw), `remote` is opened without following a symlink and must still be that file, else
@@ -302,6 +309,9 @@ class FileOps:
 
     def warm_transfers(self, count: int) -> None:
         return None  # nothing to start: a copy here is the copy itself
+
+    def put_many(self, items: Sequence[tuple[str | os.PathLike[str], str]]) -> list[str]:
+        return [self.put(local, remote) for local, remote in items]
 
     def get_many(self, items: Sequence[GetItem], stop: threading.Event) -> Iterator[str | FileChangedError]:
         return one_by_one(lambda source, dst, identity: self.get(source, dst, identity=identity), items, stop)

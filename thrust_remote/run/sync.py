@@ -383,12 +383,14 @@ def _send_lfs(session: HostSession, local: LocalState, missing: Iterable[str], s
     """The LFS objects the host lacks, into its .git/lfs/objects (where git-lfs keeps them too)."""
     wanted = set(missing)
     files = {f.oid: f.source for f in local.lfs or () if f.oid in wanted and f.source is not None}
-    if files:
-        step(f"sending {len(files)} Git LFS file(s)")
-    for oid, source in files.items():
-        sent = session.runner.put(source, f"{session.paths.workdir}/.git/lfs/objects/{oid[:2]}/{oid[2:4]}/{oid}")
-        if sent != oid:
-            raise ThrustError(f"{source} changed while it was sent (sha256 {sent[:12]}, expected {oid[:12]})",
+    if not files:
+        return
+    step(f"sending {len(files)} Git LFS file(s)")
+    objects = f"{session.paths.workdir}/.git/lfs/objects"
+    sent = session.runner.put_many([(source, f"{objects}/{oid[:2]}/{oid[2:4]}/{oid}") for oid, source in files.items()])
+    for (oid, source), sha in zip(files.items(), sent, strict=True):
+        if sha != oid:
+            raise ThrustError(f"{source} changed while it was sent (sha256 {sha[:12]}, expected {oid[:12]})",
                               "train again once it is written", ExitCode.TRANSFER)
 
 

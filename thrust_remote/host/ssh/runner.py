@@ -252,6 +252,14 @@ class SSHRunner(FileOps):
             raise TransferError(f"{src}: no such file")
         return self._transfer.put(src, self._path(remote))
 
+    def put_many(self, items: Sequence[tuple[str | os.PathLike[str], str]]) -> list[str]:
+        """Runner.put_many: streamed on one transfer helper."""
+        pairs = [(Path(local), self._path(remote)) for local, remote in items]
+        for src, _ in pairs:
+            if not src.is_file():
+                raise TransferError(f"{src}: no such file")
+        return self._transfer.put_many(pairs)
+
     def get(self, remote: str, local: str | os.PathLike[str], *, identity: FileId | None = None) -> str:
         source = self._path(remote)
         dst = Path(local)

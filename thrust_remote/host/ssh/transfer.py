@@ -90,6 +90,10 @@ class Transfer(ABC):
         """Download the absolute host path `source` to `dst` (whose parent exists); with `identity`,
         only while `source` is still that file (Runner.get)."""
 
+    def put_many(self, items: Sequence[tuple[Path, str]]) -> list[str]:
+        """Runner.put_many: here one put after another."""
+        return [self.put(src, target) for src, target in items]
+
 
 def _mismatch_upload(link: Link, src: Path, target: str, expected: str, actual: str) -> TransferError:
     return TransferError(
@@ -314,6 +318,96 @@ class StreamTransfer(Transfer):
             return self._put(helper, src, target)
         finally:
             self._give(helper)
+
+    def put_many(self, items: Sequence[tuple[Path, str]]) -> list[str]:
+        """Runner.put_many on one helper: each file goes out as a `send` (its request, its bytes and
+        their sha256, back to back, without waiting for an answer) while up to WINDOW answers are
+        outstanding, so a small file costs its bytes rather than two round trips. The first failure
+        is raised once every send under way is answered (those before it are in place); none starts
+        after it is known."""
+        helper = self._take()
+        if helper is None:
+            return self.fallback.put_many(items)  # no usable python on the host
+        shas: list[str] = []
+        # sent, not answered yet: (src, target, the sha256 sent, what went wrong reading it here)
+        pending: list[tuple[Path, str, str, Exception | None]] = []
+        failure: Exception | None = None
+
+        def answered() -> None:
+            nonlocal failure
+            src, target, sha, problem = pending.pop(0)
+            answer = self._send_answer(helper, src, target, sha, shas)
+            failure = failure or problem or answer  # the first in the items' order
+
+        try:
+            for src, target in items:
+                if len(pending) >= WINDOW:
+                    answered()
+                if failure is not None or any(p[3] for p in pending):
+                    break  # nothing more is sent after a failure
+                try:
+                    st = src.stat()
+                except OSError as exc:
+                    failure = TransferError(f"cannot read {src}: {exc}")
+                    break
+                pending.append((src, target, *self._send(helper, src, st, target)))
+            while pending:
+                answered()
+            helper.in_step = True
+        finally:
+            self._give(helper)  # a helper left out of step (cut, or a raise above) is closed, not reused
+        if failure is not None:
+            raise failure
+        return shas
+
+    def _send(self, helper: _Helper, src: Path, st: os.stat_result, target: str) -> tuple[str, Exception | None]:
+        """One `send`: always the announced size and a hash, so the stream stays in step. A local file
+        that cannot be read or shrinks goes out padded with zeros and a hash that cannot match (the
+        host keeps the target as it was); its error is returned beside that."""
+        name = self.link.name
+        cut = f"upload of {src} to {name}:{target} was cut"
+        hint = f"the destination is untouched (partial data in {target}.part); run the command again"
+        helper.in_step = False
+        if not helper.send(f"send {_hex(target + '.part')} {_hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n"
+                           .encode()):
+            raise self._lost(helper, cut, hint)
+        digest, left, problem = hashlib.sha256(), st.st_size, None
+        try:
+            with open(src, "rb") as fin:
+                while left > 0 and (block := fin.read(min(CHUNK, left))):
+                    digest.update(block)
+                    if not helper.send(block):
+                        raise self._lost(helper, cut, hint)
+                    left -= len(block)
+            if left:
+                problem = TransferError(f"{src} shrank while it was being sent", hint)
+        except OSError as exc:
+            problem = TransferError(f"cannot read {src}: {exc}", hint)
+        while left > 0:
+            n = min(CHUNK, left)
+            if not helper.send(bytes(n)):
+                raise self._lost(helper, cut, hint)
+            left -= n
+        sha = "0" * 64 if problem else digest.hexdigest()  # zeros: never a match for what was sent
+        if not helper.send(sha.encode()):
+            raise self._lost(helper, cut, hint)
+        return sha, problem
+
+    def _send_answer(self, helper: _Helper, src: Path, target: str, expected: str,
+                     shas: list[str]) -> Exception | None:
+        """Read one send's answer: its sha256 goes onto `shas`, or its failure is returned."""
+        name = self.link.name
+        reply = helper.line()
+        if not reply:
+            raise self._lost(helper, f"upload of {src} to {name}:{target} was cut",
+                             f"the destination is untouched (partial data in {target}.part); run the command again")
+        if reply[0] == "err":
+            return TransferError(f"cannot write {name}:{target}.part: {_err_text(reply)}")
+        actual = reply[1] if len(reply) > 1 else ""
+        if reply[0] != "ok" or actual != expected:
+            return _mismatch_upload(self.link, src, target, expected, actual)
+        shas.append(actual)
+        return None
 
     def _put(self, helper: _Helper, src: Path, target: str) -> str:
         name, part, st = self.link.name, target + ".part", src.stat()
