@@ -218,11 +218,14 @@ def check_torch_import(c: Ctx) -> dict:
                   c.pip_torch(_wanted_torch(c)).replace(" install ", " install --force-reinstall ", 1))
 
 
-def _reused(c: Ctx) -> str:
-    """Said beside every answer taken from a kept probe (torchprobe.REUSE_S), with how to redo it."""
+def _reused(c: Ctx, short: bool = False) -> str:
+    """Said beside every answer taken from a kept probe (torchprobe.REUSE_S), with how to redo it
+    (short: the rows after torch-import, which says the rest)."""
     reused = c.probe.get("reused")
     if not reused:
         return ""
+    if short:
+        return f"; probed {_ago(reused.get('age_s'))} ago and reused (see torch-import)"
     host = "" if c.host == LOCAL_HOST else f" --host {c.host}"
     return (f"; probed {_ago(reused.get('age_s'))} ago and reused: its python, packages, driver and GPUs are "
             f"unchanged (`thrust-remote doctor{host} --fresh` probes again)")
@@ -282,7 +285,7 @@ def check_cuda(c: Ctx) -> dict:
                           f"{mm.get('error') or 'wrong result, max error ' + str(mm.get('max_abs_err'))}",
                           f"{c.python} -c 'import torch; print(torch.ones(1, device=\"cuda\") * 2)'")
         return result(cid, OK, f"{p.get('device_count')} device(s): {names}; 256x256 matmul ran in "
-                      f"{mm.get('ms')} ms, max error {mm.get('max_abs_err'):.1e}{_reused(c)}")
+                      f"{mm.get('ms')} ms, max error {mm.get('max_abs_err'):.1e}{_reused(c, short=True)}")
     if not c.has_gpu:
         return _no_gpu(c)
     if not p.get("cuda_version"):
@@ -442,7 +445,7 @@ def check_gpu_util(c: Ctx) -> dict:
         return result(cid, SKIP, "nvidia-smi gave no utilization samples during the probe run")
     if probe.get("max_pct", 0) > 0:
         return result(cid, OK, f"{probe['max_pct']}% peak during {probe.get('matmuls')} queued 4096^2 matmuls "
-                      f"(samples: {[s['utilization_pct'] for s in probe['samples']]})")
+                      f"(samples: {[s['utilization_pct'] for s in probe['samples']]}){_reused(c, short=True)}")
     return result(cid, WARN, "0% utilization while a matmul burst was queued: the GPU is not the one doing "
                   "the work (another CUDA_VISIBLE_DEVICES, or the probe was too short)", "nvidia-smi dmon -c 5")
 
@@ -453,7 +456,7 @@ def check_nccl(c: Ctx) -> dict:
     if n < 2:
         return result(cid, SKIP, f"{n} CUDA device(s): NCCL only matters for multi-GPU runs")
     if c.probe.get("nccl_available"):
-        return result(cid, OK, f"NCCL {c.probe.get('nccl_version')} with {n} devices")
+        return result(cid, OK, f"NCCL {c.probe.get('nccl_version')} with {n} devices{_reused(c, short=True)}")
     return result(cid, FAIL, f"{n} GPUs but torch has no NCCL ({c.probe.get('nccl_error') or 'not built in'}): "
                   "multi-GPU training would fall back to gloo, far slower", c.pip_torch())
 

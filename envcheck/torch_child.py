@@ -121,6 +121,10 @@ def _utilization(out: dict, torch, smi: str) -> None:
 
 
 def main() -> None:
+    # `python -c` puts the cwd first on sys.path, and the parent runs this in the shared temporary
+    # directory: a torch.py planted there by anyone must not stand in for the real one
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
     probe = Out()
     out = probe.data
     probe.stage("import torch")

@@ -43,9 +43,9 @@ def find_program(name: str, places: tuple = ()) -> tuple[str | None, bool]:
 # bus, another user takes it in exclusive mode): nvidia-smi, run fresh on every report, shows most of
 # that, and this bound the rest.
 REUSE_S = 600.0
-# What steers `import torch` or CUDA init besides the files: a change is a new probe.
-STEERING_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "LD_LIBRARY_PATH", "LD_PRELOAD",
-                "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "HOME")
+# What steers `import torch` or CUDA init besides the files: a change to any variable with one of these
+# prefixes (or HOME) is a new probe. Prefixes, not names: torch and CUDA read many, and new ones come.
+STEERING_PREFIXES = ("PYTHON", "LD_", "CUDA_", "PYTORCH_", "TORCH_", "NVIDIA_", "NCCL_", "HIP_", "ROCR_")
 
 
 def start(timeout: float, python: str | None = None, cache_dir: str | None = None,
@@ -77,10 +77,19 @@ def _stat(path: str) -> list[int] | None:
 
 def _read(path: str) -> str | None:
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8", errors="replace") as fh:
             return fh.read()
     except OSError:
         return None
+
+
+def _node(path: str) -> list[int] | None:
+    """A device node's identity and who may open it (a chmod or chgrp of /dev/nvidia0 matters)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_rdev, st.st_mode, st.st_uid, st.st_gid]
 
 
 def depends_on(smi: str | None, torch_file: str | None) -> dict:
@@ -99,18 +108,28 @@ def depends_on(smi: str | None, torch_file: str | None) -> dict:
         gpus: list[str] | None = sorted(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         gpus = None
+    env = {k: v for k, v in os.environ.items() if k == "HOME" or k.startswith(STEERING_PREFIXES)}
+    # where the dynamic loader finds libcuda and the rest: a driver package upgraded without a reboot
+    # (the kernel module's /proc version unchanged) reruns ldconfig and rewrites its files
+    libs = ["/etc/ld.so.cache", *filter(None, env.get("LD_LIBRARY_PATH", "").split(":"))]
     return {
         "python": [exe, _stat(exe), sys.prefix, sys.version],
         "paths": {d: _stat(d) for d in dirs if d},
         "torch": {f: _stat(f) for f in torch_files},
-        "env": {k: os.environ.get(k) for k in STEERING_ENV},
+        "env": env,
+        "account": [os.getuid(), sorted(os.getgroups())],
+        "libs": {d: _stat(d) for d in libs},
         "driver": _read("/proc/driver/nvidia/version"),
         "gpus": gpus,
-        "dev": sorted(glob.glob("/dev/nvidia*")),
+        "dev": {d: _node(d) for d in sorted(glob.glob("/dev/nvidia*"))},
         "boot": _read("/proc/sys/kernel/random/boot_id"),
         "nvidia_smi": smi,
         "child": _digest(child_source()),
     }
+
+
+def _without_torch(state: dict) -> dict:
+    return {k: v for k, v in state.items() if k != "torch"}
 
 
 def passing(data: dict, smi: str | None) -> bool:
@@ -120,15 +139,29 @@ def passing(data: dict, smi: str | None) -> bool:
     if data.get("cuda_error") or data.get("nccl_error"):
         return False
     if data.get("cuda_available"):
-        return bool((data.get("matmul") or {}).get("ok"))
+        sample = data.get("gpu_probe")  # a utilization warning is looked at again each time too
+        return bool((data.get("matmul") or {}).get("ok")) and not (
+            sample and ("error" in sample or (sample.get("samples") and not sample.get("max_pct"))))
     # a driver or GPU that torch cannot use is a failure to look at again each time
     return not smi and not glob.glob("/dev/nvidia[0-9]*")
 
 
-def keep(path: str, data: dict, smi: str | None) -> None:
+def forget(path: str) -> None:
+    """A probe that did not pass: the record of an earlier pass must not answer for it next time."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def keep(path: str, data: dict, smi: str | None, before: dict) -> None:
     """Write the record under a temporary name, then rename: a reader sees a whole record or none.
+    Only when nothing it depends on changed while the probe ran (`before`: depends_on at its start,
+    torch's files aside): an install that lands mid-probe is not vouched for by the old import.
     Best effort: a probe that cannot be kept is only slower next time."""
-    record = {"at": time.time(), "depends_on": depends_on(smi, data.get("file")), "result": data}
+    state = json.loads(json.dumps(depends_on(smi, data.get("file"))))
+    if _without_torch(state) != before:
+        forget(path)
+        return
+    record = {"at": time.time(), "depends_on": state, "result": data}
     _prune(os.path.dirname(path))
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
@@ -143,8 +176,9 @@ def keep(path: str, data: dict, smi: str | None) -> None:
 
 
 def _prune(cache_dir: str) -> None:
-    """Records past REUSE_S are never read again: one per interpreter would otherwise pile up."""
-    for old in glob.glob(os.path.join(cache_dir, "torch-probe-*.json")):
+    """Records past REUSE_S are never read again (one per interpreter would otherwise pile up), nor
+    is the temporary file of an envcheck killed while it wrote one."""
+    for old in glob.glob(os.path.join(cache_dir, "torch-probe-*.json*")):
         with contextlib.suppress(OSError):
             if time.time() - os.stat(old).st_mtime > REUSE_S:
                 os.unlink(old)
@@ -158,11 +192,15 @@ class ReusedProbe:
 
     @classmethod
     def load(cls, path: str, smi: str | None) -> ReusedProbe | None:
-        text = _read(path)
         try:
-            record = json.loads(text) if text else None
-        except ValueError:
+            return cls._load(path, smi)
+        except Exception:  # a damaged or hand-edited record is no record: probe again
             return None
+
+    @classmethod
+    def _load(cls, path: str, smi: str | None) -> ReusedProbe | None:
+        text = _read(path)
+        record = json.loads(text) if text else None
         if not isinstance(record, dict) or not isinstance(record.get("result"), dict):
             return None
         data = record["result"]
@@ -197,6 +235,7 @@ class TorchProbe:
         self.timeout = timeout
         self.smi = nvidia_smi
         self.kept = kept  # where a passing answer is kept for the next report
+        self.before = _without_torch(json.loads(json.dumps(depends_on(nvidia_smi, None)))) if kept else {}
         self.started = time.monotonic()
         self.proc: subprocess.Popen | None = None
         self.error: str | None = None
@@ -206,7 +245,8 @@ class TorchProbe:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
-                # a neutral cwd: a `torch/` directory in the workdir must not shadow the real one
+                # a neutral cwd: a `torch/` directory in the workdir must not shadow the real one (and
+                # the child drops its cwd from sys.path anyway: /tmp is anyone's to write in)
                 cwd=tempfile.gettempdir(),
                 start_new_session=True,  # so a hung CUDA init can be killed with its helpers
             )
@@ -214,6 +254,14 @@ class TorchProbe:
             self.error = f"could not start {python}: {exc}"
 
     def result(self) -> dict:
+        data = self._collect()
+        if self.kept and passing(data, self.smi):
+            keep(self.kept, data, self.smi, self.before)
+        elif self.kept:
+            forget(self.kept)
+        return data
+
+    def _collect(self) -> dict:
         if self.proc is None:
             return {"ok": False, "error": self.error, "stage": "start"}
         left = max(0.1, self.timeout - (time.monotonic() - self.started))
@@ -251,8 +299,6 @@ class TorchProbe:
                     t for t in tail if not t.startswith("stage: ")),
             }
         data["wall_s"] = round(time.monotonic() - self.started, 3)
-        if self.kept and passing(data, self.smi):
-            keep(self.kept, data, self.smi)
         return data
 
 

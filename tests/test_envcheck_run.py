@@ -185,3 +185,42 @@ def test_a_failing_torch_probe_is_never_kept(bare_venv: Path, tmp_path: Path) ->
         probe, row = _probe_of(doc)
         assert row["status"] == "fail" and "reused" not in probe
     assert not list(cache.glob("torch-probe-*"))
+
+
+def test_a_failing_probe_forgets_the_pass_before_it_and_a_damaged_record_is_no_record(tmp_path: Path) -> None:
+    """After `--fresh` fails (here: a 10 ms deadline, as a hung CUDA init would), the next report does
+    not bring back the earlier pass; a record that is not JSON is probed past, not a crash."""
+    cache = tmp_path / "cache"
+    kept = ["--cache-dir", str(cache)]
+    envcheck(sys.executable, *kept)
+    [record] = list(cache.glob("torch-probe-*.json"))
+    probe, row = _probe_of(envcheck(sys.executable, *kept, "--fresh", "--torch-timeout", "0.01")[0])
+    assert probe.get("timed_out") and row["status"] == "fail"
+    assert not record.exists()
+    probe, row = _probe_of(envcheck(sys.executable, *kept)[0])
+    assert "reused" not in probe and row["status"] == "ok"
+    record.write_bytes(b"\xff{not json")
+    probe, row = _probe_of(envcheck(sys.executable, *kept)[0])
+    assert "reused" not in probe and row["status"] == "ok"
+
+
+def test_a_probe_is_not_kept_when_what_it_depends_on_moved_while_it_ran(tmp_path: Path) -> None:
+    from envcheck import torchprobe
+
+    path = tmp_path / "torch-probe-x.json"
+    data = {"stage": "done", "ok": True, "version": "2.13.0", "file": None}
+    before = torchprobe._without_torch(json.loads(json.dumps(torchprobe.depends_on(None, None))))
+    torchprobe.keep(str(path), data, None, {**before, "env": {"PYTHONPATH": "elsewhere"}})
+    assert not path.exists()
+    torchprobe.keep(str(path), data, None, before)
+    assert json.loads(path.read_text())["result"]["version"] == "2.13.0"
+
+
+def test_a_torch_planted_in_the_temporary_directory_is_not_imported(tmp_path: Path) -> None:
+    """The probe runs in the shared temporary directory; what anyone left there is not torch."""
+    (tmp_path / "torch.py").write_text("raise SystemExit('planted torch ran')\n")
+    doc, _ = envcheck(sys.executable, env={**os.environ, "TMPDIR": str(tmp_path)})
+    probe, row = _probe_of(doc)
+    import torch
+
+    assert row["status"] == "ok" and probe["version"] == torch.__version__

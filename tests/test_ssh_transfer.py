@@ -478,3 +478,23 @@ def test_put_many_of_a_file_that_shrinks_leaves_its_target_untouched(sshd, tmp_p
         assert len(runner._transfer._idle) == 1  # padded and refused by hash: the helper stayed in step
     finally:
         runner.close()
+
+
+def test_put_many_hears_a_refusal_before_sending_more_than_its_byte_budget(sshd, tmp_path, remote_dir, monkeypatch):
+    """With SEND_AHEAD_BYTES unanswered it waits: a host that refuses the first file (here: its
+    parent is a file) is heard before the rest go out. The budget is shrunk to one byte to see it."""
+    monkeypatch.setattr(transfer, "SEND_AHEAD_BYTES", 1)
+    (remote_dir / "blocker").write_text("a file where a directory is wanted")
+    srcs = []
+    for i in range(3):
+        srcs.append(tmp_path / f"s{i}")
+        srcs[-1].write_bytes(os.urandom(1000))
+    runner = sshd.runner()
+    try:
+        with pytest.raises(TransferError, match="cannot write"):
+            runner.put_many([(srcs[0], str(remote_dir / "blocker" / "x")),
+                             *[(s, str(remote_dir / s.name)) for s in srcs[1:]]])
+        assert not (remote_dir / "s1").exists() and not (remote_dir / "s2").exists()
+        assert len(runner._transfer._idle) == 1
+    finally:
+        runner.close()

@@ -199,7 +199,11 @@ class Helper:
         elif theirs != ours:
             self.say("mismatch", ours)
         else:
-            os.replace(part, target)
+            try:
+                os.replace(part, target)
+            except OSError as exc:  # TARGET a directory, say: an answer, never the helper's death
+                self.fail(exc)
+                return
             self.say("ok", ours)
 
     def serve(self) -> int:

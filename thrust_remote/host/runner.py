@@ -232,8 +232,8 @@ class Runner(Protocol):
     def put_many(self, items: Sequence[tuple[str | os.PathLike[str], str]]) -> list[str]:
         """`put` of each (local, remote), as fast as the runner can (SSH: streamed back to back on one
         channel); their sha256s in order. The first failure is raised once the puts under way are done:
-        those before it are in place, and no put starts after it (each is atomic: a remote path is
-        the whole new file or untouched)."""
+        those before it are in place, some after it may be, and none is started once it is known
+        (each is atomic: a remote path is the whole new file or untouched)."""
         ...
 
     def get(self, remote: str, local: str | os.PathLike[str], *, identity: FileId | None = None) -> str:

@@ -390,6 +390,8 @@ def _send_lfs(session: HostSession, local: LocalState, missing: Iterable[str], s
     sent = session.runner.put_many([(source, f"{objects}/{oid[:2]}/{oid[2:4]}/{oid}") for oid, source in files.items()])
     for (oid, source), sha in zip(files.items(), sent, strict=True):
         if sha != oid:
+            # in place under its object id, which the host's checkout trusts: not a file to leave there
+            session.runner.run(["rm", "-f", "--", f"{objects}/{oid[:2]}/{oid[2:4]}/{oid}"])
             raise ThrustError(f"{source} changed while it was sent (sha256 {sha[:12]}, expected {oid[:12]})",
                               "train again once it is written", ExitCode.TRANSFER)
 

@@ -25,6 +25,7 @@ import stat
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol, TypeVar
 
@@ -115,6 +116,21 @@ def _close_quietly(chan: paramiko.Channel) -> None:
 
 
 WINDOW = 32  # gets asked ahead of their answers on one helper: ~5 KB of requests, never a full window
+# A put_many stops sending while this much is unanswered: a host that refuses a file (its disk full)
+# is heard before gigabytes more go out for nothing.
+SEND_AHEAD_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A `send` on its way: what its answer is checked against."""
+
+    index: int
+    src: Path
+    target: str
+    sha: str  # what was sent (zeros when the local file failed: `problem`)
+    size: int
+    problem: Exception | None
 
 
 class _Helper:
@@ -321,68 +337,61 @@ class StreamTransfer(Transfer):
 
     def put_many(self, items: Sequence[tuple[Path, str]]) -> list[str]:
         """Runner.put_many on one helper: each file goes out as a `send` (its request, its bytes and
-        their sha256, back to back, without waiting for an answer) while up to WINDOW answers are
-        outstanding, so a small file costs its bytes rather than two round trips. The first failure
-        is raised once every send under way is answered (those before it are in place); none starts
-        after it is known."""
+        their sha256, back to back, without waiting for an answer) while at most WINDOW answers and
+        SEND_AHEAD_BYTES are outstanding, so a small file costs its bytes rather than two round trips
+        and a host that refuses the first file is heard before much more is sent. The first failure
+        (in the items' order) is raised once every send under way is answered: those before it are
+        in place, and none is sent once it is known."""
         helper = self._take()
         if helper is None:
             return self.fallback.put_many(items)  # no usable python on the host
         shas: list[str] = []
-        # sent, not answered yet: (src, target, the sha256 sent, what went wrong reading it here)
-        pending: list[tuple[Path, str, str, Exception | None]] = []
-        failure: Exception | None = None
-
-        def answered() -> None:
-            nonlocal failure
-            src, target, sha, problem = pending.pop(0)
-            answer = self._send_answer(helper, src, target, sha, shas)
-            failure = failure or problem or answer  # the first in the items' order
-
+        pending: list[_Sent] = []  # sent, not answered yet
+        failures: list[tuple[int, Exception]] = []
         try:
-            for src, target in items:
-                if len(pending) >= WINDOW:
-                    answered()
-                if failure is not None or any(p[3] for p in pending):
-                    break  # nothing more is sent after a failure
-                try:
-                    st = src.stat()
-                except OSError as exc:
-                    failure = TransferError(f"cannot read {src}: {exc}")
+            for index, (src, target) in enumerate(items):
+                while pending and (len(pending) >= WINDOW or sum(p.size for p in pending) >= SEND_AHEAD_BYTES):
+                    self._answered(helper, pending.pop(0), shas, failures)
+                if failures or any(p.problem for p in pending):
                     break
-                pending.append((src, target, *self._send(helper, src, st, target)))
+                try:
+                    fin = open(src, "rb")  # noqa: SIM115 - closed in _send
+                except OSError as exc:
+                    failures.append((index, TransferError(f"cannot read {src}: {exc}")))
+                    break
+                pending.append(self._send(helper, index, src, fin, target))
             while pending:
-                answered()
+                self._answered(helper, pending.pop(0), shas, failures)
             helper.in_step = True
         finally:
             self._give(helper)  # a helper left out of step (cut, or a raise above) is closed, not reused
-        if failure is not None:
-            raise failure
+        if failures:
+            raise min(failures, key=lambda f: f[0])[1]
         return shas
 
-    def _send(self, helper: _Helper, src: Path, st: os.stat_result, target: str) -> tuple[str, Exception | None]:
-        """One `send`: always the announced size and a hash, so the stream stays in step. A local file
-        that cannot be read or shrinks goes out padded with zeros and a hash that cannot match (the
-        host keeps the target as it was); its error is returned beside that."""
-        name = self.link.name
-        cut = f"upload of {src} to {name}:{target} was cut"
+    def _send(self, helper: _Helper, index: int, src: Path, fin: IO[bytes], target: str) -> _Sent:
+        """One `send` of the open file `fin`: always the announced size and a hash, so the stream stays
+        in step. A file that shrinks or fails to read goes out padded with zeros and a hash that cannot
+        match (the host keeps the target as it was), with its problem beside it."""
+        cut = f"upload of {src} to {self.link.name}:{target} was cut"
         hint = f"the destination is untouched (partial data in {target}.part); run the command again"
         helper.in_step = False
-        if not helper.send(f"send {_hex(target + '.part')} {_hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n"
-                           .encode()):
-            raise self._lost(helper, cut, hint)
-        digest, left, problem = hashlib.sha256(), st.st_size, None
-        try:
-            with open(src, "rb") as fin:
+        with fin:
+            st = os.fstat(fin.fileno())
+            request = f"send {_hex(target + '.part')} {_hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n"
+            if not helper.send(request.encode()):
+                raise self._lost(helper, cut, hint)
+            digest, left, problem = hashlib.sha256(), st.st_size, None
+            try:
                 while left > 0 and (block := fin.read(min(CHUNK, left))):
                     digest.update(block)
                     if not helper.send(block):
                         raise self._lost(helper, cut, hint)
                     left -= len(block)
-            if left:
-                problem = TransferError(f"{src} shrank while it was being sent", hint)
-        except OSError as exc:
-            problem = TransferError(f"cannot read {src}: {exc}", hint)
+                if left:
+                    problem = TransferError(f"{src} shrank while it was being sent", hint)
+            except OSError as exc:
+                problem = TransferError(f"cannot read {src}: {exc}", hint)
         while left > 0:
             n = min(CHUNK, left)
             if not helper.send(bytes(n)):
@@ -391,23 +400,26 @@ class StreamTransfer(Transfer):
         sha = "0" * 64 if problem else digest.hexdigest()  # zeros: never a match for what was sent
         if not helper.send(sha.encode()):
             raise self._lost(helper, cut, hint)
-        return sha, problem
+        return _Sent(index, src, target, sha, st.st_size, problem)
 
-    def _send_answer(self, helper: _Helper, src: Path, target: str, expected: str,
-                     shas: list[str]) -> Exception | None:
-        """Read one send's answer: its sha256 goes onto `shas`, or its failure is returned."""
+    def _answered(self, helper: _Helper, sent: _Sent, shas: list[str],
+                  failures: list[tuple[int, Exception]]) -> None:
+        """Read one send's answer: its sha256 onto `shas`, or its failure onto `failures`."""
         name = self.link.name
         reply = helper.line()
         if not reply:
-            raise self._lost(helper, f"upload of {src} to {name}:{target} was cut",
-                             f"the destination is untouched (partial data in {target}.part); run the command again")
-        if reply[0] == "err":
-            return TransferError(f"cannot write {name}:{target}.part: {_err_text(reply)}")
+            raise self._lost(helper, f"upload of {sent.src} to {name}:{sent.target} was cut",
+                             f"the destination is untouched (partial data in {sent.target}.part); "
+                             "run the command again")
         actual = reply[1] if len(reply) > 1 else ""
-        if reply[0] != "ok" or actual != expected:
-            return _mismatch_upload(self.link, src, target, expected, actual)
-        shas.append(actual)
-        return None
+        if sent.problem is not None:
+            failures.append((sent.index, sent.problem))
+        elif reply[0] == "err":
+            failures.append((sent.index, TransferError(f"cannot write {name}:{sent.target}.part: {_err_text(reply)}")))
+        elif reply[0] != "ok" or actual != sent.sha:
+            failures.append((sent.index, _mismatch_upload(self.link, sent.src, sent.target, sent.sha, actual)))
+        else:
+            shas.append(actual)
 
     def _put(self, helper: _Helper, src: Path, target: str) -> str:
         name, part, st = self.link.name, target + ".part", src.stat()
