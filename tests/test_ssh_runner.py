@@ -410,6 +410,32 @@ def test_ssh_config_alias_and_proxyjump(cli, sshd, tmp_path):
     assert empty.read_text() == ""
 
 
+def test_ssh_config_user_known_hosts_file_is_where_keys_are_checked(cli, sshd, tmp_path):
+    """An alias whose ~/.ssh/config names a UserKnownHostsFile, and thrust.yaml no `known_hosts:`: the
+    key is checked there, as ssh would (not in ~/.ssh/known_hosts, which this home does not have)."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    empty = tmp_path / "empty_known"
+    empty.write_text("")
+
+    def alias(known: Path) -> None:
+        (home / ".ssh" / "config").write_text(
+            f"Host gpu-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+            f"  IdentityFile {sshd.client_key}\n  UserKnownHostsFile {empty} {known}\n")
+
+    cfg = tmp_path / "thrust.yaml"
+    cfg.write_text("hosts:\n  a:\n    address: gpu-alias\n")
+    alias(sshd.known_hosts)  # the second file has the key
+    result = cli("--config", str(cfg), "exec", "--host", "a", "--", "echo", "checked", env={"HOME": str(home)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "checked\n"
+    alias(tmp_path / "nowhere")
+    result = cli("--config", str(cfg), "exec", "--host", "a", "--", "true", env={"HOME": str(home)})
+    assert result.returncode == ExitCode.HOST_KEY
+    assert f"is not in {empty}" in result.stderr and f">> {empty}" in result.stderr  # where to add it
+    assert not (home / ".ssh" / "known_hosts").exists()
+
+
 def test_missing_or_wrong_identity_is_a_config_error_naming_the_field(cli, sshd, tmp_path):
     cfg = _config(tmp_path, sshd)
     for bad in (tmp_path / "no-such-key", sshd.client_key.with_suffix(".pub")):

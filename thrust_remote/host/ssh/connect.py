@@ -18,7 +18,7 @@ import logging
 import os
 import shlex
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import paramiko
@@ -75,6 +75,10 @@ class Target:
     known_hosts: Path = Path("~/.ssh/known_hosts")
     host_key_policy: str = "strict"
     connect_timeout: float = 10.0
+    # thrust.yaml left `known_hosts:` at its default: ~/.ssh/config's UserKnownHostsFile for the alias
+    # wins, as it does for ssh (connect, `_with_ssh_config`)
+    known_hosts_default: bool = False
+    more_known_hosts: tuple[Path, ...] = ()  # UserKnownHostsFile's further files: read, never written
 
     def __post_init__(self) -> None:
         if self.host_key_policy not in POLICIES:
@@ -129,8 +133,9 @@ def _secure(conn: Connection, target: Target) -> None:
     hop: object = conn
     while isinstance(hop, Connection):
         client = hop.client
-        if target.known_hosts.is_file():
-            client.load_host_keys(str(target.known_hosts))
+        for path in (target.known_hosts, *target.more_known_hosts):
+            if path.is_file():
+                client.load_host_keys(str(path))
         client.set_missing_host_key_policy(_policy(target))
         hop = hop.gateway
 
@@ -160,6 +165,7 @@ def connect(target: Target) -> Connection:
         connect_timeout=int(max(1, round(target.connect_timeout))),
         connect_kwargs=_connect_kwargs(target),
     )
+    target = _with_ssh_config(target, conn)
     _secure(conn, target)
     try:
         conn.open()
@@ -176,6 +182,16 @@ def connect(target: Target) -> Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport.set_keepalive(KEEPALIVE_S)
     return conn
+
+
+def _with_ssh_config(target: Target, conn: Connection) -> Target:
+    """`UserKnownHostsFile` of the alias in ~/.ssh/config (as Fabric read it), when thrust.yaml set no
+    `known_hosts:`: the first file is where keys are looked up and `accept-new` writes, as for ssh."""
+    files = str(conn.ssh_config.get("userknownhostsfile") or "").split()
+    if not target.known_hosts_default or not files:
+        return target
+    paths = [Path(os.path.expanduser(f)) for f in files]
+    return replace(target, known_hosts=paths[0], more_known_hosts=tuple(paths[1:]))
 
 
 def connect_error(exc: BaseException, target: Target, conn: Connection) -> BaseException:

@@ -62,6 +62,8 @@ class SSHRunner(FileOps):
             address=address,
             identity=os.path.expanduser(identity) if identity else None,
             known_hosts=Path(os.path.expanduser(known_hosts)),
+            # the default path stands for "whatever ssh uses here": ~/.ssh/config may name another
+            known_hosts_default=known_hosts == HostConfig.known_hosts,
             host_key_policy=host_key_policy,
             connect_timeout=connect_timeout,
         )
