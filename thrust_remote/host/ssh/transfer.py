@@ -336,90 +336,14 @@ class StreamTransfer(Transfer):
             self._give(helper)
 
     def put_many(self, items: Sequence[tuple[Path, str]]) -> list[str]:
-        """Runner.put_many on one helper: each file goes out as a `send` (its request, its bytes and
-        their sha256, back to back, without waiting for an answer) while at most WINDOW answers and
-        SEND_AHEAD_BYTES are outstanding, so a small file costs its bytes rather than two round trips
-        and a host that refuses the first file is heard before much more is sent. The first failure
-        (in the items' order) is raised once every send under way is answered: those before it are
-        in place, and none is sent once it is known."""
+        """Runner.put_many on one helper (`_Sends`)."""
         helper = self._take()
         if helper is None:
             return self.fallback.put_many(items)  # no usable python on the host
-        shas: list[str] = []
-        pending: list[_Sent] = []  # sent, not answered yet
-        failures: list[tuple[int, Exception]] = []
         try:
-            for index, (src, target) in enumerate(items):
-                while pending and (len(pending) >= WINDOW or sum(p.size for p in pending) >= SEND_AHEAD_BYTES):
-                    self._answered(helper, pending.pop(0), shas, failures)
-                if failures or any(p.problem for p in pending):
-                    break
-                try:
-                    fin = open(src, "rb")  # noqa: SIM115 - closed in _send
-                except OSError as exc:
-                    failures.append((index, TransferError(f"cannot read {src}: {exc}")))
-                    break
-                pending.append(self._send(helper, index, src, fin, target))
-            while pending:
-                self._answered(helper, pending.pop(0), shas, failures)
-            helper.in_step = True
+            return _Sends(self, helper).run(items)
         finally:
-            self._give(helper)  # a helper left out of step (cut, or a raise above) is closed, not reused
-        if failures:
-            raise min(failures, key=lambda f: f[0])[1]
-        return shas
-
-    def _send(self, helper: _Helper, index: int, src: Path, fin: IO[bytes], target: str) -> _Sent:
-        """One `send` of the open file `fin`: always the announced size and a hash, so the stream stays
-        in step. A file that shrinks or fails to read goes out padded with zeros and a hash that cannot
-        match (the host keeps the target as it was), with its problem beside it."""
-        cut = f"upload of {src} to {self.link.name}:{target} was cut"
-        hint = f"the destination is untouched (partial data in {target}.part); run the command again"
-        helper.in_step = False
-        with fin:
-            st = os.fstat(fin.fileno())
-            request = f"send {_hex(target + '.part')} {_hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n"
-            if not helper.send(request.encode()):
-                raise self._lost(helper, cut, hint)
-            digest, left, problem = hashlib.sha256(), st.st_size, None
-            try:
-                while left > 0 and (block := fin.read(min(CHUNK, left))):
-                    digest.update(block)
-                    if not helper.send(block):
-                        raise self._lost(helper, cut, hint)
-                    left -= len(block)
-                if left:
-                    problem = TransferError(f"{src} shrank while it was being sent", hint)
-            except OSError as exc:
-                problem = TransferError(f"cannot read {src}: {exc}", hint)
-        while left > 0:
-            n = min(CHUNK, left)
-            if not helper.send(bytes(n)):
-                raise self._lost(helper, cut, hint)
-            left -= n
-        sha = "0" * 64 if problem else digest.hexdigest()  # zeros: never a match for what was sent
-        if not helper.send(sha.encode()):
-            raise self._lost(helper, cut, hint)
-        return _Sent(index, src, target, sha, st.st_size, problem)
-
-    def _answered(self, helper: _Helper, sent: _Sent, shas: list[str],
-                  failures: list[tuple[int, Exception]]) -> None:
-        """Read one send's answer: its sha256 onto `shas`, or its failure onto `failures`."""
-        name = self.link.name
-        reply = helper.line()
-        if not reply:
-            raise self._lost(helper, f"upload of {sent.src} to {name}:{sent.target} was cut",
-                             f"the destination is untouched (partial data in {sent.target}.part); "
-                             "run the command again")
-        actual = reply[1] if len(reply) > 1 else ""
-        if sent.problem is not None:
-            failures.append((sent.index, sent.problem))
-        elif reply[0] == "err":
-            failures.append((sent.index, TransferError(f"cannot write {name}:{sent.target}.part: {_err_text(reply)}")))
-        elif reply[0] != "ok" or actual != sent.sha:
-            failures.append((sent.index, _mismatch_upload(self.link, sent.src, sent.target, sent.sha, actual)))
-        else:
-            shas.append(actual)
+            self._give(helper)  # a helper left out of step (cut, or a raise) is closed, not reused
 
     def _put(self, helper: _Helper, src: Path, target: str) -> str:
         name, part, st = self.link.name, target + ".part", src.stat()
@@ -568,6 +492,98 @@ class StreamTransfer(Transfer):
         if reply[0] != actual:
             raise _mismatch_download(self.link, source, dst, reply[0], actual)
         return actual
+
+
+class _Sends:
+    """One put_many on one helper: each file goes out as a `send` (its request, its bytes and their
+    sha256, back to back, without waiting for an answer) while at most WINDOW answers and
+    SEND_AHEAD_BYTES are outstanding, so a small file costs its bytes rather than two round trips and
+    a host that refuses the first file is heard before much more is sent. The first failure (in the
+    items' order) is raised once every send under way is answered: those before it are in place, and
+    none is sent once it is known."""
+
+    def __init__(self, transfer: StreamTransfer, helper: _Helper) -> None:
+        self.transfer = transfer
+        self.helper = helper
+        self.name = transfer.link.name
+        self.shas: list[str] = []
+        self.pending: list[_Sent] = []  # sent, not answered yet
+        self.failures: list[tuple[int, Exception]] = []
+
+    def run(self, items: Sequence[tuple[Path, str]]) -> list[str]:
+        pending = self.pending
+        for index, (src, target) in enumerate(items):
+            while pending and (len(pending) >= WINDOW or sum(p.size for p in pending) >= SEND_AHEAD_BYTES):
+                self._answered(pending.pop(0))
+            if self.failures or any(p.problem for p in pending):
+                break
+            try:
+                fin = open(src, "rb")  # noqa: SIM115 - closed in _send
+            except OSError as exc:
+                self.failures.append((index, TransferError(f"cannot read {src}: {exc}")))
+                break
+            pending.append(self._send(index, src, fin, target))
+        while pending:
+            self._answered(pending.pop(0))
+        self.helper.in_step = True
+        if self.failures:
+            raise min(self.failures, key=lambda f: f[0])[1]
+        return self.shas
+
+    def _lost(self, src: Path, target: str) -> TransferError:
+        return self.transfer._lost(self.helper, f"upload of {src} to {self.name}:{target} was cut",
+                                   f"the destination is untouched (partial data in {target}.part); "
+                                   "run the command again")
+
+    def _send(self, index: int, src: Path, fin: IO[bytes], target: str) -> _Sent:
+        """One `send` of the open file `fin`: always the announced size and a hash, so the stream stays
+        in step. A file that shrinks or fails to read goes out padded with zeros and a hash that cannot
+        match (the host keeps the target as it was), with its problem beside it."""
+        helper = self.helper
+        hint = f"the destination is untouched (partial data in {target}.part); run the command again"
+        helper.in_step = False
+        with fin:
+            st = os.fstat(fin.fileno())
+            request = f"send {_hex(target + '.part')} {_hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n"
+            if not helper.send(request.encode()):
+                raise self._lost(src, target)
+            digest, left, problem = hashlib.sha256(), st.st_size, None
+            try:
+                while left > 0 and (block := fin.read(min(CHUNK, left))):
+                    digest.update(block)
+                    if not helper.send(block):
+                        raise self._lost(src, target)
+                    left -= len(block)
+                if left:
+                    problem = TransferError(f"{src} shrank while it was being sent", hint)
+            except OSError as exc:
+                problem = TransferError(f"cannot read {src}: {exc}", hint)
+        while left > 0:
+            n = min(CHUNK, left)
+            if not helper.send(bytes(n)):
+                raise self._lost(src, target)
+            left -= n
+        sha = "0" * 64 if problem else digest.hexdigest()  # zeros: never a match for what was sent
+        if not helper.send(sha.encode()):
+            raise self._lost(src, target)
+        return _Sent(index, src, target, sha, st.st_size, problem)
+
+    def _answered(self, sent: _Sent) -> None:
+        """Read one send's answer: its sha256 onto `shas`, or its failure onto `failures`."""
+        reply = self.helper.line()
+        if not reply:
+            raise self._lost(sent.src, sent.target)
+        actual = reply[1] if len(reply) > 1 else ""
+        if sent.problem is not None:
+            failure: Exception | None = sent.problem
+        elif reply[0] == "err":
+            failure = TransferError(f"cannot write {self.name}:{sent.target}.part: {_err_text(reply)}")
+        elif reply[0] != "ok" or actual != sent.sha:
+            failure = _mismatch_upload(self.transfer.link, sent.src, sent.target, sent.sha, actual)
+        else:
+            self.shas.append(actual)
+            return
+        self.failures.append((sent.index, failure))
 
 
 class SftpTransfer(Transfer):
