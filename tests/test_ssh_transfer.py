@@ -85,7 +85,7 @@ def test_serve_put_then_get_round_trip_with_odd_path(tmp_path):
     assert proc.wait(timeout=10) == 0
 
 
-def test_serve_mismatch_and_cut_leave_the_target_untouched(tmp_path):
+def test_serve_mismatch_and_cut_leave_the_target_untouched_and_no_part(tmp_path):
     target = tmp_path / "t.bin"
     target.write_bytes(b"previous")
     part = str(target) + ".part"
@@ -96,7 +96,7 @@ def test_serve_mismatch_and_cut_leave_the_target_untouched(tmp_path):
     proc.stdin.write(b"abcd" + b"0" * 64)
     proc.stdin.flush()
     assert _reply(proc)[0] == "mismatch"
-    assert target.read_bytes() == b"previous"
+    assert target.read_bytes() == b"previous" and not Path(part).exists()
     proc.stdin.write(f"put {transfer._hex(part)} {transfer._hex(str(target))} 1000 600\n".encode())
     proc.stdin.flush()
     assert _reply(proc) == ["ok"]
@@ -104,7 +104,30 @@ def test_serve_mismatch_and_cut_leave_the_target_untouched(tmp_path):
     proc.stdin.close()  # cut in the middle
     assert proc.wait(timeout=10) == 4
     assert target.read_bytes() == b"previous"
-    assert Path(part).read_bytes() == b"x" * 10
+    assert not Path(part).exists()  # the cut upload's part goes with it
+
+
+def test_two_uploads_of_one_path_at_once_each_write_their_own_part(sshd, tmp_path, remote_dir):
+    """Two commands sending the same payload to a fresh host at once (two runners, two connections):
+    each writes a part of its own, so neither reads or renames the other's half-written file."""
+    data = os.urandom(30_000_000)
+    src = tmp_path / "payload.pyz"
+    src.write_bytes(data)
+    target = str(remote_dir / "cache" / "payload.pyz")
+    runners = [sshd.runner(), sshd.runner()]
+    results: list[str] = []
+    try:
+        threads = [threading.Thread(target=lambda r=r: results.append(r.put(src, target))) for r in runners]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for r in runners:
+            r.close()
+    assert results == [hashlib.sha256(data).hexdigest()] * 2
+    assert Path(target).read_bytes() == data
+    assert sorted(p.name for p in (remote_dir / "cache").iterdir()) == ["payload.pyz"]  # no part left
 
 
 def test_serve_get_with_an_identity_sends_only_that_file_never_a_link(tmp_path):
@@ -311,7 +334,7 @@ def test_host_without_python_falls_back_to_sftp(sshd, tmp_path, remote_dir):
         assert runner.put(src, str(remote_dir / "a" / "b.bin")) == expected
         assert runner._transfer._unusable is not None  # the helper could not start there
         assert (remote_dir / "a" / "b.bin").read_bytes() == data
-        assert not (remote_dir / "a" / "b.bin.part").exists()
+        assert sorted(p.name for p in (remote_dir / "a").iterdir()) == ["b.bin"]
         assert runner.get(str(remote_dir / "a" / "b.bin"), tmp_path / "back.bin") == expected
         assert runner.remote_sha256(str(remote_dir / "a" / "b.bin")) == expected  # sha256sum
         with pytest.raises(TransferError):

@@ -22,11 +22,12 @@ as its channel, one request at a time:
           final symlink and must be that very regular file: a file swapped after it was listed (for
           a symlink to another, or through a swapped directory) is `err 5`, never sent.
       put xPART xTARGET SIZE MODE
-          -> ok | err 3 HEXMSG           (the parent of TARGET is made; PART is opened)
+          -> ok | err 3 HEXMSG           (the parent of TARGET is made; PART is created, never an
+                                          existing file: the client names it uniquely)
           then the client sends SIZE bytes and its SHA256 (64 hex characters, no newline)
           -> ok SHA256                   (equal: PART chmod MODE (octal), renamed to TARGET)
-           | mismatch SHA256             (PART stays, TARGET untouched)
-           | err 3 HEXMSG                (a write failed; PART stays, TARGET untouched)
+           | mismatch SHA256             (PART removed, TARGET untouched)
+           | err 3 HEXMSG                (a write failed; PART removed, TARGET untouched)
 
       send xPART xTARGET SIZE MODE
           followed at once by SIZE bytes and their SHA256 (64 hex characters, no newline): a put that
@@ -34,8 +35,8 @@ as its channel, one request at a time:
           -> the put's last answer: ok SHA256 | mismatch SHA256 | err 3 HEXMSG (PART could not be
           opened or written: the bytes are still read, so the stream stays in step)
 
-  If stdin ends in the middle of a put or a send, the helper exits with status 4: PART keeps the
-  partial data and TARGET is untouched.
+  If stdin ends in the middle of a put or a send, the helper removes PART and exits with status 4:
+  TARGET is untouched.
 """
 
 from __future__ import annotations
@@ -163,7 +164,9 @@ class Helper:
             parent = os.path.dirname(target)
             if parent:
                 os.makedirs(parent, exist_ok=True)
-            fh = open(part, "wb")  # noqa: SIM115 - closed below, after the data is read
+            # exclusive and never through a link: the name is this upload's own (the client's token)
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            fh = os.fdopen(fd, "wb")
         except OSError as exc:
             if asked:
                 self.fail(exc)
@@ -176,7 +179,7 @@ class Helper:
         while size:
             block = self.rfile.read(min(size, BLOCK))
             if not block:
-                sys.exit(4)  # cut: .part stays, the target is untouched
+                self._cut(part if fh is not None else None)
             size -= len(block)
             if not error:  # after a failed write, keep reading so the stream stays in step
                 try:
@@ -193,18 +196,27 @@ class Helper:
         ours = digest.hexdigest()
         theirs = self.rfile.read(64).decode()
         if len(theirs) < 64:
-            sys.exit(4)  # cut before the hash: as above
-        if error:
-            self.fail(error)
-        elif theirs != ours:
-            self.say("mismatch", ours)
-        else:
+            self._cut(part if fh is not None else None)  # cut before the hash: as above
+        if not error and theirs == ours:
             try:
                 os.replace(part, target)
-            except OSError as exc:  # TARGET a directory, say: an answer, never the helper's death
-                self.fail(exc)
+                self.say("ok", ours)
                 return
-            self.say("ok", ours)
+            except OSError as exc:  # TARGET a directory, say: an answer, never the helper's death
+                error = str(exc)
+        if fh is not None:
+            _remove(part)  # a failed upload leaves nothing: its part was its own
+        if error:
+            self.fail(error)
+        else:
+            self.say("mismatch", ours)
+
+    def _cut(self, part: str | None) -> None:
+        """stdin ended in the middle of an upload: its part goes, and so does the helper (status 4)."""
+        if part is not None:
+            _remove(part)
+        self.wfile.flush()
+        sys.exit(4)
 
     def serve(self) -> int:
         self.say("ready")
@@ -223,6 +235,13 @@ class Helper:
             elif words[0] in ("put", "send"):
                 self.put(paths[0], paths[1], int(words[3]), int(words[4], 8), asked=words[0] == "put")
         return 0
+
+
+def _remove(path: str) -> None:
+    try:  # noqa: SIM105 - not contextlib: the helper starts per connection and imports what it must only
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def sha256_of(path: str) -> str:

@@ -2,8 +2,8 @@
 
 Both implementations keep the same promise (docs/architecture.md, "Transfers"): the bytes go to a
 `.part` file, are hashed with sha256 on both ends while they move, and the `.part` is renamed over
-the destination only when both hashes agree. A cut transfer leaves the destination untouched and
-the partial data in `.part` (exit 74).
+the destination only when both hashes agree. A cut transfer leaves the destination untouched (exit
+74); the helper removes an upload's `.part` when it fails or is cut (SFTP's stays, named in the hint).
 
 - `StreamTransfer` (the default): one python process on the host per concurrent transfer, started
   on the first transfer and reused, reached over an exec channel. It runs the source of
@@ -21,6 +21,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import secrets
 import stat
 import threading
 from abc import ABC, abstractmethod
@@ -96,10 +97,21 @@ class Transfer(ABC):
         return [self.put(src, target) for src, target in items]
 
 
+def upload_part(target: str) -> str:
+    """The temporary name an upload writes beside `target` until both hashes agree: short (a 255-byte
+    name still fits), hidden, and its own (a random token), so two uploads of one path at once (two
+    commands sending the same payload to a fresh host) never write into each other's file."""
+    parent, name = os.path.split(target)
+    return os.path.join(parent, f".{name[:24]}.{secrets.token_hex(6)}.part")
+
+
+UPLOAD_HINT = "the destination is untouched; run the command again"
+
+
 def _mismatch_upload(link: Link, src: Path, target: str, expected: str, actual: str) -> TransferError:
     return TransferError(
         f"checksum mismatch uploading {src} to {link.name}:{target}: sent {expected[:16]}…, host has {actual[:16]}…",
-        f"the destination is untouched; partial data in {target}.part; run the command again",
+        UPLOAD_HINT,
     )
 
 
@@ -346,9 +358,9 @@ class StreamTransfer(Transfer):
             self._give(helper)  # a helper left out of step (cut, or a raise) is closed, not reused
 
     def _put(self, helper: _Helper, src: Path, target: str) -> str:
-        name, part, st = self.link.name, target + ".part", src.stat()
+        name, part, st = self.link.name, upload_part(target), src.stat()
         cut = f"upload of {src} to {name}:{target} was cut"
-        hint = f"the destination is untouched (partial data in {part}); run the command again"
+        hint = UPLOAD_HINT
         reply = helper.ask(f"put {_hex(part)} {_hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n")
         if not reply:
             raise self._lost(helper, cut, hint)
@@ -531,20 +543,18 @@ class _Sends:
         return self.shas
 
     def _lost(self, src: Path, target: str) -> TransferError:
-        return self.transfer._lost(self.helper, f"upload of {src} to {self.name}:{target} was cut",
-                                   f"the destination is untouched (partial data in {target}.part); "
-                                   "run the command again")
+        return self.transfer._lost(self.helper, f"upload of {src} to {self.name}:{target} was cut", UPLOAD_HINT)
 
     def _send(self, index: int, src: Path, fin: IO[bytes], target: str) -> _Sent:
         """One `send` of the open file `fin`: always the announced size and a hash, so the stream stays
         in step. A file that shrinks or fails to read goes out padded with zeros and a hash that cannot
         match (the host keeps the target as it was), with its problem beside it."""
         helper = self.helper
-        hint = f"the destination is untouched (partial data in {target}.part); run the command again"
+        hint = UPLOAD_HINT
         helper.in_step = False
         with fin:
             st = os.fstat(fin.fileno())
-            request = f"send {_hex(target + '.part')} {_hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n"
+            request = f"send {_hex(upload_part(target))} {_hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n"
             if not helper.send(request.encode()):
                 raise self._lost(src, target)
             digest, left, problem = hashlib.sha256(), st.st_size, None
@@ -577,7 +587,7 @@ class _Sends:
         if sent.problem is not None:
             failure: Exception | None = sent.problem
         elif reply[0] == "err":
-            failure = TransferError(f"cannot write {self.name}:{sent.target}.part: {_err_text(reply)}")
+            failure = TransferError(f"cannot write {self.name}:{sent.target}: {_err_text(reply)}")
         elif reply[0] != "ok" or actual != sent.sha:
             failure = _mismatch_upload(self.transfer.link, sent.src, sent.target, sent.sha, actual)
         else:
@@ -645,7 +655,7 @@ class SftpTransfer(Transfer):
             return self._put(src, target)
 
     def _put(self, src: Path, target: str) -> str:
-        part = target + ".part"
+        part = upload_part(target)
         digest = hashlib.sha256()
         try:
             sftp = self.client()
@@ -663,7 +673,7 @@ class SftpTransfer(Transfer):
             raise TransferError(
                 f"upload of {src} to {self.link.name}:{target} was cut: {exc}",
                 f"the destination is untouched (partial data in {part}); run the command again",
-            ) from None
+            ) from None  # SFTP cannot remove it on a dead link: said, with its name
         expected = digest.hexdigest()
         actual = self.remote_sha256(part)
         if actual != expected:
