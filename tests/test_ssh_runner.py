@@ -433,6 +433,37 @@ def test_ssh_config_user_known_hosts_file_is_where_keys_are_checked(cli, sshd, t
     assert result.returncode == ExitCode.HOST_KEY
     assert f"is not in {empty}" in result.stderr and f">> {empty}" in result.stderr  # where to add it
     assert not (home / ".ssh" / "known_hosts").exists()
+    # `/dev/null` (and `none`): how a config turns checking off. Never for us: ~/.ssh/known_hosts it is
+    (home / ".ssh" / "config").write_text(
+        f"Host gpu-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile {sshd.client_key}\n  UserKnownHostsFile /dev/null none\n  StrictHostKeyChecking no\n")
+    result = cli("--config", str(cfg), "exec", "--host", "a", "--", "true", env={"HOME": str(home)})
+    assert result.returncode == ExitCode.HOST_KEY
+    assert f"is not in {home / '.ssh' / 'known_hosts'}" in result.stderr
+
+
+def test_each_proxyjump_hop_is_checked_against_its_own_alias_known_hosts_file(cli, sshd, tmp_path):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    hop_file = tmp_path / "hop_known"
+
+    def write(hop_known: str) -> None:
+        hop_file.write_text(hop_known)
+        (home / ".ssh" / "config").write_text(
+            f"Host gate\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+            f"  IdentityFile {sshd.client_key}\n  UserKnownHostsFile {hop_file}\n"
+            f"Host inner\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+            f"  IdentityFile {sshd.client_key}\n  ProxyJump gate\n  UserKnownHostsFile {sshd.known_hosts}\n")
+
+    cfg = tmp_path / "thrust.yaml"
+    cfg.write_text("hosts:\n  j:\n    address: inner\n")
+    write(sshd.known_hosts.read_text())
+    result = cli("--config", str(cfg), "exec", "--host", "j", "--", "echo", "through", env={"HOME": str(home)})
+    assert result.returncode == 0, result.stderr
+    write("")  # the jump host's own file lacks its key; the target's file has it: still refused
+    result = cli("--config", str(cfg), "exec", "--host", "j", "--", "true", env={"HOME": str(home)})
+    assert result.returncode == ExitCode.HOST_KEY
+    assert str(hop_file) in result.stderr
 
 
 def test_missing_or_wrong_identity_is_a_config_error_naming_the_field(cli, sshd, tmp_path):

@@ -189,12 +189,12 @@ class Helper:
                     error = str(exc)
         try:
             if fh is not None:
-                fh.close()
-                os.chmod(part, mode)
+                with fh:
+                    os.fchmod(fh.fileno(), mode)
         except OSError as exc:
             error = error or str(exc)
         ours = digest.hexdigest()
-        theirs = self.rfile.read(64).decode()
+        theirs = self.rfile.read(64).decode("ascii", "replace")
         if len(theirs) < 64:
             self._cut(part if fh is not None else None)  # cut before the hash: as above
         if not error and theirs == ours:

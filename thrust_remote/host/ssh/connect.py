@@ -13,9 +13,11 @@ Stricter than Fabric's defaults (docs/architecture.md, "Security"):
 from __future__ import annotations
 
 import base64
+import getpass
 import hashlib
 import logging
 import os
+import re
 import shlex
 import socket
 from dataclasses import dataclass, replace
@@ -129,14 +131,16 @@ def _policy(target: Target) -> paramiko.MissingHostKeyPolicy:
 
 
 def _secure(conn: Connection, target: Target) -> None:
-    """Replace Fabric's auto-add-every-key default: load known_hosts, set our policy (every ProxyJump hop too)."""
+    """Replace Fabric's auto-add-every-key default: load known_hosts, set our policy (every ProxyJump hop
+    too, each with its own alias's UserKnownHostsFile when thrust.yaml names no file)."""
     hop: object = conn
     while isinstance(hop, Connection):
         client = hop.client
-        for path in (target.known_hosts, *target.more_known_hosts):
+        checked = _with_ssh_config(target, hop)
+        for path in (checked.known_hosts, *checked.more_known_hosts):
             if path.is_file():
                 client.load_host_keys(str(path))
-        client.set_missing_host_key_policy(_policy(target))
+        client.set_missing_host_key_policy(_policy(checked))
         hop = hop.gateway
 
 
@@ -186,12 +190,36 @@ def connect(target: Target) -> Connection:
 
 def _with_ssh_config(target: Target, conn: Connection) -> Target:
     """`UserKnownHostsFile` of the alias in ~/.ssh/config (as Fabric read it), when thrust.yaml set no
-    `known_hosts:`: the first file is where keys are looked up and `accept-new` writes, as for ssh."""
-    files = str(conn.ssh_config.get("userknownhostsfile") or "").split()
-    if not target.known_hosts_default or not files:
+    `known_hosts:`: the files are where keys are looked up, the first is where `accept-new` writes,
+    as for ssh. Only absolute paths to files that can hold keys count: `none`, /dev/null (how a config
+    turns checking off) and what is left relative or with a token we do not expand are dropped, and
+    with nothing left it is ~/.ssh/known_hosts: checking never gets weaker for them."""
+    if not target.known_hosts_default:
         return target
-    paths = [Path(os.path.expanduser(f)) for f in files]
+    paths = _known_hosts_files(str(conn.ssh_config.get("userknownhostsfile") or ""), conn)
+    if not paths:
+        return target
     return replace(target, known_hosts=paths[0], more_known_hosts=tuple(paths[1:]))
+
+
+def _known_hosts_files(value: str, conn: Connection) -> list[Path]:
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        return []
+    tokens = {"%%": "%", "%d": os.path.expanduser("~"), "%u": getpass.getuser(), "%h": str(conn.host),
+              "%p": str(conn.port), "%r": str(conn.user), "%n": str(conn.original_host)}
+    out = []
+    for word in words:
+        if any(t not in tokens for t in re.findall(r"%.?", word)):
+            continue  # a token we do not expand: never a path we guess at
+        path = os.path.expandvars(os.path.expanduser(re.sub(r"%.", lambda m: tokens[m.group()], word)))
+        if not os.path.isabs(path) or "$" in path:
+            continue  # relative (to what?), or a variable that is not set
+        if os.path.exists(path) and not os.path.isfile(path):
+            continue  # /dev/null and other non-files: no keys to check against, none to write
+        out.append(Path(path))
+    return out
 
 
 def connect_error(exc: BaseException, target: Target, conn: Connection) -> BaseException:

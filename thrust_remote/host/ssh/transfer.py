@@ -323,7 +323,7 @@ class StreamTransfer(Transfer):
 
     def _give(self, helper: _Helper) -> None:
         if not helper.in_step:
-            _close_quietly(helper.chan)  # the helper sees its stdin end and exits, leaving any .part
+            _close_quietly(helper.chan)  # the helper sees its stdin end, removes an upload's part, exits
             return
         helper.in_step = False
         with self._lock:
@@ -366,7 +366,7 @@ class StreamTransfer(Transfer):
             raise self._lost(helper, cut, hint)
         if reply[0] == "err":
             helper.in_step = True
-            raise TransferError(f"cannot write {name}:{part}: {_err_text(reply)}")
+            raise TransferError(f"cannot write {name}:{target}: {_err_text(reply)}")
         digest = hashlib.sha256()
         left = st.st_size
         try:
@@ -660,7 +660,7 @@ class SftpTransfer(Transfer):
         try:
             sftp = self.client()
             self._mkdirs(os.path.dirname(target))
-            with open(src, "rb") as fin, sftp.open(part, "wb") as fout:
+            with open(src, "rb") as fin, sftp.open(part, "wbx") as fout:  # x: O_EXCL, as the helper
                 fout.set_pipelined(True)
                 while block := fin.read(CHUNK):
                     digest.update(block)
@@ -675,14 +675,22 @@ class SftpTransfer(Transfer):
                 f"the destination is untouched (partial data in {part}); run the command again",
             ) from None  # SFTP cannot remove it on a dead link: said, with its name
         expected = digest.hexdigest()
-        actual = self.remote_sha256(part)
-        if actual != expected:
-            raise _mismatch_upload(self.link, src, target, expected, actual)
         try:
-            self.client().posix_rename(part, target)
-        except (SSHException, OSError) as exc:
-            raise TransferError(f"cannot rename {part} to {target} on {self.link.name}: {exc}") from None
+            actual = self.remote_sha256(part)
+            if actual != expected:
+                raise _mismatch_upload(self.link, src, target, expected, actual)
+            try:
+                self.client().posix_rename(part, target)
+            except (SSHException, OSError) as exc:
+                raise TransferError(f"cannot rename {part} to {target} on {self.link.name}: {exc}") from None
+        except ThrustError:
+            self._remove_quietly(part)  # its own name: a failed try leaves nothing to pile up
+            raise
         return expected
+
+    def _remove_quietly(self, path: str) -> None:
+        with contextlib.suppress(Exception):  # the link may be what failed
+            self.client().remove(path)
 
     def get(self, source: str, dst: Path, identity: FileId | None = None) -> str:
         fout, part = open_part(dst)
