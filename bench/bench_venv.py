@@ -41,7 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from conftest import SSHServer, _start_sshd  # noqa: E402
-from test_host_venv import externally_managed_python, fresh_project  # noqa: E402
+from helpers import new_project  # noqa: E402
+from test_host_venv import externally_managed_python  # noqa: E402
 
 from thrust_remote.core.config import load_config  # noqa: E402
 from thrust_remote.host.session import HostSession  # noqa: E402
@@ -150,11 +151,8 @@ def main() -> int:
     try:
         python = externally_managed_python(root / "system-python")
         remote = root / "sshd" / "remote-home"
-        project = fresh_project(root / "project", server, remote, python=python,
-                                files={"train.py": "print('training')\n", "requirements.txt": REQUIREMENTS})
-        with open(project / "thrust.yaml", "a") as fh:
-            fh.write(JOB_YAML)
-        subprocess.run(["git", "-C", str(project), "commit", "-qam", "the job"], check=True)
+        project = new_project(root / "project", server, remote / "thrust", python=python, jobs=JOB_YAML,
+                              files={"train.py": "print('training')\n", "requirements.txt": REQUIREMENTS})
         our = ours(project)
         peer = by_hand(server, python, remote / "thrust" / "requirements.txt", root / "sshd" / "by-hand")
         # round 0 (ours first: its sync puts requirements.txt on the host) pays the agent upload, the
