@@ -21,7 +21,6 @@ import argparse
 import os
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ EXE = str(Path(sys.executable).parent / "thrust-remote")
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_resubmit import as_each_account  # noqa: E402
+from bench_resubmit import as_each_account, report, ssh_argv  # noqa: E402
 from conftest import SSHServer, _start_sshd  # noqa: E402
 
 HAND_CHECK = "import torch; print(torch.__version__, torch.cuda.is_available())"
@@ -53,9 +52,7 @@ def measure(server: SSHServer, project: Path, workdir: Path, repeat: int) -> dic
     server.thrust_yaml(project / "thrust.yaml", workdir=str(workdir))
     # as an installed CLI runs: with its .pyc files (bench_resubmit.measure says why)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"NO_COLOR": "1"}
-    ssh = ["ssh", "-F", "/dev/null", "-i", str(server.client_key), "-o", f"UserKnownHostsFile={server.known_hosts}",
-           "-o", "StrictHostKeyChecking=yes", "-p", str(server.port), f"{server.user}@{server.ip}",
-           shlex.join([sys.executable, "-c", HAND_CHECK])]
+    ssh = [*ssh_argv(server), shlex.join([sys.executable, "-c", HAND_CHECK])]
     methods = {"doctor (kept probe)": [EXE, "doctor"], "doctor --fresh": [EXE, "doctor", "--fresh"], "by hand": ssh}
     rows: dict[str, list[float]] = {name: [] for name in methods}
     for i in range(repeat + 1):
@@ -64,14 +61,6 @@ def measure(server: SSHServer, project: Path, workdir: Path, repeat: int) -> dic
             if i:
                 rows[name].append(took)
     return rows
-
-
-def report(title: str, rows: dict[str, list[float]]) -> None:
-    hand = statistics.median(rows["by hand"])
-    print(title)
-    for name, vals in rows.items():
-        print(f"  {name:<22} {statistics.median(vals):6.3f} s  (min {min(vals):.3f})   "
-              f"{statistics.median(vals) / hand:5.2f}x the hand check")
 
 
 def main() -> None:
@@ -83,7 +72,7 @@ def main() -> None:
     try:
         as_each_account(server, root, lambda srv, workdir, who: report(
             f"doctor on loopback sshd as {who}, medians of {args.repeat} interleaved rounds",
-            measure(srv, root / f"project-{srv.user}", workdir, args.repeat)))
+            measure(srv, root / f"project-{srv.user}", workdir, args.repeat), "the hand check"))
     finally:
         os.killpg(server.wrapper.pid, signal.SIGKILL)
 

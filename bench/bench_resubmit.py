@@ -100,6 +100,12 @@ def as_each_account(server: SSHServer, root: Path, run: Callable[[SSHServer, Pat
         remove_no_rc_account()
 
 
+def ssh_argv(server: SSHServer) -> list[str]:
+    """OpenSSH to the server as its user, with the key and known_hosts thrust-remote uses: the peer."""
+    return ["ssh", "-F", "/dev/null", "-i", str(server.client_key), "-o", f"UserKnownHostsFile={server.known_hosts}",
+            "-o", "StrictHostKeyChecking=yes", "-p", str(server.port), f"{server.user}@{server.ip}"]
+
+
 def measure(server: SSHServer, project: Path, workdir: Path, repeat: int) -> dict[str, list[float]]:
     """`repeat` interleaved rounds of the three launches against `server` (as its `user`)."""
     server.thrust_yaml(project / "thrust.yaml", workdir=str(workdir))
@@ -109,8 +115,7 @@ def measure(server: SSHServer, project: Path, workdir: Path, repeat: int) -> dic
     _took, first = _train(project, env)  # sync + setup, not counted
     _wait(project, env, first)
     meta = json.loads((workdir / ".thrust" / "runs" / first / "run.json").read_text())
-    ssh = ["ssh", "-F", "/dev/null", "-i", str(server.client_key), "-o", f"UserKnownHostsFile={server.known_hosts}",
-           "-o", "StrictHostKeyChecking=yes", "-p", str(server.port), f"{server.user}@{server.ip}"]
+    ssh = ssh_argv(server)
     rows: dict[str, list[float]] = {"train --detach (link)": [], "train --detach (no link)": [], "by hand": []}
     for i in range(repeat):
         took, run = _train(project, env)
@@ -131,12 +136,13 @@ def measure(server: SSHServer, project: Path, workdir: Path, repeat: int) -> dic
     return rows
 
 
-def report(title: str, rows: dict[str, list[float]]) -> None:
+def report(title: str, rows: dict[str, list[float]], peer: str = "the hand launch") -> None:
+    """Each row's median and minimum, and its ratio to the "by hand" row's median."""
     hand_median = statistics.median(rows["by hand"])
     print(title)
     for name, vals in rows.items():
         print(f"  {name:<26} {statistics.median(vals):6.3f} s  (min {min(vals):.3f})   "
-              f"{statistics.median(vals) / hand_median:5.2f}x the hand launch")
+              f"{statistics.median(vals) / hand_median:5.2f}x {peer}")
 
 
 def main() -> None:

@@ -387,11 +387,12 @@ def _send_lfs(session: HostSession, local: LocalState, missing: Iterable[str], s
         return
     step(f"sending {len(files)} Git LFS file(s)")
     objects = f"{session.paths.workdir}/.git/lfs/objects"
-    sent = session.runner.put_many([(source, f"{objects}/{oid[:2]}/{oid[2:4]}/{oid}") for oid, source in files.items()])
+    where = {oid: f"{objects}/{oid[:2]}/{oid[2:4]}/{oid}" for oid in files}  # git-lfs's own layout
+    sent = session.runner.put_many([(source, where[oid]) for oid, source in files.items()])
     for (oid, source), sha in zip(files.items(), sent, strict=True):
         if sha != oid:
             # in place under its object id, which the host's checkout trusts: not a file to leave there
-            session.runner.run(["rm", "-f", "--", f"{objects}/{oid[:2]}/{oid[2:4]}/{oid}"])
+            session.runner.run(["rm", "-f", "--", where[oid]])
             raise ThrustError(f"{source} changed while it was sent (sha256 {sha[:12]}, expected {oid[:12]})",
                               "train again once it is written", ExitCode.TRANSFER)
 
