@@ -56,7 +56,7 @@ def test_a_copy_is_readable_by_the_page(tmp_path: Path):
 def test_landed_downloads_take_their_names_together_in_order_and_a_stopped_transfer_still_lands(tmp_path: Path):
     """host/runner.Landing: verified parts wait for one sync, then each is renamed over its destination
     (an old file stays whole until then); a changed file keeps its place among the outcomes; parts still
-    held when a transfer stops (an error, Ctrl-C) land all the same, their outcomes unsaid."""
+    held when a transfer's consumer stops it (`settle`) land all the same, their outcomes unsaid."""
     from thrust_remote.host.runner import LANDING_BYTES, FileChangedError, Landing, open_part
 
     old = tmp_path / "f1"

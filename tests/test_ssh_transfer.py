@@ -299,6 +299,32 @@ def test_many_gets_are_pipelined_on_one_helper_in_order_with_a_swapped_file_in_p
         runner.close()
 
 
+def test_a_failed_get_many_says_every_file_it_placed_before_the_failure(sshd, tmp_path, remote_dir):
+    """get_many stopped by a failure (here a file gone from the host; a cut link or Ctrl-C takes the same
+    path): the files verified before it land and each one's outcome comes before the error, so a fetch
+    records every file it leaves under a final name (they had landed unsaid, and a cut fetch's record
+    missed up to a landing's worth of the files on disk)."""
+    items, want = [], []
+    for i in range(LANDING_FILES + 40):
+        src = remote_dir / "failing" / f"f{i:03d}"
+        src.parent.mkdir(exist_ok=True)
+        src.write_bytes(os.urandom(50 + i))
+        items.append((str(src), tmp_path / src.name, None))
+        want.append(hashlib.sha256(src.read_bytes()).hexdigest())
+    gone = LANDING_FILES + 30  # a landing placed, 30 verified files held, then the failure
+    Path(items[gone][0]).unlink()
+    runner = sshd.runner()
+    got: list[object] = []
+    try:
+        with pytest.raises(TransferError, match="no such file"):
+            got.extend(runner.get_many(items, threading.Event()))  # each outcome kept as it comes
+        assert got == want[:gone]
+        placed = sorted(p.name for p in tmp_path.iterdir())
+        assert placed == [f"f{i:03d}" for i in range(gone)]  # nothing after the failure, no part left
+    finally:
+        runner.close()
+
+
 def test_sftp_requests_from_several_threads_at_once_all_get_their_answers(sshd, remote_dir):
     """One runner's SFTP client, asked from several threads at once (a session's link start asks `home`
     while the command asks `exists`): paramiko's client lets one thread read another's answer and drop

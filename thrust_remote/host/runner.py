@@ -142,7 +142,8 @@ class Landing:
     in them. So a get of many files writes the parts without one, and `place` makes them durable with
     one syncfs of their filesystem (an fsync of each where there is none), then renames them.
     FileChangedError outcomes keep their place in the order; they have no file. A transfer stopped
-    half-way `settle`s: what it verified lands all the same.
+    by an error places what it verified and yields those outcomes before raising; one its consumer
+    stops `settle`s: what it verified lands all the same, unsaid.
     """
 
     def __init__(self) -> None:
@@ -172,9 +173,9 @@ class Landing:
             yield h if isinstance(h, FileChangedError) else h[2]
 
     def settle(self) -> None:
-        """Place the held parts without yielding their outcomes (a transfer stopped half-way by an error,
-        Ctrl-C or its consumer: what was verified still lands, unrecorded, and a later fetch finds it by
-        its hash); a part that cannot be placed is removed."""
+        """Place the held parts without yielding their outcomes (a transfer its consumer stopped: what
+        was verified still lands, unrecorded, and a later fetch finds it by its hash); a part that
+        cannot be placed is removed."""
         with contextlib.suppress(TransferError):
             for _ in self.place():
                 pass

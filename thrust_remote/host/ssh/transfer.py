@@ -406,7 +406,7 @@ class StreamTransfer(Transfer):
         verified files land together (Landing: one sync for many, not an fsync each). Yields each file's
         sha256 once it is in place, or the FileChangedError of a file replaced since it was listed; any
         other failure is raised, as `get` raises it, once the files verified before it have landed
-        (their outcomes unsaid). Asks nothing more once `stop` is set."""
+        and their outcomes are yielded. Asks nothing more once `stop` is set."""
         helper = self._take()
         if helper is None:
             yield from one_by_one(self.fallback.get, items, stop)  # no usable python on the host
@@ -435,8 +435,16 @@ class StreamTransfer(Transfer):
                 if full:
                     yield from landing.place()
             yield from landing.place()
+        except GeneratorExit:
+            raise  # the consumer wants no more outcomes: `finally` lands the held parts unsaid
+        except BaseException:
+            # an error or a cut link (Ctrl-C closes it): the files verified before it land and their
+            # outcomes are said, so a fetch records every file it leaves under a final name
+            with contextlib.suppress(TransferError):  # cannot place them: they are removed, the first error stands
+                yield from landing.place()
+            raise
         finally:
-            landing.settle()  # stopped by an error or the consumer: the verified parts still land
+            landing.settle()  # stopped by its consumer: the verified parts still land
             if answered != asked:
                 helper.in_step = False  # answers still on their way: this helper is closed, not reused
             self._give(helper)
