@@ -203,20 +203,26 @@ def _with_ssh_config(target: Target, conn: Connection) -> Target:
 
 
 def _known_hosts_files(value: str, conn: Connection) -> list[Path]:
-    try:
-        words = shlex.split(value)
-    except ValueError:
-        return []
     tokens = {"%%": "%", "%d": os.path.expanduser("~"), "%u": getpass.getuser(), "%h": str(conn.host),
               "%p": str(conn.port), "%r": str(conn.user), "%n": str(conn.original_host)}
+
+    def expand(word: str) -> str | None:
+        if any(t not in tokens for t in re.findall(r"%.?", word)):
+            return None  # a token we do not expand: never a path we guess at
+        path = os.path.expandvars(os.path.expanduser(re.sub(r"%.", lambda m: tokens[m.group()], word)))
+        return path if os.path.isabs(path) and "$" not in path else None  # relative (to what?), unset variable
+
+    # paramiko drops the quotes of a value that is one quoted word ("/my dir/known"): a value without
+    # quotes that names an existing file whole is that one file, not several split at the space
+    whole = expand(value) if value.strip() and not set("\"'") & set(value) else None
+    try:
+        words = [value] if whole is not None and os.path.isfile(whole) else shlex.split(value)
+    except ValueError:
+        return []
     out = []
     for word in words:
-        if any(t not in tokens for t in re.findall(r"%.?", word)):
-            continue  # a token we do not expand: never a path we guess at
-        path = os.path.expandvars(os.path.expanduser(re.sub(r"%.", lambda m: tokens[m.group()], word)))
-        if not os.path.isabs(path) or "$" in path:
-            continue  # relative (to what?), or a variable that is not set
-        if os.path.exists(path) and not os.path.isfile(path):
+        path = expand(word)
+        if path is None or (os.path.exists(path) and not os.path.isfile(path)):
             continue  # /dev/null and other non-files: no keys to check against, none to write
         out.append(Path(path))
     return out
