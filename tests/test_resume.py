@@ -20,7 +20,7 @@ from conftest import _start_sshd
 from helpers import EXE, Clock, commit, git, git_init, wait_until
 
 from thrust_remote.core.config import parse_config_text
-from thrust_remote.core.errors import ConfigError, ConnectionLostError
+from thrust_remote.core.errors import ConfigError, ConnectionLostError, ExitCode
 from thrust_remote.run import resume
 from thrust_remote.run.pipeline import Launched, TrainOutcome
 
@@ -253,6 +253,9 @@ def test_a_running_run_fetched_then_its_host_lost_resumes_on_another_host_from_t
     assert meta["resumed_from"] == run_id
     status = json.loads(_cli(project, "status", out["run_id"], "--json").stdout)
     assert status["resumed_from"] == run_id
+    old = _cli(project, "status", run_id)  # its host is gone: the hint names the run that went on
+    assert old.returncode == ExitCode.UNAVAILABLE, old.stderr
+    assert f"run {run_id} was resumed as {out['run_id']} on b: thrust-remote status {out['run_id']}" in old.stderr
     listed = _cli(project, "runs", "--host", "b")
     assert run_id in listed.stdout.splitlines()[-1] and "resumed_from" in listed.stdout.splitlines()[0]
 
@@ -350,6 +353,10 @@ def test_a_job_of_your_own_resumes_through_its_template_and_one_without_it_is_re
     assert f"resumed from {on_host}" in log  # its own host answered: the run's own file, no upload
     assert int(log.split("at step ")[1].split()[0]) > 0
     _cli(project, "stop", new)
+    old = _cli(project, "status", run_id)  # the stopped run says where its work went on
+    assert old.returncode == 0 and f"continued by {new} on sandbox: thrust-remote status {new}" in old.stdout
+    assert json.loads(_cli(project, "status", run_id, "--json").stdout)["continued_by"] == [
+        {"run_id": new, "host": "sandbox"}]
 
     plain = json.loads(_cli(project, "train", "plain", "--detach", "--json").stdout)["run_id"]
     _cli(project, "stop", plain)

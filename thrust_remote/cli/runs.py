@@ -20,7 +20,15 @@ from thrust_remote.cli.follow import say
 from thrust_remote.cli.train import CliReporter, show_outcome
 from thrust_remote.core.config import Config
 from thrust_remote.core.console import console, err_console, host_text
-from thrust_remote.core.errors import ExitCode, StillGoing, ThrustError, UnknownHostError, UnreachableError, UsageError
+from thrust_remote.core.errors import (
+    ConnectionLostError,
+    ExitCode,
+    StillGoing,
+    ThrustError,
+    UnknownHostError,
+    UnreachableError,
+    UsageError,
+)
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import lifecycle
@@ -216,8 +224,20 @@ def _columns_that_fit(headers: Sequence[str], rows: Sequence[Sequence[str]], wid
 
 def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    with open_session(ctx, host, run_id) as session:  # over several hosts: every node's state, and the run's
-        st = lifecycle.status(session, run_id, opener(ctx, run_id))
+    config = get_config(ctx)
+    after = index.continued_by(config.root, run_id)  # resumed since (`resume`, a retry): where the work went on
+    try:
+        with open_session(ctx, host, run_id) as session:  # over several hosts: every node's state, and the run's
+            st = lifecycle.status(session, run_id, opener(ctx, run_id))
+    except ThrustError as exc:
+        # its host is gone: the run that went on is what to ask about
+        if after and isinstance(exc, (UnreachableError, ConnectionLostError)):
+            last = after[-1]
+            exc.hint = (f"run {run_id} was resumed as {last.run_id} on {last.host}: "
+                        f"{command_hint('status', last.run_id, config=config.given_path)}")
+        raise
+    if after:
+        st["continued_by"] = [{"run_id": e.run_id, "host": e.host} for e in after]
     if as_json:
         typer.echo(json.dumps(st))
         return
@@ -241,6 +261,9 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
         code = "" if node.get("exit_code") is None else f" (exit code {node['exit_code']})"
         console.print(f"  node {h(node['node'])}  {h(node['host'])}  "
                       f"[{STATE_STYLE.get(node['state'], 'red')}]{h(node['state'])}[/]{h(code)}", highlight=False)
+    for e in after:
+        again = command_hint("status", e.run_id, config=config.given_path)
+        console.print(f"  continued by {h(e.run_id)} on {h(e.host)}: {h(again)}", highlight=False)
 
 
 def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="RUN...", help="Run ids."),

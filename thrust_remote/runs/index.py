@@ -89,6 +89,17 @@ def lookup(root: Path, run_id: str) -> IndexEntry | None:
     )
 
 
+def continued_by(root: Path, run_id: str) -> list[IndexEntry]:
+    """The runs this project started that continue `run_id` (`resume`, a retry), oldest first: what
+    `status` of a run that was resumed elsewhere points at. A scan of the index (a file per run)."""
+    try:
+        names = [p.stem for p in index_dir(root).glob("*.json")]
+    except OSError:
+        return []
+    entries = [e for name in names if valid_id(name) and (e := lookup(root, name)) and e.resumed_from == run_id]
+    return sorted(entries, key=lambda e: (e.started_at, e.run_id))
+
+
 PATCH_SUFFIX = ".patch"
 
 
