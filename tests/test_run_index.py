@@ -334,3 +334,30 @@ def test_runs_on_a_narrow_terminal_drops_columns_whole_never_the_state(width):
         assert row[1] in text and row[-1] in text  # the state and the run id, whole
     assert "…" not in text
     assert ("3f2a9c1b7d0e" in text) is (width == 200)  # the commit goes first when room is short
+
+
+def test_runs_all_on_a_narrow_terminal_lists_each_hosts_runs_under_its_name():
+    """`runs --all` where even the host column does not fit: a table per host under the host's name
+    (it had dropped the column, leaving runs with no word of where they are)."""
+    import io
+
+    from rich.console import Console
+
+    from thrust_remote.cli.runs import COLUMNS, _print_hosts_table
+
+    rows = [("gpu-a", "ppo", "RUNNING", "", "2026-11-25T08:23:05Z", "", "3f2a9c1b7d0e", "ppo-20261125-082305-4cbb"),
+            ("gpu-b", "ppo", "FAILED", "2", "2026-11-25T08:30:00Z", "2026-11-25T08:30:04Z", "3f2a9c1b7d0e",
+             "ppo-20261125-083000-77aa")]
+    for width, grouped in ((200, False), (40, True)):
+        out = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)
+        _print_hosts_table(("host", *COLUMNS), rows, ["gpu-c: connection refused"], out=out)
+        lines = out.file.getvalue().splitlines()
+        assert all(len(line) <= width for line in lines)
+        at = {name: next(i for i, line in enumerate(lines) if name in line)
+              for name in ("gpu-a", "gpu-b", "ppo-20261125-082305-4cbb", "ppo-20261125-083000-77aa")}
+        if grouped:  # each host's name heads its own runs
+            assert lines[at["gpu-a"]].strip() == "gpu-a" and lines[at["gpu-b"]].strip() == "gpu-b"
+            assert at["gpu-a"] < at["ppo-20261125-082305-4cbb"] < at["gpu-b"] < at["ppo-20261125-083000-77aa"]
+        else:  # one table, the host in each row
+            assert at["gpu-a"] == at["ppo-20261125-082305-4cbb"] and at["gpu-b"] == at["ppo-20261125-083000-77aa"]
+        assert "RUNNING" in lines[at["ppo-20261125-082305-4cbb"]] and lines[-1] == "gpu-c: connection refused"

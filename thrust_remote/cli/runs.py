@@ -145,7 +145,7 @@ def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
                 rows.append((listing.host, "", _unreachable(listing), "", "", "", "", why, *([""] if resumed else [])))
                 notes.append(f"{listing.host}: {listing.error}")
             rows += [(listing.host, *_row(r, resumed)) for r in listing.runs or []]
-        _print_table(("host", *_columns(resumed)), rows, notes)
+        _print_hosts_table(("host", *_columns(resumed)), rows, notes)
     answered = [listing for listing in listings if listing.runs is not None]
     if not answered:  # no host answered: the first one's reason is the exit code (69 for a timeout)
         raise typer.Exit(listings[0].exit_code if listings else 0)
@@ -208,6 +208,21 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: S
     out.print(table)
     for note in notes:
         out.print(f"[red]{escape(note)}[/]", highlight=False)
+
+
+def _print_hosts_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = (),
+                       out: Console | None = None) -> None:
+    """`runs --all`: one table with a host column; on a terminal too narrow to keep that column, a
+    table per host under its name instead (a run listed without its host says nothing of where)."""
+    out = out or console
+    if not out.is_terminal or 0 in _columns_that_fit(headers, rows, out.width):
+        _print_table(headers, rows, notes, out)
+        return
+    for host in dict.fromkeys(row[0] for row in rows):
+        out.print(f"[bold]{escape(host_text(host, markup=False))}[/]", highlight=False)
+        _print_table(headers[1:], [row[1:] for row in rows if row[0] == host], out=out)
+    for note in notes:
+        out.print(f"[red]{escape(host_text(note, lines=True, markup=False))}[/]", highlight=False)
 
 
 def _columns_that_fit(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[int]:
