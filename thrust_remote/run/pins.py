@@ -22,10 +22,10 @@ import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from packaging.markers import default_environment
-from packaging.requirements import InvalidRequirement, Requirement
+if TYPE_CHECKING:  # packaging costs ~20 ms of every command's start; imported where a pin is read
+    from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -93,6 +93,8 @@ def _include(line: str) -> tuple[str, bool] | None:
 def _requirement(line: str) -> Requirement | None:
     """The requirement of a line (its per-requirement options, `--hash=...`, cut off); None for what
     `packaging` cannot name (a path, a URL alone): pip's to judge."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     cut = next((i for i in range(1, len(line)) if line[i - 1].isspace() and line[i] == "-"
                 and line[i + 1:i + 2] == "-"), len(line))
     try:
@@ -151,6 +153,8 @@ def inline_pins(specs: Sequence[str], where: str) -> list[Pin]:
 
 def host_markers(facts: Mapping[str, Any]) -> dict[str, str]:
     """PEP 508 marker values of the host, from its facts (the laptop's own where the host's are unknown)."""
+    from packaging.markers import default_environment
+
     env: dict[str, str] = dict(default_environment())  # type: ignore[arg-type]
     python = str(facts.get("python") or "")
     if python:

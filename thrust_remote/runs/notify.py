@@ -13,8 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +105,9 @@ def _webhook(spec: str, ended: Ended, env: dict[str, str], warn: Warn) -> None:
     if not url.startswith(("https://", "http://")):
         warn(f"notify webhook: the value of {spec} is not an http(s):// URL; nothing was posted")
         return
+    import urllib.error  # ~20 ms of every command's start, for a webhook that few runs post
+    import urllib.request
+
     body = json.dumps({"text": ended.text, "run_id": ended.run_id, "state": ended.state, "reason": ended.reason,
                        "exit_code": ended.exit_code, "host": ended.host, "job": ended.job}).encode()
     request = urllib.request.Request(url, data=body, method="POST",
