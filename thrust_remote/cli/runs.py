@@ -248,8 +248,9 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
         # its host is gone: the run that went on is what to ask about
         if after and isinstance(exc, (UnreachableError, ConnectionLostError)):
             last = after[-1]
-            exc.hint = (f"run {run_id} was resumed as {last.run_id} on {last.host}: "
-                        f"{command_hint('status', last.run_id, config=config.given_path)}")
+            went_on = (f"run {run_id} was resumed as {last.run_id} on {last.host}: "
+                       f"{command_hint('status', last.run_id, config=config.given_path)}")
+            exc.hint = "\n".join(filter(None, [went_on, exc.hint]))
         raise
     if after:
         st["continued_by"] = [{"run_id": e.run_id, "host": e.host} for e in after]
