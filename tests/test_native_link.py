@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None, 
 
 @pytest.fixture(scope="module")
 def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Compile once (~20 s), link twice: with -Wl,--as-needed and with -Wl,--no-as-needed."""
+    """Compile once (~8 s), link twice: with -Wl,--as-needed and with -Wl,--no-as-needed."""
     import torch
 
     torch_dir = Path(torch.__file__).parent
