@@ -15,6 +15,7 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -121,9 +122,12 @@ def test_tilde_python_is_the_hosts_home_for_every_command(cli, sshd, remote_dir,
     venv = Path(run["argv"][0]).parent.parent
     assert venv.parent == remote_dir / "thrust" / ".thrust" / "venvs"
     assert json.loads((venv / ".thrust-venv.json").read_text())["base"] == expanded
-    for args in (["runs"], ["status", run_id], ["logs", run_id], ["stop", run_id], ["fetch", run_id],
-                 ["doctor", "--json"]):
-        proc = cli("--config", str(cfg), *args, "--host", "sandbox", cwd=project)
+    commands = (["runs"], ["status", run_id], ["logs", run_id], ["stop", run_id], ["fetch", run_id],
+                ["doctor", "--json"])
+    with ThreadPoolExecutor(2) as pool:  # independent commands (the run has ended): two at a time
+        procs = list(pool.map(lambda args: cli("--config", str(cfg), *args, "--host", "sandbox", cwd=project),
+                              commands))
+    for args, proc in zip(commands, procs, strict=True):
         assert proc.returncode == 0, (args, proc.stderr)
     assert run_id in cli("runs", "--json", cwd=project).stdout
 
@@ -148,9 +152,13 @@ def test_wrong_python_is_69_with_doctors_hint_on_every_command(cli, sshd, remote
     # a run directory on the host, so status/logs/stop/fetch get as far as running the agent
     (remote_dir / "thrust" / ".thrust" / "runs" / "cartpole-x1").mkdir(parents=True)
     hint = f"thrust-remote --config {cfg.resolve()} doctor --host sandbox"
-    for args in (["runs"], ["status", "cartpole-x1"], ["logs", "cartpole-x1"], ["stop", "cartpole-x1"],
-                 ["fetch", "cartpole-x1"], ["doctor"], ["train", "cartpole", *FAST]):
-        proc = cli("--config", str(cfg), *args, "--host", "sandbox", cwd=project)
+    commands = (["runs"], ["status", "cartpole-x1"], ["logs", "cartpole-x1"], ["stop", "cartpole-x1"],
+                ["fetch", "cartpole-x1"], ["doctor"], ["train", "cartpole", *FAST])
+    # the commands are independent (each stops at the python check): two at a time halve the test's wall
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda args: cli("--config", str(cfg), *args, "--host", "sandbox", cwd=project),
+                              commands))
+    for args, proc in zip(commands, procs, strict=True):
         assert proc.returncode == 69, (args, proc.stderr)
         if kind != "missing" or args[0] == "runs":  # a missing one keeps payload's own "not found" wording
             assert words in proc.stderr or "not found" in proc.stderr, (args, proc.stderr)
