@@ -450,12 +450,6 @@ def test_ssh_config_user_known_hosts_file_is_where_keys_are_checked(cli, sshd, t
     result = cli("--config", str(cfg), "exec", "--host", "a", "--", "true", env={"HOME": str(home)})
     assert result.returncode == ExitCode.HOST_KEY
     assert f"is not in {home / '.ssh' / 'known_hosts'}" in result.stderr
-    # a `known_hosts:` written in thrust.yaml is that file, even when it is the default path
-    alias(empty)
-    (home / ".ssh" / "known_hosts").write_text(sshd.known_hosts.read_text())
-    cfg.write_text("hosts:\n  a:\n    address: gpu-alias\n    known_hosts: ~/.ssh/known_hosts\n")
-    result = cli("--config", str(cfg), "exec", "--host", "a", "--", "true", env={"HOME": str(home)})
-    assert result.returncode == 0, result.stderr
 
 
 def test_each_proxyjump_hop_is_checked_against_its_own_alias_known_hosts_file(cli, sshd, tmp_path):

@@ -48,7 +48,7 @@ class HostConfig:
     workdir: str = "~/thrust"
     python: str = "python3"
     identity: str | None = None
-    known_hosts: str | None = None  # None: the file ~/.ssh/config names for the alias, else ~/.ssh/known_hosts
+    known_hosts: str = "~/.ssh/known_hosts"
     host_key_policy: str = "strict"
     gpus: tuple[int, ...] | None = None
     connect_timeout: float = 10.0

@@ -67,9 +67,6 @@ def known_hosts_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"  # where keys are checked when neither thrust.yaml nor ~/.ssh/config says
-
-
 @dataclass(frozen=True)
 class Target:
     """Where and how to connect: one host of thrust.yaml, with paths already expanded."""
@@ -77,10 +74,10 @@ class Target:
     name: str
     address: Address
     identity: str | None = None
-    known_hosts: Path = Path(DEFAULT_KNOWN_HOSTS)
+    known_hosts: Path = Path("~/.ssh/known_hosts")
     host_key_policy: str = "strict"
     connect_timeout: float = 10.0
-    # thrust.yaml has no `known_hosts:`: ~/.ssh/config's UserKnownHostsFile for the alias
+    # thrust.yaml left `known_hosts:` at its default: ~/.ssh/config's UserKnownHostsFile for the alias
     # wins, as it does for ssh (connect, `_with_ssh_config`)
     known_hosts_default: bool = False
     more_known_hosts: tuple[Path, ...] = ()  # UserKnownHostsFile's further files: read, never written

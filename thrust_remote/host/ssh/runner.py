@@ -38,7 +38,7 @@ from thrust_remote.host.runner import (
 )
 from thrust_remote.host.ssh.agentlink import AgentLink
 from thrust_remote.host.ssh.command import ChannelProcess, build_remote_command, with_env
-from thrust_remote.host.ssh.connect import DEFAULT_KNOWN_HOSTS, Target, connect
+from thrust_remote.host.ssh.connect import Target, connect
 from thrust_remote.host.ssh.transfer import LINK_ERRORS, SftpTransfer, StreamTransfer
 
 
@@ -51,7 +51,7 @@ class SSHRunner(FileOps):
         address: Address,
         *,
         identity: str | None = None,
-        known_hosts: str | None = None,
+        known_hosts: str = "~/.ssh/known_hosts",
         host_key_policy: str = "strict",
         python: str = "python3",
         connect_timeout: float = 10.0,
@@ -61,10 +61,9 @@ class SSHRunner(FileOps):
             name=name,
             address=address,
             identity=os.path.expanduser(identity) if identity else None,
-            known_hosts=Path(os.path.expanduser(known_hosts or DEFAULT_KNOWN_HOSTS)),
-            # none given (thrust.yaml has no `known_hosts:`) stands for "whatever ssh uses here":
-            # ~/.ssh/config may name another file; one written down, even the default, is that file
-            known_hosts_default=known_hosts is None,
+            known_hosts=Path(os.path.expanduser(known_hosts)),
+            # the default path stands for "whatever ssh uses here": ~/.ssh/config may name another
+            known_hosts_default=known_hosts == HostConfig.known_hosts,
             host_key_policy=host_key_policy,
             connect_timeout=connect_timeout,
         )
