@@ -436,13 +436,21 @@ def test_ssh_config_user_known_hosts_file_is_where_keys_are_checked(cli, sshd, t
     spaced = tmp_path / "my keys" / "known hosts"  # one quoted path with spaces is one file, not three
     spaced.parent.mkdir()
     spaced.write_text(sshd.known_hosts.read_text())
+    also = tmp_path / "my keys" / "other hosts"  # two quoted paths: paramiko strips the outer quotes only
+    also.write_text("")
     for line in (f'UserKnownHostsFile "{spaced}"', f'UserKnownHostsFile="{spaced}"',
-                 f'UserKnownHostsFile {empty} "{spaced}"'):
+                 f'UserKnownHostsFile {empty} "{spaced}"', f'UserKnownHostsFile "{also}" "{spaced}"'):
         (home / ".ssh" / "config").write_text(
             f"Host gpu-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
             f"  IdentityFile {sshd.client_key}\n  {line}\n")
         result = cli("--config", str(cfg), "exec", "--host", "a", "--", "true", env={"HOME": str(home)})
         assert result.returncode == 0, (line, result.stderr)
+    not_yet = tmp_path / "my keys" / "new hosts"  # a first connection: the file is not there yet
+    (home / ".ssh" / "config").write_text(
+        f"Host gpu-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f'  IdentityFile {sshd.client_key}\n  UserKnownHostsFile "{not_yet}"\n')
+    result = cli("--config", str(cfg), "exec", "--host", "a", "--", "true", env={"HOME": str(home)})
+    assert result.returncode == ExitCode.HOST_KEY and f"is not in {not_yet}:" in result.stderr, result.stderr
     # `/dev/null` (and `none`): how a config turns checking off. Never for us: ~/.ssh/known_hosts it is
     (home / ".ssh" / "config").write_text(
         f"Host gpu-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"

@@ -13,6 +13,7 @@ Stricter than Fabric's defaults (docs/architecture.md, "Security"):
 from __future__ import annotations
 
 import base64
+import contextlib
 import getpass
 import hashlib
 import logging
@@ -20,6 +21,7 @@ import os
 import re
 import shlex
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -212,13 +214,7 @@ def _known_hosts_files(value: str, conn: Connection) -> list[Path]:
         path = os.path.expandvars(os.path.expanduser(re.sub(r"%.", lambda m: tokens[m.group()], word)))
         return path if os.path.isabs(path) and "$" not in path else None  # relative (to what?), unset variable
 
-    # paramiko drops the quotes of a value that is one quoted word ("/my dir/known"): a value without
-    # quotes that names an existing file whole is that one file, not several split at the space
-    whole = expand(value) if value.strip() and not set("\"'") & set(value) else None
-    try:
-        words = [value] if whole is not None and os.path.isfile(whole) else shlex.split(value)
-    except ValueError:
-        return []
+    words = _known_hosts_words(value, lambda word: word == "none" or expand(word) is not None)
     out = []
     for word in words:
         path = expand(word)
@@ -226,6 +222,18 @@ def _known_hosts_files(value: str, conn: Connection) -> list[Path]:
             continue  # /dev/null and other non-files: no keys to check against, none to write
         out.append(Path(path))
     return out
+
+
+def _known_hosts_words(value: str, is_path: Callable[[str], bool]) -> list[str]:
+    """The words of a UserKnownHostsFile value. paramiko strips the outer double quotes of a value that
+    starts and ends with one: `"/my keys/known hosts"` reaches us as `/my keys/known hosts`, and
+    `"/a b" "/c d"` as `/a b" "/c d`. So the value is split as it came and, when that leaves a word
+    that is no path (`keys/known`: relative), with its outer quotes put back; else as it came."""
+    splits = []
+    for text in (value, f'"{value}"'):
+        with contextlib.suppress(ValueError):  # unbalanced quotes: not this reading
+            splits.append(shlex.split(text))
+    return next((words for words in splits if words and all(is_path(w) for w in words)), splits[0] if splits else [])
 
 
 def connect_error(exc: BaseException, target: Target, conn: Connection) -> BaseException:
