@@ -258,6 +258,12 @@ def test_a_running_run_fetched_then_its_host_lost_resumes_on_another_host_from_t
     assert f"run {run_id} was resumed as {out['run_id']} on b: thrust-remote status {out['run_id']}" in old.stderr
     listed = _cli(project, "runs", "--host", "b")
     assert run_id in listed.stdout.splitlines()[-1] and "resumed_from" in listed.stdout.splitlines()[0]
+    cfg = project / "thrust.yaml"  # the dead host taken out of thrust.yaml: still pointed to the new run
+    text = cfg.read_text().replace("default_host: a\n", "default_host: b\n")
+    cfg.write_text(text.replace("\n  a:\n", "\n  a-old:\n"))
+    old = _cli(project, "status", run_id)
+    assert old.returncode == ExitCode.UNKNOWN_HOST, old.stderr
+    assert f"run {run_id} was resumed as {out['run_id']} on b: thrust-remote status {out['run_id']}" in old.stderr
 
 
 @pytest.mark.slow

@@ -245,8 +245,8 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
         with open_session(ctx, host, run_id) as session:  # over several hosts: every node's state, and the run's
             st = lifecycle.status(session, run_id, opener(ctx, run_id))
     except ThrustError as exc:
-        # its host is gone: the run that went on is what to ask about
-        if after and isinstance(exc, (UnreachableError, ConnectionLostError)):
+        # its host is gone (down, or out of thrust.yaml): the run that went on is what to ask about
+        if after and isinstance(exc, (UnreachableError, ConnectionLostError, UnknownHostError)):
             last = after[-1]
             went_on = (f"run {run_id} was resumed as {last.run_id} on {last.host}: "
                        f"{command_hint('status', last.run_id, config=config.given_path)}")
