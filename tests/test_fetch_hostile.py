@@ -246,6 +246,29 @@ def test_ctrl_c_stops_a_fetch_at_once_records_what_came_and_leaves_no_temporary_
     assert len(host.fetched()) == n
 
 
+def test_a_fetch_removes_the_temporary_files_of_one_killed_outright_and_no_others(host):
+    """A fetch killed with SIGKILL leaves its `.NAME.PID-N.part` files (nothing ran to remove them);
+    the next fetch removes those of a pid that is gone, and leaves a live process's part (another
+    fetch under way) and a host file that merely has such a name."""
+    host.reset()
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that is no process now
+    (host.out / "a.txt").write_text("a")
+    own = f".hosts-own.{gone.pid}-1.part"  # the job's own file with such a name: fetched, never swept
+    (host.out / own).write_text("the job's own file")
+    host.local.mkdir(parents=True)
+    orphan = host.local / f".a.txt.{gone.pid}-3.part"
+    orphan.write_bytes(b"half a file")
+    live = host.local / f".a.txt.{os.getpid()}-9.part"  # this test's own pid: a process still running
+    live.write_bytes(b"being written")
+    result = host.fetch()
+    assert result.returncode == 0, result.stderr
+    assert not orphan.exists() and live.read_bytes() == b"being written"
+    assert host.fetched()[own] == b"the job's own file" and host.fetched()["a.txt"] == b"a"
+    again = host.fetch()  # its local copy, named like an orphan, is listed: kept, unchanged
+    assert again.returncode == 0 and host.fetched()[own] == b"the job's own file", again.stderr
+
+
 # ------------------------------------------------------------------------------------------ 4, 6
 
 def test_the_laptop_never_writes_through_a_symlink_in_its_fetched_tree(host, tmp_path):

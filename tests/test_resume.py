@@ -398,5 +398,6 @@ def test_a_pull_killed_mid_transfer_leaves_nothing_under_the_final_name_and_the_
     assert done.returncode == 0, done.stderr
     got = dest / "zz-big.bin"
     assert got.stat().st_size == host_file.stat().st_size == 300 << 20
+    assert not list(dest.glob(".*.part"))  # the killed pull's part went with the next one (its pid is gone)
     assert hashlib.sha256(got.read_bytes()).hexdigest() == hashlib.sha256(host_file.read_bytes()).hexdigest()
     _cli(project, "stop", run_id)

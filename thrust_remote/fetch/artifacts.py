@@ -39,7 +39,7 @@ from thrust_remote.core.errors import ExitCode, ThrustError, TransferError
 from thrust_remote.core.files import write_atomic
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch.models import _ensure_kept_root, kept_root
-from thrust_remote.host.runner import FileChangedError, sha256_file
+from thrust_remote.host.runner import FileChangedError, drop_orphan_parts, sha256_file
 from thrust_remote.host.session import HostSession, parse_json
 
 ARTIFACTS_DIR = "artifacts"
@@ -335,6 +335,9 @@ def fetch_changed(session: HostSession, dest: Path, todo: list[tuple[str, Path, 
             _remember(record, name, target, entry, entry["sha256"])
         else:
             changed.append((name, target, entry))
+    listed = {target for _, target, _ in todo}
+    for directory in made:  # what a fetch killed outright left where this one writes
+        drop_orphan_parts(directory, keep=listed)
     if not changed:
         return
     umask = _umask()

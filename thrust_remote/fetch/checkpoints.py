@@ -27,7 +27,7 @@ from thrust_remote.core.files import write_atomic
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import artifacts
 from thrust_remote.fetch.models import _ensure_kept_root, kept_root
-from thrust_remote.host.runner import sha256_file
+from thrust_remote.host.runner import drop_orphan_parts, sha256_file
 from thrust_remote.host.session import HostSession
 
 RECORD = "checkpoints.json"
@@ -127,7 +127,7 @@ def _bring(session: HostSession, result: CheckpointPull, chosen: list[tuple[str,
     """The chosen checkpoints fetched (only what differs), counted into `result`; a torn one dropped."""
     _ensure_kept_root(project_root)
     artifacts.safe_dir(result.dest, "checkpoints")
-    _drop_stale_parts(result.dest)
+    drop_orphan_parts(result.dest)  # of pulls killed outright: checkpoints are large
     got = artifacts.DirFetch(result.dest)
     try:
         artifacts.fetch_changed(session, result.dest, chosen, files, got)
@@ -155,19 +155,6 @@ def _choose(listed: list[tuple[str, Path, dict[str, Any]]], dest: Path, every: b
     picked = sorted(((base, dest / base, entry) for base, entry in by_name.items()),
                     key=lambda item: (item[2]["mtime"], item[0]))
     return picked if every else picked[-1:]
-
-
-STALE_PART_S = 60.0  # a download's temporary file untouched this long was left by a pull that was killed
-
-
-def _drop_stale_parts(dest: Path) -> None:
-    """Temporary files of pulls killed outright (SIGKILL, a laptop that slept): checkpoints are large,
-    and nothing else would ever remove them. One still being written is newer than STALE_PART_S."""
-    now = time.time()
-    for part in dest.glob(".*.part"):
-        with contextlib.suppress(OSError):
-            if now - part.lstat().st_mtime > STALE_PART_S:
-                part.unlink()
 
 
 def _drop_torn(chosen: list[tuple[str, Path, dict[str, Any]]], files: dict[str, dict[str, Any]],

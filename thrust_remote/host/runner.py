@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
@@ -112,6 +112,39 @@ def open_part(dst: Path) -> tuple[IO[bytes], Path]:
 def drop_part(part: Path) -> None:
     with contextlib.suppress(OSError):
         part.unlink()
+
+
+def drop_orphan_parts(directory: Path, keep: Collection[Path] = ()) -> None:
+    """Remove the temporary files (`open_part`'s names) in `directory` whose process is gone: a fetch
+    or pull killed outright (SIGKILL, a laptop that slept and rebooted) leaves them, and nothing else
+    ever would (a checkpoint's is GBs). A part of a process still running (another fetch) stays, and
+    so does a path in `keep` (a host file that happens to have such a name, about to be fetched)."""
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            pid = _part_pid(entry.name)
+            if pid is None or pid == os.getpid() or _alive(pid) or Path(entry.path) in keep:
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_file(follow_symlinks=False):
+                    os.unlink(entry.path)
+
+
+def _part_pid(name: str) -> int | None:
+    """The pid in an `open_part` name (`.NAME.PID-N.part`), or None for any other name."""
+    if not (name.startswith(".") and name.endswith(".part")):
+        return None
+    pid, dash, count = name[:-len(".part")].rpartition(".")[2].partition("-")
+    return int(pid) if dash and pid.isdigit() and count.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another account's process: alive
+        return True
+    return True
 
 
 LANDING_FILES = 256  # verified downloads held before one sync places them all
