@@ -215,14 +215,14 @@ def _print_hosts_table(headers: Sequence[str], rows: Sequence[Sequence[str]], no
     """`runs --all`: one table with a host column; on a terminal too narrow to keep that column, a
     table per host under its name instead (a run listed without its host says nothing of where)."""
     out = out or console
-    if not out.is_terminal or 0 in _columns_that_fit(headers, rows, out.width):
+    hosts = list(dict.fromkeys(row[0] for row in rows))
+    if not out.is_terminal or not hosts or 0 in _columns_that_fit(headers, rows, out.width):
         _print_table(headers, rows, notes, out)
         return
-    for host in dict.fromkeys(row[0] for row in rows):
+    for i, host in enumerate(hosts):  # the notes under the last table, as under the one table
         out.print(f"[bold]{escape(host_text(host, markup=False))}[/]", highlight=False)
-        _print_table(headers[1:], [row[1:] for row in rows if row[0] == host], out=out)
-    for note in notes:
-        out.print(f"[red]{escape(host_text(note, lines=True, markup=False))}[/]", highlight=False)
+        _print_table(headers[1:], [row[1:] for row in rows if row[0] == host], notes if i == len(hosts) - 1 else (),
+                     out)
 
 
 def _columns_that_fit(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[int]:

@@ -27,7 +27,7 @@ from thrust_remote.core.files import write_atomic
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import artifacts
 from thrust_remote.fetch.models import _ensure_kept_root, kept_root
-from thrust_remote.host.runner import drop_orphan_parts, sha256_file
+from thrust_remote.host.runner import sha256_file
 from thrust_remote.host.session import HostSession
 
 RECORD = "checkpoints.json"
@@ -127,7 +127,6 @@ def _bring(session: HostSession, result: CheckpointPull, chosen: list[tuple[str,
     """The chosen checkpoints fetched (only what differs), counted into `result`; a torn one dropped."""
     _ensure_kept_root(project_root)
     artifacts.safe_dir(result.dest, "checkpoints")
-    drop_orphan_parts(result.dest)  # of pulls killed outright: checkpoints are large
     got = artifacts.DirFetch(result.dest)
     try:
         artifacts.fetch_changed(session, result.dest, chosen, files, got)

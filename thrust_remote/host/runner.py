@@ -122,7 +122,7 @@ def drop_orphan_parts(directory: Path, keep: Collection[Path] = ()) -> None:
     with contextlib.suppress(OSError), os.scandir(directory) as entries:
         for entry in entries:
             pid = _part_pid(entry.name)
-            if pid is None or pid == os.getpid() or _alive(pid) or Path(entry.path) in keep:
+            if pid is None or pid == os.getpid() or pid_alive(pid) or Path(entry.path) in keep:
                 continue
             with contextlib.suppress(OSError):
                 if entry.is_file(follow_symlinks=False):
@@ -137,12 +137,13 @@ def _part_pid(name: str) -> int | None:
     return int(pid) if dash and pid.isdigit() and count.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid runs here (another account's counts: signal 0 is refused)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # another account's process: alive
+    except PermissionError:
         return True
     return True
 

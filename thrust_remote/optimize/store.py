@@ -17,6 +17,7 @@ from typing import Any
 
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
+from thrust_remote.host.runner import pid_alive
 from thrust_remote.host.session import HostSession
 from thrust_remote.optimize import hostops
 from thrust_remote.optimize.model import PRUNERS, OptimizeRequest
@@ -126,7 +127,7 @@ class StudyStore:
         age = time.time() - float(other.get("heartbeat") or 0)
         if other.get("hostname") == socket.gethostname():
             pid = int(other.get("pid") or 0)
-            if pid and pid != os.getpid() and _pid_alive(pid):
+            if pid and pid != os.getpid() and pid_alive(pid):
                 raise ThrustError(f"this study is already being driven from this machine (pid {pid})",
                                   "wait for it, or stop it: Ctrl-C twice there, or optimize --stop")
         elif age < LEASE_S:
@@ -317,13 +318,3 @@ def _redact(url: str) -> str:
             cred = cred.split(":", 1)[0] + ":***"
         return f"{scheme}://{cred}{at}{tail}"
     return url
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
