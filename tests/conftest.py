@@ -77,6 +77,7 @@ class SSHServer:
     log: Path
     _extra: dict = field(default_factory=dict)
     ip: str = "127.0.0.1"  # where it listens (an address in a network namespace: tests/netns.py)
+    tmpfs: Path | None = None  # a second filesystem the host sees (the `sshd` fixture's), None if unmountable
 
     @property
     def address(self) -> str:
@@ -270,20 +271,47 @@ def os_user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
+def _mount_tmpfs(path: Path, size: str = "256m") -> bool:
+    """A tmpfs of its own at `path`: a second filesystem, whose device number (two digits here: 39)
+    differs from the disk's (65024), for what passes device numbers between the two sides. False when
+    this account may not mount (not root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+                          capture_output=True)
+    return done.returncode == 0
+
+
 @pytest.fixture(scope="session")
 def sshd() -> Iterator[SSHServer]:
     root = Path(tempfile.mkdtemp(prefix="thrust-sshd-"))
+    # mounted before sshd starts: its mount namespace (unshare) copies the mounts made before it
+    tmpfs = root / "tmpfs"
+    mounted = _mount_tmpfs(tmpfs)
     server = _start_sshd(root)
+    server.tmpfs = tmpfs if mounted else None
     try:
         yield server
     finally:
         server.stop()
+        if mounted:
+            subprocess.run(["umount", "-l", str(tmpfs)], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
 def remote_dir(sshd: SSHServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return remote_tempdir(sshd)
+
+
+@pytest.fixture(params=["disk", "tmpfs"])
+def remote_fs_dir(request: pytest.FixtureRequest, sshd: SSHServer) -> Path:
+    """A fresh host-side directory on the disk, then on a tmpfs: the transfer tests run on both, so the
+    device numbers a listing passes to the transfer helper differ in size and digits."""
+    if request.param == "disk":
+        return remote_tempdir(sshd)
+    if sshd.tmpfs is None:
+        pytest.skip("no tmpfs of the test's own: mounting needs root (make test runs as root in CI)")
+    return Path(tempfile.mkdtemp(prefix="remote-", dir=sshd.tmpfs))
 
 
 @pytest.fixture

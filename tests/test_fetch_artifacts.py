@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -245,3 +246,23 @@ def test_a_glob_that_matched_only_other_runs_files_does_not_read_as_matching_not
     assert "5000 matching file(s) under /w on box are newer than this run's end" in aged[1]
     plain = listing_warnings({"cwd": "/w", "unmatched": ["out/**"]}, "box", "/w/.thrust/runs/r")
     assert plain == ["artifacts: 'out/**' matches nothing on box (under /w)"]
+
+
+def test_a_run_on_another_filesystem_brings_back_its_artifacts_and_checkpoint(sshd, tmp_path):
+    """A workdir on a tmpfs (device number 39 here, the disk's is 65024): the artifacts and the newest
+    checkpoint come back verified. The transfer helper once took a two-digit device number for a path
+    and died, so every fetch and checkpoint pull failed on such filesystems."""
+    if sshd.tmpfs is None:
+        pytest.skip("no tmpfs of the test's own: mounting needs root (make test runs as root in CI)")
+    workdir = Path(tempfile.mkdtemp(prefix="remote-", dir=sshd.tmpfs)) / "arts"
+    jobs = ("jobs:\n  ck:\n    kind: command\n    command: [sh, write.sh]\n    artifacts: ['models/*.pt']\n"
+            "    checkpoints: ckpt/*.pt\n")
+    script = "mkdir -p models ckpt\nprintf 'weights' > models/a.pt\nprintf 'state-1' > ckpt/step-1.pt\n"
+    proj = new_project(tmp_path / "project", sshd, workdir, files={"write.sh": script}, jobs=jobs, message="ck")
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    result = subprocess.run([EXE, "train", "ck"], cwd=proj, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    run_id = re.search(r"launching run (\S+)", result.stderr).group(1)
+    fetched = proj / ".thrust" / "fetched" / run_id
+    assert (fetched / "artifacts" / "models" / "a.pt").read_bytes() == b"weights"
+    assert (fetched / "checkpoints" / "step-1.pt").read_bytes() == b"state-1"

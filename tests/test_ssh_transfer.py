@@ -107,13 +107,13 @@ def test_serve_mismatch_and_cut_leave_the_target_untouched_and_no_part(tmp_path)
     assert not Path(part).exists()  # the cut upload's part goes with it
 
 
-def test_two_uploads_of_one_path_at_once_each_write_their_own_part(sshd, tmp_path, remote_dir):
+def test_two_uploads_of_one_path_at_once_each_write_their_own_part(sshd, tmp_path, remote_fs_dir):
     """Two commands sending the same payload to a fresh host at once (two runners, two connections):
     each writes a part of its own, so neither reads or renames the other's half-written file."""
     data = os.urandom(30_000_000)
     src = tmp_path / "payload.pyz"
     src.write_bytes(data)
-    target = str(remote_dir / "cache" / "payload.pyz")
+    target = str(remote_fs_dir / "cache" / "payload.pyz")
     runners = [sshd.runner(), sshd.runner()]
     results: list[str] = []
     try:
@@ -127,7 +127,7 @@ def test_two_uploads_of_one_path_at_once_each_write_their_own_part(sshd, tmp_pat
             r.close()
     assert results == [hashlib.sha256(data).hexdigest()] * 2
     assert Path(target).read_bytes() == data
-    assert sorted(p.name for p in (remote_dir / "cache").iterdir()) == ["payload.pyz"]  # no part left
+    assert sorted(p.name for p in (remote_fs_dir / "cache").iterdir()) == ["payload.pyz"]  # no part left
 
 
 def test_serve_get_with_an_identity_sends_only_that_file_never_a_link(tmp_path):
@@ -152,6 +152,53 @@ def test_serve_get_with_an_identity_sends_only_that_file_never_a_link(tmp_path):
     listed.symlink_to(secret)  # a link put where the listed file was
     reply = get()
     assert reply[:2] == ["err", "5"] and "symlink" in bytes.fromhex(reply[2]).decode()
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+
+
+@pytest.mark.parametrize("dev", [7, 39, 1792, 2049, 65024, 259_000_001])
+def test_serve_get_reads_a_device_number_of_any_length_as_a_number(tmp_path, dev):
+    """`get xPATH DEV INO`: the device number is a number whatever its digits (a tmpfs is 39, a loop ext4
+    1792, /dev/sda1 2049); it was once decoded as a hex path, and an even digit count killed the helper.
+    The listed file on a device that is not its own is `err 5`; the real one comes whole."""
+    f = tmp_path / "f"
+    f.write_bytes(b"payload")
+    st = f.stat()
+    proc = _serve(tmp_path)
+    for asked in (dev, st.st_dev):
+        proc.stdin.write(f"get {transfer._hex(str(f))} {asked} {st.st_ino}\n".encode())
+        proc.stdin.flush()
+        if asked == st.st_dev:
+            assert _reply(proc) == ["ok", "7"] and proc.stdout.read(7) == b"payload"
+            assert _reply(proc) == [hashlib.sha256(b"payload").hexdigest()]
+        else:
+            assert _reply(proc)[:2] == ["err", "5"]
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+
+
+@pytest.mark.parametrize(("request_line", "fatal"), [
+    (b"get", False), (b"get x41 12", False), (b"get x41 -1 5", False), (b"get x4 1 2", False),
+    (b"get 41", False), (b"list x41", False), (b"put x41 x42 10", True), (b"send x41 x42 ten 644", True),
+    (b"put x41 x42 3 9", True),
+])
+def test_serve_answers_a_malformed_request_and_stops_only_when_bytes_may_follow(tmp_path, request_line, fatal):
+    """A request that does not fit its verb's shape is `err 3` naming why, never a traceback: after a get
+    the helper serves on (nothing follows a get's line); after a put or send it ends with status 2 (its
+    bytes could not be told from the next request)."""
+    f = tmp_path / "ok"
+    f.write_bytes(b"ok")
+    proc = _serve(tmp_path)
+    proc.stdin.write(request_line + b"\n" + f"get {transfer._hex(str(f))}\n".encode())
+    proc.stdin.flush()
+    reply = _reply(proc)
+    assert reply[:2] == ["err", "3"] and bytes.fromhex(reply[2]).decode().startswith(("bad request", "not a"))
+    if fatal:
+        assert proc.wait(timeout=10) == 2
+        assert proc.stdout.read() == b""
+        return
+    assert _reply(proc) == ["ok", "2"] and proc.stdout.read(2) == b"ok"
+    assert _reply(proc) == [hashlib.sha256(b"ok").hexdigest()]
     proc.stdin.close()
     assert proc.wait(timeout=10) == 0
 
@@ -185,19 +232,19 @@ def test_serve_answers_pipelined_gets_in_few_writes_and_a_lone_request_at_once(t
     assert proc.wait(timeout=10) == 0
 
 
-def test_sftp_fallback_get_with_an_identity_refuses_a_link(sshd, tmp_path, remote_dir):
+def test_sftp_fallback_get_with_an_identity_refuses_a_link(sshd, tmp_path, remote_fs_dir):
     from thrust_remote.host.runner import FileChangedError
 
     runner = sshd.runner(python="/nonexistent/python3")
-    (remote_dir / "secret").write_text("secret")
-    (remote_dir / "listed").write_text("listed")
-    st = (remote_dir / "listed").stat()
+    (remote_fs_dir / "secret").write_text("secret")
+    (remote_fs_dir / "listed").write_text("listed")
+    st = (remote_fs_dir / "listed").stat()
     try:
-        assert runner.get(str(remote_dir / "listed"), tmp_path / "got", identity=(st.st_dev, st.st_ino))
-        (remote_dir / "listed").unlink()
-        (remote_dir / "listed").symlink_to(remote_dir / "secret")
+        assert runner.get(str(remote_fs_dir / "listed"), tmp_path / "got", identity=(st.st_dev, st.st_ino))
+        (remote_fs_dir / "listed").unlink()
+        (remote_fs_dir / "listed").symlink_to(remote_fs_dir / "secret")
         with pytest.raises(FileChangedError):
-            runner.get(str(remote_dir / "listed"), tmp_path / "got", identity=(st.st_dev, st.st_ino))
+            runner.get(str(remote_fs_dir / "listed"), tmp_path / "got", identity=(st.st_dev, st.st_ino))
         assert (tmp_path / "got").read_text() == "listed"
         assert not list(tmp_path.glob("*.part"))
     finally:
@@ -251,7 +298,7 @@ def test_a_helper_warmed_beforehand_serves_the_next_get_and_no_second_one_starts
         runner.close()
 
 
-def test_many_gets_are_pipelined_on_one_helper_in_order_with_a_swapped_file_in_place(sshd, tmp_path, remote_dir,
+def test_many_gets_are_pipelined_on_one_helper_in_order_with_a_swapped_file_in_place(sshd, tmp_path, remote_fs_dir,
                                                                                     monkeypatch):
     """get_many over a real sshd: 200 files through one helper (one channel), answered in order, their
     requests sent in batches (a write, so a packet, per half window: not one per file); a file
@@ -265,16 +312,16 @@ def test_many_gets_are_pipelined_on_one_helper_in_order_with_a_swapped_file_in_p
 
     items, want = [], {}
     for i in range(200):
-        src = remote_dir / "many" / f"f{i:03d}.bin"
+        src = remote_fs_dir / "many" / f"f{i:03d}.bin"
         src.parent.mkdir(exist_ok=True)
         data = os.urandom(100 + i * 37)
         src.write_bytes(data)
         st = src.stat()
         items.append((str(src), tmp_path / src.name, (st.st_dev, st.st_ino)))
         want[src.name] = hashlib.sha256(data).hexdigest()
-    swapped = remote_dir / "many" / "f100.bin"
+    swapped = remote_fs_dir / "many" / "f100.bin"
     swapped.unlink()
-    swapped.symlink_to(remote_dir / "many" / "f000.bin")  # what a listing saw is gone
+    swapped.symlink_to(remote_fs_dir / "many" / "f000.bin")  # what a listing saw is gone
     runner = sshd.runner()
     try:
         got = list(runner.get_many(items, threading.Event()))
@@ -299,14 +346,14 @@ def test_many_gets_are_pipelined_on_one_helper_in_order_with_a_swapped_file_in_p
         runner.close()
 
 
-def test_a_failed_get_many_says_every_file_it_placed_before_the_failure(sshd, tmp_path, remote_dir):
+def test_a_failed_get_many_says_every_file_it_placed_before_the_failure(sshd, tmp_path, remote_fs_dir):
     """get_many stopped by a failure (here a file gone from the host; a cut link or Ctrl-C takes the same
     path): the files verified before it land and each one's outcome comes before the error, so a fetch
     records every file it leaves under a final name (they had landed unsaid, and a cut fetch's record
     missed up to a landing's worth of the files on disk)."""
     items, want = [], []
     for i in range(LANDING_FILES + 40):
-        src = remote_dir / "failing" / f"f{i:03d}"
+        src = remote_fs_dir / "failing" / f"f{i:03d}"
         src.parent.mkdir(exist_ok=True)
         src.write_bytes(os.urandom(50 + i))
         items.append((str(src), tmp_path / src.name, None))
@@ -475,7 +522,7 @@ def test_serve_send_reads_the_bytes_even_when_the_part_cannot_be_opened(tmp_path
     assert proc.wait(timeout=10) == 0
 
 
-def test_put_many_streams_files_on_one_helper_and_stops_at_a_failure(sshd, tmp_path, remote_dir):
+def test_put_many_streams_files_on_one_helper_and_stops_at_a_failure(sshd, tmp_path, remote_fs_dir):
     """put_many over a real sshd: 100 files (an empty one, a 3 MiB one) in order on one helper, each
     verified and in place; a target that cannot be written fails after the files before it landed,
     and the helper stays in step for the next transfer."""
@@ -486,25 +533,26 @@ def test_put_many_streams_files_on_one_helper_and_stops_at_a_failure(sshd, tmp_p
         data = os.urandom(0 if i == 7 else 3 << 20 if i == 50 else 50 + i * 41)
         src = local / f"f{i:03d}"
         src.write_bytes(data)
-        items.append((src, str(remote_dir / "up" / f"d{i % 5}" / f"f{i:03d}")))
+        items.append((src, str(remote_fs_dir / "up" / f"d{i % 5}" / f"f{i:03d}")))
         want[i] = hashlib.sha256(data).hexdigest()
-    (remote_dir / "blocker").write_text("a file where a directory is wanted")
+    (remote_fs_dir / "blocker").write_text("a file where a directory is wanted")
     runner = sshd.runner()
     try:
         assert runner.put_many(items) == [want[i] for i in range(100)]
         for i, (_src, target) in enumerate(items):
             assert hashlib.sha256(Path(target).read_bytes()).hexdigest() == want[i]
-        assert not list((remote_dir / "up").rglob("*.part"))
+        assert not list((remote_fs_dir / "up").rglob("*.part"))
         helper = runner._transfer._idle[0]
-        bad = [(items[0][0], str(remote_dir / "again0")), (items[1][0], str(remote_dir / "blocker" / "x")),
-               (items[2][0], str(remote_dir / "again2"))]
+        bad = [(items[0][0], str(remote_fs_dir / "again0")), (items[1][0], str(remote_fs_dir / "blocker" / "x")),
+               (items[2][0], str(remote_fs_dir / "again2"))]
         with pytest.raises(TransferError, match="cannot write"):
             runner.put_many(bad)
-        assert (remote_dir / "again0").read_bytes() == items[0][0].read_bytes()
+        assert (remote_fs_dir / "again0").read_bytes() == items[0][0].read_bytes()
         # already under way when the failure was answered: whole or absent, never half
-        assert not (remote_dir / "again2").exists() or (remote_dir / "again2").read_bytes() == items[2][0].read_bytes()
+        again2 = remote_fs_dir / "again2"
+        assert not again2.exists() or again2.read_bytes() == items[2][0].read_bytes()
         assert runner._transfer._idle == [helper]  # answered in step: the same helper, reusable
-        assert runner.put(items[3][0], str(remote_dir / "after")) == want[3]
+        assert runner.put(items[3][0], str(remote_fs_dir / "after")) == want[3]
     finally:
         runner.close()
 

@@ -37,6 +37,10 @@ as its channel, one request at a time:
 
   If stdin ends in the middle of a put or a send, the helper removes PART and exits with status 4:
   TARGET is untouched.
+
+  Each verb's words are read by their place in its own shape (`parse_request`). A request that does
+  not fit is answered `err 3 HEXMSG`; after a malformed put or send (whose bytes may follow and cannot
+  be told from the next request) the helper then exits with status 2.
 """
 
 from __future__ import annotations
@@ -226,15 +230,54 @@ class Helper:
             line = self.rfile.readline()
             if not line:
                 break
-            words = [w.decode() for w in line.split()]
+            words = line.split()
             if not words:
                 continue
-            paths = [bytes.fromhex(w[1:]).decode("utf-8", "surrogateescape") for w in words[1:3]]
-            if words[0] == "get":
-                self.get(paths[0], (int(words[2]), int(words[3])) if len(words) == 4 else None)
-            elif words[0] in ("put", "send"):
-                self.put(paths[0], paths[1], int(words[3]), int(words[4], 8), asked=words[0] == "put")
+            try:
+                verb, args = parse_request(words)
+            except ValueError as exc:
+                if words[0] in (b"put", b"send"):  # its bytes cannot be told apart from the next request
+                    self.fail(str(exc))
+                    self.wfile.flush()
+                    return 2
+                self.fail(str(exc))  # a get carries nothing after its line: the stream is still in step
+                continue
+            if verb == "get":
+                self.get(*args)
+            else:
+                self.put(*args, asked=verb == "put")
         return 0
+
+
+def _path(word: bytes) -> str:
+    try:
+        if word.startswith(b"x"):
+            return bytes.fromhex(word[1:].decode("ascii")).decode("utf-8", "surrogateescape")
+    except ValueError:
+        pass
+    raise ValueError(f"not a path: {word[:40]!r}")
+
+
+def _number(word: bytes, base: int = 10) -> int:
+    if word.isdigit():  # int() alone would also take signs, spaces and underscores
+        try:
+            return int(word, base)
+        except ValueError:  # a digit its base lacks (an octal mode's 8 or 9)
+            pass
+    raise ValueError(f"not a number: {word[:40]!r}")
+
+
+def parse_request(words: list[bytes]) -> tuple[str, tuple]:
+    """A request line's words as (verb, the arguments of its method): each word read by its place in
+    that verb's shape, never by position across verbs (a get's device number is a number, not a path,
+    whatever its digits). ValueError names what is wrong."""
+    verb = words[0].decode("ascii", "replace")
+    if verb == "get" and len(words) in (2, 4):
+        identity = (_number(words[2]), _number(words[3])) if len(words) == 4 else None
+        return verb, (_path(words[1]), identity)
+    if verb in ("put", "send") and len(words) == 5:
+        return verb, (_path(words[1]), _path(words[2]), _number(words[3]), _number(words[4], 8))
+    raise ValueError(f"bad request: {verb[:20]} with {len(words) - 1} word(s)")
 
 
 def _remove(path: str) -> None:

@@ -477,6 +477,10 @@ class StreamTransfer(Transfer):
             if reply[1:2] == ["5"]:
                 raise FileChangedError(_err_text(reply))
             raise TransferError(f"cannot read {name}:{source}: {_err_text(reply)}")
+        if reply[0] != "ok" or len(reply) != 2 or not reply[1].isdigit():
+            _close_quietly(helper.chan)  # out of step: this helper is not used again
+            raise TransferError(f"download of {name}:{source}: the transfer helper answered out of protocol "
+                                f"({' '.join(reply)[:80]!r})", hint)
         size = int(reply[1])
         fout, part = open_part(dst)
         try:
