@@ -8,7 +8,7 @@ WEB_STAMP := web/node_modules/.installed
 SYS_STAMP := $(VENV)/.system-deps
 APT_PACKAGES := openssh-server rsync chromium iproute2 procps git-lfs
 
-.PHONY: demo test lint setup system-deps web-deps bench clean wheel
+.PHONY: demo test test-fast lint setup system-deps web-deps bench clean wheel
 
 setup: $(STAMP)
 
@@ -49,9 +49,19 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) tools/room_sizes.py --top 3
 
+# The suite in three layers (docs/architecture.md, "Tests"): core (in-process, no sshd), ssh (real sshd
+# hosts), e2e (real training, several hosts, the browser, the wheel). `make test` runs them all on both
+# cores, as CI does; `make test-fast` runs core alone, the loop for an edit. PYTEST_ARGS adds options
+# (`PYTEST_ARGS='-k fetch'`), TEST_WORKERS the number of pytest-xdist workers.
+TEST_WORKERS ?= 2
+PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadgroup
+PYTEST_ARGS ?=
 test: $(STAMP) system-deps web-deps
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PYTEST_XDIST) --durations=15 $(PYTEST_ARGS)
+
+test-fast: $(STAMP) system-deps web-deps
+	$(VENV)/bin/pytest -m core $(PYTEST_XDIST) --durations=15 $(PYTEST_ARGS)
 
 # The main job, on this machine (host `local`): train snake with the trainer's CPU preset, export,
 # verify, place web/public/snake.onnx. DEMO_ARGS adds `--set KEY=VALUE` overrides.

@@ -44,12 +44,60 @@ SSHD = "/usr/sbin/sshd"
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
+# These machines set PYTHONDONTWRITEBYTECODE=1, so every python the tests start (a CLI, a local run, the
+# trainer) would compile thrust_remote again (~0.3 s a start); an installed package has its .pyc files.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # Tests press Ctrl-C on the CLIs they start (SIGINT). A suite started in the background by a
 # non-interactive shell (`make test &`, `nohup`) inherits SIGINT ignored, and so would every CLI it
 # starts: Python leaves an ignored SIGINT ignored, and the Ctrl-C tests would hang until their
 # timeouts. A handled SIGINT here is reset to the default in every child at exec.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# ------------------------------------------------------------------------------------------ layers
+# Every test is in one layer (docs/architecture.md, "Tests"), a marker `-m` selects:
+# - core: in this process and host `local`, no sshd (config, protocol, logic, the CLI in-process);
+# - ssh: what only a real sshd proves; a test that uses the `sshd` fixture (or another that starts
+#   one) is ssh by that alone;
+# - e2e: real training, several hosts in network namespaces, the browser, the wheel: marked as such.
+LAYERS = ("core", "ssh", "e2e")
+_layer_of_running_test: list[str] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        marked = {m.name for m in item.iter_markers() if m.name in LAYERS}
+        if "e2e" in marked:
+            layer = "e2e"
+        elif "ssh" in marked or "sshd" in getattr(item, "fixturenames", ()):
+            layer = "ssh"
+        else:
+            layer = "core"
+        if "core" in marked and layer != "core":
+            raise pytest.UsageError(f"{item.nodeid} is marked core but needs an sshd or is e2e")
+        if layer not in marked:
+            item.add_marker(layer)
+    # the long layers first: pytest-xdist hands tests out in this order, so the last minutes are spent
+    # on short tests that fill both workers, not on one long test with the other worker idle
+    items.sort(key=lambda item: LAYERS[::-1].index(_layer_of(item)))
+
+
+def _layer_of(item: pytest.Item) -> str:
+    return next((m.name for m in item.iter_markers() if m.name in LAYERS), "core")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Which layer the test being set up and run is in (before its fixtures, a module's included): a core
+    test that starts an sshd fails (`_start_sshd`)."""
+    _layer_of_running_test[:] = [_layer_of(item)]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _layer_of_running_test.clear()
 
 
 def _free_port() -> int:
@@ -204,6 +252,8 @@ def release_rc_lock(older_than_s: float = 60.0) -> bool:
 def _start_sshd(root: Path, ip: str = "127.0.0.1", netns: str | None = None, extra_config: str = "") -> SSHServer:
     """A private sshd on `ip` (inside network namespace `netns` when given: tests/netns.py), with
     `extra_config` lines appended to its sshd_config."""
+    if _layer_of_running_test[-1:] == ["core"]:
+        raise RuntimeError("a core test starts an sshd: mark it ssh (or e2e); core runs without one")
     if not Path(SSHD).exists():
         pytest.skip("openssh-server is not installed (make test installs it)")
     if release_rc_lock():
@@ -314,16 +364,79 @@ def remote_fs_dir(request: pytest.FixtureRequest, sshd: SSHServer) -> Path:
     return Path(tempfile.mkdtemp(prefix="remote-", dir=sshd.tmpfs))
 
 
+# TESTS_CLI=process runs every `cli(...)` call as a process (to compare, or to rule this out)
+IN_PROCESS_OFF = os.environ.get("TESTS_CLI") == "process"
+
+
+class Cli:
+    """`thrust-remote ARGS` as a user runs it, with its exit code, stdout and stderr (text) as a
+    CompletedProcess. `env=` adds variables (THRUST_CONFIG is dropped unless given), `cwd=` is where it
+    runs, `input=` its stdin.
+
+    A call runs in this process by default: the console script's own entry (`cli.main.run`, which maps
+    every error to its exit code) inside typer's test runner isolation (stdin, stdout, stderr and the
+    environment swapped for the call), in `cwd`. That is the same code a user's process runs, without a
+    new interpreter's ~0.3-0.6 s of imports per call. `cli.process(...)` (and any call given `timeout=`
+    it must enforce, or a pty) starts the real console script instead: what only a process shows
+    (signals, exit at a broken pipe, a terminal) is tested that way."""
+
+    def __init__(self) -> None:
+        self.exe = str(VENV_BIN / "thrust-remote")
+
+    @staticmethod
+    def _env(env: dict | None) -> dict[str, str]:
+        full = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **(env or {})}
+        if env is None or "THRUST_CONFIG" not in env:
+            full.pop("THRUST_CONFIG", None)
+        return full
+
+    def process(self, *args: str, env: dict | None = None, cwd: str | Path | None = None, timeout: float = 300,
+                input: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([self.exe, *args], capture_output=True, text=True, env=self._env(env), cwd=cwd,
+                              timeout=timeout, input=input)
+
+    def __call__(self, *args: str, env: dict | None = None, cwd: str | Path | None = None,
+                 timeout: float | None = None, input: str | None = None) -> subprocess.CompletedProcess:
+        if timeout is not None or IN_PROCESS_OFF:  # a deadline only a process can be held to
+            return self.process(*args, env=env, cwd=cwd, timeout=timeout, input=input)
+        return run_in_process(list(args), env=self._env(env), cwd=cwd, input=input)
+
+
+def run_in_process(args: list[str], *, env: dict[str, str], cwd: str | Path | None = None,
+                   input: str | None = None) -> subprocess.CompletedProcess:
+    """`thrust-remote ARGS` through its console-script entry in this process (see `Cli`)."""
+    from typer.testing import CliRunner
+
+    from thrust_remote.cli.main import run
+    from thrust_remote.core.console import console, err_console
+
+    # the variables this process has that `env` lacks are removed for the call, as a child would lack them
+    overrides: dict[str, str | None] = {k: None for k in os.environ if k not in env}
+    overrides.update(env)
+    columns = env.get("COLUMNS", "")
+    widths = [(c, c._width) for c in (console, err_console)]
+    before = os.getcwd()
+    code: int = 0
+    with CliRunner().isolation(input=input, env=overrides) as (out, err, _):
+        for c, _ in widths:  # rich read COLUMNS when the consoles were made: give them this call's
+            c._width = int(columns) if columns.isdigit() else None
+        try:
+            if cwd is not None:
+                os.chdir(cwd)
+            run(args)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            os.chdir(before)
+            for c, width in widths:
+                c._width = width
+            sys.stdout.flush()
+            sys.stderr.flush()
+        stdout, stderr = out.getvalue(), err.getvalue()
+    return subprocess.CompletedProcess(["thrust-remote", *args], code, stdout.decode("utf-8", "replace"),
+                                       stderr.decode("utf-8", "replace"))
+
+
 @pytest.fixture
-def cli():
-    exe = str(VENV_BIN / "thrust-remote")
-
-    def run(*args: str, env: dict | None = None, cwd: str | Path | None = None, timeout: float = 300,
-            input: str | None = None) -> subprocess.CompletedProcess:
-        full_env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **(env or {})}
-        full_env.pop("THRUST_CONFIG", None) if env is None or "THRUST_CONFIG" not in env else None
-        return subprocess.run(
-            [exe, *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout, input=input
-        )
-
-    return run
+def cli() -> Cli:
+    return Cli()

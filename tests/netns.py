@@ -12,6 +12,8 @@ bridge's address (nothing else is reached). `unavailable()` says why namespaces 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
 import shutil
@@ -50,21 +52,66 @@ class NetHost:
     workdir: Path
 
 
+# Networks of test sessions running side by side (pytest-xdist workers, two suites) are told apart here:
+# each bridge's owner pid is recorded, a subnet is chosen under a lock among those no address uses, and
+# what a killed session left (its owner gone) is removed before a new one is made.
+OWNERS = Path(tempfile.gettempdir()) / "thrust-test-networks"
+
+
+def _addresses() -> str:
+    return _ip("-o", "-4", "addr", "show").stdout
+
+
+def _sweep_orphans() -> None:
+    """Remove the bridges and namespaces of networks whose session died without its teardown."""
+    for record in OWNERS.glob("*.pid"):
+        try:
+            os.kill(int(record.read_text()), 0)
+            continue  # its session is alive
+        except (ProcessLookupError, ValueError):
+            pass
+        except PermissionError:
+            continue
+        tag = record.stem
+        for ns in _ip("netns", "list", check=False).stdout.split():
+            if ns.startswith(f"thrns{tag}"):
+                _ip("netns", "del", ns, check=False)
+        _ip("link", "del", f"thrbr{tag}", check=False)
+        record.unlink(missing_ok=True)
+
+
 class Network:
     def __init__(self, count: int) -> None:
         tag = secrets.token_hex(2)
         self.tag = tag
-        self.subnet = f"10.231.{int(tag, 16) % 200 + 20}"
+        self.subnet = ""
         self.bridge = f"thrbr{tag}"
         self.root = Path(tempfile.mkdtemp(prefix="thrust-net-"))
         self.count = count
         self.hosts: list[NetHost] = []
         self.known_hosts = self.root / "known_hosts"
 
-    def __enter__(self) -> Network:
-        try:
+    def _claim_subnet(self) -> None:
+        """A /24 no interface of this machine uses, and the bridge on it, made under a lock so two
+        sessions never take the same one."""
+        OWNERS.mkdir(exist_ok=True)
+        with open(OWNERS / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            _sweep_orphans()
+            while (OWNERS / f"{self.tag}.pid").exists():  # another live session's tag: names would clash
+                self.tag = secrets.token_hex(2)
+                self.bridge = f"thrbr{self.tag}"
+            used = _addresses()
+            start = int(self.tag, 16) % 200
+            third = next(n for n in (20 + (start + k) % 200 for k in range(200)) if f" 10.231.{n}." not in used)
+            self.subnet = f"10.231.{third}"
+            (OWNERS / f"{self.tag}.pid").write_text(str(os.getpid()))
             _ip("link", "add", self.bridge, "type", "bridge")
             _ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+
+    def __enter__(self) -> Network:
+        try:
+            self._claim_subnet()
             _ip("link", "set", self.bridge, "up")
             for i in range(self.count):
                 self.hosts.append(self._host(i))
@@ -121,4 +168,6 @@ class Network:
         for i in range(self.count):
             _ip("netns", "del", f"thrns{self.tag}{i}", check=False)
         _ip("link", "del", self.bridge, check=False)
+        with contextlib.suppress(OSError):
+            (OWNERS / f"{self.tag}.pid").unlink()
         shutil.rmtree(self.root, ignore_errors=True)

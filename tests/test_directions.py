@@ -107,6 +107,7 @@ def test_python_paths_resolve_on_the_host_like_ssh_would(sshd, tmp_path: Path) -
     assert resolve_python(local, tilde, config) == str(Path.home() / "x" / "bin" / "python")
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_tilde_python_is_the_hosts_home_for_every_command(cli, sshd, remote_dir, project, home_venv) -> None:
     cfg = _with_python(sshd.thrust_yaml(project / "thrust.yaml", workdir=str(remote_dir / "thrust")), sshd,
@@ -167,6 +168,7 @@ def test_wrong_python_is_69_with_doctors_hint_on_every_command(cli, sshd, remote
         assert f"under hosts.sandbox in {cfg.resolve()}" in proc.stderr, (args, proc.stderr)  # the file named
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_busy_workdir_hint_names_host_and_config_and_its_stop_works(cli, sshd, remote_dir, project, tmp_path) -> None:
     cfg = sshd.thrust_yaml(tmp_path / "elsewhere.yaml", workdir=str(remote_dir / "thrust"))
@@ -250,6 +252,7 @@ def test_doctor_finds_torch_in_a_venv_under_home(cli, tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------ --config elsewhere
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_config_elsewhere_configures_the_project_you_stand_in(cli, project, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"

@@ -23,6 +23,9 @@ from helpers import EXE, new_project, remote_tempdir
 from thrust_remote.agent import listing
 from thrust_remote.core.errors import ExitCode
 
+# one worker runs this module's tests, in order: its tests change the files of one shared run, each after the last
+pytestmark = pytest.mark.xdist_group("test_fetch_artifacts")
+
 WRITE = """\
 #!/bin/sh
 mkdir -p runs/tb/sub models

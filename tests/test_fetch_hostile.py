@@ -46,6 +46,9 @@ HOST_PY = """\
 #!{real} -S
 import json, os, shutil, subprocess, sys
 
+# one worker runs this module's tests, in order: its tests share one host and run
+pytestmark = pytest.mark.xdist_group("test_fetch_hostile")
+
 REAL = {real!r}
 try:
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "mode.json")) as fh:

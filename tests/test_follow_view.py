@@ -149,6 +149,7 @@ def test_live_view_on_an_80_column_terminal_keeps_the_bar():
     assert len(last) <= 80 and FILLED in last and "25,000/60,000 steps" in last
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_train_through_a_pipe_prints_readable_progress_lines(tmp_path):
     """`make demo | tee log`: the real CLI, host local, stdout a pipe: readable lines, no THRUST_METRICS."""

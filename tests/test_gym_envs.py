@@ -193,6 +193,7 @@ def test_export_and_eval_of_a_gym_policy(tmp_path: Path) -> None:
     assert result["env"] == "Acrobot-v1" and result["unfinished"] == 0 and -500 <= result["mean"] <= 0
 
 
+@pytest.mark.e2e  # real training
 def test_training_a_gym_id_with_async_envs_runs_and_checkpoints(tmp_path: Path) -> None:
     done = done_of(run_trainer("--env", "CartPole-v1", "--vector", "async", "--num-envs", "4", "--total-steps", "512",
                                "--target-return", "0", "--run-dir", str(tmp_path)))
@@ -202,6 +203,7 @@ def test_training_a_gym_id_with_async_envs_runs_and_checkpoints(tmp_path: Path) 
 
 
 # ---------------------------------------------------------------------------------------- learning
+@pytest.mark.e2e  # real training
 @pytest.mark.slow
 def test_cartpole_v1_through_gymnasium_reaches_475(tmp_path: Path) -> None:
     model = tmp_path / "model.onnx"
@@ -214,6 +216,7 @@ def test_cartpole_v1_through_gymnasium_reaches_475(tmp_path: Path) -> None:
     assert evaluate(act, "CartPole-v1", episodes=100, seed=123)["mean"] >= 475
 
 
+@pytest.mark.e2e  # real training
 @pytest.mark.slow
 def test_acrobot_v1_through_gymnasium_learns(tmp_path: Path) -> None:
     # A fixed budget (no early stop): a greedy policy that just reached -100 on 20 episodes can still

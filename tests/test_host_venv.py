@@ -189,6 +189,7 @@ def externally_managed_python(root: Path) -> Path:
     return exe
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_externally_managed_python_gets_its_venv_and_trains(tmp_path, sshd, remote_dir, cli):
     python = externally_managed_python(tmp_path / "system-python")
@@ -215,6 +216,7 @@ def test_externally_managed_python_gets_its_venv_and_trains(tmp_path, sshd, remo
     assert subprocess.run([str(python), "-c", "import thrusttiny"], capture_output=True, check=False).returncode
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_builtin_trainer_from_a_fresh_project_trains_cartpole_then_skips_setup(tmp_path, sshd, remote_dir, cli):
     project = new_project(tmp_path / "project", sshd, remote_dir / "thrust")

@@ -17,6 +17,9 @@ from thrust_remote.core.config import JobConfig, load_config, parse_config_text
 from thrust_remote.core.errors import ConfigError, ExitCode, UsageError
 from thrust_remote.run import jobs, pipeline
 
+# one worker runs this module's tests, in order: a test rewrites the shared project's thrust.yaml (and puts it back)
+pytestmark = pytest.mark.xdist_group("test_job_kinds")
+
 # ------------------------------------------------------------------------------------------ parsing
 
 KINDS = """\
@@ -251,6 +254,7 @@ def _seen(workdir: Path, run_id: str, name: str) -> dict:
     return json.loads((workdir / ".thrust" / "runs" / run_id / name).read_text())
 
 
+@pytest.mark.e2e  # a user's own torch script, for real
 @pytest.mark.slow
 def test_own_script_runs_finished_with_its_run_env(cli, user_project):
     proj, workdir = user_project
@@ -269,6 +273,7 @@ def test_own_script_runs_finished_with_its_run_env(cli, user_project):
     assert not (workdir / "trainer").exists()  # the project's own code ran, not this repository's
 
 
+@pytest.mark.e2e  # a user's own torch script, for real
 @pytest.mark.slow
 def test_nproc_2_runs_the_script_under_torchrun_with_gloo(cli, user_project):
     proj, workdir = user_project
@@ -283,6 +288,7 @@ def test_nproc_2_runs_the_script_under_torchrun_with_gloo(cli, user_project):
     assert "torch.distributed.run" in argv and "--nproc-per-node=2" in argv
 
 
+@pytest.mark.e2e  # a user's own torch script, for real
 @pytest.mark.slow
 def test_module_job_runs_with_python_m(cli, user_project):
     proj, workdir = user_project

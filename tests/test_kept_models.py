@@ -186,6 +186,7 @@ def test_score_is_apples_for_snake_and_the_return_otherwise(tmp_path: Path) -> N
     assert models.score_of({}, None) == (None, None)
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_train_cartpole_keeps_the_model_and_does_not_offer_play(cli, tmp_path: Path, sshd, remote_dir: Path) -> None:
     """The page plays snake only: after a cartpole run, `see it play` would send the user to a refusal."""

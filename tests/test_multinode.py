@@ -15,7 +15,9 @@ from conftest import VENV_BIN
 from helpers import TRAIN_PY, commit, git_init
 from netns import Network, unavailable
 
-pytestmark = pytest.mark.slow
+# e2e: several hosts in network namespaces. One worker runs the module's tests, in order: its two
+# hosts are the module's, and its tests leave runs on them.
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.xdist_group("test_multinode")]
 
 LONG_PY = '''\
 import json, os, sys, time

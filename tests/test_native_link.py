@@ -19,7 +19,10 @@ from thrust_remote.core.config import JobConfig
 from thrust_remote.run import buildenv, cargo
 
 NATIVE = Path(__file__).parent / "native"
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")]
+# e2e: a native build, one libtorch program compiled with g++ (~10 s) for all the module's tests, on one
+# worker
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++"),
+              pytest.mark.xdist_group("test_native_link")]
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ def noisy(tmp_path_factory):
         server.stop()
 
 
+@pytest.mark.ssh  # its own sshd: an account that prints on every command
 @pytest.mark.slow
 @pytest.mark.parametrize("link", ["1", "0"])
 def test_an_account_that_prints_on_every_command_still_trains_checks_and_logs_exactly(cli, noisy, tmp_path, link):

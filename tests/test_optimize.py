@@ -37,7 +37,8 @@ search:
 SMALL = ["--set", "total-steps=4096", "--set", "target-return=0"]
 AGGRESSIVE = ["--pruner", "median", "--prune-startup", "1", "--prune-warmup", "0"]
 
-pytestmark = pytest.mark.slow
+# one worker runs this module's tests, in order: later tests read the study an earlier one ran over ssh
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_optimize")]
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +158,7 @@ def test_bad_gpu_index_is_refused_before_any_trial(cli, tmp_path):
     assert not (root / ".thrust" / "runs").exists() or not list((root / ".thrust" / "runs").iterdir())
 
 
+@pytest.mark.e2e  # real trials of the built-in trainer
 def test_gpu_slots_each_trial_sees_its_own_cuda_visible_devices(cli, tmp_path):
     root = local_project(tmp_path, "gpu-host")
     smi = fake_nvidia_smi(tmp_path / "smi")
@@ -203,6 +205,7 @@ def ssh_study(sshd, project, tmp_path_factory):
     return result, workdir, time.monotonic() - started
 
 
+@pytest.mark.e2e  # real trials of the built-in trainer
 def test_study_over_ssh_completes_prunes_and_lives_on_the_host(ssh_study, project):
     import optuna
 
@@ -231,6 +234,7 @@ def test_study_over_ssh_completes_prunes_and_lives_on_the_host(ssh_study, projec
     assert not (workdir / ".thrust" / "studies" / "ssh6.driver.json").exists()  # lease released
 
 
+@pytest.mark.e2e  # real trials of the built-in trainer
 def test_best_params_file_round_trips_into_train(ssh_study, project, cli):
     result, workdir, _wall = ssh_study
     out = summary(result)
@@ -252,6 +256,7 @@ def test_best_params_file_round_trips_into_train(ssh_study, project, cli):
     assert stop.returncode == 0, stop.stderr
 
 
+@pytest.mark.e2e  # real trials of the built-in trainer
 def test_killed_driver_is_resumed_to_n_trials_without_duplicates(sshd, tmp_path):
     project = clone_repo(tmp_path / "project", plain=True)
     workdir = remote_tempdir(sshd, "opt-resume")
@@ -288,6 +293,7 @@ def test_killed_driver_is_resumed_to_n_trials_without_duplicates(sshd, tmp_path)
     assert_slots_never_overlap([t for t in out["trials"] if t["state"] != "FAIL"])
 
 
+@pytest.mark.e2e  # real trials of the built-in trainer
 def test_ctrl_c_twice_stops_every_trial(tmp_path):
     root = local_project(tmp_path, "ctrl-c")
     exe = str(VENV_BIN / "thrust-remote")
@@ -320,6 +326,7 @@ def test_ctrl_c_twice_stops_every_trial(tmp_path):
     assert all(t["state"] == "FAIL" and "retried" in t["note"] for t in out["trials"])
 
 
+@pytest.mark.e2e  # real trials of the built-in trainer
 @pytest.mark.parametrize("how", ["optimize --stop", "stop RUN"])
 def test_stop_command_stops_a_running_study(cli, tmp_path, how):
     root = local_project(tmp_path, "stop-cmd")
@@ -368,6 +375,7 @@ def _postgres_scheme() -> str | None:
     return None
 
 
+@pytest.mark.e2e  # real trials of the built-in trainer
 def test_study_in_postgresql(cli, tmp_path):
     """Two hosts' worth of drivers share one study through PostgreSQL (here: the local host, run twice)."""
     import socket

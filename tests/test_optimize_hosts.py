@@ -21,6 +21,9 @@ import pytest
 from conftest import SSHServer, _start_sshd
 from helpers import clone_repo, remote_tempdir
 
+# one worker runs this module's tests, in order: its tests share a clone and two hosts where studies and runs accumulate
+pytestmark = pytest.mark.xdist_group("test_optimize_hosts")
+
 VENV_BIN = Path(sys.executable).parent
 EXE = str(VENV_BIN / "thrust-remote")
 
@@ -69,6 +72,7 @@ def two_hosts(sshd, tmp_path_factory):
     return project, work
 
 
+@pytest.mark.e2e  # real trials of the built-in trainer
 @pytest.mark.slow
 def test_one_study_over_two_hosts(two_hosts):
     project, work = two_hosts
@@ -98,6 +102,7 @@ def test_one_study_over_two_hosts(two_hosts):
     assert f"--params both-best.yaml --host {best['host']}" in text and f"host: {best['host']}" in text
 
 
+@pytest.mark.e2e  # real trials of the built-in trainer
 @pytest.mark.slow
 def test_a_group_with_an_unreachable_host_runs_on_the_others(two_hosts):
     """`--host half` = a and dead (nothing listens on dead's port): a warning names dead, the study
@@ -129,6 +134,7 @@ def test_a_host_named_twice_is_refused(two_hosts):
     assert "'b' is named twice" in result.stderr
 
 
+@pytest.mark.e2e  # real trials of the built-in trainer
 @pytest.mark.slow
 def test_killed_driver_over_two_hosts_resumes_to_n(two_hosts):
     """SIGKILL the driver while both hosts run a trial; the rerun adopts or retries them: N in total,
@@ -165,6 +171,7 @@ def second_sshd():
         server.stop()
 
 
+@pytest.mark.e2e  # real trials of the built-in trainer
 @pytest.mark.slow
 def test_a_host_lost_mid_study_loses_only_its_running_trial(sshd, two_hosts, second_sshd):
     """Kill host c's sshd (and with it c's trial) while c runs a trial: that trial is FAIL

@@ -35,6 +35,9 @@ import argparse
 import json
 import os
 
+# one worker runs this module's tests, in order: its tests count the runs in one shared workdir
+pytestmark = pytest.mark.xdist_group("test_optimize_own")
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--lr", type=float, required=True)
 parser.add_argument("--steps", type=int, default=40)

@@ -28,6 +28,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 
+# one worker runs this module's tests, in order: its tests share one project and host
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_own_project")]  # a user's own torch training, for real
+
 
 def main():
     parser = argparse.ArgumentParser()

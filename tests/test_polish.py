@@ -208,6 +208,7 @@ def test_untracked_warning_skips_the_tools_own_files_and_says_how_to_silence_it(
 
 # ------------------------------------------------------------------------------------ early stop
 
+@pytest.mark.e2e  # the trainer, for real
 def test_trainer_says_solved_stopping_early_in_a_plain_line(tmp_path):
     # a target an untrained policy already reaches: the first evaluation solves it
     result = subprocess.run(
@@ -225,6 +226,7 @@ def test_trainer_says_solved_stopping_early_in_a_plain_line(tmp_path):
     assert solved[0] < len(lines) - 1
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_trainer_says_nothing_of_solving_when_it_runs_to_the_end(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "trainer.train", "--env", "cartpole", "--total-steps", "512", "--target-return", "0",

@@ -79,6 +79,7 @@ def _assert_readable(text: str) -> None:
     assert PROGRESS.search(text), text
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 def test_ctrl_c_hint_reattaches_with_the_progress_view_and_fetches(project, remote_dir):
     """`train` detached with Ctrl-C prints one command (with the --config the user gave); that exact
     command shows the same progress lines as train, fetches the model when the run finishes, exits 0."""
@@ -108,6 +109,7 @@ def test_ctrl_c_hint_reattaches_with_the_progress_view_and_fetches(project, remo
     _model_is_the_runs(project, remote_dir, run_id)
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 def test_lost_link_then_reattach_no_fetch_prints_the_exact_fetch_command(project, remote_dir, sshd):
     proc = _start(project, "train", "cartpole", *SLOW)
     _read_until(proc.stdout, b" steps")
@@ -130,6 +132,7 @@ def test_lost_link_then_reattach_no_fetch_prints_the_exact_fetch_command(project
     _model_is_the_runs(project, remote_dir, run_id)
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 def test_reattached_run_that_is_killed_exits_with_its_code_and_fetches_nothing(cli, project, remote_dir):
     started = cli("train", "cartpole", "--set", "total-steps=50000000", "--set", "target-return=0",
                   "--set", "log-interval=0.1", "--detach", "--json", cwd=project)
@@ -147,6 +150,7 @@ def test_reattached_run_that_is_killed_exits_with_its_code_and_fetches_nothing(c
     assert not (_public(project) / "cartpole.onnx").exists()
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 def test_train_json_attached_prints_one_object_and_nothing_else(cli, project, remote_dir):
     res = cli("train", "cartpole", *FAST, "--json", cwd=project)
     assert res.returncode == 0, res.stderr

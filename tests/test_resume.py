@@ -198,6 +198,7 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_a_running_run_fetched_then_its_host_lost_resumes_on_another_host_from_the_pulled_checkpoint(
         tmp_path, host_a, host_b):
@@ -266,6 +267,7 @@ def test_a_running_run_fetched_then_its_host_lost_resumes_on_another_host_from_t
     assert f"run {run_id} was resumed as {out['run_id']} on b: thrust-remote status {out['run_id']}" in old.stderr
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 @pytest.mark.parametrize("follower", ["train", "watch"])
 def test_retry_resumes_a_followed_run_on_the_next_host_when_its_own_dies(tmp_path, host_a, host_b, follower):

@@ -29,6 +29,10 @@ from thrust_remote.host.session import HostPaths, HostSession
 from thrust_remote.run import pipeline
 from thrust_remote.runs import control, index
 
+# one worker runs this module's tests, in order: they share two running runs and one project, and the
+# later ones stop or change them
+pytestmark = pytest.mark.xdist_group("test_run_index")
+
 NVSMI = REPO / "tests" / "data" / "nvidia_smi"
 LONG = ["--set", "total-steps=50000000", "--set", "target-return=0", "--set", "num-envs=8"]
 
@@ -227,6 +231,7 @@ def _wait(cli, project: Path, run_id: str, states: tuple[str, ...], timeout: flo
         time.sleep(0.3)
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_two_detached_runs_of_the_same_job_and_commit_both_run(cli, project, two_runs, workdir):
     first, second = two_runs
@@ -239,6 +244,7 @@ def test_two_detached_runs_of_the_same_job_and_commit_both_run(cli, project, two
         assert run_json["run_id"] == run_id  # each its own run dir
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_status_logs_and_the_index_find_the_host_without_host(cli, project, two_runs, workdir):
     run_id = two_runs[0]
@@ -260,6 +266,7 @@ def test_status_logs_and_the_index_find_the_host_without_host(cli, project, two_
     assert "on local" in unknown.stderr and "thrust-remote runs --all" in unknown.stderr
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_runs_all_lists_every_host_in_parallel_and_names_the_unreachable(cli, project, two_runs):
     started = time.monotonic()
@@ -296,6 +303,7 @@ def test_runs_all_lists_every_host_in_parallel_and_names_the_unreachable(cli, pr
     assert "runs on sandbox" in named.stderr and all(r in named.stdout for r in two_runs)
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_syncing_changed_code_under_a_running_run_is_refused(cli, project, two_runs, workdir):
     before = git(workdir, "rev-parse", "HEAD")
@@ -310,6 +318,7 @@ def test_syncing_changed_code_under_a_running_run_is_refused(cli, project, two_r
     assert not (workdir / "CHANGED.md").exists()
 
 
+@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_stop_without_host_finds_the_run(cli, project, two_runs):
     for run_id in two_runs:

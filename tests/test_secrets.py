@@ -31,6 +31,10 @@ SECRET_SHA = hashlib.sha256(SECRET.encode()).hexdigest()
 # proves the value arrived without writing it anywhere (the log is the job's own, kept on the host)
 JOB_PY = f'''\
 import hashlib, os, time
+
+# one worker runs this module's tests, in order: its sampler reads every process's command line, and
+# the module's own secrets must not be on one beside it
+pytestmark = pytest.mark.xdist_group("test_secrets")
 token = os.environ.get("API_TOKEN", "").encode()
 print("token ok" if hashlib.sha256(token).hexdigest() == "{SECRET_SHA}" else "token missing", flush=True)
 time.sleep(1.0)  # long enough for the sampler to see the job's own command line

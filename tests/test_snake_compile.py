@@ -10,6 +10,8 @@ import torch
 from trainer.envs import Snake, SnakeParams
 from trainer.envs.snake import cell_dtype
 
+pytestmark = pytest.mark.e2e  # torch.compile with g++: tens of seconds of compiling
+
 
 def _play(env: Snake, steps: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
     """Every output and the whole state after each of `steps` random steps (copies)."""

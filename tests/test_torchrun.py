@@ -14,6 +14,8 @@ from helpers import wait_until
 
 from trainer.checkpoint import checkpoint_paths
 
+pytestmark = pytest.mark.e2e  # the trainer under torchrun, for real
+
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 

@@ -65,6 +65,7 @@ def _check_model(project: Path, job: str) -> dict:
     return manifest
 
 
+@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_train_cartpole_over_ssh_bundle_then_cached_setup(cli, project, remote_dir):
     first = cli("train", "cartpole", *FAST, cwd=project)
     assert first.returncode == 0, first.stderr
@@ -89,6 +90,7 @@ def test_train_cartpole_over_ssh_bundle_then_cached_setup(cli, project, remote_d
     assert _run_json(remote_dir, _run_id_from(second.stderr))["sync"] == "bundle"
 
 
+@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_train_snake_fetch_path_with_dirty_tree(cli, project, remote_dir, tmp_path):
     bare = tmp_path / "origin.git"
     subprocess.run(["git", "clone", "-q", "--bare", str(project), str(bare)], check=True)
@@ -133,6 +135,7 @@ def _read_until(stream, needle: bytes, timeout: float = 120) -> bytes:
     return buf
 
 
+@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_lost_link_exits_75_run_goes_on_and_logs_resume_byte_exact(cli, project, remote_dir, sshd):
     proc = _start_follow(project, *SLOW)
     seen = _read_until(proc.stdout, b" steps")  # the first progress line (cli/follow.py)
@@ -157,6 +160,7 @@ def test_lost_link_exits_75_run_goes_on_and_logs_resume_byte_exact(cli, project,
     assert _wait_state(cli, project, run_id, ("FINISHED",))["state"] == "FINISHED"
 
 
+@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_killed_cli_leaves_run_going(cli, project, remote_dir):
     proc = _start_follow(project, *SLOW)
     seen = _read_until(proc.stdout, b" steps")
@@ -175,6 +179,7 @@ def test_killed_cli_leaves_run_going(cli, project, remote_dir):
     assert b"THRUST_DONE" in remote_log
 
 
+@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_kill_9_job_is_failed_and_stop_leaves_nothing_alive(cli, project, remote_dir):
     long = ["--set", "total-steps=50000000", "--set", "target-return=0"]
     started = cli("train", "cartpole", *long, "--detach", "--json", cwd=project)
@@ -219,6 +224,7 @@ def _processes_with_marker(marker: str) -> list[int]:
     return found
 
 
+@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_stale_pid_of_another_process_is_not_running(cli, project, remote_dir):
     done = cli("train", "cartpole", *FAST, "--no-fetch", cwd=project)
     assert done.returncode == 0, done.stderr
@@ -237,6 +243,7 @@ def test_stale_pid_of_another_process_is_not_running(cli, project, remote_dir):
     assert st["state"] == "LOST"
 
 
+@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_torchrun_two_cpu_processes_survive_killed_session(cli, project, remote_dir, sshd):
     started = cli("train", "cartpole", "--nproc", "2", "--set", "total-steps=8000", "--set", "target-return=0",
                   "--detach", "--json", cwd=project)
@@ -281,6 +288,7 @@ def test_nonsense_trainer_values_are_refused_before_anything_is_synced(cli, proj
     assert not (remote_dir / "thrust").exists()  # nothing was synced, no run was left behind
 
 
+@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_cut_or_corrupt_fetch_leaves_web_public_untouched(cli, project, remote_dir, sshd):
     done = cli("train", "cartpole", *FAST, cwd=project)
     assert done.returncode == 0, done.stderr

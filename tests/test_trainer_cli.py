@@ -36,6 +36,7 @@ def tagged(stdout: str, tag: str) -> list[dict]:
     return [json.loads(line[len(prefix):]) for line in stdout.splitlines() if line.startswith(prefix)]
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_metrics_lines_jsonl_done_line_and_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = train("--env", "cartpole", "--total-steps", "2048", "--target-return", "0", "--log-interval", "0",
@@ -59,6 +60,7 @@ def test_metrics_lines_jsonl_done_line_and_checkpoint(tmp_path: Path) -> None:
     assert res.stdout.splitlines()[-1].startswith("THRUST_DONE ")
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_resume_continues_and_the_step_never_goes_back(tmp_path: Path) -> None:
     run = str(tmp_path / "run")
     common = ["--env", "cartpole", "--target-return", "0", "--log-interval", "0", "--run-dir", run]
@@ -77,6 +79,7 @@ def test_resume_continues_and_the_step_never_goes_back(tmp_path: Path) -> None:
     assert max(s for s, _ in checkpoint_paths(Path(run) / "checkpoints")) == 2048
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_resume_refuses_a_checkpoint_of_another_network(tmp_path: Path) -> None:
     run = str(tmp_path / "run")
     common = ["--env", "cartpole", "--target-return", "0", "--total-steps", "512", "--run-dir", run]
@@ -86,6 +89,7 @@ def test_resume_refuses_a_checkpoint_of_another_network(tmp_path: Path) -> None:
     assert "hidden" in res.stderr
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_default_run_dir_and_usage_errors(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "trainer.train", "--env", "cartpole", "--total-steps", "256", "--target-return", "0"],
@@ -100,6 +104,7 @@ def test_default_run_dir_and_usage_errors(tmp_path: Path) -> None:
     assert train("--env", "snake", "--grid-size", "3").returncode == 64
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_num_envs_auto_prints_its_choice(tmp_path: Path) -> None:
     res = train("--env", "cartpole", "--num-envs", "auto", "--total-steps", "256", "--target-return", "0",
                 "--run-dir", str(tmp_path / "r"))
@@ -109,6 +114,7 @@ def test_num_envs_auto_prints_its_choice(tmp_path: Path) -> None:
     assert "num_envs_auto" in info
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_tensorboard_flag_fails_clearly_when_not_installed(tmp_path: Path) -> None:
     try:
         import tensorboard  # noqa: F401
@@ -123,6 +129,7 @@ def test_tensorboard_flag_fails_clearly_when_not_installed(tmp_path: Path) -> No
         assert any((tmp_path / "r" / "tensorboard").iterdir())
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_snake_run_exports_onnx_with_manifest(tmp_path: Path) -> None:
     out = tmp_path / "web" / "snake.onnx"
     res = train("--env", "snake", "--grid-size", "6", "--num-envs", "16", "--num-steps", "16", "--total-steps",
@@ -139,6 +146,7 @@ def test_snake_run_exports_onnx_with_manifest(tmp_path: Path) -> None:
     assert "score_mean" in tagged(res.stdout, "THRUST_METRICS")[-1]
 
 
+@pytest.mark.e2e  # the trainer, for real
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_exits_143(tmp_path: Path) -> None:
     run = tmp_path / "r"
@@ -204,6 +212,7 @@ def _kill_when_logged_past_checkpoint(proc: subprocess.Popen[str], run: Path, ti
     proc.wait()
 
 
+@pytest.mark.e2e  # the trainer, for real
 @pytest.mark.slow
 def test_metrics_steps_never_go_back_after_a_crash_and_resume(tmp_path: Path) -> None:
     """A SIGKILLed attempt logged past its last checkpoint; the resumed run drops those rows."""

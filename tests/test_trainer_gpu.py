@@ -43,6 +43,7 @@ def test_snake_on_cuda_follows_the_same_rules() -> None:
     assert env.snapshot(0)["length"] == 4
 
 
+@pytest.mark.e2e  # the trainer on CUDA
 def test_short_cuda_training_run(tmp_path: Path) -> None:
     res = subprocess.run(
         [
@@ -88,6 +89,7 @@ def test_compiled_snake_step_on_cuda_is_the_eager_step() -> None:
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {t} differs"
 
 
+@pytest.mark.e2e  # the trainer on CUDA
 def test_bf16_compiled_cuda_run_exports_an_fp32_model(tmp_path: Path) -> None:
     flags = ["--device", "cuda", "--num-envs", "4096", "--total-steps", "400000", "--precision", "bf16", "--compile"]
     res = subprocess.run(

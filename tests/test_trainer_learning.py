@@ -17,6 +17,8 @@ import torch
 
 from trainer.eval import evaluate, load_actor, random_actor
 
+pytestmark = pytest.mark.e2e  # real training to a score
+
 
 def run_train(*args: str) -> dict:
     res = subprocess.run(

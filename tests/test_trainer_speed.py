@@ -57,6 +57,7 @@ def cartpole_trainer(tmp_path: Path, iterations: int) -> Trainer:
     return trainer
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_one_host_sync_per_iteration_and_one_per_report(tmp_path: Path, in_process: None) -> None:
     """Losses and episode statistics stay on the device between reports (before: 3 reads per iteration)."""
     trainer = cartpole_trainer(tmp_path, iterations=6)
@@ -68,6 +69,7 @@ def test_one_host_sync_per_iteration_and_one_per_report(tmp_path: Path, in_proce
     assert sorted(reads.seen) == sorted(["nonzero"] * 6 + ["tolist"])
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_report_figures_equal_those_read_every_iteration(tmp_path: Path, in_process: None) -> None:
     """The report's episodes, means and losses are the ones a plain per-step loop over the rollouts
     finds (the old way read them every iteration; now they are summed on the device)."""
@@ -117,6 +119,7 @@ def tagged(stdout: str, tag: str) -> list[dict]:
     return [json.loads(x[len(tag) + 1 :]) for x in stdout.splitlines() if x.startswith(tag + " ")]
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_bf16_run_records_it_and_exports_an_fp32_model_that_passes_parity(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = train("--env", "snake", "--grid-size", "6", "--num-envs", "16", "--num-steps", "16", "--total-steps",
@@ -171,6 +174,7 @@ def test_compile_without_a_cpp_compiler_exits_1_before_training(tmp_path: Path) 
     assert not tagged(res.stdout, "THRUST_METRICS")
 
 
+@pytest.mark.e2e  # the trainer, for real
 def test_compile_compiles_the_env_step_where_the_env_can(
     tmp_path: Path, in_process: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,6 +202,7 @@ def test_compile_compiles_the_env_step_where_the_env_can(
     assert main([*argv[:-1], str(tmp_path / "run2")]) == 1
 
 
+@pytest.mark.e2e  # the trainer, for real
 @pytest.mark.slow
 def test_compiled_cartpole_run_solves_end_to_end(tmp_path: Path) -> None:
     """`--compile` on CPU, from the command line (~25 s on 2 cores: most of it compiling)."""

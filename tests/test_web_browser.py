@@ -96,7 +96,8 @@ def open_page(page: Any, server: PlayServer, query: str) -> None:
     page.evaluate("window.thrust.ready")
 
 
-pytestmark = pytest.mark.browser
+# one worker runs this module's tests, in order: one Chromium for the module's tests
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.xdist_group("test_web_browser")]  # headless Chromium
 
 
 def test_page_plays_200_moves_with_the_model(page: Any, server: PlayServer) -> None:

@@ -149,6 +149,7 @@ def test_an_install_without_the_staged_page_says_to_build_with_make_wheel(
     assert info.value.exit_code == 69  # a part the install lacks: unavailable, not a failed job's 1
 
 
+@pytest.mark.e2e  # the wheel built and run
 @pytest.mark.browser
 def test_the_staged_page_plays_in_chromium_with_only_the_ort_files_it_carries(tmp_path: Path) -> None:
     """What the wheel carries is enough: the staged copy (no node_modules beyond ORT_FILES) runs a model
@@ -210,6 +211,7 @@ def _laptop_without_the_local_extra(python: Path, project: Path) -> None:
     assert torch_row["status"] == "fail" and torch_row["fix"].endswith(f", then {python} -m {LOCAL_EXTRA_INSTALL}")
 
 
+@pytest.mark.e2e  # the wheel built and run
 @pytest.mark.slow
 def test_wheel_without_torch_runs_doctor_trains_cartpole_on_a_host_and_plays(tmp_path, sshd, remote_dir):
     """A laptop's plain install: torch, gymnasium and onnxscript are the `local` extra, left out here, and
