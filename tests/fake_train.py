@@ -11,7 +11,7 @@ start-up, not torch's import, a training and an export (~6 s for `train cartpole
 The trainer's own behaviour (learning, checkpoints, resume, export) keeps its real tests.
 
     python fake_train.py [--total-steps N] [--seconds S] [--log-interval S] [--return R] [--exit-code C]
-                         [--wait-for FILE] [--env snake|cartpole]
+                         [--crash-at-step N] [--wait-for FILE] [--env snake|cartpole]
 Unknown flags (a test's `--set target-return=0`) are accepted and ignored, as a user's script might.
 """
 
@@ -35,6 +35,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--log-interval", type=float, default=0.1, help="seconds between THRUST_METRICS lines")
     p.add_argument("--return", dest="ret", type=float, default=100.0, help="the return it reports")
     p.add_argument("--exit-code", type=int, default=0)
+    p.add_argument("--crash-at-step", type=int, help="exit 1 at this step, with no model")
     p.add_argument("--wait-for", help="keep running (past --seconds) until this file exists")
     p.add_argument("--env", default="cartpole", choices=("cartpole", "snake"))
     return p.parse_known_args(argv)[0]
@@ -60,6 +61,9 @@ def main(argv: list[str]) -> int:
         _say("THRUST_METRICS", row)
         with metrics.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
+        if a.crash_at_step is not None and step >= a.crash_at_step:
+            print(f"crashing at step {step}", file=sys.stderr, flush=True)
+            return 1
         waiting = a.wait_for is not None and not Path(a.wait_for).exists()
         if step >= a.total_steps and not waiting:
             break

@@ -9,6 +9,7 @@ a condition, a user's own training script, an exported policy.
 - `wait_until(condition, timeout, what)`: poll a condition with a deadline instead of sleeping.
 - `TRAIN_PY`: a user's own DDP-aware train.py; `export_policy(path)`: an untrained policy as ONNX.
 - `FAST`, `TINY_TRAIN`, `SLOW`: `train cartpole` settings; `EXE`: the installed CLI; `CHROMIUM`.
+- `FAKE_JOB`, `FAKE_FAST`, `FAKE_SLOW`, `FAKE_LONG`, `fake_files()`: a job that runs tests/fake_train.py.
 """
 
 from __future__ import annotations
@@ -36,6 +37,22 @@ FAST = ["--set", "total-steps=6000", "--set", "target-return=0", "--set", "log-i
 TINY_TRAIN = ["--set", "total-steps=2048", "--set", "target-return=0", "--set", "log-interval=0.2"]
 # A run long enough to still be running when a test detaches, follows again or cuts the link.
 SLOW = ["--set", "total-steps=60000", "--set", "target-return=0", "--set", "log-interval=0.1"]
+
+# A job whose run is tests/fake_train.py: the trainer's progress lines and a small real ONNX model, with no
+# torch (for tests about what happens around a run: docs/architecture.md, "Tests"). In a clone of this
+# repository the script is there; `fake_files()` puts it (and tiny_onnx.py, which it imports) in a project
+# of a test's own. FAKE_FAST ends in a fraction of a second, FAKE_SLOW runs long enough to be cut or
+# reattached, FAKE_LONG until it is stopped.
+FAKE_JOB = "  fake:\n    script: tests/fake_train.py\n    export: web/public/fake.onnx\n"
+FAKE_FAST = ["--set", "seconds=0.3"]
+FAKE_SLOW = ["--set", "seconds=6"]
+FAKE_LONG = ["--set", "seconds=3600"]
+
+
+def fake_files() -> dict[str, str]:
+    """tests/fake_train.py and the tests/tiny_onnx.py it imports, for `new_project(files=...)`."""
+    here = Path(__file__).resolve().parent
+    return {f"tests/{name}": (here / name).read_text() for name in ("fake_train.py", "tiny_onnx.py")}
 
 
 # ------------------------------------------------------------------------------------------ git
@@ -78,9 +95,10 @@ def clone_repo(dest: Path, *, plain: bool = False) -> Path:
 
 
 def sandbox_clone(dest: Path, sshd: SSHServer, workdir: Path) -> Path:
-    """`clone_repo(dest)` with a committed thrust.yaml whose default host is the sshd's `sandbox`."""
+    """`clone_repo(dest)` with a committed thrust.yaml whose default host is the sshd's `sandbox`, and job
+    `fake` (FAKE_JOB) beside the built-in ones."""
     clone_repo(dest)
-    sshd.thrust_yaml(dest / "thrust.yaml", workdir=str(workdir))
+    sshd.thrust_yaml(dest / "thrust.yaml", workdir=str(workdir), rest="jobs:\n" + FAKE_JOB)
     commit(dest, "thrust.yaml for the test host", "thrust.yaml")
     return dest
 

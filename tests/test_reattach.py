@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import EXE, FAST, SLOW, git, sandbox_clone
+from helpers import EXE, FAKE_FAST, FAKE_LONG, FAKE_SLOW, git, sandbox_clone
 
 from thrust_remote.core.errors import ExitCode
 
-PROGRESS = re.compile(r"^cartpole-\S+: +\d+%  [\d,]+/[\d,]+ steps", re.M)
+PROGRESS = re.compile(r"^fake-\S+: +\d+%  [\d,]+/[\d,]+ steps", re.M)
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ def _public(project: Path) -> Path:
 
 
 def _model_is_the_runs(project: Path, remote_dir: Path, run_id: str) -> None:
-    placed = (_public(project) / "cartpole.onnx").read_bytes()
+    placed = (_public(project) / "fake.onnx").read_bytes()
     on_host = (remote_dir / "thrust" / ".thrust" / "runs" / run_id / "model.onnx").read_bytes()
     assert hashlib.sha256(placed).digest() == hashlib.sha256(on_host).digest()
 
@@ -79,12 +79,11 @@ def _assert_readable(text: str) -> None:
     assert PROGRESS.search(text), text
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 def test_ctrl_c_hint_reattaches_with_the_progress_view_and_fetches(project, remote_dir):
     """`train` detached with Ctrl-C prints one command (with the --config the user gave); that exact
     command shows the same progress lines as train, fetches the model when the run finishes, exits 0."""
     config = str(project / "thrust.yaml")
-    proc = _start(project, "--config", config, "train", "cartpole", *SLOW)
+    proc = _start(project, "--config", config, "train", "fake", *FAKE_SLOW)
     seen = _read_until(proc.stdout, b" steps")  # the first progress line: following has begun
     assert PROGRESS.search(seen.decode()), seen
     proc.send_signal(signal.SIGINT)
@@ -94,12 +93,12 @@ def test_ctrl_c_hint_reattaches_with_the_progress_view_and_fetches(project, remo
     match = re.search(r"reattach with: (thrust-remote [^\n]*?--offset \d+(?: --host \S+)?)", err_text)
     assert match, err_text
     hint = match.group(1)
-    run_id = re.search(r"following (cartpole-\S+)", err_text).group(1)
+    run_id = re.search(r"following (fake-\S+)", err_text).group(1)
     words = shlex.split(hint)
     assert words[:6] == ["thrust-remote", "--config", config, "logs", run_id, "--follow"], hint
     assert words[words.index("--host") + 1] == "sandbox", hint
     assert f"thrust-remote --config {config} stop {run_id} --host sandbox" in err_text
-    assert not (_public(project) / "cartpole.onnx").exists()
+    assert not (_public(project) / "fake.onnx").exists()
 
     again = _run_hint(hint, project)
     assert again.returncode == 0, again.stderr
@@ -109,9 +108,8 @@ def test_ctrl_c_hint_reattaches_with_the_progress_view_and_fetches(project, remo
     _model_is_the_runs(project, remote_dir, run_id)
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 def test_lost_link_then_reattach_no_fetch_prints_the_exact_fetch_command(project, remote_dir, sshd):
-    proc = _start(project, "train", "cartpole", *SLOW)
+    proc = _start(project, "train", "fake", *FAKE_SLOW)
     _read_until(proc.stdout, b" steps")
     sshd.kill_sessions()
     _out, err = proc.communicate(timeout=90)
@@ -123,7 +121,7 @@ def test_lost_link_then_reattach_no_fetch_prints_the_exact_fetch_command(project
     again = _run_hint(f"{hint} --no-fetch", project)
     assert again.returncode == 0, again.stderr
     _assert_readable(again.stdout)
-    assert not (_public(project) / "cartpole.onnx").exists()
+    assert not (_public(project) / "fake.onnx").exists()
     fetch = re.search(r"fetch the model with: (thrust-remote .*)", again.stderr)
     assert fetch, again.stderr
     assert shlex.split(fetch.group(1)) == ["thrust-remote", "fetch", run_id, "--host", "sandbox"]
@@ -132,10 +130,8 @@ def test_lost_link_then_reattach_no_fetch_prints_the_exact_fetch_command(project
     _model_is_the_runs(project, remote_dir, run_id)
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 def test_reattached_run_that_is_killed_exits_with_its_code_and_fetches_nothing(cli, project, remote_dir):
-    started = cli("train", "cartpole", "--set", "total-steps=50000000", "--set", "target-return=0",
-                  "--set", "log-interval=0.1", "--detach", "--json", cwd=project)
+    started = cli("train", "fake", *FAKE_LONG, "--detach", "--json", cwd=project)
     assert started.returncode == 0, started.stderr
     info = json.loads(started.stdout)
     follower = _start(project, "logs", info["run_id"], "-f")
@@ -147,20 +143,19 @@ def test_reattached_run_that_is_killed_exits_with_its_code_and_fetches_nothing(c
     assert "THRUST_" not in out.decode()
     assert "ended FAILED (exit code 137)" in err.decode()
     assert "fetch" not in err.decode()
-    assert not (_public(project) / "cartpole.onnx").exists()
+    assert not (_public(project) / "fake.onnx").exists()
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 def test_train_json_attached_prints_one_object_and_nothing_else(cli, project, remote_dir):
-    res = cli("train", "cartpole", *FAST, "--json", cwd=project)
+    res = cli("train", "fake", *FAKE_FAST, "--json", cwd=project)
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)  # the whole of stdout is the one object
     assert "THRUST_" not in res.stderr
     assert result["state"] == "FINISHED" and result["exit_code"] == 0 and result["job_exit_code"] == 0
-    assert result["host"] == "sandbox" and result["job"] == "cartpole"
+    assert result["host"] == "sandbox" and result["job"] == "fake"
     assert result["run_dir"].endswith(f"/.thrust/runs/{result['run_id']}")
     assert result["commit"] == git(project, "rev-parse", "HEAD")
-    assert Path(result["model"]) == _public(project) / "cartpole.onnx"
+    assert Path(result["model"]) == _public(project) / "fake.onnx"
     assert result["sha256"] == hashlib.sha256(Path(result["model"]).read_bytes()).hexdigest()
     assert result["steps"] == result["total_steps"] and result["steps"] >= 6000
     assert isinstance(result["score"], float) and result["score"] == result["return_mean"]
@@ -168,11 +163,7 @@ def test_train_json_attached_prints_one_object_and_nothing_else(cli, project, re
     assert result["wall_s"] > 0 and "fetch" in result["timings"]
 
     # a run that fails: still the one object, and the job's exit code as the command's
-    cfg = project / "thrust.yaml"
-    cfg.write_text(cfg.read_text() + "jobs:\n  crashy:\n    kind: python\n    args: {env: cartpole, target-return: 0}\n"
-                   "    env: {THRUST_TEST_CRASH_AT_STEP: '512'}\n")
-    git(project, "commit", "-q", "-am", "a job that crashes")
-    bad = cli("train", "crashy", "--set", "total-steps=60000", "--set", "log-interval=0", "--json", cwd=project)
+    bad = cli("train", "fake", "--set", "total-steps=60000", "--set", "crash-at-step=512", "--json", cwd=project)
     assert bad.returncode == 1, bad.stderr
     failed = json.loads(bad.stdout)
     assert failed["state"] == "FAILED" and failed["exit_code"] == 1 and failed["model"] is None

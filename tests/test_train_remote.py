@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import EXE, FAST, SLOW, git, sandbox_clone
+from helpers import EXE, FAKE_FAST, FAKE_LONG, FAKE_SLOW, FAST, git, sandbox_clone
 
 from thrust_remote.core.errors import ExitCode
 
@@ -36,7 +36,7 @@ def _run_json(remote_dir: Path, run_id: str) -> dict:
 
 
 def _run_id_from(text: str) -> str:
-    match = re.search(r"(?:launching run|following) ((?:cartpole|snake)[\w.-]+)", text)
+    match = re.search(r"(?:launching run|following) ((?:cartpole|snake|fake)[\w.-]+)", text)
     assert match, text
     return match.group(1)
 
@@ -119,7 +119,7 @@ def test_train_snake_fetch_path_with_dirty_tree(cli, project, remote_dir, tmp_pa
 
 def _start_follow(project: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [EXE, "train", "cartpole", *args], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [EXE, "train", "fake", *args], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "COLUMNS": "200"},
     )
 
@@ -135,9 +135,8 @@ def _read_until(stream, needle: bytes, timeout: float = 120) -> bytes:
     return buf
 
 
-@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_lost_link_exits_75_run_goes_on_and_logs_resume_byte_exact(cli, project, remote_dir, sshd):
-    proc = _start_follow(project, *SLOW)
+    proc = _start_follow(project, *FAKE_SLOW)
     seen = _read_until(proc.stdout, b" steps")  # the first progress line (cli/follow.py)
     assert b" steps" in seen
     sshd.kill_sessions()
@@ -160,9 +159,8 @@ def test_lost_link_exits_75_run_goes_on_and_logs_resume_byte_exact(cli, project,
     assert _wait_state(cli, project, run_id, ("FINISHED",))["state"] == "FINISHED"
 
 
-@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_killed_cli_leaves_run_going(cli, project, remote_dir):
-    proc = _start_follow(project, *SLOW)
+    proc = _start_follow(project, *FAKE_SLOW)
     seen = _read_until(proc.stdout, b" steps")
     assert b" steps" in seen
     proc.send_signal(signal.SIGKILL)
@@ -179,10 +177,8 @@ def test_killed_cli_leaves_run_going(cli, project, remote_dir):
     assert b"THRUST_DONE" in remote_log
 
 
-@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_kill_9_job_is_failed_and_stop_leaves_nothing_alive(cli, project, remote_dir):
-    long = ["--set", "total-steps=50000000", "--set", "target-return=0"]
-    started = cli("train", "cartpole", *long, "--detach", "--json", cwd=project)
+    started = cli("train", "fake", *FAKE_LONG, "--detach", "--json", cwd=project)
     assert started.returncode == 0, started.stderr
     info = json.loads(started.stdout)
     assert _wait_state(cli, project, info["run_id"], ("RUNNING",))["state"] == "RUNNING"
@@ -198,7 +194,7 @@ def test_kill_9_job_is_failed_and_stop_leaves_nothing_alive(cli, project, remote
     assert "FAILED" in status_text.stdout
 
     # stop: TERM the group, KILL after the grace period; no process of the run survives
-    started = cli("train", "cartpole", *long, "--detach", "--json", cwd=project)
+    started = cli("train", "fake", *FAKE_LONG, "--detach", "--json", cwd=project)
     info = json.loads(started.stdout)
     run = _wait_state(cli, project, info["run_id"], ("RUNNING",))
     assert run["state"] == "RUNNING"
@@ -224,9 +220,8 @@ def _processes_with_marker(marker: str) -> list[int]:
     return found
 
 
-@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_stale_pid_of_another_process_is_not_running(cli, project, remote_dir):
-    done = cli("train", "cartpole", *FAST, "--no-fetch", cwd=project)
+    done = cli("train", "fake", *FAKE_FAST, "--no-fetch", cwd=project)
     assert done.returncode == 0, done.stderr
     run_id = _run_id_from(done.stderr)
     run_dir = remote_dir / "thrust" / ".thrust" / "runs" / run_id
@@ -288,9 +283,8 @@ def test_nonsense_trainer_values_are_refused_before_anything_is_synced(cli, proj
     assert not (remote_dir / "thrust").exists()  # nothing was synced, no run was left behind
 
 
-@pytest.mark.e2e  # the built-in trainer over ssh, for real
 def test_cut_or_corrupt_fetch_leaves_web_public_untouched(cli, project, remote_dir, sshd):
-    done = cli("train", "cartpole", *FAST, cwd=project)
+    done = cli("train", "fake", *FAKE_FAST, cwd=project)
     assert done.returncode == 0, done.stderr
     run_id = _run_id_from(done.stderr)
     public = project / "web" / "public"
@@ -329,8 +323,8 @@ def test_cargo_job_builds_runs_and_cleans_a_stale_build(cli, project, remote_dir
     detached, and `cargo clean` first when the build env's fingerprint changed."""
     cfg = project / "thrust.yaml"
     base = cfg.read_text()
-    job = (
-        "jobs:\n  probe-rs:\n    kind: cargo\n    toolchain: stable\n    example: train_probe\n"
+    job = (  # base's `jobs:` has the fake job: this one joins it
+        "  probe-rs:\n    kind: cargo\n    toolchain: stable\n    example: train_probe\n"
         "    crate: tests/native/crate\n    args: [--epochs, '3']\n    artifact: models/probe.onnx\n"
     )
     cfg.write_text(base + job)
