@@ -45,7 +45,7 @@ SLOW = ["--set", "total-steps=60000", "--set", "target-return=0", "--set", "log-
 # reattached, FAKE_LONG until it is stopped.
 FAKE_JOB = "  fake:\n    script: tests/fake_train.py\n    export: web/public/fake.onnx\n"
 FAKE_FAST = ["--set", "seconds=0.3"]
-FAKE_SLOW = ["--set", "seconds=6"]
+FAKE_SLOW = ["--set", "seconds=4"]
 FAKE_LONG = ["--set", "seconds=3600"]
 
 

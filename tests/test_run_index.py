@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import REPO, clone_repo, commit, git, remote_tempdir
+from helpers import FAKE_JOB, FAKE_LONG, REPO, clone_repo, commit, git, remote_tempdir
 
 from envcheck.nvsmi import summarize
 from thrust_remote.core.config import HostConfig, JobConfig, load_config
@@ -34,7 +34,6 @@ from thrust_remote.runs import control, index
 pytestmark = pytest.mark.xdist_group("test_run_index")
 
 NVSMI = REPO / "tests" / "data" / "nvidia_smi"
-LONG = ["--set", "total-steps=50000000", "--set", "target-return=0", "--set", "num-envs=8"]
 
 
 def _entry(run_id: str = "cartpole-20261123-101010-ab12", host: str = "sandbox") -> index.IndexEntry:
@@ -192,7 +191,7 @@ def project(tmp_path_factory, sshd, silent_port, workdir) -> Path:
         f"    identity: {sshd.client_key}\n    connect_timeout: 60\n"
         for name, port in (("down", _closed_port()), ("silent", silent_port))
     )
-    sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(workdir), hosts_extra=extra)
+    sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(workdir), hosts_extra=extra, rest="jobs:\n" + FAKE_JOB)
     text = (proj / "thrust.yaml").read_text().replace("default_host: sandbox", "default_host: local", 1)
     (proj / "thrust.yaml").write_text(text)
     commit(proj, "thrust.yaml for the test hosts", "thrust.yaml")
@@ -209,7 +208,7 @@ def two_runs(project, sshd):
     ids = []
     try:
         for _ in range(2):
-            res = subprocess.run([exe, "train", "cartpole", "--host", "sandbox", *LONG, "--detach", "--json"],
+            res = subprocess.run([exe, "train", "fake", "--host", "sandbox", *FAKE_LONG, "--detach", "--json"],
                                  cwd=project, capture_output=True, text=True, env=env, timeout=300)
             assert res.returncode == 0, res.stderr
             ids.append(json.loads(res.stdout)["run_id"])
@@ -231,7 +230,6 @@ def _wait(cli, project: Path, run_id: str, states: tuple[str, ...], timeout: flo
         time.sleep(0.3)
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_two_detached_runs_of_the_same_job_and_commit_both_run(cli, project, two_runs, workdir):
     first, second = two_runs
@@ -244,12 +242,11 @@ def test_two_detached_runs_of_the_same_job_and_commit_both_run(cli, project, two
         assert run_json["run_id"] == run_id  # each its own run dir
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_status_logs_and_the_index_find_the_host_without_host(cli, project, two_runs, workdir):
     run_id = two_runs[0]
     entry = json.loads((project / ".thrust" / "index" / f"{run_id}.json").read_text())
-    assert entry["host"] == "sandbox" and entry["job"] == "cartpole"
+    assert entry["host"] == "sandbox" and entry["job"] == "fake"
     assert entry["commit"] == git(project, "rev-parse", "HEAD")
     assert entry["run_dir"] == str(workdir / ".thrust" / "runs" / run_id)
     assert entry["config"] == str((project / "thrust.yaml").resolve())
@@ -266,7 +263,6 @@ def test_status_logs_and_the_index_find_the_host_without_host(cli, project, two_
     assert "on local" in unknown.stderr and "thrust-remote runs --all" in unknown.stderr
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_runs_all_lists_every_host_in_parallel_and_names_the_unreachable(cli, project, two_runs):
     started = time.monotonic()
@@ -303,14 +299,13 @@ def test_runs_all_lists_every_host_in_parallel_and_names_the_unreachable(cli, pr
     assert "runs on sandbox" in named.stderr and all(r in named.stdout for r in two_runs)
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_syncing_changed_code_under_a_running_run_is_refused(cli, project, two_runs, workdir):
     before = git(workdir, "rev-parse", "HEAD")
     (project / "CHANGED.md").write_text("new code\n")
     git(project, "add", "CHANGED.md")
     git(project, "commit", "-q", "-m", "a change")
-    res = cli("train", "cartpole", "--host", "sandbox", *LONG, "--detach", cwd=project)
+    res = cli("train", "fake", "--host", "sandbox", *FAKE_LONG, "--detach", cwd=project)
     assert res.returncode == ExitCode.UNAVAILABLE  # nothing launched, try later: not a failed job's 1
     assert "would change their code under them" in res.stderr
     assert any(f"thrust-remote stop {r} --host sandbox" in res.stderr for r in two_runs), res.stderr
@@ -318,7 +313,6 @@ def test_syncing_changed_code_under_a_running_run_is_refused(cli, project, two_r
     assert not (workdir / "CHANGED.md").exists()
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_stop_without_host_finds_the_run(cli, project, two_runs):
     for run_id in two_runs:
