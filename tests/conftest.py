@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -376,9 +377,10 @@ class Cli:
     A call runs in this process by default: the console script's own entry (`cli.main.run`, which maps
     every error to its exit code) inside typer's test runner isolation (stdin, stdout, stderr and the
     environment swapped for the call), in `cwd`. That is the same code a user's process runs, without a
-    new interpreter's ~0.3-0.6 s of imports per call. `cli.process(...)` (and any call given `timeout=`
-    it must enforce, or a pty) starts the real console script instead: what only a process shows
-    (signals, exit at a broken pipe, a terminal) is tested that way."""
+    new interpreter's ~0.3-0.6 s of imports per call. `cli.process(...)` starts the real console script
+    instead, and so does a call given a `timeout=` to enforce or made from another thread than the main
+    one (calls side by side): what only a process shows (signals, exit at a broken pipe, a terminal)
+    is tested that way."""
 
     def __init__(self) -> None:
         self.exe = str(VENV_BIN / "thrust-remote")
@@ -397,7 +399,9 @@ class Cli:
 
     def __call__(self, *args: str, env: dict | None = None, cwd: str | Path | None = None,
                  timeout: float | None = None, input: str | None = None) -> subprocess.CompletedProcess:
-        if timeout is not None or IN_PROCESS_OFF:  # a deadline only a process can be held to
+        # a deadline only a process can be held to; and calls made side by side from threads (the
+        # isolation swaps this process's streams and environment) are processes too
+        if timeout is not None or IN_PROCESS_OFF or threading.current_thread() is not threading.main_thread():
             return self.process(*args, env=env, cwd=cwd, timeout=timeout, input=input)
         return run_in_process(list(args), env=self._env(env), cwd=cwd, input=input)
 
