@@ -30,6 +30,9 @@ from helpers import EXE, new_project, remote_tempdir, wait_until
 
 from thrust_remote.core.errors import ExitCode
 
+# one worker runs this module's tests, in order: its tests share one host and run
+pytestmark = pytest.mark.xdist_group("test_fetch_hostile")
+
 JOBS = """\
 jobs:
   outs:
@@ -46,8 +49,6 @@ HOST_PY = """\
 #!{real} -S
 import json, os, shutil, subprocess, sys
 
-# one worker runs this module's tests, in order: its tests share one host and run
-pytestmark = pytest.mark.xdist_group("test_fetch_hostile")
 
 REAL = {real!r}
 try:

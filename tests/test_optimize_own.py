@@ -28,6 +28,9 @@ from thrust_remote.optimize.space import search_space
 from thrust_remote.optimize.usage import UsageSources, usage_error
 from thrust_remote.runs.progress import own_metrics
 
+# one worker runs this module's tests, in order: its tests count the runs in one shared workdir
+pytestmark = pytest.mark.xdist_group("test_optimize_own")
+
 # A score with its best at lr = 0.3, reported every 10 steps: as THRUST_METRICS lines, or as
 # TensorBoard scalars with --tb DIR (then no THRUST_METRICS at all).
 SCORE_PY = '''\
@@ -35,8 +38,6 @@ import argparse
 import json
 import os
 
-# one worker runs this module's tests, in order: its tests count the runs in one shared workdir
-pytestmark = pytest.mark.xdist_group("test_optimize_own")
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--lr", type=float, required=True)

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from helpers import EXE, new_project, remote_tempdir
 
+# one worker runs this module's tests, in order: its tests share one project and host
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_own_project")]  # a user's own torch training, for real
+
 pytest.importorskip("tensorboard", reason="the job writes TensorBoard events: pip install tensorboard")
 
 TRAIN_PY = '''\
@@ -28,8 +31,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 
-# one worker runs this module's tests, in order: its tests share one project and host
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_own_project")]  # a user's own torch training, for real
 
 
 def main():

@@ -24,6 +24,10 @@ from thrust_remote.doctor.checklist import Check, Report
 from thrust_remote.host.session import HostPaths, HostSession
 from thrust_remote.run import cargo
 
+# one worker runs this module's tests, in order: its sampler reads every process's command line, and
+# the module's own secrets must not be on one beside it
+pytestmark = pytest.mark.xdist_group("test_secrets")
+
 SECRET = "s3cr3t-Token-7f1e9c"  # unlikely to appear by chance anywhere on this machine
 
 SECRET_SHA = hashlib.sha256(SECRET.encode()).hexdigest()
@@ -32,9 +36,6 @@ SECRET_SHA = hashlib.sha256(SECRET.encode()).hexdigest()
 JOB_PY = f'''\
 import hashlib, os, time
 
-# one worker runs this module's tests, in order: its sampler reads every process's command line, and
-# the module's own secrets must not be on one beside it
-pytestmark = pytest.mark.xdist_group("test_secrets")
 token = os.environ.get("API_TOKEN", "").encode()
 print("token ok" if hashlib.sha256(token).hexdigest() == "{SECRET_SHA}" else "token missing", flush=True)
 time.sleep(1.0)  # long enough for the sampler to see the job's own command line
