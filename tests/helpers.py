@@ -9,7 +9,8 @@ a condition, a user's own training script, an exported policy.
 - `wait_until(condition, timeout, what)`: poll a condition with a deadline instead of sleeping.
 - `TRAIN_PY`: a user's own DDP-aware train.py; `export_policy(path)`: an untrained policy as ONNX.
 - `FAST`, `TINY_TRAIN`, `SLOW`: `train cartpole` settings; `EXE`: the installed CLI; `CHROMIUM`.
-- `FAKE_JOB`, `FAKE_FAST`, `FAKE_SLOW`, `FAKE_LONG`, `fake_files()`: a job that runs tests/fake_train.py.
+- `FAKE_JOB`, `FAKE_FAST`, `FAKE_SLOW`, `FAKE_LONG`, `fake_files()`: a job that runs tests/fake_train.py;
+  `FAKE_SEARCH` an optimize search over it.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ SLOW = ["--set", "total-steps=60000", "--set", "target-return=0", "--set", "log-
 # repository the script is there; `fake_files()` puts it (and tiny_onnx.py, which it imports) in a project
 # of a test's own. FAKE_FAST ends in a fraction of a second, FAKE_SLOW runs long enough to be cut or
 # reattached, FAKE_LONG until it is stopped.
-FAKE_JOB = "  fake:\n    script: tests/fake_train.py\n    export: web/public/fake.onnx\n"
+FAKE_JOB = ("  fake:\n    script: tests/fake_train.py\n    export: web/public/fake.onnx\n"
+            "    objective: {metric: return_mean, mode: max}\n")
+# optimize's search over the fake job: its reported return is the parameter, so the best trial is known
+FAKE_SEARCH = "search:\n  fake:\n    return: {low: 0.0, high: 100.0}\n"
 FAKE_FAST = ["--set", "seconds=0.3"]
 FAKE_SLOW = ["--set", "seconds=4"]
 FAKE_LONG = ["--set", "seconds=3600"]

@@ -2,7 +2,8 @@
 "Several hosts"). Real sshd: two host entries on the sshd fixture with their own `workdir:` are two
 hosts as far as the host side is concerned (own checkout, own runs, own lease); a host entry whose port
 is closed is a host that cannot be reached; a second private sshd killed mid-study is a host lost while
-its trial runs. Trials are tiny CartPole runs (a few thousand steps), one slot per host.
+its trial runs. Trials are runs of tests/fake_train.py (its return is the searched parameter), one slot
+per host: the subject is the scheduling over hosts, not the training.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SSHServer, _start_sshd
-from helpers import clone_repo, remote_tempdir
+from helpers import FAKE_JOB, FAKE_SEARCH, clone_repo, remote_tempdir
 
 # one worker runs this module's tests, in order: its tests share a clone and two hosts where studies and runs accumulate
 pytestmark = pytest.mark.xdist_group("test_optimize_hosts")
@@ -27,13 +28,8 @@ pytestmark = pytest.mark.xdist_group("test_optimize_hosts")
 VENV_BIN = Path(sys.executable).parent
 EXE = str(VENV_BIN / "thrust-remote")
 
-SEARCH = """\
-search:
-  cartpole:
-    learning-rate: {low: 1.0e-3, high: 3.0e-2, log: true}
-    num-envs: {choices: [4, 8]}
-"""
-SMALL = ["--set", "total-steps=4096", "--set", "target-return=0", "--pruner", "none"]
+SEARCH = "jobs:\n" + FAKE_JOB + FAKE_SEARCH
+SMALL = ["--set", "seconds=0.3", "--pruner", "none"]
 
 
 def host_entry(server: SSHServer, name: str, workdir: str, port: int | None = None) -> str:
@@ -50,7 +46,7 @@ def closed_port() -> int:
 
 
 def optimize(project: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([EXE, "optimize", "cartpole", *args], cwd=project, capture_output=True, text=True,
+    return subprocess.run([EXE, "optimize", "fake", *args], cwd=project, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
 
 
@@ -72,7 +68,6 @@ def two_hosts(sshd, tmp_path_factory):
     return project, work
 
 
-@pytest.mark.e2e  # real trials of the built-in trainer
 @pytest.mark.slow
 def test_one_study_over_two_hosts(two_hosts):
     project, work = two_hosts
@@ -102,7 +97,6 @@ def test_one_study_over_two_hosts(two_hosts):
     assert f"--params both-best.yaml --host {best['host']}" in text and f"host: {best['host']}" in text
 
 
-@pytest.mark.e2e  # real trials of the built-in trainer
 @pytest.mark.slow
 def test_a_group_with_an_unreachable_host_runs_on_the_others(two_hosts):
     """`--host half` = a and dead (nothing listens on dead's port): a warning names dead, the study
@@ -134,14 +128,13 @@ def test_a_host_named_twice_is_refused(two_hosts):
     assert "'b' is named twice" in result.stderr
 
 
-@pytest.mark.e2e  # real trials of the built-in trainer
 @pytest.mark.slow
 def test_killed_driver_over_two_hosts_resumes_to_n(two_hosts):
     """SIGKILL the driver while both hosts run a trial; the rerun adopts or retries them: N in total,
     one run per trial on each host, nothing duplicated."""
     project, work = two_hosts
-    argv = [EXE, "optimize", "cartpole", "--host", "pair", "--trials", "4", "--parallel", "1", "--study", "again",
-            "--set", "total-steps=8192", "--set", "target-return=0", "--pruner", "none", "--json"]
+    argv = [EXE, "optimize", "fake", "--host", "pair", "--trials", "4", "--parallel", "1", "--study", "again",
+            "--set", "seconds=2", "--pruner", "none", "--json"]
     env = {**os.environ, "NO_COLOR": "1"}
     first = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + 120
@@ -171,7 +164,6 @@ def second_sshd():
         server.stop()
 
 
-@pytest.mark.e2e  # real trials of the built-in trainer
 @pytest.mark.slow
 def test_a_host_lost_mid_study_loses_only_its_running_trial(sshd, two_hosts, second_sshd):
     """Kill host c's sshd (and with it c's trial) while c runs a trial: that trial is FAIL
@@ -183,9 +175,8 @@ def test_a_host_lost_mid_study_loses_only_its_running_trial(sshd, two_hosts, sec
         fh.write("lost.yaml\n")  # not part of the code the hosts run
     config.write_text("default_host: a\nhosts:\n" + host_entry(sshd, "a", str(work["a"]))
                       + host_entry(second_sshd, "c", str(work_c)) + SEARCH)
-    argv = [EXE, "--config", str(config), "optimize", "cartpole", "--host", "c", "--host", "a", "--trials", "4",
-            "--parallel", "1", "--study", "lost", "--set", "total-steps=16000", "--set", "target-return=0",
-            "--pruner", "none", "--json"]
+    argv = [EXE, "--config", str(config), "optimize", "fake", "--host", "c", "--host", "a", "--trials", "4",
+            "--parallel", "1", "--study", "lost", "--set", "seconds=2", "--pruner", "none", "--json"]
     proc = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "NO_COLOR": "1"})
     try:
