@@ -1,5 +1,7 @@
-"""`thrust-remote optimize`: real studies of the real trainer (CartPole, CPU) on the sshd fixture and the
-local host. Trials are tiny (a few thousand env steps); the whole file stays around two minutes on 2 cores.
+"""`thrust-remote optimize`: studies on the sshd fixture and the local host. A study of the real trainer
+(CartPole, CPU, trials of a few thousand env steps) over ssh, with pruning; where the subject is the
+driver (GPU slots, a killed driver resumed, Ctrl-C, `--stop`), the trials are runs of tests/fake_train.py
+(job `fake`, its return the searched parameter).
 
 What each test builds: a git clone of this repository as the project (the host syncs its commit), a
 thrust.yaml with a small search space, and, for GPU slots on a CPU machine, an `nvidia-smi` on PATH
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, clone_repo, remote_tempdir, wait_until
+from helpers import FAKE_JOB, REPO, clone_repo, remote_tempdir, wait_until
 
 from thrust_remote import optimize as core
 
@@ -36,6 +38,8 @@ search:
 # Tiny trials: 4096 steps, no early stop on solving, so every trial reaches every rung.
 SMALL = ["--set", "total-steps=4096", "--set", "target-return=0"]
 AGGRESSIVE = ["--pruner", "median", "--prune-startup", "1", "--prune-warmup", "0"]
+# job `fake` and its search beside the trainer's (tests/fake_train.py: its return is the parameter)
+FAKE = "jobs:\n" + FAKE_JOB + SEARCH + "  fake:\n    return: {low: 0.0, high: 100.0}\n"
 
 # one worker runs this module's tests, in order: later tests read the study an earlier one ran over ssh
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_optimize")]
@@ -47,12 +51,15 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return clone_repo(tmp_path_factory.mktemp("optimize") / "project", plain=True)
 
 
-def local_project(base: Path, name: str, extra: str = "") -> Path:
-    """A local-host project: its own directory (own .thrust) whose trainer comes from the clone."""
+def local_project(base: Path, name: str, extra: str = "", *, fake: bool = False) -> Path:
+    """A local-host project: its own directory (own .thrust) whose trainer comes from the clone; `fake`:
+    with job `fake` (tests/ from the clone too) and its search."""
     root = base / name
     root.mkdir()
     (root / "trainer").symlink_to(REPO / "trainer", target_is_directory=True)
-    (root / "thrust.yaml").write_text(SEARCH + extra)
+    if fake:
+        (root / "tests").symlink_to(REPO / "tests", target_is_directory=True)
+    (root / "thrust.yaml").write_text((FAKE if fake else SEARCH) + extra)
     return root
 
 
@@ -158,12 +165,11 @@ def test_bad_gpu_index_is_refused_before_any_trial(cli, tmp_path):
     assert not (root / ".thrust" / "runs").exists() or not list((root / ".thrust" / "runs").iterdir())
 
 
-@pytest.mark.e2e  # real trials of the built-in trainer
 def test_gpu_slots_each_trial_sees_its_own_cuda_visible_devices(cli, tmp_path):
-    root = local_project(tmp_path, "gpu-host")
+    root = local_project(tmp_path, "gpu-host", fake=True)
     smi = fake_nvidia_smi(tmp_path / "smi")
     env = {"PATH": f"{smi}:{os.environ['PATH']}"}
-    result = cli("optimize", "cartpole", "--trials", "4", "--gpus", "1,3", "--pruner", "none", *SMALL,
+    result = cli("optimize", "fake", "--trials", "4", "--gpus", "1,3", "--pruner", "none", "--set", "seconds=0.3",
                  "--json", cwd=root, env=env)
     assert result.returncode == 0, result.stderr
     out = summary(result)
@@ -256,15 +262,13 @@ def test_best_params_file_round_trips_into_train(ssh_study, project, cli):
     assert stop.returncode == 0, stop.stderr
 
 
-@pytest.mark.e2e  # real trials of the built-in trainer
 def test_killed_driver_is_resumed_to_n_trials_without_duplicates(sshd, tmp_path):
     project = clone_repo(tmp_path / "project", plain=True)
     workdir = remote_tempdir(sshd, "opt-resume")
-    sshd.thrust_yaml(project / "thrust.yaml", workdir=str(workdir), rest=SEARCH)
+    sshd.thrust_yaml(project / "thrust.yaml", workdir=str(workdir), rest=FAKE)
     exe = str(VENV_BIN / "thrust-remote")
-    argv = [exe, "optimize", "cartpole", "--trials", "5", "--parallel", "2",
-            "--study", "resume", "--pruner", "none", "--set", "total-steps=6144", "--set", "target-return=0",
-            "--json"]
+    argv = [exe, "optimize", "fake", "--trials", "5", "--parallel", "2",
+            "--study", "resume", "--pruner", "none", "--set", "seconds=1.5", "--json"]
     env = {**os.environ, "NO_COLOR": "1"}
     first = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     runs_dir = workdir / ".thrust" / "runs"
@@ -293,14 +297,13 @@ def test_killed_driver_is_resumed_to_n_trials_without_duplicates(sshd, tmp_path)
     assert_slots_never_overlap([t for t in out["trials"] if t["state"] != "FAIL"])
 
 
-@pytest.mark.e2e  # real trials of the built-in trainer
 def test_ctrl_c_twice_stops_every_trial(tmp_path):
-    root = local_project(tmp_path, "ctrl-c")
+    root = local_project(tmp_path, "ctrl-c", fake=True)
     exe = str(VENV_BIN / "thrust-remote")
     err = tmp_path / "driver.stderr"  # a file, not a pipe: the test reads it while the driver runs
     with err.open("wb") as err_file:
-        proc = subprocess.Popen([exe, "optimize", "cartpole", "--trials", "4", "--parallel", "2", "--pruner", "none",
-                                 "--set", "total-steps=400000", "--set", "target-return=0", "--json"],
+        proc = subprocess.Popen([exe, "optimize", "fake", "--trials", "4", "--parallel", "2", "--pruner", "none",
+                                 "--set", "seconds=3600", "--json"],
                                 cwd=root, stdout=subprocess.PIPE, stderr=err_file,
                                 env={**os.environ, "NO_COLOR": "1"})
     runs_dir = root / ".thrust" / "runs"
@@ -308,7 +311,7 @@ def test_ctrl_c_twice_stops_every_trial(tmp_path):
     while time.monotonic() < deadline and len(list(runs_dir.glob("*/metrics.jsonl"))) < 2:
         time.sleep(0.1)
     # a second driver of the same study on the same host is refused (it would adopt the first's trials)
-    second = subprocess.run([exe, "optimize", "cartpole", "--trials", "4", "--parallel", "2"], cwd=root,
+    second = subprocess.run([exe, "optimize", "fake", "--trials", "4", "--parallel", "2"], cwd=root,
                             capture_output=True, text=True, timeout=120)
     assert second.returncode == 1 and "already being driven" in second.stderr, second.stderr
     proc.send_signal(signal.SIGINT)
@@ -326,13 +329,12 @@ def test_ctrl_c_twice_stops_every_trial(tmp_path):
     assert all(t["state"] == "FAIL" and "retried" in t["note"] for t in out["trials"])
 
 
-@pytest.mark.e2e  # real trials of the built-in trainer
 @pytest.mark.parametrize("how", ["optimize --stop", "stop RUN"])
 def test_stop_command_stops_a_running_study(cli, tmp_path, how):
-    root = local_project(tmp_path, "stop-cmd")
+    root = local_project(tmp_path, "stop-cmd", fake=True)
     exe = str(VENV_BIN / "thrust-remote")
-    proc = subprocess.Popen([exe, "optimize", "cartpole", "--trials", "4", "--parallel", "2", "--pruner", "none",
-                             "--set", "total-steps=400000", "--set", "target-return=0", "--json"],
+    proc = subprocess.Popen([exe, "optimize", "fake", "--trials", "4", "--parallel", "2", "--pruner", "none",
+                             "--set", "seconds=3600", "--json"],
                             cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "NO_COLOR": "1"})
     runs_dir = root / ".thrust" / "runs"
@@ -340,7 +342,7 @@ def test_stop_command_stops_a_running_study(cli, tmp_path, how):
     while time.monotonic() < deadline and len(list(runs_dir.glob("*/metrics.jsonl"))) < 1:
         time.sleep(0.1)
     if how == "optimize --stop":
-        stop = cli("optimize", "cartpole", "--stop", "--json", cwd=root)
+        stop = cli("optimize", "fake", "--stop", "--json", cwd=root)
         assert stop.returncode == 0, stop.stderr
         assert json.loads(stop.stdout)["stopped"]
     else:  # `thrust-remote stop` on one trial stops the whole study
