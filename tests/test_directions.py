@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import EXE, FAST, clone_repo, git
+from helpers import EXE, FAKE_FAST, FAKE_JOB, FAKE_LONG, FAST, clone_repo, git
 
 from thrust_remote.core.config import HostConfig, load_config
 from thrust_remote.core.hints import command_hint
@@ -107,16 +107,15 @@ def test_python_paths_resolve_on_the_host_like_ssh_would(sshd, tmp_path: Path) -
     assert resolve_python(local, tilde, config) == str(Path.home() / "x" / "bin" / "python")
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_tilde_python_is_the_hosts_home_for_every_command(cli, sshd, remote_dir, project, home_venv) -> None:
-    cfg = _with_python(sshd.thrust_yaml(project / "thrust.yaml", workdir=str(remote_dir / "thrust")), sshd,
-                       home_venv)
+    cfg = _with_python(sshd.thrust_yaml(project / "thrust.yaml", workdir=str(remote_dir / "thrust"),
+                                        rest="jobs:\n" + FAKE_JOB), sshd, home_venv)
     git(project, "add", "thrust.yaml")
     git(project, "commit", "-q", "-m", "thrust.yaml")
-    train = cli("train", "cartpole", *FAST, cwd=project)
+    train = cli("train", "fake", *FAKE_FAST, cwd=project)
     assert train.returncode == 0, train.stderr
-    run_id = re.search(r"(?:launching run|following) (cartpole[\w.-]+)", train.stderr).group(1)
+    run_id = re.search(r"(?:launching run|following) (fake[\w.-]+)", train.stderr).group(1)
     run = json.loads((remote_dir / "thrust" / ".thrust" / "runs" / run_id / "run.json").read_text())
     expanded = str(Path.home()) + home_venv[1:]
     # the job runs in its venv on the host, made from `python:` expanded there (never a literal '~/...')
@@ -168,18 +167,16 @@ def test_wrong_python_is_69_with_doctors_hint_on_every_command(cli, sshd, remote
         assert f"under hosts.sandbox in {cfg.resolve()}" in proc.stderr, (args, proc.stderr)  # the file named
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_busy_workdir_hint_names_host_and_config_and_its_stop_works(cli, sshd, remote_dir, project, tmp_path) -> None:
-    cfg = sshd.thrust_yaml(tmp_path / "elsewhere.yaml", workdir=str(remote_dir / "thrust"))
-    long = ["--set", "total-steps=100000000", "--set", "target-return=0"]
-    first = cli("--config", str(cfg), "train", "cartpole", "--detach", *long, cwd=project)
+    cfg = sshd.thrust_yaml(tmp_path / "elsewhere.yaml", workdir=str(remote_dir / "thrust"), rest="jobs:\n" + FAKE_JOB)
+    first = cli("--config", str(cfg), "train", "fake", "--detach", *FAKE_LONG, cwd=project)
     assert first.returncode == 0, first.stderr
-    run_id = re.search(r"launching run (cartpole[\w.-]+)", first.stderr).group(1)
+    run_id = re.search(r"launching run (fake[\w.-]+)", first.stderr).group(1)
     (project / "NOTES.txt").write_text("a change\n")
     git(project, "add", "NOTES.txt")
     git(project, "commit", "-q", "-m", "notes")
-    busy = cli("--config", str(cfg), "train", "cartpole", "--detach", *long, cwd=project)
+    busy = cli("--config", str(cfg), "train", "fake", "--detach", *FAKE_LONG, cwd=project)
     assert busy.returncode == 69 and "is in use by running or queued run(s)" in busy.stderr, busy.stderr
     at = f"thrust-remote --config {cfg.resolve()}"
     assert f"{at} status {run_id} --host sandbox" in busy.stderr
@@ -252,15 +249,14 @@ def test_doctor_finds_torch_in_a_venv_under_home(cli, tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------ --config elsewhere
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_config_elsewhere_configures_the_project_you_stand_in(cli, project, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     cfg = elsewhere / "thrust.yaml"
-    cfg.write_text("default_host: local\n")
+    cfg.write_text("default_host: local\njobs:\n" + FAKE_JOB)
     sub = project / "trainer"
-    proc = cli("--config", str(cfg), "train", "cartpole", *FAST, cwd=sub)
+    proc = cli("--config", str(cfg), "train", "fake", *FAKE_FAST, cwd=sub)
     assert proc.returncode == 0, proc.stderr
-    assert (project / "web" / "public" / "cartpole.onnx").is_file()
+    assert (project / "web" / "public" / "fake.onnx").is_file()
     assert not (elsewhere / "web").exists()

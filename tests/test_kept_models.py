@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import FAKE_FAST, FAKE_JOB
 from tiny_onnx import metrics_lines, tiny_policy
 
 from thrust_remote.fetch import models
@@ -186,22 +187,22 @@ def test_score_is_apples_for_snake_and_the_return_otherwise(tmp_path: Path) -> N
     assert models.score_of({}, None) == (None, None)
 
 
-@pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_train_cartpole_keeps_the_model_and_does_not_offer_play(cli, tmp_path: Path, sshd, remote_dir: Path) -> None:
-    """The page plays snake only: after a cartpole run, `see it play` would send the user to a refusal."""
+    """The page plays snake only: after a cartpole run, `see it play` would send the user to a refusal.
+    The run is tests/fake_train.py's, whose model is a real (untrained) cartpole policy."""
     proj = tmp_path / "project"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(proj)], check=True)
-    sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(remote_dir / "thrust"))
+    sshd.thrust_yaml(proj / "thrust.yaml", workdir=str(remote_dir / "thrust"), rest="jobs:\n" + FAKE_JOB)
     for args in (["config", "user.email", "t@example.com"], ["config", "user.name", "t"], ["add", "thrust.yaml"],
                  ["commit", "-q", "-m", "host"]):
         subprocess.run(["git", "-C", str(proj), *args], check=True)
-    res = cli("train", "cartpole", "--set", "total-steps=6000", "--set", "target-return=0", cwd=proj)
+    res = cli("train", "fake", *FAKE_FAST, cwd=proj)
     assert res.returncode == 0, res.stderr
     assert "see it play" not in res.stderr + res.stdout
     assert "not playable" in res.stderr
-    run_id = re.search(r"launching run (cartpole[\w.-]+)", res.stderr).group(1)
+    run_id = re.search(r"launching run (fake[\w.-]+)", res.stderr).group(1)
     info = fetch_info(proj, run_id)
-    assert info["state"] == "FINISHED" and info["placed"] is True and info["job"] == "cartpole"
+    assert info["state"] == "FINISHED" and info["placed"] is True and info["job"] == "fake"
     assert info["score_kind"] in ("return", "eval return") and isinstance(info["score"], float)
-    assert placed_sha(proj, "cartpole") == info["sha256"]
+    assert placed_sha(proj, "fake") == info["sha256"]
