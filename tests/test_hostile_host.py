@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -93,13 +94,13 @@ def other_account(sshd) -> Iterator[tuple[str, Path]]:
     run directory only another account can read needs one. Skipped where accounts cannot be made."""
     if os.geteuid() != 0 or not shutil.which("useradd"):
         pytest.skip("needs root and useradd to make a throwaway non-root account (root reads every file)")
-    name = f"thrt{os.getpid() % 100000}"
+    name = f"thrt{secrets.token_hex(4)}"  # its own each time: a session still ending may hold the last one
     home = Path(tempfile.mkdtemp(prefix="thrust-account-"))
     made = subprocess.run(["useradd", "--system", "-d", str(home), "-s", "/bin/sh", "-p", "*", name],
                           capture_output=True, text=True)
-    if made.returncode != 0:
+    if made.returncode != 0:  # root with useradd: an account must be possible, never a silent skip
         shutil.rmtree(home, ignore_errors=True)
-        pytest.skip(f"useradd failed: {made.stderr.strip()}")
+        pytest.fail(f"useradd failed: {made.stderr.strip()}")
     # sshd reads authorized_keys as the account logging in: let it reach the session's (a public key)
     keys = sshd.root / "authorized_keys"
     modes = sshd.root.stat().st_mode & 0o777, keys.stat().st_mode & 0o777
@@ -111,7 +112,7 @@ def other_account(sshd) -> Iterator[tuple[str, Path]]:
     finally:
         sshd.root.chmod(modes[0])
         keys.chmod(modes[1])
-        subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["userdel", "--force", name], capture_output=True)  # even with a session ending
         shutil.rmtree(home, ignore_errors=True)
 
 
