@@ -64,6 +64,7 @@ def test_snake_policy_export_matches_torch_and_writes_the_manifest(tmp_path: Pat
     assert (m["env"], m["grid_size"], m["action_mode"], m["policy"]) == ("snake", g, "relative", kind)
     assert (m["obs_dim"], m["n_actions"], m["steps"], m["final_return"]) == (3 * g * g + 8, 3, 1234, 2.5)
     assert "commit" in m
+    assert m["exporter"] == "torchscript"  # the fast one (~0.1 s), where it works
 
 
 def test_cartpole_export_commit_from_env_and_eval_of_the_onnx_file(
@@ -81,3 +82,33 @@ def test_cartpole_export_commit_from_env_and_eval_of_the_onnx_file(
     a = evaluate(onnx_actor(out), "cartpole", episodes=10, seed=3)
     b = evaluate(torch_actor(policy), "cartpole", episodes=10, seed=3)
     assert a["mean"] == b["mean"]
+
+
+def test_an_exporter_that_fails_or_mismatches_falls_back_to_dynamo_and_the_model_still_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The TorchScript exporter gone (a later torch) or writing a model that onnxruntime disagrees with:
+    the dynamo exporter writes it, and the model kept has passed the same checks. Both failing is an
+    ExportError naming each, and no model is left."""
+    import trainer.export as export
+
+    real = export._torch_export
+    policy = MLPPolicy(4, 2)
+
+    def without_torchscript(model, example, path, *, dynamo):  # noqa: ANN001, ANN202
+        if not dynamo:
+            raise RuntimeError("the TorchScript exporter was removed")
+        real(model, example, path, dynamo=dynamo)
+
+    monkeypatch.setattr(export, "_torch_export", without_torchscript)
+    out = export_onnx(policy, tmp_path / "a" / "model.onnx", env_name="cartpole")
+    assert json.loads((out.parent / "manifest.json").read_text())["exporter"] == "dynamo"
+    assert check_parity(out, policy, 4)["logits"] <= 1e-5
+
+    def garbled(model, example, path, *, dynamo):  # noqa: ANN001, ANN202 - a model of other weights
+        real(MLPPolicy(4, 2), example, path, dynamo=dynamo)
+
+    monkeypatch.setattr(export, "_torch_export", garbled)
+    with pytest.raises(export.ExportError, match="torchscript: onnxruntime differs.*dynamo: onnxruntime differs"):
+        export_onnx(policy, tmp_path / "b" / "model.onnx", env_name="cartpole")
+    assert not list((tmp_path / "b").iterdir())
