@@ -112,6 +112,8 @@ def _wait(predicate, timeout: float, what: str, log: Path | None = None):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tail}")
 
 
+# ~25 s quiet: two real trainings over two namespaced hosts (torchrun on each, gloo's rendezvous), the
+# train and its resume from the pulled checkpoint: the shortest proof that both reach node 0's model.
 def test_two_nodes_train_the_builtin_trainer_and_node_0_brings_the_model_back(cli, net, project):
     result = cli("train", "cartpole", "--host", "n0", "--host", "n1", "--set", "total-steps=2048",
                  "--set", "num-envs=8", "--set", "target-return=0", cwd=project)
@@ -304,6 +306,7 @@ def test_nodes_with_different_torch_are_refused_before_anything_starts(cli, net,
     assert [set((h.workdir / ".thrust" / "runs").glob("*")) for h in net.hosts] == before
 
 
+# ~20 s quiet: a node that cannot reach node 0 is only known by waiting out the reach check's timeout.
 def test_doctor_over_two_hosts_shows_each_node_reaching_node_0_and_the_interface(cli, net, project, tmp_path):
     result = cli("doctor", "--host", "pair", "--json", cwd=project)
     reports = json.loads(result.stdout)
@@ -355,6 +358,8 @@ def test_a_killed_node_fails_the_run_and_stops_the_other(cli, net, project):
     assert "n1" in text and "FAILED" in text
 
 
+# ~25 s quiet: the link is cut while both nodes train, and the promise tested is the product's own
+# deadline (a silent node is lost within ~20 s): the test has to wait it out.
 def test_a_lost_link_fails_the_run_within_30_s_and_the_cli_names_the_lost_node(cli, net, project):
     runs_dir = net.hosts[0].workdir / ".thrust" / "runs"
     before = set(runs_dir.glob("long-*"))

@@ -267,6 +267,8 @@ def test_a_running_run_fetched_then_its_host_lost_resumes_on_another_host_from_t
     assert f"run {run_id} was resumed as {out['run_id']} on b: thrust-remote status {out['run_id']}" in old.stderr
 
 
+# ~18-22 s quiet per follower: a real training long enough for a checkpoint to be pulled while it is
+# followed, a host killed, the 2 s grace, then the resumed run on b to its end.
 @pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 @pytest.mark.parametrize("follower", ["train", "watch"])
