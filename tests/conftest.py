@@ -67,9 +67,8 @@ LAYERS = ("core", "ssh", "e2e")
 _layer_of_running_test: list[str] = []
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which tags a grouped test's nodeid
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the layer markers this adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _check_groups_took(config, items)
     for item in items:
         marked = {m.name for m in item.iter_markers() if m.name in LAYERS}
         if "e2e" in marked:
@@ -99,6 +98,11 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"pytest {version('pytest')} with pytest-xdist {version('pytest-xdist')} does not "
                                 "group tests under --dist loadgroup (pytest-xdist issue 1386): install "
                                 "'pytest<9.2' (make setup does)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _check_groups_took(session.config, session.items)  # pytest-xdist tags grouped nodeids while collecting
 
 
 def _check_groups_took(config: pytest.Config, items: list[pytest.Item]) -> None:
