@@ -20,6 +20,12 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "git-state": ("checkout", True),
     "git-checkout": ("checkout", True),
     "git-receive": ("checkout", True),
+    "tree-add": ("trees", True),  # a run's own tree: a worktree + patch, LFS, submodules, files:, setup:, shared:
+    "tree-remove": ("trees", True),
+    "tree-size": ("trees", True),
+    "tree-prune": ("trees", True),  # the trees beyond a host's `keep:`, a live run's never (thrust-remote prune)
+    "store-missing": ("trees", True),  # which of the laptop's files: the host's content store lacks
+    "setup-keep": ("trees", True),  # a setup:'s outputs into the store, for later trees of the same inputs
     "preflight": ("probe", True),
     "missing-modules": ("probe", True),
     "dist-versions": ("probe", True),  # torchvision/torchaudio as pip sees them (run/pins.py)

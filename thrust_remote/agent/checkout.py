@@ -1,7 +1,7 @@
 """The host's checkout for sync: one command to learn its state, one to put it at a commit.
 
     agent git-state --workdir W --commit C
-        {"git": bool, "repo": bool, "head": str|null, "applied": str, "current": str,
+        {"git": bool, "repo": bool, "free_bytes": int|null, "head": str|null, "applied": str, "current": str,
          "have": bool, "known": [sha...]}
     agent git-state ... [--lfs OID]...
         ... + {"lfs_missing": [oid...]}: the Git LFS objects W/.git/lfs/objects lacks
@@ -64,10 +64,24 @@ def tree_diff_sha(workdir: str) -> str:
     return hashlib.sha256(_git(workdir, "diff", "HEAD", "--binary", *DIFF_SCOPE).stdout).hexdigest()
 
 
+def free_bytes(path: str) -> int | None:
+    """Free space for this account on the filesystem that holds `path` (or would: its nearest parent)."""
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    try:
+        st = os.statvfs(path or "/")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def state(workdir: str, commit: str, lfs: list[str] | None = None) -> dict:
     if shutil.which("git") is None:
         return {"git": False}
-    out: dict = {"git": True, "repo": False}
+    out: dict = {"git": True, "repo": False, "free_bytes": free_bytes(workdir)}
     inside = os.path.isdir(os.path.join(workdir, ".git")) and _git(workdir, "rev-parse", "--is-inside-work-tree")
     if not inside or inside.returncode != 0:
         return out

@@ -16,11 +16,12 @@ the transfer (`xfer get PATH DEV INO`) sends that file or nothing. An unreadable
 is reported in "unreadable" and the rest is listed. The walk stops at `--deadline` seconds: exit 3
 with {"error": "deadline", "glob", "seconds"} (the glob it was on).
 
-Under the cwd (the checkout every run of the workdir shares) only files modified while the run went
-are this run's: since it started (run.json's `started_ts`) and, once it has ended, not after its end
-(the exit record's `ended_ts`). Older ones were left by an earlier run or came with the checkout
-("older"), newer ones by a later run ("newer"); both are counted, not listed, and a glob that
-matches only those is "unmatched".
+A run with a tree of its own (run.json's `tree`; docs/architecture.md, "Trees") has every file there
+listed. Under a cwd that runs share (the workdir of the layout before trees, a study's trials) only
+files modified while the run went are this run's: since it started (run.json's `started_ts`) and,
+once it has ended, not after its end (the exit record's `ended_ts`). Older ones were left by an
+earlier run or came with the checkout ("older"), newer ones by a later run ("newer"); both are
+counted, not listed, and a glob that matches only those is "unmatched".
 
 Answer: {"cwd", "files": [{"base": "cwd" | "run", "path" (relative to the base, '/'-separated),
 "abs", "size", "mtime", "mode", "dev", "ino", "sha256"}], "unmatched": [GLOB...], "refused": [GLOB or
@@ -299,9 +300,13 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(json.dumps({"error": f"{run_dir}/{RUN_JSON}: {exc}"}))
         return AgentExit.MISSING
+    # a tree of the run's own holds no other run's files: everything in it is this run's; the window is
+    # for a checkout runs share (the workdir of an older layout, a study's trials)
+    own_tree = isinstance(meta.get("tree"), str) and "trial" not in meta
     try:
-        answer = list_files(os.path.abspath(cwd), run_dir, args.globs, float(since) if since else None,
-                            _ended_ts(run_dir, meta), args.deadline)
+        answer = list_files(os.path.abspath(cwd), run_dir, args.globs,
+                            None if own_tree or not since else float(since),
+                            None if own_tree else _ended_ts(run_dir, meta), args.deadline)
     except DeadlineHit as exc:
         print(json.dumps({"error": DEADLINE_ERROR, "glob": exc.glob, "seconds": args.deadline}))
         return AgentExit.REFUSED

@@ -477,19 +477,29 @@ def _watch(run_dir: str, meta: dict, proc: subprocess.Popen) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    st = run_state(args.run_dir)
+    meta = read_json(os.path.join(args.run_dir, RUN_JSON)) or {}
+    st = run_state(args.run_dir, meta)
     if st["state"] == RunState.QUEUED:
         st = _placed(st, _queue_view(os.path.dirname(os.path.abspath(args.run_dir))))
-    print(json.dumps(st))
+    print(json.dumps(_with_tree(args.run_dir, meta, st)))
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     view = _queue_view(args.runs_dir)
-    out = [_placed(st, view) for st, _ in view]
+    out = [_with_tree(os.path.join(args.runs_dir, st["run_id"]), None, _placed(st, view)) for st, _ in view]
     out.sort(key=lambda r: r.get("started_at") or r.get("queued_at") or "")
     print(json.dumps(out))
     return 0
+
+
+def _with_tree(run_dir: str, meta: dict | None, st: dict) -> dict:
+    """The status object with the run's tree: its path, whether it is kept, its size (agent/trees.py)."""
+    from .trees import tree_info
+
+    if meta is None:
+        meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    return {**st, **tree_info(run_dir, meta, RunState(st["state"]).is_terminal)}
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

@@ -32,6 +32,9 @@ BEST_PARAMS_MARK = "(thrust-remote optimize)"
 LOCAL = "local"
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
+# a host's `keep: {runs: N}` by default: the trees of the newest 10 ended runs stay (docs/architecture.md,
+# "Trees"); a running or queued run's tree always stays
+DEFAULT_KEEP_RUNS = 10
 # trainer: the built-in trainer; python: your own script or module; command: any argv; cargo: tch-rs.
 # `kind: python` without script:/module: is the built-in trainer (what it meant before kinds existed).
 JOB_KINDS = ("trainer", "python", "cargo", "command")
@@ -59,6 +62,7 @@ class HostConfig:
     rdzv_address: str | None = None
     rdzv_port: int | None = None
     ifname: str | None = None
+    keep_runs: int = DEFAULT_KEEP_RUNS  # `keep: {runs: N}`: the trees of the newest N ended runs stay
     # not a thrust.yaml key: the config file the user named (--config / THRUST_CONFIG), absolute, so
     # that a hint's command reads the same file (hints.command_hint); None when it was found by search
     config_path: str | None = None
@@ -113,6 +117,12 @@ class JobConfig:
     resume: tuple[str, ...] = ()
     sync_every: float | None = None
     retry: Mapping[str, Any] | None = None
+    # data that is not in git (docs/architecture.md, "Trees"): laptop paths placed into each run's tree,
+    # a command run in the tree before the job (once per host for the same inputs), paths of the tree
+    # kept across runs on a host. None: the top level's (`Config.files`...), () none.
+    files: tuple[str, ...] | None = None
+    setup: tuple[str, ...] | None = None
+    shared: tuple[str, ...] | None = None
     # thrust.yaml's line of each key the job wrote, and of the job's name under "job": a check after
     # the sync (a script missing from the synced commit) names file:line as the loader does
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)
@@ -134,6 +144,11 @@ class Config:
     search: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> host names, in node order
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    # `files:`, `setup:`, `shared:` at the top level: every job's that gives none of its own
+    files: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ()
+    data_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
     # each searched parameter's line, "JOB.PARAM" -> line: optimize names the key a trial's usage error came from
     search_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
     # the user named this file (--config / THRUST_CONFIG) rather than it being found upwards
@@ -377,15 +392,16 @@ def _construct(node: yaml.Node) -> Any:
     return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
 
 
-_TOP_KEYS = ("default_host", "hosts", "groups", "jobs", "search", "notify")
+_DATA_KEYS = ("files", "setup", "shared")  # a job's, or the top level's for every job
+_TOP_KEYS = ("default_host", "hosts", "groups", "jobs", "search", "notify", *_DATA_KEYS)
 _HOST_KEYS = (
     "address", "workdir", "python", "identity", "known_hosts", "host_key_policy", "gpus", "connect_timeout",
-    "cpu_slots", "rdzv_address", "rdzv_port", "ifname",
+    "cpu_slots", "rdzv_address", "rdzv_port", "ifname", "keep",
 )
 _JOB_KEYS = (
     "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
     "export", "env", "toolchain", "example", "crate", "artifact", "tch_version", "bypass_version_check", "notify",
-    "idle_stop", "checkpoints", "resume", "sync_every", "retry",
+    "idle_stop", "checkpoints", "resume", "sync_every", "retry", *_DATA_KEYS,
 )
 # Keys only some kinds take: another kind's job names them as an error (the cargo keys stay lenient).
 _KIND_ONLY = {
@@ -426,6 +442,8 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
     groups: dict[str, tuple[str, ...]] = {}
     group_nodes: dict[str, yaml.Node] = {}
     notify = NotifyConfig()
+    data: dict[str, tuple[str, ...]] = {}
+    data_lines: dict[str, int] = {}
     for key, key_node, value in reader.mapping(root, ""):
         if key == "default_host":
             default_host = reader.string(value, key) or LOCAL
@@ -445,6 +463,9 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
                 jobs[name] = _parse_job(reader, name, job_node, jobs.get(name), name_node)
         elif key == "notify":
             notify = _parse_notify(reader, "notify", value)
+        elif key in _DATA_KEYS:
+            data[key] = _data_value(reader, key, key, value)
+            data_lines[key] = _line(key_node)
         elif key == "search":
             for name, name_node, spec_node in reader.mapping(value, "search"):
                 _check_name(reader, name_node, f"search.{name}", name)
@@ -461,7 +482,7 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
     _check_groups(reader, groups, group_nodes, hosts)
     _check_retry_hosts(reader, jobs, hosts, groups)
     return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search, groups=groups,
-                  notify=notify, search_lines=search_lines)
+                  notify=notify, search_lines=search_lines, data_lines=data_lines, **data)
 
 
 def _check_groups(reader: _Reader, groups: Mapping[str, tuple[str, ...]], nodes: Mapping[str, yaml.Node],
@@ -549,6 +570,8 @@ def _parse_host(reader: _Reader, name: str, node: yaml.Node, name_node: yaml.Nod
             if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
                 raise reader.fail(value, f, f"expected how many runs at once (an integer >= 1), got {slots!r}")
             values[key] = slots
+        elif key == "keep":
+            values["keep_runs"] = _parse_keep(reader, f, value)
         elif key == "connect_timeout":
             t = reader.number(value, f)
             if t <= 0:
@@ -677,7 +700,36 @@ def _job_value(reader: _Reader, kind: str, key: str, f: str, value: yaml.Node) -
         return {key: _sync_every(reader, f, value)}
     if key == "retry":
         return {key: _parse_retry(reader, f, value)}
+    if key in _DATA_KEYS:
+        return {key: _data_value(reader, key, f, value)}
     return {key: _job_objective(reader, f, value)}
+
+
+def _data_value(reader: _Reader, key: str, f: str, node: yaml.Node) -> tuple[str, ...]:
+    """`files:` and `shared:`: paths inside the project (a directory with or without its `/`);
+    `setup:`: an argv like `command:` (run in the run's tree)."""
+    if key == "setup":
+        return _job_command(reader, f, node)
+    what = "a list of paths in the project, like [data/input.txt, datasets/small/]" if key == "files" else \
+        "a list of paths in the run's tree kept across runs, like [data/, .cache/]"
+    paths = tuple(_repo_path(reader, f, item) for item in _items(reader, f, node, what))
+    for item, path in zip(_items(reader, f, node, what), paths, strict=True):
+        if any(c in path for c in "*?[") or path.strip("/") in ("", ".", ".git", ".thrust") \
+                or path.startswith((".git/", ".thrust/")):
+            raise reader.fail(item, f, f"expected a path (no glob, not .git or .thrust), got {path!r}")
+    return paths
+
+
+def _parse_keep(reader: _Reader, f: str, node: yaml.Node) -> int:
+    for k, k_node, v in reader.mapping(node, f):
+        if k != "runs":
+            raise reader.unknown(k_node, f"{f}.{k}", ("runs",))
+        n = reader.scalar(v, f"{f}.runs")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise reader.fail(v, f"{f}.runs", f"expected how many ended runs keep their trees (an integer >= 0), "
+                                               f"got {_pytype(n)}")
+        return n
+    raise reader.fail(node, f, "expected {runs: N}")
 
 
 def _job_env(reader: _Reader, f: str, node: yaml.Node) -> dict[str, str]:

@@ -61,6 +61,25 @@ class HostPaths:
     def bin(self) -> str:
         return f"{self.thrust}/bin"
 
+    @property
+    def trees(self) -> str:
+        """The runs' own trees, one per run (agent `tree-add`; docs/architecture.md, "Trees")."""
+        return f"{self.thrust}/trees"
+
+    def tree(self, name: str) -> str:
+        check_run_id(name)
+        return f"{self.trees}/{name}"
+
+    @property
+    def modules(self) -> str:
+        """The submodules' object stores, one repository per submodule path."""
+        return f"{self.thrust}/modules"
+
+    @property
+    def patches(self) -> str:
+        """Uncommitted patches, by their sha256: each tree applies its own."""
+        return f"{self.thrust}/patches"
+
 
 def host_paths(runner: Runner, host: HostConfig, config: Config | None = None) -> HostPaths:
     workdir = host.workdir

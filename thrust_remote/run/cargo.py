@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from envcheck import buildenv as _core
@@ -21,8 +21,8 @@ from thrust_remote.core.errors import ThrustError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.doctor import checklist
 from thrust_remote.host.runner import Runner
-from thrust_remote.host.session import HostSession
-from thrust_remote.run.buildenv import JobLike, job_spec
+from thrust_remote.host.session import HostPaths, HostSession
+from thrust_remote.run.buildenv import JobLike, JobSpec, job_spec
 from thrust_remote.run.sync import SyncResult
 
 FINGERPRINT_FILE = _core.FINGERPRINT_FILE
@@ -84,6 +84,29 @@ def plan(facts: Mapping[str, Any], job: JobLike) -> CargoPlan:
                      binary=binary, args=[str(a) for a in spec.get("args") or ()],
                      fingerprint=_core.fingerprint(facts, spec, env=env), example=spec.get("example"),
                      toolchain=spec.get("toolchain"), artifact=spec.get("artifact"))
+
+
+def shared_target(spec: JobSpec, paths: HostPaths) -> JobSpec:
+    """A cargo job's CARGO_TARGET_DIR on a remote host, unless its `env:` names one: the workdir's own
+    per crate path (`.thrust/cargo/<hash>`), so every run's tree builds into one target dir and a new
+    tree of the same code reuses the build (cargo's own locks keep two builds apart)."""
+    env = dict(spec.get("env") or {})
+    if env.get("CARGO_TARGET_DIR"):
+        return spec
+    crate = hashlib.sha256(str(spec.get("crate") or ".").encode()).hexdigest()[:12]
+    env["CARGO_TARGET_DIR"] = f"{paths.thrust}/cargo/{crate}"
+    return {**spec, "env": env}
+
+
+def snapshot(session: HostSession, cargo: CargoPlan, checkout: str) -> CargoPlan:
+    """The built binary copied into the run's tree (`.thrust-bin/`), which the run executes: the shared
+    target dir's binary is another commit's once a later build replaces it (a queued run starts later)."""
+    if not checkout.startswith(session.paths.trees + "/"):
+        return cargo  # host `local`, or a workdir of the old layout: the binary where it was built
+    copy = f"{checkout}/.thrust-bin/{os.path.basename(cargo.binary)}"
+    session.runner.makedirs(os.path.dirname(copy))
+    session.runner.run(["cp", "-p", "--", cargo.binary, copy]).check(f"copying {cargo.binary} into the run's tree")
+    return replace(cargo, binary=copy)
 
 
 def write_fingerprint(runner: Runner, cargo: CargoPlan) -> str:

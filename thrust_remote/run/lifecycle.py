@@ -108,15 +108,16 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     def told(session: HostSession) -> Reporter:  # the nodes speak at once: each line names its node
         return multinode.Prefixed(reporter, session.name) if many else reporter
 
+    # the run id first: it names the run's tree on every node, made by the check
+    run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
     planned = multinode.PlanAhead(sessions, reporter) if many else None  # beside the check and set-up
     checked = multinode.each(lambda s: pipeline.check(config, request.job, s, told(s), args_for_preflight=args,
-                                                      code_at=request.resume), sessions)
+                                                      code_at=request.resume, tree=run_id), sessions)
     multinode.agree(checked)
     if request.gpus:  # GPUs a host can never give (more than it has, none at all): 64 before any set-up
         for node in checked:
             inventory.select_gpus(request.gpus, node.report.facts, node.session.host)
     prepared = multinode.each(lambda c: pipeline.set_up(c, told(c.session)), checked)
-    run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
     if request.resume is not None:  # every node can read the checkpoint; the job's rank 0 does
         resume = request.resume
         reporter.step(f"placing checkpoint {resume.label} for run {run_id}")

@@ -37,7 +37,7 @@ from thrust_remote.doctor import checklist
 from thrust_remote.fetch import artifacts, checkpoints, models
 from thrust_remote.host import payload
 from thrust_remote.host.session import HostPaths, HostSession
-from thrust_remote.run import buildenv, cargo, jobs, pins
+from thrust_remote.run import buildenv, cargo, data, jobs, pins
 from thrust_remote.run.buildenv import JobSpec
 from thrust_remote.run.cargo import CargoPlan
 from thrust_remote.run.gpus import host_gpus, select_gpus
@@ -302,10 +302,11 @@ class Prepared:
         return self.session.paths
 
 
-def _sync_stage(config: Config, session: HostSession, reporter: Reporter,
-                code_at: ResumeFrom | None = None) -> tuple[LocalState | None, SyncResult | None]:
-    """What we run: the exact local commit (synced to a remote host; the project itself when local);
-    `code_at`: a resumed run's commit and patch instead (the code the run it continues ran)."""
+def _sync_stage(config: Config, session: HostSession, reporter: Reporter, code_at: ResumeFrom | None = None,
+                *, tree: str, job: JobConfig) -> tuple[LocalState | None, SyncResult | None]:
+    """What we run: the exact local commit (its objects synced to a remote host, then a tree of its own
+    named `tree` there; the project itself when local); `code_at`: a resumed run's commit and patch
+    instead (the code the run it continues ran)."""
     local: LocalState | None
     try:
         local = local_state(config.root)
@@ -318,11 +319,11 @@ def _sync_stage(config: Config, session: HostSession, reporter: Reporter,
     if not session.host.is_local:
         assert local is not None
         reporter.step(f"syncing {local.commit[:12]} to {session.name}:{session.paths.workdir}")
-        # a queued run will start on this checkout: it counts as using it, as a running one does
-        live = lambda: [r["run_id"] for r in control.list_runs(session) if RunState.of(r["state"]).is_live]  # noqa: E731
-        result = sync(session, local, step=reporter.step, busy=live)
+        result = sync(session, local, step=reporter.step)
         for w in result.warnings:
             reporter.warn(w)
+        made = data.make_run_tree(config, job, session, local, result, tree, reporter)
+        result.tree, result.tree_setup = made.path, made.setup
         return local, result
     if local is None:
         # allowed (the code is what stands here), but nothing records which code ran, and the run's
@@ -366,31 +367,44 @@ class Checked:
     sync: SyncResult | None
     timings: dict[str, float]
 
+    @property
+    def checkout(self) -> str:
+        """Where the run's code is on the host: its own tree, or the workdir itself (host `local`)."""
+        return self.sync.tree if self.sync is not None and self.sync.tree else self.session.paths.workdir
+
 
 def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Reporter | None = None,
-            *, args_for_preflight: Sequence[str] = ()) -> Prepared:
-    """sync (remote hosts) → envcheck preflight → setup (python deps / cargo build), each timed."""
+            *, args_for_preflight: Sequence[str] = (), tree: str | None = None) -> Prepared:
+    """sync (remote hosts) → envcheck preflight → setup (python deps / cargo build), each timed. The
+    tree it makes (named `tree`, else a name of its own) serves every run launched from it."""
     reporter = reporter or NullReporter()
-    return set_up(check(config, job, session, reporter, args_for_preflight=args_for_preflight), reporter)
+    return set_up(check(config, job, session, reporter, args_for_preflight=args_for_preflight, tree=tree), reporter)
 
 
 def check(config: Config, job: JobConfig, session: HostSession, reporter: Reporter, *,
-          args_for_preflight: Sequence[str] = (), code_at: ResumeFrom | None = None) -> Checked:
-    """sync (remote hosts) → envcheck preflight: the host runs this commit and can run the job."""
+          args_for_preflight: Sequence[str] = (), code_at: ResumeFrom | None = None,
+          tree: str | None = None) -> Checked:
+    """sync (remote hosts: the objects, then the run's tree) → envcheck preflight: the host runs this
+    commit and can run the job. `tree`: the tree's name (the run id); None: one of its own."""
     check_local_python(session, job)
     spec = buildenv.job_spec(job)  # the one conversion: from here on the host's view of the job
+    if job.kind == "cargo" and not session.host.is_local:
+        spec = cargo.shared_target(spec, session.paths)  # builds shared by every tree of the workdir
     label = jobs.config_label(config.path)
     jobs.check_before_sync(job, session, config.root, label)  # a script that cannot be there: before syncing
+    data.check_local(config, job, label)  # files: that are not here: before anything is sent
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    local, sync_result = _sync_stage(config, session, reporter, code_at)
+    local, sync_result = _sync_stage(config, session, reporter, code_at, job=job,
+                                     tree=tree or control.new_run_id(f"{job.name}-tree"))
+    checkout = sync_result.tree if sync_result is not None and sync_result.tree else session.paths.workdir
     if job.kind != "cargo":
-        jobs.check_on_host(session, job, session.paths.workdir, label)
+        jobs.check_on_host(session, job, checkout, label)
     timings[Stage.SYNC] = time.monotonic() - t0
 
     t1 = time.monotonic()
     reporter.step(f"checking {session.name} (envcheck)")
-    report = envcheck_report(session, spec)
+    report = envcheck_report(session, spec, checkout=checkout)
     preflight(report, spec, [*job_arguments(job, {}, {}), *args_for_preflight], session)
     if job.kind != "cargo":  # a torch pin the host cannot meet: refused before any venv is built
         root = Path(session.paths.workdir) if session.host.is_local else (local.root if local else config.root)
@@ -413,12 +427,16 @@ def set_up(checked: Checked, reporter: Reporter) -> Prepared:
     trainer = None
     if plan is not None:
         skipped = cargo.setup_cargo(session, plan, report, sync_result, reporter)
+        plan = cargo.snapshot(session, plan, checked.checkout)
         cwd = plan.crate_dir
         python = payload.python_of(session.runner, session.host)
     else:
-        venv = setup_python(session, job, report.facts, checked.local, reporter)
+        venv = setup_python(session, job, report.facts, checked.local, reporter, checkout=checked.checkout,
+                            code=sync_result.code_key if sync_result else None)
         skipped, python, trainer = venv.skipped, venv.python, venv.trainer
-        cwd = session.paths.workdir
+        cwd = checked.checkout
+    data.run_setup(checked.config, job, session, checked.local, sync_result, cwd=checked.checkout, env=env,
+                   python=python, reporter=reporter)
     timings = {**checked.timings, Stage.SETUP: time.monotonic() - t2}
     return Prepared(checked.config, job, checked.spec, session, report, env, cwd, python=python,
                     local=checked.local, sync=sync_result, setup_skipped=skipped, timings=timings, trainer=trainer,

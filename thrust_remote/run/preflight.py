@@ -82,13 +82,13 @@ def asks_for_cuda(kind: str, args: Sequence[str]) -> bool:
     return kind == "cargo" and "--cuda" in args
 
 
-def envcheck_report(session: HostSession, spec: JobSpec) -> checklist.Report:
+def envcheck_report(session: HostSession, spec: JobSpec, *, checkout: str | None = None) -> checklist.Report:
     """checklist.run_doctor, reusing the host's cached report of a non-cargo job while nothing it depends on
     changed (the agent's `preflight`: one short command instead of a torch import). Cargo jobs are
-    always checked afresh: their facts include the build itself."""
+    always checked afresh, in `checkout` (the run's tree): their facts include the crate and its build."""
     runner, host, paths = session.runner, session.host, session.paths
     if spec.get("kind") == "cargo":
-        return checklist.run_doctor(runner, host, spec, workdir=paths.workdir)
+        return checklist.run_doctor(runner, host, spec, workdir=checkout or paths.workdir)
     # env names only: a value never reaches the host's cache (and cannot change a report of a job that is
     # not cargo); on stdin all the same, like everything job-shaped
     extra = json.dumps([without_env_values(spec), checklist.payload_path(), paths.workdir], sort_keys=True)

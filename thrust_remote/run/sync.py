@@ -1,14 +1,17 @@
-"""Put the host's checkout at exactly the local commit, plus the local uncommitted changes.
+"""The local commit, plus the local uncommitted changes, as a run's own tree on the host.
 
-- The host fetches the commit from the local repo's origin when it can reach it (the guide's
-  `git pull`); otherwise a `git bundle` of only the commits the host lacks goes over SFTP.
-- A first sync onto an empty workdir clones (or `git init` + bundle).
-- Uncommitted changes to tracked files travel as a binary patch, applied with `--index` so the next
-  sync's `reset --hard` removes them again; untracked files are listed, not copied.
-- `.git` is never copied; untracked files on the host (target/, caches, .thrust/) are kept.
-- A shallow clone's bundle takes its boundary along (the host's history stops there too); a commit
-  whose history cannot be read goes as its tree alone (a stand-in commit, sync "tree"); checked-out
-  submodules are synced as repositories of their own; Git LFS files arrive as content (run/repo.py).
+Two steps (docs/architecture.md, "Sync" and "Trees"):
+- `sync`: the commit's objects into the workdir's one object store (`<workdir>/.git`). The host fetches
+  the commit from the local repo's origin when it can reach it; otherwise a `git bundle` of only the
+  commits it lacks goes over SSH. Git LFS objects the host lacks go into its `.git/lfs/objects`; each
+  checked-out submodule's objects into a store of its own (`<workdir>/.thrust/modules/<path>`). No tree
+  is touched, so runs of other code go on undisturbed.
+- `make_tree`: a new tree for one run (`<workdir>/.thrust/trees/<name>`, a git worktree) at the commit,
+  with the patch applied (`--index`), the LFS content placed, each submodule a worktree of its store, and
+  the job's `files:`, `setup:` outputs and `shared:` links (run/data.py).
+- `.git` is never copied; untracked files are listed, not copied. A shallow clone's bundle takes its
+  boundary along (the host's history stops there too); a commit whose history cannot be read goes as
+  its tree alone (a stand-in commit, sync "tree") (run/repo.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -31,7 +34,6 @@ from thrust_remote.fetch import models
 from thrust_remote.host.session import HostPaths, HostSession
 from thrust_remote.run.repo import LfsFile, lfs_files, missing_in_tree, shallow_boundary, submodule_paths, tree_commit
 from thrust_remote.run.repo import git as _git
-from thrust_remote.runs.control import see_or_stop
 
 Step = Callable[[str], None]
 HOST_REF = "refs/thrust/sync"  # the host's name for what the bundle carries
@@ -84,6 +86,14 @@ class SyncResult:
     submodules: dict[str, SyncResult] = field(default_factory=dict)
     lfs_id: str | None = None  # LocalState.applied_id when LFS content went along
     not_sent: tuple[str, ...] = ()  # submodules not checked out here: empty on the host too
+    store: str | None = None  # the object store it synced into (the host's workdir)
+    tree: str | None = None  # the run's own tree, once made (make_tree)
+    tree_setup: str = "none"  # whether the tree got a setup's kept outputs (make_tree's Tree.setup)
+
+    @property
+    def code_key(self) -> str:
+        """The run's code in one word: the commit checked out and everything beside it (code_id)."""
+        return f"{self.checkout or self.commit}:{self.code_id or ''}"
 
     @property
     def code_id(self) -> str | None:
@@ -114,6 +124,8 @@ class SyncResult:
             meta["submodules"] = {path: sub.as_meta() for path, sub in self.submodules.items()}
         if self.not_sent:
             meta["submodules_not_sent"] = list(self.not_sent)
+        if self.tree:
+            meta["tree"] = self.tree
         return meta
 
 
@@ -167,9 +179,9 @@ def _host_state(session: HostSession, commit: str, local: LocalState) -> dict:
     return state
 
 
-def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None,
-         busy: Callable[[], list[str]] | None = None) -> SyncResult:
-    """`busy` lists the runs that still use the workdir: the tree is never changed under them."""
+def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None) -> SyncResult:
+    """The commit's objects (and its LFS objects, and each checked-out submodule's) in the host's
+    object store: what `make_tree` checks out. Nothing a run uses is changed."""
     runner = session.runner
     if local.lfs is None:  # every level's LFS content is found (or refused) before the host is touched
         local = _with_lfs(local)
@@ -180,6 +192,7 @@ def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None
             "install it there (e.g. apt-get install git)",
             ExitCode.UNAVAILABLE,
         )
+    check_room(session, state.get("free_bytes"), tree_bytes(local), "the run's tree")
     method = "up-to-date"
     if not state.get("repo"):
         method = "clone"
@@ -194,26 +207,57 @@ def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None
         result = SyncResult(local.commit, method, local.dirty, local.patch_sha256, local.untracked,
                             warnings=_warnings(local), checkout=target if target != local.commit else None,
                             shallow=bool(local.shallow), lfs=tuple(f.path for f in local.lfs or ()),
-                            lfs_id=local.applied_id if local.lfs else None)
+                            lfs_id=local.applied_id if local.lfs else None, store=session.paths.workdir)
         if bundle is not None and bundle.target != local.commit:
             result.method = "tree"
             result.warnings.append(bundle.why)
-        if _untouched(local, state, target):
-            same = " with the same patch" if local.patch else ""
-            step(f"{session.paths.workdir} is already at {target[:12]}{same}")
-            result.method = "tree" if result.checkout else "up-to-date"
-        else:
-            _refuse_if_busy(session, local, busy if state.get("repo") else None)
-            if bundle is not None and not state.get("have"):
-                result.bundle_bytes = bundle.path.stat().st_size
-                step(f"sending the missing {'tree' if result.checkout else 'commits'} as a git bundle "
-                     f"({result.bundle_bytes} bytes)")
-                if _send_bundle(session, local, bundle):
-                    result.method = "shallow-bundle"
-            _send_lfs(session, local, state.get("lfs_missing") or (), step)
-            _checkout(session, local, target, step)
-    _sync_submodules(session, local, result, step, busy)
+        if bundle is not None and not state.get("have"):
+            result.bundle_bytes = bundle.path.stat().st_size
+            step(f"sending the missing {'tree' if result.checkout else 'commits'} as a git bundle "
+                 f"({result.bundle_bytes} bytes)")
+            if _send_bundle(session, local, bundle):
+                result.method = "shallow-bundle"
+        elif method == "up-to-date":
+            step(f"{session.name} has {target[:12]} already")
+        _send_lfs(session, local, state.get("lfs_missing") or (), step)
+    _sync_submodules(session, local, result, step)
     return result
+
+
+ROOM_MARGIN = 16 << 20  # what a run needs beyond its tree before its first write (a log, run.json, a venv stamp)
+
+
+def tree_bytes(local: LocalState) -> int:
+    """What a tree of this code takes on the host: the commit's files, the patch, the LFS content and the
+    submodules' (their checked-out size, as git lists it; no second copy of git objects)."""
+    listed = _git(local.root, "ls-tree", "-r", "-l", "-z", local.commit, check=False).stdout.split(b"\0")
+    total = sum(int(fields[3]) for line in listed if len(fields := line.split(maxsplit=4)) >= 5
+                and fields[3].isdigit())
+    total += len(local.patch) + sum(_size(f.source) for f in local.lfs or ())
+    return total + sum(tree_bytes(sub) for _path, sub in local.submodules)
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def check_room(session: HostSession, free: int | None, needed: int, what: str) -> None:
+    """Refuse before anything is written when the workdir's filesystem cannot take `needed` more bytes
+    (69, with the numbers and the way to make room), rather than fail half-way through a checkout."""
+    if free is None or free >= needed + ROOM_MARGIN:
+        return
+    mb = 1 << 20
+    raise ThrustError(
+        f"{session.paths.workdir} on {session.name} has {free / mb:.0f} MB free; {what} needs about "
+        f"{(needed + ROOM_MARGIN) / mb:.0f} MB",
+        f"make room there: remove the trees of old runs with "
+        f"{command_hint('prune', host=session.host)} (--dry-run shows them first), or give "
+        f"hosts.{session.name}.workdir a disk with room",
+        ExitCode.UNAVAILABLE,
+    )
 
 
 def _with_lfs(local: LocalState) -> LocalState:
@@ -221,60 +265,23 @@ def _with_lfs(local: LocalState) -> LocalState:
                    submodules=tuple((path, _with_lfs(sub)) for path, sub in local.submodules))
 
 
-def _untouched(local: LocalState, state: dict, target: str) -> bool:
-    return state.get("head") == target and state.get("applied", "").split() == [local.applied_id, state.get("current")]
-
-
-def _refuse_if_busy(session: HostSession, local: LocalState, busy: Callable[[], list[str]] | None) -> None:
-    running = busy() if busy else []
-    if not running:
-        return
-    # Runs of the same commit and patch share the workdir freely (the `untouched` case);
-    # other code would change under these runs (docs/architecture.md, "Concurrent runs").
-    what = f"{local.commit[:12]}{' + uncommitted changes' if local.patch else ''}"
-    host = session.host
-    if len(running) == 1:
-        waits = command_hint("wait", running[0], host=host)
-        hint = f"{see_or_stop(running[0], host)}; or wait for it to end ({waits}), or give this host another workdir"
-    else:  # a queued run starts when the one ahead stops: every one of them holds the workdir
-        stops = "; ".join(command_hint("stop", run, host=host) for run in running)
-        hint = (f"wait for them all to end: {command_hint('wait', *running, host=host)}; or stop them: {stops}; "
-                "or give this host another workdir")
-    raise ThrustError(
-        f"{session.paths.workdir} on {session.name} is in use by running or queued run(s) {', '.join(running)}; "
-        f"syncing {what} would change their code under them",
-        hint, ExitCode.UNAVAILABLE,  # nothing was launched, and a retry later may work: not 1 (a job failed)
-    )
-
-
-def _sync_submodules(session: HostSession, local: LocalState, result: SyncResult, step: Step,
-                     busy: Callable[[], list[str]] | None) -> None:
-    """Each checked-out submodule is a repository of its own at its path in the host's checkout: its
-    commit (the one the laptop has checked out), its own patch, its own submodules."""
+def _sync_submodules(session: HostSession, local: LocalState, result: SyncResult, step: Step) -> None:
+    """Each checked-out submodule's objects, into a store of its own (`.thrust/modules/<path>`): its
+    commit (the one the laptop has checked out), its own patch, its own submodules. A submodule that is
+    not checked out here is an empty directory in the tree, as it is here."""
     for path, sub in local.submodules:
-        sub_session = replace(session, paths=HostPaths(f"{session.paths.workdir}/{path}"))
-        done = sync(sub_session, sub, step=lambda m, p=path: step(f"{p}: {m}"), busy=busy)
+        store = f"{session.paths.modules}/{_module_dir(path)}"
+        sub_session = replace(session, paths=HostPaths(store))
+        done = sync(sub_session, sub, step=lambda m, p=path: step(f"{p}: {m}"))
         result.submodules[path] = done
         result.warnings += [f"submodule {path}: {w}" for w in done.warnings]
-    _clear_absent(session, local, result, step, busy)
-
-
-def _clear_absent(session: HostSession, local: LocalState, result: SyncResult, step: Step,
-                  busy: Callable[[], list[str]] | None) -> None:
-    """A submodule not checked out here is an empty directory here: on the host too. What an earlier
-    sync left at that path (another commit, an old patch) would otherwise run as if it were sent."""
     result.not_sent = tuple(local.absent_submodules)
-    for path in local.absent_submodules:
-        parts = Path(path).parts
-        if Path(path).is_absolute() or ".." in parts or not parts:
-            continue  # a gitlink path is relative and inside the tree; anything else is not touched
-        where = f"{session.paths.workdir}/{path}"
-        if not session.runner.exists(f"{where}/.git"):
-            continue
-        _refuse_if_busy(session, local, busy)
-        step(f"{path}: not checked out here: clearing the copy an earlier sync left on the host")
-        session.runner.run(["rm", "-rf", "--", where]).check(f"clearing {where}")
-        session.runner.makedirs(where)
+
+
+def _module_dir(path: str) -> str:
+    """A submodule path as one directory name under .thrust/modules (`a/b` -> `a%2Fb`): stores of
+    nested paths never sit inside one another."""
+    return path.replace("%", "%25").replace("/", "%2F")
 
 
 def _first_sync(session: HostSession, local: LocalState, step: Step) -> dict:
@@ -397,28 +404,102 @@ def _send_lfs(session: HostSession, local: LocalState, missing: Iterable[str], s
                               "train again once it is written", ExitCode.TRANSFER)
 
 
-def _checkout(session: HostSession, local: LocalState, target: str, step: Step) -> None:
-    remote_patch = ""
-    if local.patch:
-        step("sending uncommitted changes as a patch")
-        remote_patch = f"{session.paths.thrust}/sync.patch"
+@dataclass(frozen=True)
+class TreeData:
+    """What a tree gets beyond the code (run/data.py): `files:` as {path in the tree: (sha256,
+    mtime_ns)}, the `setup:` outputs' key (None: no setup), the `shared:` paths."""
+
+    files: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    setup_key: str | None = None
+    shared: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A run's tree on the host: where it is, and whether a setup's kept outputs were placed in it."""
+
+    path: str
+    head: str
+    setup: str  # "placed" | "none" | "missing" (agent tree-add)
+
+
+class TreeRefused(ThrustError):
+    """tree-add refused (exit 3): `answer` says why (a shared path the commit has files under...)."""
+
+    def __init__(self, message: str, answer: dict) -> None:
+        super().__init__(message, None, ExitCode.CONFIG)
+        self.answer = answer
+
+
+def make_tree(session: HostSession, local: LocalState, result: SyncResult, tree: str, *, ref: str | None,
+              data: TreeData | None = None, step: Step = lambda _: None,
+              send: Callable[[list[str]], None] | None = None) -> Tree:
+    """A new tree at `tree` for one run: the synced commit (`sync` first), the patch, the LFS content,
+    each submodule, then `data` (files:, setup: outputs, shared:). `ref` names the tree's ref (the run
+    id): the commit stays reachable while the tree lives. `send(shas)`: the content store lacks these
+    objects (a file changed on the host since it was sent): send them, and the tree is made again."""
+    data = data or TreeData()
+    extra = {"submodules": _submodule_trees(session, local, result),
+             "files": {rel: {"sha256": sha, "mtime_ns": mtime} for rel, (sha, mtime) in data.files.items()},
+             "setup": data.setup_key, "shared": list(data.shared)}
+    target = result.checkout or result.commit
+    argv = ["tree-add", "--workdir", session.paths.workdir, "--tree", tree, "--commit", target,
+            "--patch", _patch_on_host(session, local), *(["--ref", ref] if ref else []),
+            *[f"--lfs={f.spec}" for f in local.lfs or ()], "--stdin"]  # one word each: a path may start with "-"
+    step(f"making the run's tree at {target[:12]}{' + patch' if local.patch else ''}")
+    for attempt in range(2):
+        res = session.agent(*argv, stdin=json.dumps(extra).encode(), timeout=600)
+        answer = _last_json(res.stdout)
+        if res.exit_code == 3 and answer.get("error") == "missing" and send is not None and attempt == 0:
+            send(list(answer.get("missing") or []))
+            continue
+        break
+    if res.exit_code == 3:
+        raise TreeRefused(f"cannot make the run's tree on {session.name}: {answer}", answer)
+    if not res.ok or "tree" not in answer:
+        raise ThrustError(f"making the run's tree at {target[:12]} on {session.name} failed: "
+                          f"{res.stderr.strip()[-400:]}")
+    if answer.get("head") != target:
+        raise ThrustError(f"the run's tree on {session.name} is at {str(answer.get('head'))[:12]}, "
+                          f"expected {target[:12]}")
+    return Tree(tree, target, str(answer.get("setup") or "none"))
+
+
+def _last_json(text: str) -> dict:
+    try:
+        answer = json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def _patch_on_host(session: HostSession, local: LocalState) -> str:
+    """The uncommitted patch on the host, by its sha256 (`.thrust/patches/SHA.patch`; sent once), or ""."""
+    if not local.patch:
+        return ""
+    remote = f"{session.paths.patches}/{local.patch_sha256}.patch"
+    if not session.runner.exists(remote):
         with tempfile.NamedTemporaryFile(suffix=".patch") as tmp:
             tmp.write(local.patch)
             tmp.flush()
-            session.runner.put(tmp.name, remote_patch)
-    step(f"checking out {target[:12]}")
-    lfs = [f"--lfs={f.spec}" for f in local.lfs or ()]  # one word: a path may start with "-"
-    res = session.agent("git-checkout", "--workdir", session.paths.workdir, "--commit", target,
-                        "--patch", remote_patch, "--patch-id", local.applied_id, *lfs, timeout=300)
-    if not res.ok:
-        raise ThrustError(f"checking out {target[:12]} on {session.runner.name} failed: "
-                          f"{res.stderr.strip()[-400:]}")
-    try:
-        head = json.loads(res.stdout.strip().splitlines()[-1]).get("head", "")
-    except (ValueError, IndexError):
-        head = ""
-    if head != target:
-        raise ThrustError(f"the host's checkout is at {head[:12]}, expected {target[:12]}")
+            session.runner.put(tmp.name, remote)
+    return remote
+
+
+def _submodule_trees(session: HostSession, local: LocalState, result: SyncResult, prefix: str = "") -> list[dict]:
+    """Each synced submodule (nested ones after their parent), as tree-add places it: its path in the
+    tree, its store, its commit, its patch on the host and its LFS content."""
+    out = []
+    for path, sub in local.submodules:
+        done = result.submodules.get(path)
+        if done is None:
+            continue
+        store = f"{session.paths.modules}/{_module_dir(path)}"
+        sub_session = replace(session, paths=HostPaths(store))
+        out.append({"path": f"{prefix}{path}", "store": store, "commit": done.checkout or done.commit,
+                    "patch": _patch_on_host(sub_session, sub), "lfs": [f.spec for f in sub.lfs or ()]})
+        out += _submodule_trees(sub_session, sub, done, f"{prefix}{path}/")
+    return out
 
 
 def _warnings(local: LocalState) -> list[str]:

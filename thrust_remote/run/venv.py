@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -49,8 +50,10 @@ def job_requirements(job: JobConfig) -> tuple[str, ...]:
 
 
 def venv_key(session: HostSession, facts: Mapping[str, Any], specs: Sequence[str], requirements_file: str | None,
-             file_sha256: str | None) -> str:
-    """The venv's name: a hash of what it is made from (docs/architecture.md, "The run directory on the host")."""
+             file_sha256: str | None, code: str | None = None) -> str:
+    """The venv's name: a hash of what it is made from (docs/architecture.md, "The job's venv"). `code`:
+    the run's code (commit and patch) when the requirements install the project itself (`-e .`,
+    `./pkg`): such a venv holds that code, or points into the tree it was built in, so it is that code's."""
     spec = {
         "layout": 1,  # how the venv is made (agent/venv.py); bumped when that changes
         "python": session.host.python,
@@ -59,16 +62,27 @@ def venv_key(session: HostSession, facts: Mapping[str, Any], specs: Sequence[str
         "torch": facts.get("torch"),
         "requirements": list(specs),
         "requirements_file": [requirements_file, file_sha256],
+        **({"code": code} if code else {}),
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _file_sha256(local: LocalState | None, name: str | None) -> str | None:
-    """The requirements file's content as the laptop has it: the host's checkout is the same commit
-    plus the same patch, so its hash keys the venv without a look at the host."""
+_LOCAL_REF = re.compile(r"^\s*(-e|--editable)\b|^\s*\.{1,2}(/|$)|^\s*file:|@\s*file:|^\s*/")
+
+
+def installs_local_code(specs: Sequence[str], file_text: str | None) -> bool:
+    """Whether the requirements name a path of the project (`-e .`, `./pkg`, `file:...`): what pip
+    installs from the tree it runs in, so the venv is that code's (a shared one would run other code)."""
+    lines = [*specs, *(file_text or "").splitlines()]
+    return any(_LOCAL_REF.search(line.split("#", 1)[0]) for line in lines)
+
+
+def _file_bytes(local: LocalState | None, name: str | None) -> bytes | None:
+    """The requirements file's content as the laptop has it: the run's tree is the same commit plus the
+    same patch, so it keys the venv without a look at the host."""
     path = local.root / name if local and name else None
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest() if path else None
+        return path.read_bytes() if path else None
     except OSError:
         return None
 
@@ -81,18 +95,23 @@ def torch_release(version: object) -> str:
 
 
 def setup_python(session: HostSession, job: JobConfig, facts: Mapping[str, Any], local: LocalState | None,
-                 reporter: Steps) -> VenvSetup:
+                 reporter: Steps, *, checkout: str, code: str | None = None) -> VenvSetup:
     """The job's venv under <workdir>/.thrust/venvs/<key> (agent `venv ensure`), with its requirements
-    installed: one cheap check when nothing changed. The host's torch is used as it is: the venv sees
-    the host python's packages, and pip runs with `torch==<host version>` as a constraint, so it fails
-    rather than replace it. The built-in trainer's payload is uploaded when the host lacks it."""
+    installed: one cheap check when nothing changed. pip runs in `checkout` (the run's tree): `-e .` and
+    `./pkg` are the project's, and then `code` (the run's commit and patch) keys the venv too. The host's
+    torch is used as it is: the venv sees the host python's packages, and pip runs with `torch==<host
+    version>` as a constraint, so it fails rather than replace it. The built-in trainer's payload is
+    uploaded when the host lacks it."""
     runner, paths = session.runner, session.paths
     specs = job_requirements(job)
-    requirements = os.path.join(paths.workdir, job.requirements_file) if job.requirements_file else None
-    key = venv_key(session, facts, specs, job.requirements_file, _file_sha256(local, job.requirements_file))
+    requirements = os.path.join(checkout, job.requirements_file) if job.requirements_file else None
+    data = _file_bytes(local, job.requirements_file)
+    sha = hashlib.sha256(data).hexdigest() if data is not None else None
+    own_code = code if installs_local_code(specs, data.decode(errors="replace") if data else None) else None
+    key = venv_key(session, facts, specs, job.requirements_file, sha, own_code)
     trainer = expand_home(payload.trainer().remote, runner.home()) if is_builtin_trainer(job) else None
     torch_version = torch_release(facts.get("torch"))
-    argv = ["venv", "ensure", "--dir", paths.venvs, "--key", key, "--cwd", paths.workdir]
+    argv = ["venv", "ensure", "--dir", paths.venvs, "--key", key, "--cwd", checkout]
     argv += ["--constraint", f"torch=={torch_version}"] if torch_version else []
     argv += ["--requirements", requirements] if requirements else []
     argv += ["--expect", trainer] if trainer else []

@@ -1,0 +1,290 @@
+"""Data that is not in git, for a run's own tree (docs/architecture.md, "Trees"):
+
+- `files:` laptop paths (files or whole directories) sent to the host by content: each file once per
+  host into its content store (`<workdir>/.thrust/store`), only a changed one again, then placed into
+  every run's tree at the same path (a hard link: a 10 GB dataset in ten trees is 10 GB on disk). The
+  laptop hashes a file again only when its size, mtime or inode changed (`.thrust/files-index.json`).
+- `setup:` an argv run in the run's tree before the job, with the job's venv first on PATH; once per
+  host for the same inputs (the argv, the content of the files of the commit it names, the `files:`),
+  its outputs (every file it made or changed in the tree) kept in the store and placed into later trees
+  instead of running it again. Its failure stops the run before it is launched, with its output's end.
+- `shared:` paths of the tree that persist across runs on a host: one host-side directory each
+  (`<workdir>/.thrust/shared/PATH`), linked in, for what a job downloads or caches itself.
+
+On host `local` the project itself is the tree: `files:` are where they are, `shared:` is moot, and
+`setup:` runs in the project once per inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from thrust_remote.core.config import Config, JobConfig
+from thrust_remote.core.errors import ConfigError, ExitCode, ThrustError
+from thrust_remote.host.session import HostSession
+from thrust_remote.run.jobs import config_label
+from thrust_remote.run.repo import git as _git
+from thrust_remote.run.sync import LocalState, SyncResult, Tree, TreeData, TreeRefused, check_room, make_tree
+
+INDEX = Path(".thrust") / "files-index.json"  # the laptop's hashes of `files:`, by path, size, mtime, inode
+SETUP_LAYOUT = 1  # what a setup key is made of; bumped when that changes
+SETUP_TIMEOUT_S = 6 * 3600.0  # a data download may take long; a hung one should not hold forever
+
+
+class Steps:
+    """What this module tells the user (pipeline.Reporter's step and warn)."""
+
+    def step(self, message: str) -> None: ...
+
+    def warn(self, message: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class JobData:
+    """A job's `files:`, `setup:` and `shared:`: its own, else the top level's."""
+
+    files: tuple[str, ...]
+    setup: tuple[str, ...]
+    shared: tuple[str, ...]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.files or self.setup or self.shared)
+
+
+def job_data(config: Config, job: JobConfig) -> JobData:
+    return JobData(config.files if job.files is None else job.files,
+                   config.setup if job.setup is None else job.setup,
+                   config.shared if job.shared is None else job.shared)
+
+
+def _where(config: Config, job: JobConfig, key: str) -> str:
+    """`thrust.yaml:LINE: jobs.NAME.KEY` (or the top level's key) for a message."""
+    label = config_label(config.path)
+    if getattr(job, key) is not None:
+        line = job.lines.get(key)
+        return f"{label}:{line}: jobs.{job.name}.{key}" if line else f"{label}: jobs.{job.name}.{key}"
+    line = config.data_lines.get(key)
+    return f"{label}:{line}: {key}" if line else f"{label}: {key}"
+
+
+# ------------------------------------------------------------------------------------------ files:
+
+@dataclass(frozen=True)
+class LocalFile:
+    path: Path  # on the laptop
+    sha256: str
+    size: int
+    mtime_ns: int
+
+
+def check_local(config: Config, job: JobConfig, label: str | None = None) -> None:
+    """Every `files:` path is on the laptop, inside the project: 78 naming the line, before any host."""
+    for rel in job_data(config, job).files:
+        path = config.root / rel
+        if not path.exists():
+            raise ConfigError(f"{_where(config, job, 'files')}: {rel} does not exist in {config.root}",
+                              "fix the path, or make the file first (files: sends what is on this machine)")
+        if path.resolve() != config.root.resolve() and config.root.resolve() not in path.resolve().parents:
+            raise ConfigError(f"{_where(config, job, 'files')}: {rel} leads outside the project ({path.resolve()})",
+                              "files: sends files of the project; copy or link the data in, by a path inside it")
+
+
+def local_files(root: Path, paths: tuple[str, ...]) -> dict[str, LocalFile]:
+    """Each file `paths` names (a directory: every regular file under it, links to files followed), by
+    its path relative to `root`, with its sha256 (from the laptop's index while unchanged)."""
+    index_path = root / INDEX
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, ValueError):
+        index = {}
+    out, fresh = {}, {}
+    for rel in paths:
+        for path in _walk(root / rel):
+            key = path.relative_to(root).as_posix()
+            st = path.stat()
+            seen = [st.st_size, st.st_mtime_ns, st.st_ino]
+            known = index.get(key)
+            sha = known[3] if isinstance(known, list) and len(known) == 4 and known[:3] == seen else _sha256(path)
+            fresh[key] = [*seen, sha]
+            out[key] = LocalFile(path, sha, st.st_size, st.st_mtime_ns)
+    if fresh != {k: index.get(k) for k in fresh}:
+        index.update(fresh)
+        index_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index_path.with_name(f".{index_path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(index))
+        os.replace(tmp, index_path)
+    return out
+
+
+def _walk(path: Path) -> list[Path]:
+    if not path.is_dir():
+        return [path] if path.is_file() else []
+    out = []
+    for base, dirs, names in os.walk(path):  # a linked directory is not entered: no loops, no outside
+        dirs.sort()
+        out += [Path(base) / n for n in sorted(names) if stat.S_ISREG(os.stat(Path(base) / n).st_mode)]
+    return out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def send_files(session: HostSession, files: Mapping[str, LocalFile], reporter: Steps,
+               only: list[str] | None = None) -> None:
+    """The files the host's store lacks (`only`: these shas, which it just said it lacks), verified
+    (sha256 on both ends); one `store-missing` question, then one stream of the missing ones."""
+    by_sha = {f.sha256: f for f in files.values()}
+    if only is None:
+        res = session.agent("store-missing", "--workdir", session.paths.workdir,
+                            stdin=json.dumps(sorted(by_sha)).encode(), timeout=120)
+        try:
+            only = list(json.loads(res.stdout.strip().splitlines()[-1])["missing"])
+        except (ValueError, IndexError, KeyError, TypeError):
+            raise ThrustError(f"cannot ask {session.name} which files: it has: {res.stderr.strip()[-300:]}") from None
+    wanted = [by_sha[sha] for sha in only if sha in by_sha]
+    if not wanted:
+        return
+    total = sum(f.size for f in wanted)
+    check_room(session, _free(session), total, f"the {len(wanted)} files: it lacks")
+    reporter.step(f"sending {len(wanted)} of {len(by_sha)} files: ({total / (1 << 20):.1f} MB)")
+    store = f"{session.paths.thrust}/store"
+    sent = session.runner.put_many([(f.path, f"{store}/{f.sha256[:2]}/{f.sha256}") for f in wanted])
+    for f, sha in zip(wanted, sent, strict=True):
+        if sha != f.sha256:
+            session.runner.run(["rm", "-f", "--", f"{store}/{f.sha256[:2]}/{f.sha256}"])
+            raise ThrustError(f"{f.path} changed while it was sent (sha256 {sha[:12]}, expected {f.sha256[:12]})",
+                              "train again once it is written", ExitCode.TRANSFER)
+
+
+def _free(session: HostSession) -> int | None:
+    res = session.agent("git-state", "--workdir", session.paths.workdir, "--commit", "HEAD", timeout=60)
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1]).get("free_bytes")
+    except (ValueError, IndexError, AttributeError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------ the tree
+
+def make_run_tree(config: Config, job: JobConfig, session: HostSession, local: LocalState, result: SyncResult,
+                  name: str, reporter: Steps) -> Tree:
+    """The run's tree (`.thrust/trees/NAME`) with its `files:`, kept `setup:` outputs and `shared:` links."""
+    data = job_data(config, job)
+    files = local_files(config.root, data.files) if data.files else {}
+    if files:
+        send_files(session, files, reporter)
+    tree_data = TreeData(files={rel: (f.sha256, f.mtime_ns) for rel, f in files.items()},
+                         setup_key=setup_key(local, result, data, files) if data.setup else None,
+                         shared=data.shared)
+    try:
+        return make_tree(session, local, result, session.paths.tree(name), ref=name, data=tree_data,
+                         step=reporter.step, send=lambda shas: send_files(session, files, reporter, only=shas))
+    except TreeRefused as exc:
+        raise _refusal(config, job, exc.answer) from None
+
+
+def _refusal(config: Config, job: JobConfig, answer: Mapping[str, object]) -> ThrustError:
+    if answer.get("error") == "shared-tracked":
+        tracked = ", ".join(str(t) for t in answer.get("tracked") or [])  # type: ignore[union-attr]
+        return ConfigError(f"{_where(config, job, 'shared')}: {answer.get('path')} holds files of the commit "
+                           f"({tracked}): a shared directory would hide them",
+                           "share a directory the code does not have (a subdirectory for the data, say)")
+    if answer.get("error") == "outside":
+        return ConfigError(f"{config_label(config.path)}: {answer.get('path')} leads outside the run's tree")
+    return ThrustError(f"the run's tree could not be made: {answer}")
+
+
+# ------------------------------------------------------------------------------------------ setup:
+
+def setup_key(local: LocalState, result: SyncResult, data: JobData, files: Mapping[str, LocalFile]) -> str:
+    """What a setup's outputs depend on: its argv, the content of the commit's files it names (a word
+    that is a path of the commit: `data/prepare.py`), the patch when it changes one of them, and the
+    `files:` placed beside it. Another commit that leaves these alone reuses the outputs."""
+    commit = result.checkout or result.commit
+    named = {}
+    for word in data.setup:
+        blob = _git(local.root, "rev-parse", "-q", "--verify", f"{commit}:{word}", check=False)
+        if blob.returncode == 0 and word not in ("", "."):
+            named[word] = blob.stdout.decode().strip()
+    touched = (_git(local.root, "diff", "HEAD", "--name-only", check=False).stdout.decode().split()
+               if local.patch else [])
+    patched = sorted(w for w in named if w in touched)
+    spec = {"layout": SETUP_LAYOUT, "argv": list(data.setup), "named": named,
+            "patch": local.patch_sha256 if patched else None,
+            "files": {rel: f.sha256 for rel, f in sorted(files.items())}}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def run_setup(config: Config, job: JobConfig, session: HostSession, local: LocalState | None,
+              result: SyncResult | None, *, cwd: str, env: Mapping[str, str], python: str,
+              reporter: Steps) -> None:
+    """Run the job's `setup:` in its tree, unless the tree got that setup's kept outputs already."""
+    data = job_data(config, job)
+    if not data.setup:
+        return
+    if result is not None and result.tree_setup == "placed":
+        reporter.step("setup: its outputs for these inputs are kept on the host: placed, not run again")
+        return
+    key = setup_key(local, result, data, local_files(config.root, data.files) if data.files else {}) \
+        if local is not None and result is not None else None
+    if session.host.is_local and key and (config.root / ".thrust" / "setup" / f"{key}.done").exists():
+        reporter.step("setup: ran here already for these inputs")
+        return
+    argv = _with_venv(list(data.setup), python)
+    reporter.step(f"setup: {' '.join(data.setup)}")
+    tail: list[str] = []
+    done = session.runner.run(argv, env=dict(env), cwd=cwd, timeout=SETUP_TIMEOUT_S,
+                              stream=lambda _name, line: _keep_tail(tail, line))
+    if not done.ok:
+        shown = "\n".join(tail[-20:]) or (done.stderr or done.stdout).strip()[-2000:]
+        raise ThrustError(f"the setup ({_where(config, job, 'setup')}) failed on {session.name} "
+                          f"(exit {done.exit_code}); nothing was launched:\n{shown}".rstrip(),
+                          f"fix it and train again; try it there with: thrust-remote exec --host {session.name} "
+                          f"--cwd {cwd} -- {' '.join(data.setup)}", ExitCode.FAILED)
+    if key:
+        _keep_outputs(session, key, cwd, data, reporter, config)
+
+
+def _with_venv(argv: list[str], python: str) -> list[str]:
+    """The argv with the job's venv first on PATH, as a job's own command gets it: `python` and `pip`
+    are the venv's. The directory goes as an argument, never into the shell's text."""
+    venv_bin = os.path.dirname(python)
+    return ["sh", "-c", 'p=$1; shift; PATH="$p:$PATH" exec "$@"', "sh", venv_bin, *argv]
+
+
+def _keep_tail(tail: list[str], line: str) -> None:
+    tail.append(line.rstrip("\n"))
+    del tail[:-200]
+
+
+def _keep_outputs(session: HostSession, key: str, cwd: str, data: JobData, reporter: Steps,
+                  config: Config) -> None:
+    if session.host.is_local:
+        marker = config.root / ".thrust" / "setup" / f"{key}.done"
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("")
+        return
+    res = session.agent("setup-keep", "--workdir", session.paths.workdir, "--tree", cwd, "--key", key,
+                        stdin=json.dumps({"exclude": [*data.files, *data.shared]}).encode(), timeout=3600)
+    try:
+        kept = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        kept = None
+    if not res.ok or not isinstance(kept, dict):
+        reporter.warn(f"setup: its outputs could not be kept on {session.name} ({res.stderr.strip()[-200:]}): "
+                      "the next run runs it again")
+        return
+    reporter.step(f"setup: {kept.get('outputs')} output file(s) kept for later runs "
+                  f"({(kept.get('bytes') or 0) / (1 << 20):.1f} MB)")
