@@ -487,7 +487,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     view = _queue_view(args.runs_dir)
-    out = [_with_tree(os.path.join(args.runs_dir, st["run_id"]), None, _placed(st, view)) for st, _ in view]
+    out = [_placed(st, view) for st, _ in view]
+    if args.trees:  # `runs`: each run's tree and its size (a running run's is counted each time)
+        out = [_with_tree(os.path.join(args.runs_dir, st["run_id"]), None, st) for st in out]
     out.sort(key=lambda r: r.get("started_at") or r.get("queued_at") or "")
     print(json.dumps(out))
     return 0
@@ -675,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", required=True)
     p = sub.add_parser("list")
     p.add_argument("--runs-dir", required=True)
+    p.add_argument("--trees", action="store_true", help="each run's tree and its size too")
     p = sub.add_parser("logs")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--offset", type=int, default=0)

@@ -32,7 +32,7 @@ from thrust_remote.core.errors import (
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import lifecycle
-from thrust_remote.runs import control, index, pull, usage
+from thrust_remote.runs import control, index, pull, trees, usage
 
 HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: the run's host from the "
                         "local index, else default_host).")
@@ -47,6 +47,8 @@ def register(app: typer.Typer) -> None:
     app.command("logs", help="Print a run's log from a byte offset; --follow until it ends.")(logs)
     app.command("stop", help="Stop a run: TERM its process group, KILL after a grace period.")(stop)
     app.command("wait", help="Wait until every run named has ended; exit 0 when all FINISHED.")(wait)
+    app.command("prune", help="Remove the trees of ended runs beyond the host's keep: {runs: N} (--keep N), the "
+                "fetched ones first, never a queued or running run's (--dry-run: only list them).")(prune)
     app.command("fetch", help="Fetch a run's model into web/public, its newest checkpoint and its artifacts into "
                 ".thrust/fetched/RUN/ (verified; again: only what changed; a RUNNING run: checkpoint and artifacts "
                 "so far).")(fetch)
@@ -89,7 +91,7 @@ def list_runs(ctx: typer.Context,
         _list_all(ctx, timeout, as_json)
         return
     with open_session(ctx, host) as session:
-        items = control.list_runs(session)
+        items = control.list_runs(session, trees=True)
         listed = session.name
     if as_json:
         typer.echo(json.dumps(items, indent=2))
@@ -156,7 +158,7 @@ def _unreachable(listing: control.HostListing) -> str:
     return RunState.UNREACHABLE if listing.exit_code in down else "ERROR"
 
 
-COLUMNS = ("job", "state", "exit", "started", "ended", "commit", "run")
+COLUMNS = ("job", "state", "exit", "started", "ended", "commit", "tree", "run")
 RESUMED = "resumed_from"  # a column only when a listed run continues another (`resume`, a retry)
 
 
@@ -173,13 +175,14 @@ def _row(r: dict, resumed: bool = False) -> tuple[str, ...]:
     state = f"{r['state']} ({r['position']})" if r.get("position") else r["state"]  # QUEUED (2): its place
     if r.get("unreadable"):  # its state is a guess: `status RUN` names the path
         state += " (permission denied)"
+    tree = "" if "tree" not in r else trees.size_text(r.get("tree_bytes") if r.get("tree_kept") else "gone")
     row = (r.get("job") or "", state, "" if code is None else str(code), r.get("started_at") or "",
-           r.get("ended_at") or "", (r.get("commit") or "")[:12], r["run_id"])
+           r.get("ended_at") or "", (r.get("commit") or "")[:12], tree, r["run_id"])
     return (*row, str(r.get(RESUMED) or "")) if resumed else row
 
 
 # what a narrow terminal drops first: the values are whole or absent, never `FINI…`
-DROP_FIRST = (RESUMED, "commit", "ended", "started", "job", "exit", "host")  # `runs --all`'s host last
+DROP_FIRST = (RESUMED, "commit", "tree", "ended", "started", "job", "exit", "host")  # `runs --all`'s host last
 
 
 def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = (),
@@ -265,8 +268,10 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
         code += f" (position {st['position']} in the queue since {st.get('queued_at')})"
     h = host_text  # every value below is the host's answer
     # a queued run has no pid nor start yet: not "None"
+    tree = None if "tree" not in st else (f"{st['tree']} ({trees.size_text(st.get('tree_bytes'))})"
+                                           if st.get("tree_kept") else f"{st['tree']} (removed)")
     known = {"job": st.get("job"), "pid": st.get("pid"), "started": st.get("started_at"),
-             "commit": (st.get("commit") or "")[:12], RESUMED: st.get(RESUMED)}
+             "commit": (st.get("commit") or "")[:12], RESUMED: st.get(RESUMED), "tree": tree}
     fields = "  ".join(f"{k}={h(v)}" for k, v in known.items() if v not in (None, ""))
     console.print(f"{h(st['run_id'])}: [{style}]{h(st['state'])}[/]{h(code)}  {fields}", highlight=False)
     failed = st.get("failed_node")
@@ -490,3 +495,25 @@ def fetch(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"
 
     render_fetched(ctx, got.model, got.host, config.root)
     typer.echo(got.model.model)  # the placed model, or the kept one when not placed
+
+
+def prune(ctx: typer.Context,
+          host: str | None = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: "
+                                          "default_host)."),
+          keep: int | None = typer.Option(None, "--keep", min=0, help="Keep the trees of the newest N ended runs "
+                                          "(default: the host's keep: {runs: N})."),
+          dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    config = get_config(ctx)
+    with open_session(ctx, host) as session:
+        if session.host.is_local:
+            raise UsageError("host local runs in the project itself: it has no trees to prune",
+                             "give --host with a remote host")
+        pruned = trees.prune(session, config.root, session.host.keep_runs if keep is None else keep,
+                             dry_run=dry_run)
+    if as_json:
+        typer.echo(json.dumps(pruned.as_json()))
+        return
+    for tree in pruned.removed:
+        console.print(("would remove " if dry_run else "removed ") + host_text(trees.describe(tree)), highlight=False)
+    err_console.print(host_text(trees.summary(pruned)), highlight=False)

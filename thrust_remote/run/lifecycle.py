@@ -40,7 +40,7 @@ from thrust_remote.run import gpus as inventory  # the module; `gpus` is the cho
 from thrust_remote.run import multinode, pipeline
 from thrust_remote.run.pipeline import Launched, Reporter, Stage, TrainOutcome, TrainRequest
 from thrust_remote.run.sync import LocalState
-from thrust_remote.runs import control, index, notify, pull, scalarwatch
+from thrust_remote.runs import control, index, notify, pull, scalarwatch, trees
 
 OpenNode = Callable[[str], HostSession]  # a session on a configured host, by name
 
@@ -129,7 +129,20 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     else:
         launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter)], list(sessions)
     _remember(config, launched, reporter, request, prepared[0].local)
+    for p in prepared:  # each host's `keep:`: the trees of older ended runs go (never a live run's)
+        _keep(p.session, config.root, told(p.session))
     return Started(launched, RunNodes(run_id, [s.name for s in ranked], list(ranked)))
+
+
+def _keep(session: HostSession, root: Path, reporter: Reporter) -> None:
+    try:
+        pruned = trees.keep_policy(session, root)
+    except ThrustError as exc:  # the run is launched: a tree not reclaimed is a warning, never a failure
+        reporter.warn(f"the trees of older runs on {session.name} were not reclaimed: {exc.message}")
+        return
+    if pruned is not None and pruned.removed:
+        reporter.step(f"keep: {{runs: {session.host.keep_runs}}}: removed the trees of "
+                      f"{', '.join(trees.describe(t) for t in pruned.removed)}")
 
 
 def _launch_one(prepared: pipeline.Prepared, request: TrainRequest, args: Sequence[str], run_id: str,

@@ -157,8 +157,10 @@ def permission_denied(session: HostSession, run_id: str, path: str) -> ThrustErr
     )
 
 
-def list_runs(session: HostSession, timeout: float | None = 60) -> list[StatusAnswer]:
-    return session.agent_json("runs", "list", "--runs-dir", session.paths.runs, timeout=timeout)
+def list_runs(session: HostSession, timeout: float | None = 60, *, trees: bool = False) -> list[StatusAnswer]:
+    """The host's runs, oldest first; `trees`: with each one's tree and its size (`runs`)."""
+    return session.agent_json("runs", "list", "--runs-dir", session.paths.runs, *(["--trees"] if trees else []),
+                              timeout=timeout)
 
 
 def gpus_taken(session: HostSession) -> dict[int, str]:
@@ -193,7 +195,7 @@ def list_hosts(hosts: Sequence[str], open_session: Callable[[str], HostSession],
         try:
             session = open_session(name)
             try:
-                items = list_runs(session, timeout=timeout)
+                items = list_runs(session, timeout=timeout, trees=True)
             finally:
                 session.close()
             listing = HostListing(name, runs=[{**r, "host": name} for r in items])

@@ -1,0 +1,83 @@
+"""The runs' trees on a host, kept and reclaimed (docs/architecture.md, "Trees"): a host's `keep: {runs:
+N}` after each launch, and `thrust-remote prune`. The host decides what is live (agent `tree-prune`: a
+QUEUED or RUNNING run's tree is never removed); the laptop says which runs it has fetched, whose trees
+go first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from thrust_remote.agent.protocol import RUNS_DIR
+from thrust_remote.host.session import HostSession
+
+FETCHED_RECORDS = ("fetch.json", "artifacts.json", "checkpoints.json")  # what a fetch leaves per run
+
+
+def fetched_runs(root: Path) -> list[str]:
+    """The runs this project has fetched something of (`.thrust/fetched/RUN/`)."""
+    base = root / ".thrust" / "fetched"
+    if not base.is_dir():
+        return []
+    return sorted(p.name for p in base.iterdir() if any((p / name).is_file() for name in FETCHED_RECORDS))
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """One host's `tree-prune` answer: every tree with its runs, whether it stays, what was freed."""
+
+    host: str
+    trees: list[dict]
+    freed: int
+    dry_run: bool
+
+    @property
+    def removed(self) -> list[dict]:
+        return [t for t in self.trees if "removed" in t]
+
+    def as_json(self) -> dict:
+        return {"host": self.host, "trees": self.trees, "freed": self.freed, "dry_run": self.dry_run}
+
+
+def prune(session: HostSession, root: Path, keep: int, *, dry_run: bool = False) -> Pruned:
+    """Remove (or, `dry_run`, list) the trees beyond the newest `keep` of ended runs on this host."""
+    argv = ["tree-prune", "--workdir", session.paths.workdir, "--keep", str(keep),
+            *[a for run in fetched_runs(root) for a in ("--fetched", run)], *(["--dry-run"] if dry_run else [])]
+    answer = session.agent_json("tree-prune", *argv, timeout=600)
+    return Pruned(session.name, list(answer.get("trees") or []), int(answer.get("freed") or 0), dry_run)
+
+
+def keep_policy(session: HostSession, root: Path) -> Pruned | None:
+    """After a launch: the host's `keep: {runs: N}` applied; None where there are no trees (host local,
+    a workdir without runs)."""
+    if session.host.is_local or not session.runner.exists(f"{session.paths.workdir}/{RUNS_DIR}"):
+        return None
+    return prune(session, root, session.host.keep_runs)
+
+
+def size_text(n: object) -> str:
+    """A tree's size for a table: `12.3 MB`; `-` when it was removed, `?` when unknown."""
+    if n is None:
+        return "?"
+    if not isinstance(n, (int, float)):
+        return "-"
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def summary(pruned: Pruned) -> str:
+    what = "would free" if pruned.dry_run else "freed"
+    gone = len(pruned.removed)
+    kept = len(pruned.trees) - gone
+    return (f"{pruned.host}: {gone} tree(s) {'to remove' if pruned.dry_run else 'removed'}, {kept} kept; "
+            f"{what} {size_text(pruned.freed)}")
+
+
+def describe(tree: dict) -> str:
+    runs = ", ".join(tree.get("runs") or []) or "no run"
+    why = "live" if tree.get("live") else ("fetched" if tree.get("fetched") else "ended")
+    return f"{tree.get('name')} ({runs}; {why})" + (f" {size_text(tree['bytes'])}" if "bytes" in tree else "")
+
