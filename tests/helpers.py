@@ -5,7 +5,8 @@ a condition, a user's own training script, an exported policy.
 - `clone_repo(dest)`: a clone of this repository (the laptop's project); `sandbox_clone` adds a committed
   thrust.yaml for the sshd fixture's host `sandbox`.
 - `new_project(path, sshd, workdir, ...)`: a git project that is not this repository (its own files, a
-  thrust.yaml for `sandbox`, all committed); `remote_tempdir(sshd)`: a fresh directory on that host.
+  thrust.yaml for `sandbox`, all committed); `remote_tempdir(sshd)`: a fresh directory on that host;
+  `run_tree(workdir, run_id)`: a run's own tree there.
 - `wait_until(condition, timeout, what)`: poll a condition with a deadline instead of sleeping.
 - `TRAIN_PY`: a user's own DDP-aware train.py; `export_policy(path)`: an untrained policy as ONNX.
 - `FAST`, `TINY_TRAIN`, `SLOW`: `train cartpole` settings; `EXE`: the installed CLI; `CHROMIUM`.
@@ -108,6 +109,23 @@ def sandbox_clone(dest: Path, sshd: SSHServer, workdir: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ own projects
+
+
+def run_tree(workdir: Path, run_id: str) -> Path:
+    """Where a run's own tree is on the host: `<workdir>/.thrust/trees/<run id>` (docs/architecture.md,
+    "Trees"); the run's cwd (a cargo job's: its crate in there)."""
+    return workdir / ".thrust" / "trees" / run_id
+
+
+def sync_tree(session, local, name: str):  # noqa: ANN001, ANN201 - a HostSession, a LocalState; (SyncResult, Path)
+    """`train`'s two steps on their own: the commit's objects into the host's store, then a tree of its
+    own named `name` (sync.sync, sync.make_tree); the SyncResult and the tree's path."""
+    from thrust_remote.run.sync import make_tree, sync, with_lfs
+
+    local = with_lfs(local)
+    result = sync(session, local)
+    tree = make_tree(session, local, result, session.paths.tree(name), ref=name)
+    return result, Path(tree.path)
 
 
 def remote_tempdir(sshd: SSHServer, prefix: str = "remote-") -> Path:

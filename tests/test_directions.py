@@ -168,24 +168,31 @@ def test_wrong_python_is_69_with_doctors_hint_on_every_command(cli, sshd, remote
 
 
 @pytest.mark.slow
-def test_busy_workdir_hint_names_host_and_config_and_its_stop_works(cli, sshd, remote_dir, project, tmp_path) -> None:
+def test_other_code_runs_beside_a_running_run_and_its_hint_names_host_and_config(cli, sshd, remote_dir, project,
+                                                                                 tmp_path) -> None:
+    """A config given elsewhere: a second run of new code starts beside a running one (each its own
+    tree; it was once refused), and the command `train --detach` prints works as printed from where the
+    user stands, with that --config and the host."""
     cfg = sshd.thrust_yaml(tmp_path / "elsewhere.yaml", workdir=str(remote_dir / "thrust"), rest="jobs:\n" + FAKE_JOB)
     first = cli("--config", str(cfg), "train", "fake", "--detach", *FAKE_LONG, cwd=project)
     assert first.returncode == 0, first.stderr
-    run_id = re.search(r"launching run (fake[\w.-]+)", first.stderr).group(1)
+    run_id = re.search(r"run (fake[\w.-]+) started on sandbox", first.stdout).group(1)
     (project / "NOTES.txt").write_text("a change\n")
     git(project, "add", "NOTES.txt")
     git(project, "commit", "-q", "-m", "notes")
-    busy = cli("--config", str(cfg), "train", "fake", "--detach", *FAKE_LONG, cwd=project)
-    assert busy.returncode == 69 and "is in use by running or queued run(s)" in busy.stderr, busy.stderr
-    at = f"thrust-remote --config {cfg.resolve()}"
-    assert f"{at} status {run_id} --host sandbox" in busy.stderr
-    stop = f"{at} stop {run_id} --host sandbox"
-    assert stop in busy.stderr
-    # the hint is a command that works as printed, from where the user stands
-    done = subprocess.run([EXE, *shlex.split(stop)[1:]], cwd=project, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(cli("--config", str(cfg), "status", run_id, "--json", cwd=project).stdout)["state"] == "STOPPED"
+    second = cli("--config", str(cfg), "train", "fake", "--detach", *FAKE_LONG, cwd=project)
+    assert second.returncode == 0, second.stderr
+    follow = re.search(r"follow it with: (thrust-remote .*)", second.stdout).group(1)
+    assert follow.startswith(f"thrust-remote --config {cfg.resolve()} logs fake-") and "--host sandbox" in follow
+    other = shlex.split(follow)[4]
+    for run in (run_id, other):
+        assert json.loads(cli("--config", str(cfg), "status", run, "--json", cwd=project).stdout)["state"] == "RUNNING"
+    stopped = cli("--config", str(cfg), "stop", other, "--host", "sandbox", cwd=project)
+    assert stopped.returncode == 0, stopped.stderr
+    done = subprocess.run([EXE, *shlex.split(follow)[1:], "--no-fetch"], cwd=project, capture_output=True, text=True,
+                          timeout=120)
+    assert "STOPPED" in done.stdout + done.stderr, done.stderr
+    assert cli("--config", str(cfg), "stop", run_id, "--host", "sandbox", cwd=project).returncode == 0
 
 
 # ------------------------------------------------------------------------------------------ connecting

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import EXE, new_project, remote_tempdir
+from helpers import EXE, new_project, remote_tempdir, run_tree
 
 from thrust_remote.agent import listing
 from thrust_remote.core.errors import ExitCode
@@ -52,13 +52,6 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _as_the_runs(workdir: Path, run_id: str, path: Path) -> None:
-    """Date `path` inside the run's life (at its end): a file changed after a run ended is a later run's,
-    and fetch leaves it out; these tests change files as if the run had written them."""
-    ended = json.loads((workdir / ".thrust" / "runs" / run_id / "exit_code").read_text())["ended_ts"]
-    os.utime(path, (ended, ended))
-
-
 @pytest.fixture(scope="module")
 def trained(sshd, tmp_path_factory) -> tuple[Path, Path, str, subprocess.CompletedProcess]:
     """(project, host workdir, run id, train's result): one run of the writer job, fetched by train."""
@@ -87,11 +80,11 @@ def test_train_fetches_the_artifacts_verified_and_warns_for_a_glob_that_matches_
     # a glob under the run directory is said to be looked for there, not in the checkout
     run_dir_glob = next(line for line in result.stderr.splitlines() if "'$THRUST_RUN_DIR/none*'" in line)
     assert run_dir_glob.endswith(f"(under {workdir / '.thrust' / 'runs' / run_id})"), run_dir_glob
-    run_dir = workdir / ".thrust" / "runs" / run_id
+    run_dir, tree = workdir / ".thrust" / "runs" / run_id, run_tree(workdir, run_id)
     expected = {
-        "runs/tb/events.out.1": workdir / "runs/tb/events.out.1",
-        "runs/tb/sub/events.out.2": workdir / "runs/tb/sub/events.out.2",
-        "models/a.pt": workdir / "models/a.pt",
+        "runs/tb/events.out.1": tree / "runs/tb/events.out.1",
+        "runs/tb/sub/events.out.2": tree / "runs/tb/sub/events.out.2",
+        "models/a.pt": tree / "models/a.pt",
         "THRUST_RUN_DIR/out.txt": run_dir / "out.txt",
     }
     got = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
@@ -114,8 +107,7 @@ def test_a_second_fetch_transfers_nothing_and_a_changed_file_comes_again(cli, tr
     assert n == 0, again.stderr
     assert again.stdout.strip() == str(dest)  # no model: the artifacts dir is what fetch names
     assert {p: p.stat().st_ino for p in dest.rglob("*") if p.is_file()} == inodes  # nothing rewritten
-    (workdir / "runs/tb/events.out.1").write_text("event-1, appended later\n")
-    _as_the_runs(workdir, run_id, workdir / "runs/tb/events.out.1")
+    (run_tree(workdir, run_id) / "runs/tb/events.out.1").write_text("event-1, appended later\n")
     changed, n = _fetch(cli, proj, run_id)
     assert changed.returncode == 0, changed.stderr
     assert n == 1, changed.stderr
@@ -126,9 +118,8 @@ def test_a_second_fetch_transfers_nothing_and_a_changed_file_comes_again(cli, tr
 def test_a_cut_fetch_leaves_no_half_file_and_the_next_fetch_completes(cli, sshd, trained):
     proj, workdir, run_id, _ = trained
     dest = proj / ".thrust" / "fetched" / run_id / "artifacts"
-    big = workdir / "models" / "big.pt"
+    big = run_tree(workdir, run_id) / "models" / "big.pt"
     big.write_bytes(os.urandom(150_000_000))
-    _as_the_runs(workdir, run_id, big)
     proc = subprocess.Popen([EXE, "fetch", run_id], cwd=proj, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     cut_done = threading.Event()
@@ -217,26 +208,27 @@ def test_listing_skips_what_an_earlier_run_left_in_the_shared_checkout(tmp_path)
 
 @pytest.mark.slow
 def test_a_later_run_does_not_bring_back_what_an_earlier_one_left(cli, trained):
+    """Each run has a tree of its own: a file left in an earlier run's tree is not in a later run's, and a
+    fetch of the earlier run after the later one rewrote the same paths brings the earlier run's files,
+    with no time window and no word about other runs' files."""
     proj, workdir, first_id, _ = trained
     first_event = proj / ".thrust" / "fetched" / first_id / "artifacts" / "runs" / "tb" / "events.out.1"
     first_had = first_event.read_text()
-    stale = workdir / "models" / "stale.pt"
-    stale.write_text("left by an earlier run")
-    an_hour_ago = time.time() - 3600
-    os.utime(stale, (an_hour_ago, an_hour_ago))
+    (run_tree(workdir, first_id) / "models" / "stale.pt").write_text("left by an earlier run")
     result = cli("train", "writer", cwd=proj)
     assert result.returncode == 0, result.stderr
     run_id = re.search(r"launching run (\S+)", result.stderr).group(1)
     assert run_id != first_id
     dest = proj / ".thrust" / "fetched" / run_id / "artifacts"
-    assert (dest / "models" / "a.pt").is_file()  # this run rewrote it
+    assert (dest / "models" / "a.pt").is_file()  # this run wrote it, in its own tree
     assert not (dest / "models" / "stale.pt").exists()
-    assert "older than this run" in result.stderr
-    # ... nor does a fetch of the earlier run bring back what the later one wrote since
+    assert "older than this run" not in result.stderr and "newer than" not in result.stderr
     again = cli("fetch", first_id, cwd=proj)
     assert again.returncode == 0, again.stderr
-    assert "newer than this run's end (a later run's): not fetched" in again.stderr
+    assert "newer than" not in again.stderr and "older than" not in again.stderr
     assert first_event.read_text() == first_had and run_id not in first_had
+    assert (proj / ".thrust" / "fetched" / first_id / "artifacts" / "models" / "stale.pt").read_text() == \
+        "left by an earlier run"  # its own tree's file, whenever it was written
 
 
 def test_a_glob_that_matched_only_other_runs_files_does_not_read_as_matching_nothing():

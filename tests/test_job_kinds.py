@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import TRAIN_PY, new_project, remote_tempdir
+from helpers import TRAIN_PY, new_project, remote_tempdir, run_tree
 
 from thrust_remote.core.config import JobConfig, load_config, parse_config_text
 from thrust_remote.core.errors import ConfigError, ExitCode, UsageError
@@ -264,13 +264,13 @@ def test_own_script_runs_finished_with_its_run_env(cli, user_project):
     assert json.loads(cli("status", run_id, "--json", cwd=proj).stdout)["state"] == "FINISHED"
     seen = _seen(workdir, run_id, "seen-script-0.json")
     assert seen["argv"] == ["--steps", "2", "--lr", "0.5"]
-    assert seen["cwd"] == str(workdir)
+    assert seen["cwd"] == str(run_tree(workdir, run_id))  # the run's own tree
     env = seen["env"]
     assert env["THRUST_RUN_ID"] == run_id and env["THRUST_RUN_DIR"] == str(run_dir)
     assert env["THRUST_EXPORT"] == str(run_dir / "model.onnx")
     assert env["THRUST_PYTHON"] and env["WORLD_SIZE"] is None
     assert 'THRUST_METRICS {"step": 2' in (run_dir / "log").read_text()
-    assert not (workdir / "trainer").exists()  # the project's own code ran, not this repository's
+    assert not (run_tree(workdir, run_id) / "trainer").exists()  # the project's own code ran, not this repository's
 
 
 @pytest.mark.e2e  # a user's own torch script, for real

@@ -159,7 +159,11 @@ def test_tensorboard_objective_is_read_on_the_host(cli, own_project):
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["counts"]["done"] == 3, out
-    assert list((workdir / "tbruns").glob("events.out.tfevents.*")), "the script wrote no event files"
+    # a study's trials share one tree (the same code): their event files meet in its tbruns/
+    first = workdir / ".thrust" / "runs" / out["trials"][0]["run_id"] / "run.json"
+    tree = Path(json.loads(first.read_text())["tree"])
+    assert tree.parent == workdir / ".thrust" / "trees"
+    assert list((tree / "tbruns").glob("events.out.tfevents.*")), "the script wrote no event files"
     for t in out["trials"]:
         argv = _trial_args(workdir, t["run_id"])
         lr = float(argv[argv.index("--lr") + 1])

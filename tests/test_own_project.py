@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import EXE, new_project, remote_tempdir
+from helpers import EXE, new_project, remote_tempdir, run_tree
 
 # one worker runs this module's tests, in order: its tests share one project and host
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_own_project")]  # a user's own torch training, for real
@@ -129,10 +129,11 @@ def test_own_script_shows_tensorboard_progress_brings_artifacts_back_and_skips_s
 
     here = proj / ".thrust" / "fetched" / run_id / "artifacts"
     assert str(here.relative_to(proj)) in first.stderr  # where they are is said
-    host_files = sorted(p.relative_to(workdir) for p in [*(workdir / "runs" / run_id).rglob("*"),
-                                                         workdir / "models" / "ckpt.pt"] if p.is_file())
+    tree = run_tree(workdir, run_id)
+    host_files = sorted(p.relative_to(tree) for p in [*(tree / "runs" / run_id).rglob("*"),
+                                                      tree / "models" / "ckpt.pt"] if p.is_file())
     assert len(host_files) >= 2 and sorted(p.relative_to(here) for p in here.rglob("*") if p.is_file()) == host_files
-    assert all(_sha(here / rel) == _sha(workdir / rel) for rel in host_files)
+    assert all(_sha(here / rel) == _sha(tree / rel) for rel in host_files)
 
     second, second_id = _train(proj, "ppo")
     assert second.returncode == 0, second.stderr

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import _start_sshd
-from helpers import EXE, Clock, commit, git, git_init, wait_until
+from helpers import EXE, Clock, commit, git, git_init, run_tree, wait_until
 
 from thrust_remote.core.config import parse_config_text
 from thrust_remote.core.errors import ConfigError, ConnectionLostError, ExitCode
@@ -353,14 +353,17 @@ def test_a_job_of_your_own_resumes_through_its_template_and_one_without_it_is_re
     again = _cli(project, "resume", run_id, "--detach", "--json")
     assert again.returncode == 0, again.stderr
     new = json.loads(again.stdout)["run_id"]
-    on_host = remote_dir / "w" / "ckpt" / "state.json"
+    on_host = run_tree(remote_dir / "w", run_id) / "ckpt" / "state.json"
+    placed = remote_dir / "w" / ".thrust" / "runs" / new / "resume" / "state.json"
 
     def said() -> str | None:
         log = _cli(project, "logs", new).stdout
         return log if "resumed from" in log else None
 
     log = wait_until(said, 120, "the resumed job's first line")
-    assert f"resumed from {on_host}" in log  # its own host answered: the run's own file, no upload
+    # its own host answered: the run's own file, linked into the new run's directory (no upload; the old
+    # tree may be reclaimed while the new run starts)
+    assert f"resumed from {placed}" in log and placed.stat().st_ino == on_host.stat().st_ino
     assert int(log.split("at step ")[1].split()[0]) > 0
     _cli(project, "stop", new)
     old = _cli(project, "status", run_id)  # the stopped run says where its work went on
@@ -383,7 +386,7 @@ def test_a_pull_killed_mid_transfer_leaves_nothing_under_the_final_name_and_the_
     jobs = "jobs:\n  big:\n    script: train.py\n    args: [--big, '300']\n    checkpoints: ckpt/zz-*.bin\n"
     project = new_project(tmp_path / "proj", sshd, remote_dir / "w", files={"train.py": OWN}, jobs=jobs)
     run_id = json.loads(_cli(project, "train", "big", "--detach", "--json").stdout)["run_id"]
-    host_file = remote_dir / "w" / "ckpt" / "zz-big.bin"
+    host_file = run_tree(remote_dir / "w", run_id) / "ckpt" / "zz-big.bin"
     wait_until(lambda: _cli(project, "logs", run_id).stdout.count("THRUST_METRICS") or None, 120,
                "the big checkpoint written")
     dest = project / ".thrust" / "fetched" / run_id / "checkpoints"

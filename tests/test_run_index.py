@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import FAKE_JOB, FAKE_LONG, REPO, clone_repo, commit, git, remote_tempdir
+from helpers import FAKE_JOB, FAKE_LONG, REPO, clone_repo, commit, git, remote_tempdir, run_tree
 
 from envcheck.nvsmi import summarize
 from thrust_remote.core.config import HostConfig, JobConfig, load_config
@@ -300,17 +300,25 @@ def test_runs_all_lists_every_host_in_parallel_and_names_the_unreachable(cli, pr
 
 
 @pytest.mark.slow
-def test_syncing_changed_code_under_a_running_run_is_refused(cli, project, two_runs, workdir):
-    before = git(workdir, "rev-parse", "HEAD")
+def test_changed_code_under_running_runs_runs_beside_them_in_a_tree_of_its_own(cli, project, two_runs, workdir):
+    """Once refused ("would change their code under them"): each run has a tree of its own, so a run of
+    new code starts beside the running ones, whose trees stay at their commit."""
+    before = {r: git(run_tree(workdir, r), "rev-parse", "HEAD") for r in two_runs}
     (project / "CHANGED.md").write_text("new code\n")
     git(project, "add", "CHANGED.md")
     git(project, "commit", "-q", "-m", "a change")
-    res = cli("train", "fake", "--host", "sandbox", *FAKE_LONG, "--detach", cwd=project)
-    assert res.returncode == ExitCode.UNAVAILABLE  # nothing launched, try later: not a failed job's 1
-    assert "would change their code under them" in res.stderr
-    assert any(f"thrust-remote stop {r} --host sandbox" in res.stderr for r in two_runs), res.stderr
-    assert git(workdir, "rev-parse", "HEAD") == before  # the host's tree was left alone
-    assert not (workdir / "CHANGED.md").exists()
+    res = cli("train", "fake", "--host", "sandbox", *FAKE_LONG, "--detach", "--json", cwd=project)
+    assert res.returncode == 0, res.stderr
+    new = json.loads(res.stdout)["run_id"]
+    try:
+        assert git(run_tree(workdir, new), "rev-parse", "HEAD") == git(project, "rev-parse", "HEAD")
+        assert (run_tree(workdir, new) / "CHANGED.md").exists()
+        for run_id, head in before.items():  # the running runs' trees are as they were
+            assert git(run_tree(workdir, run_id), "rev-parse", "HEAD") == head
+            assert not (run_tree(workdir, run_id) / "CHANGED.md").exists()
+            assert _wait(cli, project, run_id, ("RUNNING",))["state"] == "RUNNING"
+    finally:
+        cli("stop", new, "--grace", "2", cwd=project)
 
 
 @pytest.mark.slow
@@ -329,9 +337,9 @@ def test_runs_on_a_narrow_terminal_drops_columns_whole_never_the_state(width):
 
     from thrust_remote.cli.runs import COLUMNS, _print_table
 
-    rows = [("ppo", "FINISHED", "0", "2026-11-25T08:23:05Z", "2026-11-25T08:25:05Z", "3f2a9c1b7d0e",
+    rows = [("ppo", "FINISHED", "0", "2026-11-25T08:23:05Z", "2026-11-25T08:25:05Z", "3f2a9c1b7d0e", "12.3 MB",
              "ppo-20261125-082305-4cbb"),
-            ("ppo", "FAILED", "2", "2026-11-25T08:30:00Z", "2026-11-25T08:30:04Z", "3f2a9c1b7d0e",
+            ("ppo", "FAILED", "2", "2026-11-25T08:30:00Z", "2026-11-25T08:30:04Z", "3f2a9c1b7d0e", "-",
              "ppo-20261125-083000-77aa")]
     out = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)
     _print_table(COLUMNS, rows, out=out)
@@ -352,8 +360,9 @@ def test_runs_all_on_a_narrow_terminal_lists_each_hosts_runs_under_its_name():
 
     from thrust_remote.cli.runs import COLUMNS, _print_hosts_table
 
-    rows = [("gpu-a", "ppo", "RUNNING", "", "2026-11-25T08:23:05Z", "", "3f2a9c1b7d0e", "ppo-20261125-082305-4cbb"),
-            ("gpu-b", "ppo", "FAILED", "2", "2026-11-25T08:30:00Z", "2026-11-25T08:30:04Z", "3f2a9c1b7d0e",
+    rows = [("gpu-a", "ppo", "RUNNING", "", "2026-11-25T08:23:05Z", "", "3f2a9c1b7d0e", "1.0 kB",
+             "ppo-20261125-082305-4cbb"),
+            ("gpu-b", "ppo", "FAILED", "2", "2026-11-25T08:30:00Z", "2026-11-25T08:30:04Z", "3f2a9c1b7d0e", "-",
              "ppo-20261125-083000-77aa")]
     for width, grouped in ((200, False), (40, True)):
         out = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)

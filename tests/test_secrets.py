@@ -120,7 +120,10 @@ def test_train_and_doctor_keep_env_values_off_command_lines_and_out_of_host_file
     cached = list((workdir / ".thrust").glob("preflight-*.json"))
     assert cached, "no cached preflight report: the cache path was not exercised"
     assert json.loads(cached[0].read_text())["facts"]["job"]["env_names"] == ["API_TOKEN", "OTHER"]
-    assert files_holding(workdir / ".thrust", SECRET) == []
+    # what thrust-remote wrote holds no value; the run's tree is the user's code, where they committed it
+    # (thrust.yaml here), in a directory only this account may enter
+    assert [f for f in files_holding(workdir / ".thrust", SECRET) if not f.startswith("trees/")] == []
+    assert (workdir / ".thrust" / "trees").stat().st_mode & 0o077 == 0
 
     with sampling() as again_ps:  # a cache hit, each step a command of its own (no agent link): the
         again = cli("train", "tok", "--detach", cwd=proj, env={"THRUST_AGENT_LINK": "0"})  # preflight's own line

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import commit, git, git_init, new_project, remote_tempdir
+from helpers import commit, git, git_init, new_project, remote_tempdir, run_tree, sync_tree
 
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ExitCode, ThrustError
@@ -83,12 +83,12 @@ def test_a_second_commit_on_a_shallow_clone_is_a_plain_bundle(tmp_path):
     subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{upstream}", str(laptop)], check=True)
     git(laptop, "remote", "remove", "origin")
     host = HostPaths(str(tmp_path / "host"))
-    assert sync(_session(host), local_state(laptop)).method == "shallow-bundle"
+    assert sync_tree(_session(host), local_state(laptop), "t1")[0].method == "shallow-bundle"
     (laptop / "f.txt").write_text("3\n")
     git(laptop, "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qam", "c3")
-    again = sync(_session(host), local_state(laptop))
+    again, tree = sync_tree(_session(host), local_state(laptop), "t2")
     assert (again.method, again.shallow) == ("bundle", True)  # the host has the boundary now
-    assert (Path(host.workdir) / "f.txt").read_text() == "3\n"
+    assert (tree / "f.txt").read_text() == "3\n"
 
 
 # ------------------------------------------------------------------------------------------ submodules
@@ -112,7 +112,8 @@ def test_a_submodule_with_a_dirty_change_arrives_exact(sshd, cli, tmp_path):
     meta = _train(cli, project, workdir)
     assert meta["seen"] == "lib, edited here and not committed\n"
     recorded = meta["submodules"]["vendor/lib"]
-    assert recorded["commit"] == git(sub, "rev-parse", "HEAD") == git(workdir / "vendor/lib", "rev-parse", "HEAD")
+    in_tree = run_tree(workdir, meta["run_id"]) / "vendor/lib"  # a worktree of the submodule's own store
+    assert recorded["commit"] == git(sub, "rev-parse", "HEAD") == git(in_tree, "rev-parse", "HEAD")
     assert recorded["dirty"] and recorded["patch_sha256"]
     assert not meta["dirty"]  # the superproject's own tree is clean: the edit is the submodule's
 
@@ -139,11 +140,12 @@ def test_nested_submodules_follow_the_laptop_and_an_uninitialized_one_is_named(t
 
 
     host = HostPaths(str(tmp_path / "host"))
-    result = sync(_session(host), local_state(top))
-    assert (Path(host.workdir) / "out" / "in" / "i.txt").read_text() == "inner, dirty two levels down\n"
+    result, tree = sync_tree(_session(host), local_state(top), "t1")
+    assert (tree / "out" / "in" / "i.txt").read_text() == "inner, dirty two levels down\n"
+    assert (tree / "out" / "o.txt").read_text() == "outer\n" and list((tree / "skipped").iterdir()) == []
     assert result.submodules["out"].method == "bundle" and result.submodules["out"].submodules["in"].dirty
     assert any("skipped" in w and "submodule update --init" in w for w in result.warnings)
-    again = sync(_session(host), local_state(top))  # nothing changed: every level is left alone
+    again, _ = sync_tree(_session(host), local_state(top), "t2")  # nothing changed: nothing is sent
     assert [again.method, again.submodules["out"].method, again.submodules["out"].submodules["in"].method] == [
         "up-to-date"] * 3
 
@@ -160,16 +162,14 @@ def test_a_submodule_not_checked_out_here_leaves_no_earlier_copy_on_the_host(tmp
     commit(top, "lib inside")
     (top / "lib" / "lib.txt").write_text("lib, an old uncommitted edit\n")
     host = HostPaths(str(tmp_path / "host"))
-    sync(_session(host), local_state(top))
-    assert (Path(host.workdir) / "lib" / "lib.txt").read_text() == "lib, an old uncommitted edit\n"
+    _, first = sync_tree(_session(host), local_state(top), "t1")
+    assert (first / "lib" / "lib.txt").read_text() == "lib, an old uncommitted edit\n"
 
     plain = tmp_path / "plain"
     git(tmp_path, "clone", "-q", str(top), str(plain))  # no --recursive: lib is not checked out here
-    steps: list[str] = []
-    result = sync(_session(host), local_state(plain), step=steps.append)
+    result, tree = sync_tree(_session(host), local_state(plain), "t2")
     assert result.not_sent == ("lib",) and result.as_meta()["submodules_not_sent"] == ["lib"]
-    assert list((Path(host.workdir) / "lib").iterdir()) == []  # empty there too, as here
-    assert any("clearing the copy an earlier sync left" in m for m in steps)
+    assert list((tree / "lib").iterdir()) == []  # empty there too, as here: the earlier copy is t1's only
     assert any("not checked out here were not sent" in w for w in result.warnings)
 
 
@@ -192,12 +192,12 @@ def damaged(tmp_path: Path) -> Path:
 
 def test_a_history_that_cannot_be_read_sends_the_tree_and_says_so(damaged, tmp_path):
     host = HostPaths(str(tmp_path / "host"))
-    result = sync(_session(host), local_state(damaged))
+    result, tree = sync_tree(_session(host), local_state(damaged), "t1")
     assert result.method == "tree" and result.as_meta()["checkout"] == result.checkout != result.commit
-    assert git(Path(host.workdir), "rev-parse", "HEAD^{tree}") == git(damaged, "rev-parse", "HEAD^{tree}")
-    assert (Path(host.workdir) / "a.txt").read_text() == "two\n"
+    assert git(tree, "rev-parse", "HEAD^{tree}") == git(damaged, "rev-parse", "HEAD^{tree}")
+    assert (tree / "a.txt").read_text() == "two\n"
     assert any("cannot be read" in w and "git fsck" in w for w in result.warnings)
-    again = sync(_session(host), local_state(damaged))
+    again, _ = sync_tree(_session(host), local_state(damaged), "t2")
     assert (again.method, again.checkout, again.bundle_bytes) == ("tree", result.checkout, 0)
 
 
@@ -217,8 +217,8 @@ def test_a_partial_clone_whose_promisor_is_gone_sends_its_tree(tmp_path):
     laptop = tmp_path / "laptop"
     subprocess.run(["git", "clone", "-q", "--filter=blob:none", f"file://{upstream}", str(laptop)], check=True)
     upstream.rename(tmp_path / "gone")  # the promisor (and origin) out of reach: the old blob cannot come
-    result = sync(_session(HostPaths(str(tmp_path / "host"))), local_state(laptop))
-    assert result.method == "tree" and (tmp_path / "host" / "f.txt").read_text() == "second\n"
+    result, tree = sync_tree(_session(HostPaths(str(tmp_path / "host"))), local_state(laptop), "t1")
+    assert result.method == "tree" and (tree / "f.txt").read_text() == "second\n"
 
 
 # ------------------------------------------------------------------------------------------ Git LFS
@@ -248,8 +248,8 @@ def test_an_lfs_pointer_without_its_content_is_refused_and_the_stored_object_is_
     store = repo / ".git" / "lfs" / "objects" / oid[:2] / oid[2:4]
     store.mkdir(parents=True)
     (store / oid).write_bytes(data)  # what `git lfs fetch` leaves
-    result = sync(_session(host), local_state(repo))
-    assert (Path(host.workdir) / "data.bin").read_bytes() == data
+    result, tree = sync_tree(_session(host), local_state(repo), "t1")
+    assert (tree / "data.bin").read_bytes() == data
     assert result.as_meta()["lfs"] == ["data.bin"]
 
 
@@ -292,12 +292,12 @@ def test_an_lfs_file_arrives_as_its_content_and_a_new_version_replaces_it(tmp_pa
     commit(repo, "data in LFS")
     assert git(repo, "cat-file", "-p", "HEAD:data.bin").startswith("version https://git-lfs")  # a pointer in git
     host = HostPaths(str(tmp_path / "host"))
-    sync(_session(host), local_state(repo))
-    assert (Path(host.workdir) / "data.bin").read_bytes() == b"\0weights v1" * 500
-    assert sync(_session(host), local_state(repo)).method == "up-to-date"  # content is no change on the host
+    _, tree = sync_tree(_session(host), local_state(repo), "t1")
+    assert (tree / "data.bin").read_bytes() == b"\0weights v1" * 500
+    assert sync_tree(_session(host), local_state(repo), "t2")[0].method == "up-to-date"  # content is no change
     (repo / "data.bin").write_bytes(b"\0weights v2, not committed" * 300)
-    dirty = sync(_session(host), local_state(repo))
-    assert (Path(host.workdir) / "data.bin").read_bytes() == b"\0weights v2, not committed" * 300
+    dirty, tree = sync_tree(_session(host), local_state(repo), "t3")
+    assert (tree / "data.bin").read_bytes() == b"\0weights v2, not committed" * 300
     assert not dirty.dirty  # the content went as content, not as a patch of the pointer
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import EXE, FAKE_FAST, FAKE_LONG, FAKE_SLOW, FAST, git, sandbox_clone
+from helpers import EXE, FAKE_FAST, FAKE_LONG, FAKE_SLOW, FAST, git, run_tree, sandbox_clone
 
 from thrust_remote.core.errors import ExitCode
 
@@ -71,10 +71,10 @@ def test_train_cartpole_over_ssh_bundle_then_cached_setup(cli, project, remote_d
     assert first.returncode == 0, first.stderr
     _check_model(project, "cartpole")
     assert (project / "web" / "public" / "cartpole.metrics.jsonl").stat().st_size > 0
-    host_repo = remote_dir / "thrust"
-    assert git(host_repo, "rev-parse", "HEAD") == git(project, "rev-parse", "HEAD")
-    run = _run_json(remote_dir, _run_id_from(first.stderr))
-    assert run["sync"] == "bundle"
+    first_id = _run_id_from(first.stderr)
+    assert git(run_tree(remote_dir / "thrust", first_id), "rev-parse", "HEAD") == git(project, "rev-parse", "HEAD")
+    run = _run_json(remote_dir, first_id)
+    assert run["sync"] == "bundle" and run["tree"] == str(run_tree(remote_dir / "thrust", first_id))
     assert run["dirty"] is False
     assert "setting up the host's python" in first.stderr
 
@@ -85,8 +85,10 @@ def test_train_cartpole_over_ssh_bundle_then_cached_setup(cli, project, remote_d
     second = cli("train", "cartpole", *FAST, cwd=project)
     assert second.returncode == 0, second.stderr
     assert "setting up the host's python" not in second.stderr
-    assert git(host_repo, "rev-parse", "HEAD") == git(project, "rev-parse", "HEAD")
-    assert (host_repo / "NOTES.txt").read_text() == "a change\n"
+    tree = run_tree(remote_dir / "thrust", _run_id_from(second.stderr))
+    assert git(tree, "rev-parse", "HEAD") == git(project, "rev-parse", "HEAD")
+    assert (tree / "NOTES.txt").read_text() == "a change\n"
+    assert not (run_tree(remote_dir / "thrust", first_id) / "NOTES.txt").exists()  # the first run's tree as it was
     assert _run_json(remote_dir, _run_id_from(second.stderr))["sync"] == "bundle"
 
 
@@ -110,7 +112,7 @@ def test_train_snake_fetch_path_with_dirty_tree(cli, project, remote_dir, tmp_pa
     assert run["dirty"] is True
     assert run["untracked"] == ["scratch.txt"]
     assert "uncommitted changes sent as a patch" in result.stderr
-    host_repo = remote_dir / "thrust"
+    host_repo = run_tree(remote_dir / "thrust", run["run_id"])
     assert (host_repo / "docs" / "snake.md").read_text() == readme.read_text()
     assert not (host_repo / "scratch.txt").exists()
     saved = remote_dir / "thrust" / ".thrust" / "runs" / run["run_id"] / "uncommitted.patch"
@@ -335,8 +337,13 @@ def test_cargo_job_builds_runs_and_cleans_a_stale_build(cli, project, remote_dir
     run_id = re.search(r"launching run (probe-rs[\w.-]+)", first.stderr).group(1)
     log = (remote_dir / "thrust" / ".thrust" / "runs" / run_id / "log").read_text()
     assert "train_probe device=cpu args=--epochs 3" in log
-    crate = remote_dir / "thrust" / "tests" / "native" / "crate"
-    assert (crate / "target" / ".thrust-build-env.json").exists()
+    crate = run_tree(remote_dir / "thrust", run_id) / "tests" / "native" / "crate"
+    # the build goes to the workdir's target dir, which every tree of this crate shares; the run ran a copy
+    # of the binary in its own tree (a later build of other code replaces the shared one)
+    targets = list((remote_dir / "thrust" / ".thrust" / "cargo").iterdir())
+    assert len(targets) == 1 and (targets[0] / ".thrust-build-env.json").exists()
+    argv = _run_json(remote_dir, run_id)["argv"]
+    assert argv[0] == str(run_tree(remote_dir / "thrust", run_id) / ".thrust-bin" / "train_probe")
 
     # the artifact (relative to the crate on the host) is fetched, checked and placed like a python job's
     from trainer.export import export_onnx

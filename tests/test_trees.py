@@ -156,16 +156,16 @@ def test_files_go_once_per_host_and_only_a_changed_one_again(cli, sshd, tmp_path
     assert second.returncode == 0, second.stderr
     assert not re.search(r"sending \d+ of \d+ files:", second.stderr)  # nothing sent
     (proj / "data" / "a.txt").write_text("alpha, changed\n")
-    third = cli("train", "reader", "--json", cwd=proj)
+    third = cli("train", "reader", cwd=proj)
     assert third.returncode == 0, third.stderr
     assert "sending 1 of 2 files: " in third.stderr
-    run_dir = Path(json.loads(third.stdout)["run_dir"])
+    run_dir = workdir / ".thrust" / "runs" / re.search(r"launching run (\S+)", third.stderr).group(1)
     assert (run_dir / "seen").read_text() == "alpha, changed\nbeta\n"
     tree = Path(json.loads((run_dir / "run.json").read_text())["tree"])
     assert (tree / "data" / "sub" / "b.txt").stat().st_nlink >= 2  # a link to the store: one copy per host
     missing = cli("train", "reader", cwd=proj, env={"THRUST_CONFIG": str(_with_files(proj, "[nope/x.bin]"))})
     assert missing.returncode == ExitCode.CONFIG and "nope/x.bin does not exist" in missing.stderr
-    assert re.search(r"thrust\.yaml[^:]*:\d+: jobs\.reader\.files", missing.stderr), missing.stderr
+    assert re.search(r"other\.yaml:\d+: jobs\.reader\.files", missing.stderr), missing.stderr
 
 
 def _with_files(proj: Path, files: str) -> Path:

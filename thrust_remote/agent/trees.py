@@ -80,7 +80,7 @@ def seal(path: str, mtime_ns: int | None = None) -> None:
     and its stat recorded beside it."""
     if mtime_ns is not None:
         os.utime(path, ns=(mtime_ns, mtime_ns))
-    os.chmod(path, 0o444)
+    os.chmod(path, 0o400)  # read-only, and this account's alone
     with open(f"{path}.stat", "w") as fh:
         fh.write(_stamp(os.stat(path)))
 
@@ -103,6 +103,7 @@ def _drop(path: str) -> None:
 
 def missing(workdir: str, shas: list[str]) -> list[str]:
     """The objects the store lacks or holds changed (those are removed): the laptop sends them."""
+    _private_dir(os.path.join(workdir, STORE))  # before the transfers make its subdirectories
     out = []
     for sha in dict.fromkeys(shas):
         path = object_path(workdir, sha)
@@ -193,6 +194,7 @@ def _link_shared(workdir: str, tree: str, paths: list[str]) -> None:
         if tracked:
             raise Refused({"error": "shared-tracked", "path": rel, "tracked": tracked[:5]})
         target = os.path.join(workdir, SHARED, rel)
+        _private_dir(os.path.join(workdir, SHARED))
         os.makedirs(target, exist_ok=True)
         if os.path.lexists(where):
             shutil.rmtree(where) if os.path.isdir(where) and not os.path.islink(where) else os.unlink(where)
@@ -200,9 +202,15 @@ def _link_shared(workdir: str, tree: str, paths: list[str]) -> None:
         os.symlink(target, where)
 
 
+def _private_dir(path: str) -> None:
+    """`path` made owner-only (0700) when it is new: the trees hold the user's code and data, the store
+    the data (docs/architecture.md, "Security")."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+
+
 def _worktree(store: str, tree: str, commit: str, patch: str, lfs: list[str], ref: str | None) -> str:
     """`git worktree add --detach TREE COMMIT` of `store`, the patch applied, LFS content in place."""
-    os.makedirs(os.path.dirname(tree), exist_ok=True)
+    _private_dir(os.path.dirname(tree))
     _git_ok(store, "worktree", "add", "-q", "--detach", "--force", tree, commit)
     if ref:
         _git_ok(store, "update-ref", REFS + ref, commit)
@@ -387,6 +395,7 @@ def keep_setup(workdir: str, tree: str, key: str, exclude: list[str]) -> dict:
         obj = object_path(workdir, sha)
         if not intact(obj):
             _drop(obj)
+            _private_dir(os.path.join(workdir, STORE))
             os.makedirs(os.path.dirname(obj), exist_ok=True)
             try:
                 os.link(path, obj)

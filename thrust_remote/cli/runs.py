@@ -144,7 +144,8 @@ def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
             if listing.runs is None:
                 # piped: the reason in the row (one line per host for grep); on a terminal: under the table
                 why = "" if console.is_terminal else listing.error or ""
-                rows.append((listing.host, "", _unreachable(listing), "", "", "", "", why, *([""] if resumed else [])))
+                blank = ("",) * (len(COLUMNS) - 3)  # exit, started, ended, commit, tree: none
+                rows.append((listing.host, "", _unreachable(listing), *blank, why, *([""] if resumed else [])))
                 notes.append(f"{listing.host}: {listing.error}")
             rows += [(listing.host, *_row(r, resumed)) for r in listing.runs or []]
         _print_hosts_table(("host", *_columns(resumed)), rows, notes)

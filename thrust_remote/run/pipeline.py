@@ -42,7 +42,7 @@ from thrust_remote.run.buildenv import JobSpec
 from thrust_remote.run.cargo import CargoPlan
 from thrust_remote.run.gpus import host_gpus, select_gpus
 from thrust_remote.run.preflight import check_local_python, envcheck_report, preflight
-from thrust_remote.run.sync import LocalState, SyncResult, local_state, sync
+from thrust_remote.run.sync import LocalState, SyncResult, local_state, sync, with_lfs
 from thrust_remote.run.venv import setup_python
 from thrust_remote.runs import control
 from thrust_remote.runs.progress import LineSplitter, RunProgress
@@ -319,6 +319,7 @@ def _sync_stage(config: Config, session: HostSession, reporter: Reporter, code_a
     if not session.host.is_local:
         assert local is not None
         reporter.step(f"syncing {local.commit[:12]} to {session.name}:{session.paths.workdir}")
+        local = with_lfs(local)
         result = sync(session, local, step=reporter.step)
         for w in result.warnings:
             reporter.warn(w)
@@ -514,11 +515,17 @@ def place_checkpoint(prepared: Prepared, resume: ResumeFrom, run_id: str, *, rel
     ends) into the new run's directory (0700). `relative`: the path from the job's cwd (the checkout, a
     cargo job's crate), the same on every node of a run over several hosts (each has its own workdir)."""
     session = prepared.session
-    if resume.on_host is not None:
-        return resume.on_host
-    assert resume.local is not None
     run_dir = session.paths.run(run_id)
     session.runner.run(["mkdir", "-p", "-m", "700", "--", run_dir]).check(f"mkdir {run_dir} on {session.name}")
+    if resume.on_host is not None:
+        # linked (else copied) into the new run's directory: the old run's tree may be reclaimed (keep:,
+        # prune) while the new run has yet to read it
+        target = f"{run_dir}/{RESUME_DIR}/{posixpath.basename(resume.on_host)}"
+        place = 'mkdir -p -- "${2%/*}" && { ln -f -- "$1" "$2" 2>/dev/null || cp -p -- "$1" "$2"; }'
+        session.runner.run(["sh", "-c", place, "sh", resume.on_host, target]).check(
+            f"placing {resume.on_host} for run {run_id}")
+        return posixpath.relpath(target, prepared.cwd) if relative else target
+    assert resume.local is not None
     target = f"{run_dir}/{RESUME_DIR}/{resume.local.name}"
     sha = session.runner.put(resume.local, target)
     if sha != resume.local_sha256:  # the copy here changed since it was verified: never start from it

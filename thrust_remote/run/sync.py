@@ -183,8 +183,7 @@ def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None
     """The commit's objects (and its LFS objects, and each checked-out submodule's) in the host's
     object store: what `make_tree` checks out. Nothing a run uses is changed."""
     runner = session.runner
-    if local.lfs is None:  # every level's LFS content is found (or refused) before the host is touched
-        local = _with_lfs(local)
+    local = with_lfs(local)  # every level's LFS content is found (or refused) before the host is touched
     state = _host_state(session, local.commit, local)
     if not state["git"]:
         raise ThrustError(
@@ -260,9 +259,13 @@ def check_room(session: HostSession, free: int | None, needed: int, what: str) -
     )
 
 
-def _with_lfs(local: LocalState) -> LocalState:
+def with_lfs(local: LocalState) -> LocalState:
+    """`local` with its Git LFS files found (every level: submodules too), once; what sync sends and what
+    make_tree places."""
+    if local.lfs is not None:
+        return local
     return replace(local, lfs=lfs_files(local.root),
-                   submodules=tuple((path, _with_lfs(sub)) for path, sub in local.submodules))
+                   submodules=tuple((path, with_lfs(sub)) for path, sub in local.submodules))
 
 
 def _sync_submodules(session: HostSession, local: LocalState, result: SyncResult, step: Step) -> None:
