@@ -301,7 +301,7 @@ def test_a_narrow_table_drops_whole_columns_and_keeps_the_run_id_whole():
     from thrust_remote.cli.runs import COLUMNS, _columns_that_fit
 
     headers = ("host", *COLUMNS)  # runs --all
-    row = ("gpu-box-1", "waiter", "QUEUED (2)", "", "", "", "6a9bc33d24ae", "waiter-20261125-111431-6f3a")
+    row = ("gpu-box-1", "waiter", "QUEUED (2)", "", "", "", "6a9bc33d24ae", "12.3 MB", "waiter-20261125-111431-6f3a")
     kept = [headers[i] for i in _columns_that_fit(headers, [row], 50)]
     assert "run" in kept and "state" in kept
     assert sum(max(len(headers[i]), len(row[i])) + 3 for i in range(len(headers)) if headers[i] in kept) + 1 <= 50

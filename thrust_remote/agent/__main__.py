@@ -1,7 +1,7 @@
 """`python agent.pyz SUBCOMMAND ...`: dispatch to the module that owns the subcommand.
 
 Modules are imported only when their subcommand runs: every remote action pays one python start-up,
-so a `status` must not import what `git-checkout` needs (docs/architecture.md, "The host agent").
+so a `status` must not import what `tree-add` needs (docs/architecture.md, "The host agent").
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "stop": ("supervisor", True),
     "write-file": ("files", False),
     "git-state": ("checkout", True),
-    "git-checkout": ("checkout", True),
     "git-receive": ("checkout", True),
     "tree-add": ("trees", True),  # a run's own tree: a worktree + patch, LFS, submodules, files:, setup:, shared:
     "tree-remove": ("trees", True),

@@ -1,41 +1,32 @@
-"""The host's checkout for sync: one command to learn its state, one to put it at a commit.
+"""The host's object store for sync: one command to learn its state, one to add a bundle's commits.
+(A run's tree of that store is agent/trees.py's.)
 
     agent git-state --workdir W --commit C
-        {"git": bool, "repo": bool, "free_bytes": int|null, "head": str|null, "applied": str, "current": str,
-         "have": bool, "known": [sha...]}
+        {"git": bool, "repo": bool, "free_bytes": int|null, "head": str|null, "have": bool, "known": [sha...]}
     agent git-state ... [--lfs OID]...
         ... + {"lfs_missing": [oid...]}: the Git LFS objects W/.git/lfs/objects lacks
     agent git-receive --workdir W --bundle B --refspec SRC:DST [--shallow SHA]...
         {"shallow": [sha...]}    (fetch B into W, then delete B; exit 1 and git's stderr when it fails)
-    agent git-checkout --workdir W --commit C [--patch P] --patch-id ID [--lfs PATH=OID]...
-        {"head": sha}            (exit 1 and git's stderr when a step fails)
 
-`applied` is what the last checkout left in W/.thrust/applied-patch ("<patch id> <tree diff sha>"),
-`current` the sha256 of the tree's diff now: equal, the checkout is untouched since (sync skips it).
 `known` (only when the commit is missing) lists the commits the host has, so the laptop bundles
 only what the host lacks. git is always called with argv, never through a shell.
 
 `--shallow` (a shallow laptop clone): the boundary commits the host lacks are written to W/.git/shallow
 before the fetch, so the host's history stops where the laptop's does (a bundle cannot say it).
-`--lfs PATH=OID`: after the patch, PATH gets the content of W/.git/lfs/objects' OID (sent before), not
-the pointer git checked out (an empty OID: the file was deleted on the laptop). Submodules and LFS
-paths are left out of the tree's diff: each submodule is a checkout of its own, and LFS content differs
-from its pointer by design.
+`DIFF_SCOPE` is what a patch leaves out: submodules (each is synced on its own) and LFS paths (their
+content goes as content, never as a patch of the pointer).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 
-APPLIED = os.path.join(".thrust", "applied-patch")
-EXCLUDE = "/.thrust/"
 # what the tree's diff leaves out: submodules (synced on their own) and LFS paths (content, not pointer)
 DIFF_SCOPE = ("--ignore-submodules=all", "--", ".", ":(exclude,attr:filter=lfs)")
 # a host's git-lfs, if installed, must not try to download what the laptop sends itself
@@ -59,11 +50,6 @@ def _out(result: subprocess.CompletedProcess) -> str:
     return result.stdout.decode("utf-8", "replace").strip() if result.returncode == 0 else ""
 
 
-def tree_diff_sha(workdir: str) -> str:
-    """sha256 of `git diff HEAD --binary` (DIFF_SCOPE): what was changed in the tree (empty diff: sha of b"")."""
-    return hashlib.sha256(_git(workdir, "diff", "HEAD", "--binary", *DIFF_SCOPE).stdout).hexdigest()
-
-
 def free_bytes(path: str) -> int | None:
     """Free space for this account on the filesystem that holds `path` (or would: its nearest parent)."""
     while path and not os.path.exists(path):
@@ -85,14 +71,9 @@ def state(workdir: str, commit: str, lfs: list[str] | None = None) -> dict:
     inside = os.path.isdir(os.path.join(workdir, ".git")) and _git(workdir, "rev-parse", "--is-inside-work-tree")
     if not inside or inside.returncode != 0:
         return out
-    try:
-        with open(os.path.join(workdir, APPLIED)) as fh:
-            applied = fh.read().strip()
-    except OSError:
-        applied = ""
     have = _git(workdir, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
     out.update(repo=True, head=_out(_git(workdir, "rev-parse", "-q", "--verify", "HEAD")) or None,
-               applied=applied, current=tree_diff_sha(workdir), have=have, known=[],
+               have=have, known=[],
                lfs_missing=[oid for oid in lfs or () if not os.path.isfile(lfs_object(workdir, oid))])
     if not have:
         refs = _out(_git(workdir, "for-each-ref", "--format=%(objectname)")).split()
@@ -120,46 +101,6 @@ def receive(workdir: str, bundle: str, refspec: str, shallow: list[str]) -> dict
     return {"shallow": added}
 
 
-def _place_lfs(workdir: str, lfs: list[str]) -> None:
-    for item in lfs:
-        path, _, oid = item.rpartition("=")
-        dest = os.path.join(workdir, path)
-        if not oid:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(dest)
-            continue
-        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-        tmp = f"{dest}.thrust-lfs"
-        shutil.copyfile(lfs_object(workdir, oid), tmp)
-        if os.path.exists(dest):
-            shutil.copymode(dest, tmp)
-        os.replace(tmp, dest)
-
-
-def checkout(workdir: str, commit: str, patch: str, patch_id: str, lfs: list[str] | None = None) -> dict:
-    os.makedirs(os.path.join(workdir, ".thrust"), exist_ok=True)
-    os.makedirs(os.path.join(workdir, ".git", "info"), exist_ok=True)
-    exclude = os.path.join(workdir, ".git", "info", "exclude")
-    try:
-        with open(exclude) as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        lines = []
-    if EXCLUDE not in lines:  # the run directories must never show up as untracked files
-        with open(exclude, "a") as fh:
-            fh.write(EXCLUDE + "\n")
-    # reset --hard first drops the previous run's patch (it was applied with --index)
-    _git(workdir, "reset", "-q", "--hard", check=True)
-    _git(workdir, "checkout", "-q", "--force", "--detach", commit, check=True)
-    if patch:
-        _git(workdir, "apply", "--index", "--whitespace=nowarn", patch, check=True)
-    _place_lfs(workdir, lfs or [])
-    # what we left: the local patch's id and the tree's own diff, so the next sync can tell it is untouched
-    with open(os.path.join(workdir, APPLIED), "w") as fh:
-        fh.write(f"{patch_id} {tree_diff_sha(workdir)}\n")
-    return {"head": _out(_git(workdir, "rev-parse", "HEAD", check=True))}
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agent")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -172,21 +113,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--bundle", required=True)
     p.add_argument("--refspec", required=True)
     p.add_argument("--shallow", action="append", default=[])
-    p = sub.add_parser("git-checkout")
-    p.add_argument("--workdir", required=True)
-    p.add_argument("--commit", required=True)
-    p.add_argument("--patch", default="")
-    p.add_argument("--patch-id", required=True)
-    p.add_argument("--lfs", action="append", default=[])
     args = parser.parse_args(argv)
     if args.cmd == "git-state":
         print(json.dumps(state(args.workdir, args.commit, args.lfs)))
         return 0
     try:
-        if args.cmd == "git-receive":
-            answer = receive(args.workdir, args.bundle, args.refspec, args.shallow)
-        else:
-            answer = checkout(args.workdir, args.commit, args.patch, args.patch_id, args.lfs)
+        answer = receive(args.workdir, args.bundle, args.refspec, args.shallow)
     except OSError as exc:
         sys.stderr.write(f"checkout in {args.workdir}: {exc}\n")
         return 1

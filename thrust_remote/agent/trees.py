@@ -38,6 +38,7 @@ import sys
 import time
 
 from .checkout import ENV, lfs_object
+from .protocol import RUN_JSON, RUNS_DIR, RunState
 
 STORE = os.path.join(".thrust", "store")
 SETUP = os.path.join(".thrust", "setup")
@@ -316,11 +317,11 @@ def _users(workdir: str) -> dict[str, list[dict]]:
     """Each tree's runs (run.json `tree`) with their state: a study's trials share one."""
     from .supervisor import read_json, run_state
 
-    runs_dir = os.path.join(workdir, ".thrust", "runs")
+    runs_dir = os.path.join(workdir, RUNS_DIR)
     users: dict[str, list[dict]] = {}
     for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else ():
         run_dir = os.path.join(runs_dir, name)
-        meta = read_json(os.path.join(run_dir, "run.json")) or {}
+        meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
         if isinstance(meta.get("tree"), str):
             users.setdefault(os.path.normpath(meta["tree"]), []).append(run_state(run_dir, meta))
     return users
@@ -336,8 +337,8 @@ def prune(workdir: str, keep: int, fetched: list[str], dry_run: bool) -> dict:
     for name in sorted(os.listdir(trees_dir)) if os.path.isdir(trees_dir) else ():
         tree = os.path.join(trees_dir, name)
         runs = users.get(os.path.normpath(tree), [])
-        live = any(r["state"] in ("QUEUED", "RUNNING") for r in runs)
-        done = bool(runs) and all(r["state"] == "FINISHED" and r["run_id"] in fetched for r in runs)
+        live = any(RunState.of(r["state"]).is_live for r in runs)
+        done = bool(runs) and all(r["state"] == RunState.FINISHED and r["run_id"] in fetched for r in runs)
         mtime = max([os.lstat(tree).st_mtime, *[r.get("ended_ts") or 0 for r in runs]])
         rows.append({"name": name, "tree": tree, "runs": [r["run_id"] for r in runs], "live": live,
                      "fetched": done, "at": mtime})
