@@ -283,7 +283,7 @@ def test_runs_all_lists_every_host_in_parallel_and_names_the_unreachable(cli, pr
     # piped (no terminal): every value whole, whatever the width
     assert plain.returncode == 0, plain.stderr
     lines = plain.stdout.splitlines()
-    assert lines[0].split() == ["host", "job", "state", "exit", "started", "ended", "commit", "run"]
+    assert lines[0].split() == ["host", "job", "state", "exit", "started", "ended", "commit", "tree", "run"]
     assert "…" not in plain.stdout
     for run_id in two_runs:
         assert any(line.startswith("sandbox") and line.endswith(run_id) for line in lines), plain.stdout
