@@ -287,3 +287,69 @@ def test_the_local_host_runs_in_the_project_and_runs_its_setup_once(cli, tmp_pat
         assert res.returncode == 0, res.stderr
     assert (proj / "where").read_text().strip() == str(proj.resolve())  # no tree: the project itself
     assert (proj / "count").read_text() == "ran\n"
+
+
+OWN = """\
+import argparse, json, os, time
+p = argparse.ArgumentParser()
+p.add_argument("--resume-from")
+a = p.parse_args()
+start = json.load(open(a.resume_from))["step"] if a.resume_from else 0
+seen = {"data": open("data/in.txt").read(), "prepared": open("out/prepared.txt").read(), "start": start}
+with open(os.path.join(os.environ["THRUST_RUN_DIR"], "seen.json"), "w") as fh:
+    json.dump(seen, fh)
+os.makedirs("ckpt", exist_ok=True)
+step = start
+while step < start + (10 if start else 10**6):
+    step += 1
+    with open("ckpt/.tmp", "w") as fh:
+        json.dump({"step": step}, fh)
+    os.replace("ckpt/.tmp", "ckpt/state.json")
+    print(f'THRUST_METRICS {{"step": {step}}}', flush=True)
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def host_a(tmp_path):
+    from conftest import _start_sshd
+
+    server = _start_sshd(tmp_path / "host-a")
+    yield server
+    server.stop()
+
+
+def test_resume_on_a_fresh_host_brings_its_files_and_runs_its_setup_there(cli, sshd, host_a, tmp_path):
+    """A run with `files:` and `setup:` on host a, its checkpoint pulled, then `resume --host b` onto a host
+    that has never seen the project: the files go to b, the setup runs on b, the run goes on from the
+    checkpoint with both."""
+    counter = remote_tempdir(sshd) / "counter"  # every setup's line (a and b are accounts of this machine)
+    jobs = ("jobs:\n  own:\n    script: train.py\n    checkpoints: ckpt/*.json\n"
+            "    resume: [--resume-from, '{checkpoint}']\n    files: [data/in.txt]\n    setup: [sh, prep.sh]\n"
+            f"    env: {{SETUP_COUNTER: {counter}}}\n")
+    prep = 'echo ran >> "$SETUP_COUNTER"\nmkdir -p out && echo "prepared on $(hostname)" > out/prepared.txt\n'
+    workdir_b = remote_tempdir(sshd) / "w"
+    proj = new_project(tmp_path / "project", sshd, workdir_b, jobs=jobs,
+                       files={"train.py": OWN, "prep.sh": prep, ".gitignore": "data/\n"})
+    (proj / "data").mkdir()
+    (proj / "data" / "in.txt").write_text("input, not in git\n")
+    a = host_a.host_config("a")
+    cfg = proj / "thrust.yaml"
+    cfg.write_text(cfg.read_text().replace("default_host: sandbox\n", "default_host: a\n").replace(
+        "hosts:\n", f"hosts:\n  a:\n    address: {a.address}\n    workdir: {a.workdir}\n    python: {a.python}\n"
+                    f"    identity: {a.identity}\n    known_hosts: {a.known_hosts}\n    connect_timeout: 5\n", 1))
+    commit(proj, "two hosts", "thrust.yaml")
+    started = _detach(cli, proj, "own")
+    run_id = started["run_id"]
+    wait_until(lambda: json.loads(cli("fetch", run_id, "--json", cwd=proj).stdout)["checkpoint"]["newest"], 120,
+               "a checkpoint of the run on a, pulled")
+    assert cli("stop", run_id, cwd=proj).returncode == 0
+    assert counter.read_text() == "ran\n"  # on a
+    resumed = cli("resume", run_id, "--host", "sandbox", "--json", cwd=proj)
+    assert resumed.returncode == 0, resumed.stderr
+    out = json.loads(resumed.stdout)
+    assert out["state"] == "FINISHED" and out["host"] == "sandbox"
+    seen = json.loads((workdir_b / ".thrust" / "runs" / out["run_id"] / "seen.json").read_text())
+    assert seen["data"] == "input, not in git\n" and seen["prepared"].startswith("prepared on")
+    assert seen["start"] > 0  # it went on from the pulled checkpoint
+    assert counter.read_text() == "ran\nran\n"  # and on b, in the resumed run's tree
