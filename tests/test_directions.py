@@ -24,7 +24,7 @@ from helpers import EXE, FAKE_FAST, FAKE_JOB, FAKE_LONG, FAST, clone_repo, git
 
 from thrust_remote.core.config import HostConfig, load_config
 from thrust_remote.core.hints import command_hint
-from thrust_remote.doctor.checklist import Check, Report, with_config
+from thrust_remote.host.report import Check, Report, with_config
 from thrust_remote.host.runner import LocalRunner
 from thrust_remote.host.session import resolve_python
 

@@ -16,6 +16,7 @@ import pytest
 from envcheck.checks import CHECK_IDS
 from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.doctor import checklist
+from thrust_remote.host import report as envcheck_report
 from thrust_remote.host.runner import LocalRunner
 from thrust_remote.run import cargo
 
@@ -122,7 +123,7 @@ def test_stale_build_is_found_and_fix_cleans_it(cli, tmp_path: Path) -> None:
                     args=("--mode", "shared"), env={"CARGO_TARGET_DIR": str(target)})
     host = HostConfig(name="local", python=sys.executable, workdir=str(tmp_path))
     runner = LocalRunner()
-    facts = checklist.collect_facts(runner, host, job)
+    facts = envcheck_report.collect_facts(runner, host, job)
     plan = cargo.plan(facts, job)
     build = runner.run([*plan.build_argv, "--offline"], env=plan.env, cwd=plan.crate_dir, timeout=240)
     assert build.ok, build.stderr
@@ -197,10 +198,10 @@ def test_ssh_doctor_is_one_command_and_fast(sshd, remote_dir: Path) -> None:
 
     runner.run = counting_run  # count, do not replace: the command still goes over SSH
     try:
-        checklist.run_doctor(runner, host)  # uploads envcheck if this host has not seen this version
+        envcheck_report.run_doctor(runner, host)  # uploads envcheck if this host has not seen this version
         commands.clear()
         started = time.monotonic()
-        report = checklist.run_doctor(runner, host)
+        report = envcheck_report.run_doctor(runner, host)
         wall = time.monotonic() - started
     finally:
         runner.close()
@@ -338,7 +339,7 @@ def test_a_narrow_terminal_gets_doctors_plain_lines(cli, tmp_path: Path, monkeyp
     from rich.console import Console
 
     from thrust_remote.cli import doctor as doctor_cli
-    from thrust_remote.doctor.checklist import Report
+    from thrust_remote.host.report import Report
 
     cfg = write_config(tmp_path / "thrust.yaml", workdir=tmp_path)
     report = Report.from_json(json.loads(cli("--config", str(cfg), "doctor", "--json").stdout))

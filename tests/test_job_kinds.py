@@ -70,7 +70,7 @@ def test_each_kind_parses_into_its_fields_and_keeps_key_lines():
 
 
 def test_job_spec_is_plain_json_without_the_lines():
-    from thrust_remote.run.buildenv import job_spec
+    from thrust_remote.host.jobspec import job_spec
 
     cfg = parse_config_text(KINDS, Path("thrust.yaml"))
     spec = job_spec(cfg.job("ppo"))

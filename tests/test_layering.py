@@ -122,8 +122,8 @@ FOLDER_RULES = {
     "host": {"core", "agent"},
     "fetch": {"core", "host", "agent"},
     "runs": {"core", "host", "agent", "fetch"},
-    "doctor": {"core", "host", "agent", "run"},  # rdzv.py: the plan of a run over several hosts
-    "run": {"core", "host", "agent", "fetch", "runs", "doctor"},
+    "doctor": {"core", "host", "agent"},  # envcheck's report and the rendezvous facts: host/report.py, netinfo.py
+    "run": {"core", "host", "agent", "fetch", "runs"},
     "optimize": {"core", "host", "agent", "run", "runs"},
     "play": {"core", "fetch"},
     "cli": {"core", "host", "agent", "fetch", "runs", "doctor", "run", "optimize", "play"},

@@ -63,7 +63,7 @@ def test_an_account_that_prints_on_every_command_still_trains_checks_and_logs_ex
 
 
 def test_a_report_after_a_start_up_files_line_is_still_the_report():
-    from thrust_remote.doctor.checklist import _report_doc
+    from thrust_remote.host.report import _report_doc
 
     report = json.dumps({"host": "h", "checks": [{"id": "python", "status": "ok"}]})
     assert _report_doc(f"{NOISE}\n{report}\n") == json.loads(report)

@@ -202,7 +202,7 @@ search:
 
 
 def test_the_job_spec_sent_to_a_host_never_carries_notify(tmp_path):
-    from thrust_remote.run.buildenv import job_spec
+    from thrust_remote.host.jobspec import job_spec
 
     path = tmp_path / "thrust.yaml"
     path.write_text(f"jobs:\n  j:\n    command: [x]\n    notify:\n      webhook: https://hooks.example/{SECRET}\n")

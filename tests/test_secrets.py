@@ -20,7 +20,7 @@ import pytest
 from helpers import new_project, remote_tempdir
 
 from thrust_remote.core.config import JobConfig
-from thrust_remote.doctor.checklist import Check, Report
+from thrust_remote.host.report import Check, Report
 from thrust_remote.host.session import HostPaths, HostSession
 from thrust_remote.run import cargo
 

@@ -13,7 +13,9 @@ from thrust_remote.cli.common import get_config, open_runner
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import UsageError
-from thrust_remote.doctor.checklist import FixResult, Report, apply_fixes, run_doctor
+from thrust_remote.doctor.checklist import FixResult, apply_fixes
+from thrust_remote.host.fleet import each
+from thrust_remote.host.report import Report, run_doctor
 from thrust_remote.host.session import resolve_host
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
@@ -84,7 +86,7 @@ def _doctor_nodes(config: Config, hosts: list[HostConfig], job_cfg: JobConfig | 
 
     sessions = multinode.open_sessions(config, hosts, open_runner)
     try:
-        reports = multinode.each(
+        reports = each(
             lambda s: run_doctor(s.runner, s.host, job_cfg, workdir=_workdir(config, s.host), fresh=fresh), sessions)
         for report, row in zip(reports, rdzv.rendezvous_checks(sessions), strict=True):
             report.checks.append(row)

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from thrust_remote.core.errors import ThrustError
-from thrust_remote.doctor.checklist import Check
+from thrust_remote.host.fleet import each
+from thrust_remote.host.netinfo import rendezvous_port, route, ssh_endpoint
+from thrust_remote.host.report import Check
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import multinode
 
 LISTEN_S = 20.0
 REACH_S = 8.0
@@ -25,9 +26,9 @@ REACH_S = 8.0
 def rendezvous_checks(sessions: Sequence[HostSession]) -> list[Check]:
     """One Check per node, node 0 first."""
     head = sessions[0]
-    address = head.host.rdzv_address or multinode.ssh_endpoint(head)[0]
+    address = head.host.rdzv_address or ssh_endpoint(head)[0]
     try:
-        port = multinode.rendezvous_port(head, address)
+        port = rendezvous_port(head, address)
     except ThrustError as exc:
         row = Check("rdzv-port", "rendezvous port free on node 0", "fail", str(exc),
                     f"set rdzv_port: under hosts.{head.name} to a free port")
@@ -35,10 +36,10 @@ def rendezvous_checks(sessions: Sequence[HostSession]) -> list[Check]:
     # what it heard is not needed: each connecting node says whether it got through
     listener = threading.Thread(target=_listen, args=(head, port, len(sessions) - 1), daemon=True)
     listener.start()
-    answers = multinode.each(lambda s: _reach(s, address, port), list(sessions[1:]))
+    answers = each(lambda s: _reach(s, address, port), list(sessions[1:]))
     listener.join(LISTEN_S + 10)
     try:
-        own = multinode.route(head, address)
+        own = route(head, address)
     except ThrustError:
         own = {}
     rows = [Check("rdzv-port", "rendezvous port free on node 0", "ok",

@@ -19,10 +19,10 @@ from typing import Any, Protocol
 from envcheck import buildenv as _core
 from thrust_remote.core.errors import ThrustError
 from thrust_remote.core.hints import command_hint
-from thrust_remote.doctor import checklist
+from thrust_remote.host.jobspec import JobLike, JobSpec, job_spec
+from thrust_remote.host.report import Report
 from thrust_remote.host.runner import Runner
 from thrust_remote.host.session import HostPaths, HostSession
-from thrust_remote.run.buildenv import JobLike, JobSpec, job_spec
 from thrust_remote.run.sync import SyncResult
 
 FINGERPRINT_FILE = _core.FINGERPRINT_FILE
@@ -120,7 +120,7 @@ def write_fingerprint(runner: Runner, cargo: CargoPlan) -> str:
     return cargo.fingerprint_path
 
 
-def setup_cargo(session: HostSession, cargo: CargoPlan, report: checklist.Report, sync_result: SyncResult | None,
+def setup_cargo(session: HostSession, cargo: CargoPlan, report: Report, sync_result: SyncResult | None,
                 reporter: Steps) -> bool:
     """`cargo +TOOLCHAIN build --release --example X` under the plan's env; `cargo clean` first when the
     env changed since the last build. Skipped (True) when this commit and patch were built with this env."""

@@ -18,20 +18,19 @@ import ipaddress
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
 from thrust_remote.agent.protocol import LOG, RESUMED_FROM, RunState
 from thrust_remote.core.config import Config, HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
-from thrust_remote.host.session import HostSession, parse_json
+from thrust_remote.host.fleet import each
+from thrust_remote.host.netinfo import rendezvous_port, route, ssh_endpoint
+from thrust_remote.host.session import HostSession
 from thrust_remote.run import jobs, pipeline
 from thrust_remote.run.pipeline import Checked, Launched, Prepared, Reporter, TrainRequest
 from thrust_remote.runs import control
 
-T = TypeVar("T")
-R = TypeVar("R")
 POLL_S = 2.0  # how often the laptop asks the other nodes while it follows node 0
 ASK_TIMEOUT_S = 10.0  # a node that does not answer a status within this is lost (for the laptop)
 PEER_TIMEOUT_S = 15.0  # a node stops when a peer's host has not answered this long (peerwatch.py)
@@ -81,19 +80,6 @@ class Prefixed(pipeline.NullReporter):
         self.reporter.warn(f"[{self.name}] {message}")
 
 
-def each(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    """fn over every item at once; the first node's error (in node order) is raised after all end.
-    One item runs in the caller's thread: a Ctrl-C then stops it where it is (a pool's worker would
-    carry on to its end)."""
-    if len(items) == 1:
-        return [fn(items[0])]
-    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
-        futures = [pool.submit(fn, item) for item in items]
-    for future in futures:
-        future.result()  # raises the first error in node order
-    return [f.result() for f in futures]
-
-
 # ------------------------------------------------------------------------------------------ checks
 
 def check_request(request: TrainRequest, hosts: Sequence[HostConfig]) -> None:
@@ -136,15 +122,6 @@ def _fact(checked: Checked, key: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ network
-
-def ssh_endpoint(session: HostSession) -> tuple[str, int]:
-    """The address and port the laptop's SSH connection reached (what other nodes try first)."""
-    transport = getattr(session.runner, "transport", None)  # an SSHRunner's; the local host has none
-    if transport is None:
-        return "127.0.0.1", 22
-    peer = transport().getpeername()
-    return str(peer[0]), int(peer[1])
-
 
 def _is_loopback(address: str) -> bool:
     try:
@@ -212,23 +189,6 @@ class PlanAhead:
         if time.monotonic() - self._asked > self.FRESH_S:
             return replace(self._result, port=rendezvous_port(self.sessions[0], self._result.address))
         return self._result
-
-
-def rendezvous_port(head: HostSession, address: str) -> int:
-    """`rdzv_port:` if free on the rendezvous host, else a free port there (agent `free-port`)."""
-    bind = "::" if ":" in address else "0.0.0.0"  # torchrun's store listens on every address
-    answer = head.agent_json("free-port", "free-port", "--bind", bind,
-                             *(["--port", str(head.host.rdzv_port)] if head.host.rdzv_port else []))
-    if "error" in answer:
-        raise UnreachableError(f"{head.name}: rendezvous port: {answer['error']}",
-                               f"free it, or set another rdzv_port: under hosts.{head.name}")
-    return int(answer["port"])
-
-
-def route(session: HostSession, address: str) -> dict[str, Any]:
-    """agent `route-dev`: {"dev", "src", "local"} towards `address` from this node."""
-    answer = parse_json(session.agent("route-dev", address), "route-dev", check=False)
-    return answer if isinstance(answer, dict) else {}
 
 
 # ------------------------------------------------------------------------------------------ launch

@@ -33,12 +33,12 @@ from thrust_remote.core.errors import (
 )
 from thrust_remote.core.hints import command_hint
 from thrust_remote.core.names import valid_id
-from thrust_remote.doctor import checklist
 from thrust_remote.fetch import artifacts, checkpoints, models
 from thrust_remote.host import payload
+from thrust_remote.host.jobspec import JobSpec
+from thrust_remote.host.report import Report
 from thrust_remote.host.session import HostPaths, HostSession
 from thrust_remote.run import buildenv, cargo, data, jobs, pins
-from thrust_remote.run.buildenv import JobSpec
 from thrust_remote.run.cargo import CargoPlan
 from thrust_remote.run.gpus import host_gpus, select_gpus
 from thrust_remote.run.preflight import check_local_python, envcheck_report, preflight
@@ -282,7 +282,7 @@ class Prepared:
     job: JobConfig
     spec: JobSpec  # the job as the host sees it, converted once (buildenv.job_spec)
     session: HostSession
-    report: checklist.Report
+    report: Report
     env: dict[str, str]
     cwd: str
     python: str  # the interpreter that runs the job: the job's venv python (the host's own for cargo jobs)
@@ -363,7 +363,7 @@ class Checked:
     job: JobConfig
     spec: JobSpec
     session: HostSession
-    report: checklist.Report
+    report: Report
     local: LocalState | None
     sync: SyncResult | None
     timings: dict[str, float]

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, UnreachableError
 from thrust_remote.core.hints import CPU_TORCH_INSTALL, LOCAL_EXTRA_INSTALL, command_hint
-from thrust_remote.doctor import checklist
 from thrust_remote.host import payload
+from thrust_remote.host import report as envcheck
+from thrust_remote.host.jobspec import JobSpec
 from thrust_remote.host.session import HostSession
-from thrust_remote.run.buildenv import JobSpec, without_env_values
+from thrust_remote.run.buildenv import without_env_values
 from thrust_remote.run.venv import is_builtin_trainer
 
 CRITICAL_CHECKS = ("python", "torch-import")
@@ -44,7 +45,7 @@ def check_local_python(session: HostSession, job: JobConfig) -> None:
         )
 
 
-def preflight(report: checklist.Report, spec: JobSpec, args: Sequence[str], session: HostSession) -> None:
+def preflight(report: envcheck.Report, spec: JobSpec, args: Sequence[str], session: HostSession) -> None:
     """Stop before launching when the host cannot run the job at all."""
     host = session.host
     # a command job brings its own interpreter and libraries: only the agent's python must be there
@@ -82,16 +83,16 @@ def asks_for_cuda(kind: str, args: Sequence[str]) -> bool:
     return kind == "cargo" and "--cuda" in args
 
 
-def envcheck_report(session: HostSession, spec: JobSpec, *, checkout: str | None = None) -> checklist.Report:
-    """checklist.run_doctor, reusing the host's cached report of a non-cargo job while nothing it depends on
+def envcheck_report(session: HostSession, spec: JobSpec, *, checkout: str | None = None) -> envcheck.Report:
+    """envcheck.run_doctor, reusing the host's cached report of a non-cargo job while nothing it depends on
     changed (the agent's `preflight`: one short command instead of a torch import). Cargo jobs are
     always checked afresh, in `checkout` (the run's tree): their facts include the crate and its build."""
     runner, host, paths = session.runner, session.host, session.paths
     if spec.get("kind") == "cargo":
-        return checklist.run_doctor(runner, host, spec, workdir=checkout or paths.workdir)
+        return envcheck.run_doctor(runner, host, spec, workdir=checkout or paths.workdir)
     # env names only: a value never reaches the host's cache (and cannot change a report of a job that is
     # not cargo); on stdin all the same, like everything job-shaped
-    extra = json.dumps([without_env_values(spec), checklist.payload_path(), paths.workdir], sort_keys=True)
+    extra = json.dumps([without_env_values(spec), envcheck.payload_path(), paths.workdir], sort_keys=True)
     probe = session.agent("preflight", "--cache-dir", paths.thrust, "--extra", "-", stdin=extra.encode(), timeout=60)
     cache_path = None
     if probe.ok:
@@ -100,9 +101,9 @@ def envcheck_report(session: HostSession, spec: JobSpec, *, checkout: str | None
         except ValueError:
             doc = {}
         if "checks" in doc and "facts" in doc:
-            return checklist.Report.from_json(doc)
+            return envcheck.Report.from_json(doc)
         cache_path = doc.get("miss")
-    report = checklist.run_doctor(runner, host, spec, workdir=paths.workdir)
+    report = envcheck.run_doctor(runner, host, spec, workdir=paths.workdir)
     if cache_path and not report.failed:
         runner.write_text(cache_path, json.dumps(report.to_json()))
     return report
