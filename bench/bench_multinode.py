@@ -54,7 +54,7 @@ from conftest import VENV_BIN, SSHServer, _start_sshd  # noqa: E402
 from thrust_remote.core.config import load_config  # noqa: E402
 from thrust_remote.host.ssh import SSHRunner  # noqa: E402
 from thrust_remote.host.ssh import runner as ssh_runner  # noqa: E402
-from thrust_remote.run import lifecycle, multinode, pipeline  # noqa: E402
+from thrust_remote.run import lifecycle, multinode, stages, vocab  # noqa: E402
 
 NODES = (1, 2, 4)
 LONG_STEPS = "100000000"  # a detached launch's run: stopped long before it would end
@@ -291,11 +291,11 @@ def launch_profiled(lab: Lab, hosts: Sequence[str]) -> dict[str, tuple[float, fl
     """The launch of `train --detach` in this process (what cli/train.py calls), each stage timed."""
     config = load_config(lab.yaml, environ={})
     host_cfgs = config.host_list(list(hosts))
-    request = pipeline.TrainRequest(job=config.job("cartpole"), host=host_cfgs[0], detach=True,
-                                    sets=[f"total-steps={LONG_STEPS}", "target-return=0"])
+    request = vocab.TrainRequest(job=config.job("cartpole"), host=host_cfgs[0], detach=True,
+                                 sets=[f"total-steps={LONG_STEPS}", "target-return=0"])
     spans = Spans()
-    for module, attr, stage in ((pipeline, "check", "check (sync+preflight)"), (multinode, "agree", "agree"),
-                                (pipeline, "set_up", "setup"), (multinode, "plan", "plan"),
+    for module, attr, stage in ((stages, "check", "check (sync+preflight)"), (multinode, "agree", "agree"),
+                                (stages, "set_up", "setup"), (multinode, "plan", "plan"),
                                 (multinode, "_launch_node", "launch"), (lifecycle, "_launch_one", "launch"),
                                 (lifecycle, "_remember", "index"),
                                 (ssh_runner, "connect", "  ssh connect (in check)"),
@@ -307,7 +307,7 @@ def launch_profiled(lab: Lab, hosts: Sequence[str]) -> dict[str, tuple[float, fl
         sessions = multinode.open_sessions(config, host_cfgs, SSHRunner.from_host)
         spans.rows.append(("open sessions", t0, time.perf_counter()))
         try:
-            launched = lifecycle.start(config, request, sessions, pipeline.NullReporter()).launched
+            launched = lifecycle.start(config, request, sessions, vocab.NullReporter()).launched
             total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         finally:
             for s in sessions:

@@ -33,7 +33,7 @@ from conftest import _start_sshd  # noqa: E402
 from thrust_remote.core.config import load_config  # noqa: E402
 from thrust_remote.host.session import LINK_SWITCH, HostSession  # noqa: E402
 from thrust_remote.host.ssh import SSHRunner  # noqa: E402
-from thrust_remote.run import lifecycle, pipeline  # noqa: E402
+from thrust_remote.run import lifecycle, vocab  # noqa: E402
 
 
 def measure(server, project: Path, workdir: Path, repeat: int) -> dict[str, dict[str, list[float]]]:
@@ -42,7 +42,7 @@ def measure(server, project: Path, workdir: Path, repeat: int) -> dict[str, dict
     config = load_config(project / "thrust.yaml", environ={})
     host = config.host("sandbox")
     job = config.job("cartpole")
-    request = pipeline.TrainRequest(job=job, host=host, sets=["total-steps=3000", "target-return=0"])
+    request = vocab.TrainRequest(job=job, host=host, sets=["total-steps=3000", "target-return=0"])
     modes = {"link": None, "no link": "0"}  # THRUST_AGENT_LINK: one agent per connection, or a command each
     rows: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
     for i in range(repeat + 1):  # the first round pays the one-time sync/setup: not counted

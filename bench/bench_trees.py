@@ -42,8 +42,8 @@ from helpers import commit, git_init  # noqa: E402
 
 from thrust_remote.host.session import HostSession  # noqa: E402
 from thrust_remote.run import data  # noqa: E402
-from thrust_remote.run.pipeline import NullReporter  # noqa: E402
 from thrust_remote.run.sync import TreeData, local_state, make_tree, sync, with_lfs  # noqa: E402
+from thrust_remote.run.vocab import NullReporter  # noqa: E402
 
 
 def project(root: Path, mb: int) -> tuple[Path, list[str]]:

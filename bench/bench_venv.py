@@ -11,7 +11,7 @@ nothing. Each round, interleaved (who goes first rotates) so that load from othe
 both methods alike:
 
 - uncached: requirements.txt gets a new comment line (committed, outside the timing), so its venv
-  key is new. thrust-remote: `pipeline.prepare` on a fresh connection, as each `train` has (sync,
+  key is new. thrust-remote: `stages.prepare` on a fresh connection, as each `train` has (sync,
   envcheck preflight, then setup: agent `venv ensure`, which makes the venv and pip-installs the
   file); the setup stage is also shown alone. By hand: `ssh host 'PY -m venv --system-site-packages
   DIR && DIR/bin/pip install -r requirements.txt'` into a new DIR.
@@ -47,7 +47,7 @@ from test_host_venv import externally_managed_python  # noqa: E402
 from thrust_remote.core.config import load_config  # noqa: E402
 from thrust_remote.host.session import HostSession  # noqa: E402
 from thrust_remote.host.ssh import SSHRunner  # noqa: E402
-from thrust_remote.run import pipeline  # noqa: E402
+from thrust_remote.run import stages  # noqa: E402
 
 # all already on the host. Not torch: by hand, ensurepip's setuptools 65.5 (python 3.11) in the new venv
 # shadows the host's, and torch's `setuptools>=77.0.3` then makes pip download one (ours has no pip or
@@ -79,7 +79,7 @@ def ours(project: Path) -> Callable[[bool], Timing]:
         started = time.perf_counter()
         runner = SSHRunner.from_host(host)  # a fresh connection, as each `train` has
         try:
-            prepared = pipeline.prepare(config, job, HostSession.open(runner, host, config))
+            prepared = stages.prepare(config, job, HostSession.open(runner, host, config))
         finally:
             runner.close()
         total = time.perf_counter() - started

@@ -19,7 +19,7 @@ from gymnasium import spaces
 
 from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import UsageError
-from thrust_remote.run.pipeline import check_trainer_args
+from thrust_remote.run.arguments import check_trainer_args
 from trainer.args import check_env, flag_specs, parse_args, parse_flag
 from trainer.envs.registry import get_spec
 from trainer.eval import evaluate, load_actor, random_actor

@@ -27,7 +27,7 @@ from helpers import REPO, TINY_TRAIN, commit, new_project
 from thrust_remote.core.config import JobConfig, load_config
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import lifecycle, pipeline
+from thrust_remote.run import lifecycle, stages, vocab
 
 
 def make_wheel(where: Path, name: str, version: str) -> Path:
@@ -50,7 +50,7 @@ def make_wheel(where: Path, name: str, version: str) -> Path:
     return wheel
 
 
-class Steps(pipeline.NullReporter):
+class Steps(vocab.NullReporter):
     def __init__(self) -> None:
         self.steps: list[str] = []
 
@@ -58,13 +58,13 @@ class Steps(pipeline.NullReporter):
         self.steps.append(message)
 
 
-def _prepare(project: Path, sshd, job: JobConfig) -> tuple[pipeline.Prepared, list[str]]:
+def _prepare(project: Path, sshd, job: JobConfig) -> tuple[stages.Prepared, list[str]]:
     config = load_config(project / "thrust.yaml")
     host = config.host()
     runner = sshd.runner()
     reporter = Steps()
     try:
-        prepared = pipeline.prepare(config, job, HostSession.open(runner, host, config), reporter)
+        prepared = stages.prepare(config, job, HostSession.open(runner, host, config), reporter)
     finally:
         runner.close()
     return prepared, reporter.steps
@@ -154,7 +154,7 @@ def test_failing_requirement_is_69_with_pips_lines_and_nothing_launched(tmp_path
     job = JobConfig(name="cartpole", args={"env": "cartpole"}, requirements_file="requirements.txt")
     config = load_config(project / "thrust.yaml")
     runner = sshd.runner()
-    request = pipeline.TrainRequest(job=job, host=config.host(), sets=["total-steps=2048"])
+    request = vocab.TrainRequest(job=job, host=config.host(), sets=["total-steps=2048"])
     try:
         with pytest.raises(ThrustError) as caught:
             lifecycle.train(config, request, [HostSession.open(runner, config.host(), config)])

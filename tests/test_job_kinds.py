@@ -15,7 +15,7 @@ from helpers import TRAIN_PY, new_project, remote_tempdir, run_tree
 
 from thrust_remote.core.config import JobConfig, load_config, parse_config_text
 from thrust_remote.core.errors import ConfigError, ExitCode, UsageError
-from thrust_remote.run import jobs, pipeline
+from thrust_remote.run import arguments, following, jobs, stages, vocab
 
 # one worker runs this module's tests, in order: a test rewrites the shared project's thrust.yaml (and puts it back)
 pytestmark = pytest.mark.xdist_group("test_job_kinds")
@@ -127,8 +127,8 @@ def _job(text: str, name: str = "j") -> JobConfig:
 
 def test_set_and_params_append_flags_to_a_python_list_as_given():
     job = _job("script: train.py\nargs: [--total-timesteps, '1000', --cuda]\n")
-    args = pipeline.job_arguments(job, pipeline.parse_sets(["lr=0.1", "total-timesteps=5"]),
-                                  {"seed": 3, "lr": 0.5, "track": True, "off": False})
+    args = arguments.job_arguments(job, arguments.parse_sets(["lr=0.1", "total-timesteps=5"]),
+                                   {"seed": 3, "lr": 0.5, "track": True, "off": False})
     # the list as is; then params and --set merged, --set last-wins per key
     assert args == ["--total-timesteps", "1000", "--cuda", "--seed", "3", "--lr", "0.1", "--track",
                     "--total-timesteps", "5"]
@@ -136,13 +136,13 @@ def test_set_and_params_append_flags_to_a_python_list_as_given():
 
 def test_a_python_mapping_merges_like_the_trainer():
     job = _job("module: lora.train\nargs: {epochs: 3, rank: 8}\n")
-    assert pipeline.job_arguments(job, {"epochs": "5"}, {"rank": 16}) == ["--epochs", "5", "--rank", "16"]
+    assert arguments.job_arguments(job, {"epochs": "5"}, {"rank": 16}) == ["--epochs", "5", "--rank", "16"]
 
 
 def test_a_command_job_takes_key_value_words():
     job = _job("command: [bash, devops/train.sh, run=a]\n")
-    args = pipeline.job_arguments(job, pipeline.parse_sets(["trainer.total_timesteps=9"]),
-                                  {"gpu_list": "0,1", "trainer.total_timesteps": 1, "flag": True})
+    args = arguments.job_arguments(job, arguments.parse_sets(["trainer.total_timesteps=9"]),
+                                   {"gpu_list": "0,1", "trainer.total_timesteps": 1, "flag": True})
     assert args == ["gpu_list=0,1", "trainer.total_timesteps=9", "flag=true"]
     argv = jobs.job_argv(job, "/py", args, run_dir="/r", nproc=1)
     assert argv == ["bash", "devops/train.sh", "run=a", "gpu_list=0,1", "trainer.total_timesteps=9", "flag=true"]
@@ -150,9 +150,9 @@ def test_a_command_job_takes_key_value_words():
 
 def test_trainer_flags_are_checked_only_for_trainer_jobs():
     with pytest.raises(UsageError):
-        pipeline.check_trainer_args(_job("kind: trainer\n"), {"no-such-flag": "1"}, {})
-    pipeline.check_trainer_args(_job("script: train.py\n"), {"no-such-flag": "1"}, {})  # the script's own
-    pipeline.check_trainer_args(_job("command: [sh, x.sh]\n"), {"anything": "1"}, {})
+        arguments.check_trainer_args(_job("kind: trainer\n"), {"no-such-flag": "1"}, {})
+    arguments.check_trainer_args(_job("script: train.py\n"), {"no-such-flag": "1"}, {})  # the script's own
+    arguments.check_trainer_args(_job("command: [sh, x.sh]\n"), {"anything": "1"}, {})
 
 
 # ------------------------------------------------------------------------------------------ argv / env
@@ -343,9 +343,9 @@ def test_selected_gpus_reach_a_command_job_as_gpu_list(sshd, user_project):
     runner = sshd.runner(workdir=str(workdir))
     try:
         session = HostSession.open(runner, config.host("sandbox"), config)
-        prepared = pipeline.prepare(config, config.job("sweep"), session)
-        launched = pipeline.launch_prepared(prepared, args=[], gpus=[1, 3])
-        status = pipeline.follow(session, launched.run_id, pipeline.NullReporter()).status
+        prepared = stages.prepare(config, config.job("sweep"), session)
+        launched = stages.launch_prepared(prepared, args=[], gpus=[1, 3])
+        status = following.follow(session, launched.run_id, vocab.NullReporter()).status
     finally:
         runner.close()
     assert status["state"] == "FINISHED"

@@ -246,7 +246,7 @@ def test_best_params_file_round_trips_into_train(ssh_study, project, cli):
     out = summary(result)
     best_file = Path(out["best_params_file"])
     assert best_file == project / "ssh6-best.yaml"
-    from thrust_remote.run.pipeline import load_params
+    from thrust_remote.run.arguments import load_params
 
     params = load_params(best_file)
     assert params["total-steps"] == 4096 and set(out["best"]["params"]) <= set(params)

@@ -1,5 +1,5 @@
 """The shape of thrust_remote/optimize/ (docs/architecture.md, "Packages and what each may import"): the
-study is told in one module, and the host, runs.* and pipeline.* are reached from one module."""
+study is told in one module, and the host, runs.* and run.* are reached from one module."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ def test_only_the_scheduler_tells_the_study():
     assert callers == {"scheduler.py"}
 
 
-# the host's run calls and the pipeline's stages (thrust_remote/runs/control.py, thrust_remote/run/...)
-DOORS = {"thrust_remote.runs.control", "thrust_remote.run.pipeline", "thrust_remote.run.sync",
-         "thrust_remote.run.lifecycle"}
+# the host's run calls and a run's stages (thrust_remote/runs/control.py, thrust_remote/run/...)
+DOORS = {"thrust_remote.runs.control", "thrust_remote.run.vocab", "thrust_remote.run.arguments",
+         "thrust_remote.run.stages", "thrust_remote.run.following", "thrust_remote.run.fetching",
+         "thrust_remote.run.sync", "thrust_remote.run.lifecycle"}
 
 
 def test_only_hostops_imports_runs_and_pipeline():

@@ -15,7 +15,7 @@ import pytest
 from thrust_remote.agent import supervisor as supervise
 from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.core.errors import ConfigError, UsageError
-from thrust_remote.run import jobs, pipeline
+from thrust_remote.run import arguments, jobs
 
 REPO_PATH = os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])
 HOST = HostConfig(name="gpu", address="gpu-box", python="python3")
@@ -28,33 +28,33 @@ def test_sets_params_and_job_args_merge_last_wins(tmp_path):
     job = JobConfig(name="snake", args={"env": "snake", "total-steps": 100, "tensorboard": False})
     params = tmp_path / "best.yaml"
     params.write_text("params:\n  learning-rate: 0.001\n  total-steps: 200\n")
-    args = pipeline.job_arguments(job, pipeline.parse_sets(["total-steps=300"]), pipeline.load_params(params))
+    args = arguments.job_arguments(job, arguments.parse_sets(["total-steps=300"]), arguments.load_params(params))
     # the trainer's switches take a value: a false overrides its env's preset instead of vanishing
     assert args == ["--env", "snake", "--total-steps", "300", "--tensorboard", "false", "--learning-rate", "0.001"]
-    flipped = pipeline.job_arguments(job, pipeline.parse_sets(["tensorboard", "compile=false"]), {})
+    flipped = arguments.job_arguments(job, arguments.parse_sets(["tensorboard", "compile=false"]), {})
     assert flipped == ["--env", "snake", "--total-steps", "100", "--tensorboard", "true", "--compile", "false"]
 
 
 def test_set_takes_bare_flags_as_the_args_mapping_does():
     job = JobConfig(name="own", kind="python", script="train.py", args={"lr": 0.1})
-    sets = pipeline.parse_sets(["no-cuda", "text=true", "verbose=False", "name=true-ish"])
-    assert pipeline.job_arguments(job, sets, {}) == ["--lr", "0.1", "--no-cuda", "--text", "--name", "true-ish"]
+    sets = arguments.parse_sets(["no-cuda", "text=true", "verbose=False", "name=true-ish"])
+    assert arguments.job_arguments(job, sets, {}) == ["--lr", "0.1", "--no-cuda", "--text", "--name", "true-ish"]
 
 
 @pytest.mark.parametrize("item", ["=1", "bad key=1", "-x=1", "a;b=1", "a;b"])
 def test_bad_set_items_are_usage_errors(item):
     with pytest.raises(UsageError):
-        pipeline.parse_sets([item])
+        arguments.parse_sets([item])
 
 
 def test_params_file_must_be_a_mapping_of_names(tmp_path):
     bad = tmp_path / "p.yaml"
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError):
-        pipeline.load_params(bad)
+        arguments.load_params(bad)
     bad.write_text("'a;b': 1\n")
     with pytest.raises(ConfigError):
-        pipeline.load_params(bad)
+        arguments.load_params(bad)
 
 
 def test_python_argv_uses_torchrun_standalone_for_several_processes():
@@ -140,7 +140,7 @@ def test_the_stages_a_train_runs_are_named_data():
     """`train` runs every stage; --detach ends with the launch; --no-fetch leaves the fetch out; the
     stage names are the keys of train --json's timings."""
     from thrust_remote.run.lifecycle import stages_of
-    from thrust_remote.run.pipeline import Stage, TrainRequest
+    from thrust_remote.run.vocab import Stage, TrainRequest
 
     job = JobConfig(name="cartpole")
     assert [str(s) for s in stages_of(TrainRequest(job=job, host=HOST))] == [

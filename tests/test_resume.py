@@ -22,7 +22,7 @@ from helpers import EXE, Clock, commit, git, git_init, run_tree, wait_until
 from thrust_remote.core.config import parse_config_text
 from thrust_remote.core.errors import ConfigError, ConnectionLostError, ExitCode
 from thrust_remote.run import resume
-from thrust_remote.run.pipeline import Launched, TrainOutcome
+from thrust_remote.run.vocab import Launched, TrainOutcome
 
 CARTPOLE = ("{env: cartpole, total-steps: 5000000, num-envs: 8, target-return: 0, checkpoint-interval: 0.3, "
             "log-interval: 0.2}")

@@ -26,7 +26,7 @@ from thrust_remote.core.config import HostConfig, JobConfig, load_config
 from thrust_remote.core.errors import ExitCode, ThrustError, UnknownHostError
 from thrust_remote.host.runner import LocalRunner
 from thrust_remote.host.session import HostPaths, HostSession
-from thrust_remote.run import pipeline
+from thrust_remote.run import stages, vocab
 from thrust_remote.runs import control, index
 
 # one worker runs this module's tests, in order: they share two running runs and one project, and the
@@ -146,17 +146,17 @@ def _facts(name: str) -> dict:
 
 def test_gpus_count_picks_among_gpus_no_running_run_holds():
     host = HostConfig(name="gpu", address="gpu-box")
-    request = pipeline.TrainRequest(job=JobConfig(name="snake"), host=host, gpus="2")
+    request = vocab.TrainRequest(job=JobConfig(name="snake"), host=host, gpus="2")
     facts = _facts("a100_four_gpus")
-    assert pipeline.choose_gpus(request, facts, lambda: {}) == [0, 2]  # nothing taken: the least busy two
-    assert 0 not in pipeline.choose_gpus(request, facts, lambda: {0: "snake-a"})
+    assert stages.choose_gpus(request, facts, lambda: {}) == [0, 2]  # nothing taken: the least busy two
+    assert 0 not in stages.choose_gpus(request, facts, lambda: {0: "snake-a"})
     request.gpus = "4"
     with pytest.raises(ThrustError) as info:
-        pipeline.choose_gpus(request, facts, lambda: {0: "snake-a", 2: "snake-b"})
+        stages.choose_gpus(request, facts, lambda: {0: "snake-a", 2: "snake-b"})
     assert "2 GPU(s) free" in info.value.message and "GPU 0: snake-a" in info.value.message
     assert "thrust-remote stop snake-a --host gpu" in (info.value.hint or "")
     request.gpus = "0,2"  # a list is taken as given: the host's launch refuses what is held
-    assert pipeline.choose_gpus(request, facts, lambda: {0: "snake-a"}) == [0, 2]
+    assert stages.choose_gpus(request, facts, lambda: {0: "snake-a"}) == [0, 2]
 
 
 # ------------------------------------------------------------------------------ over a real sshd

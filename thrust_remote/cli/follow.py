@@ -8,7 +8,7 @@ Three ways to show a followed log (the log's own text lines always pass through;
 - `raw` (`logs -f --raw`): the log's bytes exactly, for a transcript equal to the host's log.
 
 The following itself (Ctrl-C detaches, a lost link ends with exit 75, both with the command that
-reattaches from the byte offset reached) is pipeline.follow; this module only renders what it reports.
+reattaches from the byte offset reached) is following.follow; this module only renders what it reports.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from rich.live import Live
 from rich.text import Text
 
 from thrust_remote.core.console import console, err_console, host_text
-from thrust_remote.run import pipeline
-from thrust_remote.run.pipeline import exit_code_for, reattach_command
+from thrust_remote.run import vocab
+from thrust_remote.run.following import reattach_command
+from thrust_remote.run.vocab import exit_code_for
 from thrust_remote.runs.progress import LineSplitter, RunProgress, own_metrics
 from thrust_remote.runs.pull import Pulled
 
@@ -256,8 +257,8 @@ class LogView:
         self.out.print(f"{self.run_id}: {line}", markup=False, highlight=False, emoji=False, soft_wrap=True)
 
 
-class LogReporter(pipeline.NullReporter):
-    """A pipeline Reporter that renders a followed log through a LogView: `live` on a terminal,
+class LogReporter(vocab.NullReporter):
+    """A run's Reporter (run/vocab.py) that renders a followed log through a LogView: `live` on a terminal,
     `lines` otherwise, `raw` when asked; on `out` (stdout by default; stderr for --json)."""
 
     def __init__(self, fancy: bool | None = None, *, out: Console | None = None, raw: bool = False) -> None:

@@ -20,7 +20,7 @@ from thrust_remote.core.console import err_console
 from thrust_remote.core.errors import UsageError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.run import lifecycle, multinode, resume
-from thrust_remote.run.pipeline import TrainOutcome, TrainRequest
+from thrust_remote.run.vocab import TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index
 
 SYNC_HELP = ("Seconds between pulls of the run's newest checkpoint and changed artifacts while it is followed "

@@ -17,7 +17,7 @@ from thrust_remote.cli.follow import LogReporter, reattach_command, say
 from thrust_remote.cli.kept import command, render_fetched, say_line
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.play import PLAYABLE_ENVS
-from thrust_remote.run import lifecycle, multinode, pipeline, resume
+from thrust_remote.run import fetching, lifecycle, multinode, resume, vocab
 
 
 class CliReporter(LogReporter):
@@ -82,9 +82,9 @@ def train(
 ) -> None:
     config = get_config(ctx)
     hosts = config.host_list(host)
-    request = pipeline.TrainRequest(job=config.job(job), host=hosts[0], gpus=gpus, nproc=nproc, sets=sets,
-                                    params_file=params, detach=detach, fetch=not no_fetch, force=force,
-                                    share_gpus=share_gpus, queue=queue, sync_every=sync_every)
+    request = vocab.TrainRequest(job=config.job(job), host=hosts[0], gpus=gpus, nproc=nproc, sets=sets,
+                                 params_file=params, detach=detach, fetch=not no_fetch, force=force,
+                                 share_gpus=share_gpus, queue=queue, sync_every=sync_every)
     lifecycle.check_request(request, hosts, max_restarts)  # before anything connects
     started = time.monotonic()
     # --json: stdout carries the one JSON object; the progress view goes to stderr
@@ -92,7 +92,7 @@ def train(
     _check_following(request, retry, sync_every, reporter)
 
 
-    def first() -> pipeline.TrainOutcome:
+    def first() -> vocab.TrainOutcome:
         sessions = multinode.open_sessions(config, hosts, open_runner)
         try:
             return lifecycle.train(config, request, sessions, reporter, max_restarts=max_restarts,
@@ -110,7 +110,7 @@ def train(
     show_outcome(ctx, outcome, as_json, started)
 
 
-def _check_following(request: pipeline.TrainRequest, retry: int | None, sync_every: float | None,
+def _check_following(request: vocab.TrainRequest, retry: int | None, sync_every: float | None,
                      reporter: CliReporter) -> None:
     """--retry needs a job that can continue from a checkpoint (64 now, not when a host dies hours in);
     --retry and --sync-every act while a run is followed: with --detach, nothing does (said)."""
@@ -122,7 +122,7 @@ def _check_following(request: pipeline.TrainRequest, retry: int | None, sync_eve
         resume.template_of(request.job)
 
 
-def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, as_json: bool, started: float) -> None:
+def show_outcome(ctx: typer.Context, outcome: vocab.TrainOutcome, as_json: bool, started: float) -> None:
     """How a train run ends on screen (train, and `logs -f` of a train run); raises typer.Exit with the
     job's exit code when it did not finish. Over several hosts, the node that failed first is named
     with the end of its log (node 0's was on screen)."""
@@ -176,7 +176,7 @@ def show_outcome(ctx: typer.Context, outcome: pipeline.TrainOutcome, as_json: bo
             say(f"(the browser page plays {', '.join(PLAYABLE_ENVS)} only: this {env} model is kept, not playable "
                 "there)")
     elif outcome.fetchable:
-        say(f"not fetched; fetch the model with: {pipeline.fetch_command(launched.run_id, host_cfg, config_path)}")
+        say(f"not fetched; fetch the model with: {fetching.fetch_command(launched.run_id, host_cfg, config_path)}")
     say(f"done in {time.monotonic() - started:.1f} s")
 
 

@@ -29,7 +29,7 @@ The modules (docs/architecture.md, "Packages and what each may import"): space (
 slots (where trials run), fleet (the study's hosts, polled at once; the lost ones), store (lease +
 study DB), monitor (polls, metrics, rungs), resume (the trials an earlier driver left RUNNING),
 scheduler (the only caller of `tell`), summary (the end), driver (builds them all, in order), hostops
-(every remote action, and every call into runs.* and pipeline.*). Only hostops reaches the host or the pipeline.
+(every remote action, and every call into runs.* and run.*). Only hostops reaches the host or run/.
 """
 
 from __future__ import annotations

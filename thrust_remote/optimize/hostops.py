@@ -1,4 +1,4 @@
-"""Every remote action of `optimize`, and every call it makes into runs.* and pipeline.*, in one
+"""Every remote action of `optimize`, and every call it makes into runs.* and run.*, in one
 module (docs/architecture.md, "Packages and what each may import"): the rest of the package reaches
 the host only through here.
 
@@ -19,13 +19,13 @@ from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import ThrustError
 from thrust_remote.host.runner import Runner
 from thrust_remote.host.session import HostPaths, HostSession
-from thrust_remote.run import jobs, pipeline
+from thrust_remote.run import arguments, jobs, stages, vocab
 from thrust_remote.runs import control, scalarwatch
 
-# the pipeline's reporting protocol, named here so the package imports pipeline in one place
-Reporter = pipeline.Reporter
-NullReporter = pipeline.NullReporter
-Prepared = pipeline.Prepared
+# a run's reporting protocol (run/vocab.py), named here so the package imports run/ in one place
+Reporter = vocab.Reporter
+NullReporter = vocab.NullReporter
+Prepared = stages.Prepared
 
 
 # ------------------------------------------------------------------------------------------ poll
@@ -106,24 +106,24 @@ def clear_stop(session: HostSession, path: str) -> None:
     session.runner.run(["rm", "-f", "--", path])
 
 
-# ------------------------------------------------------------------------ runs and pipeline calls
+# ----------------------------------------------------------------------------- runs and run calls
 
 def open_session(runner: Runner, host: HostConfig, config: Config) -> HostSession:
     return HostSession.open(runner, host, config)
 
 
 def parse_sets(sets: Sequence[str]) -> dict[str, str]:
-    return pipeline.parse_sets(sets)
+    return arguments.parse_sets(sets)
 
 
 def trial_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
-    return pipeline.job_arguments(job, sets, params)
+    return arguments.job_arguments(job, sets, params)
 
 
 def prepare(config: Config, job: JobConfig, host: HostConfig, runner: Runner, reporter: Reporter,
             args_for_preflight: Sequence[str]) -> Prepared:
-    return pipeline.prepare(config, job, open_session(runner, host, config), reporter,
-                            args_for_preflight=args_for_preflight)
+    return stages.prepare(config, job, open_session(runner, host, config), reporter,
+                          args_for_preflight=args_for_preflight)
 
 
 def running_run_ids(session: HostSession) -> list[str]:
@@ -186,8 +186,8 @@ class StudyHost:
         each and nobody reads it (`train --params` makes the model of the best one)."""
         job = self.prepared.job
         nproc = 1 if job.kind == "trainer" else jobs.process_count(job, None, gpus)  # a DDP job stays one
-        pipeline.launch_prepared(self.prepared, args=args, run_id=run_id, gpus=gpus, nproc=nproc,
-                                 extra_env=env, export=False, meta_extra=meta)
+        stages.launch_prepared(self.prepared, args=args, run_id=run_id, gpus=gpus, nproc=nproc,
+                               extra_env=env, export=False, meta_extra=meta)
 
 
 def studies_dir(paths: HostPaths) -> str:

@@ -38,7 +38,7 @@ SETUP_TIMEOUT_S = 6 * 3600.0  # a data download may take long; a hung one should
 
 
 class Steps:
-    """What this module tells the user (pipeline.Reporter's step and warn)."""
+    """What this module tells the user (vocab.Reporter's step and warn)."""
 
     def step(self, message: str) -> None: ...
 

@@ -6,8 +6,9 @@ link) and `status`/`stop` all come here; one host is the N = 1 case of the same 
 checked, compared, set up and launched together (`agree` and the plan have nothing to compare or place
 for one), and the follow's peer watch has no peer to mind. So a run over several hosts reattached
 behaves as the attached one does: the other nodes watched, the node that failed first named with the
-end of its log, the same exit status. The stages themselves are pipeline.py's; what only several
-nodes need (agree, plan, rendezvous, the watch, the state over nodes) is multinode.py's.
+end of its log, the same exit status. The stages themselves are stages.py's (and following.py's,
+fetching.py's); what only several nodes need (agree, plan, rendezvous, the watch, the state over
+nodes) is multinode.py's.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ from thrust_remote.fetch import artifacts, checkpoints
 from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.session import HostSession
+from thrust_remote.run import fetching, following, multinode, stages, vocab
 from thrust_remote.run import gpus as inventory  # the module; `gpus` is the chosen list in places
-from thrust_remote.run import multinode, pipeline
-from thrust_remote.run.pipeline import Launched, Reporter, Stage, TrainOutcome, TrainRequest
+from thrust_remote.run.arguments import check_trainer_args, job_arguments, load_params, parse_sets
 from thrust_remote.run.sync import LocalState
+from thrust_remote.run.vocab import Launched, Reporter, Stage, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index, notify, pull, scalarwatch, trees
 
 OpenNode = Callable[[str], HostSession]  # a session on a configured host, by name
@@ -73,12 +75,12 @@ class Started:
 
 def arguments(request: TrainRequest) -> list[str]:
     """The job's arguments from its config, `--params` and `--set`, checked before anything connects."""
-    sets = pipeline.parse_sets(request.sets)
+    sets = parse_sets(request.sets)
     params = dict(request.params or {})
     if request.params_file:
-        params.update(pipeline.load_params(request.params_file))
-    pipeline.check_trainer_args(request.job, sets, params)
-    return pipeline.job_arguments(request.job, sets, params)
+        params.update(load_params(request.params_file))
+    check_trainer_args(request.job, sets, params)
+    return job_arguments(request.job, sets, params)
 
 
 def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restarts: int = 0) -> None:
@@ -111,18 +113,18 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     # the run id first: it names the run's tree on every node, made by the check
     run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
     planned = multinode.PlanAhead(sessions, reporter) if many else None  # beside the check and set-up
-    checked = multinode.each(lambda s: pipeline.check(config, request.job, s, told(s), args_for_preflight=args,
-                                                      code_at=request.resume, tree=run_id), sessions)
+    checked = multinode.each(lambda s: stages.check(config, request.job, s, told(s), args_for_preflight=args,
+                                                    code_at=request.resume, tree=run_id), sessions)
     multinode.agree(checked)
     if request.gpus:  # GPUs a host can never give (more than it has, none at all): 64 before any set-up
         for node in checked:
             inventory.select_gpus(request.gpus, node.report.facts, node.session.host)
-    prepared = multinode.each(lambda c: pipeline.set_up(c, told(c.session)), checked)
+    prepared = multinode.each(lambda c: stages.set_up(c, told(c.session)), checked)
     if request.resume is not None:  # every node can read the checkpoint; the job's rank 0 does
         resume = request.resume
         reporter.step(f"placing checkpoint {resume.label} for run {run_id}")
-        paths = multinode.each(lambda p: pipeline.place_checkpoint(p, resume, run_id, relative=many), prepared)
-        args = [*args, *pipeline.resume_args(resume, paths[0])]
+        paths = multinode.each(lambda p: stages.place_checkpoint(p, resume, run_id, relative=many), prepared)
+        args = [*args, *stages.resume_args(resume, paths[0])]
     if many:  # a queued run's order, the same on every node (agent/runqueue.py); one host uses its own clock
         launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
                                                   queue_order=time.time(), planned=planned)
@@ -145,24 +147,24 @@ def _keep(session: HostSession, root: Path, reporter: Reporter) -> None:
                       f"{', '.join(trees.describe(t) for t in pruned.removed)}")
 
 
-def _launch_one(prepared: pipeline.Prepared, request: TrainRequest, args: Sequence[str], run_id: str,
+def _launch_one(prepared: stages.Prepared, request: TrainRequest, args: Sequence[str], run_id: str,
                 reporter: Reporter) -> Launched:
     """One host: the GPUs `--gpus` asks for, claimed on the host unless shared; with --queue, what it
     waits for there when that is taken."""
     session = prepared.session
     if request.queue:
-        gpus, ask = pipeline.queue_ask(request, prepared.report.facts, None)
-        return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
-                                        extra_env=request.extra_env, reporter=reporter, exclusive_gpus=bool(gpus),
-                                        queue=ask, meta_extra=pipeline.resume_meta(request))
+        gpus, ask = stages.queue_ask(request, prepared.report.facts, None)
+        return stages.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
+                                      extra_env=request.extra_env, reporter=reporter, exclusive_gpus=bool(gpus),
+                                      queue=ask, meta_extra=stages.resume_meta(request))
     if not request.gpus and not inventory.host_gpus(prepared.report.facts, session.host):
         _say_cpu_slots_taken(session, reporter)
-    gpus = pipeline.choose_gpus(request, prepared.report.facts,
-                                lambda: {} if request.share_gpus else control.gpus_taken(session))
-    return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
-                                    extra_env=request.extra_env, reporter=reporter,
-                                    exclusive_gpus=bool(gpus) and not request.share_gpus,
-                                    meta_extra=pipeline.resume_meta(request))
+    gpus = stages.choose_gpus(request, prepared.report.facts,
+                              lambda: {} if request.share_gpus else control.gpus_taken(session))
+    return stages.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
+                                  extra_env=request.extra_env, reporter=reporter,
+                                  exclusive_gpus=bool(gpus) and not request.share_gpus,
+                                  meta_extra=stages.resume_meta(request))
 
 
 def _say_cpu_slots_taken(session: HostSession, reporter: Reporter) -> None:
@@ -183,7 +185,7 @@ def _remember(config: Config, launched: Sequence[Launched], reporter: Reporter, 
     head = launched[0]
     params = dict(request.params or {})
     if request.params_file:
-        params.update(pipeline.load_params(request.params_file))
+        params.update(load_params(request.params_file))
     patch = local.patch if local is not None and head.commit == local.commit else b""
     entry = index.IndexEntry(run_id=head.run_id, host=head.host, job=head.job, commit=head.commit,
                              started_at=index.now(), run_dir=head.run_dir,
@@ -215,7 +217,7 @@ def train(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     """The run's stages (default: `stages_of(request)`) on every node given: sync → preflight → setup →
     launch (always: a run starts with them) → follow → fetch. `config_path` (the --config the user
     gave) goes into the reattach hints."""
-    reporter = reporter or pipeline.NullReporter()
+    reporter = reporter or vocab.NullReporter()
     stages = tuple(stages) if stages is not None else stages_of(request)
     started = start(config, request, sessions, reporter, max_restarts=max_restarts)
     if Stage.FOLLOW not in stages:
@@ -243,9 +245,9 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     with multinode.Watch(nodes.sessions, nodes.names, nodes.run_id, reporter, followed=node) as watch, \
             _pulling(config, nodes, head, job, reporter, sync_every if fetch else 0.0) as puller:
         try:
-            followed = pipeline.follow(followed_session, nodes.run_id, reporter, offset=offset,
-                                       config_path=config_path, node=node if nodes.many else None,
-                                       scalars=scalarwatch.source_for(followed_session, nodes.run_id, job))
+            followed = following.follow(followed_session, nodes.run_id, reporter, offset=offset,
+                                        config_path=config_path, node=node if nodes.many else None,
+                                        scalars=scalarwatch.source_for(followed_session, nodes.run_id, job))
         except ConnectionLostError as exc:
             watch.fail(node, "lost: the connection to it broke while following")
             exc.run_id, exc.host = nodes.run_id, nodes.names[0]  # what a retry resumes (run/resume.py)
@@ -258,18 +260,18 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     head_session = nodes.sessions[0]
     fetched = got = checkpoint = None
     if status["state"] == RunState.FINISHED and fetch and job is not None and head_session is not None:
-        fetched, got = pipeline.fetch_finished(config, head_session, head, job, status, reporter, force=force,
+        fetched, got = fetching.fetch_finished(config, head_session, head, job, status, reporter, force=force,
                                                timings=timings)
     if fetch and job is not None and head_session is not None:
         checkpoint = last_checkpoint(config, head_session, head.run_id, job, reporter)
         if checkpoint is not None:
-            timings[pipeline.CHECKPOINT_TIMING] = checkpoint.seconds
-    job = job if job is not None and pipeline.exports_model(job) else None
+            timings[vocab.CHECKPOINT_TIMING] = checkpoint.seconds
+    job = job if job is not None and fetching.exports_model(job) else None
     # a run that did not finish is worth a fetch hint only when it left a model (a stopped trainer
     # exports; a killed one usually has none); node 0 holds it
     fetchable = job is not None and head_session is not None and (
         status["state"] == RunState.FINISHED or head_session.runner.exists(f"{head.run_dir}/{MODEL}"))
-    return TrainOutcome(head, status, fetched, pipeline.exit_code_for(status), timings, followed.progress,
+    return TrainOutcome(head, status, fetched, vocab.exit_code_for(status), timings, followed.progress,
                         fetchable=fetchable, artifacts=got, checkpoint=checkpoint,
                         pulled=puller.last if puller is not None else None)
 
@@ -293,7 +295,7 @@ def last_checkpoint(config: Config, session: HostSession, run_id: str, job: JobC
     """An ended run's newest checkpoint (node 0's `session`), pulled: what `resume` continues from,
     whatever the host does next. A failure is a warning: the run's end is what the exit code tells."""
     try:
-        return pipeline.pull_checkpoint(config, session, job, session.paths.run(run_id), run_id, reporter)
+        return fetching.pull_checkpoint(config, session, job, session.paths.run(run_id), run_id, reporter)
     except ThrustError as exc:
         reporter.warn(f"run {run_id}'s newest checkpoint was not pulled ({exc.message}); "
                       f"later: {command_hint('fetch', run_id, host=session.host)}")
@@ -365,7 +367,7 @@ def reattach(config: Config, session: HostSession, run_id: str, open_node: OpenN
     """`logs RUN --follow`: follow a run already started and end it as `train` would, over all its
     nodes: the same watch, the same failed node named, the same fetch and exit code. `node`: the node
     whose log is shown (default node 0's)."""
-    reporter = reporter or pipeline.NullReporter()
+    reporter = reporter or vocab.NullReporter()
     with open_nodes(session, run_id, open_node) as (nodes, status):
         node = check_node(nodes, node)
         head_session = nodes.sessions[0]
@@ -457,25 +459,25 @@ def fetch(config: Config, session: HostSession, run_id: str, open_node: OpenNode
             raise ThrustError(f"run {run_id} has no job recorded")
         job, run_dir = config.job(job_name), head.paths.run(run_id)
         glob = checkpoints.checkpoint_glob(job)
-        if not pipeline.exports_model(job) and not glob and not artifacts.artifact_globs(job):
+        if not fetching.exports_model(job) and not glob and not artifacts.artifact_globs(job):
             raise UsageError(f"job {job_name} exports no model and has no `checkpoints:` or `artifacts:`: nothing "
                              "to fetch", f"add `export:`, `checkpoints:` or `artifacts:` under jobs.{job_name} in "
                              "thrust.yaml")
         state = RunState.of(st.get("state"))
         if state.is_live:  # said for every kind: what comes now, and what only comes at the end
-            later = "; its model when it ends" if pipeline.exports_model(job) else ""
+            later = "; its model when it ends" if fetching.exports_model(job) else ""
             reporter.step(f"run {run_id} is {state}: its newest checkpoint and changed artifacts come now{later}")
         model = _fetch_model(config, head, job, run_dir, run_id, st, reporter, force=force, others=bool(glob))
-        pulled = pipeline.pull_checkpoint(config, head, job, run_dir, run_id, reporter, every=all_checkpoints)
-        got = pipeline.fetch_artifacts(config, head, job, run_dir, run_id, reporter)
+        pulled = fetching.pull_checkpoint(config, head, job, run_dir, run_id, reporter, every=all_checkpoints)
+        got = fetching.fetch_artifacts(config, head, job, run_dir, run_id, reporter)
         return Fetched(head.name, model, got, pulled, str(st.get("state")))
 
 
 def _fetch_model(config: Config, head: HostSession, job: JobConfig, run_dir: str, run_id: str, st: dict[str, Any],
                  reporter: Reporter, *, force: bool, others: bool) -> FetchResult | None:
     """The run's model when it has one to give: none while it runs (said), none from a run that ended
-    without exporting when there are checkpoints to bring instead (said); else `pipeline.finish`."""
-    if not pipeline.exports_model(job):
+    without exporting when there are checkpoints to bring instead (said); else `fetching.finish`."""
+    if not fetching.exports_model(job):
         return None
     state = RunState.of(st.get("state"))
     if state.is_live:
@@ -484,7 +486,7 @@ def _fetch_model(config: Config, head: HostSession, job: JobConfig, run_dir: str
         reporter.warn(f"run {run_id} ended {state} without a model: its checkpoint and artifacts come; "
                       f"continue it with: {command_hint('resume', run_id)}")
         return None
-    return pipeline.finish(config, head, job, run_dir, run_id=run_id, status=st, force=force)
+    return fetching.finish(config, head, job, run_dir, run_id=run_id, status=st, force=force)
 
 
 def stop(session: HostSession, run_id: str, open_node: OpenNode, grace: float = 10.0,
@@ -581,4 +583,4 @@ def _wait_rounds(asks: Sequence[tuple[str, Ask]], ended: dict[str, dict[str, Any
 def wait_code(statuses: Sequence[dict[str, Any]]) -> int:
     """0 when every run FINISHED, else the code `train` would give for the first that did not."""
     failed = next((st for st in statuses if st.get("state") != RunState.FINISHED), None)
-    return 0 if failed is None else pipeline.exit_code_for(failed)
+    return 0 if failed is None else vocab.exit_code_for(failed)

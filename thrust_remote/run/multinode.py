@@ -1,7 +1,7 @@
 """What only a run over several hosts needs: `train JOB --host a --host b` (docs/architecture.md,
 "Several hosts"). The run's life itself, for one host or many, is lifecycle.py's.
 
-Every node gets what one host gets (pipeline.check, then pipeline.set_up, then a detached launch),
+Every node gets what one host gets (stages.check, then stages.set_up, then a detached launch),
 all nodes at once, in threads (`each`): N nodes take about as long as the slowest one, not N times
 one. In between, the nodes must agree (torch, CUDA or CPU, python) or nothing is set up anywhere (69). The
 distributed part is torchrun's own: its c10d rendezvous at node 0's address and a port checked free
@@ -27,8 +27,9 @@ from thrust_remote.core.errors import ConnectionLostError, ThrustError, Unreacha
 from thrust_remote.host.fleet import each
 from thrust_remote.host.netinfo import rendezvous_port, route, ssh_endpoint
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import jobs, pipeline
-from thrust_remote.run.pipeline import Checked, Launched, Prepared, Reporter, TrainRequest
+from thrust_remote.run import jobs, stages, vocab
+from thrust_remote.run.stages import Checked, Prepared
+from thrust_remote.run.vocab import Launched, Reporter, TrainRequest
 from thrust_remote.runs import control
 
 POLL_S = 2.0  # how often the laptop asks the other nodes while it follows node 0
@@ -67,7 +68,7 @@ class Plan:
                                is_host=rank == self.rdzv_host, queued=queued)
 
 
-class Prefixed(pipeline.NullReporter):
+class Prefixed(vocab.NullReporter):
     """A node's steps and warnings, prefixed with its host (the nodes speak at once)."""
 
     def __init__(self, reporter: Reporter, name: str) -> None:
@@ -235,12 +236,12 @@ def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: 
     peers = [{"node": i, "host": n["host"], "address": where.ssh[i][0], "port": where.ssh[i][1]}
              for i, n in enumerate(nodes) if i != rank]
     meta = {"node": rank, "nodes": nodes, "rdzv": f"{where.address}:{where.port}", "watch_peers": peers,
-            "peer_timeout": PEER_TIMEOUT_S, **pipeline.resume_meta(request)}
+            "peer_timeout": PEER_TIMEOUT_S, **stages.resume_meta(request)}
     # every node is told where to export: the job's rank 0 alone writes, on the node it runs on
-    gpus, ask = pipeline.queue_ask(request, prepared.report.facts, queue_order) if request.queue else ([], None)
-    return pipeline.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
-                                    extra_env=env, meta_extra=meta, exclusive_gpus=bool(gpus), queue=ask,
-                                    rdzv=where.rendezvous(rank, run_id, max_restarts, queued=request.queue))
+    gpus, ask = stages.queue_ask(request, prepared.report.facts, queue_order) if request.queue else ([], None)
+    return stages.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
+                                  extra_env=env, meta_extra=meta, exclusive_gpus=bool(gpus), queue=ask,
+                                  rdzv=where.rendezvous(rank, run_id, max_restarts, queued=request.queue))
 
 
 def stop_all(sessions: Sequence[HostSession], run_id: str, verdict: dict[str, Any] | None) -> None:

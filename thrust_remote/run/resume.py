@@ -39,8 +39,8 @@ from thrust_remote.core.errors import (
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import checkpoints
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import pipeline
-from thrust_remote.run.pipeline import Reporter, ResumeFrom, TrainOutcome
+from thrust_remote.run import fetching, vocab
+from thrust_remote.run.vocab import Reporter, ResumeFrom, TrainOutcome
 from thrust_remote.runs import control, index
 
 TRAINER_TEMPLATE = ("--resume-from", CHECKPOINT_FIELD)  # trainer/args.py: --resume-from CKPT
@@ -151,7 +151,7 @@ def _asked(config: Config, session: HostSession, run_id: str, reporter: Reporter
     job = config.jobs.get(str(meta.get("job") or st.get("job") or ""))
     on_host = None
     if job is not None and checkpoints.checkpoint_glob(job) is not None:
-        got = pipeline.pull_checkpoint(config, session, job, run_dir, run_id, reporter)
+        got = fetching.pull_checkpoint(config, session, job, run_dir, run_id, reporter)
         on_host = got.newest_on_host if (same_host and got is not None) else None
     patch = _host_patch(session, run_dir) if meta.get("dirty") else None
     return {**meta, "answered": True}, on_host, patch
@@ -187,11 +187,11 @@ def _why_none(meta: dict[str, Any], head: str) -> str:
 
 
 def request_for(source: Source, host_config: Any, *, sets: Sequence[str] = (), params_file: Path | None = None,
-                detach: bool = False, sync_every: float | None = None, force: bool = False) -> pipeline.TrainRequest:
+                detach: bool = False, sync_every: float | None = None, force: bool = False) -> vocab.TrainRequest:
     """The new run's request: the job, the run's own --set words and parameters, then yours (later wins)."""
-    return pipeline.TrainRequest(job=source.job, host=host_config, sets=[*source.sets, *sets], params=source.params,
-                                 params_file=params_file, detach=detach, resume=source.resume, sync_every=sync_every,
-                                 force=force)
+    return vocab.TrainRequest(job=source.job, host=host_config, sets=[*source.sets, *sets], params=source.params,
+                              params_file=params_file, detach=detach, resume=source.resume, sync_every=sync_every,
+                              force=force)
 
 
 # ------------------------------------------------------------------------------------------ retry

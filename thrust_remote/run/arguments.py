@@ -1,0 +1,74 @@
+"""A job's arguments, assembled and checked on the laptop before anything connects: its config's
+`args:`, then `--params`, then `--set` (docs/architecture.md, "Config"); the built-in trainer's flags
+checked against its own table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from thrust_remote.core.config import JobConfig
+from thrust_remote.core.errors import ConfigError, UsageError
+from thrust_remote.core.names import valid_id
+from thrust_remote.run import jobs
+from trainer.args import parse_flag
+
+
+def parse_sets(sets: Sequence[str]) -> dict[str, str | bool]:
+    """`--set KEY=VALUE` as thrust.yaml's `args:` mapping takes it: `KEY` alone or `KEY=true` is a bare
+    flag (`--KEY`, as `{KEY: true}`), `KEY=false` leaves the flag out; any other value is a string."""
+    out: dict[str, str | bool] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        key = key.strip().removeprefix("--")
+        if not valid_id(key) or key.startswith("-"):
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE (or KEY alone, a bare --KEY) with KEY like "
+                             "total-steps")
+        out[key] = True if not sep else {"true": True, "false": False}.get(value.strip().lower(), value)
+    return out
+
+
+def load_params(path: Path) -> dict[str, Any]:
+    """A params file: a YAML mapping of trainer flag -> value (what `optimize` writes)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read params file: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("params"), dict):
+        data = data["params"]
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of parameter: value")
+    for key in data:
+        if not isinstance(key, str) or not valid_id(key) or key.startswith("-"):
+            raise ConfigError(f"{path}: {key!r} is not a parameter name")
+    return data
+
+
+def job_arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
+    """The job's own args, then the params file, then --set (last wins: argparse keeps the last);
+    a command job gets KEY=VALUE words (jobs.arguments, docs/architecture.md "Config")."""
+    return jobs.arguments(job, sets, params)
+
+
+def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+    """The built-in trainer's flags, checked here against its own table (trainer/args.py) before
+    anything is synced: an unknown name, a bad type, a value outside its choices or range is a usage
+    error (64) naming where it came from, not an argparse dump from the host and a FAILED run."""
+    if job.kind != "trainer":
+        return  # your own code's flags are its own business: it sees them as given
+    sources = [(dict(job.args), f"jobs.{job.name}.args"), (params, "--params"), (sets, "--set")]  # type: ignore[arg-type]
+    for values, where in sources:
+        for key, value in values.items():
+            if value is None or value is False:
+                continue
+            try:
+                parse_flag(str(key), "true" if value is True else str(value))
+            except ValueError as exc:
+                raise UsageError(f"{where}: {exc}",
+                                 "python -m trainer.train --help lists every flag with its range") from None

@@ -1,0 +1,116 @@
+"""What a run leaves, brought here at its end (docs/architecture.md, "Kept models", "Artifacts",
+"Checkpoints and resume"): a FINISHED run's model (verified, kept, placed by the rules) and its
+artifacts, its newest checkpoint whatever the end; and where the model lands.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from thrust_remote.agent.protocol import RUN_DIR_PREFIX, RunState
+from thrust_remote.core.config import Config, HostConfig, JobConfig
+from thrust_remote.core.errors import ExitCode, ThrustError
+from thrust_remote.core.hints import command_hint
+from thrust_remote.fetch import artifacts, checkpoints, models
+from thrust_remote.host.session import HostSession
+from thrust_remote.run import cargo
+from thrust_remote.run.vocab import ARTIFACTS_TIMING, Launched, Reporter, Stage
+from thrust_remote.runs import control
+
+
+def fetch_command(run_id: str, host: HostConfig, config_path: Path | str | None = None) -> str:
+    return command_hint("fetch", run_id, host=host, config=config_path)
+
+
+def fetch_finished(config: Config, session: HostSession, launched: Launched, job: JobConfig, status: dict,
+                   reporter: Reporter, *, force: bool, timings: dict[str, float],
+                   ) -> tuple[models.FetchResult | None, artifacts.DirFetch | None]:
+    """A FINISHED run's model (when the job exports one) and artifacts, each timed into `timings`;
+    its newest checkpoint is pulled by the caller (`pull_checkpoint`), as for any end."""
+    fetched = None
+    t0 = time.monotonic()
+    if exports_model(job):
+        reporter.step("fetching the model")
+        fetched = finish(config, session, job, launched.run_dir, run_id=launched.run_id,
+                         status=status, force=force)
+        timings[Stage.FETCH] = time.monotonic() - t0
+    got = fetch_artifacts(config, session, job, launched.run_dir, launched.run_id, reporter)
+    if got is not None:
+        timings[ARTIFACTS_TIMING] = got.seconds
+    return fetched, got
+
+
+def fetch_artifacts(config: Config, session: HostSession, job: JobConfig, run_dir: str, run_id: str,
+                    reporter: Reporter) -> artifacts.DirFetch | None:
+    """The job's artifacts into .thrust/fetched/<run-id>/artifacts/, only what changed (fetch/artifacts.py);
+    None when the job has none. A glob that matches nothing is a warning."""
+    globs = artifacts.artifact_globs(job)
+    if not globs:
+        return None
+    reporter.step("fetching the artifacts")
+    got = artifacts.fetch_artifacts(session, run_dir, run_id, config.root, globs, warn=reporter.warn)
+    reporter.step(got.summary(config.root))
+    return got
+
+
+def pull_checkpoint(config: Config, session: HostSession, job: JobConfig, run_dir: str, run_id: str,
+                    reporter: Reporter, *, every: bool = False) -> checkpoints.CheckpointPull | None:
+    """The run's newest checkpoint (`every`: all) into .thrust/fetched/<run-id>/checkpoints/, verified,
+    only what changed (fetch/checkpoints.py); None when the job declares no checkpoints."""
+    glob = checkpoints.checkpoint_glob(job)
+    if glob is None:
+        return None
+    got = checkpoints.pull(session, run_dir, run_id, config.root, glob, every=every)
+    if not glob.startswith(RUN_DIR_PREFIX):
+        got.warnings += _sharing_checkpoints(session, job, run_id, glob)
+    for text in got.warnings:
+        reporter.warn(text)
+    reporter.step(got.summary(config.root))
+    return got
+
+
+def _sharing_checkpoints(session: HostSession, job: JobConfig, run_id: str, glob: str) -> list[str]:
+    """Runs of the same job going on in the same checkout write where this one's `checkpoints:` looks
+    (a glob under the checkout): the newest file there may be theirs. Said, with the way out."""
+    others = [r["run_id"] for r in control.list_runs(session)
+              if r.get("run_id") != run_id and r.get("job") == job.name and RunState.of(r.get("state")).is_live]
+    if not others:
+        return []
+    return [f"checkpoints: {', '.join(others)} (the same job, going on in the same checkout on {session.name}) "
+            f"write(s) where {glob!r} looks: the newest checkpoint may be theirs; give each run its own directory "
+            f"with a glob under $THRUST_RUN_DIR/ (your code writes there: $THRUST_RUN_DIR is set for it)"]
+
+
+def exports_model(job: JobConfig) -> bool:
+    """The trainer and cargo jobs always leave a model in the run dir; your own python or command job
+    only when it says so with `export:` (it writes $THRUST_EXPORT)."""
+    return job.kind in ("trainer", "cargo") or bool(job.export)
+
+
+def export_target(config: Config, job: JobConfig) -> tuple[Path, str]:
+    """(directory, stem) where the job's model lands: job.export, else web/public/<job>.onnx."""
+    target = config.root / (job.export or f"web/public/{job.name}.onnx")
+    return target.parent, target.stem
+
+
+def finish(config: Config, session: HostSession, job: JobConfig, run_dir: str, *,
+           run_id: str | None = None, status: Mapping[str, Any] | None = None,
+           force: bool = False) -> models.FetchResult:
+    """Fetch the run's model (verified), keep it in .thrust/fetched/<run-id>/ and place it in web/public
+    when its run FINISHED and it is not clearly worse than the placed one, or with `force`
+    (docs/architecture.md, "Kept models"). Cargo jobs fetch `artifact:`, relative to the run's cwd (the
+    crate). `status` is the run's status when the caller has it already (train), else asked here (fetch)."""
+    dest, stem = export_target(config, job)
+    run_id = run_id or PurePosixPath(run_dir).name
+    status = status if status is not None else control.status(session, run_id)
+    if job.kind == "cargo":
+        if not job.artifact:
+            raise ThrustError(f"job {job.name} has no `artifact:` to fetch", exit_code=ExitCode.USAGE)
+        cargo.stage_artifact(session, run_dir, str(status.get("cwd") or session.paths.workdir), job.name,
+                             job.artifact)
+    run = models.RunFacts(run_id, session.name, job.name, status.get("state"), status.get("exit_code"))
+    return models.fetch_run_model(session.runner, run_dir, stem, dest, project_root=config.root, run=run,
+                                     force=force)

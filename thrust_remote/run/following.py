@@ -1,0 +1,95 @@
+"""Following one node's log to the run's end (docs/architecture.md, "The flow of one train"): its
+bytes and progress to the reporter, a job's TensorBoard scalars read meanwhile; Ctrl-C and a lost link
+end with the exact command that reattaches from the byte offset reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from thrust_remote.core.config import HostConfig
+from thrust_remote.core.errors import ConnectionLostError, Detached
+from thrust_remote.core.hints import command_hint
+from thrust_remote.host.session import HostSession
+from thrust_remote.run.vocab import Reporter
+from thrust_remote.runs import control
+from thrust_remote.runs.progress import LineSplitter, RunProgress
+from thrust_remote.runs.scalarwatch import ScalarSource, ScalarWatch
+
+
+def reattach_command(run_id: str, host: HostConfig, offset: int | None = None,
+                     config_path: Path | str | None = None, node: int | None = None) -> str:
+    """`logs RUN --follow`: the progress view again and, for a train run, the fetch at its end (`node`:
+    a run over several hosts whose node `node`'s log was followed)."""
+    args = [run_id, "--follow", *(["--node", str(node)] if node else []),
+            *(["--offset", str(offset)] if offset else [])]
+    return command_hint("logs", *args, host=host, config=config_path)
+
+
+@dataclass
+class Followed:
+    """A followed run's end: its status, the log offset reached and what the log said."""
+
+    status: dict
+    offset: int
+    progress: RunProgress
+
+
+def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0,
+           config_path: Path | str | None = None, scalars: ScalarSource | None = None,
+           node: int | None = None) -> Followed:
+    """Stream the log to the reporter until the run ends; with `scalars`, the job's TensorBoard
+    scalars are read on the host meanwhile (every few seconds, and at the end) as its progress.
+
+    Ctrl-C detaches (Detached, exit 75) and a lost link is ConnectionLostError (75); both carry the
+    command that reattaches from the byte offset reached, so no byte is lost or repeated (and
+    `config_path`, the --config the user gave, and `node`, the node of a run over several hosts, so the
+    command is exactly the one to type)."""
+    host = session.host
+    delivered = 0
+    lines, progress = LineSplitter(), RunProgress()
+
+    def on_bytes(chunk: bytes) -> None:
+        nonlocal delivered
+        delivered += len(chunk)  # counted first: a Ctrl-C while it is shown must not replay it
+        reporter.log(chunk)
+        for line in lines.feed(chunk):
+            progress.take(line)
+
+    def on_metrics(obj: dict[str, Any]) -> None:
+        progress.take_metrics(obj)
+        reporter.metrics(obj)
+
+    reporter.following(run_id, offset)
+    try:
+        try:
+            with _watching(session, scalars, on_metrics, reporter.warn):
+                position = control.follow_log(session, run_id, offset=offset, follow=True, on_bytes=on_bytes)
+        finally:
+            reporter.followed()
+    except KeyboardInterrupt:
+        reached = offset + delivered  # nothing shown yet: the command has no --offset to explain
+        where = "from where you left; without --offset for the whole log; " if reached else ""
+        raise Detached(
+            f"from run {run_id}; it goes on on {host.name}",
+            f"reattach with: {reattach_command(run_id, host, reached, config_path, node)}   ({where}stop it with: "
+            f"{command_hint('stop', run_id, host=host, config=config_path)})",
+        ) from None
+    except ConnectionLostError as exc:
+        reached = exc.offset if exc.offset is not None else offset + delivered
+        raise ConnectionLostError(
+            f"connection to {host.name} lost while following run {run_id}; the run goes on",
+            f"reattach with: {reattach_command(run_id, host, reached, config_path, node)}",
+        ) from None
+    for line in lines.close():
+        progress.take(line)
+    return Followed(control.status(session, run_id), position, progress)
+
+
+def _watching(session: HostSession, source: ScalarSource | None, on_metrics: Callable[[dict[str, Any]], None],
+              on_warn: Callable[[str], None]) -> AbstractContextManager[Any]:
+    return ScalarWatch(session, source, on_metrics, on_warn) if source is not None else nullcontext()
