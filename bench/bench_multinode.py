@@ -52,6 +52,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 from conftest import VENV_BIN, SSHServer, _start_sshd  # noqa: E402
 
 from thrust_remote.core.config import load_config  # noqa: E402
+from thrust_remote.host.fleet import Fleet  # noqa: E402
 from thrust_remote.host.ssh import SSHRunner  # noqa: E402
 from thrust_remote.host.ssh import runner as ssh_runner  # noqa: E402
 from thrust_remote.run import lifecycle, multinode, stages, vocab  # noqa: E402
@@ -304,7 +305,7 @@ def launch_profiled(lab: Lab, hosts: Sequence[str]) -> dict[str, tuple[float, fl
     cpu0, host0 = time.process_time(), host_cpu(lab.server)
     try:
         t0 = time.perf_counter()
-        sessions = multinode.open_sessions(config, host_cfgs, SSHRunner.from_host)
+        sessions = Fleet(config, runner_for=SSHRunner.from_host).open_all(host_cfgs)
         spans.rows.append(("open sessions", t0, time.perf_counter()))
         try:
             launched = lifecycle.start(config, request, sessions, vocab.NullReporter()).launched

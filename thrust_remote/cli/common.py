@@ -1,4 +1,4 @@
-"""What every command needs: the global options, the loaded config, and a Runner for a host."""
+"""What every command needs: the global options, the loaded config, and the fleet that reaches its hosts."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from thrust_remote.core.config import ENV_DEBUG, Config, HostConfig, load_config
-from thrust_remote.host.runner import LocalRunner, Runner
+from thrust_remote.core.config import ENV_DEBUG, Config, load_config
+from thrust_remote.host.fleet import Fleet
 
 
 @dataclass
@@ -25,6 +25,10 @@ class AppState:
         return self._config
 
 
+HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: the run's host from the "
+                        "local index, else default_host).")
+
+
 def state(ctx: typer.Context) -> AppState:
     root = ctx.find_root()
     if not isinstance(root.obj, AppState):
@@ -36,17 +40,10 @@ def get_config(ctx: typer.Context) -> Config:
     return state(ctx).config()
 
 
-def host_config(ctx: typer.Context, host: str | None) -> HostConfig:
-    return get_config(ctx).host(host)
-
-
-def open_runner(host: HostConfig) -> Runner:
-    """A Runner for the host: LocalRunner for `local`, else an SSHRunner (connects lazily)."""
-    if host.is_local:
-        return LocalRunner(name=host.name)
-    from thrust_remote.host.ssh import SSHRunner
-
-    return SSHRunner.from_host(host)
+def get_fleet(ctx: typer.Context) -> Fleet:
+    """The configured hosts, reached by name (host/fleet.py), with the --config the user gave for the
+    hints that name a host."""
+    return Fleet(get_config(ctx), config_path=state(ctx).config_path)
 
 
 def _env_flag(name: str) -> bool:

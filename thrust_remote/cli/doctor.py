@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from thrust_remote.cli.common import get_config, open_runner
+from thrust_remote.cli.common import get_config, get_fleet
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import UsageError
-from thrust_remote.doctor.checklist import FixResult, apply_fixes
-from thrust_remote.host.fleet import each
-from thrust_remote.host.report import Report, run_doctor
-from thrust_remote.host.session import resolve_host
+from thrust_remote.doctor import checkup
+from thrust_remote.doctor.checklist import FixResult
+from thrust_remote.host.report import Report
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 MARK = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
@@ -44,32 +42,21 @@ def doctor(
     if len(hosts) > 1:
         if fix:
             raise UsageError("--fix works on one host at a time", "give one --host with --fix")
-        _doctor_nodes(config, hosts, job_cfg, as_json, fresh)
+        _doctor_nodes(ctx, hosts, job_cfg, as_json, fresh)
         return
-    host_cfg = hosts[0]
-    workdir = _workdir(config, host_cfg)
     # JSON on stdout stays parseable: everything else goes to stderr in --json mode
     out = err_console if as_json else console
-    runner = open_runner(host_cfg)
-    try:
-        # `python:` means what it means for every other command (session.resolve_python)
-        host_cfg = resolve_host(runner, host_cfg, config)
-        report = run_doctor(runner, host_cfg, job_cfg, workdir=workdir, fresh=fresh)
-        if fix:
-            local_crate = _local_crate(config, job_cfg)
+    show = None
+    if fix:
+        from rich.syntax import Syntax  # a fix's preview only: not on every command's start
 
-            from rich.syntax import Syntax  # a fix's preview only: not on every command's start
+        def show(check_id: str, preview: str) -> None:
+            out.print(f"[bold]{check_id}[/]: writing this change")
+            out.print(Syntax(preview, "diff", theme="ansi_dark", background_color="default"))
 
-            def show(check_id: str, preview: str) -> None:
-                out.print(f"[bold]{check_id}[/]: writing this change")
-                out.print(Syntax(preview, "diff", theme="ansi_dark", background_color="default"))
-
-            results = apply_fixes(runner, report, job_cfg, local_crate=local_crate, show=show)
-            _render_fixes(out, results)
-            if results:
-                report = run_doctor(runner, host_cfg, job_cfg, workdir=workdir)
-    finally:
-        runner.close()
+    report = checkup.one_host(get_fleet(ctx), hosts[0], job_cfg, fresh=fresh, fix=fix,
+                              local_crate=_local_crate(config, job_cfg) if fix else None, show=show,
+                              fixed=lambda results: _render_fixes(out, results))
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -77,35 +64,16 @@ def doctor(
     raise typer.Exit(report.exit_code)
 
 
-def _doctor_nodes(config: Config, hosts: list[HostConfig], job_cfg: JobConfig | None, as_json: bool,
+def _doctor_nodes(ctx: typer.Context, hosts: list[HostConfig], job_cfg: JobConfig | None, as_json: bool,
                   fresh: bool) -> None:
-    """Every node's checklist (at once), each with its rendezvous row (rdzv.py); exit 1 when any fails."""
-    # here, not at the top: they bring the run pipeline (~70 ms), which a one-host doctor never uses
-    from thrust_remote.doctor import rdzv
-    from thrust_remote.run import multinode
-
-    sessions = multinode.open_sessions(config, hosts, open_runner)
-    try:
-        reports = each(
-            lambda s: run_doctor(s.runner, s.host, job_cfg, workdir=_workdir(config, s.host), fresh=fresh), sessions)
-        for report, row in zip(reports, rdzv.rendezvous_checks(sessions), strict=True):
-            report.checks.append(row)
-    finally:
-        for s in sessions:
-            s.close()
+    """Every node's checklist (at once), each with its rendezvous row; exit 1 when any fails."""
+    reports = checkup.over_nodes(get_fleet(ctx), hosts, job_cfg, fresh=fresh)
     if as_json:
         typer.echo(json.dumps([r.to_json() for r in reports], indent=2))
     else:
         for report in reports:
             render(report)
     raise typer.Exit(max(r.exit_code for r in reports))
-
-
-def _workdir(config: Config, host: HostConfig) -> str:
-    # the local host's workdir is the project itself, wherever the command was started from
-    if host.is_local and not os.path.isabs(os.path.expanduser(host.workdir)):
-        return str((config.root / host.workdir).resolve())
-    return host.workdir
 
 
 def _local_crate(config: Config, job) -> Path | None:

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from thrust_remote.cli.common import get_config, host_config, open_runner, plain_table
+from thrust_remote.cli.common import get_config, get_fleet, plain_table
 from thrust_remote.core.console import console
 from thrust_remote.core.errors import UsageError
 
@@ -57,7 +57,7 @@ def ping(
     ctx: typer.Context,
     host: str | None = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml."),
 ) -> None:
-    runner = open_runner(host_config(ctx, host))
+    runner = get_fleet(ctx).runner(host)
     try:
         started = time.monotonic()
         runner.run(["true"]).check("true")
@@ -84,7 +84,7 @@ def exec_(
         if not sep:
             raise UsageError(f"--env {item!r}: expected KEY=VALUE")
         env_map[key] = value
-    runner = open_runner(host_config(ctx, host))
+    runner = get_fleet(ctx).runner(host)
 
     def stream(name: str, line: str) -> None:
         out = sys.stdout if name == "out" else sys.stderr

@@ -15,12 +15,13 @@ from rich.table import Table
 
 from thrust_remote import optimize as core
 from thrust_remote.agent.protocol import RunState
-from thrust_remote.cli.common import get_config, open_runner
-from thrust_remote.cli.train import CliReporter
+from thrust_remote.cli.common import get_config, get_fleet
+from thrust_remote.cli.outcome import CliReporter
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import UsageError
 from thrust_remote.core.hints import command_hint
+from thrust_remote.host.fleet import Fleet
 from thrust_remote.runs import notify
 
 STATE_STYLE = {"RUNNING": "cyan", "LAUNCHING": "cyan", "COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}
@@ -125,7 +126,7 @@ def optimize(
     job_cfg = config.job(job)
     hosts = config.host_list(host)  # a group stands for its hosts; a host named twice is refused (64)
     if stop:
-        _stop(config, job_cfg, hosts, study, as_json)
+        _stop(get_fleet(ctx), job_cfg, hosts, study, as_json)
         return
     if trials is None:
         raise UsageError("--trials N is required (how many trials the study should finish)")
@@ -138,7 +139,8 @@ def optimize(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our table says what happens
     control = core.Control()
-    runners = {h.name: open_runner(h) for h in hosts}
+    fleet = get_fleet(ctx)
+    runners = {h.name: fleet.runner(h) for h in hosts}
     reporter = CliReporter(quiet=as_json)
     previous = signal.signal(signal.SIGINT, _sigint_handler(control))
     try:
@@ -168,14 +170,14 @@ def _tell(config: Config, s: core.Summary, reporter: CliReporter) -> None:
                     cwd=config.path.parent if config.path else config.root)
 
 
-def _stop(config: Config, job: JobConfig, hosts: Sequence[HostConfig], study: str | None, as_json: bool) -> None:
+def _stop(fleet: Fleet, job: JobConfig, hosts: Sequence[HostConfig], study: str | None, as_json: bool) -> None:
     """`optimize --stop`: the study's driver sees the stop file (on every host of the study); its
     running trials are stopped here."""
     stopped: list[str] = []
     for host in hosts:
-        runner = open_runner(host)
+        runner = fleet.runner(host)
         try:
-            stopped += core.request_stop(runner, host, config, study or core.default_study_name(job))
+            stopped += core.request_stop(runner, host, fleet.config, study or core.default_study_name(job))
         finally:
             runner.close()
     if as_json:

@@ -2,40 +2,29 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from thrust_remote.agent.protocol import RunState
-from thrust_remote.cli.common import get_config, open_runner, plain_table, state
+from thrust_remote.agent.protocol import RunState, StatusAnswer
+from thrust_remote.cli.common import HOST_OPT, get_config, get_fleet, plain_table
 from thrust_remote.cli.follow import say
-from thrust_remote.cli.train import CliReporter, show_outcome
-from thrust_remote.core.config import Config
+from thrust_remote.cli.outcome import CliReporter, show_outcome
 from thrust_remote.core.console import console, err_console, host_text
-from thrust_remote.core.errors import (
-    ConnectionLostError,
-    ExitCode,
-    StillGoing,
-    ThrustError,
-    UnknownHostError,
-    UnreachableError,
-    UsageError,
-)
+from thrust_remote.core.errors import ExitCode, StillGoing, UsageError
 from thrust_remote.core.hints import command_hint
-from thrust_remote.host.session import HostSession
-from thrust_remote.run import lifecycle
-from thrust_remote.runs import control, index, pull, trees, usage
+from thrust_remote.host.fleet import Fleet
+from thrust_remote.run import lifecycle, waiting
+from thrust_remote.run.handle import Run
+from thrust_remote.runs import control, trees, usage
+from thrust_remote.runs.pull import Pulled
 
-HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: the run's host from the "
-                        "local index, else default_host).")
 STATE_STYLE = {RunState.QUEUED: "blue", RunState.RUNNING: "cyan", RunState.FINISHED: "green",
                RunState.FAILED: "red", RunState.LOST: "yellow", RunState.STOPPED: "magenta"}
 
@@ -52,20 +41,6 @@ def register(app: typer.Typer) -> None:
     app.command("fetch", help="Fetch a run's model into web/public, its newest checkpoint and its artifacts into "
                 ".thrust/fetched/RUN/ (verified; again: only what changed; a RUNNING run: checkpoint and artifacts "
                 "so far).")(fetch)
-
-
-def open_session(ctx: typer.Context, host: str | None, run_id: str | None = None) -> HostSession:
-    """A session on `--host`, else (for a run id) the host the local index recorded, else the default."""
-    config = get_config(ctx)
-    if run_id is not None:
-        host = index.resolve_host(config, control.check_run_id(run_id), host)
-    host_cfg = config.host(host)
-    runner = open_runner(host_cfg)
-    try:
-        return HostSession.open(runner, host_cfg, config)
-    except BaseException:
-        runner.close()
-        raise
 
 
 def list_runs(ctx: typer.Context,
@@ -90,7 +65,7 @@ def list_runs(ctx: typer.Context,
     if all_hosts:
         _list_all(ctx, timeout, as_json)
         return
-    with open_session(ctx, host) as session:
+    with Fleet(get_config(ctx)).open(host) as session:
         items = control.list_runs(session, trees=True)
         listed = session.name
     if as_json:
@@ -112,13 +87,13 @@ def _summary(ctx: typer.Context, host: str | None, all_hosts: bool, timeout: flo
     """`runs --summary`: GPU-hours and wall-hours per host and job (runs/usage.py)."""
     if all_hosts:
         config = get_config(ctx)
-        listings = control.list_hosts(list(config.hosts), lambda name: open_session(ctx, name), timeout)
+        listings = control.list_hosts(list(config.hosts), Fleet(config).open, timeout)
         for listing in listings:
             if listing.runs is None:
                 say(f"{listing.host}: not counted ({listing.error})")
         rows = [r for listing in listings for r in listing.runs or []]
     else:
-        with open_session(ctx, host) as session:
+        with Fleet(get_config(ctx)).open(host) as session:
             rows = [{**r, "host": r.get("host") or session.name} for r in control.list_runs(session)]
     totals = usage.summarize(rows, since_s=since_s)
     if as_json:
@@ -131,7 +106,7 @@ def _summary(ctx: typer.Context, host: str | None, all_hosts: bool, timeout: flo
 
 def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
     config = get_config(ctx)
-    listings = control.list_hosts(list(config.hosts), lambda name: open_session(ctx, name), timeout)
+    listings = control.list_hosts(list(config.hosts), Fleet(config).open, timeout)
     if as_json:
         out: list[dict] = []
         for listing in listings:
@@ -244,20 +219,8 @@ def _columns_that_fit(headers: Sequence[str], rows: Sequence[Sequence[str]], wid
 def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     config = get_config(ctx)
-    after = index.continued_by(config.root, run_id)  # resumed since (`resume`, a retry): where the work went on
-    try:
-        with open_session(ctx, host, run_id) as session:  # over several hosts: every node's state, and the run's
-            st = lifecycle.status(session, run_id, opener(ctx, run_id))
-    except ThrustError as exc:
-        # its host is gone (down, or out of thrust.yaml): the run that went on is what to ask about
-        if after and isinstance(exc, (UnreachableError, ConnectionLostError, UnknownHostError)):
-            last = after[-1]
-            went_on = (f"run {run_id} was resumed as {last.run_id} on {last.host}: "
-                       f"{command_hint('status', last.run_id, config=config.given_path)}")
-            exc.hint = "\n".join(filter(None, [went_on, exc.hint]))
-        raise
-    if after:
-        st["continued_by"] = [{"run_id": e.run_id, "host": e.host} for e in after]
+    # over several hosts every node's state, and the run's; `continued_by`: resumed since (`resume`, a retry)
+    st = Run(get_fleet(ctx), run_id, host).status()
     if as_json:
         typer.echo(json.dumps(st))
         return
@@ -283,9 +246,9 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
         code = "" if node.get("exit_code") is None else f" (exit code {node['exit_code']})"
         console.print(f"  node {h(node['node'])}  {h(node['host'])}  "
                       f"[{STATE_STYLE.get(node['state'], 'red')}]{h(node['state'])}[/]{h(code)}", highlight=False)
-    for e in after:
-        again = command_hint("status", e.run_id, config=config.given_path)
-        console.print(f"  continued by {h(e.run_id)} on {h(e.host)}: {h(again)}", highlight=False)
+    for e in st.get("continued_by") or []:  # where the work went on
+        again = command_hint("status", e["run_id"], config=config.given_path)
+        console.print(f"  continued by {h(e['run_id'])} on {h(e['host'])}: {h(again)}", highlight=False)
 
 
 def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="RUN...", help="Run ids."),
@@ -299,68 +262,32 @@ def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="R
     """Each run asked on its own host (the index's, or --host) over one connection per host; the exit
     code is 0 when every run FINISHED, else the one `train` would give for the first that did not. A
     run of a job of this config has its checkpoint pulled meanwhile, and once more when it ends."""
-    config = get_config(ctx)
+    fleet = get_fleet(ctx)
     unique = list(dict.fromkeys(control.check_run_id(r) for r in run_ids))
-    with contextlib.ExitStack() as stack:
-        sessions: dict[str, HostSession] = {}
-
-        def session_for(run_id: str) -> HostSession:
-            name = index.resolve_host(config, run_id, host) or config.default_host
-            if name not in sessions:
-                sessions[name] = stack.enter_context(open_session(ctx, name))
-            return sessions[name]
-
-        asks = [(r, functools.partial(lifecycle.status, session_for(r), r, opener(ctx, r))) for r in unique]
-        pullers = _pullers(config, stack, unique, session_for, sync_every)
-
-        def ended(st: dict) -> None:
-            _said_ended(st)
-            lifecycle.tell_ended(config, st, CliReporter().warn)
-            puller = pullers.pop(str(st.get("run_id")), None)
-            if puller is not None:  # its last checkpoint, whatever its host does next
-                puller.__exit__(None)
-                lifecycle.last_checkpoint(config, puller.session, puller.run_id, puller.job, CliReporter(quiet=True))
-
-        told: set[str] = set()
-
-        def trouble(run_id: str, exc: ThrustError) -> None:  # once per outage of a run's host
-            if run_id not in told:
-                told.add(run_id)
-                CliReporter().warn(f"{run_id}: its host does not answer now ({exc.message}); it goes on there: "
-                                   "asking again")
-
-        try:
-            statuses = lifecycle.wait(
-                asks, timeout=timeout, on_end=ended, on_trouble=trouble,
-                again=lambda going: command_hint("wait", *going, host=host, config=config.given_path))
-        except StillGoing as still:
-            if as_json:  # the statuses so far (a run not yet ended as it was last seen), then the 75
-                typer.echo(json.dumps(getattr(still, "statuses", [])))
-            raise
+    try:
+        statuses = waiting.wait(fleet, unique, _WaitShown(), host=host, timeout=timeout, sync_every=sync_every)
+    except StillGoing as still:
+        if as_json:  # the statuses so far (a run not yet ended as it was last seen), then the 75
+            typer.echo(json.dumps(getattr(still, "statuses", [])))
+        raise
     if as_json:
         typer.echo(json.dumps(statuses))
     raise typer.Exit(lifecycle.wait_code(statuses))
 
 
-def _pullers(config: Config, stack: contextlib.ExitStack, run_ids: Sequence[str],
-             session_for: Callable[[str], HostSession], given: float | None) -> dict[str, pull.Puller]:
-    """`wait`: a Puller per run whose job this config has (runs/pull.py); stopped when the wait ends."""
-    out: dict[str, pull.Puller] = {}
-    for run_id in run_ids:
-        entry = index.lookup(config.root, run_id)
-        job = config.jobs.get(entry.job) if entry else None
-        every = pull.sync_every(job, given)
-        if job is None or not every:
-            continue
-        session = session_for(run_id)
+class _WaitShown:
+    """`wait`'s view: each run's end and each pull with something new as a line on stderr, warnings as
+    warnings."""
 
-        def shown(p: pull.Pulled, run_id: str = run_id) -> None:
-            if p.files:
-                say(f"{run_id}: {p.text()}")
+    def warn(self, message: str) -> None:
+        CliReporter().warn(message)
 
-        out[run_id] = stack.enter_context(pull.Puller(session, job, session.paths.run(run_id), run_id, config.root,
-                                                      every, shown, CliReporter().warn))
-    return out
+    def ended(self, status: StatusAnswer) -> None:
+        _said_ended(status)
+
+    def pulled(self, run_id: str, pulled: Pulled) -> None:
+        if pulled.files:
+            say(f"{run_id}: {pulled.text()}")
 
 
 def _said_ended(st: dict) -> None:
@@ -368,24 +295,6 @@ def _said_ended(st: dict) -> None:
     see = "" if st.get("state") == RunState.FINISHED else \
         f"; its log: {command_hint('logs', st['run_id'], host=st.get('host') or None)}"
     say(f"{st['run_id']}: {st['state']}{code}{see}")
-
-
-def opener(ctx: typer.Context, run_id: str) -> lifecycle.OpenNode:
-    """A session on another node of run `run_id`, by host name; a host this config lacks is an error
-    naming the config the run was started with (from the local index), not a node that is gone."""
-
-    def open_node(name: str) -> HostSession:
-        try:
-            return open_session(ctx, name)
-        except UnknownHostError as exc:
-            entry = index.lookup(get_config(ctx).root, run_id)
-            started = entry.config if entry and entry.config else None
-            raise UnknownHostError(
-                f"run {run_id} has a node on host {name!r}, which this configuration does not define",
-                f"give the config the run was started with: thrust-remote --config {started} ..." if started
-                else exc.hint) from None
-
-    return open_node
 
 
 def logs(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,
@@ -403,55 +312,44 @@ def logs(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID")
                                                  "pulls of the run's newest checkpoint and changed artifacts "
                                                  "(default: the job's sync_every:, else 300; 0: off).")) -> None:
     control.check_run_id(run_id)
-    with open_session(ctx, host, run_id) as session:
-        if follow_:
-            _reattach(ctx, session, run_id, node=node, offset=offset, fetch=not no_fetch, raw=raw, as_json=as_json,
-                      sync_every=sync_every)
-            return
-        # the run's status first: a clear error for an unknown id
-        with lifecycle.open_nodes(session, run_id, opener(ctx, run_id)) as (nodes, first):
-            shown = nodes.sessions[lifecycle.check_node(nodes, node)]
-            if shown is None:
-                raise UnreachableError(f"run {run_id}: node {node} ({nodes.names[node or 0]}) does not answer",
-                                       f"thrust-remote doctor --host {nodes.names[node or 0]}")
-            got = [0]
+    run = Run(get_fleet(ctx), run_id, host)
+    if follow_:
+        _reattach(ctx, run, node=node, offset=offset, fetch=not no_fetch, raw=raw, as_json=as_json,
+                  sync_every=sync_every)
+        return
 
-            def out(chunk: bytes) -> None:
-                got[0] += len(chunk)
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.buffer.flush()
+    def out(chunk: bytes) -> None:
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
 
-            control.follow_log(shown, run_id, offset=offset, follow=False, on_bytes=out)
-        if not got[0]:  # say so on stderr: nothing on stdout could be a log, or a wrong node
-            which = f" node {node} ({nodes.names[node]})" if node is not None else ""
-            queued = " (it is QUEUED: it has not started yet)" if first.get("state") == RunState.QUEUED else ""
-            say(f"run {run_id}{which}: nothing in its log" + (f" past byte {offset}" if offset else "") + queued)
+    got = run.read_log(out, node=node, offset=offset)
+    if not got.bytes:  # say so on stderr: nothing on stdout could be a log, or a wrong node
+        which = f" node {node} ({got.node_host})" if node is not None else ""
+        queued = " (it is QUEUED: it has not started yet)" if got.state == RunState.QUEUED else ""
+        say(f"run {run_id}{which}: nothing in its log" + (f" past byte {offset}" if offset else "") + queued)
 
 
-def _reattach(ctx: typer.Context, session: HostSession, run_id: str, *, node: int | None, offset: int, fetch: bool,
-              raw: bool, as_json: bool, sync_every: float | None = None) -> None:
+def _reattach(ctx: typer.Context, run: Run, *, node: int | None, offset: int, fetch: bool, raw: bool, as_json: bool,
+              sync_every: float | None = None) -> None:
     """`logs -f`: the run's follow and end as `train` has them, over every node of the run (a failed
     node named, a finished train run fetched), rendered as train's end is; the exit code is the job's
     (docs/architecture.md, "Exit codes")."""
     started = time.monotonic()
     reporter = CliReporter(quiet=as_json, out=err_console if as_json else None, raw=raw)
-    outcome = lifecycle.reattach(get_config(ctx), session, run_id, opener(ctx, run_id), reporter, node=node,
-                                 offset=offset, fetch=fetch, config_path=state(ctx).config_path,
-                                 sync_every=sync_every)
+    outcome = run.follow(reporter, node=node, offset=offset, fetch=fetch, sync_every=sync_every)
     if not outcome.fetchable and not as_json and not (outcome.status or {}).get("failed_node"):
         # not a train run: nothing to fetch, only the end to tell (FINISHED too: a quiet job's follow
         # would otherwise end with no word)
         st = outcome.status or {}
         code = f" (exit code {st.get('exit_code')})" if st.get("exit_code") is not None else ""
-        say(f"run {run_id} ended {st.get('state')}{code}")
+        say(f"run {run.run_id} ended {st.get('state')}{code}")
         raise typer.Exit(outcome.exit_code)
     show_outcome(ctx, outcome, as_json, started)
 
 
 def stop(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,
          grace: float = typer.Option(10.0, "--grace", help="Seconds between TERM and KILL.")) -> None:
-    with open_session(ctx, host, run_id) as session:
-        answers = lifecycle.stop(session, run_id, opener(ctx, run_id), grace)
+    answers = Run(get_fleet(ctx), run_id, host).stop(grace)
     for name, answer in answers:
         where = f" on {name}" if len(answers) > 1 else ""
         if answer is None:
@@ -472,9 +370,8 @@ def fetch(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"
           ) -> None:
     """A RUNNING run brings its newest checkpoint and changed artifacts (its model once it ends)."""
     config = get_config(ctx)
-    with open_session(ctx, host, run_id) as session:
-        got = lifecycle.fetch(config, session, run_id, opener(ctx, run_id), CliReporter(quiet=as_json), force=force,
-                              all_checkpoints=all_checkpoints)
+    got = Run(get_fleet(ctx), run_id, host).fetch(CliReporter(quiet=as_json), force=force,
+                                                  all_checkpoints=all_checkpoints)
     if as_json:
         model = got.model
         typer.echo(json.dumps({
@@ -506,7 +403,7 @@ def prune(ctx: typer.Context,
           dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     config = get_config(ctx)
-    with open_session(ctx, host) as session:
+    with get_fleet(ctx).open(host) as session:
         if session.host.is_local:
             raise UsageError("host local runs in the project itself: it has no trees to prune",
                              "give --host with a remote host")

@@ -8,10 +8,10 @@ import sys
 
 import typer
 
-from thrust_remote.cli.common import get_config
-from thrust_remote.cli.runs import HOST_OPT, open_session
+from thrust_remote.cli.common import HOST_OPT, get_config, get_fleet
 from thrust_remote.core.console import err_console, host_text
 from thrust_remote.fetch.models import relative
+from thrust_remote.run.handle import Run
 from thrust_remote.runs import tboard
 
 
@@ -47,7 +47,7 @@ def tensorboard(
         except KeyboardInterrupt:
             code = 0  # the user stopped it: TensorBoard got the same Ctrl-C
         raise typer.Exit(code)
-    with open_session(ctx, host, run_id) as session:
+    with Run(get_fleet(ctx), run_id, host).session() as session:
         try:
             argv, logdir = tboard.remote_plan(session, run_id, job)
             _say(f"starting TensorBoard on {session.name}:{logdir}")

@@ -29,6 +29,7 @@ from thrust_remote.core.errors import (
     Detached,
     StillGoing,
     ThrustError,
+    UnknownHostError,
     UnreachableError,
     UsageError,
 )
@@ -36,6 +37,7 @@ from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import artifacts, checkpoints
 from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
+from thrust_remote.host.fleet import Fleet, each
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import fetching, following, multinode, stages, vocab
 from thrust_remote.run import gpus as inventory  # the module; `gpus` is the chosen list in places
@@ -43,8 +45,6 @@ from thrust_remote.run.arguments import check_trainer_args, job_arguments, load_
 from thrust_remote.run.sync import LocalState
 from thrust_remote.run.vocab import Launched, Reporter, Stage, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index, notify, pull, scalarwatch, trees
-
-OpenNode = Callable[[str], HostSession]  # a session on a configured host, by name
 
 
 @dataclass
@@ -113,17 +113,17 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     # the run id first: it names the run's tree on every node, made by the check
     run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
     planned = multinode.PlanAhead(sessions, reporter) if many else None  # beside the check and set-up
-    checked = multinode.each(lambda s: stages.check(config, request.job, s, told(s), args_for_preflight=args,
+    checked = each(lambda s: stages.check(config, request.job, s, told(s), args_for_preflight=args,
                                                     code_at=request.resume, tree=run_id), sessions)
     multinode.agree(checked)
     if request.gpus:  # GPUs a host can never give (more than it has, none at all): 64 before any set-up
         for node in checked:
             inventory.select_gpus(request.gpus, node.report.facts, node.session.host)
-    prepared = multinode.each(lambda c: stages.set_up(c, told(c.session)), checked)
+    prepared = each(lambda c: stages.set_up(c, told(c.session)), checked)
     if request.resume is not None:  # every node can read the checkpoint; the job's rank 0 does
         resume = request.resume
         reporter.step(f"placing checkpoint {resume.label} for run {run_id}")
-        paths = multinode.each(lambda p: stages.place_checkpoint(p, resume, run_id, relative=many), prepared)
+        paths = each(lambda p: stages.place_checkpoint(p, resume, run_id, relative=many), prepared)
         args = [*args, *stages.resume_args(resume, paths[0])]
     if many:  # a queued run's order, the same on every node (agent/runqueue.py); one host uses its own clock
         launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
@@ -326,13 +326,13 @@ def _over_nodes_at_end(nodes: RunNodes, node: int, followed: dict[str, Any], wat
 # ------------------------------------------------------------------------------------------ a run started before
 
 @contextmanager
-def open_nodes(session: HostSession, run_id: str, open_node: OpenNode,
+def open_nodes(session: HostSession, run_id: str, fleet: Fleet,
                status: dict[str, Any] | None = None) -> Iterator[tuple[RunNodes, dict[str, Any]]]:
     """Every node of a run, from the status of the node `session` is on (its run.json lists the nodes in
-    rank order); the sessions opened here are closed at the end, `session` is the caller's. A node that
-    does not answer is None (the run's state shows it UNREACHABLE; a follow's watch takes it as lost);
-    any other failure to open one (a host this config lacks, a changed host key) is raised before
-    anything is asked or stopped: it says nothing about the run."""
+    rank order); the sessions opened here (through `fleet`) are closed at the end, `session` is the
+    caller's. A node that does not answer is None (the run's state shows it UNREACHABLE; a follow's
+    watch takes it as lost); any other failure to open one (a host this config lacks, a changed host
+    key) is raised before anything is asked or stopped: it says nothing about the run."""
     status = status if status is not None else control.status(session, run_id)
     names = [str(n) for n in status.get("nodes") or [session.name]]
     sessions: list[HostSession | None] = [None] * len(names)
@@ -340,13 +340,13 @@ def open_nodes(session: HostSession, run_id: str, open_node: OpenNode,
 
     def one(i: int) -> None:
         try:
-            sessions[i] = session if names[i] == session.name else open_node(names[i])
+            sessions[i] = session if names[i] == session.name else _open_node(fleet, run_id, names[i])
         except (UnreachableError, ConnectionLostError):
             pass
         except ThrustError as exc:
             errors[i] = exc
 
-    multinode.each(one, list(range(len(names))))
+    each(one, list(range(len(names))))
     if errors:
         for s in sessions:
             if s is not None and s is not session:
@@ -360,15 +360,29 @@ def open_nodes(session: HostSession, run_id: str, open_node: OpenNode,
                 s.close()
 
 
-def reattach(config: Config, session: HostSession, run_id: str, open_node: OpenNode,
-             reporter: Reporter | None = None, *, node: int | None = None, offset: int = 0, fetch: bool = True,
-             force: bool = False, config_path: Path | str | None = None,
+def _open_node(fleet: Fleet, run_id: str, name: str) -> HostSession:
+    """A session on another node of run `run_id`; a host this config lacks is an error naming the
+    config the run was started with (from the local index), not a node that is gone."""
+    try:
+        return fleet.open(name)
+    except UnknownHostError as exc:
+        entry = index.lookup(fleet.config.root, run_id)
+        started = entry.config if entry and entry.config else None
+        raise UnknownHostError(
+            f"run {run_id} has a node on host {name!r}, which this configuration does not define",
+            f"give the config the run was started with: thrust-remote --config {started} ..." if started
+            else exc.hint) from None
+
+
+def reattach(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter | None = None, *,
+             node: int | None = None, offset: int = 0, fetch: bool = True, force: bool = False,
              sync_every: float | None = None) -> TrainOutcome:
     """`logs RUN --follow`: follow a run already started and end it as `train` would, over all its
     nodes: the same watch, the same failed node named, the same fetch and exit code. `node`: the node
-    whose log is shown (default node 0's)."""
+    whose log is shown (default node 0's). The reattach hints repeat the fleet's --config."""
     reporter = reporter or vocab.NullReporter()
-    with open_nodes(session, run_id, open_node) as (nodes, status):
+    config = fleet.config
+    with open_nodes(session, run_id, fleet) as (nodes, status):
         node = check_node(nodes, node)
         head_session = nodes.sessions[0]
         if head_session is None or nodes.sessions[node] is None:
@@ -385,7 +399,7 @@ def reattach(config: Config, session: HostSession, run_id: str, open_node: OpenN
                         str(head_status.get("job") or ""), head_status.get("commit"), head_session.paths, None, True,
                         {}, position=(status.get("position") or 0) if status.get("state") == RunState.QUEUED else None)
         return follow(config, nodes, head, job, reporter, fetch=fetch, force=force, offset=offset, node=node,
-                      config_path=config_path, sync_every=sync_every)
+                      config_path=fleet.config_path, sync_every=sync_every)
 
 
 def check_node(nodes: RunNodes, node: int | None) -> int:
@@ -413,13 +427,13 @@ def _train_job(config: Config, session: HostSession, run_id: str, status: dict) 
     return config.jobs.get(str(status.get("job") or ""))
 
 
-def status(session: HostSession, run_id: str, open_node: OpenNode) -> dict[str, Any]:
+def status(session: HostSession, run_id: str, fleet: Fleet) -> dict[str, Any]:
     """`status RUN`: one host's status object, or over several hosts the run's state over its nodes
     (every other node asked at once; docs/architecture.md, "JSON shapes")."""
     first = control.status(session, control.check_run_id(run_id))
     if len(first.get("nodes") or []) <= 1:
         return first
-    with open_nodes(session, run_id, open_node, first) as (nodes, _):
+    with open_nodes(session, run_id, fleet, first) as (nodes, _):
         return _state_over(nodes, session, first)
 
 
@@ -441,14 +455,15 @@ class Fetched:
     state: str | None = None  # the run's state over its nodes when it was fetched
 
 
-def fetch(config: Config, session: HostSession, run_id: str, open_node: OpenNode, reporter: Reporter, *,
+def fetch(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter, *,
           force: bool = False, all_checkpoints: bool = False) -> Fetched:
     """`fetch RUN`: node 0's model (the job exports one and the run has ended), its newest checkpoint
     (`all_checkpoints`: every one) and its changed artifacts, placed by the rules of "Kept models"
     judged on the run's state over every node. A run still going brings its checkpoint and artifacts
     so far; its model comes when it ends."""
+    config = fleet.config
     session.runner.warm_transfers(1)  # beside the status requests: the gets after them find it started
-    with open_nodes(session, control.check_run_id(run_id), open_node) as (nodes, first):
+    with open_nodes(session, control.check_run_id(run_id), fleet) as (nodes, first):
         head = nodes.sessions[0]
         if head is None:
             raise UnreachableError(f"run {run_id}: node 0 ({nodes.names[0]}), which holds its model, does not answer",
@@ -489,11 +504,11 @@ def _fetch_model(config: Config, head: HostSession, job: JobConfig, run_dir: str
     return fetching.finish(config, head, job, run_dir, run_id=run_id, status=st, force=force)
 
 
-def stop(session: HostSession, run_id: str, open_node: OpenNode, grace: float = 10.0,
+def stop(session: HostSession, run_id: str, fleet: Fleet, grace: float = 10.0,
          ) -> list[tuple[str, dict[str, Any] | None]]:
     """`stop RUN`: every node at once; each node's answer, None for one that cannot be reached (it
     stops itself when it loses the others: agent/peerwatch.py)."""
-    with open_nodes(session, control.check_run_id(run_id), open_node) as (nodes, _):
+    with open_nodes(session, control.check_run_id(run_id), fleet) as (nodes, _):
 
         def one(s: HostSession | None) -> dict[str, Any] | None:
             if s is None:
@@ -503,7 +518,7 @@ def stop(session: HostSession, run_id: str, open_node: OpenNode, grace: float = 
             except ConnectionLostError:
                 return None
 
-        answers = multinode.each(one, nodes.sessions)
+        answers = each(one, nodes.sessions)
         return list(zip(nodes.names, answers, strict=True))
 
 

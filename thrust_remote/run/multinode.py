@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from thrust_remote.agent.protocol import LOG, RESUMED_FROM, RunState
-from thrust_remote.core.config import Config, HostConfig
+from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
 from thrust_remote.host.fleet import each
 from thrust_remote.host.netinfo import rendezvous_port, route, ssh_endpoint
@@ -430,21 +430,3 @@ def _first_failed(nodes: list[dict[str, Any]], states: Sequence[dict[str, Any] |
         return {"node": n["node"], "host": n["host"], "why": f"{n['state']} (exit code {n.get('exit_code')})"}
     lost = next(n for n in nodes if not RunState.of(n["state"]).ended_well)
     return {"node": lost["node"], "host": lost["host"], "why": lost["state"]}
-
-
-def open_sessions(config: Config, hosts: Sequence[HostConfig],
-                  opener: Callable[[HostConfig], Any]) -> list[HostSession]:
-    """A session on every node at once (`opener`: a host's Runner); all closed again on an error."""
-    runners: list[Any] = [None] * len(hosts)
-
-    def one(i: int) -> HostSession:
-        runners[i] = opener(hosts[i])
-        return HostSession.open(runners[i], hosts[i], config)
-
-    try:
-        return each(one, list(range(len(hosts))))
-    except BaseException:
-        for r in runners:
-            if r is not None:
-                r.close()
-        raise

@@ -38,13 +38,13 @@ from thrust_remote.core.errors import (
 )
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import checkpoints
+from thrust_remote.host.fleet import Fleet
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import fetching, vocab
 from thrust_remote.run.vocab import Reporter, ResumeFrom, TrainOutcome
 from thrust_remote.runs import control, index
 
 TRAINER_TEMPLATE = ("--resume-from", CHECKPOINT_FIELD)  # trainer/args.py: --resume-from CKPT
-OpenSession = Callable[[str], HostSession]  # a session on a configured host, by name
 
 
 def template_of(job: JobConfig) -> tuple[str, ...]:
@@ -75,18 +75,17 @@ class Source:
     notes: list[str] = field(default_factory=list)
 
 
-def plan(config: Config, run_id: str, open_session: OpenSession, reporter: Reporter, *,
-         hosts: Sequence[str] = (), force: bool = False) -> Source:
+def plan(fleet: Fleet, run_id: str, reporter: Reporter, *, hosts: Sequence[str] = (), force: bool = False) -> Source:
     """What resuming `run_id` on `hosts` (default: its own) takes, checked before anything starts: the
     run not still going (unless `force`), its job's template, its code, its newest checkpoint verified."""
-    run_id = control.check_run_id(run_id)
+    config, run_id = fleet.config, control.check_run_id(run_id)
     entry = index.lookup(config.root, run_id)
     head = entry.host if entry else (hosts[0] if hosts else config.default_host)
     own = tuple(entry.nodes or (entry.host,)) if entry else (head,)
     targets = tuple(hosts) or own
     if entry is not None and entry.job in config.jobs:
         template_of(config.jobs[entry.job])  # a job that cannot resume is refused before anything is asked
-    meta, on_host, patch = _ask_head(config, run_id, head, open_session, reporter, force=force,
+    meta, on_host, patch = _ask_head(fleet, run_id, head, reporter, force=force,
                                      same_host=tuple(targets) == (head,), known=entry is not None)
     job_name = (entry.job if entry else "") or str(meta.get("job") or "")
     if not job_name:
@@ -113,7 +112,7 @@ def plan(config: Config, run_id: str, open_session: OpenSession, reporter: Repor
     return source
 
 
-def _ask_head(config: Config, run_id: str, head: str, open_session: OpenSession, reporter: Reporter, *,
+def _ask_head(fleet: Fleet, run_id: str, head: str, reporter: Reporter, *,
               force: bool, same_host: bool, known: bool) -> tuple[dict[str, Any], str | None, bytes | None]:
     """The run's host, when it answers: refuse a run still going, pull its newest checkpoint (fresher
     than any copy here, and a copy here whatever happens next), and read its run.json and patch.
@@ -121,8 +120,8 @@ def _ask_head(config: Config, run_id: str, head: str, open_session: OpenSession,
     None when the host does not answer. A run this project did not start (`known` False) is only known
     by its host: one that does not answer leaves nothing to go on."""
     try:
-        with open_session(head) as session:  # the link opens on first use: inside, so a host down is caught
-            return _asked(config, session, run_id, reporter, force=force, same_host=same_host)
+        with fleet.open(head) as session:  # the link opens on first use: inside, so a host down is caught
+            return _asked(fleet.config, session, run_id, reporter, force=force, same_host=same_host)
     except (UnreachableError, ConnectionLostError) as exc:
         if not known:
             raise UnreachableError(f"run {run_id} is not in this project's index, and {head}, where it was looked "
@@ -345,12 +344,12 @@ class Chain:
         self.moved = []
 
 
-def probe(open_session: OpenSession) -> Answers:
+def probe(fleet: Fleet) -> Answers:
     """`answers(host, run_id)` for a Chain: None when the host does not answer now, else the run's
     status there ({} when no run is asked about)."""
 
     def answers(host: str, run_id: str | None = None) -> dict[str, Any] | None:
-        with contextlib.suppress(UnreachableError, ConnectionLostError), open_session(host) as session:
+        with contextlib.suppress(UnreachableError, ConnectionLostError), fleet.open(host) as session:
             if run_id:
                 return control.status(session, run_id)
             session.runner.run(["true"], timeout=30).check(f"true on {host}")  # the link opens on first use

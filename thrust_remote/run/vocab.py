@@ -49,10 +49,12 @@ class Reporter(Protocol):
     scalars, from another thread), `followed` when following ends for any reason (end, detach, lost link).
     `queued` comes first when the followed run still waits in its host's queue (its log starts later);
     `pulled` after each pull of the run's checkpoint and artifacts while it is followed (runs/pull.py,
-    from another thread)."""
+    from another thread). `note` is a turn in a run's life said as a line of its own, even where steps
+    are not shown (`--json`): a retry resuming the run."""
 
     def step(self, message: str) -> None: ...
     def warn(self, message: str) -> None: ...
+    def note(self, message: str) -> None: ...
     def queued(self, host: str, position: int | None) -> None: ...
     def pulled(self, pulled: Pulled) -> None: ...
     def following(self, run_id: str, offset: int) -> None: ...
@@ -68,6 +70,9 @@ class NullReporter:
         pass
 
     def warn(self, message: str) -> None:
+        pass
+
+    def note(self, message: str) -> None:
         pass
 
     def queued(self, host: str, position: int | None) -> None:

@@ -1,0 +1,253 @@
+"""A run you can hold (submitit's `Job`): `Run(fleet, run_id)`, over its N >= 1 nodes and its tree.
+
+    run = Run(fleet, "snake-20250101-120000-ab12")
+    run.status()            # its state over every node (run.json's `nodes`), `tree`, `tree_kept`, `tree_bytes`
+    run.follow(reporter)    # the reattach: the same follow and end as `train`
+    run.stop(); run.fetch(reporter); run.resume(reporter, hosts=["b"]); run.wait(view)
+
+The handle is the CLI's one door to a run; the work stays lifecycle.py's (and resume.py's, waiting.py's).
+Its host is `--host` when given, else the local index's (runs/index.py), else the default host; every
+other node is opened by name through the fleet. `train` starts one; with a retry policy a followed run
+and each retry that resumes it are one chain (resume.Chain), wired here for `train`, `resume` and
+`watch` alike. Nothing here prints: what happens reaches the caller through its Reporter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from thrust_remote.agent.protocol import StatusAnswer
+from thrust_remote.core.config import Config, HostConfig, JobConfig
+from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnknownHostError, UnreachableError, UsageError
+from thrust_remote.core.hints import command_hint
+from thrust_remote.host.fleet import Fleet
+from thrust_remote.host.session import HostSession
+from thrust_remote.run import lifecycle, waiting
+from thrust_remote.run import resume as resuming  # the module; `Run.resume` is the handle's
+from thrust_remote.run.vocab import Reporter, TrainOutcome, TrainRequest
+from thrust_remote.runs import control, index
+
+
+@dataclass(frozen=True)
+class LogRead:
+    """`logs RUN` without --follow: how many bytes of the log came, whose (the node's host when one was
+    asked for) and the run's state then."""
+
+    bytes: int
+    node_host: str | None
+    state: str | None
+
+
+class Run:
+    """One run by its id, reached through `fleet`; `host` is the --host given (None: the index's)."""
+
+    def __init__(self, fleet: Fleet, run_id: str, host: str | None = None) -> None:
+        self.fleet = fleet
+        self.run_id = control.check_run_id(run_id)
+        self.given_host = host
+
+    @property
+    def config(self) -> Config:
+        return self.fleet.config
+
+    def host(self) -> str | None:
+        """Node 0's host: --host, else the one the local index recorded; None: the default host. A host
+        the index names that this config lacks is UnknownHostError (68) naming the config it came from."""
+        return index.resolve_host(self.config, self.run_id, self.given_host)
+
+    def session(self) -> HostSession:
+        """A new session on the run's host: the caller's to close."""
+        return self.fleet.open(self.host())
+
+    def status(self) -> StatusAnswer:
+        """Its state over every node (docs/architecture.md, "JSON shapes"), with `continued_by` when a
+        resume or a retry went on from it; its host gone, the error names the run that went on."""
+        after = index.continued_by(self.config.root, self.run_id)
+        try:
+            with self.session() as session:  # over several hosts: every node's state, and the run's
+                st = lifecycle.status(session, self.run_id, self.fleet)
+        except ThrustError as exc:
+            # its host is gone (down, or out of thrust.yaml): the run that went on is what to ask about
+            if after and isinstance(exc, (UnreachableError, ConnectionLostError, UnknownHostError)):
+                last = after[-1]
+                went_on = (f"run {self.run_id} was resumed as {last.run_id} on {last.host}: "
+                           f"{command_hint('status', last.run_id, config=self.config.given_path)}")
+                exc.hint = "\n".join(filter(None, [went_on, exc.hint]))
+            raise
+        if after:
+            st["continued_by"] = [{"run_id": e.run_id, "host": e.host} for e in after]
+        return st
+
+    def read_log(self, on_bytes: Callable[[bytes], None], *, node: int | None = None, offset: int = 0) -> LogRead:
+        """The log of node `node` (default node 0) from byte `offset`, as it is now, to `on_bytes`. The
+        run's status is asked first: a clear error for an unknown id."""
+        got = 0
+
+        def counted(chunk: bytes) -> None:
+            nonlocal got
+            got += len(chunk)
+            on_bytes(chunk)
+
+        with self.session() as session, lifecycle.open_nodes(session, self.run_id, self.fleet) as (nodes, first):
+            shown = nodes.sessions[lifecycle.check_node(nodes, node)]
+            if shown is None:
+                raise UnreachableError(f"run {self.run_id}: node {node} ({nodes.names[node or 0]}) does not answer",
+                                       f"thrust-remote doctor --host {nodes.names[node or 0]}")
+            control.follow_log(shown, self.run_id, offset=offset, follow=False, on_bytes=counted)
+        return LogRead(got, nodes.names[node] if node is not None else None, first.get("state"))
+
+    def follow(self, reporter: Reporter, *, node: int | None = None, offset: int = 0, fetch: bool = True,
+               sync_every: float | None = None) -> TrainOutcome:
+        """`logs RUN --follow`: the run's follow and end as `train` has them, over every node
+        (lifecycle.reattach): a failed node named, a finished train run fetched, the same exit code."""
+        with self.session() as session:
+            return lifecycle.reattach(self.fleet, session, self.run_id, reporter, node=node, offset=offset,
+                                      fetch=fetch, sync_every=sync_every)
+
+    def wait(self, view: waiting.WaitView, *, timeout: float | None = None,
+             sync_every: float | None = None) -> StatusAnswer:
+        """Until it has ended (its checkpoint pulled meanwhile): its last status (waiting.wait)."""
+        return waiting.wait(self.fleet, [self.run_id], view, host=self.given_host, timeout=timeout,
+                            sync_every=sync_every)[0]
+
+    def stop(self, grace: float = 10.0) -> list[tuple[str, dict[str, Any] | None]]:
+        """Every node at once: each node's host and answer (None: it could not be reached)."""
+        with self.session() as session:
+            return lifecycle.stop(session, self.run_id, self.fleet, grace)
+
+    def fetch(self, reporter: Reporter, *, force: bool = False, all_checkpoints: bool = False) -> lifecycle.Fetched:
+        """Node 0's model, its newest checkpoint (`all_checkpoints`: every one) and its changed artifacts."""
+        with self.session() as session:
+            return lifecycle.fetch(self.fleet, session, self.run_id, reporter, force=force,
+                                   all_checkpoints=all_checkpoints)
+
+    def resume(self, reporter: Reporter, *, hosts: Sequence[str] = (), sets: Sequence[str] = (),
+               params: Path | None = None, detach: bool = False, force: bool = False,
+               sync_every: float | None = None, retry: int | None = None) -> TrainOutcome:
+        """A new run of its job at its code, from its newest checkpoint, on `hosts` (default: its own);
+        followed unless `detach`, and then by the job's retry policy (or `retry`) with its retries."""
+        source = resuming.plan(self.fleet, self.run_id, reporter, hosts=hosts, force=force)
+        for note in source.notes:
+            reporter.warn(note)
+        reporter.step(f"resuming run {self.run_id} ({source.job.name}) from checkpoint "
+                      f"{source.resume.label} on {', '.join(source.hosts)}")  # type: ignore[union-attr]
+        make = _attempts(self.fleet, reporter, sets=sets, params=params, detach=detach, sync_every=sync_every)
+        policy = None if detach else resuming.policy_for(source.job, retry)
+        if policy is None:
+            return make(source)
+        return _chain(self.fleet, policy, reporter, make, sync_every).run(lambda: make(source))
+
+    def watch(self, reporter: Reporter, *, retry: int | None = None, sync_every: float | None = None) -> TrainOutcome:
+        """Follow it (as `follow`) and, by its job's retry policy (or `retry`), each run that resumes it."""
+        config, run_id = self.config, self.run_id
+        name = index.resolve_host(config, run_id, self.given_host) or config.default_host
+        job = _job_of(self.fleet, run_id, name)
+        follow = _reattach(self.fleet, reporter, sync_every)
+        policy = resuming.policy_for(job, retry)
+        if policy is None:
+            reporter.warn(f"job {job.name} has no retry policy (`retry:` or --retry N): this follows run {run_id} "
+                          "only")
+            return follow(run_id, name)
+        resuming.template_of(job)  # a job that cannot continue from a checkpoint: 64 now, not when a host dies
+        make = _attempts(self.fleet, reporter, sync_every=sync_every)
+        return _chain(self.fleet, policy, reporter, make, sync_every).run(lambda: follow(run_id, name))
+
+
+def train(fleet: Fleet, request: TrainRequest, hosts: Sequence[HostConfig], reporter: Reporter, *,
+          max_restarts: int = 0, retry: int | None = None) -> TrainOutcome:
+    """`train JOB`: what the run cannot be, said before anything connects; then its life (lifecycle.train)
+    over a session per host and, attached, by the job's retry policy (or `retry`), each retry as one
+    chain. The reattach hints repeat the fleet's --config."""
+    lifecycle.check_request(request, hosts, max_restarts)
+    check_following(request, retry, reporter)
+
+    def first() -> TrainOutcome:
+        with fleet.sessions(hosts) as sessions:
+            return lifecycle.train(fleet.config, request, sessions, reporter, max_restarts=max_restarts,
+                                   config_path=fleet.config_path)
+
+    if request.detach:
+        return first()
+    policy = resuming.policy_for(request.job, retry)
+    if policy is None:
+        return first()
+    make = _attempts(fleet, reporter, sync_every=request.sync_every)
+    return _chain(fleet, policy, reporter, make, request.sync_every).run(first)
+
+
+def check_following(request: TrainRequest, retry: int | None, reporter: Reporter) -> None:
+    """--retry needs a job that can continue from a checkpoint (64 now, not when a host dies hours in);
+    --retry and --sync-every act while a run is followed: with --detach, nothing does (said)."""
+    if request.detach and (retry or request.sync_every is not None):
+        given = " and ".join(f for f, v in (("--retry", retry), ("--sync-every", request.sync_every)) if v is not None)
+        reporter.warn(f"{given}: acted on while a run is followed, and with --detach nothing follows it; "
+                      "`thrust-remote watch RUN` follows it with its retries (and pulls), `logs RUN -f` with pulls")
+    elif retry:
+        resuming.template_of(request.job)
+
+
+# ------------------------------------------------------------------------------------------ a chain's parts
+
+def _job_of(fleet: Fleet, run_id: str, name: str) -> JobConfig:
+    """The configured job of a run to watch: the index's, else the one its host names (64 without one)."""
+    config = fleet.config
+    entry = index.lookup(config.root, run_id)
+    job = config.jobs.get(entry.job) if entry else None
+    if job is None:
+        with fleet.open(name) as session:
+            job = config.jobs.get(str(control.status(session, run_id).get("job") or ""))
+    if job is None:
+        raise UsageError(f"run {run_id}'s job is not one of this config's: there is nothing to retry it as",
+                         f"follow it with: thrust-remote logs {run_id} --follow --host {name}")
+    return job
+
+
+def _attempts(fleet: Fleet, reporter: Reporter, *, sets: Sequence[str] = (), params: Path | None = None,
+              detach: bool = False, sync_every: float | None = None) -> Callable[[resuming.Source], TrainOutcome]:
+    """A resumed run started (and followed unless detached) from a plan, on a session per host."""
+
+    def make(source: resuming.Source) -> TrainOutcome:
+        hosts = fleet.config.host_list(list(source.hosts))
+        request = resuming.request_for(source, hosts[0], sets=list(sets), params_file=params, detach=detach,
+                                       sync_every=sync_every)
+        lifecycle.check_request(request, hosts)
+        with fleet.sessions(hosts) as sessions:
+            return lifecycle.train(fleet.config, request, sessions, reporter, config_path=fleet.config_path)
+
+    return make
+
+
+def _reattach(fleet: Fleet, reporter: Reporter, sync_every: float | None) -> Callable[[str, str], TrainOutcome]:
+    """A run followed again on the host `name` (a reattach)."""
+
+    def follow(run_id: str, name: str) -> TrainOutcome:
+        with fleet.open(name) as session:
+            return lifecycle.reattach(fleet, session, run_id, reporter, sync_every=sync_every)
+
+    return follow
+
+
+def _chain(fleet: Fleet, policy: resuming.RetryPolicy, reporter: Reporter,
+           make: Callable[[resuming.Source], TrainOutcome], sync_every: float | None) -> resuming.Chain:
+    """The retry chain's callables over the fleet: resume a run on hosts, follow one again, ask a host
+    whether it answers, a run's nodes from the index, the exact command a hint names."""
+    config = fleet.config
+
+    def attempt(run_id: str, hosts: list[str]) -> TrainOutcome:
+        source = resuming.plan(fleet, run_id, reporter, hosts=hosts, force=True)
+        reporter.note(f"retry: run {run_id} resumes from checkpoint {source.resume.label} on "  # type: ignore[union-attr]
+                      f"{', '.join(source.hosts)}")
+        return make(source)
+
+    def hosts_of(run_id: str) -> list[str]:
+        entry = index.lookup(config.root, run_id)
+        return list(entry.nodes or (entry.host,)) if entry else []
+
+    def hint(command: str, run_id: str, host: str) -> str:
+        return command_hint(command, run_id, host=config.hosts.get(host) or host, config=fleet.config_path)
+
+    return resuming.Chain(policy, reporter, attempt=attempt, follow=_reattach(fleet, reporter, sync_every),
+                          answers=resuming.probe(fleet), hosts_of=hosts_of, hint=hint)

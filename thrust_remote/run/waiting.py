@@ -1,0 +1,103 @@
+"""`wait RUN...`: every run named asked on its own host until each has ended, its checkpoint pulled
+meanwhile and once more at its end (docs/architecture.md, "Checkpoints and resume").
+
+One connection per host however many runs it holds; the loop itself (each run asked every few
+seconds, a host that stops answering sat out, the deadline) is `lifecycle.wait`. What happens is told
+to a `WaitView`; this module never prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from thrust_remote.agent.protocol import StatusAnswer
+from thrust_remote.core.config import Config
+from thrust_remote.core.errors import ThrustError
+from thrust_remote.core.hints import command_hint
+from thrust_remote.host.fleet import Fleet
+from thrust_remote.host.session import HostSession
+from thrust_remote.run import lifecycle
+from thrust_remote.run.vocab import NullReporter
+from thrust_remote.runs import index, pull
+
+
+class WaitView(Protocol):
+    """What a wait tells its caller: a warning, a run that ended (its last status), a pull of a run's
+    checkpoint and artifacts (from the puller's thread)."""
+
+    def warn(self, message: str) -> None: ...
+    def ended(self, status: StatusAnswer) -> None: ...
+    def pulled(self, run_id: str, pulled: pull.Pulled) -> None: ...
+
+
+class _WarningsOnly(NullReporter):
+    """A run's last checkpoint pulled at its end: its warnings shown, its steps not (the view has
+    said the run ended)."""
+
+    def __init__(self, view: WaitView) -> None:
+        self.view = view
+
+    def warn(self, message: str) -> None:
+        self.view.warn(message)
+
+
+def wait(fleet: Fleet, run_ids: Sequence[str], view: WaitView, *, host: str | None = None,
+         timeout: float | None = None, sync_every: float | None = None) -> list[StatusAnswer]:
+    """Each run asked on its own host (`host`, else the index's, else the default) over one session per
+    host; their last statuses, in the order given (lifecycle.wait: StillGoing past `timeout`, Detached
+    on Ctrl-C). A run of a job of this config has its checkpoint pulled every `sync_every` s (None:
+    the job's), and once more when it ends."""
+    config = fleet.config
+    with contextlib.ExitStack() as stack:
+        sessions: dict[str, HostSession] = {}
+
+        def session_for(run_id: str) -> HostSession:
+            name = index.resolve_host(config, run_id, host) or config.default_host
+            if name not in sessions:
+                sessions[name] = stack.enter_context(fleet.open(name))
+            return sessions[name]
+
+        asks = [(r, functools.partial(lifecycle.status, session_for(r), r, fleet)) for r in run_ids]
+        pullers = _pullers(config, stack, run_ids, session_for, sync_every, view)
+
+        def ended(st: StatusAnswer) -> None:
+            view.ended(st)
+            lifecycle.tell_ended(config, st, view.warn)
+            puller = pullers.pop(str(st.get("run_id")), None)
+            if puller is not None:  # its last checkpoint, whatever its host does next
+                puller.__exit__(None)
+                lifecycle.last_checkpoint(config, puller.session, puller.run_id, puller.job, _WarningsOnly(view))
+
+        told: set[str] = set()
+
+        def trouble(run_id: str, exc: ThrustError) -> None:  # once per outage of a run's host
+            if run_id not in told:
+                told.add(run_id)
+                view.warn(f"{run_id}: its host does not answer now ({exc.message}); it goes on there: asking again")
+
+        return lifecycle.wait(asks, timeout=timeout, on_end=ended, on_trouble=trouble,
+                              again=lambda going: command_hint("wait", *going, host=host, config=config.given_path))
+
+
+def _pullers(config: Config, stack: contextlib.ExitStack, run_ids: Sequence[str],
+             session_for: Callable[[str], HostSession], given: float | None,
+             view: WaitView) -> dict[str, pull.Puller]:
+    """A Puller per run whose job this config has (runs/pull.py); stopped when the wait ends."""
+    out: dict[str, pull.Puller] = {}
+    for run_id in run_ids:
+        entry = index.lookup(config.root, run_id)
+        job = config.jobs.get(entry.job) if entry else None
+        every = pull.sync_every(job, given)
+        if job is None or not every:
+            continue
+        session = session_for(run_id)
+
+        def shown(p: pull.Pulled, run_id: str = run_id) -> None:
+            view.pulled(run_id, p)
+
+        out[run_id] = stack.enter_context(pull.Puller(session, job, session.paths.run(run_id), run_id, config.root,
+                                                      every, shown, view.warn))
+    return out
