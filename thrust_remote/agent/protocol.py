@@ -130,3 +130,9 @@ class StatusAnswer(TypedDict, total=False):
     nodes: list
     peer_failed: dict | None
     resumed_from: str  # the run this one continues from a checkpoint (`resume`, a retry)
+    tree: str  # `list --trees` and `status`: the run's own tree on the host (docs/architecture.md, "Trees")
+    tree_kept: bool  # the tree is still there
+    tree_bytes: int | None  # its own files' size
+    # the laptop's additions: a run over several hosts (multinode.aggregate) and a run resumed since
+    failed_node: dict | None  # {"node", "host", "why"[, "log_tail"]}: the node that failed first
+    continued_by: list  # [{"run_id", "host"}]: the runs that continue it (`status`)

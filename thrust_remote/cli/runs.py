@@ -146,7 +146,7 @@ def _columns(resumed: bool) -> tuple[str, ...]:
     return (*COLUMNS, RESUMED) if resumed else COLUMNS
 
 
-def _row(r: dict, resumed: bool = False) -> tuple[str, ...]:
+def _row(r: StatusAnswer, resumed: bool = False) -> tuple[str, ...]:
     code = r.get("exit_code")
     state = f"{r['state']} ({r['position']})" if r.get("position") else r["state"]  # QUEUED (2): its place
     if r.get("unreadable"):  # its state is a guess: `status RUN` names the path
@@ -290,7 +290,7 @@ class _WaitShown:
             say(f"{run_id}: {pulled.text()}")
 
 
-def _said_ended(st: dict) -> None:
+def _said_ended(st: StatusAnswer) -> None:
     code = "" if st.get("exit_code") is None else f" (exit code {st['exit_code']})"
     see = "" if st.get("state") == RunState.FINISHED else \
         f"; its log: {command_hint('logs', st['run_id'], host=st.get('host') or None)}"

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from thrust_remote.agent.protocol import RUN_DIR_PREFIX, RunState
+from thrust_remote.agent.protocol import RUN_DIR_PREFIX, RunState, StatusAnswer
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
@@ -25,7 +25,7 @@ def fetch_command(run_id: str, host: HostConfig, config_path: Path | str | None 
     return command_hint("fetch", run_id, host=host, config=config_path)
 
 
-def fetch_finished(config: Config, session: HostSession, launched: Launched, job: JobConfig, status: dict,
+def fetch_finished(config: Config, session: HostSession, launched: Launched, job: JobConfig, status: StatusAnswer,
                    reporter: Reporter, *, force: bool, timings: dict[str, float],
                    ) -> tuple[models.FetchResult | None, artifacts.DirFetch | None]:
     """A FINISHED run's model (when the job exports one) and artifacts, each timed into `timings`;

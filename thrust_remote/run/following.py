@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from thrust_remote.agent.protocol import StatusAnswer
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, Detached
 from thrust_remote.core.hints import command_hint
@@ -34,7 +35,7 @@ def reattach_command(run_id: str, host: HostConfig, offset: int | None = None,
 class Followed:
     """A followed run's end: its status, the log offset reached and what the log said."""
 
-    status: dict
+    status: StatusAnswer
     offset: int
     progress: RunProgress
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import MODEL, RUN_JSON, RunState
+from thrust_remote.agent.protocol import MODEL, RUN_JSON, RunState, StatusAnswer
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import (
     ConnectionLostError,
@@ -302,7 +302,7 @@ def last_checkpoint(config: Config, session: HostSession, run_id: str, job: JobC
         return None
 
 
-def _over_nodes_at_end(nodes: RunNodes, node: int, followed: dict[str, Any], watch: multinode.Watch) -> dict[str, Any]:
+def _over_nodes_at_end(nodes: RunNodes, node: int, followed: StatusAnswer, watch: multinode.Watch) -> StatusAnswer:
     """The run's state once the followed node ended: every other node asked; a node that failed first
     other than the followed one shows the end of its log (the followed one's was on screen); and the
     nodes still running are stopped, FAILED for the failed one (the watch may not have seen it yet)."""
@@ -327,7 +327,7 @@ def _over_nodes_at_end(nodes: RunNodes, node: int, followed: dict[str, Any], wat
 
 @contextmanager
 def open_nodes(session: HostSession, run_id: str, fleet: Fleet,
-               status: dict[str, Any] | None = None) -> Iterator[tuple[RunNodes, dict[str, Any]]]:
+               status: StatusAnswer | None = None) -> Iterator[tuple[RunNodes, StatusAnswer]]:
     """Every node of a run, from the status of the node `session` is on (its run.json lists the nodes in
     rank order); the sessions opened here (through `fleet`) are closed at the end, `session` is the
     caller's. A node that does not answer is None (the run's state shows it UNREACHABLE; a follow's
@@ -415,7 +415,7 @@ def check_node(nodes: RunNodes, node: int | None) -> int:
     return node
 
 
-def _train_job(config: Config, session: HostSession, run_id: str, status: dict) -> JobConfig | None:
+def _train_job(config: Config, session: HostSession, run_id: str, status: StatusAnswer) -> JobConfig | None:
     """The configured job a run was trained for; None for an optimize trial (run.json has `trial`:
     it exported nothing) or a job this config no longer has."""
     try:
@@ -427,7 +427,7 @@ def _train_job(config: Config, session: HostSession, run_id: str, status: dict) 
     return config.jobs.get(str(status.get("job") or ""))
 
 
-def status(session: HostSession, run_id: str, fleet: Fleet) -> dict[str, Any]:
+def status(session: HostSession, run_id: str, fleet: Fleet) -> StatusAnswer:
     """`status RUN`: one host's status object, or over several hosts the run's state over its nodes
     (every other node asked at once; docs/architecture.md, "JSON shapes")."""
     first = control.status(session, control.check_run_id(run_id))
@@ -437,7 +437,7 @@ def status(session: HostSession, run_id: str, fleet: Fleet) -> dict[str, Any]:
         return _state_over(nodes, session, first)
 
 
-def _state_over(nodes: RunNodes, asked: HostSession, answer: dict[str, Any]) -> dict[str, Any]:
+def _state_over(nodes: RunNodes, asked: HostSession, answer: StatusAnswer) -> StatusAnswer:
     """The run's state over its nodes, the node `asked` having given `answer` already."""
     if not nodes.many:
         return answer
@@ -488,7 +488,7 @@ def fetch(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter, *
         return Fetched(head.name, model, got, pulled, str(st.get("state")))
 
 
-def _fetch_model(config: Config, head: HostSession, job: JobConfig, run_dir: str, run_id: str, st: dict[str, Any],
+def _fetch_model(config: Config, head: HostSession, job: JobConfig, run_dir: str, run_id: str, st: StatusAnswer,
                  reporter: Reporter, *, force: bool, others: bool) -> FetchResult | None:
     """The run's model when it has one to give: none while it runs (said), none from a run that ended
     without exporting when there are checkpoints to bring instead (said); else `fetching.finish`."""
@@ -524,7 +524,7 @@ def stop(session: HostSession, run_id: str, fleet: Fleet, grace: float = 10.0,
 
 # ------------------------------------------------------------------------------------------ ended
 
-def tell_ended(config: Config, status: dict[str, Any], warn: Callable[[str], None]) -> None:
+def tell_ended(config: Config, status: StatusAnswer, warn: Callable[[str], None]) -> None:
     """A followed run has ended: the `notify:` of its job (else the top level's) told, once per run
     whoever follows it (runs/notify.py). A run still going tells nothing."""
     state = RunState.of(status.get("state"))
@@ -540,22 +540,22 @@ def tell_ended(config: Config, status: dict[str, Any], warn: Callable[[str], Non
 
 # ------------------------------------------------------------------------------------------ wait
 
-Ask = Callable[[], dict[str, Any]]  # one run's status, asked again (lifecycle.status over its nodes)
+Ask = Callable[[], StatusAnswer]  # one run's status, asked again (lifecycle.status over its nodes)
 
 
 def wait(asks: Sequence[tuple[str, Ask]], *, timeout: float | None = None, every: float = 2.0,
-         on_end: Callable[[dict[str, Any]], None] = lambda _: None,
+         on_end: Callable[[StatusAnswer], None] = lambda _: None,
          on_trouble: Callable[[str, ThrustError], None] = lambda *_: None,
          again: Callable[[Sequence[str]], str] = lambda going: f"thrust-remote wait {' '.join(going)}",
          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-         ) -> list[dict[str, Any]]:
+         ) -> list[StatusAnswer]:
     """`wait RUN...`: each run asked every `every` s until every one has ended (a terminal state);
     their last statuses, in the order given. `on_end` hears each one as it ends. A host that answered
     once and then does not for a while (a reboot, a link down) is told to `on_trouble` and asked again
     next round: the runs go on there. Past `timeout` seconds: StillGoing (75) naming the runs that go on, `again(them)`
     the command to wait again, and `.statuses` the last answer of each (None: never answered)."""
-    ended: dict[str, dict[str, Any]] = {}
-    last: dict[str, dict[str, Any] | None] = dict.fromkeys((run_id for run_id, _ in asks), None)
+    ended: dict[str, StatusAnswer] = {}
+    last: dict[str, StatusAnswer | None] = dict.fromkeys((run_id for run_id, _ in asks), None)
     try:
         return _wait_rounds(asks, ended, last, timeout, every, on_end, on_trouble, again, clock, sleep)
     except KeyboardInterrupt:  # Ctrl-C: the runs go on; 75 as a detach, with the command to wait again
@@ -564,11 +564,11 @@ def wait(asks: Sequence[tuple[str, Ask]], *, timeout: float | None = None, every
                        f"they go on; wait again with: {again(going)}") from None
 
 
-def _wait_rounds(asks: Sequence[tuple[str, Ask]], ended: dict[str, dict[str, Any]],
-                 last: dict[str, dict[str, Any] | None], timeout: float | None, every: float,
-                 on_end: Callable[[dict[str, Any]], None], on_trouble: Callable[[str, ThrustError], None],
+def _wait_rounds(asks: Sequence[tuple[str, Ask]], ended: dict[str, StatusAnswer],
+                 last: dict[str, StatusAnswer | None], timeout: float | None, every: float,
+                 on_end: Callable[[StatusAnswer], None], on_trouble: Callable[[str, ThrustError], None],
                  again: Callable[[Sequence[str]], str], clock: Callable[[], float],
-                 sleep: Callable[[float], None]) -> list[dict[str, Any]]:
+                 sleep: Callable[[float], None]) -> list[StatusAnswer]:
     deadline = None if timeout is None else clock() + timeout
     while True:
         for run_id, ask in asks:
@@ -595,7 +595,7 @@ def _wait_rounds(asks: Sequence[tuple[str, Ask]], ended: dict[str, dict[str, Any
         sleep(every if deadline is None else max(0.0, min(every, deadline - clock())))
 
 
-def wait_code(statuses: Sequence[dict[str, Any]]) -> int:
+def wait_code(statuses: Sequence[StatusAnswer]) -> int:
     """0 when every run FINISHED, else the code `train` would give for the first that did not."""
     failed = next((st for st in statuses if st.get("state") != RunState.FINISHED), None)
     return 0 if failed is None else vocab.exit_code_for(failed)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from thrust_remote.agent.protocol import LOG, RESUMED_FROM, RunState
+from thrust_remote.agent.protocol import LOG, RESUMED_FROM, RunState, StatusAnswer
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
 from thrust_remote.host.fleet import each
@@ -324,7 +324,7 @@ def log_tail(session: HostSession, run_id: str, limit: int = 4000) -> str | None
     return text.split("\n", 1)[1] if len(text.encode()) >= limit and "\n" in text else text
 
 
-def status_within(session: HostSession, run_id: str, timeout: float) -> dict[str, Any]:
+def status_within(session: HostSession, run_id: str, timeout: float) -> StatusAnswer:
     """control.status, or ConnectionLostError after `timeout` seconds: over a dead link an SSH request can
     wait for TCP's own give-up (many minutes); the connection is dropped so the next call starts afresh."""
     box: dict[str, Any] = {}
@@ -347,10 +347,10 @@ def status_within(session: HostSession, run_id: str, timeout: float) -> dict[str
     raise ConnectionLostError(f"{session.name} did not answer within {timeout:g} s")
 
 
-def node_states(sessions: Sequence[HostSession | None], run_id: str) -> list[dict[str, Any] | None]:
+def node_states(sessions: Sequence[HostSession | None], run_id: str) -> list[StatusAnswer | None]:
     """Each node's status, None for a node that does not answer (or has no session)."""
 
-    def one(session: HostSession | None) -> dict[str, Any] | None:
+    def one(session: HostSession | None) -> StatusAnswer | None:
         if session is None:
             return None
         try:
@@ -371,7 +371,7 @@ END_POLL_S = 0.5
 
 def states_at_end(sessions: Sequence[HostSession | None], run_id: str, followed: int,
                   clock: Callable[[], float] = time.monotonic,
-                  sleep: Callable[[float], None] = time.sleep) -> list[dict[str, Any] | None]:
+                  sleep: Callable[[float], None] = time.sleep) -> list[StatusAnswer | None]:
     """Every node's status but the followed one's (None there), once the followed node FINISHED: a node
     still RUNNING is asked again until it ends or END_GRACE_S pass (before, a node a second slower to
     exit made a finished run read RUNNING and exit 1)."""
@@ -384,8 +384,8 @@ def states_at_end(sessions: Sequence[HostSession | None], run_id: str, followed:
     return got
 
 
-def aggregate(names: Sequence[str], states: Sequence[dict[str, Any] | None],
-              verdict: dict[str, Any] | None = None) -> dict[str, Any]:
+def aggregate(names: Sequence[str], states: Sequence[StatusAnswer | None],
+              verdict: dict[str, Any] | None = None) -> StatusAnswer:
     """The run's state over its nodes: QUEUED while a node waits in its host's queue, RUNNING while none
     ended badly, FINISHED when all did, STOPPED
     when the user stopped it, else FAILED naming the node that failed first: the one a node or the
@@ -418,7 +418,7 @@ def _overall(states: list[str], lost_a_node: bool) -> str:
     return RunState.STOPPED if RunState.STOPPED in states else RunState.LOST
 
 
-def _first_failed(nodes: list[dict[str, Any]], states: Sequence[dict[str, Any] | None],
+def _first_failed(nodes: list[dict[str, Any]], states: Sequence[StatusAnswer | None],
                   verdicts: list[dict[str, Any]]) -> dict[str, Any]:
     if verdicts:
         v = verdicts[0]

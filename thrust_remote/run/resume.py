@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import PATCH, RUN_JSON, RunState
+from thrust_remote.agent.protocol import PATCH, RUN_JSON, RunState, StatusAnswer
 from thrust_remote.core.config import CHECKPOINT_FIELD, RETRY_ON_DEFAULT, Config, JobConfig
 from thrust_remote.core.errors import (
     ConnectionLostError,
@@ -219,11 +219,11 @@ def policy_for(job: JobConfig, given: int | None) -> RetryPolicy | None:
                        float(cfg.get("grace", RETRY_GRACE_S)))
 
 
-Answers = Callable[..., "dict[str, Any] | None"]  # (host, run_id=None) -> the run's status, None: no answer
+Answers = Callable[..., "StatusAnswer | None"]  # (host, run_id=None) -> the run's status, None: no answer
 Hint = Callable[[str, str, str], str]  # (command, run id, host) -> the exact command to type
 
 
-def event_of(status: dict[str, Any] | None) -> str | None:
+def event_of(status: StatusAnswer | None) -> str | None:
     """The retry event a run's end is: `lost`, `failed`, or None (finished, stopped)."""
     state = RunState.of((status or {}).get("state"))
     return {RunState.LOST: "lost", RunState.FAILED: "failed"}.get(state)
@@ -301,7 +301,7 @@ class Chain:
         self.reporter.step(f"resuming run {run_id} on {', '.join(targets)}")
         return lambda: self.attempt(run_id, targets)
 
-    def _back_within_grace(self, host: str, run_id: str) -> dict[str, Any] | None:
+    def _back_within_grace(self, host: str, run_id: str) -> StatusAnswer | None:
         """The run's status on `host` once it answers again, asked every GRACE_POLL_S s for the policy's
         grace; None when it stays silent that long."""
         if self.policy.grace > 0:
@@ -348,7 +348,7 @@ def probe(fleet: Fleet) -> Answers:
     """`answers(host, run_id)` for a Chain: None when the host does not answer now, else the run's
     status there ({} when no run is asked about)."""
 
-    def answers(host: str, run_id: str | None = None) -> dict[str, Any] | None:
+    def answers(host: str, run_id: str | None = None) -> StatusAnswer | None:
         with contextlib.suppress(UnreachableError, ConnectionLostError), fleet.open(host) as session:
             if run_id:
                 return control.status(session, run_id)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import GPUS_USED, RESUMED_FROM
+from thrust_remote.agent.protocol import GPUS_USED, RESUMED_FROM, LaunchAnswer
 from thrust_remote.core.config import CHECKPOINT_FIELD, Config, HostConfig, JobConfig
 from thrust_remote.core.errors import ThrustError, TransferError
 from thrust_remote.host import payload
@@ -252,8 +252,9 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
         **(meta_extra or {}),
     }
     reporter.step(f"launching run {run_id}")
-    answer = control.launch(session, run_id=run_id, job=job.name, argv=argv, cwd=prepared.cwd, env=env,
-                         meta={**meta, "job": job.name}, claim_gpus=gpus if exclusive_gpus else (), queue=queue)
+    answer: LaunchAnswer = control.launch(
+        session, run_id=run_id, job=job.name, argv=argv, cwd=prepared.cwd, env=env,
+        meta={**meta, "job": job.name}, claim_gpus=gpus if exclusive_gpus else (), queue=queue)
     timings = {**prepared.timings, Stage.LAUNCH: time.monotonic() - t3}
     if sync_result is not None and sync_result.dirty and prepared.local is not None:
         _save_patch(session, run_dir, prepared.local)

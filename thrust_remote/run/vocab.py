@@ -12,7 +12,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from thrust_remote.agent.protocol import RunState
+from thrust_remote.agent.protocol import RunState, StatusAnswer
 from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.core.errors import ExitCode
 from thrust_remote.fetch import artifacts, checkpoints, models
@@ -159,7 +159,7 @@ class TrainOutcome:
     trial: nothing to fetch); `progress` what its log said (the last metrics, THRUST_DONE)."""
 
     launched: Launched
-    status: dict | None
+    status: StatusAnswer | None
     fetched: models.FetchResult | None
     exit_code: int
     timings: dict[str, float]
@@ -197,7 +197,7 @@ class TrainOutcome:
 OURS = range(ExitCode.USAGE, ExitCode.CONFIG + 1)
 
 
-def exit_code_for(status: dict) -> int:
+def exit_code_for(status: StatusAnswer) -> int:
     """A run's exit code as the CLI's: 0 when FINISHED, the job's own code (1 where it is one of ours), else 1."""
     if status.get("state") == RunState.FINISHED:
         return 0
