@@ -141,6 +141,12 @@ def test_a_notifier_that_fails_is_a_warning_and_never_shows_the_url(cli, tmp_pat
     ("text", "line", "words"),
     [
         ("notify:\n  webhook: ftp://example.com/" + SECRET + "\n", 2, "expected an http(s):// URL, or $NAME"),
+        # what urllib or http.client would only refuse after the run, as a crash that skipped the fetch
+        ("notify:\n  webhook: http://hooks.example:abc/" + SECRET + "\n", 2, "its port is not a number"),
+        ("notify:\n  webhook: 'http://[::1/" + SECRET + "'\n", 2, "its [IPv6 address] is not valid"),
+        ('notify:\n  webhook: "http://hooks.example/' + SECRET + '\\x01"\n', 2, "a space or a control character"),
+        ("jobs:\n  j:\n    command: [x]\n    notify:\n      webhook: http://u:" + SECRET + "@h:99999/x\n", 5,
+         "jobs.j.notify.webhook: not a usable URL: its port"),
         ("notify:\n  command: notify-me now\n", 2, "expected a list"),
         ("notify:\n  sms: yes\n", 2, "unknown key"),
         ("jobs:\n  j:\n    command: [x]\n    notify:\n      desktop: maybe\n", 5, "jobs.j.notify.desktop"),
