@@ -71,6 +71,9 @@ SITE_COMMANDS = frozenset({"preflight", "missing-modules", "dist-versions"})
 LOG_START = b"\x1ethrust-log\x1e\n"
 
 RUN_JSON = "run.json"
+# what either side reads of a run's JSON files (run.json, peer-failed.json): ours are a few KB, and one
+# far larger (a hostile or broken host) is refused, never read whole into memory
+RUN_JSON_MAX = 1 << 20
 LOG = "log"
 EXIT_CODE = "exit_code"
 STOPPED = "stopped"
@@ -129,6 +132,7 @@ class StatusAnswer(TypedDict, total=False):
     reason: str  # a STOPPED run's: "user" (stop), "idle" (the idle-GPU stop)
     reason_detail: str
     unreadable: str  # a path of the run this account may not read (permission denied): the rest is a guess
+    oversize: str  # the run's run.json, larger than RUN_JSON_MAX: not read (the rest is a guess)
     node: int
     nodes: list
     peer_failed: dict | None

@@ -13,7 +13,6 @@ nodes need (agree, plan, rendezvous, the watch, the state over nodes) is multino
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import MODEL, RUN_JSON, RunState
+from thrust_remote.agent.protocol import MODEL, RunState
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import (
     ConnectionLostError,
@@ -389,11 +388,8 @@ def check_node(nodes: RunNodes, node: int | None) -> int:
 def _train_job(config: Config, session: HostSession, run_id: str, status: dict) -> JobConfig | None:
     """The configured job a run was trained for; None for an optimize trial (run.json has `trial`:
     it exported nothing) or a job this config no longer has."""
-    try:
-        meta = json.loads(session.runner.read_text(f"{session.paths.run(run_id)}/{RUN_JSON}") or "{}")
-    except ValueError:
-        meta = {}
-    if not isinstance(meta, dict) or "trial" in meta:
+    meta = control.read_run_json(session, session.paths.run(run_id)) or {}
+    if "trial" in meta:
         return None
     return config.jobs.get(str(status.get("job") or ""))
 
