@@ -170,3 +170,51 @@ def test_the_server_imports_a_subcommands_module_once_for_every_later_request():
     out = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
     assert out.stdout.split() == ["False", "True", "False"]  # that one module, not every one
+
+
+# `agent serve` as a host that answers outside its protocol: the wrapper is the host's `python:`, and runs
+# the real python for everything but the first `serve` it starts (a later server is the real one)
+BAD_SERVE = '''import sys
+print("THRUST-AGENT ready", flush=True)
+for line in sys.stdin:
+    print({answer!r}, flush=True)
+'''
+
+
+def _python_answering(tmp_dir, answer: str, real: str) -> str:
+    server = tmp_dir / "bad_serve.py"
+    server.write_text(BAD_SERVE.format(answer=answer))
+    wrapper = tmp_dir / "python"
+    wrapper.write_text(f'#!/bin/sh\nfor a in "$@"; do last="$a"; done\n'
+                       f'if [ "$last" = serve ] && [ ! -e {tmp_dir}/served ]; then\n'
+                       f'  touch {tmp_dir}/served; exec {real} {server}\nfi\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+@pytest.mark.parametrize(("answer", "what"), [
+    ("THRUST-AGENT {bad json", "an answer that is not JSON"),
+    ('THRUST-AGENT {"id": "one", "exit": 0, "out": "", "err": ""}', "an answer whose request id is not a whole number"),
+    ('THRUST-AGENT {"id": 1, "exit": 0, "out": "%%%", "err": ""}', "an answer whose out is not base64"),
+])
+def test_a_malformed_answer_on_the_agent_link_fails_its_requests_at_once_naming_the_host(sshd, answer, what):
+    from thrust_remote.core.errors import ExitCode, ThrustError
+
+    workdir = remote_tempdir(sshd)
+    host = sshd.host_config(workdir=str(workdir), python=_python_answering(workdir, answer, sshd.host_config().python))
+    died: list[threading.ExceptHookArgs] = []
+    previous, threading.excepthook = threading.excepthook, died.append
+    try:
+        with HostSession.open(SSHRunner.from_host(host), host) as session:
+            runs = f"{workdir}/.thrust/runs"
+            started = time.monotonic()
+            with pytest.raises(ThrustError) as info:
+                session.agent_json("runs", "list", "--runs-dir", runs, timeout=60)
+            assert time.monotonic() - started < 15  # not the request's 60 s (+15 s grace), then a 124
+            assert info.value.exit_code == ExitCode.UNAVAILABLE
+            assert info.value.message.startswith("sandbox: its agent answered a malformed line") and \
+                what in info.value.message, info.value.message
+            assert session.agent_json("runs", "list", "--runs-dir", runs) == []  # a new server, the real one
+    finally:
+        threading.excepthook = previous
+    assert died == []  # the link's reader thread ended on its own terms, no traceback on the terminal

@@ -261,3 +261,27 @@ def test_a_run_on_another_filesystem_brings_back_its_artifacts_and_checkpoint(ss
     fetched = proj / ".thrust" / "fetched" / run_id
     assert (fetched / "artifacts" / "models" / "a.pt").read_bytes() == b"weights"
     assert (fetched / "checkpoints" / "step-1.pt").read_bytes() == b"state-1"
+
+
+def test_a_checkpoint_linked_to_outside_the_run_is_a_warning_naming_it_not_a_silent_skip(cli, tmp_path):
+    """The listing refuses a link whose real path leaves the run's directories; the artifacts fetch said
+    so, the checkpoint pull skipped it without a word (host local: the same listing as over SSH)."""
+    from helpers import commit, git_init
+
+    outside = tmp_path / "elsewhere.pt"
+    outside.write_text("not this run's")
+    proj = git_init(tmp_path / "p")
+    (proj / "thrust.yaml").write_text(
+        "jobs:\n  ck:\n    command: [sh, -c, 'mkdir -p ckpt && printf state-1 > ckpt/step-1.pt && "
+        f"ln -s {outside} ckpt/step-2.pt']\n    checkpoints: ckpt/*.pt\n")
+    commit(proj, "a job whose newest checkpoint is a link to outside")
+    trained = cli("train", "ck", "--host", "local", cwd=proj)
+    assert trained.returncode == 0, trained.stderr
+    run_id = re.search(r"launching run (\S+)", trained.stderr).group(1)
+    fetched = cli("fetch", run_id, "--host", "local", cwd=proj)
+    assert fetched.returncode == 0, fetched.stderr
+    for result in (trained, fetched):  # the end of the follow pulls it, and so does fetch
+        said = [line for line in result.stderr.splitlines() if "checkpoints:" in line and "step-2.pt" in line]
+        assert len(said) == 1 and "is outside the run's directories on local" in said[0], result.stderr
+    got = proj / ".thrust" / "fetched" / run_id / "checkpoints"
+    assert sorted(p.name for p in got.iterdir()) == ["step-1.pt"]

@@ -142,3 +142,26 @@ def test_a_run_this_account_cannot_read_says_permission_denied_and_where(cli, ss
     listed = cli("runs", env=env, cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert "(permission denied)" in listed.stdout and RUN_ID in listed.stdout
+
+
+def test_a_run_json_too_large_to_be_ours_is_refused_naming_the_host_and_the_file(cli, sshd, tmp_path):
+    """A run.json of megabytes was read whole (200 MB took 650 MB of the laptop's memory) and then said
+    nothing: the agent's status and the laptop's own reads stop at RUN_JSON_MAX and say where."""
+    from thrust_remote.core.errors import TransferError
+    from thrust_remote.host.session import HostSession
+    from thrust_remote.host.ssh import SSHRunner
+    from thrust_remote.runs import control
+
+    workdir = remote_tempdir(sshd)
+    run_dir = _crafted_run(workdir, job="cartpole", cwd=str(workdir), host="sandbox", commit="0" * 40,
+                           padding="x" * (2 << 20))
+    env = {"THRUST_CONFIG": str(sshd.thrust_yaml(tmp_path / "thrust.yaml", workdir=str(workdir)))}
+    too_large = f"run {RUN_ID} on sandbox: {run_dir}/run.json is larger than 1,048,576 bytes: not read"
+    for args in (("status", RUN_ID), ("resume", RUN_ID), ("logs", RUN_ID, "--follow")):
+        result = cli(*args, env=env, cwd=tmp_path)
+        assert result.returncode == ExitCode.TRANSFER, (args, result.stderr)
+        assert too_large in result.stderr and "Traceback" not in result.stderr, result.stderr
+    host = sshd.host_config(workdir=str(workdir))
+    with HostSession.open(SSHRunner.from_host(host), host) as session, pytest.raises(TransferError) as info:
+        control.read_run_json(session, str(run_dir))  # what resume, a reattach and tensorboard read
+    assert info.value.message == f"{run_dir}/run.json on sandbox is larger than 1,048,576 bytes: not read"

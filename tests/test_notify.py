@@ -4,16 +4,21 @@ starts on loopback; the runs are real runs on the `local` host (the same pipelin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
+import socket
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from helpers import commit, git_init
+from helpers import EXE, commit, git_init, wait_until
 
 from thrust_remote.core.config import load_config
 from thrust_remote.core.errors import ConfigError
@@ -26,6 +31,7 @@ class Hook:
 
     def __init__(self) -> None:
         self.bodies: list[dict] = []
+        self.gets: list[str] = []
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -35,6 +41,11 @@ class Hook:
                 self.send_response(200)
                 self.end_headers()
                 self.wfile.write(b"ok")
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                hook.gets.append(self.path)
+                self.send_response(200)
+                self.end_headers()
 
             def log_message(self, *_args: object) -> None:
                 pass
@@ -55,6 +66,57 @@ def hook() -> Iterator[Hook]:
     server.close()
 
 
+class SlowHook:
+    """A loopback server that takes a POST whole, then answers one byte every 2 s (each read is quick,
+    the answer never ends) for at most `limit_s`; `asked` is set when a request has arrived. `status`
+    and `headers` are what it answers (a 302 is answered at once)."""
+
+    def __init__(self, *, status: str = "200 OK", headers: str = "", dribble: bool = True,
+                 limit_s: float = 60.0) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/services/{SECRET}"
+        self.answer = f"HTTP/1.1 {status}\r\n{headers}Content-Length: 2\r\n\r\nok".encode()
+        self.dribble, self.limit_s = dribble, limit_s
+        self.asked, self.closed = threading.Event(), threading.Event()
+        self.requests: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(4096)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1)) if b"ength" in head else 0
+            while len(body) < length:
+                body += conn.recv(4096)
+            self.requests.append(head + b"\r\n\r\n" + body)
+            self.asked.set()
+            if not self.dribble:
+                conn.sendall(self.answer)
+                return
+            until = time.monotonic() + self.limit_s
+            for byte in self.answer:
+                if self.closed.wait(2.0) or time.monotonic() > until:
+                    return
+                with contextlib.suppress(OSError):
+                    conn.sendall(bytes([byte]))
+
+    def close(self) -> None:
+        self.closed.set()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (a close alone would not)
+        self.listener.close()
+
+
 CONFIG = """\
 notify:
   command: [sh, -c, 'env | grep ^THRUST_ | sort >> "$0"', {told}]
@@ -67,6 +129,8 @@ jobs:
     notify:
       command: [sh, -c, 'echo "own $THRUST_RUN_ID" >> "$0"', {told}]
 """
+
+HOOK_ONLY = "notify:\n  webhook: $TEST_HOOK\njobs:\n  quick:\n    command: [sh, -c, 'true']\n"
 
 
 def _project(path: Path, told: Path, code: int = 0) -> Path:
@@ -141,6 +205,12 @@ def test_a_notifier_that_fails_is_a_warning_and_never_shows_the_url(cli, tmp_pat
     ("text", "line", "words"),
     [
         ("notify:\n  webhook: ftp://example.com/" + SECRET + "\n", 2, "expected an http(s):// URL, or $NAME"),
+        # what urllib or http.client would only refuse after the run, as a crash that skipped the fetch
+        ("notify:\n  webhook: http://hooks.example:abc/" + SECRET + "\n", 2, "its port is not a number"),
+        ("notify:\n  webhook: 'http://[::1/" + SECRET + "'\n", 2, "its [IPv6 address] is not valid"),
+        ('notify:\n  webhook: "http://hooks.example/' + SECRET + '\\x01"\n', 2, "a space or a control character"),
+        ("jobs:\n  j:\n    command: [x]\n    notify:\n      webhook: http://u:" + SECRET + "@h:99999/x\n", 5,
+         "jobs.j.notify.webhook: not a usable URL: its port"),
         ("notify:\n  command: notify-me now\n", 2, "expected a list"),
         ("notify:\n  sms: yes\n", 2, "unknown key"),
         ("jobs:\n  j:\n    command: [x]\n    notify:\n      desktop: maybe\n", 5, "jobs.j.notify.desktop"),
@@ -225,3 +295,151 @@ def test_a_relative_notify_command_is_the_projects_wherever_train_is_typed(cli, 
     assert trained.returncode == 0, trained.stderr
     assert "warning" not in trained.stderr
     assert told.read_text() == f"told {_run_id(trained.stderr)}\n"
+
+
+# over 15 s: the notification's own deadline (15 s for all its notifiers together) is what it checks
+@pytest.mark.slow
+def test_a_webhook_that_dribbles_its_answer_holds_train_no_longer_than_the_notifications_deadline(cli, tmp_path):
+    proj = git_init(tmp_path / "p")
+    (proj / "thrust.yaml").write_text("notify:\n  webhook: $TEST_HOOK\njobs:\n  quick:\n"
+                                      "    command: [sh, -c, 'echo made > out.txt']\n    artifacts: [out.txt]\n")
+    commit(proj, "a project whose webhook answers a byte every 2 s")
+    slow = SlowHook()
+    try:
+        started = time.monotonic()
+        trained = cli("train", "quick", "--host", "local", "--json", cwd=proj, env={"TEST_HOOK": slow.url})
+        took = time.monotonic() - started
+    finally:
+        slow.close()
+    assert trained.returncode == 0, trained.stderr
+    assert slow.asked.is_set() and took < 15 + 10, took  # the run itself takes well under a second
+    assert "notify webhook: no answer within the notification's 15 s" in trained.stderr
+    out = json.loads(trained.stdout)  # then the fetch and --json, as with no webhook
+    assert out["artifacts"]["files"] == 1, out
+    assert SECRET not in trained.stderr + trained.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_runs_end_is_told_says_it_ended_and_the_next_wait_tells_it_once(cli, hook, tmp_path):
+    proj = git_init(tmp_path / "p")
+    (proj / "thrust.yaml").write_text(HOOK_ONLY)
+    commit(proj, "a project that wants to know")
+    started = cli("train", "quick", "--host", "local", "--detach", cwd=proj)
+    assert started.returncode == 0, started.stderr
+    run_id = re.search(r"launching run (\S+)", started.stderr).group(1)
+    slow = SlowHook()
+    try:
+        proc = subprocess.Popen([EXE, "wait", run_id, "--host", "local"], cwd=proj, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "NO_COLOR": "1", "TEST_HOOK": slow.url})
+        try:
+            wait_until(slow.asked.is_set, 60, "the webhook's POST")
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    finally:
+        slow.close()
+    # the run finished: nothing goes on to wait for; what was cut is its notification, never marked told
+    assert proc.returncode == 130, err
+    assert f"({run_id} ended FINISHED), before its notification was done" in err, err
+    assert f"tell it with: thrust-remote wait {run_id} --host local" in err and "still going" not in err
+    assert not (proj / ".thrust" / "index" / f"{run_id}.notified").exists()
+    for _ in range(2):  # the next follower tells it, and only that one
+        waited = cli("wait", run_id, "--host", "local", cwd=proj, env={"TEST_HOOK": hook.url})
+        assert waited.returncode == 0, waited.stderr
+    assert [b["run_id"] for b in hook.bodies] == [run_id]
+    assert sorted(p.name for p in (proj / ".thrust" / "index").iterdir()) == [f"{run_id}.json", f"{run_id}.notified"]
+
+
+HOLD_CLAIM = """import sys
+from pathlib import Path
+from thrust_remote.runs import notify
+with notify.claim(Path(sys.argv[1]), sys.argv[2]) as ours:
+    print("claimed", ours, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _claimed(root: Path, run_id: str) -> bool:
+    from thrust_remote.runs import notify
+
+    with notify.claim(root, run_id) as ours:
+        return ours  # the block ends normally: told, when it was ours
+
+
+def test_one_follower_tells_a_runs_end_and_a_claim_whose_owner_died_is_taken_over(tmp_path):
+    import sys
+
+    def holder(run_id: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", HOLD_CLAIM, str(tmp_path), run_id], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "claimed True\n"
+        return proc
+
+    first = holder("r1")
+    second: list[bool] = []
+    other = threading.Thread(target=lambda: second.append(_claimed(tmp_path, "r1")))
+    other.start()  # a second follower meanwhile: it waits for the claim, then finds the end told
+    first.communicate("done\n", timeout=30)
+    other.join(30)
+    assert second == [False]
+    dying = holder("r2")
+    dying.kill()  # Ctrl-C or a crash mid-send: its claim goes with it, the end not marked told
+    dying.wait()
+    assert _claimed(tmp_path, "r2") is True
+    assert _claimed(tmp_path, "r2") is False
+
+
+@pytest.mark.slow
+def test_a_webhook_that_redirects_is_a_warning_and_the_post_is_not_sent_on_as_a_get(cli, hook, tmp_path):
+    target = hook.url.replace(SECRET, "moved")
+    mover = SlowHook(status="302 Found", headers=f"Location: {target}\r\n", dribble=False)
+    proj = git_init(tmp_path / "p")
+    (proj / "thrust.yaml").write_text(HOOK_ONLY)
+    commit(proj, "a webhook that moved")
+    try:
+        trained = cli("train", "quick", "--host", "local", cwd=proj, env={"TEST_HOOK": mover.url})
+    finally:
+        mover.close()
+    assert trained.returncode == 0, trained.stderr
+    assert len(mover.requests) == 1 and mover.requests[0].startswith(b"POST ")
+    assert hook.gets == [] and hook.bodies == []  # urllib's way: a GET without the body, told to nobody
+    assert "notify webhook: the server answered 302 Found (a redirect: not followed" in trained.stderr
+    assert SECRET not in trained.stderr + trained.stdout and "moved" not in trained.stderr
+
+
+@pytest.mark.slow
+def test_a_webhook_variable_that_is_no_url_is_a_warning_and_the_run_is_fetched(cli, tmp_path):
+    proj = git_init(tmp_path / "p")
+    (proj / "thrust.yaml").write_text("notify:\n  webhook: $TEST_HOOK\njobs:\n  quick:\n"
+                                      "    command: [sh, -c, 'echo made > out.txt']\n    artifacts: [out.txt]\n")
+    commit(proj, "a webhook read from the environment")
+    for value, words in ((f"http://127.0.0.1:abc/{SECRET}", "its port is not a number"),
+                         (f"http://127.0.0.1/{SECRET}\x01", "it contains a space or a control character"),
+                         (f"http://[::1/{SECRET}", "its [IPv6 address] is not valid")):
+        trained = cli("train", "quick", "--host", "local", "--json", cwd=proj, env={"TEST_HOOK": value})
+        assert trained.returncode == 0, trained.stderr
+        assert f"notify webhook: the value of $TEST_HOOK is not a usable URL ({words}" in trained.stderr
+        assert json.loads(trained.stdout)["artifacts"]["files"] == 1
+        assert SECRET not in trained.stderr + trained.stdout and "Traceback" not in trained.stderr
+
+
+@pytest.mark.slow
+def test_a_notify_command_that_leaves_a_child_behind_is_done_when_it_exits(cli, tmp_path):
+    told, child = tmp_path / "told.txt", tmp_path / "child.pid"
+    proj = git_init(tmp_path / "p")
+    (proj / "thrust.yaml").write_text(
+        f"notify:\n  command: [sh, -c, '(exec sleep 120) & echo $! > {child}; echo told > {told}']\n"
+        "jobs:\n  quick:\n    command: [sh, -c, 'true']\n")
+    commit(proj, "a notify command that starts something in the background")
+    try:
+        started = time.monotonic()
+        trained = cli("train", "quick", "--host", "local", cwd=proj)
+        took = time.monotonic() - started
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(child.read_text()), signal.SIGKILL)
+    assert trained.returncode == 0, trained.stderr
+    assert told.read_text() == "told\n" and "warning" not in trained.stderr, trained.stderr
+    assert took < 10, took  # not the 15 s of a notifier taken for hung

@@ -86,6 +86,12 @@ def test_runs_of_different_commits_run_side_by_side_each_in_its_own_tree(cli, ss
         assert tree == workdir / ".thrust" / "trees" / run["run_id"]
         assert git(tree, "rev-parse", "HEAD") == json.loads((run_dir / "run.json").read_text())["commit"]
         assert _state(cli, proj, run["run_id"])["tree"] == str(tree)
+    # a fetch while both go: the first run's checkpoint is its own, and no "the newest may be theirs"
+    fetched = cli("fetch", first["run_id"], "--json", cwd=proj)
+    assert fetched.returncode == 0, fetched.stderr
+    assert "same checkout" not in fetched.stderr, fetched.stderr
+    newest = json.loads(fetched.stdout)["checkpoint"]["newest"]
+    assert (proj / ".thrust" / "fetched" / first["run_id"] / "checkpoints" / newest).read_text() == "A\n"
     # one object store: the trees are worktrees of the workdir's repository, no second .git
     assert (workdir / ".git").is_dir() and all((workdir / ".thrust" / "trees" / r["run_id"] / ".git").is_file()
                                                 for r in (first, second))

@@ -41,7 +41,7 @@ import stat
 import sys
 import time
 
-from .protocol import EXIT_CODE, LOG, RUN_DIR_PREFIX, RUN_JSON, AgentExit, RunState
+from .protocol import EXIT_CODE, LOG, RUN_DIR_PREFIX, RUN_JSON, RUN_JSON_MAX, AgentExit, RunState
 
 BLOCK = 1 << 20
 DEADLINE_ERROR = "deadline"  # the answer's "error" when the walk ran out of time
@@ -295,9 +295,12 @@ def main(argv: list[str]) -> int:
     run_dir = os.path.abspath(args.run_dir)
     try:
         with open(os.path.join(run_dir, RUN_JSON)) as fh:
-            meta = json.load(fh)
+            text = fh.read(RUN_JSON_MAX + 1)  # never a crafted run.json read whole
+        if len(text) > RUN_JSON_MAX:
+            raise ValueError(f"larger than {RUN_JSON_MAX} bytes: not read")
+        meta = json.loads(text)
         cwd, since = meta["cwd"], meta.get("started_ts")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         print(json.dumps({"error": f"{run_dir}/{RUN_JSON}: {exc}"}))
         return AgentExit.MISSING
     # a tree of the run's own holds no other run's files: everything in it is this run's; the window is

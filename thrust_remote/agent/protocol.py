@@ -6,7 +6,10 @@ run directory's file names and the shapes of the JSON answers live here and nowh
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
+import json
 from typing import TypedDict  # 3.8+, the agent's oldest python
 
 
@@ -68,6 +71,9 @@ SITE_COMMANDS = frozenset({"preflight", "missing-modules", "dist-versions"})
 LOG_START = b"\x1ethrust-log\x1e\n"
 
 RUN_JSON = "run.json"
+# what either side reads of a run's JSON files (run.json, peer-failed.json): ours are a few KB, and one
+# far larger (a hostile or broken host) is refused, never read whole into memory
+RUN_JSON_MAX = 1 << 20
 LOG = "log"
 EXIT_CODE = "exit_code"
 STOPPED = "stopped"
@@ -126,6 +132,7 @@ class StatusAnswer(TypedDict, total=False):
     reason: str  # a STOPPED run's: "user" (stop), "idle" (the idle-GPU stop)
     reason_detail: str
     unreadable: str  # a path of the run this account may not read (permission denied): the rest is a guess
+    oversize: str  # the run's run.json, larger than RUN_JSON_MAX: not read (the rest is a guess)
     node: int
     nodes: list
     peer_failed: dict | None
@@ -136,3 +143,40 @@ class StatusAnswer(TypedDict, total=False):
     # the laptop's additions: a run over several hosts (multinode.aggregate) and a run resumed since
     failed_node: dict | None  # {"node", "host", "why"[, "log_tail"]}: the node that failed first
     continued_by: list  # [{"run_id", "host"}]: the runs that continue it (`status`)
+
+
+class ServeAnswer(TypedDict):
+    """One answer of `agent serve` (agent/serve.py), as the laptop reads it: out and err decoded."""
+
+    id: int
+    exit: int
+    out: bytes
+    err: bytes
+
+
+def serve_answer(data: bytes) -> ServeAnswer:
+    """The JSON after `THRUST-AGENT ` on an answer line, checked whole: `{"id": N, "exit": CODE, "out":
+    B64, "err": B64}`. ValueError saying what is malformed (the laptop fails that link's requests with
+    it, at once, instead of a reader that dies and requests that wait for their deadline)."""
+    try:
+        answer = json.loads(data)
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than json's parser goes
+        raise ValueError("an answer that is not JSON") from None
+    if not isinstance(answer, dict):
+        raise ValueError("an answer that is not a JSON object")
+    numbers = {}
+    for name, what in (("id", "request id"), ("exit", "exit code")):
+        value = answer.get(name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"an answer whose {what} is not a whole number")
+        numbers[name] = value
+    streams = {}
+    for name in ("out", "err"):
+        value = answer.get(name, "")
+        try:
+            if not isinstance(value, str):
+                raise ValueError
+            streams[name] = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"an answer whose {name} is not base64") from None
+    return {"id": numbers["id"], "exit": numbers["exit"], "out": streams["out"], "err": streams["err"]}

@@ -49,6 +49,7 @@ from .protocol import (
     QUEUE,
     RESUMED_FROM,
     RUN_JSON,
+    RUN_JSON_MAX,
     STOPPED,
     AgentExit,
     RunState,
@@ -60,11 +61,20 @@ def _write_atomic(path: str, data: str) -> None:
 
 
 def read_json(path: str) -> dict | None:
+    """A run's JSON file; None when absent, not JSON, or larger than RUN_JSON_MAX (never read whole)."""
     try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
+        with open(path, "rb") as fh:
+            data = fh.read(RUN_JSON_MAX + 1)
+        return None if len(data) > RUN_JSON_MAX else json.loads(data)
+    except (OSError, ValueError, RecursionError):
         return None
+
+
+def _oversize(path: str) -> bool:
+    try:
+        return os.stat(path).st_size > RUN_JSON_MAX
+    except OSError:
+        return False
 
 
 def _proc_start_time(pid: int) -> str | None:
@@ -123,6 +133,7 @@ def _alive(pid: int | None, start: str | None, marker: str | None, *, in_env: bo
 def run_state(run_dir: str, meta: dict | None = None) -> dict:
     """The status object of one run directory (docs/architecture.md, "JSON shapes"); `meta`: its
     run.json when the caller has read it already."""
+    oversize = meta is None and _oversize(os.path.join(run_dir, RUN_JSON))
     meta = meta if meta is not None else read_json(os.path.join(run_dir, RUN_JSON)) or {}
     exit_text = None
     with contextlib.suppress(OSError), open(os.path.join(run_dir, EXIT_CODE)) as fh:
@@ -154,6 +165,7 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
         "state": state,
         **({"reason": reason[0], "reason_detail": reason[1]} if reason else {}),
         **({"unreadable": denied} if denied else {}),
+        **({"oversize": os.path.join(run_dir, RUN_JSON)} if oversize else {}),
         "exit_code": exit_code,
         "pid": meta.get("pid"),
         "started_at": meta.get("started_at"),

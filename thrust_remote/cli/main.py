@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import importlib
 import logging
+import math
 import os
 import shlex
 import signal
@@ -17,7 +18,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from thrust_remote.cli.common import AppState, _env_flag
-from thrust_remote.core.config import ENV_CONFIG, ENV_DEBUG
+from thrust_remote.core.config import ENV_CONFIG, ENV_DEBUG, SECONDS_MAX
 from thrust_remote.core.console import err_console, host_text
 from thrust_remote.core.errors import ExitCode, Interrupted, ThrustError
 
@@ -39,10 +40,28 @@ class SwitchCommand(_SwitchesTakeNoValue, TyperCommand):
     said: some typer versions turn a KeyboardInterrupt into a silent exit 130 before run() sees it."""
 
     def invoke(self, ctx: typer.Context) -> Any:
+        _check_numbers(ctx)
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
             raise Interrupted("stopped by Ctrl-C") from None
+
+
+INT_LIMIT = 2**63  # what a file offset, a pid or a count on the host (a C long) can hold
+
+
+def _check_numbers(ctx: typer.Context) -> None:
+    """Every number option within what its use can take, as a usage error (64) naming the option: a
+    float is seconds everywhere (a timeout, a period, a grace), so finite and at most SECONDS_MAX (`nan`
+    passes click's range checks, `inf` overflows every timer); an int fits 64 bits (`logs --offset
+    99...9` overflowed the host's seek)."""
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= SECONDS_MAX):
+            raise typer.BadParameter(f"{value} is not a number of seconds up to {SECONDS_MAX:,}", ctx=ctx,
+                                     param=param)
+        if isinstance(value, int) and not isinstance(value, bool) and not -INT_LIMIT <= value < INT_LIMIT:
+            raise typer.BadParameter("too large a number", ctx=ctx, param=param)
 
 
 class SwitchGroup(_SwitchesTakeNoValue, TyperGroup):

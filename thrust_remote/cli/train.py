@@ -30,7 +30,7 @@ def train(
                                    "repeat it (or name a group) for one run over several hosts; the first "
                                    "serves the rendezvous."),
     gpus: str | None = typer.Option(None, "--gpus", help="N (the first N free GPUs) or a list like 0,2."),
-    nproc: int | None = typer.Option(None, "--nproc", help="Processes under torchrun (default: one per GPU)."),
+    nproc: int | None = typer.Option(None, "--nproc", min=1, help="Processes under torchrun (default: one per GPU)."),
     share_gpus: bool = typer.Option(False, "--allow-shared-gpus",
                                     help="Run on --gpus that a RUNNING run already holds (refused otherwise)."),
     queue: bool = typer.Option(False, "--queue", help="When its GPUs (or, without GPUs, the host's cpu_slots) "

@@ -9,11 +9,12 @@ No file at all is fine: the host `local` and the jobs `snake` and `cartpole` alw
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -302,7 +303,7 @@ def load_config(
             raise ConfigError(f"config file {cfg_path} does not exist")
     else:
         cfg_path = find_config()
-    config = parse_config_text(cfg_path.read_text(), cfg_path) if cfg_path else _defaults(None)
+    config = parse_config_text(read_text(cfg_path), cfg_path) if cfg_path else _defaults(None)
     if explicit and cfg_path:
         given = str(cfg_path.resolve())
         hosts = {name: replace(h, config_path=given) for name, h in config.hosts.items()}
@@ -314,6 +315,20 @@ def load_config(
             raise ConfigError(reason)
         config = replace(config, default_host=host, default_from_env=not default_host)
     return config
+
+
+def read_text(path: Path) -> str:
+    """A YAML file's text; not UTF-8 (a binary file, another encoding) is a config error at the line of
+    the first bad byte, which is not shown: a file given by mistake (`--config .env`) may hold secrets."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (a YAML file is; is this the file you meant?)") from None
 
 
 def _defaults(path: Path | None) -> Config:
@@ -328,7 +343,8 @@ class _Reader:
 
     def fail(self, node: yaml.Node, field_name: str, message: str) -> ConfigError:
         line = node.start_mark.line + 1
-        return ConfigError(f"{self.label}:{line}: {field_name}: {message}")
+        return ConfigError(f"{self.label}:{line}: {field_name}: {message}" if field_name else
+                           f"{self.label}:{line}: {message}")
 
     def mapping(self, node: yaml.Node, field_name: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
         if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
@@ -341,6 +357,9 @@ class _Reader:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise self.fail(key_node, field_name, "keys must be plain strings")
             key = key_node.value
+            problem = text_problem(key)
+            if problem:
+                raise self.fail(key_node, field_name, f"a key that {problem}")
             if key in seen:
                 raise self.fail(key_node, f"{field_name}.{key}" if field_name else key, "duplicate key")
             seen.add(key)
@@ -350,7 +369,11 @@ class _Reader:
     def scalar(self, node: yaml.Node, field_name: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, field_name, f"expected a single value, got {_kind(node)}")
-        return _construct(node)
+        value = _construct(node)
+        problem = text_problem(value) if isinstance(value, str) else None
+        if problem:  # it would reach a command line, an environment or a file on the host, which cannot carry it
+            raise self.fail(node, field_name, f"a value that {problem}")
+        return value
 
     def string(self, node: yaml.Node, field_name: str, *, nullable: bool = False) -> str | None:
         value = self.scalar(node, field_name)
@@ -364,6 +387,17 @@ class _Reader:
         value = self.scalar(node, field_name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(node, field_name, f"expected a number, got {_pytype(value)}")
+        if not _finite(value):
+            raise self.fail(node, field_name, f"expected a finite number, got {_pytype(value)}")
+        return float(value)
+
+    def seconds(self, node: yaml.Node, field_name: str, what: str, *, zero: bool = False) -> float:
+        """A number of seconds: > 0 (`zero`: >= 0, 0 meaning off) and at most SECONDS_MAX (a timer's)."""
+        value = self.scalar(node, field_name)
+        number = isinstance(value, int | float) and not isinstance(value, bool) and _finite(value)
+        if not number or value < 0 or (value == 0 and not zero) or value > SECONDS_MAX:
+            span = f"from 0 to {SECONDS_MAX:,}; 0: off" if zero else f"above 0, up to {SECONDS_MAX:,}"
+            raise self.fail(node, field_name, f"expected {what} (a number {span}), got {_pytype(value)}")
         return float(value)
 
     def boolean(self, node: yaml.Node, field_name: str) -> bool:
@@ -382,8 +416,120 @@ class _Reader:
         return self.fail(key_node, field_name, f"unknown key (expected one of: {', '.join(allowed)})")
 
     def plain(self, node: yaml.Node, field_name: str) -> Any:
-        """Any YAML value as Python data (for free-form args / search specs)."""
+        """Any YAML value as Python data (for free-form args / search specs), its strings checked as scalar's."""
+        for item in _scalars(node):
+            self.scalar(item, field_name)
         return _construct(node)
+
+
+SECONDS_MAX = 1_000_000  # ~11.6 days: a timer of Python's waits at most ~292 years, a socket's less
+MAX_DEPTH = 64  # nesting: no thrust.yaml needs more (PyYAML's composer recurses, and overflows near 300)
+MAX_VALUES = 100_000  # values once aliases are expanded: a few lines whose aliases multiply are refused
+
+
+def text_problem(text: str) -> str | None:
+    """What keeps `text` off a command line, an environment or a file (None: nothing): a NUL byte ends a
+    C string there, and a lone surrogate (a YAML "\\ud800", undecodable bytes on a command line) is not
+    text any encoding writes."""
+    if "\0" in text:
+        return "contains a NUL byte"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains a lone surrogate (not valid Unicode)"
+    return None
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float (10**400)
+        return False
+
+
+def _scalars(node: yaml.Node) -> Iterator[yaml.ScalarNode]:
+    """Every scalar node under `node` (keys too); compose_yaml has bounded the tree."""
+    if isinstance(node, yaml.ScalarNode):
+        yield node
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            yield from _scalars(item)
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            yield from _scalars(key)
+            yield from _scalars(value)
+
+
+def compose_yaml(text: str, label: str) -> yaml.Node | None:
+    """`text` as a YAML node tree whose values keep their lines, or a ConfigError at `label:LINE`: not
+    YAML, a character YAML does not allow (a NUL), nested deeper than MAX_DEPTH, aliases that expand to
+    more than MAX_VALUES values (a "billion laughs") or that hold themselves. thrust.yaml and `--params`
+    files are both read through it."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        raise _yaml_error(exc, label) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow: NUL, most C0 controls
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"{label}:{line}: not valid YAML: a character YAML does not allow "
+                          f"(#x{exc.character:04x} at column {exc.position - text.rfind(chr(10), 0, exc.position)})"
+                          ) from None
+    except RecursionError:
+        raise ConfigError(f"{label}:{_too_deep_line(text)}: nested more than {MAX_DEPTH} levels deep") from None
+    if root is not None:
+        _check_size(root, label)
+    return root
+
+
+def _yaml_error(exc: yaml.MarkedYAMLError, label: str) -> ConfigError:
+    mark = exc.problem_mark or exc.context_mark
+    line = mark.line + 1 if mark else 0
+    opened = exc.context_mark.line + 1 if exc.context_mark else line
+    if exc.context and opened != line:
+        # an unclosed `[`, `{` or quote is found lines later, where the parser gave up: the line to
+        # fix is where it opened
+        return ConfigError(f"{label}:{opened}: not valid YAML: {exc.context} that starts here; at line "
+                           f"{line}: {exc.problem}")
+    return ConfigError(f"{label}:{line}: not valid YAML: {exc.problem or exc}")
+
+
+def _too_deep_line(text: str) -> int:
+    """The line where nesting first goes past MAX_DEPTH (the parser's events: no recursion)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return event.start_mark.line + 1
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return 1
+
+
+def _check_size(root: yaml.Node, label: str) -> None:
+    """Refuse a tree deeper than MAX_DEPTH, or one that holds more than MAX_VALUES values once its
+    aliases are expanded (each node counted once per place it appears, computed once per node)."""
+    sizes: dict[int, int] = {}
+    fail = _Reader(Path(label)).fail
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if id(node) in sizes:
+            if sizes[id(node)] < 0:
+                raise fail(node, "", "an alias that refers to the value holding it (a loop)")
+            return sizes[id(node)]
+        if depth > MAX_DEPTH:
+            raise fail(node, "", f"nested more than {MAX_DEPTH} levels deep")
+        sizes[id(node)] = -1
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else \
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        total = 1 + sum(size(child, depth + 1) for child in children)
+        if total > MAX_VALUES:
+            raise fail(node, "", f"aliases here expand to more than {MAX_VALUES:,} values")
+        sizes[id(node)] = total
+        return total
+
+    size(root, 0)
 
 
 def _construct(node: yaml.Node) -> Any:
@@ -418,21 +564,13 @@ _MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 def parse_config_text(text: str, path: Path | None = None) -> Config:
     reader = _Reader(path)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 0
-        opened = exc.context_mark.line + 1 if exc.context_mark else line
-        if exc.context and opened != line:
-            # an unclosed `[`, `{` or quote is found lines later, where the parser gave up: the line to
-            # fix is where it opened
-            raise ConfigError(f"{reader.label}:{opened}: not valid YAML: {exc.context} that starts here; at line "
-                              f"{line}: {exc.problem}") from None
-        raise ConfigError(f"{reader.label}:{line}: not valid YAML: {exc.problem or exc}") from None
+    root = compose_yaml(text, reader.label)
     config = _defaults(path)
     if root is None:
         return config
+    if not isinstance(root, yaml.MappingNode):  # a file given by mistake (`--config .env`): never its text
+        raise reader.fail(root, "", f"expected a mapping of settings ({', '.join(_TOP_KEYS)}), got "
+                                    f"{_shape(root)}; is this the file you meant?")
     hosts = dict(config.hosts)
     jobs = dict(config.jobs)
     search: dict[str, dict[str, dict[str, Any]]] = {}
@@ -483,6 +621,28 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
     _check_retry_hosts(reader, jobs, hosts, groups)
     return Config(path=path, default_host=default_host, hosts=hosts, jobs=jobs, search=search, groups=groups,
                   notify=notify, search_lines=search_lines, data_lines=data_lines, **data)
+
+
+def parse_params(path: Path) -> dict[str, Any]:
+    """A `--params` file: a mapping of parameter -> a single value, or optimize's best-params file (that
+    mapping under `params:`). Read as thrust.yaml is (`compose_yaml`: file:line errors, nesting and alias
+    bounds), and each value a single one as in a job's `args:` mapping: a list would become its text."""
+    reader = _Reader(path)
+    root = compose_yaml(read_text(path), reader.label)
+    if not isinstance(root, yaml.MappingNode):
+        where = f"{reader.label}:{_line(root)}" if root is not None else reader.label
+        raise ConfigError(f"{where}: expected a mapping of parameter: value, got "
+                          f"{'nothing' if root is None else _shape(root)}")
+    entries, prefix = reader.mapping(root, ""), ""
+    nested = next((v for k, _kn, v in entries if k == "params" and isinstance(v, yaml.MappingNode)), None)
+    if nested is not None:
+        entries, prefix = reader.mapping(nested, "params"), "params."
+    out: dict[str, Any] = {}
+    for key, key_node, value in entries:
+        if not valid_id(key) or key.startswith("-"):
+            raise reader.fail(key_node, f"{prefix}{key}", "not a parameter name (a plain word like total-steps)")
+        out[key] = reader.scalar(value, f"{prefix}{key}")
+    return out
 
 
 def _check_groups(reader: _Reader, groups: Mapping[str, tuple[str, ...]], nodes: Mapping[str, yaml.Node],
@@ -573,10 +733,7 @@ def _parse_host(reader: _Reader, name: str, node: yaml.Node, name_node: yaml.Nod
         elif key == "keep":
             values["keep_runs"] = _parse_keep(reader, f, value)
         elif key == "connect_timeout":
-            t = reader.number(value, f)
-            if t <= 0:
-                raise reader.fail(value, f, "expected a positive number of seconds")
-            values[key] = t
+            values[key] = reader.seconds(value, f, "seconds")
         else:
             raise reader.unknown(key_node, f, _HOST_KEYS)
     if name != LOCAL and not values.get("address"):
@@ -819,9 +976,10 @@ def _parse_idle_stop(reader: _Reader, f: str, node: yaml.Node) -> dict[str, floa
             raise reader.unknown(key_node, f"{f}.{key}", tuple(_IDLE_KEYS))
         number = reader.scalar(value, f"{f}.{key}")
         low, high = _IDLE_KEYS[key]
-        if isinstance(number, bool) or not isinstance(number, int | float) or number <= low or (
-                high is not None and number > high):
-            bound = f"a number in (0, {high:g}]" if high is not None else "a number > 0"
+        high = SECONDS_MAX if high is None else high  # minutes too: a timer's bound, far past any use
+        if isinstance(number, bool) or not isinstance(number, int | float) or not _finite(number) or \
+                number <= low or number > high:
+            bound = f"a number in (0, {high:,.0f}]"
             raise reader.fail(value, f"{f}.{key}", f"expected {bound}, got {_pytype(number)}")
         out[key] = float(number)
     for key in ("below", "minutes"):
@@ -845,10 +1003,7 @@ def _job_resume(reader: _Reader, f: str, node: yaml.Node) -> tuple[str, ...]:
 
 
 def _sync_every(reader: _Reader, f: str, node: yaml.Node) -> float:
-    number = reader.scalar(node, f)
-    if isinstance(number, bool) or not isinstance(number, int | float) or number < 0:
-        raise reader.fail(node, f, f"expected seconds between pulls (a number >= 0; 0: off), got {_pytype(number)}")
-    return float(number)
+    return reader.seconds(node, f, "seconds between pulls", zero=True)
 
 
 def _parse_retry(reader: _Reader, f: str, node: yaml.Node) -> dict[str, Any]:
@@ -890,16 +1045,44 @@ def _parse_notify(reader: _Reader, f: str, node: yaml.Node) -> NotifyConfig:
             values[key] = _job_command(reader, f"{f}.command", value)
         elif key == "webhook":
             url = (reader.string(value, f"{f}.webhook") or "").strip()
-            if not (_ENV_REF.match(url) or re.match(r"^https?://[^\s]+$", url)):
+            if not (_ENV_REF.match(url) or re.match(r"^https?://", url, re.IGNORECASE)):
                 # the URL itself is a secret: never repeated in the message
                 raise reader.fail(value, f"{f}.webhook", "expected an http(s):// URL, or $NAME to read it from the "
                                                           "environment (keeps the secret out of this file)")
+            problem = None if _ENV_REF.match(url) else webhook_problem(url)  # $NAME: checked when it is sent
+            if problem:
+                raise reader.fail(value, f"{f}.webhook", f"not a usable URL: {problem} (the URL is not repeated: "
+                                                          "it is a secret)")
             values[key] = url
         elif key == "desktop":
             values[key] = reader.boolean(value, f"{f}.desktop")
         else:
             raise reader.unknown(key_node, f"{f}.{key}", _NOTIFY_KEYS)
     return NotifyConfig(**values)
+
+
+def webhook_problem(url: str) -> str | None:
+    """What makes `url` no webhook to POST to, said without repeating any of it (its path, query and
+    user part are the secret); None when it is one. Checked when thrust.yaml is read (a literal URL) and
+    when a `$NAME`'s value is sent (runs/notify.py), so a bad one is an error or a warning, never a crash."""
+    from urllib.parse import urlsplit
+
+    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
+        return "it contains a space or a control character"
+    if not url.isascii():
+        return "it contains characters that are not ASCII (percent-encode them; a host name in punycode)"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # its text quotes the bad part: not repeated
+        return "its [IPv6 address] is not valid" if "IPv6" in str(exc) else "its port is not a number from 1 to 65535"
+    if parts.scheme.lower() not in ("http", "https"):
+        return "expected an http(s):// URL"
+    if not parts.hostname:
+        return "it names no host"
+    if port == 0:
+        return "its port is not a number from 1 to 65535"
+    return None
 
 
 def _repo_path(reader: _Reader, f: str, node: yaml.Node) -> str:
@@ -976,6 +1159,13 @@ def _parse_search(reader: _Reader, job: str, node: yaml.Node) -> dict[str, dict[
     return out
 
 
+def _shape(node: yaml.Node) -> str:
+    """What a node is, without its text."""
+    if isinstance(node, yaml.ScalarNode):
+        return "a single value (plain text, not YAML settings)"
+    return _kind(node)
+
+
 def _kind(node: yaml.Node) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
@@ -987,4 +1177,7 @@ def _kind(node: yaml.Node) -> str:
 def _pytype(value: Any) -> str:
     if value is None:
         return "nothing (null)"
-    return f"{type(value).__name__} {value!r}"
+    text = repr(value)
+    if len(text) > 60:  # 10**400 written out, a pasted blob: what it starts with is enough
+        text = f"{text[:40]}... ({len(text)} characters)"
+    return f"{type(value).__name__} {text}"

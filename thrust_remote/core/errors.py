@@ -76,6 +76,13 @@ class ConnectionLostError(ThrustError):
     host: str | None = None
 
 
+class HostAnswerError(ThrustError):
+    """A host's agent answered something that is not its protocol (a malformed line on the agent link):
+    the host is not usable as it stands, as for a `python:` that is no Python."""
+
+    code = ExitCode.UNAVAILABLE
+
+
 class TransferError(ThrustError):
     code = ExitCode.TRANSFER
 

@@ -150,18 +150,24 @@ def listing_warnings(answer: dict[str, Any], host: str, run_dir: str) -> list[st
     if answer.get("newer"):
         out.append(f"artifacts: {answer['newer']} matching file(s) under {answer.get('cwd')} on "
                    f"{host} are newer than this run's end (a later run's): not fetched")
-    for path in _strings(answer, "refused"):
-        out.append(f"artifacts: {path!r} is outside the run's directories on {host}: not fetched")
+    return out + left_out(answer, host, "artifacts")
+
+
+def left_out(answer: dict[str, Any], host: str, what: str) -> list[str]:
+    """What a listing refused or could not read, one warning each, `what` (artifacts, checkpoints) first:
+    a link to a file outside the run's directories, a symlinked directory not entered, an unreadable path."""
+    out = [f"{what}: {path!r} is outside the run's directories on {host} (a link to outside?): not fetched"
+           for path in _strings(answer, "refused")]
     links = _strings(answer, "links")
     if links:
         shown = ", ".join(repr(p) for p in links[:MAX_NAMED]) + (f" and {len(links) - MAX_NAMED} more"
                                                                     if len(links) > MAX_NAMED else "")
-        out.append(f"artifacts: {len(links)} symlinked director{'y' if len(links) == 1 else 'ies'} on {host} "
+        out.append(f"{what}: {len(links)} symlinked director{'y' if len(links) == 1 else 'ies'} on {host} "
                    f"not followed (their files are fetched only through their real path): {shown}")
     unreadable = answer.get("unreadable")
     for row in unreadable if isinstance(unreadable, list) else []:
         if isinstance(row, dict) and isinstance(row.get("path"), str):
-            out.append(f"artifacts: cannot read {row['path']!r} on {host} ({row.get('error')}): not fetched")
+            out.append(f"{what}: cannot read {row['path']!r} on {host} ({row.get('error')}): not fetched")
     return out
 
 

@@ -100,9 +100,11 @@ def pull(session: HostSession, run_dir: str, run_id: str, project_root: Path, gl
     record = read_record(project_root, run_id)
     files: dict[str, dict[str, Any]] = dict(record.get("files") or {})
     good: list[tuple[str, dict[str, Any]]] = []
-    for _ in range(TRIES):
+    for attempt in range(TRIES):
         answer = artifacts.list_remote(session, run_dir, [glob])
         listed = artifacts.checked_entries(answer, session.name, result.dest)  # the whole answer checked first
+        if attempt == 0:  # a checkpoint linked to outside the run's directories: said, as the artifacts' are
+            result.warnings += artifacts.left_out(answer, session.name, "checkpoints")
         result.on_host = len(listed)
         chosen = _choose(listed, result.dest, every, session.name, result.warnings)
         if not chosen:

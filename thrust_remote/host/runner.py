@@ -294,8 +294,9 @@ class Runner(Protocol):
         """The home directory where `~` in a path points."""
         ...
 
-    def read_text(self, path: str) -> str | None:
-        """A file's text, or None when it does not exist."""
+    def read_text(self, path: str, *, max_bytes: int | None = None) -> str | None:
+        """A file's text, or None when it does not exist; TransferError (74) naming the host and the
+        file when it is larger than `max_bytes` (only that much is read)."""
         ...
 
     def write_text(self, path: str, text: str) -> None:
@@ -322,10 +323,10 @@ class FileOps:
         def run(self, argv: Sequence[str], **kwargs: object) -> RunResult: ...
         def put(self, local: str | os.PathLike[str], remote: str) -> str: ...
 
-    def read_text(self, path: str) -> str | None:
-        result = self.run(["cat", "--", path])
+    def read_text(self, path: str, *, max_bytes: int | None = None) -> str | None:
+        result = self.run(["cat", "--", path] if max_bytes is None else ["head", "-c", str(max_bytes + 1), "--", path])
         if result.ok:
-            return result.stdout
+            return too_large(result.stdout, path, self.name, max_bytes)
         if "No such file" in result.stderr:
             return None
         result.check(f"read {path} on {self.name}")
@@ -350,6 +351,17 @@ class FileOps:
 
     def get_many(self, items: Sequence[GetItem], stop: threading.Event) -> Iterator[str | FileChangedError]:
         return one_by_one(lambda source, dst, identity: self.get(source, dst, identity=identity), items, stop)
+
+
+def too_large(text: str, path: str, host: str, max_bytes: int | None, *, size: int | None = None) -> str:
+    """`text` when it is within `max_bytes` (`size`: its bytes, when known before decoding), else the
+    TransferError that names the file and its host: a host's file read with a limit is never taken in part."""
+    size = len(text.encode("utf-8", "surrogateescape")) if size is None and max_bytes is not None else size
+    if max_bytes is not None and size is not None and size > max_bytes:
+        raise TransferError(f"{path} on {host} is larger than {max_bytes:,} bytes: not read",
+                            f"a file of this kind is a few KB; look at it there (ls -l {path}): something other "
+                            "than thrust-remote wrote it")
+    return text
 
 
 def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -644,11 +656,13 @@ class LocalRunner(FileOps):
     def home(self) -> str:
         return os.path.expanduser("~")
 
-    def read_text(self, path: str) -> str | None:
+    def read_text(self, path: str, *, max_bytes: int | None = None) -> str | None:
         try:
-            return Path(expand_home(path, self.home())).read_text(encoding="utf-8", errors="replace")
+            with Path(expand_home(path, self.home())).open("rb") as fh:
+                data = fh.read(-1 if max_bytes is None else max_bytes + 1)
         except FileNotFoundError:
             return None
+        return too_large(data.decode("utf-8", "replace"), path, self.name, max_bytes, size=len(data))
 
     def makedirs(self, path: str) -> None:
         Path(expand_home(path, self.home())).mkdir(parents=True, exist_ok=True)

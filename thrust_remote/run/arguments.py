@@ -9,10 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from thrust_remote.core.config import JobConfig
-from thrust_remote.core.errors import ConfigError, UsageError
+from thrust_remote.core.config import JobConfig, parse_params, text_problem
+from thrust_remote.core.errors import UsageError
 from thrust_remote.core.names import valid_id
 from thrust_remote.run import jobs
 from trainer.args import parse_flag
@@ -28,26 +26,17 @@ def parse_sets(sets: Sequence[str]) -> dict[str, str | bool]:
         if not valid_id(key) or key.startswith("-"):
             raise UsageError(f"--set {item!r}: expected KEY=VALUE (or KEY alone, a bare --KEY) with KEY like "
                              "total-steps")
+        problem = text_problem(value)  # a NUL, or undecodable bytes on the command line: no host can take it
+        if problem:
+            raise UsageError(f"--set {key}: a value that {problem}")
         out[key] = True if not sep else {"true": True, "false": False}.get(value.strip().lower(), value)
     return out
 
 
 def load_params(path: Path) -> dict[str, Any]:
-    """A params file: a YAML mapping of trainer flag -> value (what `optimize` writes)."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read params file: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if isinstance(data, dict) and isinstance(data.get("params"), dict):
-        data = data["params"]
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of parameter: value")
-    for key in data:
-        if not isinstance(key, str) or not valid_id(key) or key.startswith("-"):
-            raise ConfigError(f"{path}: {key!r} is not a parameter name")
-    return data
+    """A params file: a YAML mapping of flag -> value (what `optimize` writes), read as thrust.yaml is
+    (core/config.py: parse_params; a config error at its line)."""
+    return parse_params(path)
 
 
 def job_arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:

@@ -64,7 +64,7 @@ def pull_checkpoint(config: Config, session: HostSession, job: JobConfig, run_di
     if glob is None:
         return None
     got = checkpoints.pull(session, run_dir, run_id, config.root, glob, every=every)
-    if not glob.startswith(RUN_DIR_PREFIX):
+    if not glob.startswith(RUN_DIR_PREFIX) and not _own_tree(session, run_dir):
         got.warnings += _sharing_checkpoints(session, job, run_id, glob)
     for text in got.warnings:
         reporter.warn(text)
@@ -72,8 +72,14 @@ def pull_checkpoint(config: Config, session: HostSession, job: JobConfig, run_di
     return got
 
 
+def _own_tree(session: HostSession, run_dir: str) -> bool:
+    """The run ran in a tree of its own (run.json's `tree`): no other run writes there."""
+    return isinstance((control.read_run_json(session, run_dir) or {}).get("tree"), str)
+
+
 def _sharing_checkpoints(session: HostSession, job: JobConfig, run_id: str, glob: str) -> list[str]:
-    """Runs of the same job going on in the same checkout write where this one's `checkpoints:` looks
+    """Runs of the same job going on in the same checkout (a run without a tree of its own: a layout
+    before trees) write where this one's `checkpoints:` looks
     (a glob under the checkout): the newest file there may be theirs. Said, with the way out."""
     others = [r["run_id"] for r in control.list_runs(session)
               if r.get("run_id") != run_id and r.get("job") == job.name and RunState.of(r.get("state")).is_live]

@@ -14,19 +14,19 @@ nodes) is multinode.py's.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import MODEL, RUN_JSON, RunState, StatusAnswer
+from thrust_remote.agent.protocol import MODEL, RunState, StatusAnswer
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import (
     ConnectionLostError,
     Detached,
+    Interrupted,
     StillGoing,
     ThrustError,
     UnknownHostError,
@@ -418,11 +418,8 @@ def check_node(nodes: RunNodes, node: int | None) -> int:
 def _train_job(config: Config, session: HostSession, run_id: str, status: StatusAnswer) -> JobConfig | None:
     """The configured job a run was trained for; None for an optimize trial (run.json has `trial`:
     it exported nothing) or a job this config no longer has."""
-    try:
-        meta = json.loads(session.runner.read_text(f"{session.paths.run(run_id)}/{RUN_JSON}") or "{}")
-    except ValueError:
-        meta = {}
-    if not isinstance(meta, dict) or "trial" in meta:
+    meta = control.read_run_json(session, session.paths.run(run_id)) or {}
+    if "trial" in meta:
         return None
     return config.jobs.get(str(status.get("job") or ""))
 
@@ -530,12 +527,14 @@ def tell_ended(config: Config, status: StatusAnswer, warn: Callable[[str], None]
     state = RunState.of(status.get("state"))
     job = str(status.get("job") or "")
     cfg = config.notify_for(job)
-    if not state.is_terminal or not cfg.enabled or not notify.first_time(config.root, str(status.get("run_id"))):
+    if not state.is_terminal or not cfg.enabled:
         return
     reason = str(status.get("reason") or "")
     ended = notify.Ended(str(status.get("run_id")), state.value, status.get("exit_code"),
                          str(status.get("host") or ""), job, "" if reason == "user" else reason)
-    notify.tell(cfg, ended, warn, cwd=config.path.parent if config.path else config.root)
+    with notify.claim(config.root, ended.run_id) as ours:  # marked told only once its notifiers are done
+        if ours:
+            notify.tell(cfg, ended, warn, cwd=config.path.parent if config.path else config.root)
 
 
 # ------------------------------------------------------------------------------------------ wait
@@ -556,15 +555,33 @@ def wait(asks: Sequence[tuple[str, Ask]], *, timeout: float | None = None, every
     the command to wait again, and `.statuses` the last answer of each (None: never answered)."""
     ended: dict[str, StatusAnswer] = {}
     last: dict[str, StatusAnswer | None] = dict.fromkeys((run_id for run_id, _ in asks), None)
+    done: set[str] = set()  # the ended runs whose `on_end` has returned
     try:
-        return _wait_rounds(asks, ended, last, timeout, every, on_end, on_trouble, again, clock, sleep)
-    except KeyboardInterrupt:  # Ctrl-C: the runs go on; 75 as a detach, with the command to wait again
-        going = [run_id for run_id, _ in asks if run_id not in ended]
-        raise Detached(f"from waiting: {len(going)} of {len(asks)} run(s) still going: {', '.join(going)}",
-                       f"they go on; wait again with: {again(going)}") from None
+        return _wait_rounds(asks, ended, done, last, timeout, every, on_end, on_trouble, again, clock, sleep)
+    except KeyboardInterrupt:
+        raise _wait_cut(asks, ended, done, again) from None
 
 
-def _wait_rounds(asks: Sequence[tuple[str, Ask]], ended: dict[str, StatusAnswer],
+def _wait_cut(asks: Sequence[tuple[str, Ask]], ended: Mapping[str, StatusAnswer], done: set[str],
+              again: Callable[[Sequence[str]], str]) -> ThrustError:
+    """Ctrl-C in `wait`: the runs still going go on (75, as a detach, with the command to wait again). A
+    run that had ended while what follows its end ran (its notification, its last checkpoint) is said as
+    ended, and the command named waits for it too: its notification was not marked told, so that wait
+    tells it. With every run ended, nothing goes on: 130."""
+    going = [run_id for run_id, _ in asks if run_id not in ended]
+    cut = [run_id for run_id in ended if run_id not in done]
+    ends = ", ".join(f"{run_id} ended {ended[run_id].get('state')}" for run_id in cut)
+    if not going and cut:
+        return Interrupted(f"stopped by Ctrl-C after the end of every run ({ends}), before its notification was "
+                           "done", f"tell it with: {again(cut)}")
+    if not going:
+        return Interrupted("stopped by Ctrl-C after the end of every run")
+    note = f" ({ends}; its notification was cut)" if cut else ""
+    return Detached(f"from waiting: {len(going)} of {len(asks)} run(s) still going: {', '.join(going)}{note}",
+                    f"they go on; wait again with: {again(going + cut)}")
+
+
+def _wait_rounds(asks: Sequence[tuple[str, Ask]], ended: dict[str, StatusAnswer], done: set[str],
                  last: dict[str, StatusAnswer | None], timeout: float | None, every: float,
                  on_end: Callable[[StatusAnswer], None], on_trouble: Callable[[str, ThrustError], None],
                  again: Callable[[Sequence[str]], str], clock: Callable[[], float],
@@ -584,6 +601,7 @@ def _wait_rounds(asks: Sequence[tuple[str, Ask]], ended: dict[str, StatusAnswer]
             if RunState.of(answer.get("state")).is_terminal:
                 ended[run_id] = answer
                 on_end(answer)
+                done.add(run_id)
         if len(ended) == len(asks):
             return [ended[run_id] for run_id, _ in asks]
         if deadline is not None and clock() >= deadline:

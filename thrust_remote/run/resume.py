@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import PATCH, RUN_JSON, RunState, StatusAnswer
+from thrust_remote.agent.protocol import PATCH, RunState, StatusAnswer
 from thrust_remote.core.config import CHECKPOINT_FIELD, RETRY_ON_DEFAULT, Config, JobConfig
 from thrust_remote.core.errors import (
     ConnectionLostError,
@@ -142,11 +141,7 @@ def _asked(config: Config, session: HostSession, run_id: str, reporter: Reporter
                          f"stop it first: {command_hint('stop', run_id, host=session.host)}; or give --force "
                          "to resume it anyway")
     run_dir = session.paths.run(run_id)
-    try:
-        meta = json.loads(session.runner.read_text(f"{run_dir}/{RUN_JSON}") or "{}")
-    except ValueError:
-        meta = {}
-    meta = meta if isinstance(meta, dict) else {}
+    meta = control.read_run_json(session, run_dir) or {}
     job = config.jobs.get(str(meta.get("job") or st.get("job") or ""))
     on_host = None
     if job is not None and checkpoints.checkpoint_glob(job) is not None:

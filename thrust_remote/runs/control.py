@@ -14,9 +14,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from thrust_remote.agent.protocol import LOG, LOG_START, AgentExit, LaunchAnswer, RunState, StatusAnswer
+from thrust_remote.agent.protocol import (
+    LOG,
+    LOG_START,
+    RUN_JSON,
+    RUN_JSON_MAX,
+    AgentExit,
+    LaunchAnswer,
+    RunState,
+    StatusAnswer,
+)
 from thrust_remote.core.config import HostConfig
-from thrust_remote.core.errors import ConnectionLostError, ExitCode, ThrustError, UsageError
+from thrust_remote.core.errors import ConnectionLostError, ExitCode, ThrustError, TransferError, UsageError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostPaths, HostSession, check_run_id, host_paths, parse_json
 
@@ -142,7 +151,23 @@ def status(session: HostSession, run_id: str) -> StatusAnswer:
     answer: StatusAnswer = session.agent_json("status", "status", "--run-dir", run_dir)
     if answer.get("unreadable"):
         raise permission_denied(session, run_id, str(answer["unreadable"]))
+    big = answer.get("oversize")
+    if big:  # its state and job would be guesses, as for a file this account cannot read
+        raise TransferError(f"run {run_id} on {session.name}: {big} is larger than {RUN_JSON_MAX:,} bytes: not read",
+                            f"a run.json is a few KB; look at it there (ls -l {big}): something other than "
+                            "thrust-remote wrote it")
     return answer
+
+
+def read_run_json(session: HostSession, run_dir: str) -> dict | None:
+    """A run's run.json as the laptop reads it: None when absent or not a JSON object; one larger than
+    RUN_JSON_MAX is a TransferError (74) naming the host and the file, never read whole."""
+    text = session.runner.read_text(f"{run_dir}/{RUN_JSON}", max_bytes=RUN_JSON_MAX)
+    try:
+        meta = json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def permission_denied(session: HostSession, run_id: str, path: str) -> ThrustError:

@@ -20,6 +20,7 @@ from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ConfigError, ThrustError
 from thrust_remote.host import payload
 from thrust_remote.host.session import HostSession
+from thrust_remote.runs import control
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +75,12 @@ def source_for(session: HostSession, run_id: str, job: JobConfig | None) -> Scal
         return None
     run_dir = session.paths.run(run_id)
     try:
-        meta = json.loads(session.runner.read_text(f"{run_dir}/run.json") or "{}")
-    except (ThrustError, ValueError):
+        meta = control.read_run_json(session, run_dir) or {}
+    except ThrustError:
         return None
-    python = (meta.get("env") or {}).get("THRUST_PYTHON") if isinstance(meta, dict) else None
-    cwd = meta.get("cwd") if isinstance(meta, dict) else None
+    env = meta.get("env")
+    python = env.get("THRUST_PYTHON") if isinstance(env, dict) else None
+    cwd = meta.get("cwd")
     if not python or not cwd:
         return None
     return ScalarSource(job.name, python, run_dir, events_path(cwd, events, run_id))

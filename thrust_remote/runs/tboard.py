@@ -10,7 +10,6 @@ connection (ssh/forward.py). Nothing here prints: `on_ready` gets the URL.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from thrust_remote.core.errors import ExitCode, ThrustError, UsageError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import artifacts
 from thrust_remote.host.session import HostSession
-from thrust_remote.runs import index
+from thrust_remote.runs import control, index
 
 INSTALL_HINT = "pip install 'thrust-remote[tensorboard]'"
 DEFAULT_PORT = 6006
@@ -66,11 +65,8 @@ def remote_plan(session: HostSession, run_id: str, job: JobConfig | None) -> tup
     """(argv, logdir) of the host's TensorBoard: the job's python, its TensorBoard dir under the run's
     cwd (the run dir when the job names none); port 0: TensorBoard picks a free one and says it."""
     run_dir = session.paths.run(run_id)
-    try:
-        meta = json.loads(session.runner.read_text(f"{run_dir}/run.json") or "null")
-    except ValueError:
-        meta = None
-    if not isinstance(meta, dict):
+    meta = control.read_run_json(session, run_dir)
+    if meta is None:
         raise UsageError(f"run {run_id} is not on {session.name} (no {run_dir}/run.json)",
                          f"list the runs there with: {command_hint('runs', host=session.host)}")
     cwd = str(meta.get("cwd") or session.paths.workdir)

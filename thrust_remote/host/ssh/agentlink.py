@@ -20,7 +20,9 @@ from collections.abc import Callable, Sequence
 
 import paramiko
 
+from thrust_remote.agent.protocol import ServeAnswer, serve_answer
 from thrust_remote.agent.serve import MAGIC
+from thrust_remote.core.errors import HostAnswerError
 from thrust_remote.host.runner import LinkLost, LinkUnavailable, RunResult, drive
 from thrust_remote.host.ssh.command import CHUNK, build_remote_command
 
@@ -36,18 +38,20 @@ class _Call:
     def __init__(self, link: AgentLink, rid: int) -> None:
         self.link, self.rid = link, rid
         self.done = threading.Event()
-        self.answer: dict | None = None
+        self.answer: ServeAnswer | None = None
         self.taken = False
 
     def read(self, wait: float) -> list[tuple[str, bytes]]:
         if not self.done.wait(wait) or self.answer is None or self.taken:
             return []
         self.taken = True
-        return [(name, base64.b64decode(self.answer.get(name) or "")) for name in ("out", "err")]
+        return [("out", self.answer["out"]), ("err", self.answer["err"])]
 
     def exit_code(self) -> int | None:
         if self.answer is not None:
-            return int(self.answer.get("exit", 1)) if self.taken else None
+            return self.answer["exit"] if self.taken else None
+        if self.link.broken is not None:
+            raise self.link.broken_error()
         if self.link.dead:
             raise LinkLost
         return None
@@ -70,6 +74,7 @@ class AgentLink:
         self.chan, self.name, self._alive, self._drop = chan, name, alive, drop
         self.liveness_timeout = liveness_timeout
         self.dead = False
+        self.broken: str | None = None  # what was malformed in an answer: every request of the link fails with it
         self._ids = itertools.count(1)
         self._calls: dict[int, _Call] = {}
         self._lock = threading.Lock()  # the calls waiting for an answer
@@ -116,7 +121,13 @@ class AgentLink:
                 pending += chunk
         except LINK_ERRORS:
             pass
+        except ValueError as exc:  # a malformed answer: no later answer of this link can be trusted
+            self.broken = str(exc)
+        except Exception as exc:  # noqa: BLE001 - the reader must never die with requests left waiting
+            self.broken = f"an answer this side could not read ({type(exc).__name__}: {exc})"
         self.dead = True
+        if self.broken is not None:
+            self.close()  # the server ends with its channel; the next request starts a new one
         with self._lock:
             calls = list(self._calls.values())
         for call in calls:
@@ -125,12 +136,22 @@ class AgentLink:
     def _deliver(self, line: bytes) -> None:
         if not line.startswith(f"{MAGIC} {{".encode()):
             return  # not ours (a stray print): answers alone start with MAGIC and a JSON object
-        answer = json.loads(line[len(MAGIC) + 1:])
+        try:
+            answer = serve_answer(line[len(MAGIC) + 1:])
+        except ValueError as exc:
+            raise ValueError(f"{exc}: {line[:80]!r}") from None
         with self._lock:
-            call = self._calls.pop(int(answer.get("id", -1)), None)
+            call = self._calls.pop(answer["id"], None)
         if call is not None:
             call.answer = answer
             call.done.set()
+
+    def broken_error(self) -> HostAnswerError:
+        return HostAnswerError(
+            f"{self.name}: its agent answered a malformed line on the agent link: {self.broken}; "
+            "the link is closed and the request failed",
+            "the host's `python:` (a wrapper?) or an account start-up file prints lines of the agent's "
+            "protocol; `THRUST_AGENT_LINK=0` in your environment runs each agent subcommand as a command of its own")
 
     def send(self, message: dict) -> None:
         data = (json.dumps(message) + "\n").encode()
