@@ -133,8 +133,8 @@ def _alive(pid: int | None, start: str | None, marker: str | None, *, in_env: bo
 def run_state(run_dir: str, meta: dict | None = None) -> dict:
     """The status object of one run directory (docs/architecture.md, "JSON shapes"); `meta`: its
     run.json when the caller has read it already."""
-    oversize = meta is None and _oversize(os.path.join(run_dir, RUN_JSON))
-    meta = meta if meta is not None else read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    oversize = not meta and _oversize(os.path.join(run_dir, RUN_JSON))  # a capped read gives None: {} to callers
+    meta = meta or read_json(os.path.join(run_dir, RUN_JSON)) or {}
     exit_text = None
     with contextlib.suppress(OSError), open(os.path.join(run_dir, EXIT_CODE)) as fh:
         exit_text = fh.read().strip()
