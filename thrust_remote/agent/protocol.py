@@ -76,6 +76,10 @@ RUN_JSON = "run.json"
 RUN_JSON_MAX = 1 << 20
 LOG = "log"
 EXIT_CODE = "exit_code"
+# bytes set aside at launch for the run's end: on a disk the job filled, `exit_code` is written into
+# them in place (no new block), so the run ends FAILED with its code, not LOST
+END_RESERVE = ".exit_code.reserve"
+END_RESERVE_BYTES = 512
 STOPPED = "stopped"
 METRICS = "metrics.jsonl"
 MODEL = "model.onnx"
@@ -132,6 +136,7 @@ class StatusAnswer(TypedDict, total=False):
     reason: str  # a STOPPED run's: "user" (stop), "idle" (the idle-GPU stop)
     reason_detail: str
     unreadable: str  # a path of the run this account may not read (permission denied): the rest is a guess
+    disk_free: int  # a FAILED or LOST run: bytes free on its run directory's filesystem now (a full disk?)
     oversize: str  # the run's run.json, larger than RUN_JSON_MAX: not read (the rest is a guess)
     node: int
     nodes: list

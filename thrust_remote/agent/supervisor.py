@@ -41,6 +41,8 @@ from collections.abc import Iterator
 from . import idlewatch, peerwatch, runqueue
 from .files import unreadable, write_atomic
 from .protocol import (
+    END_RESERVE,
+    END_RESERVE_BYTES,
     EXIT_CODE,
     GPUS_USED,
     LOG,
@@ -160,12 +162,14 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
     # no run.json, or LOST: perhaps files this account cannot read; then say so (only then: a waiter reads
     # every run dir each poll)
     denied = unreadable(run_dir, (RUN_JSON, EXIT_CODE)) if state == RunState.LOST or not meta else None
+    free = _disk_free(run_dir) if state in (RunState.FAILED, RunState.LOST) else None
     return {
         "run_id": meta.get("run_id") or os.path.basename(os.path.normpath(run_dir)),
         "state": state,
         **({"reason": reason[0], "reason_detail": reason[1]} if reason else {}),
         **({"unreadable": denied} if denied else {}),
         **({"oversize": os.path.join(run_dir, RUN_JSON)} if oversize else {}),
+        **({"disk_free": free} if free is not None else {}),
         "exit_code": exit_code,
         "pid": meta.get("pid"),
         "started_at": meta.get("started_at"),
@@ -182,6 +186,15 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
         **({"node": meta["node"], "nodes": [n.get("host") for n in meta.get("nodes") or []],
             "peer_failed": read_json(os.path.join(run_dir, PEER_FAILED))} if "node" in meta else {}),
     }
+
+
+def _disk_free(path: str) -> int | None:
+    """Bytes this account may still write on `path`'s filesystem (a run that ended badly: a full disk?)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _end(text: str | None) -> tuple[int | None, str | None, float | None, bool]:
@@ -434,6 +447,7 @@ def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, r
         lock_fd, gpus = turn
         meta[QUEUE] = wait  # kept: when it was queued, what it waited for
         _starting(meta, env, wait, gpus)
+    _reserve_end(run_dir)
     proc = _start(run_dir, cwd, argv, env, devnull, log_fd, report_fd)
     if lock_fd is not None and proc is None:
         os.close(lock_fd)
@@ -483,9 +497,32 @@ def _watch(run_dir: str, meta: dict, proc: subprocess.Popen) -> None:
     done.set()
     if code < 0:
         code = 128 - code
-    _write_atomic(
-        os.path.join(run_dir, EXIT_CODE), json.dumps({"exit_code": code, "ended_at": _now(), "ended_ts": time.time()})
-    )
+    _record_end(run_dir, json.dumps({"exit_code": code, "ended_at": _now(), "ended_ts": time.time()}))
+
+
+def _reserve_end(run_dir: str) -> None:
+    """END_RESERVE: blocks of the run's own for its end, taken while the disk has room."""
+    with contextlib.suppress(OSError):
+        _write_atomic(os.path.join(run_dir, END_RESERVE), " " * END_RESERVE_BYTES)
+
+
+def _record_end(run_dir: str, text: str) -> None:
+    """`exit_code`, whole; when the disk is full (the job may have filled it), written over END_RESERVE's
+    bytes in place and renamed: a rename and an overwrite take no new block."""
+    reserve = os.path.join(run_dir, END_RESERVE)
+    try:
+        _write_atomic(os.path.join(run_dir, EXIT_CODE), text)
+    except OSError:
+        if len(text) > END_RESERVE_BYTES or not os.path.exists(reserve):
+            raise
+        with open(reserve, "r+b") as fh:
+            fh.write(text.encode().ljust(END_RESERVE_BYTES))  # trailing spaces: json.loads reads past them
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(reserve, os.path.join(run_dir, EXIT_CODE))
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(reserve)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

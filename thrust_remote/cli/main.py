@@ -12,7 +12,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -20,7 +20,7 @@ from typer.core import TyperCommand, TyperGroup
 from thrust_remote.cli.common import AppState, _env_flag
 from thrust_remote.core.config import ENV_CONFIG, ENV_DEBUG, SECONDS_MAX
 from thrust_remote.core.console import err_console, host_text
-from thrust_remote.core.errors import ExitCode, Interrupted, ThrustError
+from thrust_remote.core.errors import DISK_FULL, ExitCode, Interrupted, ThrustError, disk_full
 
 
 class _SwitchesTakeNoValue:
@@ -145,6 +145,14 @@ def run(argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.INTERRUPTED)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            _internal(exc, debug)
+        if debug:
+            traceback.print_exc()
+        full = disk_full(exc)
+        _report(full.message, full.hint, full.label)
+        sys.exit(full.exit_code)
     except Exception as exc:
         if getattr(exc, "exit_code", None) == 2 and hasattr(exc, "format_message"):  # click's UsageError (typer
             # vendors click in some versions: known by its shape): error/hint as every other error
@@ -154,11 +162,16 @@ def run(argv: list[str] | None = None) -> None:
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # click's other errors (a file it cannot open)
             exc.show()
             sys.exit(exc.exit_code)
-        if debug:  # the last resort: a bug, shown briefly unless --debug
-            raise
-        _report(f"internal error: {type(exc).__name__}: {exc}", "rerun with --debug for the traceback")
-        sys.exit(ExitCode.FAILED)
+        _internal(exc, debug)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _internal(exc: Exception, debug: bool) -> NoReturn:
+    """The last resort: a bug, shown briefly unless --debug."""
+    if debug:
+        raise exc
+    _report(f"internal error: {type(exc).__name__}: {exc}", "rerun with --debug for the traceback")
+    sys.exit(ExitCode.FAILED)
 
 
 GLOBAL_OPTIONS = {"--config": 1, "--debug": 0}  # thrust-remote's own options: how many values each takes

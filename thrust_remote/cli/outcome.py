@@ -16,7 +16,7 @@ from thrust_remote.cli.follow import LogReporter, reattach_command, say
 from thrust_remote.cli.kept import command, render_fetched, say_line
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.play import PLAYABLE_ENVS
-from thrust_remote.run import fetching
+from thrust_remote.run import fetching, vocab
 from thrust_remote.run.vocab import TrainOutcome
 
 
@@ -82,7 +82,8 @@ def show_outcome(ctx: typer.Context, outcome: TrainOutcome, as_json: bool, start
         say(f"run {first['run_id']} went on as {last['run_id']} on {last['host']} after {tries} "
             f"retr{'y' if tries == 1 else 'ies'}: {chain}")
     if status["state"] != RunState.FINISHED:
-        say(f"run {launched.run_id} ended {status['state']} (exit code {status.get('exit_code')})")
+        say(f"run {launched.run_id} ended {status['state']} (exit code {status.get('exit_code')})"
+            f"{vocab.disk_note(status)}")
         if outcome.fetchable:  # it left a model behind: the user decides, nothing is placed by itself
             say("its model was not fetched")
             say_line(f"keep it (not placed): {command(ctx, 'fetch', launched.run_id, host=host_cfg.name)}")

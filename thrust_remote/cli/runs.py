@@ -20,7 +20,7 @@ from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import ExitCode, StillGoing, UsageError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.fleet import Fleet
-from thrust_remote.run import lifecycle, waiting
+from thrust_remote.run import lifecycle, vocab, waiting
 from thrust_remote.run.handle import Run
 from thrust_remote.runs import control, trees, usage
 from thrust_remote.runs.pull import Pulled
@@ -238,6 +238,8 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
              "commit": (st.get("commit") or "")[:12], RESUMED: st.get(RESUMED), "tree": tree}
     fields = "  ".join(f"{k}={h(v)}" for k, v in known.items() if v not in (None, ""))
     console.print(f"{h(st['run_id'])}: [{style}]{h(st['state'])}[/]{h(code)}  {fields}", highlight=False)
+    if vocab.disk_note(st):
+        console.print(f"  {h(vocab.disk_note(st).removeprefix('; '))}", highlight=False)
     failed = st.get("failed_node")
     if failed:
         console.print(f"  node {h(failed['node'])} ({h(failed['host'])}) failed first: "
@@ -294,7 +296,7 @@ def _said_ended(st: StatusAnswer) -> None:
     code = "" if st.get("exit_code") is None else f" (exit code {st['exit_code']})"
     see = "" if st.get("state") == RunState.FINISHED else \
         f"; its log: {command_hint('logs', st['run_id'], host=st.get('host') or None)}"
-    say(f"{st['run_id']}: {st['state']}{code}{see}")
+    say(f"{st['run_id']}: {st['state']}{code}{vocab.disk_note(st)}{see}")
 
 
 def logs(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,

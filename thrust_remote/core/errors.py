@@ -6,6 +6,9 @@ an optional hint and the exit code. Tracebacks only with `--debug`.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 from enum import IntEnum
 
 
@@ -85,6 +88,30 @@ class HostAnswerError(ThrustError):
 
 class TransferError(ThrustError):
     code = ExitCode.TRANSFER
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(TransferError):
+    """No room on this machine's disk for a file being written (74); `path`: that file."""
+
+    path: str | None = None
+
+
+def disk_full(exc: OSError, path: str | os.PathLike[str] | None = None) -> DiskFullError:
+    """A write on this machine that found no room (ENOSPC, a quota): 74 naming the file and what its
+    filesystem has free, never "internal error" (what was written before is whole: core/files.py)."""
+    where = os.fspath(path or exc.filename or "") or None
+    free = ""
+    with contextlib.suppress(OSError):
+        st = os.statvfs(os.path.dirname(os.path.abspath(where)) if where else ".")
+        free = f" ({st.f_bavail * st.f_frsize / (1 << 20):.1f} MiB free there)"
+    what = "no space left on this machine's disk" if exc.errno == errno.ENOSPC else "the disk quota is used up"
+    error = DiskFullError(f"{what} writing {where or 'a file'}{free}",
+                          "free some space there and run the same command again: what was fetched before is kept")
+    error.path = where
+    return error
 
 
 class Interrupted(ThrustError):

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from thrust_remote.core.errors import DISK_FULL, disk_full
+
 
 def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o600) -> Path:
     """`data` as the whole of `path` (parents made); `mode` 0600 unless said otherwise."""
@@ -36,9 +38,11 @@ def _replace(path: Path, mode: int, fill: Callable[[BinaryIO], object]) -> Path:
             os.fsync(out.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+            raise disk_full(exc, path) from None
         raise
     return path
 

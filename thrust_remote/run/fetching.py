@@ -5,12 +5,13 @@ artifacts, its newest checkpoint whatever the end; and where the model lands.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from thrust_remote.agent.protocol import RUN_DIR_PREFIX, RunState, StatusAnswer
+from thrust_remote.agent.protocol import MANIFEST, MODEL, RUN_DIR_PREFIX, RUN_JSON_MAX, RunState, StatusAnswer
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
@@ -88,6 +89,21 @@ def _sharing_checkpoints(session: HostSession, job: JobConfig, run_id: str, glob
     return [f"checkpoints: {', '.join(others)} (the same job, going on in the same checkout on {session.name}) "
             f"write(s) where {glob!r} looks: the newest checkpoint may be theirs; give each run its own directory "
             f"with a glob under $THRUST_RUN_DIR/ (your code writes there: $THRUST_RUN_DIR is set for it)"]
+
+
+def left_a_model(session: HostSession, run_dir: str, job: JobConfig) -> bool:
+    """A run that did not finish left a whole model to offer: a model.onnx that is not empty and, from
+    the built-in trainer, the manifest its export writes after the model (an export cut by a full disk
+    leaves neither whole; your own job may write only $THRUST_EXPORT)."""
+    if not session.runner.run(["test", "-s", f"{run_dir}/{MODEL}"]).ok:
+        return False
+    text = session.runner.read_text(f"{run_dir}/{MANIFEST}", max_bytes=RUN_JSON_MAX)
+    if text is None:
+        return job.kind != "trainer"
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def exports_model(job: JobConfig) -> bool:

@@ -24,14 +24,17 @@ from typing import Any
 from thrust_remote.agent.protocol import MODEL, RunState, StatusAnswer
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import (
+    DISK_FULL,
     ConnectionLostError,
     Detached,
+    DiskFullError,
     Interrupted,
     StillGoing,
     ThrustError,
     UnknownHostError,
     UnreachableError,
     UsageError,
+    disk_full,
 )
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import artifacts, checkpoints
@@ -260,17 +263,25 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     head_session = nodes.sessions[0]
     fetched = got = checkpoint = None
     if status["state"] == RunState.FINISHED and fetch and job is not None and head_session is not None:
-        fetched, got = fetching.fetch_finished(config, head_session, head, job, status, reporter, force=force,
-                                               timings=timings)
+        try:
+            fetched, got = fetching.fetch_finished(config, head_session, head, job, status, reporter, force=force,
+                                                   timings=timings)
+        except (DiskFullError, OSError) as exc:  # the run is done: what to type is a fetch, never the train again
+            if isinstance(exc, OSError) and exc.errno not in DISK_FULL:
+                raise
+            full = exc if isinstance(exc, DiskFullError) else disk_full(exc)
+            full.hint = (f"the run FINISHED on {head.host}; free some space there, then fetch it: "
+                         f"{fetching.fetch_command(head.run_id, head_session.host, config_path)}")
+            raise full from None
     if fetch and job is not None and head_session is not None:
         checkpoint = last_checkpoint(config, head_session, head.run_id, job, reporter)
         if checkpoint is not None:
             timings[vocab.CHECKPOINT_TIMING] = checkpoint.seconds
     job = job if job is not None and fetching.exports_model(job) else None
-    # a run that did not finish is worth a fetch hint only when it left a model (a stopped trainer
-    # exports; a killed one usually has none); node 0 holds it
+    # a run that did not finish is worth a fetch hint only when it left a whole model (a stopped trainer
+    # exports; a killed one usually has none; a full disk leaves a model without its manifest); node 0's
     fetchable = job is not None and head_session is not None and (
-        status["state"] == RunState.FINISHED or head_session.runner.exists(f"{head.run_dir}/{MODEL}"))
+        status["state"] == RunState.FINISHED or fetching.left_a_model(head_session, head.run_dir, job))
     return TrainOutcome(head, status, fetched, vocab.exit_code_for(status), timings, followed.progress,
                         fetchable=fetchable, artifacts=got, checkpoint=checkpoint,
                         pulled=puller.last if puller is not None else None)

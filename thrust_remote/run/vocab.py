@@ -205,3 +205,17 @@ def exit_code_for(status: StatusAnswer) -> int:
     if isinstance(code, int) and code != 0 and code not in OURS:
         return code
     return ExitCode.FAILED
+
+
+LOW_DISK_BYTES = 256 << 20  # less free than this where a run ended badly: a full disk is named as a likely cause
+
+
+def disk_note(status: StatusAnswer) -> str:
+    """What a FAILED or LOST run's host says of its disk (the agent's `disk_free`), when nearly full: a
+    clause for the line that says how the run ended; else ""."""
+    free = status.get("disk_free")
+    if not isinstance(free, int) or isinstance(free, bool) or free >= LOW_DISK_BYTES:
+        return ""
+    where = f" on {status['host']}" if status.get("host") else ""
+    return (f"; the run's disk{where} has {free / (1 << 20):.1f} MiB free: a full disk may have ended it "
+            "(free space there, then resume it)")
