@@ -207,7 +207,7 @@ def exit_code_for(status: StatusAnswer) -> int:
     return ExitCode.FAILED
 
 
-LOW_DISK_BYTES = 256 << 20  # less free than this where a run ended badly: a full disk is named as a likely cause
+LOW_DISK_BYTES = 64 << 20  # less free than this where a run ended badly: a full disk is named as a likely cause
 
 
 def disk_note(status: StatusAnswer) -> str:
