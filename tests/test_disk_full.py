@@ -104,6 +104,7 @@ def test_a_full_laptop_disk_where_the_model_lands_is_74_naming_it_and_fetch_plac
         fill.unlink()
         fetched = cli("fetch", run_id, "--host", "local", cwd=proj)
         assert fetched.returncode == 0, fetched.stderr
-        assert (public / "fake.onnx").read_bytes() == (proj / ".thrust" / "fetched" / run_id / "model.onnx").read_bytes()
+        kept = proj / ".thrust" / "fetched" / run_id / "model.onnx"
+        assert (public / "fake.onnx").read_bytes() == kept.read_bytes()
     finally:
         subprocess.run(["umount", "-l", str(public)], capture_output=True)
