@@ -6,7 +6,8 @@ a condition, a user's own training script, an exported policy.
   thrust.yaml for the sshd fixture's host `sandbox`.
 - `new_project(path, sshd, workdir, ...)`: a git project that is not this repository (its own files, a
   thrust.yaml for `sandbox`, all committed); `remote_tempdir(sshd)`: a fresh directory on that host;
-  `run_tree(workdir, run_id)`: a run's own tree there.
+  `run_tree(workdir, run_id)`: a run's own tree there; `throwaway_account(sshd)`: a real non-root account
+  it can log in as, `as_account(name, *argv)`: a command run as one.
 - `wait_until(condition, timeout, what)`: poll a condition with a deadline instead of sleeping.
 - `TRAIN_PY`: a user's own DDP-aware train.py; `export_policy(path)`: an untrained policy as ONNX.
 - `FAST`, `TINY_TRAIN`, `SLOW`: `train cartpole` settings; `EXE`: the installed CLI; `CHROMIUM`.
@@ -16,12 +17,15 @@ a condition, a user's own training script, an exported policy.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -109,6 +113,44 @@ def sandbox_clone(dest: Path, sshd: SSHServer, workdir: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ own projects
+
+
+@contextlib.contextmanager
+def throwaway_account(sshd: SSHServer) -> Iterator[tuple[str, Path]]:
+    """A system account of its own (removed after; a home in a temporary directory) the sshd can log in
+    as, with the sshd's client key: root ignores file modes, so what another account may or may not
+    read needs real accounts. Skips where accounts cannot be made (not root, no useradd)."""
+    import pytest
+
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd to make a throwaway non-root account (root reads every file)")
+    name = f"thrt{secrets.token_hex(4)}"  # its own each time: a session still ending may hold the last one
+    home = Path(tempfile.mkdtemp(prefix="thrust-account-"))
+    made = subprocess.run(["useradd", "--system", "-d", str(home), "-s", "/bin/sh", "-p", "*", name],
+                          capture_output=True, text=True)
+    if made.returncode != 0:  # root with useradd: an account must be possible, never a silent skip
+        shutil.rmtree(home, ignore_errors=True)
+        pytest.fail(f"useradd failed: {made.stderr.strip()}")
+    # sshd reads authorized_keys as the account logging in: let it reach the session's (a public key)
+    keys = sshd.root / "authorized_keys"
+    modes = sshd.root.stat().st_mode & 0o777, keys.stat().st_mode & 0o777
+    try:
+        shutil.chown(home, name, name)
+        home.chmod(0o755)  # a home others may enter, as many are: what the workdir's own modes must guard
+        sshd.root.chmod(modes[0] | 0o011)
+        keys.chmod(0o644)
+        yield name, home
+    finally:
+        sshd.root.chmod(modes[0])
+        keys.chmod(modes[1])
+        subprocess.run(["userdel", "--force", name], capture_output=True)  # even with a session ending
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def as_account(name: str, *argv: str) -> subprocess.CompletedProcess:
+    """`argv` run as the account `name` (setpriv: no login shell, no PAM), its output as text."""
+    return subprocess.run(["setpriv", f"--reuid={name}", f"--regid={name}", "--init-groups", "--", *argv],
+                          capture_output=True, text=True, timeout=60)
 
 
 def run_tree(workdir: Path, run_id: str) -> Path:

@@ -7,16 +7,12 @@ escape sequences (clear the screen, set the window title) and rich markup in eve
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import remote_tempdir
+from helpers import remote_tempdir, throwaway_account
 
 from thrust_remote.core.console import host_text
 from thrust_remote.core.errors import ExitCode
@@ -90,30 +86,10 @@ def test_an_error_carrying_host_output_is_escaped(cli, sshd, tmp_path):
 
 @pytest.fixture
 def other_account(sshd) -> Iterator[tuple[str, Path]]:
-    """A throwaway system account (removed after) the sshd logs in as: root ignores file modes, so a
-    run directory only another account can read needs one. Skipped where accounts cannot be made."""
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        pytest.skip("needs root and useradd to make a throwaway non-root account (root reads every file)")
-    name = f"thrt{secrets.token_hex(4)}"  # its own each time: a session still ending may hold the last one
-    home = Path(tempfile.mkdtemp(prefix="thrust-account-"))
-    made = subprocess.run(["useradd", "--system", "-d", str(home), "-s", "/bin/sh", "-p", "*", name],
-                          capture_output=True, text=True)
-    if made.returncode != 0:  # root with useradd: an account must be possible, never a silent skip
-        shutil.rmtree(home, ignore_errors=True)
-        pytest.fail(f"useradd failed: {made.stderr.strip()}")
-    # sshd reads authorized_keys as the account logging in: let it reach the session's (a public key)
-    keys = sshd.root / "authorized_keys"
-    modes = sshd.root.stat().st_mode & 0o777, keys.stat().st_mode & 0o777
-    try:
-        shutil.chown(home, name, name)
-        sshd.root.chmod(modes[0] | 0o011)
-        keys.chmod(0o644)
-        yield name, home
-    finally:
-        sshd.root.chmod(modes[0])
-        keys.chmod(modes[1])
-        subprocess.run(["userdel", "--force", name], capture_output=True)  # even with a session ending
-        shutil.rmtree(home, ignore_errors=True)
+    """A throwaway account the sshd logs in as: root ignores file modes, so a run directory only another
+    account can read needs one."""
+    with throwaway_account(sshd) as account:
+        yield account
 
 
 @pytest.mark.parametrize("locked", ["run-dir", "run.json"])

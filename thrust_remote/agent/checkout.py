@@ -3,6 +3,7 @@
 
     agent git-state --workdir W --commit C
         {"git": bool, "repo": bool, "free_bytes": int|null, "head": str|null, "have": bool, "known": [sha...]}
+        (no repository there yet: + {"entries": N, "some": [NAME...]} when the directory exists)
     agent git-state ... [--lfs OID]...
         ... + {"lfs_missing": [oid...]}: the Git LFS objects W/.git/lfs/objects lacks
     agent git-receive --workdir W --bundle B --refspec SRC:DST [--shallow SHA]...
@@ -70,6 +71,10 @@ def state(workdir: str, commit: str, lfs: list[str] | None = None) -> dict:
     out: dict = {"git": True, "repo": False, "free_bytes": free_bytes(workdir)}
     inside = os.path.isdir(os.path.join(workdir, ".git")) and _git(workdir, "rev-parse", "--is-inside-work-tree")
     if not inside or inside.returncode != 0:
+        # what the directory already holds: a first sync refuses a non-empty one that is not ours
+        with contextlib.suppress(OSError):
+            names = sorted(os.listdir(workdir))
+            out.update(entries=len(names), some=names[:5])
         return out
     have = _git(workdir, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
     out.update(repo=True, head=_out(_git(workdir, "rev-parse", "-q", "--verify", "HEAD")) or None,

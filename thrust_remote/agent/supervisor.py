@@ -299,12 +299,15 @@ def _collision(run_dir: str, gpus: list[int]) -> dict | None:
 def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     run_dir = os.path.abspath(args.run_dir)
     lock_path = args.lock
-    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
-    lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    os.makedirs(os.path.dirname(lock_path), mode=0o700, exist_ok=True)
+    lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     # Held while we check and until the new run's run.json exists: two launches claiming the same
     # GPUs cannot both win. Runs of the same job and commit may run side by side (each its own run
     # dir); only what would collide is refused (docs/architecture.md, "Concurrent runs").
-    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    if not _lock_within(lock_fd, LOCK_WAIT_S):
+        print(json.dumps({"error": "lock-busy", "lock": lock_path, "holder": _lock_holder(lock_fd),
+                          "seconds": LOCK_WAIT_S}))
+        return AgentExit.REFUSED
     gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else []
     spec = _queue_spec(args, run_dir, gpus) if args.queue else None
     clash = _collision(run_dir, [] if spec else gpus) or (_never_fits(spec) if spec else None)
@@ -375,9 +378,50 @@ def _starting(meta: dict, env: dict, spec: dict | None, gpus: list[int]) -> None
 
 
 def _lock(path: str) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
+
+
+LOCK_WAIT_S = 45.0  # a launch holds the lock for well under a second; within the laptop's 60 s request
+
+
+def _lock_within(fd: int, seconds: float) -> bool:
+    """The launch lock, waited for at most `seconds`: a holder that never lets go (a process stopped
+    while it held it) is an answer naming it, not a launch request that times out saying nothing."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
+def _lock_holder(fd: int) -> str | None:
+    """Who holds the lock on `fd`'s file, from /proc/locks (`PID (COMMAND)`), where the kernel says."""
+    st = os.fstat(fd)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as fh:
+            rows = [line.split() for line in fh]
+    except OSError:
+        return None
+    for row in rows:
+        if len(row) >= 6 and row[1] == "FLOCK" and row[5] == want and row[4].isdigit():
+            name = _proc_name(int(row[4]))
+            return f"{row[4]} ({name})" if name else row[4]
+    return None
+
+
+def _proc_name(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
 
 
 def _wait_turn(run_dir: str, spec: dict) -> tuple[int, list[int]] | None:

@@ -228,6 +228,15 @@ def _worktree(store: str, tree: str, commit: str, patch: str, lfs: list[str], re
     return _git_ok(tree, "rev-parse", "HEAD")
 
 
+def _private(workdir: str) -> None:
+    """The workdir and its .thrust owner-only (0700), tightened each run: one an older version left 0755
+    let another account list the runs and hold the launch lock (docs/architecture.md, "Security")."""
+    for path in (workdir, os.path.join(workdir, ".thrust")):
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_uid == os.getuid():
+                os.chmod(path, 0o700)
+
+
 def add(workdir: str, tree: str, commit: str, patch: str, lfs: list[str], ref: str | None, extra: dict) -> dict:
     if os.path.lexists(tree):
         raise Refused({"error": "exists", "tree": tree})
@@ -242,6 +251,7 @@ def add(workdir: str, tree: str, commit: str, patch: str, lfs: list[str], ref: s
     except BaseException:
         remove(workdir, tree, ref, [s["store"] for s in extra.get("submodules") or []])
         raise
+    _private(workdir)
     return {"tree": tree, "head": head, "setup": setup}
 
 

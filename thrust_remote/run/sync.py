@@ -195,7 +195,7 @@ def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None
     method = "up-to-date"
     if not state.get("repo"):
         method = "clone"
-        state = _first_sync(session, local, step)
+        state = _first_sync(session, local, step, state)
     with tempfile.TemporaryDirectory() as tmp:
         target, bundle = local.commit, None
         if not state.get("have"):
@@ -287,9 +287,12 @@ def _module_dir(path: str) -> str:
     return path.replace("%", "%25").replace("/", "%2F")
 
 
-def _first_sync(session: HostSession, local: LocalState, step: Step) -> dict:
-    """An empty workdir: clone from origin when the host can reach it, else `git init` (and a bundle)."""
+def _first_sync(session: HostSession, local: LocalState, step: Step, state: dict) -> dict:
+    """A new workdir, owner-only (0700): cloned from origin (objects only) when the host can reach it,
+    else `git init` (and a bundle). Refused, before anything is written, when it is the account's home
+    or a directory that holds files and is not a thrust-remote workdir (its files are not ours)."""
     workdir = session.paths.workdir
+    _refuse_foreign(session, state)
     step(f"first sync: setting up {workdir}")
     cloned = False
     if local.origin:
@@ -298,7 +301,23 @@ def _first_sync(session: HostSession, local: LocalState, step: Step) -> dict:
     if not cloned:
         session.runner.makedirs(workdir)
         _host_git(session, "init", "-q").check("git init on the host")
+    session.runner.run(["chmod", "700", "--", workdir]).check(f"making {workdir} private")
     return _host_state(session, local.commit, local)
+
+
+def _refuse_foreign(session: HostSession, state: dict) -> None:
+    workdir, name = session.paths.workdir, session.name
+    where = f"hosts.{name}.workdir"
+    if workdir.rstrip("/") == session.runner.home().rstrip("/"):
+        raise ThrustError(f"the workdir on {name} is the account's home directory ({workdir}): thrust-remote keeps "
+                          "a repository, its runs and their trees there",
+                          f"give {where} a directory of its own, e.g. ~/thrust", ExitCode.UNAVAILABLE)
+    if state.get("entries") and ".thrust" not in (state.get("some") or []):
+        shown = ", ".join(state.get("some") or [])
+        raise ThrustError(f"{workdir} on {name} is not empty ({state['entries']} entries: {shown}"
+                          f"{', ...' if state['entries'] > 5 else ''}) and is not a thrust-remote workdir: "
+                          "its files are not ours to take over",
+                          f"give {where} a new or empty directory (it is made for you)", ExitCode.UNAVAILABLE)
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,8 @@ def _refused(answer: Mapping[str, object], run_id: str, host: HostConfig) -> Non
     if answer.get("error") == "exists":
         raise ThrustError(f"run {run_id} is already running on {name}", see_or_stop(run_id, host),
                           ExitCode.FAILED)
+    if answer.get("error") == "lock-busy":
+        raise _lock_busy(answer, run_id, host)
     if answer.get("error") == "never-fits":
         raise UsageError(f"run {run_id} can never start on {name}: it {answer.get('why')}",
                          "ask for fewer with --gpus, or choose another host with --host")
@@ -136,6 +138,18 @@ def _refused(answer: Mapping[str, object], run_id: str, host: HostConfig) -> Non
             f"--allow-shared-gpus",
             ExitCode.FAILED,
         )
+
+
+def _lock_busy(answer: Mapping[str, object], run_id: str, host: HostConfig) -> ThrustError:
+    """The host's launch lock held past the agent's wait: nothing was launched, the holder is named."""
+    pid = str(answer.get("holder") or "").split(" ")[0]
+    holder = f" by process {answer.get('holder')}" if pid else ""
+    look = command_hint("exec", "--", "ps", "-o", "pid,stat,etime,args", "-p", pid, host=host) if pid else \
+        command_hint("exec", "--", "ps", "-ef", host=host)
+    return ThrustError(f"run {run_id} was not launched on {host.name}: its launch lock {answer.get('lock')} has "
+                       f"been held for {answer.get('seconds')} s{holder}",
+                       f"a launch holds it for well under a second: see what holds it ({look}), then launch again",
+                       ExitCode.UNAVAILABLE)
 
 
 def status(session: HostSession, run_id: str) -> StatusAnswer:
