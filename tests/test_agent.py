@@ -213,7 +213,10 @@ def test_missing_modules_and_preflight_miss(pyz: Path, tmp_path: Path) -> None:
 def test_git_state_of_a_directory_that_is_no_repository(pyz: Path, tmp_path: Path) -> None:
     got = answer(agent(pyz, "git-state", "--workdir", str(tmp_path), "--commit", "0" * 40))
     free = got.pop("free_bytes")  # the room there (the refusal of a tree the disk cannot take)
-    assert got == {"git": True, "repo": False} and isinstance(free, int) and free > 0
+    assert got == {"git": True, "repo": False, "entries": 0, "some": []} and isinstance(free, int) and free > 0
+    (tmp_path / "notes.txt").write_text("a user's file")  # what a first sync must not overwrite: named
+    got = answer(agent(pyz, "git-state", "--workdir", str(tmp_path), "--commit", "0" * 40))
+    assert (got["entries"], got["some"]) == (1, ["notes.txt"])
 
 
 # ------------------------------------------------------------------------------ run_pyz and HostSession
