@@ -66,6 +66,16 @@ class AgentExit(enum.IntEnum):
 # others import only the standard library and run with `python -S`: no site-packages scan, no .pth files.
 SITE_COMMANDS = frozenset({"preflight", "missing-modules", "dist-versions"})
 
+# `agent serve`'s request words beside "id" (agent/serve.py): a request runs {"argv"...}; CANCEL ends one;
+# PING is answered at once by the server's own loop, exit 0, so the laptop can tell a server that is
+# stopped or frozen (SIGSTOP, a debugger, swapped out) from a request that is merely long
+SERVE_CANCEL = "cancel"
+SERVE_PING = "ping"
+# Subcommands that read (or, `launch-outcome`, settle once): a request of one whose server stopped
+# answering is asked once more on a fresh server (host/session.py); asking twice does what asking once did.
+IDEMPOTENT_COMMANDS = frozenset({"status", "list", "list-files", "git-state", "tree-size", "store-missing",
+                                "missing-modules", "dist-versions", "route-dev", "launch-outcome"})
+
 # What `agent logs` writes before the log's first byte: a line an account's start-up file printed for the
 # command comes before it and is not the log (nor counted in the reattach offset).
 LOG_START = b"\x1ethrust-log\x1e\n"
