@@ -91,6 +91,9 @@ METRICS = "metrics.jsonl"
 MODEL = "model.onnx"
 MANIFEST = "manifest.json"
 PEER_FAILED = "peer-failed.json"
+# A run dir whose launch the laptop gave up on (its agent stopped answering) and found not started
+# (`launch-outcome`): a launch that arrives late is refused, never runs unrecorded
+WITHDRAWN = "withdrawn"
 CHECKPOINTS = "checkpoints"
 PATCH = "uncommitted.patch"
 RUNS_DIR = ".thrust/runs"  # under a host's workdir: one directory per run id
@@ -103,11 +106,13 @@ class LaunchAnswer(TypedDict, total=False):
     pid: int
     run_dir: str
     marker: str
-    error: str  # with exit 3: "exists" or "gpus-taken"
+    error: str  # with exit 3: "exists", "gpus-taken", "never-fits" or "withdrawn"
     run_id: str
     gpus: list
     queued: bool  # launch --queue: it waits on the host (no pid yet)
     position: int  # its place in the host's queue, 1 first
+    launched: bool  # `launch-outcome`: the run was launched (its run.json exists); False: withdrawn
+    state: str  # `launch-outcome` of a launched run: its RunState word now
 
 
 # run.json's `queue` of a run launched with --queue (agent/runqueue.py): what it waits for, its order
