@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "list": ("supervisor", True),
     "logs": ("supervisor", True),
     "stop": ("supervisor", True),
+    "launch-outcome": ("supervisor", True),  # a launch whose answer never came: launched, else withdrawn
     "write-file": ("files", False),
     "git-state": ("checkout", True),
     "git-receive": ("checkout", True),

@@ -66,6 +66,16 @@ class AgentExit(enum.IntEnum):
 # others import only the standard library and run with `python -S`: no site-packages scan, no .pth files.
 SITE_COMMANDS = frozenset({"preflight", "missing-modules", "dist-versions"})
 
+# `agent serve`'s request words beside "id" (agent/serve.py): a request runs {"argv"...}; CANCEL ends one;
+# PING is answered at once by the server's own loop, exit 0, so the laptop can tell a server that is
+# stopped or frozen (SIGSTOP, a debugger, swapped out) from a request that is merely long
+SERVE_CANCEL = "cancel"
+SERVE_PING = "ping"
+# Subcommands that read (or, `launch-outcome`, settle once): a request of one whose server stopped
+# answering is asked once more on a fresh server (host/session.py); asking twice does what asking once did.
+IDEMPOTENT_COMMANDS = frozenset({"status", "list", "list-files", "git-state", "tree-size", "store-missing",
+                                "missing-modules", "dist-versions", "route-dev", "launch-outcome"})
+
 # What `agent logs` writes before the log's first byte: a line an account's start-up file printed for the
 # command comes before it and is not the log (nor counted in the reattach offset).
 LOG_START = b"\x1ethrust-log\x1e\n"
@@ -85,6 +95,9 @@ METRICS = "metrics.jsonl"
 MODEL = "model.onnx"
 MANIFEST = "manifest.json"
 PEER_FAILED = "peer-failed.json"
+# A run dir whose launch the laptop gave up on (its agent stopped answering) and found not started
+# (`launch-outcome`): a launch that arrives late is refused, never runs unrecorded
+WITHDRAWN = "withdrawn"
 CHECKPOINTS = "checkpoints"
 PATCH = "uncommitted.patch"
 RUNS_DIR = ".thrust/runs"  # under a host's workdir: one directory per run id
@@ -97,11 +110,13 @@ class LaunchAnswer(TypedDict, total=False):
     pid: int
     run_dir: str
     marker: str
-    error: str  # with exit 3: "exists" or "gpus-taken"
+    error: str  # with exit 3: "exists", "gpus-taken", "never-fits" or "withdrawn"
     run_id: str
     gpus: list
     queued: bool  # launch --queue: it waits on the host (no pid yet)
     position: int  # its place in the host's queue, 1 first
+    launched: bool  # `launch-outcome`: the run was launched (its run.json exists); False: withdrawn
+    state: str  # `launch-outcome` of a launched run: its RunState word now
 
 
 # run.json's `queue` of a run launched with --queue (agent/runqueue.py): what it waits for, its order

@@ -11,6 +11,9 @@ Protocol, one line each way per message (docs/architecture.md, "The host agent")
     <- {"id": N, "argv": [SUBCOMMAND, ...], "stdin": B64, "timeout": S | null}
     -> MAGIC {"id": N, "exit": CODE, "out": B64, "err": B64}
     <- {"id": N, "cancel": true}                         kill that request (the laptop gave up on it)
+    <- {"id": N, "ping": true}                           answered at once, exit 0, by this loop itself:
+                                                         the laptop asks after a silent stretch, and no
+                                                         answer means this process is stopped or frozen
 
 Each request runs in a forked child in a process group of its own, its stdin/stdout/stderr being
 temporary files: the subcommand sees exactly what it would as a command of its own (a subprocess it
@@ -36,7 +39,7 @@ import tempfile
 import time
 import traceback
 
-from .protocol import SITE_COMMANDS
+from .protocol import SERVE_CANCEL, SERVE_PING, SITE_COMMANDS
 
 MAGIC = "THRUST-AGENT"
 # Requests that run as the agent's own command (exec'd in the request's process): `launch` leaves a run's
@@ -150,9 +153,12 @@ def _reap(running: dict, write) -> None:
             _signal(req, signal.SIGKILL)
 
 
-def _handle(line: bytes, running: dict) -> None:
+def _handle(line: bytes, running: dict, write) -> None:
     message = json.loads(line.decode("utf-8"))
-    if message.get("cancel"):
+    if message.get(SERVE_PING):  # from this loop, never a fork: it proves this very process is running
+        write(f"{MAGIC} {json.dumps({'id': message.get('id'), 'exit': 0, 'out': '', 'err': ''})}\n")
+        return
+    if message.get(SERVE_CANCEL):
         for req in running.values():
             if req.rid == message.get("id"):
                 req.timed_out, req.killed_at = True, time.monotonic()
@@ -199,7 +205,7 @@ def main(argv: list | None = None) -> int:
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 if line.strip():
-                    _handle(line, running)
+                    _handle(line, running, write)
         _reap(running, write)
 
 

@@ -6,6 +6,7 @@
     agent list --runs-dir R
     agent logs --run-dir D --offset N [--follow]
     agent stop --run-dir D [--grace S] [--peer-failed JSON]
+    agent launch-outcome --run-dir D --lock L
 
 A node of a run over several hosts (run.json has `node` and `watch_peers`) also runs peerwatch.py's
 watch in its supervisor, and `stop --peer-failed` ends it FAILED for the node named, not STOPPED.
@@ -16,6 +17,10 @@ own (so `stop` can signal the job's whole tree and still leave the supervisor to
 waits for it, and writes `exit_code` atomically. `launch` prints one JSON line and returns at once.
 With `--queue` a launch that cannot start now leaves its supervisor waiting its turn (runqueue.py):
 the run is QUEUED until then.
+
+`launch-outcome` settles a launch whose answer never came (its `agent serve` stopped answering): under
+the launch lock, a run dir with a run.json was launched (its status is the answer); one without gets
+`withdrawn`, so the launch, should it arrive late, is refused and never runs unrecorded.
 
 A run is RUNNING only when its supervisor's recorded pid is alive *and* its start time matches *and* it
 holds the run's log as its stdout (or has the marker on its command line), or the job's pid and start
@@ -53,6 +58,7 @@ from .protocol import (
     RUN_JSON,
     RUN_JSON_MAX,
     STOPPED,
+    WITHDRAWN,
     AgentExit,
     RunState,
 )
@@ -222,7 +228,7 @@ def _queue_view(runs_dir: str, ended: set[str] | None = None) -> list[tuple[dict
         path = os.path.join(runs_dir, name)
         if ended is not None and name in ended:
             continue
-        if os.path.isdir(path):
+        if os.path.isdir(path) and not _withdrawn(path):
             meta = read_json(os.path.join(path, RUN_JSON)) or {}
             st = run_state(path, meta)
             if ended is not None and st["ended_at"] is not None:  # a recorded end: final (a dir
@@ -284,6 +290,8 @@ def _collision(run_dir: str, gpus: list[int]) -> dict | None:
     `gpus`). None when nothing does. Called under the launch lock."""
     if os.path.exists(os.path.join(run_dir, RUN_JSON)) and run_state(run_dir)["state"].is_live:
         return {"error": "exists", "run_id": os.path.basename(run_dir)}
+    if _withdrawn(run_dir):  # the laptop gave this launch up and was told it never started: it never will
+        return {"error": "withdrawn", "run_id": os.path.basename(run_dir)}
     if not gpus:
         return None
     runs_dir = os.path.dirname(run_dir)
@@ -354,6 +362,41 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     os.close(lock_fd)
     sys.stdout.write(report.decode() + "\n")
     return 0 if b'"pid"' in report or b'"queued"' in report else 1
+
+
+def _withdrawn(run_dir: str) -> bool:
+    """A run dir whose launch was given up before it started (`launch-outcome`) and never launched since."""
+    return os.path.exists(os.path.join(run_dir, WITHDRAWN)) and not os.path.exists(os.path.join(run_dir, RUN_JSON))
+
+
+def cmd_launch_outcome(args: argparse.Namespace) -> int:
+    """Whether the launch into --run-dir happened; when it did not, it never will (`withdrawn`). Under the
+    launch lock: a launch under way finishes (its run.json written) or has not begun."""
+    run_dir = os.path.abspath(args.run_dir)
+    os.makedirs(os.path.dirname(args.lock), mode=0o700, exist_ok=True)
+    lock_fd = os.open(args.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    if not _lock_within(lock_fd, LOCK_WAIT_S):  # the stalled launch itself may hold it: say who, never hang
+        print(json.dumps({"launched": None, "error": "lock-busy", "lock": args.lock,
+                          "holder": _lock_holder(lock_fd), "seconds": LOCK_WAIT_S}))
+        os.close(lock_fd)
+        return 0
+    try:
+        if not os.path.exists(os.path.join(run_dir, RUN_JSON)):
+            os.makedirs(run_dir, mode=0o700, exist_ok=True)
+            _write_atomic(os.path.join(run_dir, WITHDRAWN), json.dumps({"withdrawn_at": _now()}))
+            print(json.dumps({"launched": False, "run_dir": run_dir}))
+            return 0
+    finally:
+        os.close(lock_fd)
+    meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    st = run_state(run_dir, meta)
+    answer = {"launched": True, "run_dir": run_dir, "marker": meta.get("marker"), "state": st["state"]}
+    if st["state"] == RunState.QUEUED:
+        answer.update(queued=True, position=_placed(st, _queue_view(os.path.dirname(run_dir))).get("position", 0))
+    elif meta.get("pid") is not None:
+        answer["pid"] = meta["pid"]
+    print(json.dumps(answer))
+    return 0
 
 
 def _queue_spec(args: argparse.Namespace, run_dir: str, gpus: list[int]) -> dict:
@@ -766,6 +809,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-count", type=int, default=0, help="--queue: take this many GPUs of --gpu-pool")
     p.add_argument("--gpu-pool", default="", help="--queue: the host's GPUs --gpu-count chooses among")
     p.add_argument("--cpu-slots", type=int, default=1, help="--queue without GPUs: RUNNING runs at once")
+    p = sub.add_parser("launch-outcome")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--lock", required=True, help="the host's launch lock file (flock)")
     p = sub.add_parser("status")
     p.add_argument("--run-dir", required=True)
     p = sub.add_parser("list")
@@ -784,5 +830,6 @@ def main(argv: list[str] | None = None) -> int:
         if not job_argv:
             parser.error("launch needs the job's argv after --")
         return cmd_launch(args, job_argv)
-    return {"status": cmd_status, "list": cmd_list, "logs": cmd_logs, "stop": cmd_stop}[args.cmd](args)
+    return {"status": cmd_status, "list": cmd_list, "logs": cmd_logs, "stop": cmd_stop,
+            "launch-outcome": cmd_launch_outcome}[args.cmd](args)
 

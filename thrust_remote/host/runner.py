@@ -440,7 +440,18 @@ class LinkUnavailable(Exception):  # noqa: N818 - not the user's error: the call
 
 
 class LinkLost(Exception):  # noqa: N818 - an event the loop turns into ConnectionLostError
-    """Raised by a Process hook: the link died under the command, no exit status will come."""
+    """Raised by a Process hook: the link died under the command, no exit status will come. `error`: what
+    to tell the user when the hook knows the cause better than "connection lost" (StalledError)."""
+
+    def __init__(self, error: ConnectionLostError | None = None) -> None:
+        super().__init__(error.message if error is not None else "")
+        self.error = error
+
+
+class StalledError(ConnectionLostError):
+    """A process on the host that the laptop talks to (`agent serve`) stopped answering while its
+    connection still does: stopped (SIGSTOP, a debugger) or frozen. Only that process is given up; a
+    request that only reads may be asked again of a fresh one (host/session.py)."""
 
 
 class Process(Protocol):
@@ -461,7 +472,8 @@ class Process(Protocol):
         ...
 
     def alive(self) -> bool:
-        """After `liveness_timeout` s of silence: does the other end still answer?"""
+        """After `liveness_timeout` s of silence: does the other end still answer? (LinkLost with its
+        error when the hook can say more than "no": StalledError.)"""
         ...
 
     def kill(self) -> None:
@@ -516,10 +528,10 @@ def drive(
                     splitters[which].feed(data)
                 out, err = (s.close() for s in splitters.values())
                 return RunResult(args, TIMEOUT_EXIT, out, err, now - started, True)
-    except LinkLost:
+    except LinkLost as lost:
         process.lost()
         out, _err = (s.close() for s in splitters.values())
-        exc = ConnectionLostError(
+        exc = lost.error or ConnectionLostError(
             f"connection to {name} lost while running {shlex.join(args[:3])}",
             "the command may still be running on the host",
         )

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import SITE_COMMANDS
+from thrust_remote.agent.protocol import IDEMPOTENT_COMMANDS, SITE_COMMANDS
 from thrust_remote.core.config import Config, HostConfig
 from thrust_remote.core.errors import ThrustError, UnreachableError, UsageError
 from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.core.names import valid_id
 from thrust_remote.host import payload
-from thrust_remote.host.runner import BytesCallback, LinkUnavailable, Runner, RunResult, expand_home
+from thrust_remote.host.runner import BytesCallback, LinkUnavailable, Runner, RunResult, StalledError, expand_home
 
 
 def check_run_id(run_id: str) -> str:
@@ -232,7 +232,7 @@ class HostSession:
         command of its own (a streamed answer: logs --follow, venv's pip output)."""
         link = self._agent_link() if on_bytes is None and args else None
         if link is not None:
-            result = link.call(args, stdin=stdin, timeout=timeout)
+            result = self._over_link(link, args, stdin, timeout)
         else:
             result, _ = payload.run_pyz(self.runner, self.host, payload.agent(), args, timeout=timeout, stdin=stdin,
                                         on_bytes=on_bytes, flags=_flags(args))
@@ -241,6 +241,17 @@ class HostSession:
         if not result.ok or (on_bytes is None and not result.stdout.strip()):
             self.check_python()
         return result
+
+    def _over_link(self, link: Any, args: tuple[str, ...], stdin: bytes | None, timeout: float | None) -> RunResult:
+        """A request over the link; one that only reads is asked once more of a fresh server when this one
+        stopped answering (StalledError: the connection is fine, that process is stopped or frozen)."""
+        try:
+            return link.call(args, stdin=stdin, timeout=timeout)
+        except StalledError:
+            fresh = self._agent_link() if args[0] in IDEMPOTENT_COMMANDS else None
+            if fresh is None or fresh is link:
+                raise
+        return fresh.call(args, stdin=stdin, timeout=timeout)
 
     def _agent_link(self) -> Any:
         """The session's `agent serve` (started on first use, again once after it died), or None where

@@ -33,6 +33,9 @@ __all__ = ["HostPaths", "HostSession", "check_run_id", "follow_log", "host_paths
            "HostListing", "launch_lock", "list_hosts", "list_runs", "new_run_id", "see_or_stop", "status", "stop"]
 
 
+LAUNCH_S = 60.0  # the launch request's deadline (and its outcome's, asked again when no answer came)
+
+
 def new_run_id(job: str) -> str:
     return f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
@@ -71,7 +74,9 @@ def launch(
     """Start argv detached under the supervisor; returns {"pid", "run_dir", "marker"}.
 
     Several runs of one job may run at once, each in its own run dir. `claim_gpus`: refuse (under
-    the host's launch lock) when a RUNNING run holds one of these GPUs (docs/architecture.md)."""
+    the host's launch lock) when a RUNNING run holds one of these GPUs (docs/architecture.md). A launch
+    whose answer never comes (the link lost, the agent stopped answering, its deadline) is asked again
+    before anything else (`_settle`): a run that started is carried on with, one that did not never will."""
     host, paths = session.host, session.paths
     marker = secrets.token_hex(8)
     args = [
@@ -88,13 +93,11 @@ def launch(
     # meta and env go on stdin: a command line is world-readable (ps), env values may be secrets
     payload = json.dumps({"meta": {"job": job, "host": host.name, **meta}, "env": dict(env)}).encode()
     try:
-        result = session.agent(*args, timeout=60, stdin=payload)
+        result = session.agent(*args, timeout=LAUNCH_S, stdin=payload)
     except ConnectionLostError as exc:
-        raise ConnectionLostError(
-            f"connection to {host.name} lost while launching run {run_id}; it may have started",
-            f"check with: {command_hint('status', run_id, host=host)}, then "
-            f"{command_hint('logs', run_id, '--follow', host=host)}",
-        ) from exc
+        return _settle(session, run_id, exc.message)
+    if result.timed_out:
+        return _settle(session, run_id, f"its launch did not answer within {LAUNCH_S:g} s")
     try:
         answer = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {}
     except ValueError:
@@ -105,6 +108,35 @@ def launch(
             f"could not launch {argv[0]} on {host.name}: {answer.get('error') or result.stderr.strip()[-300:]}"
         )
     return answer
+
+
+def _settle(session: HostSession, run_id: str, cause: str) -> LaunchAnswer:
+    """A launch whose answer never came (`cause`), asked again on a fresh link under the host's launch
+    lock (agent `launch-outcome`): the answer of a run that started (or queued), to carry on with as
+    launched; else it is withdrawn there (a launch that arrives late is refused) and the error says so."""
+    host = session.host
+    try:
+        answer: LaunchAnswer = session.agent_json(
+            "launch-outcome", "launch-outcome", "--run-dir", session.paths.run(run_id),
+            "--lock", launch_lock(session.paths), timeout=LAUNCH_S)
+    except ThrustError as exc:
+        raise ConnectionLostError(
+            f"launching run {run_id} on {host.name} got no answer ({cause}), nor did asking again whether it "
+            f"started ({exc.message}): it may have started",
+            f"check with: {command_hint('status', run_id, host=host)}, then "
+            f"{command_hint('logs', run_id, '--follow', host=host)}",
+        ) from None
+    if answer.get("launched"):
+        return answer
+    if answer.get("error") == "lock-busy":  # whether it started cannot be told while the lock is held
+        busy = _lock_busy(answer, run_id, host)
+        raise ThrustError(f"launching run {run_id} on {host.name} got no answer ({cause}), and whether it started "
+                          f"cannot be told: its launch lock {answer.get('lock')} has been held for "
+                          f"{answer.get('seconds')} s{_holder(answer)}",
+                          f"{busy.hint}; check with: {command_hint('status', run_id, host=host)}",
+                          ExitCode.UNAVAILABLE)
+    raise ThrustError(f"run {run_id} was not launched on {host.name}: {cause}; it will not start later "
+                      "(withdrawn there)", "nothing of it runs; run the command again", ExitCode.UNAVAILABLE)
 
 
 def launch_lock(paths: HostPaths) -> str:
@@ -127,6 +159,9 @@ def _refused(answer: Mapping[str, object], run_id: str, host: HostConfig) -> Non
                           ExitCode.FAILED)
     if answer.get("error") == "lock-busy":
         raise _lock_busy(answer, run_id, host)
+    if answer.get("error") == "withdrawn":
+        raise ThrustError(f"run {run_id} on {name} was withdrawn: an earlier launch of it never answered and was "
+                          "found not started", "run the command again (a new run id)", ExitCode.UNAVAILABLE)
     if answer.get("error") == "never-fits":
         raise UsageError(f"run {run_id} can never start on {name}: it {answer.get('why')}",
                          "ask for fewer with --gpus, or choose another host with --host")
@@ -140,10 +175,14 @@ def _refused(answer: Mapping[str, object], run_id: str, host: HostConfig) -> Non
         )
 
 
+def _holder(answer: Mapping[str, object]) -> str:
+    return f" by process {answer.get('holder')}" if answer.get("holder") else ""
+
+
 def _lock_busy(answer: Mapping[str, object], run_id: str, host: HostConfig) -> ThrustError:
     """The host's launch lock held past the agent's wait: nothing was launched, the holder is named."""
     pid = str(answer.get("holder") or "").split(" ")[0]
-    holder = f" by process {answer.get('holder')}" if pid else ""
+    holder = _holder(answer)
     look = command_hint("exec", "--", "ps", "-o", "pid,stat,etime,args", "-p", pid, host=host) if pid else \
         command_hint("exec", "--", "ps", "-ef", host=host)
     return ThrustError(f"run {run_id} was not launched on {host.name}: its launch lock {answer.get('lock')} has "

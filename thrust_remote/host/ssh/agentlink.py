@@ -6,6 +6,12 @@ on the host, every time; over the link it costs a fork there and one round trip.
 `runner.Process` for `drive`, so timeouts (the host kills at the request's deadline: exit 124),
 liveness (a silent link is probed; a dead one is ConnectionLostError, 75) and results are exactly a
 command's. Requests from several threads share the link; the answers come back by id.
+
+A keepalive proves the connection, not the server: a server stopped (SIGSTOP) or frozen leaves the
+connection answering and every request waiting for its deadline. So a silent request also pings the
+server, which answers from its own loop at once; no answer within `liveness_timeout` is StalledError
+(75) for every request of the link, and only this server is given up (its channel closed, the
+connection kept): the next request starts a new one.
 """
 
 from __future__ import annotations
@@ -20,10 +26,10 @@ from collections.abc import Callable, Sequence
 
 import paramiko
 
-from thrust_remote.agent.protocol import ServeAnswer, serve_answer
+from thrust_remote.agent.protocol import SERVE_CANCEL, SERVE_PING, ServeAnswer, serve_answer
 from thrust_remote.agent.serve import MAGIC
 from thrust_remote.core.errors import HostAnswerError
-from thrust_remote.host.runner import LinkLost, LinkUnavailable, RunResult, drive
+from thrust_remote.host.runner import LinkLost, LinkUnavailable, RunResult, StalledError, drive
 from thrust_remote.host.ssh.command import CHUNK, build_remote_command
 
 LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
@@ -40,6 +46,7 @@ class _Call:
         self.done = threading.Event()
         self.answer: ServeAnswer | None = None
         self.taken = False
+        self.heard = time.monotonic()  # the server's last sign of life for this request (a ping's answer)
 
     def read(self, wait: float) -> list[tuple[str, bytes]]:
         if not self.done.wait(wait) or self.answer is None or self.taken:
@@ -52,15 +59,28 @@ class _Call:
             return self.answer["exit"] if self.taken else None
         if self.link.broken is not None:
             raise self.link.broken_error()
+        if self.link.stalled is not None:
+            raise LinkLost(self.link.stalled_error())
         if self.link.dead:
             raise LinkLost
         return None
 
     def alive(self) -> bool:
-        return self.link.alive()
+        """The connection answers (else False: lost) and so does the server (else LinkLost: stalled)."""
+        link = self.link
+        if link.stalled is None:
+            if not link.alive():
+                return False
+            if link.ping():
+                self.heard = time.monotonic()
+                return True
+            if link.dead:
+                return False
+            link.stall(time.monotonic() - self.heard)  # the connection is there, the server is not listening
+        raise LinkLost(link.stalled_error())
 
     def kill(self) -> None:
-        self.link.send({"id": self.rid, "cancel": True})
+        self.link.send({"id": self.rid, SERVE_CANCEL: True})
 
     def lost(self) -> None:
         self.link.lost()
@@ -75,6 +95,7 @@ class AgentLink:
         self.liveness_timeout = liveness_timeout
         self.dead = False
         self.broken: str | None = None  # what was malformed in an answer: every request of the link fails with it
+        self.stalled: float | None = None  # how long the server left a request unanswered, pings included
         self._ids = itertools.count(1)
         self._calls: dict[int, _Call] = {}
         self._lock = threading.Lock()  # the calls waiting for an answer
@@ -164,9 +185,38 @@ class AgentLink:
     def alive(self) -> bool:
         return not self.dead and self._alive()
 
+    def ping(self) -> bool:
+        """Whether the server answers a ping (its own loop answers at once) within `liveness_timeout`."""
+        if self.dead:
+            return False
+        rid = next(self._ids)
+        call = _Call(self, rid)
+        with self._lock:
+            self._calls[rid] = call
+        self.send({"id": rid, SERVE_PING: True})
+        answered = call.done.wait(self.liveness_timeout or READY_S) and call.answer is not None
+        with self._lock:
+            self._calls.pop(rid, None)
+        return answered
+
+    def stall(self, seconds: float) -> None:
+        """The server is stopped or frozen: every request of this link fails (StalledError)."""
+        if self.stalled is None:
+            self.stalled = seconds
+
+    def stalled_error(self) -> StalledError:
+        return StalledError(
+            f"the agent on {self.name} stopped answering for {self.stalled or 0:.0f} s (its process is stopped or "
+            "frozen; the connection itself answers)",
+            "the next command starts a new agent there; if this keeps happening, look at the host's "
+            "`agent serve` processes (`ps -o pid,stat,args -u $USER`: a T is a stopped one)")
+
     def lost(self) -> None:
         self.dead = True
-        self._drop()
+        if self.stalled is None:
+            self._drop()
+        else:
+            self.close()  # only this server is stuck: the connection (and what else runs on it) is fine
 
     def call(self, args: Sequence[str], *, stdin: bytes | None, timeout: float | None) -> RunResult:
         """Run one agent subcommand as a request: a RunResult as its own command would give."""

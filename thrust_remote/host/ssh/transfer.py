@@ -24,6 +24,7 @@ import os
 import secrets
 import stat
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -145,41 +146,62 @@ class _Sent:
     problem: Exception | None
 
 
-class _Helper:
-    """One helper's channel, the bytes read from it but not used yet, and how to talk to it."""
+READY_S = 60.0  # how long a helper gets to say it is ready (a login shell and a python start on a slow box)
 
-    def __init__(self, chan: paramiko.Channel, alive: Callable[[], bool]) -> None:
+
+class _Helper:
+    """One helper's channel, the bytes read from it but not used yet, and how to talk to it.
+
+    A keepalive proves the connection, not the helper: one stopped (SIGSTOP) or frozen leaves the
+    connection answering and a transfer waiting forever. So a helper that neither sends nor reads for
+    `stall_s` while a request is outstanding is given up (`stalled` says what it stopped doing)."""
+
+    def __init__(self, chan: paramiko.Channel, alive: Callable[[], bool], stall_s: float) -> None:
         self.chan = chan
         self.alive = alive
+        self.stall_s = stall_s
+        self.stalled: str | None = None
         self.buf = bytearray()
         self.in_step = False  # True once an operation ended cleanly: safe to reuse
 
-    def recv(self) -> bytes | None:
-        """The next stdout block; b"" at EOF, None when the link is dead (no reply to a probe)."""
+    def recv(self, patience: float | None = None) -> bytes | None:
+        """The next stdout block; b"" at EOF, None when the link is dead (no reply to a probe) or the
+        helper sent nothing for `patience` (stall_s by default) s while the connection answered."""
+        since = time.monotonic()
         while True:
             try:
                 return self.chan.recv(STREAM_RECV)
             except TimeoutError:
-                if not self.alive():
+                if not self.alive() or self._stuck("sending", since, patience):
                     return None
             except LINK_ERRORS:  # recv may send a window adjust on a dead link
                 return None
 
     def send(self, data: bytes) -> bool:
-        """Send all of data; False if the host stopped reading or the link is dead."""
+        """Send all of data; False if the host stopped reading (ended, or stalled) or the link is dead."""
         view = memoryview(data)  # slicing a view copies nothing; paramiko accepts it
+        since = time.monotonic()
         while view:
             try:
                 sent = self.chan.send(view)
             except TimeoutError:
-                if self.alive():
-                    continue
-                return False
+                if not self.alive() or self._stuck("reading", since):
+                    return False
+                continue
             except LINK_ERRORS:
                 return False
             if sent <= 0:
                 return False
-            view = view[sent:]
+            view, since = view[sent:], time.monotonic()
+        return True
+
+    def _stuck(self, doing: str, since: float, patience: float | None = None) -> bool:
+        """True (and `stalled` set) once the helper did nothing for `patience` s though the connection
+        answers: its process is stopped or frozen, and nothing more will come from it."""
+        idle = time.monotonic() - since
+        if idle < (patience or self.stall_s):
+            return False
+        self.stalled = f"stopped {doing} for {idle:.0f} s (its process is stopped or frozen; the connection answers)"
         return True
 
     def line(self) -> list[str] | None:
@@ -221,7 +243,7 @@ class _Helper:
         host could not run it (the channel ended), None when the link is dead."""
         ready = MAGIC + b"ready\n"
         while (at := self.buf.find(ready)) < 0:
-            block = self.recv() if len(self.buf) <= 1 << 16 else b""
+            block = self.recv(READY_S) if len(self.buf) <= 1 << 16 else b""
             if block is None or (not block and not self.chan.get_transport().is_active()):
                 return None
             if not block:
@@ -275,10 +297,14 @@ class StreamTransfer(Transfer):
             if not fresh:
                 self.link.drop()
             raise TransferError(f"cannot start a transfer on {name}: {exc}", "run the command again") from None
-        helper = _Helper(chan, self.link.alive)
+        # as long a silence as a dead link takes to be noticed: a silent stretch, then a probe's wait
+        helper = _Helper(chan, self.link.alive, 2 * self.link.liveness_timeout)
         ready = helper.wait_ready()
         if not ready:
             _close_quietly(chan)
+            if helper.stalled is not None:
+                raise TransferError(f"the transfer helper on {name} {helper.stalled} as it started",
+                                    "run the command again")
             if ready is None:
                 if not fresh:
                     self.link.drop()
@@ -332,6 +358,8 @@ class StreamTransfer(Transfer):
 
     def _lost(self, helper: _Helper, cut: str, hint: str) -> TransferError:
         _close_quietly(helper.chan)
+        if helper.stalled is not None:  # only that process is stuck: the connection stays for the next one
+            return TransferError(f"{cut}: the transfer helper on {self.link.name} {helper.stalled}", hint)
         transport = helper.chan.get_transport()
         if transport is None or not transport.is_active():
             self.link.drop()
