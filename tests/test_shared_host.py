@@ -101,3 +101,36 @@ def test_a_launch_lock_held_past_the_wait_is_an_answer_naming_its_holder(tmp_pat
         os.killpg(holder.pid, signal.SIGKILL)  # flock and the sleep it handed the lock to
         holder.wait()
     assert supervisor._lock_within(fd, 5) is True  # the holder gone: the lock is the launch's again
+
+
+def test_asking_whether_a_launch_started_while_its_lock_is_held_names_the_holder_and_withdraws_nothing(
+        tmp_path, monkeypatch, capsys):
+    """`launch-outcome` (a launch that never answered, asked again) waits for the launch lock as a launch
+    does: a holder that never lets go (the stalled launch itself) is named, and the run is not withdrawn:
+    whether it started cannot be told yet."""
+    import argparse
+    import json
+    import signal
+    import subprocess
+
+    from helpers import wait_until
+
+    from thrust_remote.agent import supervisor
+    from thrust_remote.agent.protocol import WITHDRAWN
+
+    lock, run_dir = tmp_path / "launch.lock", tmp_path / "runs" / "r1"
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "60"], start_new_session=True)
+    try:
+        wait_until(lambda: lock.exists() and subprocess.run(["flock", "-n", str(lock), "true"]).returncode != 0, 10,
+                   "the holder's lock")
+        monkeypatch.setattr(supervisor, "LOCK_WAIT_S", 0.3)
+        code = supervisor.cmd_launch_outcome(argparse.Namespace(run_dir=str(run_dir), lock=str(lock)))
+        answer = json.loads(capsys.readouterr().out)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    assert code == 0 and answer["error"] == "lock-busy" and answer["launched"] is None
+    assert answer["holder"].endswith(("(sleep)", "(flock)")), answer
+    assert not (run_dir / WITHDRAWN).exists()
+    code = supervisor.cmd_launch_outcome(argparse.Namespace(run_dir=str(run_dir), lock=str(lock)))
+    assert json.loads(capsys.readouterr().out)["launched"] is False and (run_dir / WITHDRAWN).exists()
