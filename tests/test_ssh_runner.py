@@ -512,3 +512,16 @@ def test_missing_cwd_is_a_cd_failure_on_both_runners(sshd, tmp_path):
         assert result.exit_code != 127
         assert "cd" in result.stderr
         runner.close()
+
+
+def test_a_commands_whole_output_arrives_though_its_exit_status_comes_before_the_last_bytes(sshd):
+    """OpenSSH sends a command's exit status as soon as it exits, while output beyond the channel's window
+    still waits for the laptop to read: the end is the status *and* the end of the output (EOF). Taking
+    the status alone cut a 2 MiB run.json's read short now and then, so a too-large file read as small."""
+    from thrust_remote.host.ssh import SSHRunner
+
+    size = 3 << 20  # past paramiko's channel window (2 MiB): the last bytes come after the status
+    with contextlib.closing(SSHRunner.from_host(sshd.host_config())) as runner:
+        for _ in range(30):  # under load one in a few dozen was cut before the fix
+            result = runner.run(["head", "-c", str(size), "/dev/zero"])
+            assert result.ok and len(result.stdout) == size, len(result.stdout)

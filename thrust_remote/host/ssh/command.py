@@ -14,6 +14,7 @@ import functools
 import json
 import select
 import shlex
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -73,6 +74,9 @@ def build_remote_command(
     return shlex.join(["sh", "-c", f"{script}; exit $?"])
 
 
+EOF_GRACE_S = 2.0  # past the exit status, how long a command's output may take to end (EOF)
+
+
 class ChannelProcess:
     """The `runner.Process` hooks for a command running on an exec channel."""
 
@@ -84,14 +88,14 @@ class ChannelProcess:
         self.transport = chan.get_transport()
         self.alive = alive
         self.lost = drop
+        self._status_seen: float | None = None  # when the exit status was there with no EOF yet
 
     def read(self, wait: float) -> list[tuple[str, bytes]]:
         chan = self.chan
-        if chan.closed:
-            return []
         chunks: list[tuple[str, bytes]] = []
         try:
-            select.select([chan], [], [], wait)
+            if not chan.closed:  # a closed channel may still hold output: read on
+                select.select([chan], [], [], wait)
             while chan.recv_ready():
                 chunks.append(("out", chan.recv(CHUNK)))
             while chan.recv_stderr_ready():
@@ -104,7 +108,8 @@ class ChannelProcess:
         chan = self.chan
         try:
             drained = not chan.recv_ready() and not chan.recv_stderr_ready()
-            if (chan.exit_status_ready() and drained) or chan.closed or not self.transport.is_active():
+            if (chan.exit_status_ready() and drained and self._output_ended()) or chan.closed \
+                    or not self.transport.is_active():
                 # paramiko marks a channel closed without a status as "ready" with -1; our sh wrapper
                 # always sends a real status, so -1 means the link died under the command.
                 if not chan.exit_status_ready() or chan.exit_status == -1:
@@ -115,6 +120,18 @@ class ChannelProcess:
         except self.LINK_ERRORS:
             raise LinkLost from None
         return None
+
+    def _output_ended(self) -> bool:
+        """The output is whole: sshd sends the exit status as soon as the command exits, while output past
+        the channel's window still waits to be read (a 3 MB answer lost its last 32 KB under load), so
+        the end is EOF too. A child that keeps the command's stdout open holds EOF back: after
+        EOF_GRACE_S the status alone ends it, as before."""
+        if self.chan.eof_received:
+            return True
+        now = time.monotonic()
+        if self._status_seen is None:
+            self._status_seen = now
+        return now - self._status_seen >= EOF_GRACE_S
 
     def kill(self) -> None:
         # the remote `timeout` should have ended it already; do not wait forever
