@@ -299,7 +299,13 @@ def test_a_relative_notify_command_is_the_projects_wherever_train_is_typed(cli, 
 
 # over 15 s: the notification's own deadline (15 s for all its notifiers together) is what it checks
 @pytest.mark.slow
-def test_a_webhook_that_dribbles_its_answer_holds_train_no_longer_than_the_notifications_deadline(cli, tmp_path):
+def test_a_webhook_that_dribbles_its_answer_holds_train_no_longer_than_the_notifications_deadline(
+        cli, tmp_path, monkeypatch):
+    """The documented deadline is 15 s; the test runs `train` in-process at 3 s (the same code path)."""
+    from thrust_remote.runs import notify
+
+    assert notify.TIMEOUT_S == 15.0
+    monkeypatch.setattr(notify, "TIMEOUT_S", 3.0)
     proj = git_init(tmp_path / "p")
     (proj / "thrust.yaml").write_text("notify:\n  webhook: $TEST_HOOK\njobs:\n  quick:\n"
                                       "    command: [sh, -c, 'echo made > out.txt']\n    artifacts: [out.txt]\n")
@@ -312,8 +318,8 @@ def test_a_webhook_that_dribbles_its_answer_holds_train_no_longer_than_the_notif
     finally:
         slow.close()
     assert trained.returncode == 0, trained.stderr
-    assert slow.asked.is_set() and took < 15 + 10, took  # the run itself takes well under a second
-    assert "notify webhook: no answer within the notification's 15 s" in trained.stderr
+    assert slow.asked.is_set() and took < 3 + 10, took  # the run itself takes well under a second
+    assert "notify webhook: no answer within the notification's 3 s" in trained.stderr
     out = json.loads(trained.stdout)  # then the fetch and --json, as with no webhook
     assert out["artifacts"]["files"] == 1, out
     assert SECRET not in trained.stderr + trained.stdout

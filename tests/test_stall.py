@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import inspect
 import json
 import os
 import signal
@@ -36,7 +37,7 @@ from thrust_remote.host.session import HostSession
 from thrust_remote.host.ssh import SSHRunner
 from thrust_remote.runs import control
 
-FAST_LIVENESS_S = 3.0  # a stall is then noticed in ~6 s: the tests that are not about the default's 20 s
+FAST_LIVENESS_S = 3.0  # a stall is then noticed in ~6 s (2L), where the default L = 10 s gives ~20 s
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +102,19 @@ def _serving(sshd, session: HostSession, before: set[int]) -> int:
 # ------------------------------------------------------------------------------------------ agent link
 
 
-# ~20 s: the default liveness_timeout's stall, measured (the point of the test)
+def test_the_default_stall_time_is_a_dead_links_twice_the_liveness_timeout() -> None:
+    """The tests below run at FAST_LIVENESS_S; what a user gets is this default: 10 s of silence, then
+    the ping or the helper's bytes, unanswered 10 s more: ~20 s (measured: 20.2 s for a stopped agent,
+    20.0 s for a stopped helper mid-fetch)."""
+    assert inspect.signature(SSHRunner.__init__).parameters["liveness_timeout"].default == 10.0
+
+
 def test_a_stopped_agent_is_noticed_as_fast_as_a_dead_link_and_a_read_is_asked_again(sshd) -> None:
     """`status` asked of a stopped `agent serve` (a follow's poll: the run FINISHED meanwhile) is asked
     once more of a fresh server once the stopped one missed its ping, not left to its deadline's 124."""
     workdir = remote_tempdir(sshd)
     before = _host_pids(sshd, _is_agent_serve)
-    with _session(sshd, workdir) as session:
+    with _session(sshd, workdir, FAST_LIVENESS_S) as session:
         run_dir = session.paths.run("r1")
         started = session.agent_json("launch", "launch", "--run-dir", run_dir, "--cwd", str(workdir), "--lock",
                                      control.launch_lock(session.paths), "--", "true")
@@ -120,7 +127,8 @@ def test_a_stopped_agent_is_noticed_as_fast_as_a_dead_link_and_a_read_is_asked_a
             answer = control.status(session, "r1")
             took = time.monotonic() - t0
         assert answer["state"] == RunState.FINISHED
-        assert 15 < took < 30, took  # a ping after 10 s of silence, unanswered for 10 s more: ~20 s
+        # a ping after L s of silence, unanswered for L s more: ~2L (20 s at the default L of 10 s)
+        assert 1.5 * FAST_LIVENESS_S < took < 2 * FAST_LIVENESS_S + 10, took
         assert session.runner.transport() is transport  # the connection was never given up
         print(f"stalled agent noticed (and the status asked again) after {took:.1f} s")
 
@@ -248,7 +256,6 @@ def _part_size(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.glob(".*.part"))
 
 
-# ~20 s: the default liveness_timeout's stall, measured (the point of the test)
 def test_a_transfer_helper_stopped_mid_fetch_fails_within_the_dead_link_time_and_leaves_no_part(sshd,
                                                                                                  tmp_path) -> None:
     remote = remote_tempdir(sshd)
@@ -257,6 +264,7 @@ def test_a_transfer_helper_stopped_mid_fetch_fails_within_the_dead_link_time_and
         fh.truncate(2 << 30)
     (remote / "small.txt").write_text("small\n")
     runner = sshd.runner()
+    runner.liveness_timeout = FAST_LIVENESS_S
     before = _host_pids(sshd, _is_xfer_helper)
     try:
         runner.transport()  # a warm never opens the connection itself
@@ -283,7 +291,7 @@ def test_a_transfer_helper_stopped_mid_fetch_fails_within_the_dead_link_time_and
         assert isinstance(error, TransferError) and error.exit_code == ExitCode.TRANSFER, box
         assert f"download of sandbox:{big} was cut: the transfer helper on sandbox stopped sending for " \
             in error.message and "(its process is stopped or frozen" in error.message, error.message
-        assert 15 < took < 30, took
+        assert 1.5 * FAST_LIVENESS_S < took < 2 * FAST_LIVENESS_S + 10, took  # its stall time: 2L
         assert list(tmp_path.iterdir()) == []  # no .part, no destination
         assert runner.get(str(remote / "small.txt"), tmp_path / "small.txt")  # a fresh helper, same connection
         assert (tmp_path / "small.txt").read_text() == "small\n"
