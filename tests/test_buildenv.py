@@ -73,6 +73,7 @@ def test_python_job_env(facts: dict) -> None:
     assert env == {"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.e2e  # a native build linked against libtorch (~6 s)
 def test_cargo_build_with_computed_env_links_libtorch_and_records_fingerprint(facts: dict, project) -> None:
     root, job = project
     runner = LocalRunner()

@@ -84,6 +84,7 @@ def test_cartpole_export_commit_from_env_and_eval_of_the_onnx_file(
     assert a["mean"] == b["mean"]
 
 
+@pytest.mark.e2e  # the dynamo exporter traces the policy (~5 s): the slow path, kept out of the 2-minute loop
 def test_an_exporter_that_fails_or_mismatches_falls_back_to_dynamo_and_the_model_still_passes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

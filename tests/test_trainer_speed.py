@@ -143,6 +143,7 @@ def test_an_unknown_precision_is_refused() -> None:
     assert "invalid choice" in res.stderr
 
 
+@pytest.mark.e2e  # torch.compile builds C++ with g++ (~5 s each): a native build, as test_snake_compile's
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 def test_compiled_policy_gives_the_eager_actions_and_values(kind: str) -> None:
     """Same weights, fixed inputs. Tolerance 1e-5 (abs and rel): inductor may sum a matmul's products
@@ -163,6 +164,7 @@ def test_compiled_policy_gives_the_eager_actions_and_values(kind: str) -> None:
     assert compile_mode(torch.device("cuda")) == "max-autotune-no-cudagraphs"
 
 
+@pytest.mark.e2e  # a trainer process that imports torch and inductor (~6 s): beside the compile tests
 def test_compile_without_a_cpp_compiler_exits_1_before_training(tmp_path: Path) -> None:
     # A fresh inductor cache: a cached kernel would need no compiler.
     res = train("--env", "cartpole", "--compile", "--run-dir", str(tmp_path / "run"),
