@@ -256,6 +256,15 @@ def _part_size(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.glob(".*.part"))
 
 
+def _warm_helper(sshd, runner: SSHRunner) -> int:
+    """The pid of `runner`'s one warmed transfer helper, at the fast liveness."""
+    runner.liveness_timeout = FAST_LIVENESS_S
+    before = _host_pids(sshd, _is_xfer_helper)
+    runner.transport()  # a warm never opens the connection itself
+    runner.warm_transfers(1)
+    return _new_one(sshd, _is_xfer_helper, before, "the warmed transfer helper")
+
+
 def test_a_transfer_helper_stopped_mid_fetch_fails_within_the_dead_link_time_and_leaves_no_part(sshd,
                                                                                                  tmp_path) -> None:
     remote = remote_tempdir(sshd)
@@ -264,12 +273,8 @@ def test_a_transfer_helper_stopped_mid_fetch_fails_within_the_dead_link_time_and
         fh.truncate(2 << 30)
     (remote / "small.txt").write_text("small\n")
     runner = sshd.runner()
-    runner.liveness_timeout = FAST_LIVENESS_S
-    before = _host_pids(sshd, _is_xfer_helper)
     try:
-        runner.transport()  # a warm never opens the connection itself
-        runner.warm_transfers(1)
-        pid = _new_one(sshd, _is_xfer_helper, before, "the warmed transfer helper")
+        pid = _warm_helper(sshd, runner)
         box: dict = {}
 
         def get() -> None:
@@ -307,12 +312,8 @@ def test_a_transfer_helper_stopped_mid_upload_is_given_up_and_removes_its_part_o
     with open(src, "wb") as fh:
         fh.truncate(2 << 30)
     runner = sshd.runner()
-    runner.liveness_timeout = FAST_LIVENESS_S
-    before = _host_pids(sshd, _is_xfer_helper)
     try:
-        runner.transport()  # a warm never opens the connection itself
-        runner.warm_transfers(1)
-        pid = _new_one(sshd, _is_xfer_helper, before, "the warmed transfer helper")
+        pid = _warm_helper(sshd, runner)
         box: dict = {}
 
         def put() -> None:

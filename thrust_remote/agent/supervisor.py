@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterator
 
 from . import idlewatch, peerwatch, runqueue
+from .checkout import free_bytes
 from .files import unreadable, write_atomic
 from .protocol import (
     END_RESERVE,
@@ -168,7 +169,7 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
     # no run.json, or LOST: perhaps files this account cannot read; then say so (only then: a waiter reads
     # every run dir each poll)
     denied = unreadable(run_dir, (RUN_JSON, EXIT_CODE)) if state == RunState.LOST or not meta else None
-    free = _disk_free(run_dir) if state in (RunState.FAILED, RunState.LOST) else None
+    free = free_bytes(run_dir) if state in (RunState.FAILED, RunState.LOST) else None  # a full disk?
     return {
         "run_id": meta.get("run_id") or os.path.basename(os.path.normpath(run_dir)),
         "state": state,
@@ -192,15 +193,6 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
         **({"node": meta["node"], "nodes": [n.get("host") for n in meta.get("nodes") or []],
             "peer_failed": read_json(os.path.join(run_dir, PEER_FAILED))} if "node" in meta else {}),
     }
-
-
-def _disk_free(path: str) -> int | None:
-    """Bytes this account may still write on `path`'s filesystem (a run that ended badly: a full disk?)."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def _end(text: str | None) -> tuple[int | None, str | None, float | None, bool]:
