@@ -87,11 +87,11 @@ def test_a_launch_lock_held_past_the_wait_is_an_answer_naming_its_holder(tmp_pat
     lock = tmp_path / "launch.lock"
     holder = subprocess.Popen(["flock", str(lock), "sleep", "60"], start_new_session=True)
     try:
-        wait_until(lambda: lock.exists() and supervisor._lock_within(os.open(lock, os.O_RDONLY), 0) is False, 10,
+        wait_until(lambda: lock.exists() and supervisor.lock_within(os.open(lock, os.O_RDONLY), 0) is False, 10,
                    "the holder's lock")
         fd = os.open(lock, os.O_RDWR)
         started = time.monotonic()
-        assert supervisor._lock_within(fd, 0.3) is False and time.monotonic() - started < 5
+        assert supervisor.lock_within(fd, 0.3) is False and time.monotonic() - started < 5
         named = supervisor._lock_holder(fd)
         assert named is not None and named.endswith(("(sleep)", "(flock)")), named  # flock passes it to sleep
         error = _lock_busy({"lock": str(lock), "holder": named, "seconds": 45}, "r1", HostConfig("gpu", address="x"))
@@ -100,7 +100,7 @@ def test_a_launch_lock_held_past_the_wait_is_an_answer_naming_its_holder(tmp_pat
     finally:
         os.killpg(holder.pid, signal.SIGKILL)  # flock and the sleep it handed the lock to
         holder.wait()
-    assert supervisor._lock_within(fd, 5) is True  # the holder gone: the lock is the launch's again
+    assert supervisor.lock_within(fd, 5) is True  # the holder gone: the lock is the launch's again
 
 
 def test_asking_whether_a_launch_started_while_its_lock_is_held_names_the_holder_and_withdraws_nothing(

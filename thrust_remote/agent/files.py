@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import sys
+import time
 
 
 def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
@@ -32,6 +34,20 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def lock_within(fd: int, seconds: float, poll: float = 0.05) -> bool:
+    """An exclusive flock on `fd`, waited for at most `seconds`: False when its holder never let go (a
+    process stopped while it held it), never a wait without end."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
 
 
 def unreadable(directory: str, names: tuple[str, ...]) -> str | None:

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 
 from . import idlewatch, peerwatch, runqueue
 from .checkout import free_bytes
-from .files import unreadable, write_atomic
+from .files import lock_within, unreadable, write_atomic
 from .protocol import (
     END_RESERVE,
     END_RESERVE_BYTES,
@@ -304,7 +304,7 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     # Held while we check and until the new run's run.json exists: two launches claiming the same
     # GPUs cannot both win. Runs of the same job and commit may run side by side (each its own run
     # dir); only what would collide is refused (docs/architecture.md, "Concurrent runs").
-    if not _lock_within(lock_fd, LOCK_WAIT_S):
+    if not lock_within(lock_fd, LOCK_WAIT_S):
         print(json.dumps({"error": "lock-busy", "lock": lock_path, "holder": _lock_holder(lock_fd),
                           "seconds": LOCK_WAIT_S}))
         return AgentExit.REFUSED
@@ -367,7 +367,7 @@ def cmd_launch_outcome(args: argparse.Namespace) -> int:
     run_dir = os.path.abspath(args.run_dir)
     os.makedirs(os.path.dirname(args.lock), mode=0o700, exist_ok=True)
     lock_fd = os.open(args.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    if not _lock_within(lock_fd, LOCK_WAIT_S):  # the stalled launch itself may hold it: say who, never hang
+    if not lock_within(lock_fd, LOCK_WAIT_S):  # the stalled launch itself may hold it: say who, never hang
         print(json.dumps({"launched": None, "error": "lock-busy", "lock": args.lock,
                           "holder": _lock_holder(lock_fd), "seconds": LOCK_WAIT_S}))
         os.close(lock_fd)
@@ -419,20 +419,6 @@ def _lock(path: str) -> int:
 
 
 LOCK_WAIT_S = 45.0  # a launch holds the lock for well under a second; within the laptop's 60 s request
-
-
-def _lock_within(fd: int, seconds: float) -> bool:
-    """The launch lock, waited for at most `seconds`: a holder that never lets go (a process stopped
-    while it held it) is an answer naming it, not a launch request that times out saying nothing."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
 
 
 def _lock_holder(fd: int) -> str | None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -39,6 +38,7 @@ import time
 
 from .checkout import ENV, lfs_object
 from .protocol import RUN_JSON, RUNS_DIR, RunState
+from .xfer import sha256_of
 
 STORE = os.path.join(".thrust", "store")
 SETUP = os.path.join(".thrust", "setup")
@@ -117,14 +117,6 @@ def missing(workdir: str, shas: list[str]) -> list[str]:
     return out
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # ------------------------------------------------------------------------------------------ a tree
 
 def _link(source: str, dest: str) -> None:
@@ -145,7 +137,7 @@ def _place_files(workdir: str, tree: str, files: dict) -> None:
     for want in files.values():
         path = object_path(workdir, want["sha256"])
         if os.path.exists(path) and not os.path.exists(f"{path}.stat"):
-            if _sha256(path) != want["sha256"]:
+            if sha256_of(path) != want["sha256"]:
                 _drop(path)
                 absent.append(want["sha256"])
                 continue
@@ -402,7 +394,7 @@ def keep_setup(workdir: str, tree: str, key: str, exclude: list[str]) -> dict:
         path = os.path.join(tree, rel)
         if os.path.islink(path) or not os.path.isfile(path):
             continue
-        sha = _sha256(path)
+        sha = sha256_of(path)
         obj = object_path(workdir, sha)
         if not intact(obj):
             _drop(obj)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from thrust_remote.core.config import Config, JobConfig
 from thrust_remote.core.errors import ConfigError, ExitCode, ThrustError
+from thrust_remote.host.runner import sha256_file
 from thrust_remote.host.session import HostSession
 from thrust_remote.run.jobs import config_label
 from thrust_remote.run.repo import git as _git
@@ -111,7 +112,7 @@ def local_files(root: Path, paths: tuple[str, ...]) -> dict[str, LocalFile]:
             st = path.stat()
             seen = [st.st_size, st.st_mtime_ns, st.st_ino]
             known = index.get(key)
-            sha = known[3] if isinstance(known, list) and len(known) == 4 and known[:3] == seen else _sha256(path)
+            sha = known[3] if isinstance(known, list) and len(known) == 4 and known[:3] == seen else sha256_file(path)
             fresh[key] = [*seen, sha]
             out[key] = LocalFile(path, sha, st.st_size, st.st_mtime_ns)
     if fresh != {k: index.get(k) for k in fresh}:
@@ -131,14 +132,6 @@ def _walk(path: Path) -> list[Path]:
         dirs.sort()
         out += [Path(base) / n for n in sorted(names) if stat.S_ISREG(os.stat(Path(base) / n).st_mode)]
     return out
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def send_files(session: HostSession, files: Mapping[str, LocalFile], reporter: Steps,

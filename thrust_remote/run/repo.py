@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shlex
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from thrust_remote.core.errors import ExitCode, ThrustError
+from thrust_remote.host.runner import sha256_file
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 GITLINK = "160000"
@@ -74,14 +74,6 @@ def _pointer_oid(path: Path) -> str | None:
     return match.group(1).decode() if match else None
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def lfs_files(root: Path) -> tuple[LfsFile, ...]:
     """Every tracked path with `filter=lfs` and where its content is; refuses (naming them) when the
     laptop has only the pointer: sending it would give the job a 130-byte text file for its data."""
@@ -98,7 +90,7 @@ def lfs_files(root: Path) -> tuple[LfsFile, ...]:
             continue
         oid = _pointer_oid(file)
         if oid is None:
-            found.append(LfsFile(path, _sha256_file(file), file))
+            found.append(LfsFile(path, sha256_file(file), file))
         elif (store / oid[:2] / oid[2:4] / oid).is_file():
             found.append(LfsFile(path, oid, store / oid[:2] / oid[2:4] / oid))
         else:

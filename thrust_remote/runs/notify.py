@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from thrust_remote.agent.files import lock_within
 from thrust_remote.core.config import NotifyConfig, webhook_problem
 from thrust_remote.core.names import valid_id
 from thrust_remote.runs.index import index_dir
@@ -87,25 +87,14 @@ def claim(root: Path, run_id: str, *, wait_s: float = TIMEOUT_S + 5.0) -> Iterat
         yield True  # no index to record it in: telling twice beats never telling
         return
     try:
-        if not _lock(fd, wait_s) or _told(where, run_id):
+        # never told twice: a holder that outlives its own deadline keeps it
+        if not lock_within(fd, wait_s, CLAIM_POLL_S) or _told(where, run_id):
             yield False
             return
         yield True
         _mark_told(where, run_id)
     finally:
         os.close(fd)  # the lock goes with it
-
-
-def _lock(fd: int, wait_s: float) -> bool:
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False  # never told twice: a holder that outlives its own deadline keeps it
-            time.sleep(CLAIM_POLL_S)
 
 
 def _told(where: Path, run_id: str) -> bool:
