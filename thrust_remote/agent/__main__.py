@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "logs": ("supervisor", True),
     "stop": ("supervisor", True),
     "launch-outcome": ("supervisor", True),  # a launch whose answer never came: launched, else withdrawn
+    "supervise": ("supervisor", True),  # a Slurm job's one step: the supervisor on the allocation (slurm.py)
     "write-file": ("files", False),
     "git-state": ("checkout", True),
     "git-receive": ("checkout", True),

@@ -117,6 +117,8 @@ class LaunchAnswer(TypedDict, total=False):
     position: int  # its place in the host's queue, 1 first
     launched: bool  # `launch-outcome`: the run was launched (its run.json exists); False: withdrawn
     state: str  # `launch-outcome` of a launched run: its RunState word now
+    scheduler_job: str  # a Slurm host's launch: the job id sbatch gave (the run is QUEUED in Slurm)
+    detail: str  # error "sbatch": what sbatch said
 
 
 # run.json's `queue` of a run launched with --queue (agent/runqueue.py): what it waits for, its order
@@ -124,6 +126,89 @@ QUEUE = "queue"
 
 # run.json's (and status's) run id of the run this one continues (`thrust-remote resume`)
 RESUMED_FROM = "resumed_from"
+
+# run.json's `scheduler` of a run submitted to a cluster's scheduler (`scheduler: slurm` hosts,
+# agent/slurm.py): {"kind": "slurm", "job_id", "submitted_ts"}; its state is the scheduler's, mapped below
+SCHEDULER = "scheduler"
+SLURM = "slurm"
+
+
+class SchedulerView(TypedDict, total=False):
+    """A run's state as the scheduler's word makes it (`slurm_state`): the state, and why."""
+
+    state: RunState
+    reason: str  # QUEUED: Slurm's pending reason (Priority, Resources, QOS...); an end: timeout, preempted...
+    reason_detail: str
+
+
+# Slurm's job states (squeue's %T, sacct's State), each to a run state and, for an end that is not the
+# job's own, the reason status shows. Mapped here once: the agent, status and the docs read this table.
+SLURM_STATES: dict[str, tuple[RunState, str]] = {
+    "PENDING": (RunState.QUEUED, ""),
+    "CONFIGURING": (RunState.QUEUED, "configuring"),  # nodes allocated, booting
+    "REQUEUED": (RunState.QUEUED, "requeued"),
+    "REQUEUE_FED": (RunState.QUEUED, "requeued"),
+    "REQUEUE_HOLD": (RunState.QUEUED, "held"),
+    "RESV_DEL_HOLD": (RunState.QUEUED, "held"),
+    "RESIZING": (RunState.RUNNING, ""),
+    "RUNNING": (RunState.RUNNING, ""),
+    "COMPLETING": (RunState.RUNNING, ""),  # the job's processes are ending
+    "STAGE_OUT": (RunState.RUNNING, ""),
+    "SIGNALING": (RunState.RUNNING, ""),
+    "SUSPENDED": (RunState.RUNNING, "suspended"),
+    "STOPPED": (RunState.RUNNING, "suspended"),
+    "COMPLETED": (RunState.FINISHED, ""),
+    "FAILED": (RunState.FAILED, "failed"),
+    "OUT_OF_MEMORY": (RunState.FAILED, "out-of-memory"),
+    "BOOT_FAIL": (RunState.FAILED, "boot-fail"),
+    "DEADLINE": (RunState.FAILED, "deadline"),
+    "TIMEOUT": (RunState.FAILED, "timeout"),  # its time limit: resumable from its last checkpoint
+    "CANCELLED": (RunState.STOPPED, "cancelled"),
+    "REVOKED": (RunState.STOPPED, "cancelled"),
+    "NODE_FAIL": (RunState.LOST, "node-fail"),
+    "PREEMPTED": (RunState.LOST, "preempted"),
+}
+# the scheduler's ends that are not the job's own: they decide the state even when the job recorded an
+# exit code (a job killed at its time limit records 143; it ran out of time, it did not fail by itself)
+SLURM_DECIDES = frozenset({"OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "TIMEOUT", "CANCELLED", "REVOKED",
+                           "NODE_FAIL", "PREEMPTED"})
+
+
+def _recorded(exit_code: int | None, stopped: bool) -> RunState:
+    if stopped:
+        return RunState.STOPPED
+    return RunState.FINISHED if exit_code == 0 else RunState.FAILED
+
+
+def slurm_state(word: str | None, reason: str, *, exit_code: int | None, ended: bool, stopped: bool,
+                started: bool) -> SchedulerView:
+    """A Slurm run's state from the scheduler's word (None: the scheduler no longer knows the job) and
+    what its run directory recorded: `exit_code` / `ended` (the supervisor wrote its end), `stopped`
+    (`stop` asked), `started` (the supervisor started the job). docs/architecture.md, "Slurm clusters"."""
+    word = (word or "").split(" ")[0].rstrip("+").upper() or None  # sacct: "CANCELLED by 0"
+    state, why = SLURM_STATES.get(word, (RunState.LOST, "")) if word else (RunState.LOST, "")
+    if word in SLURM_DECIDES:
+        if state == RunState.STOPPED and stopped:
+            return {"state": RunState.STOPPED, "reason": "user"}
+        detail = {"timeout": "it reached its time limit", "preempted": "the scheduler preempted it",
+                  "node-fail": "a node of its allocation failed", "out-of-memory": "it ran out of memory",
+                  "cancelled": "cancelled in Slurm (scancel), not by thrust-remote stop"}.get(why, word.lower())
+        return {"state": state, "reason": why, "reason_detail": detail}
+    if ended:  # the job's own end, written by its supervisor: what it says holds
+        return {"state": _recorded(exit_code, stopped), **({"reason": "user"} if stopped else {})}
+    if word is None:
+        return {"state": RunState.LOST, "reason": "gone",
+                "reason_detail": "the scheduler no longer knows the job and nothing recorded its end"}
+    if state == RunState.QUEUED:
+        return {"state": state, "reason": why or reason or "pending"}
+    if state == RunState.RUNNING:
+        return {"state": state, **({"reason": why} if why else {})}
+    if state == RunState.FINISHED:  # the batch script ended well, but the supervisor recorded no end
+        return {"state": RunState.LOST, "reason": "no-end",
+                "reason_detail": "the job ended without its supervisor recording an end"}
+    when = "ended" if started else "started"
+    return {"state": state, "reason": why, "reason_detail": f"{word.lower()} before the job {when}"}
+
 
 # run.json's GPUs a run could use (GPU-hours count them): the chosen ones, else all the job could see
 GPUS_USED = "gpus_used"
@@ -148,11 +233,12 @@ class StatusAnswer(TypedDict, total=False):
     gpu_hours: float | None  # wall_hours x the GPUs it could use (run.json's gpus_used); 0.0 on the CPU
     queued_at: str | None  # a run launched with --queue: when it joined the queue
     position: int  # a QUEUED run's place in the host's queue (1: next to start)
-    reason: str  # a STOPPED run's: "user" (stop), "idle" (the idle-GPU stop)
+    reason: str  # a STOPPED run's: "user" (stop), "idle" (the idle-GPU stop); a Slurm run's: slurm_state's
     reason_detail: str
     unreadable: str  # a path of the run this account may not read (permission denied): the rest is a guess
     disk_free: int  # a FAILED or LOST run: bytes free on its run directory's filesystem now (a full disk?)
     oversize: str  # the run's run.json, larger than RUN_JSON_MAX: not read (the rest is a guess)
+    scheduler_job: str  # a Slurm run's job id (run.json's `scheduler`)
     node: int
     nodes: list
     peer_failed: dict | None

@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from . import idlewatch, peerwatch, runqueue
+from . import idlewatch, peerwatch, runqueue, slurm
 from .checkout import free_bytes
 from .files import lock_within, unreadable, write_atomic
 from .protocol import (
@@ -58,6 +58,7 @@ from .protocol import (
     RESUMED_FROM,
     RUN_JSON,
     RUN_JSON_MAX,
+    SCHEDULER,
     STOPPED,
     WITHDRAWN,
     AgentExit,
@@ -150,7 +151,11 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
     stopped = os.path.exists(os.path.join(run_dir, STOPPED))
     marker = meta.get("marker")
     exit_code, ended_at, ended_ts, never_started = _end(exit_text)
-    if exit_code is not None:
+    sched = slurm.view(run_dir, meta, exit_code=exit_code, ended=exit_code is not None or never_started,
+                       stopped=stopped) if meta.get(SCHEDULER) else None
+    if sched is not None:  # a cluster's run: the scheduler knows what this login node cannot see
+        state = sched["state"]
+    elif exit_code is not None:
         state = RunState.STOPPED if stopped else (RunState.FINISHED if exit_code == 0 else RunState.FAILED)
     elif never_started:  # ended while queued: stopped, or failed for another node (stop --peer-failed)
         state = RunState.STOPPED if stopped else RunState.FAILED
@@ -166,6 +171,8 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
     else:
         state = RunState.STOPPED if stopped else RunState.LOST
     reason = _stop_reason(run_dir) if state == RunState.STOPPED else None
+    if sched is not None and sched.get("reason") and not (reason and reason[0] != "user"):
+        reason = (sched["reason"], sched.get("reason_detail", ""))
     # no run.json, or LOST: perhaps files this account cannot read; then say so (only then: a waiter reads
     # every run dir each poll)
     denied = unreadable(run_dir, (RUN_JSON, EXIT_CODE)) if state == RunState.LOST or not meta else None
@@ -188,6 +195,7 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
         "gpus": meta.get("gpus") or [],
         "ended_ts": ended_ts,
         **({"queued_at": meta[QUEUE].get("queued_at")} if isinstance(meta.get(QUEUE), dict) else {}),
+        **({"scheduler_job": meta[SCHEDULER].get("job_id")} if isinstance(meta.get(SCHEDULER), dict) else {}),
         **({RESUMED_FROM: meta[RESUMED_FROM]} if isinstance(meta.get(RESUMED_FROM), str) else {}),
         **_hours(run_dir, meta, state, ended_ts),
         **({"node": meta["node"], "nodes": [n.get("host") for n in meta.get("nodes") or []],
@@ -334,6 +342,12 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     _activate(env)
     env["PYTHONUNBUFFERED"] = "1"
     meta.update(run_id=os.path.basename(run_dir), argv=argv, cwd=args.cwd, marker=marker)
+    if args.slurm:  # a cluster's login node: the scheduler starts the supervisor on the allocation
+        answer = slurm.submit(run_dir, args.cwd, list(payload.get("sbatch") or []),
+                              {**payload.get("env", {}), "THRUST_RUN_MARKER": marker}, meta)
+        os.close(lock_fd)
+        print(json.dumps(answer))
+        return 0 if answer.get("queued") else AgentExit.REFUSED
     if wait is None:
         _starting(meta, env, spec, taken)
     read_end, write_end = os.pipe()
@@ -657,6 +671,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     meta = read_json(os.path.join(args.run_dir, RUN_JSON)) or {}
     state = run_state(args.run_dir)
+    if meta.get(SCHEDULER):
+        return _stop_scheduled(args, meta, state["state"])
     if state["state"] == RunState.QUEUED and _stop_queued(args, meta):
         return 0
     meta = read_json(os.path.join(args.run_dir, RUN_JSON)) or {}  # a queued run may have started meanwhile
@@ -683,6 +699,69 @@ def cmd_stop(args: argparse.Namespace) -> int:
         time.sleep(0.05)
     print(json.dumps({"stopped": True, "killed": killed, "state": run_state(args.run_dir)["state"]}))
     return 0
+
+
+def _stop_scheduled(args: argparse.Namespace, meta: dict, state: RunState) -> int:
+    """`stop` of a cluster's run: scancel (a pending job too); a running job's end is its supervisor's
+    to record (it passes the scheduler's TERM to the job), waited for up to the grace."""
+    if not state.is_live:
+        print(json.dumps({"stopped": False, "state": state}))
+        return 0
+    answer = slurm.cancel(args.run_dir, meta)
+    deadline = time.monotonic() + args.grace + 5
+    while answer.get("stopped") and time.monotonic() < deadline:
+        if os.path.exists(os.path.join(args.run_dir, EXIT_CODE)):
+            break
+        time.sleep(0.1)
+    print(json.dumps({**answer, "state": run_state(args.run_dir)["state"]}))
+    return 0 if answer.get("stopped") else 1
+
+
+def cmd_supervise(args: argparse.Namespace) -> int:
+    """The batch script's one command, on a cluster's allocation: start the job as `launch` would, watch
+    it, record its end, and exit with its code (so the scheduler's COMPLETED / FAILED agree with it)."""
+    run_dir = os.path.abspath(args.run_dir)
+    meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    if os.path.exists(os.path.join(run_dir, STOPPED)):  # cancelled as it was starting: nothing runs
+        if not os.path.exists(os.path.join(run_dir, EXIT_CODE)):
+            _write_atomic(os.path.join(run_dir, EXIT_CODE), _never_started())
+        return 0
+    env = dict(os.environ)  # the allocation's own (SLURM_*), then the run's
+    env.update(slurm.job_env(run_dir))
+    _activate(env)
+    env["PYTHONUNBUFFERED"] = "1"
+    _starting(meta, env, None, [])
+    devnull = os.open(os.devnull, os.O_RDWR)
+    log_fd = os.open(os.path.join(run_dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(devnull, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    meta.update(supervisor_pid=os.getpid(), supervisor_start=_proc_start_time(os.getpid()))
+    _reserve_end(run_dir)
+    proc = _start(run_dir, meta.get("cwd") or run_dir, list(meta.get("argv") or []), env, devnull, log_fd, -1)
+    if proc is None:
+        return 127
+    meta.update(pid=proc.pid, pid_start=_proc_start_time(proc.pid))
+    _write_atomic(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
+    # The scheduler's TERM (scancel, the time limit) goes to the job's group; the supervisor lives on to
+    # record the end (Slurm's KILL follows after its KillWait).
+    signal.signal(signal.SIGTERM, lambda *_: _signal_group(proc.pid, signal.SIGTERM))
+    _watch(run_dir, meta, proc)
+    end, _, _, _ = _end(_read_text(os.path.join(run_dir, EXIT_CODE)))
+    return min(int(end or 0), 255)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, sig)
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return None
 
 
 def _stop_queued(args: argparse.Namespace, meta: dict) -> bool:
@@ -787,6 +866,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-count", type=int, default=0, help="--queue: take this many GPUs of --gpu-pool")
     p.add_argument("--gpu-pool", default="", help="--queue: the host's GPUs --gpu-count chooses among")
     p.add_argument("--cpu-slots", type=int, default=1, help="--queue without GPUs: RUNNING runs at once")
+    p.add_argument("--slurm", action="store_true", help="sbatch the supervisor (stdin's `sbatch`: its options)")
+    p = sub.add_parser("supervise")
+    p.add_argument("--run-dir", required=True)
     p = sub.add_parser("launch-outcome")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--lock", required=True, help="the host's launch lock file (flock)")
@@ -809,5 +891,5 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("launch needs the job's argv after --")
         return cmd_launch(args, job_argv)
     return {"status": cmd_status, "list": cmd_list, "logs": cmd_logs, "stop": cmd_stop,
-            "launch-outcome": cmd_launch_outcome}[args.cmd](args)
+            "launch-outcome": cmd_launch_outcome, "supervise": cmd_supervise}[args.cmd](args)
 

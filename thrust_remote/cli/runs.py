@@ -226,8 +226,9 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
         return
     style = STATE_STYLE.get(st["state"], "")
     code = f" (exit code {st['exit_code']})" if st.get("exit_code") is not None else ""
-    if st.get("reason") and st["reason"] != "user":  # stopped by the idle-GPU stop, not on request
-        code += f" [{st['reason']}: {st.get('reason_detail') or ''}]"
+    if st.get("reason") and st["reason"] != "user":  # the idle-GPU stop; a Slurm run's pending reason, its end's
+        detail = st.get("reason_detail") or ""
+        code += f" [{st['reason']}{': ' + detail if detail else ''}]"
     if st.get("position"):
         code += f" (position {st['position']} in the queue since {st.get('queued_at')})"
     h = host_text  # every value below is the host's answer
@@ -235,7 +236,8 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
     tree = None if "tree" not in st else (f"{st['tree']} ({trees.size_text(st.get('tree_bytes'))})"
                                            if st.get("tree_kept") else f"{st['tree']} (removed)")
     known = {"job": st.get("job"), "pid": st.get("pid"), "started": st.get("started_at"),
-             "commit": (st.get("commit") or "")[:12], RESUMED: st.get(RESUMED), "tree": tree}
+             "commit": (st.get("commit") or "")[:12], RESUMED: st.get(RESUMED), "tree": tree,
+             "slurm_job": st.get("scheduler_job")}
     fields = "  ".join(f"{k}={h(v)}" for k, v in known.items() if v not in (None, ""))
     console.print(f"{h(st['run_id'])}: [{style}]{h(st['state'])}[/]{h(code)}  {fields}", highlight=False)
     if vocab.disk_note(st):

@@ -24,6 +24,7 @@ import yaml
 
 from thrust_remote.core.errors import ConfigError
 from thrust_remote.core.names import bad_name_reason, parse_address, valid_host, valid_id
+from thrust_remote.core.scheduler import NAME_RE, OPTION_RE, OWN_OPTIONS, SCHEDULERS, TIME_RE, SlurmConfig
 
 CONFIG_NAME = "thrust.yaml"
 # optimize's best params: `<study>-best.yaml` in the project, its first line ending with the mark (so a
@@ -64,6 +65,8 @@ class HostConfig:
     rdzv_port: int | None = None
     ifname: str | None = None
     keep_runs: int = DEFAULT_KEEP_RUNS  # `keep: {runs: N}`: the trees of the newest N ended runs stay
+    # `scheduler: slurm`: a cluster's login node; runs are submitted with sbatch (core/scheduler.py)
+    slurm: SlurmConfig | None = None
     # not a thrust.yaml key: the config file the user named (--config / THRUST_CONFIG), absolute, so
     # that a hint's command reads the same file (hints.command_hint); None when it was found by search
     config_path: str | None = None
@@ -538,11 +541,12 @@ def _construct(node: yaml.Node) -> Any:
     return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
 
 
+_SLURM_KEYS = ("scheduler", "partition", "account", "time", "sbatch")  # a Slurm login node's (scheduler.py)
 _DATA_KEYS = ("files", "setup", "shared")  # a job's, or the top level's for every job
 _TOP_KEYS = ("default_host", "hosts", "groups", "jobs", "search", "notify", *_DATA_KEYS)
 _HOST_KEYS = (
     "address", "workdir", "python", "identity", "known_hosts", "host_key_policy", "gpus", "connect_timeout",
-    "cpu_slots", "rdzv_address", "rdzv_port", "ifname", "keep",
+    "cpu_slots", "rdzv_address", "rdzv_port", "ifname", "keep", *_SLURM_KEYS,
 )
 _JOB_KEYS = (
     "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
@@ -681,6 +685,8 @@ def _check_name(reader: _Reader, node: yaml.Node, field_name: str, name: str) ->
 def _parse_host(reader: _Reader, name: str, node: yaml.Node, name_node: yaml.Node) -> HostConfig:
     base = local_host() if name == LOCAL else HostConfig(name=name)
     values: dict[str, Any] = {}
+    slurm_values: dict[str, Any] = {}
+    slurm_nodes: dict[str, yaml.Node] = {}
     for key, key_node, value in reader.mapping(node, f"hosts.{name}"):
         f = f"hosts.{name}.{key}"
         if key == "address":
@@ -734,8 +740,13 @@ def _parse_host(reader: _Reader, name: str, node: yaml.Node, name_node: yaml.Nod
             values["keep_runs"] = _parse_keep(reader, f, value)
         elif key == "connect_timeout":
             values[key] = reader.seconds(value, f, "seconds")
+        elif key in _SLURM_KEYS:
+            slurm_values[key] = _slurm_value(reader, f, key, value)
+            slurm_nodes[key] = key_node
         else:
             raise reader.unknown(key_node, f, _HOST_KEYS)
+    if slurm_values:
+        values["slurm"] = _slurm_host(reader, name, slurm_values, slurm_nodes)
     if name != LOCAL and not values.get("address"):
         raise reader.fail(
             name_node, f"hosts.{name}.address", "missing; expected an ~/.ssh/config alias or user@host[:port]"
@@ -743,6 +754,56 @@ def _parse_host(reader: _Reader, name: str, node: yaml.Node, name_node: yaml.Nod
     if name == LOCAL and values.get("address"):
         raise reader.fail(name_node, "hosts.local.address", "the host 'local' is this machine and takes no address")
     return replace(base, **values)
+
+
+def _slurm_value(reader: _Reader, f: str, key: str, value: yaml.Node) -> Any:
+    """One of a Slurm host's keys, checked (core/scheduler.py)."""
+    if key == "scheduler":
+        return reader.choice(value, f, SCHEDULERS)
+    if key == "time":
+        text = reader.scalar(value, f)
+        text = str(text) if isinstance(text, int) and not isinstance(text, bool) else text
+        if not isinstance(text, str) or not TIME_RE.match(text):
+            raise reader.fail(value, f, f"expected a Slurm time limit like \"24:00:00\" or \"2-00:00:00\" "
+                                        f"(quoted: YAML reads 24:00 as a number), got {text!r}")
+        return text
+    if key in ("partition", "account"):
+        text = reader.string(value, f) or ""
+        if not NAME_RE.match(text):
+            raise reader.fail(value, f, f"expected a Slurm {key} name (letters, digits, _ . + -), got {text!r}")
+        return text
+    options: list[tuple[str, str | None]] = []
+    for option, option_node, option_value in reader.mapping(value, f):
+        where = f"{f}.{option}"
+        if option.lstrip("-") in OWN_OPTIONS:
+            raise ConfigError(reader.fail(option_node, where, "thrust-remote sets this sbatch option itself").message,
+                              OWN_OPTIONS[option.lstrip("-")])
+        if not OPTION_RE.match(option):
+            raise reader.fail(option_node, where, "expected an sbatch long option's name without dashes, like qos "
+                                                  "or constraint")
+        given = reader.scalar(option_value, where)
+        if given is True or given is None:
+            options.append((option, None))
+        elif isinstance(given, bool) or not isinstance(given, str | int | float) or "\n" in str(given) \
+                or not str(given).strip():
+            raise reader.fail(option_value, where, f"expected the option's value (or true for a flag), got {given!r}")
+        else:
+            options.append((option, str(given)))
+    return tuple(options)
+
+
+def _slurm_host(reader: _Reader, name: str, values: Mapping[str, Any], nodes: Mapping[str, yaml.Node]) -> SlurmConfig:
+    """partition:, account:, time:, sbatch: belong to a `scheduler: slurm` host only."""
+    if "scheduler" not in values:
+        key = next(iter(values))
+        raise ConfigError(reader.fail(nodes[key], f"hosts.{name}.{key}", "only for a Slurm cluster's login "
+                                                                          "node").message,
+                          f"add `scheduler: slurm` to hosts.{name}, or remove {key}:")
+    if name == LOCAL:
+        raise reader.fail(nodes["scheduler"], "hosts.local.scheduler", "the host 'local' is this machine; a Slurm "
+                                                                       "cluster is reached at its login node's address")
+    return SlurmConfig(partition=values.get("partition"), account=values.get("account"), time=values.get("time"),
+                       sbatch=values.get("sbatch", ()))
 
 
 def _parse_job(

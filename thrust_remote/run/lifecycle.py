@@ -37,6 +37,7 @@ from thrust_remote.core.errors import (
     disk_full,
 )
 from thrust_remote.core.hints import command_hint
+from thrust_remote.core.scheduler import sbatch_options
 from thrust_remote.fetch import artifacts, checkpoints
 from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
@@ -91,6 +92,8 @@ def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restar
     if request.queue and request.share_gpus:
         raise UsageError("--queue waits for GPUs no running run holds; --allow-shared-gpus runs on held ones",
                          "give one of them")
+    if any(h.slurm for h in hosts):
+        _check_slurm_request(request, hosts)
     if len(hosts) > 1:
         multinode.check_request(request, hosts)
         if request.gpus:
@@ -100,6 +103,19 @@ def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restar
     elif max_restarts:  # one host runs torchrun --standalone with --max-restarts=0: say so, never ignore it
         raise UsageError(f"--max-restarts {max_restarts}: restarts are for a run over several hosts",
                          "give two or more --host (or a group), or drop --max-restarts")
+
+
+def _check_slurm_request(request: TrainRequest, hosts: Sequence[HostConfig]) -> None:
+    """What a run on a Slurm cluster cannot be (64, before anything connects): its scheduler queues and
+    places it, so one host per run, GPUs as a count, no --queue of ours."""
+    if len(hosts) > 1:
+        raise UsageError(f"{', '.join(h.name for h in hosts if h.slurm)} is a Slurm cluster: a run there is one "
+                         "host (its nodes are the scheduler's to give)", "give that host alone with --host")
+    if request.queue:
+        raise UsageError("--queue: a Slurm cluster queues every run in its scheduler already", "drop --queue")
+    if request.gpus and not request.gpus.isdigit():
+        raise UsageError(f"--gpus {request.gpus}: on a Slurm cluster the scheduler picks the GPUs",
+                         "give how many, like --gpus 2")
 
 
 def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession], reporter: Reporter, *,
@@ -119,7 +135,7 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     checked = each(lambda s: stages.check(config, request.job, s, told(s), args_for_preflight=args,
                                                     code_at=request.resume, tree=run_id), sessions)
     multinode.agree(checked)
-    if request.gpus:  # GPUs a host can never give (more than it has, none at all): 64 before any set-up
+    if request.gpus and not checked[0].session.host.slurm:  # GPUs a host can never give: 64 before any set-up
         for node in checked:
             inventory.select_gpus(request.gpus, node.report.facts, node.session.host)
     prepared = each(lambda c: stages.set_up(c, told(c.session)), checked)
@@ -155,6 +171,12 @@ def _launch_one(prepared: stages.Prepared, request: TrainRequest, args: Sequence
     """One host: the GPUs `--gpus` asks for, claimed on the host unless shared; with --queue, what it
     waits for there when that is taken."""
     session = prepared.session
+    if session.host.slurm is not None:  # the scheduler places it: GPUs as a count, its own queue
+        count = int(request.gpus or 0)
+        return stages.launch_prepared(prepared, args=args, run_id=run_id, nproc=request.nproc,
+                                      extra_env=request.extra_env, reporter=reporter,
+                                      meta_extra=stages.resume_meta(request), gpu_count=count,
+                                      sbatch=sbatch_options(session.host.slurm, gpus=count))
     if request.queue:
         gpus, ask = stages.queue_ask(request, prepared.report.facts, None)
         return stages.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,

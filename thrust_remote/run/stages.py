@@ -208,7 +208,8 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
                     gpus: Sequence[int] = (), nproc: int | None = None, extra_env: Mapping[str, str] | None = None,
                     exclusive_gpus: bool = False, reporter: Reporter | None = None, export: bool = True,
                     meta_extra: Mapping[str, Any] | None = None, rdzv: jobs.Rendezvous | None = None,
-                    queue: control.QueueAsk | None = None) -> Launched:
+                    queue: control.QueueAsk | None = None, sbatch: Sequence[str] | None = None,
+                    gpu_count: int = 0) -> Launched:
     """Start one detached run. `args` are the job's arguments (job_arguments); `gpus` become
     CUDA_VISIBLE_DEVICES and GPU_LIST; `nproc` processes under torchrun (default: the job's `nproc:`,
     else one per GPU); `exclusive_gpus` makes the host refuse the launch when a RUNNING run holds one of
@@ -216,6 +217,7 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
     `export=False` skips the ONNX export (seconds per run that a hyperparameter trial does not need);
     `meta_extra` goes into run.json; `rdzv`: this node's part of a run over several hosts (multinode.py);
     `queue`: it waits on the host for what it asks when that is taken (`--gpus N`: chosen there).
+    `sbatch`: a Slurm host's options (core/scheduler.py): submitted, with `gpu_count` GPUs per node.
     The argv and env of each kind: jobs.py (docs/architecture.md, "Config")."""
     reporter = reporter or NullReporter()
     t3 = time.monotonic()
@@ -228,7 +230,7 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
         argv = prepared.cargo.run_argv(list(args))
     else:
         argv = jobs.job_argv(job, prepared.python, args, run_dir=run_dir,
-                             nproc=jobs.process_count(job, nproc, gpus or range(queue.count if queue else 0)),
+                             nproc=jobs.process_count(job, nproc, gpus or range(queue.count if queue else gpu_count)),
                              export=export, trainer=prepared.trainer,
                              rdzv=rdzv)
     sync_result = prepared.sync
@@ -254,12 +256,15 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
     reporter.step(f"launching run {run_id}")
     answer: LaunchAnswer = control.launch(
         session, run_id=run_id, job=job.name, argv=argv, cwd=prepared.cwd, env=env,
-        meta={**meta, "job": job.name}, claim_gpus=gpus if exclusive_gpus else (), queue=queue)
+        meta={**meta, "job": job.name}, claim_gpus=gpus if exclusive_gpus else (), queue=queue, sbatch=sbatch)
     timings = {**prepared.timings, Stage.LAUNCH: time.monotonic() - t3}
     if sync_result is not None and sync_result.dirty and prepared.local is not None:
         _save_patch(session, run_dir, prepared.local)
     pid = answer.get("pid")
-    if answer.get("queued"):
+    if answer.get("scheduler_job"):
+        reporter.step(f"run {run_id} submitted to Slurm on {session.name} as job {answer['scheduler_job']}: "
+                      "it starts when the scheduler gives it its nodes")
+    elif answer.get("queued"):
         reporter.step(f"run {run_id} waits in {session.name}'s queue (position {answer.get('position')}): "
                       "it starts by itself when what it asks frees")
     return Launched(run_id, run_dir, int(pid) if pid is not None else None, session.name, job.name,

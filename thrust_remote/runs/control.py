@@ -70,13 +70,16 @@ def launch(
     meta: Mapping[str, object],
     claim_gpus: Sequence[int] = (),
     queue: QueueAsk | None = None,
+    sbatch: Sequence[str] | None = None,
 ) -> LaunchAnswer:
     """Start argv detached under the supervisor; returns {"pid", "run_dir", "marker"}.
 
     Several runs of one job may run at once, each in its own run dir. `claim_gpus`: refuse (under
     the host's launch lock) when a RUNNING run holds one of these GPUs (docs/architecture.md). A launch
     whose answer never comes (the link lost, the agent stopped answering, its deadline) is asked again
-    before anything else (`_settle`): a run that started is carried on with, one that did not never will."""
+    before anything else (`_settle`): a run that started is carried on with, one that did not never will.
+    `sbatch`: a Slurm host's options; the agent submits the run (`sbatch --parsable`) instead of starting
+    it, and the answer is {"queued", "scheduler_job"} (docs/architecture.md, "Slurm clusters")."""
     host, paths = session.host, session.paths
     marker = secrets.token_hex(8)
     args = [
@@ -86,12 +89,14 @@ def launch(
         "--lock", launch_lock(paths),
         *(["--gpus", ",".join(str(g) for g in claim_gpus)] if claim_gpus else []),
         *(queue.argv() if queue else []),
+        *(["--slurm"] if sbatch is not None else []),
         "--marker", marker,
         "--stdin",
         "--", *argv,
     ]
     # meta and env go on stdin: a command line is world-readable (ps), env values may be secrets
-    payload = json.dumps({"meta": {"job": job, "host": host.name, **meta}, "env": dict(env)}).encode()
+    payload = json.dumps({"meta": {"job": job, "host": host.name, **meta}, "env": dict(env),
+                          **({"sbatch": list(sbatch)} if sbatch is not None else {})}).encode()
     try:
         result = session.agent(*args, timeout=LAUNCH_S, stdin=payload)
     except ConnectionLostError as exc:
@@ -162,6 +167,11 @@ def _refused(answer: Mapping[str, object], run_id: str, host: HostConfig) -> Non
     if answer.get("error") == "withdrawn":
         raise ThrustError(f"run {run_id} on {name} was withdrawn: an earlier launch of it never answered and was "
                           "found not started", "run the command again (a new run id)", ExitCode.UNAVAILABLE)
+    if answer.get("error") == "sbatch":
+        raise ThrustError(f"Slurm refused run {run_id} on {name}: {answer.get('detail')}",
+                          f"check the host's partition:, account:, time: and sbatch: in thrust.yaml; "
+                          f"{command_hint('doctor', host=host)} shows what the cluster accepts",
+                          ExitCode.UNAVAILABLE)
     if answer.get("error") == "never-fits":
         raise UsageError(f"run {run_id} can never start on {name}: it {answer.get('why')}",
                          "ask for fewer with --gpus, or choose another host with --host")

@@ -1,0 +1,160 @@
+"""A Slurm cluster as a host (`scheduler: slurm`), against a real one: Debian's slurmctld, slurmd and
+munged started by this module (tests/slurm_cluster.py: one node on loopback, 2 CPUs, no GPUs), its login
+node a real sshd whose sessions get SLURM_CONF (`SetEnv`), as a cluster's login shell would.
+
+What is checked: `train --detach` submits one `sbatch --parsable` job whose step is the agent's
+supervisor, so the run directory holds the usual files and `status`, `logs`, `wait` work unchanged; a run
+pending behind another shows Slurm's reason; `stop` is scancel, of a pending and of a running run; a
+cancel from outside thrust-remote reads STOPPED with its reason; sbatch's refusal is an error with
+Slurm's words; one squeue answer serves every look for 10 s. Jobs are tiny `command:` jobs held by a
+file the test writes, never a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import slurm_cluster
+from conftest import _start_sshd
+from helpers import new_project, remote_tempdir, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_slurm")]
+
+if slurm_cluster.missing():
+    pytest.skip(f"Slurm is not installed ({', '.join(slurm_cluster.missing())} missing): make test installs "
+                "slurmctld, slurmd, slurm-client and munge", allow_module_level=True)
+
+# held until the test writes `go` in the run's directory; then prints where it ran
+GATED = ("command: [sh, -c, 'echo started on $SLURM_JOB_NODELIST job $SLURM_JOB_ID; "
+         "while [ ! -e \"$THRUST_RUN_DIR/go\" ]; do sleep 0.1; done; echo done']")
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    root = Path(tempfile.mkdtemp(prefix="thrust-slurm-"))
+    started = slurm_cluster.start(root / "cluster")
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def login(cluster, tmp_path_factory):
+    """The cluster's login node: an sshd whose sessions see the cluster (SLURM_CONF)."""
+    server = _start_sshd(tmp_path_factory.mktemp("login-sshd"), extra_config=f"SetEnv SLURM_CONF={cluster.conf}\n")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def hpc(login, cluster, tmp_path_factory) -> tuple[Path, Path]:
+    """A project whose host `hpc` is the cluster: its thrust.yaml and the workdir on the shared disk."""
+    workdir = remote_tempdir(login) / "hpc"
+    proj = new_project(tmp_path_factory.mktemp("slurm") / "project", login, workdir,
+                       jobs=f"jobs:\n  gated:\n    {GATED}\n  hello:\n    command: [sh, -c, 'echo hello from slurm']\n")
+    text = (proj / "thrust.yaml").read_text()
+    # the sshd fixture's host, made a Slurm login node; every run asks the whole node (2 CPUs), so a
+    # second one waits for the first
+    text = text.replace("    connect_timeout: 5\n", f"    connect_timeout: 5\n    scheduler: slurm\n"
+                        f"    partition: {cluster.partition}\n    time: \"10:00\"\n"
+                        "    sbatch: {cpus-per-task: 2}\n")
+    (proj / "thrust.yaml").write_text(text)
+    return proj, workdir
+
+
+def _run_id(stderr: str) -> str:
+    return re.search(r"launching run (\S+)", stderr).group(1)
+
+
+def _status(cli, proj: Path, run_id: str) -> dict:
+    result = cli("status", run_id, "--json", cwd=proj)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_a_run_on_slurm_is_one_sbatch_job_and_status_logs_wait_work_unchanged(cli, hpc, cluster):
+    proj, workdir = hpc
+    started = cli("train", "hello", "--host", "sandbox", "--detach", cwd=proj)
+    assert started.returncode == 0, started.stderr
+    run_id = _run_id(started.stderr)
+    job = re.search(r"submitted to Slurm on sandbox as job (\d+)", started.stderr).group(1)
+    done = cli("wait", run_id, "--timeout", "60", cwd=proj)
+    assert done.returncode == 0, done.stdout + done.stderr
+    st = _status(cli, proj, run_id)
+    assert (st["state"], st["exit_code"], st["scheduler_job"]) == ("FINISHED", 0, job)
+    assert "hello from slurm" in cli("logs", run_id, cwd=proj).stdout
+    run_dir = workdir / ".thrust" / "runs" / run_id
+    # the files of a run on any host, written by the supervisor on the allocation
+    assert {"run.json", "log", "exit_code"} <= {p.name for p in run_dir.iterdir()}
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["scheduler"]["job_id"] == job and meta["pid"] and meta["started_at"]
+    sbatch = meta["scheduler"]["sbatch"]
+    assert sbatch[:2] == ["sbatch", "--parsable"] and "--partition=debug" in sbatch and "--cpus-per-task=2" in sbatch
+    assert "--time=10:00" in sbatch
+    assert oct((run_dir / ".env.json").stat().st_mode & 0o777) == "0o600"  # the job's env: its owner's alone
+
+
+def test_a_pending_run_shows_slurms_reason_and_stop_cancels_pending_and_running_runs(cli, hpc, cluster):
+    proj, workdir = hpc
+    runs = workdir / ".thrust" / "runs"
+    first = _run_id(cli("train", "gated", "--detach", cwd=proj).stderr)
+    second = _run_id(cli("train", "gated", "--detach", cwd=proj).stderr)
+    wait_until(lambda: "started on" in cli("logs", first, cwd=proj).stdout, 30, "the first run to start")
+    # the second waits in Slurm's queue for the node the first holds, and says why
+    queued = wait_until(lambda: (s := _status(cli, proj, second))["reason"] in ("Resources", "Priority") and s,
+                        30, "the second run's pending reason")
+    assert queued["state"] == "QUEUED" and queued["pid"] is None
+    said = cli("status", second, cwd=proj).stdout
+    assert "QUEUED" in said and re.search(r"\[(Resources|Priority)\]", said) and "slurm_job=" in said
+    # stop of the pending run: scancel; it never starts
+    assert cli("stop", second, cwd=proj).returncode == 0
+    gone = _status(cli, proj, second)
+    assert (gone["state"], gone["exit_code"], gone["started_at"]) == ("STOPPED", None, None)
+    # stop of the running run: scancel; the supervisor passes the TERM on and records the end
+    assert cli("stop", first, cwd=proj).returncode == 0
+    ended = wait_until(lambda: (s := _status(cli, proj, first))["state"] != "RUNNING" and s, 30, "the stop")
+    assert ended["state"] == "STOPPED" and ended["exit_code"] == 143, ended
+    assert not (runs / first / "go").exists()
+
+
+def test_a_cancel_from_outside_reads_stopped_with_its_reason_and_a_refused_sbatch_says_why(cli, hpc, cluster):
+    proj, workdir = hpc
+    run_id = _run_id(cli("train", "gated", "--detach", cwd=proj).stderr)
+    meta = json.loads((workdir / ".thrust" / "runs" / run_id / "run.json").read_text())
+    cluster.run("scancel", meta["scheduler"]["job_id"])  # the user's own scancel, not thrust-remote stop
+    st = wait_until(lambda: (s := _status(cli, proj, run_id))["state"] == "STOPPED" and s, 30, "the cancel seen")
+    assert st["reason"] == "cancelled" and "scancel" in st["reason_detail"]
+    # a partition the cluster does not have: sbatch refuses, the error is Slurm's own words, 69
+    text = (proj / "thrust.yaml").read_text()
+    bad = proj.parent / "bad.yaml"
+    bad.write_text(text.replace(f"partition: {cluster.partition}", "partition: nosuch"))
+    refused = cli("--config", str(bad), "train", "hello", "--detach", cwd=proj)
+    assert refused.returncode == 69, refused.stdout + refused.stderr
+    assert "Slurm refused run" in refused.stderr and "partition" in refused.stderr.lower()
+    assert "Traceback" not in refused.stderr
+
+
+def test_one_squeue_answer_serves_every_look_for_ten_seconds(hpc, cluster, monkeypatch):
+    from thrust_remote.agent import slurm
+
+    _proj, workdir = hpc
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    kept = workdir / ".thrust" / "slurm"
+    first = slurm.poll(str(kept))
+    again = slurm.poll(str(kept))
+    assert "error" not in first and again["at"] == first["at"]  # not asked again within POLL_S
+    assert slurm.POLL_S >= 10
+    os.utime(kept / "squeue.json")  # its age is what it says, not the file's time
+    aged = json.loads((kept / "squeue.json").read_text())
+    aged["at"] = time.time() - slurm.POLL_S - 1
+    (kept / "squeue.json").write_text(json.dumps(aged))
+    assert slurm.poll(str(kept))["at"] > first["at"]  # older than POLL_S: asked once more

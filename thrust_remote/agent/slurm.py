@@ -1,0 +1,219 @@
+"""Runs on a Slurm cluster, from its login node (docs/architecture.md, "Slurm clusters").
+
+A `scheduler: slurm` host's launch is one `sbatch --parsable` of a small batch script that runs this
+agent's `supervise` on the allocation: the same supervisor as on any host (log, run.json's pid,
+`exit_code`), so the run directory on the shared filesystem holds the same files. What only the
+scheduler knows (pending and why, a time limit, a cancel, a failed node) comes from one `squeue` for
+all of the account's jobs, kept `POLL_S` seconds in `.thrust/slurm/squeue.json` and shared by every
+agent process of the account on that login node (a login node is shared: `status`, `logs --follow` and
+`wait` of many runs cost one scheduler call per 10 s between them; a job submitted after the kept
+answer was taken reads as pending until the next one). The mapping of Slurm's words to
+run states is protocol.slurm_state's.
+
+Flags are the ones Slurm 20.11 and later take (`squeue --states=all --format`, no `--only-job-state`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pwd
+import shlex
+import subprocess
+import sys
+import time
+
+from .files import write_atomic
+from .protocol import EXIT_CODE, RUN_JSON, SCHEDULER, SLURM, SLURM_STATES, STOPPED, RunState, SchedulerView, slurm_state
+
+POLL_S = 10.0  # the least time between two squeue calls of one account on one login node
+CALL_S = 30.0  # one scheduler command's deadline (a busy slurmctld answers slowly, not never)
+BATCH = "slurm-batch.sh"  # the batch script in the run directory
+ENV = ".env.json"  # the job's env for the supervisor on the allocation (0600: it may hold secrets)
+SLURM_OUT = "slurm.out"  # what the batch step prints before the supervisor takes the log
+END = "scheduler-end.json"  # the scheduler's word on an ended job, kept: asked once, never again
+
+
+def _put(path: str, text: str, mode: int = 0o600) -> None:
+    write_atomic(path, text.encode(), mode)
+
+
+def _slurm_dir(run_dir: str) -> str:
+    """`<workdir>/.thrust/slurm`, beside `runs/`."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))), SLURM)
+
+
+def _user() -> str:
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> dict:
+    """Write the batch script and the job's env, `sbatch --parsable` it, record the job id in run.json.
+    The answer: {"queued", "scheduler_job", "run_dir", "marker"} or {"error", "detail"}."""
+    script = os.path.join(run_dir, BATCH)
+    env_path = os.path.join(run_dir, ENV)
+    fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(env, fh)
+    # The script runs this agent's supervisor in the foreground: Slurm's job is the supervisor, its
+    # end the job's end. `exec` so a signal Slurm sends (time limit, scancel) reaches it directly.
+    body = "#!/bin/sh\n" + shlex.join([sys.executable, "-S", os.path.abspath(sys.argv[0]), "supervise",
+                                       "--run-dir", run_dir]) + "\n"
+    _put(script, body, 0o700)
+    argv = ["sbatch", "--parsable", f"--job-name=thrust-{os.path.basename(run_dir)}",
+            f"--output={os.path.join(run_dir, SLURM_OUT)}", f"--chdir={cwd}", *sbatch, script]
+    meta[SCHEDULER] = {"kind": SLURM, "submitted_ts": time.time(), "sbatch": argv}
+    _put(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return _not_submitted(run_dir, meta, f"sbatch could not be run: {exc}")
+    if done.returncode != 0:
+        return _not_submitted(run_dir, meta, (done.stderr or done.stdout).strip()[-600:])
+    job_id = done.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
+    meta[SCHEDULER]["job_id"] = job_id
+    _put(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
+    return {"queued": True, "scheduler_job": job_id, "run_dir": run_dir, "marker": meta.get("marker")}
+
+
+def _not_submitted(run_dir: str, meta: dict, detail: str) -> dict:
+    """sbatch refused (a bad partition, account or QOS...): the run ended before it began."""
+    _put(os.path.join(run_dir, EXIT_CODE),
+                 json.dumps({"exit_code": None, "never_started": True, "ended_at": _now(), "ended_ts": time.time()}))
+    return {"error": "sbatch", "detail": detail, "run_id": meta.get("run_id")}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def job_env(run_dir: str) -> dict:
+    """The env `submit` kept for the supervisor on the allocation."""
+    try:
+        with open(os.path.join(run_dir, ENV)) as fh:
+            env = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return env if isinstance(env, dict) else {}
+
+
+def poll(slurm_dir: str) -> dict:
+    """{"at", "jobs": {id: [STATE, REASON]}, "error"?}: the account's jobs as squeue saw them at most
+    POLL_S seconds ago (asked now, under a lock, when the kept answer is older)."""
+    os.makedirs(slurm_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(slurm_dir, "squeue.json")
+    kept = _read(path)
+    if kept and time.time() - float(kept.get("at", 0)) < POLL_S:
+        return kept
+    fd = os.open(os.path.join(slurm_dir, "squeue.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # one asks; the others read what it got
+        kept = _read(path)
+        if kept and time.time() - float(kept.get("at", 0)) < POLL_S:
+            return kept
+        answer = _squeue()
+        _put(path, json.dumps(answer))
+        return answer
+    finally:
+        os.close(fd)
+
+
+def _read(path: str) -> dict | None:
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _squeue() -> dict:
+    at = time.time()
+    argv = ["squeue", "--noheader", "--states=all", f"--user={_user()}", "--format=%i|%T|%r"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"at": at, "jobs": {}, "error": f"squeue: {exc}"}
+    if done.returncode != 0:
+        return {"at": at, "jobs": {}, "error": (done.stderr or done.stdout).strip()[-300:]}
+    jobs = {}
+    for line in done.stdout.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) == 3:
+            jobs[parts[0]] = [parts[1], parts[2]]
+    return {"at": at, "jobs": jobs}
+
+
+def _sacct(job_id: str) -> str | None:
+    """The state accounting kept of a job squeue no longer shows (None without accounting storage)."""
+    argv = ["sacct", "-X", "--noheader", "--parsable2", f"--jobs={job_id}", "--format=State"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    words = done.stdout.split()
+    return words[0] if done.returncode == 0 and words else None
+
+
+def view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stopped: bool) -> SchedulerView:
+    """A Slurm run's state: what its run directory recorded with the scheduler's word on it."""
+    sched = meta.get(SCHEDULER) or {}
+    job_id = str(sched.get("job_id") or "")
+    started = "pid" in meta
+    if not job_id:  # sbatch refused (its end written), or the launch is still submitting
+        return {"state": RunState.FAILED, "reason": "not-submitted"} if ended else \
+            {"state": RunState.QUEUED, "reason": "submitting"}
+    final = _read(os.path.join(run_dir, END))
+    if final is not None:
+        word, reason = final.get("state"), str(final.get("reason") or "")
+    else:
+        word, reason = _ask(run_dir, sched, job_id)
+        if word == "?":  # the scheduler did not answer: what the run dir says, live until it ends
+            if ended:
+                return slurm_state(None, "", exit_code=exit_code, ended=True, stopped=stopped, started=started)
+            return {"state": RunState.RUNNING if started else RunState.QUEUED, "reason": "scheduler-unreachable",
+                    "reason_detail": reason}
+    out = slurm_state(word, reason, exit_code=exit_code, ended=ended, stopped=stopped, started=started)
+    said = SLURM_STATES.get((word or "").split(" ")[0].rstrip("+"))
+    if final is None and (word is None or (said is not None and said[0].is_terminal)):
+        with contextlib.suppress(OSError):  # the scheduler's last word: never asked again for this run
+            _put(os.path.join(run_dir, END), json.dumps({"state": word, "reason": reason, "at": _now()}))
+    return out
+
+
+def _ask(run_dir: str, sched: dict, job_id: str) -> tuple[str | None, str]:
+    """(Slurm's state word or None when it no longer knows the job, its reason); ("?", error) when
+    squeue did not answer."""
+    seen = poll(_slurm_dir(run_dir))
+    if seen.get("error") and not seen.get("jobs"):
+        return "?", str(seen["error"])
+    entry = (seen.get("jobs") or {}).get(job_id)
+    if entry:
+        return entry[0], entry[1] if entry[1] != "None" else ""
+    if float(sched.get("submitted_ts") or 0) >= float(seen.get("at") or 0) - 1:
+        return "PENDING", "submitted"  # asked before (or as) it was submitted: not known yet, not gone
+    return _sacct(job_id), ""
+
+
+def cancel(run_dir: str, meta: dict) -> dict:
+    """`stop` of a Slurm run, pending or running: `stopped` written first (so the end reads STOPPED),
+    then scancel; the supervisor on the allocation records the job's end as it goes."""
+    job_id = str((meta.get(SCHEDULER) or {}).get("job_id") or "")
+    if not os.path.exists(os.path.join(run_dir, STOPPED)):
+        _put(os.path.join(run_dir, STOPPED), _now())
+    if not job_id:
+        return {"stopped": False, "error": "no scheduler job id"}
+    try:
+        done = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=CALL_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"stopped": False, "error": f"scancel: {exc}"}
+    if done.returncode != 0:
+        return {"stopped": False, "error": (done.stderr or done.stdout).strip()[-300:]}
+    if "pid" not in meta and not os.path.exists(os.path.join(run_dir, EXIT_CODE)):
+        # cancelled before it started: its end is known now, not at the next poll (its supervisor, should
+        # it have been starting, sees `stopped` and starts nothing)
+        _put(os.path.join(run_dir, EXIT_CODE), json.dumps(
+            {"exit_code": None, "never_started": True, "ended_at": _now(), "ended_ts": time.time()}))
+    return {"stopped": True, "killed": False, "scheduler_job": job_id}

@@ -1,0 +1,63 @@
+"""A host that is a Slurm cluster's login node (`scheduler: slurm`): its settings and the sbatch options
+they make (docs/architecture.md, "Slurm clusters"; README, "Slurm clusters").
+
+thrust-remote sets some sbatch options itself (the job's name, output, directory, nodes, GPUs...):
+`sbatch:` may pass any other through, and one of those is refused at its line in thrust.yaml, with the
+key or flag that says it instead.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+SCHEDULERS = ("slurm",)
+
+# Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch --time)
+TIME_RE = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}(:\d{1,2})?)?|\d+(:\d{1,2}){0,2})$")
+# an sbatch long option's name as `sbatch:` takes it (no leading dashes)
+OPTION_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+# a partition, account or QOS name: what Slurm takes, and nothing a shell or an option parser reads
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
+
+# sbatch's options thrust-remote sets itself (short forms too), each with what to write instead
+OWN_OPTIONS: Mapping[str, str] = {
+    "parsable": "thrust-remote reads the job id from it",
+    "job-name": "thrust-remote names the job thrust-RUN_ID", "J": "thrust-remote names the job thrust-RUN_ID",
+    "output": "the run's log is in its run directory", "o": "the run's log is in its run directory",
+    "error": "the run's log is in its run directory", "e": "the run's log is in its run directory",
+    "chdir": "the job runs in its run's own tree", "D": "the job runs in its run's own tree",
+    "nodes": "use train --nodes N", "N": "use train --nodes N",
+    "ntasks": "thrust-remote starts one supervisor per node", "n": "thrust-remote starts one supervisor per node",
+    "ntasks-per-node": "thrust-remote starts one supervisor per node",
+    "gpus": "use train --gpus G", "G": "use train --gpus G", "gres": "use train --gpus G",
+    "gpus-per-node": "use train --gpus G",
+    "partition": "use the host's partition: key", "p": "use the host's partition: key",
+    "account": "use the host's account: key", "A": "use the host's account: key",
+    "time": "use the host's time: key", "t": "use the host's time: key",
+    "wrap": "thrust-remote submits its own batch script", "array": "one run is one job",
+    "export": "the run's env: travels in its run directory", "wait": "thrust-remote follows the run itself",
+    "W": "thrust-remote follows the run itself",
+}
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """`scheduler: slurm` and its keys on a host."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None  # the job's time limit, Slurm's format
+    sbatch: tuple[tuple[str, str | None], ...] = field(default_factory=tuple)  # (option, value or None: a flag)
+
+
+def sbatch_options(slurm: SlurmConfig, *, nodes: int = 1, gpus: int = 0) -> list[str]:
+    """The sbatch options of one run (the agent adds the job's name, output, directory and script)."""
+    out = [f"--nodes={nodes}", "--ntasks-per-node=1"]
+    out += [f"--partition={slurm.partition}"] if slurm.partition else []
+    out += [f"--account={slurm.account}"] if slurm.account else []
+    out += [f"--time={slurm.time}"] if slurm.time else []
+    out += [f"--gres=gpu:{gpus}"] if gpus else []
+    out += [f"--{name}" if value is None else f"--{name}={value}" for name, value in slurm.sbatch]
+    return out
