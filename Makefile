@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WEB_STAMP := web/node_modules/.installed
 SYS_STAMP := $(VENV)/.system-deps
-APT_PACKAGES := openssh-server rsync chromium iproute2 procps git-lfs
+APT_PACKAGES := openssh-server rsync chromium iproute2 procps git-lfs slurmctld slurmd slurm-client munge
 
 .PHONY: demo test test-fast lint setup system-deps web-deps bench clean wheel
 
@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 # Debian packages the tests need: a real sshd, rsync (benchmark peer), chromium (browser tests),
 # iproute2 (`ip`: the network namespaces of the multi-host tests), procps (pkill, in those tests) and
-# g++ (torch.compile's CPU backend compiles C++: the --compile tests run it).
+# g++ (torch.compile's CPU backend compiles C++: the --compile tests run it), and Slurm with munge (a
+# real one-node cluster for the `scheduler: slurm` tests, started by tests/slurm_cluster.py).
 system-deps: $(SYS_STAMP)
 $(SYS_STAMP): | $(STAMP)
 	@missing=""; \
@@ -33,6 +34,10 @@ $(SYS_STAMP): | $(STAMP)
 	command -v pkill >/dev/null || missing="$$missing procps"; \
 	command -v git-lfs >/dev/null || missing="$$missing git-lfs"; \
 	command -v g++ >/dev/null || missing="$$missing g++"; \
+	[ -x /usr/sbin/slurmctld ] || missing="$$missing slurmctld"; \
+	[ -x /usr/sbin/slurmd ] || missing="$$missing slurmd"; \
+	command -v sbatch >/dev/null || missing="$$missing slurm-client"; \
+	[ -x /usr/sbin/munged ] || missing="$$missing munge"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

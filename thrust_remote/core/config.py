@@ -761,11 +761,12 @@ def _slurm_value(reader: _Reader, f: str, key: str, value: yaml.Node) -> Any:
     if key == "scheduler":
         return reader.choice(value, f, SCHEDULERS)
     if key == "time":
-        text = reader.scalar(value, f)
-        text = str(text) if isinstance(text, int) and not isinstance(text, bool) else text
-        if not isinstance(text, str) or not TIME_RE.match(text):
-            raise reader.fail(value, f, f"expected a Slurm time limit like \"24:00:00\" or \"2-00:00:00\" "
-                                        f"(quoted: YAML reads 24:00 as a number), got {text!r}")
+        reader.scalar(value, f)
+        # the text as written, as sbatch reads it: YAML 1.1 would make 24:00 the number 1440
+        text = value.value if isinstance(value, yaml.ScalarNode) else ""
+        if not TIME_RE.match(text):
+            raise reader.fail(value, f, f"expected a Slurm time limit like \"24:00:00\" (HH:MM:SS) or "
+                                        f"\"2-00:00:00\" (D-HH:MM:SS), got {text!r}")
         return text
     if key in ("partition", "account"):
         text = reader.string(value, f) or ""

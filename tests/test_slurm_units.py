@@ -1,0 +1,108 @@
+"""A Slurm host's config and the scheduler's states, in this process (the real cluster: test_slurm.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from thrust_remote.agent.protocol import SLURM_STATES, RunState, slurm_state
+from thrust_remote.core.config import parse_config_text
+from thrust_remote.core.errors import ConfigError, UsageError
+from thrust_remote.core.scheduler import sbatch_options
+from thrust_remote.run.lifecycle import check_request
+from thrust_remote.run.vocab import TrainRequest
+
+BASE = """default_host: hpc
+hosts:
+  hpc:
+    address: me@login
+    scheduler: slurm
+{extra}jobs:
+  j:
+    command: [echo, hi]
+"""
+
+
+def _load(extra: str, tmp_path: Path):
+    path = tmp_path / "thrust.yaml"
+    return parse_config_text(BASE.format(extra=extra), path)
+
+
+def test_a_slurm_host_takes_partition_account_time_and_passes_sbatch_options_through(tmp_path):
+    host = _load('    partition: gpu\n    account: lab-1\n    time: "1-12:00:00"\n'
+                 "    sbatch: {qos: normal, constraint: a100, exclusive: true}\n", tmp_path).hosts["hpc"]
+    assert host.slurm is not None and (host.slurm.partition, host.slurm.account) == ("gpu", "lab-1")
+    assert sbatch_options(host.slurm, gpus=2) == [
+        "--nodes=1", "--ntasks-per-node=1", "--partition=gpu", "--account=lab-1", "--time=1-12:00:00",
+        "--gres=gpu:2", "--qos=normal", "--constraint=a100", "--exclusive"]
+    unquoted = _load("    time: 24:00\n", tmp_path).hosts["hpc"].slurm
+    assert unquoted is not None and unquoted.time == "24:00"  # as written, as sbatch reads it
+    plain = parse_config_text("default_host: b\nhosts:\n  b:\n    address: me@box\n", tmp_path / "t.yaml")
+    assert plain.hosts["b"].slurm is None
+
+
+@pytest.mark.parametrize(("extra", "line", "said", "hint"), [
+    ("    sbatch: {job-name: x}\n", 6, "hosts.hpc.sbatch.job-name: thrust-remote sets this sbatch option itself",
+     "thrust-RUN_ID"),
+    ("    sbatch: {partition: gpu}\n", 6, "sets this sbatch option itself", "partition: key"),
+    ("    sbatch: {--time: '1:00'}\n", 6, "sets this sbatch option itself", "time: key"),
+    ("    sbatch: {G: 2}\n", 6, "sets this sbatch option itself", "--gpus"),
+    ("    sbatch: {'qos;rm': x}\n", 6, "an sbatch long option's name", None),
+    ("    sbatch: {qos: [a, b]}\n", 6, "expected a single value", None),
+    ("    time: forever\n", 6, "a Slurm time limit", None),
+    ("    partition: 'gpu --wrap=x'\n", 6, "a Slurm partition name", None),
+    ("", 5, "expected one of slurm", None),
+])
+def test_a_bad_slurm_key_is_refused_at_its_line(tmp_path, extra, line, said, hint):
+    text = BASE.format(extra=extra)
+    with pytest.raises(ConfigError) as exc:
+        parse_config_text(text if extra else text.replace("slurm", "pbs"), tmp_path / "thrust.yaml")
+    assert f"thrust.yaml:{line}:" in exc.value.message and said in exc.value.message
+    if hint:
+        assert hint in (exc.value.hint or "")
+
+
+def test_slurm_keys_without_scheduler_slurm_are_refused_with_the_fix(tmp_path):
+    text = BASE.format(extra="    partition: gpu\n").replace("    scheduler: slurm\n", "")
+    with pytest.raises(ConfigError) as exc:
+        parse_config_text(text, tmp_path / "thrust.yaml")
+    assert "thrust.yaml:5: hosts.hpc.partition: only for a Slurm cluster" in exc.value.message
+    assert "scheduler: slurm" in exc.value.hint
+
+
+def test_slurms_states_map_once_to_run_states_with_their_reasons():
+    def state(word, reason="", **kw):
+        given = {"exit_code": None, "ended": False, "stopped": False, "started": False, **kw}
+        return slurm_state(word, reason, **given)
+
+    assert state("PENDING", "Priority") == {"state": RunState.QUEUED, "reason": "Priority"}
+    assert state("RUNNING", started=True) == {"state": RunState.RUNNING}
+    assert state("COMPLETED", exit_code=0, ended=True)["state"] == RunState.FINISHED
+    assert state("COMPLETING", exit_code=3, ended=True)["state"] == RunState.FAILED  # its own end holds
+    assert state("FAILED", exit_code=1, ended=True, started=True)["state"] == RunState.FAILED
+    oom = state("OUT_OF_MEMORY", exit_code=137, ended=True, started=True)
+    assert (oom["state"], oom["reason"]) == (RunState.FAILED, "out-of-memory")
+    limit = state("TIMEOUT", exit_code=143, ended=True, started=True)  # the job recorded the TERM: still a timeout
+    assert (limit["state"], limit["reason"]) == (RunState.FAILED, "timeout") and "time limit" in limit["reason_detail"]
+    assert state("CANCELLED", stopped=True) == {"state": RunState.STOPPED, "reason": "user"}
+    assert state("CANCELLED by 0")["reason"] == "cancelled"  # sacct's words; scancel from outside
+    assert (state("NODE_FAIL", started=True)["state"], state("PREEMPTED")["state"]) == (RunState.LOST, RunState.LOST)
+    assert state(None)["state"] == RunState.LOST  # gone from the scheduler, no end recorded
+    assert state(None, exit_code=0, ended=True)["state"] == RunState.FINISHED
+    assert state("COMPLETED")["state"] == RunState.LOST  # the batch ended, its supervisor recorded nothing
+    assert state("SOMETHING_NEW")["state"] == RunState.LOST
+    assert {s for s, _ in SLURM_STATES.values()} == {RunState.QUEUED, RunState.RUNNING, RunState.FINISHED,
+                                                       RunState.FAILED, RunState.STOPPED, RunState.LOST}
+
+
+@pytest.mark.parametrize(("kw", "said"), [
+    ({"queue": True}, "queues every run in its scheduler"),
+    ({"gpus": "0,2"}, "the scheduler picks the GPUs"),
+])
+def test_a_run_a_slurm_cluster_cannot_take_is_refused_before_connecting(tmp_path, kw, said):
+    config = _load("", tmp_path)
+    request = TrainRequest(job=config.jobs["j"], host=config.hosts["hpc"], **kw)
+    with pytest.raises(UsageError) as exc:
+        check_request(request, [config.hosts["hpc"]])
+    assert said in exc.value.message
