@@ -12,9 +12,11 @@ file the test writes, never a sleep.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +24,7 @@ from pathlib import Path
 import pytest
 import slurm_cluster
 from conftest import _start_sshd
-from helpers import new_project, remote_tempdir, wait_until
+from helpers import EXE, commit, new_project, remote_tempdir, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_slurm")]
 
@@ -81,6 +83,16 @@ def _status(cli, proj: Path, run_id: str) -> dict:
     return json.loads(result.stdout)
 
 
+def _next_poll(workdir: Path) -> None:
+    """Age the account's kept squeue answer past POLL_S, so the next look asks Slurm: what happens 10 s
+    later anyway, without the test waiting for it (the rate itself: the last test)."""
+    kept = workdir / ".thrust" / "slurm" / "squeue.json"
+    with contextlib.suppress(FileNotFoundError):
+        answer = json.loads(kept.read_text())
+        answer["at"] = 0
+        kept.write_text(json.dumps(answer))
+
+
 def test_a_run_on_slurm_is_one_sbatch_job_and_status_logs_wait_work_unchanged(cli, hpc, cluster):
     proj, workdir = hpc
     started = cli("train", "hello", "--host", "sandbox", "--detach", cwd=proj)
@@ -110,8 +122,12 @@ def test_a_pending_run_shows_slurms_reason_and_stop_cancels_pending_and_running_
     second = _run_id(cli("train", "gated", "--detach", cwd=proj).stderr)
     wait_until(lambda: "started on" in cli("logs", first, cwd=proj).stdout, 30, "the first run to start")
     # the second waits in Slurm's queue for the node the first holds, and says why
-    queued = wait_until(lambda: (s := _status(cli, proj, second))["reason"] in ("Resources", "Priority") and s,
-                        30, "the second run's pending reason")
+    def pending() -> dict | None:
+        _next_poll(workdir)
+        st = _status(cli, proj, second)
+        return st if st["reason"] in ("Resources", "Priority") else None
+
+    queued = wait_until(pending, 30, "the second run's pending reason", interval=0.5)
     assert queued["state"] == "QUEUED" and queued["pid"] is None
     said = cli("status", second, cwd=proj).stdout
     assert "QUEUED" in said and re.search(r"\[(Resources|Priority)\]", said) and "slurm_job=" in said
@@ -131,7 +147,12 @@ def test_a_cancel_from_outside_reads_stopped_with_its_reason_and_a_refused_sbatc
     run_id = _run_id(cli("train", "gated", "--detach", cwd=proj).stderr)
     meta = json.loads((workdir / ".thrust" / "runs" / run_id / "run.json").read_text())
     cluster.run("scancel", meta["scheduler"]["job_id"])  # the user's own scancel, not thrust-remote stop
-    st = wait_until(lambda: (s := _status(cli, proj, run_id))["state"] == "STOPPED" and s, 30, "the cancel seen")
+    def cancelled() -> dict | None:
+        _next_poll(workdir)
+        st = _status(cli, proj, run_id)
+        return st if st["state"] == "STOPPED" else None
+
+    st = wait_until(cancelled, 30, "the cancel seen", interval=0.5)
     assert st["reason"] == "cancelled" and "scancel" in st["reason_detail"]
     # a partition the cluster does not have: sbatch refuses, the error is Slurm's own words, 69
     text = (proj / "thrust.yaml").read_text()
@@ -141,6 +162,53 @@ def test_a_cancel_from_outside_reads_stopped_with_its_reason_and_a_refused_sbatc
     assert refused.returncode == 69, refused.stdout + refused.stderr
     assert "Slurm refused run" in refused.stderr and "partition" in refused.stderr.lower()
     assert "Traceback" not in refused.stderr
+
+
+# A job of one's own on a cluster: a step every 0.1 s, a checkpoint when told to stop (the TERM its
+# supervisor passes on when Slurm warns that the time limit is near), and resumed from it, it finishes.
+OWN_JOB = """\
+#!/bin/sh
+step=0
+if [ "$1" = --resume-from ]; then echo "resumed from step $(cat "$2")"; exit 0; fi
+mkdir -p ckpt
+trap 'echo $step > ckpt/step.txt; echo "checkpoint at step $step"; exit 143' TERM
+while :; do step=$((step+1)); echo "step $step"; sleep 0.1; done
+"""
+
+
+def test_a_run_warned_of_its_time_limit_checkpoints_and_resubmits_itself_from_it(cli, hpc, cluster, tmp_path):
+    proj, workdir = hpc
+    (proj / "job.sh").write_text(OWN_JOB)
+    commit(proj, "a job of one's own", "job.sh")
+    config = proj.parent / "own.yaml"
+    config.write_text((proj / "thrust.yaml").read_text() + (
+        "  own:\n    command: [sh, job.sh]\n    checkpoints: ckpt/*.txt\n"
+        "    resume: [--resume-from, '{checkpoint}']\n    retry: {max: 1, on: [timeout]}\n"))
+    err = tmp_path / "train.err"
+    with err.open("w") as fh:
+        train = subprocess.Popen([EXE, "--config", str(config), "train", "own"], cwd=proj, stdout=subprocess.PIPE,
+                                 stderr=fh, text=True, start_new_session=True)
+    try:
+        first = wait_until(lambda: re.search(r"launching run (own-\S+)", err.read_text()), 60, "the launch").group(1)
+        log = workdir / ".thrust" / "runs" / first / "log"
+        wait_until(lambda: log.exists() and "step 3" in log.read_text(), 30, "the job's steps")
+        job = json.loads((log.parent / "run.json").read_text())["scheduler"]["job_id"]
+        # what Slurm does limit_warning seconds before the time limit (sbatch --signal=B:USR1@S), now
+        cluster.run("scancel", "--signal=USR1", "--batch", job)
+        out, _ = train.communicate(timeout=120)
+    finally:
+        train.kill()
+        train.wait()
+    told = err.read_text()
+    assert train.returncode == 0, told
+    assert f"run {first}: it reached its time limit; retry 1 of 1" in told and f"resuming run {first}" in told
+    assert "checkpoint at step" in log.read_text()
+    st = _status(cli, proj, first)
+    assert (st["state"], st["reason"]) == ("FAILED", "timeout")
+    second = re.findall(r"launching run (own-\S+)", told)[-1]
+    resumed = (workdir / ".thrust" / "runs" / second / "log").read_text()
+    assert re.search(r"resumed from step [1-9]", resumed), resumed
+    assert _status(cli, proj, second)["state"] == "FINISHED"
 
 
 def test_one_squeue_answer_serves_every_look_for_ten_seconds(hpc, cluster, monkeypatch):

@@ -35,7 +35,7 @@ def test_a_slurm_host_takes_partition_account_time_and_passes_sbatch_options_thr
     assert host.slurm is not None and (host.slurm.partition, host.slurm.account) == ("gpu", "lab-1")
     assert sbatch_options(host.slurm, gpus=2) == [
         "--nodes=1", "--ntasks-per-node=1", "--partition=gpu", "--account=lab-1", "--time=1-12:00:00",
-        "--gres=gpu:2", "--qos=normal", "--constraint=a100", "--exclusive"]
+        "--gres=gpu:2", "--signal=B:USR1@90", "--qos=normal", "--constraint=a100", "--exclusive"]
     unquoted = _load("    time: 24:00\n", tmp_path).hosts["hpc"].slurm
     assert unquoted is not None and unquoted.time == "24:00"  # as written, as sbatch reads it
     plain = parse_config_text("default_host: b\nhosts:\n  b:\n    address: me@box\n", tmp_path / "t.yaml")
@@ -106,3 +106,18 @@ def test_a_run_a_slurm_cluster_cannot_take_is_refused_before_connecting(tmp_path
     with pytest.raises(UsageError) as exc:
         check_request(request, [config.hosts["hpc"]])
     assert said in exc.value.message
+
+
+def test_a_time_limit_and_a_preemption_are_retry_events_of_their_own(tmp_path):
+    from thrust_remote.run.resume import event_of
+
+    assert event_of({"state": "FAILED", "reason": "timeout"}) == "timeout"
+    assert event_of({"state": "LOST", "reason": "preempted"}) == "preempted"
+    assert event_of({"state": "LOST", "reason": "node-fail"}) == "lost"
+    assert event_of({"state": "FAILED"}) == "failed"
+    job = _load("", tmp_path)  # retry: on: takes them (with checkpoints: and resume:, as any retry)
+    text = BASE.format(extra="").replace("    command: [echo, hi]\n", "    command: [sh, job.sh]\n"
+                                         "    checkpoints: ckpt/*\n    resume: [--from, '{checkpoint}']\n"
+                                         "    retry: {max: 2, on: [timeout, preempted]}\n")
+    job = parse_config_text(text, tmp_path / "thrust.yaml").jobs["j"]
+    assert job.retry is not None and tuple(job.retry["on"]) == ("timeout", "preempted")

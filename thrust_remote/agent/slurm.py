@@ -21,6 +21,7 @@ import json
 import os
 import pwd
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +35,9 @@ BATCH = "slurm-batch.sh"  # the batch script in the run directory
 ENV = ".env.json"  # the job's env for the supervisor on the allocation (0600: it may hold secrets)
 SLURM_OUT = "slurm.out"  # what the batch step prints before the supervisor takes the log
 END = "scheduler-end.json"  # the scheduler's word on an ended job, kept: asked once, never again
+NEAR_LIMIT = "time-limit"  # written when Slurm's warning came: the job was stopped for its time limit
+# Slurm's warning before the time limit (sbatch --signal=B:USR1@S, to the batch step's supervisor only)
+LIMIT_SIGNAL = signal.SIGUSR1
 
 
 def _put(path: str, text: str, mode: int = 0o600) -> None:
@@ -59,7 +63,7 @@ def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> 
         json.dump(env, fh)
     # The script runs this agent's supervisor in the foreground: Slurm's job is the supervisor, its
     # end the job's end. `exec` so a signal Slurm sends (time limit, scancel) reaches it directly.
-    body = "#!/bin/sh\n" + shlex.join([sys.executable, "-S", os.path.abspath(sys.argv[0]), "supervise",
+    body = "#!/bin/sh\nexec " + shlex.join([sys.executable, "-S", os.path.abspath(sys.argv[0]), "supervise",
                                        "--run-dir", run_dir]) + "\n"
     _put(script, body, 0o700)
     argv = ["sbatch", "--parsable", f"--job-name=thrust-{os.path.basename(run_dir)}",
@@ -87,6 +91,12 @@ def _not_submitted(run_dir: str, meta: dict, detail: str) -> dict:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def near_limit(run_dir: str) -> None:
+    """Slurm's warning came: the time limit is near (the end then reads as a timeout)."""
+    with contextlib.suppress(OSError):
+        _put(os.path.join(run_dir, NEAR_LIMIT), _now())
 
 
 def job_env(run_dir: str) -> dict:
@@ -175,6 +185,8 @@ def view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stoppe
                 return slurm_state(None, "", exit_code=exit_code, ended=True, stopped=stopped, started=started)
             return {"state": RunState.RUNNING if started else RunState.QUEUED, "reason": "scheduler-unreachable",
                     "reason_detail": reason}
+    if ended and not stopped and os.path.exists(os.path.join(run_dir, NEAR_LIMIT)):
+        word = "TIMEOUT"  # it ended on Slurm's warning, before the limit itself: a timeout all the same
     out = slurm_state(word, reason, exit_code=exit_code, ended=ended, stopped=stopped, started=started)
     said = SLURM_STATES.get((word or "").split(" ")[0].rstrip("+"))
     if final is None and (word is None or (said is not None and said[0].is_terminal)):

@@ -746,6 +746,9 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     # The scheduler's TERM (scancel, the time limit) goes to the job's group; the supervisor lives on to
     # record the end (Slurm's KILL follows after its KillWait).
     signal.signal(signal.SIGTERM, lambda *_: _signal_group(proc.pid, signal.SIGTERM))
+    # sbatch --signal=B:USR1@S: the time limit is S seconds away. The job gets a TERM now, while there is
+    # time to write a checkpoint, and the run's end reads as a timeout (resumable: retry on: [timeout]).
+    signal.signal(slurm.LIMIT_SIGNAL, lambda *_: (slurm.near_limit(run_dir), _signal_group(proc.pid, signal.SIGTERM)))
     _watch(run_dir, meta, proc)
     end, _, _, _ = _end(_read_text(os.path.join(run_dir, EXIT_CODE)))
     return min(int(end or 0), 255)

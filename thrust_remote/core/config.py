@@ -24,7 +24,15 @@ import yaml
 
 from thrust_remote.core.errors import ConfigError
 from thrust_remote.core.names import bad_name_reason, parse_address, valid_host, valid_id
-from thrust_remote.core.scheduler import NAME_RE, OPTION_RE, OWN_OPTIONS, SCHEDULERS, TIME_RE, SlurmConfig
+from thrust_remote.core.scheduler import (
+    LIMIT_WARNING_S,
+    NAME_RE,
+    OPTION_RE,
+    OWN_OPTIONS,
+    SCHEDULERS,
+    TIME_RE,
+    SlurmConfig,
+)
 
 CONFIG_NAME = "thrust.yaml"
 # optimize's best params: `<study>-best.yaml` in the project, its first line ending with the mark (so a
@@ -541,7 +549,8 @@ def _construct(node: yaml.Node) -> Any:
     return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
 
 
-_SLURM_KEYS = ("scheduler", "partition", "account", "time", "sbatch")  # a Slurm login node's (scheduler.py)
+# a Slurm login node's keys (core/scheduler.py)
+_SLURM_KEYS = ("scheduler", "partition", "account", "time", "limit_warning", "sbatch")
 _DATA_KEYS = ("files", "setup", "shared")  # a job's, or the top level's for every job
 _TOP_KEYS = ("default_host", "hosts", "groups", "jobs", "search", "notify", *_DATA_KEYS)
 _HOST_KEYS = (
@@ -768,6 +777,12 @@ def _slurm_value(reader: _Reader, f: str, key: str, value: yaml.Node) -> Any:
             raise reader.fail(value, f, f"expected a Slurm time limit like \"24:00:00\" (HH:MM:SS) or "
                                         f"\"2-00:00:00\" (D-HH:MM:SS), got {text!r}")
         return text
+    if key == "limit_warning":
+        seconds = reader.scalar(value, f)
+        if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= 65535:
+            raise reader.fail(value, f, f"expected seconds before the time limit the job is told (1-65535), "
+                                        f"got {seconds!r}")
+        return seconds
     if key in ("partition", "account"):
         text = reader.string(value, f) or ""
         if not NAME_RE.match(text):
@@ -804,7 +819,7 @@ def _slurm_host(reader: _Reader, name: str, values: Mapping[str, Any], nodes: Ma
         raise reader.fail(nodes["scheduler"], "hosts.local.scheduler", "the host 'local' is this machine; a Slurm "
                                                                        "cluster is reached at its login node's address")
     return SlurmConfig(partition=values.get("partition"), account=values.get("account"), time=values.get("time"),
-                       sbatch=values.get("sbatch", ()))
+                       sbatch=values.get("sbatch", ()), limit_warning=values.get("limit_warning", LIMIT_WARNING_S))
 
 
 def _parse_job(
@@ -1051,7 +1066,8 @@ def _parse_idle_stop(reader: _Reader, f: str, node: yaml.Node) -> dict[str, floa
 
 
 CHECKPOINT_FIELD = "{checkpoint}"  # in a job's `resume:` template: the checkpoint's path on the host
-RETRY_ON = ("host-lost", "lost", "failed")  # what a followed run's retry answers (docs/architecture.md)
+# what a followed run's retry answers (docs/architecture.md); timeout and preempted: a Slurm cluster's
+RETRY_ON = ("host-lost", "lost", "failed", "timeout", "preempted")
 RETRY_ON_DEFAULT = ("host-lost", "lost")  # a FAILED run is retried only when asked: a bug fails again
 
 

@@ -39,7 +39,9 @@ OWN_OPTIONS: Mapping[str, str] = {
     "wrap": "thrust-remote submits its own batch script", "array": "one run is one job",
     "export": "the run's env: travels in its run directory", "wait": "thrust-remote follows the run itself",
     "W": "thrust-remote follows the run itself",
+    "signal": "thrust-remote asks for the warning before the time limit (the host's limit_warning:)",
 }
+LIMIT_WARNING_S = 90  # default: the job's TERM this long before its time limit, to write a checkpoint
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class SlurmConfig:
     partition: str | None = None
     account: str | None = None
     time: str | None = None  # the job's time limit, Slurm's format
+    limit_warning: int = LIMIT_WARNING_S  # seconds before the limit the job gets its TERM
     sbatch: tuple[tuple[str, str | None], ...] = field(default_factory=tuple)  # (option, value or None: a flag)
 
 
@@ -59,5 +62,7 @@ def sbatch_options(slurm: SlurmConfig, *, nodes: int = 1, gpus: int = 0) -> list
     out += [f"--account={slurm.account}"] if slurm.account else []
     out += [f"--time={slurm.time}"] if slurm.time else []
     out += [f"--gres=gpu:{gpus}"] if gpus else []
+    # B: the warning goes to the batch step's supervisor alone, which passes it on as a TERM (agent/slurm.py)
+    out += [f"--signal=B:USR1@{slurm.limit_warning}"]
     out += [f"--{name}" if value is None else f"--{name}={value}" for name, value in slurm.sbatch]
     return out

@@ -219,8 +219,12 @@ Hint = Callable[[str, str, str], str]  # (command, run id, host) -> the exact co
 
 
 def event_of(status: StatusAnswer | None) -> str | None:
-    """The retry event a run's end is: `lost`, `failed`, or None (finished, stopped)."""
+    """The retry event a run's end is: `lost`, `failed`, or None (finished, stopped); on a Slurm cluster
+    its time limit (`timeout`) and a preemption (`preempted`) are events of their own."""
     state = RunState.of((status or {}).get("state"))
+    reason = (status or {}).get("reason")
+    if (state, reason) in ((RunState.FAILED, "timeout"), (RunState.LOST, "preempted")):
+        return str(reason)
     return {RunState.LOST: "lost", RunState.FAILED: "failed"}.get(state)
 
 
@@ -280,7 +284,8 @@ class Chain:
         within the grace), else a resume on the run's hosts, each one that does not answer replaced by
         the next of `retry: hosts`."""
         what = {"host-lost": f"{host} stopped answering", "lost": "it ended LOST (its host restarted?)",
-                "failed": "it FAILED"}[event]
+                "failed": "it FAILED", "timeout": "it reached its time limit",
+                "preempted": "the scheduler preempted it"}[event]
         self.reporter.warn(f"run {run_id}: {what}; retry {n} of {self.policy.max}")
         nodes = self.hosts_of(run_id) or [host]
         if event == "host-lost":
