@@ -83,6 +83,27 @@ def _status(cli, proj: Path, run_id: str) -> dict:
     return json.loads(result.stdout)
 
 
+def test_a_run_begun_on_an_ssh_box_resumes_on_the_cluster(cli, hpc, login):
+    proj, workdir = hpc
+    own, box = _own_config(proj, login)
+    config = str(own)
+    started = cli("--config", config, "train", "own", "--host", "box", "--detach", cwd=proj)
+    assert started.returncode == 0, started.stderr
+    first = _run_id(started.stderr)
+    box_log = box / ".thrust" / "runs" / first / "log"
+    wait_until(lambda: box_log.exists() and "step 3" in box_log.read_text(), 30, "the run's steps on the box")
+    assert cli("--config", config, "stop", first, cwd=proj).returncode == 0  # TERM: it writes its checkpoint
+    assert "checkpoint at step" in box_log.read_text()
+    moved = cli("--config", config, "resume", first, "--host", "sandbox", cwd=proj)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    second = _run_id(moved.stderr)
+    assert "submitted to Slurm on sandbox" in moved.stderr
+    st = _status(cli, proj, second)
+    assert (st["state"], st["resumed_from"]) == ("FINISHED", first) and st["scheduler_job"]
+    resumed = (workdir / ".thrust" / "runs" / second / "log").read_text()
+    assert re.search(r"resumed from step [1-9]", resumed), resumed
+
+
 def _next_poll(workdir: Path) -> None:
     """Age the account's kept squeue answer past POLL_S, so the next look asks Slurm: what happens 10 s
     later anyway, without the test waiting for it (the rate itself: the last test)."""
@@ -176,14 +197,29 @@ while :; do step=$((step+1)); echo "step $step"; sleep 0.1; done
 """
 
 
-def test_a_run_warned_of_its_time_limit_checkpoints_and_resubmits_itself_from_it(cli, hpc, cluster, tmp_path):
-    proj, workdir = hpc
+def _own_config(proj: Path, login) -> tuple[Path, Path]:
+    """The project's thrust.yaml with job `own` (job.sh, committed) and a plain SSH host `box` beside the
+    cluster (the same machine, another workdir, no scheduler): the config and box's workdir."""
+    config, kept = proj.parent / "own.yaml", proj.parent / "box-workdir"
+    if config.exists():
+        return config, Path(kept.read_text())
     (proj / "job.sh").write_text(OWN_JOB)
     commit(proj, "a job of one's own", "job.sh")
-    config = proj.parent / "own.yaml"
-    config.write_text((proj / "thrust.yaml").read_text() + (
-        "  own:\n    command: [sh, job.sh]\n    checkpoints: ckpt/*.txt\n"
-        "    resume: [--resume-from, '{checkpoint}']\n    retry: {max: 1, on: [timeout]}\n"))
+    box = login.host_config("box", workdir=str(remote_tempdir(login) / "box"))
+    text = (proj / "thrust.yaml").read_text().replace("jobs:\n", (
+        f"  box:\n    address: {box.address}\n    workdir: {box.workdir}\n    python: {box.python}\n"
+        f"    identity: {box.identity}\n    known_hosts: {box.known_hosts}\n"
+        "jobs:\n  own:\n    command: [sh, job.sh]\n    checkpoints: ckpt/*.txt\n"
+        "    resume: [--resume-from, '{checkpoint}']\n    retry: {max: 1, on: [timeout]}\n"), 1)
+    config.write_text(text)
+    kept.write_text(box.workdir)
+    return config, Path(box.workdir)
+
+
+def test_a_run_warned_of_its_time_limit_checkpoints_and_resubmits_itself_from_it(cli, hpc, cluster, login,
+                                                                                  tmp_path):
+    proj, workdir = hpc
+    config, _box = _own_config(proj, login)
     err = tmp_path / "train.err"
     with err.open("w") as fh:
         train = subprocess.Popen([EXE, "--config", str(config), "train", "own"], cwd=proj, stdout=subprocess.PIPE,
