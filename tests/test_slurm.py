@@ -262,3 +262,24 @@ def test_one_squeue_answer_serves_every_look_for_ten_seconds(hpc, cluster, monke
     aged["at"] = time.time() - slurm.POLL_S - 1
     (kept / "squeue.json").write_text(json.dumps(aged))
     assert slurm.poll(str(kept))["at"] > first["at"]  # older than POLL_S: asked once more
+
+
+def test_doctor_of_the_login_node_adds_the_clusters_rows_each_with_its_fix(cli, hpc, cluster):
+    proj, _workdir = hpc
+    report = cli("doctor", "--json", cwd=proj)
+    rows = {c["id"]: c for c in json.loads(report.stdout)["checks"]}
+    assert rows["slurm-partition"]["status"] == "ok" and "debug" in rows["slurm-partition"]["detail"]
+    assert rows["slurm-time"]["status"] == "ok" and "10:00" in rows["slurm-time"]["detail"]
+    assert rows["slurm-submit"]["status"] == "ok", rows["slurm-submit"]  # sbatch --test-only: nothing submitted
+    assert rows["slurm-shared"]["status"] == "ok", rows["slurm-shared"]  # a file written here, read on the node
+    assert rows["slurm-python"]["status"] == "ok" and "torch" in rows["slurm-python"]["detail"]
+    assert "slurm-cuda" not in rows  # a partition without GPUs
+    # a partition the cluster lacks and a time over the limit: failed rows, each with its fix
+    text = (proj / "thrust.yaml").read_text()
+    bad = proj.parent / "doctor-bad.yaml"
+    bad.write_text(text.replace(f"partition: {cluster.partition}", "partition: nosuch"))
+    rows = {c["id"]: c for c in json.loads(cli("--config", str(bad), "doctor", "--json", cwd=proj).stdout)["checks"]}
+    assert rows["slurm-partition"]["status"] == "fail" and "debug" in rows["slurm-partition"]["detail"]
+    assert rows["slurm-partition"]["fix"] == "set partition: to one of them"
+    assert rows["slurm-submit"]["status"] == "fail" and rows["slurm-submit"]["fix"]
+    assert rows["slurm-node"]["status"] == "skip"
