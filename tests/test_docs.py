@@ -159,18 +159,29 @@ def envcheck_statuses() -> dict[str, set[str]]:
     return {cid: statuses(fn.__name__, frozenset({fn.__name__})) for cid, fn in checks.RUNNERS.items()}
 
 
+def _literals(node: ast.expr) -> list[str] | None:
+    """A status given as a literal, or as `"a" if ... else "b"` (both literals): its words."""
+    if isinstance(node, ast.Constant):
+        return [node.value]
+    if isinstance(node, ast.IfExp):
+        body, orelse = _literals(node.body), _literals(node.orelse)
+        return body + orelse if body is not None and orelse is not None else None
+    return None
+
+
 def added_rows() -> dict[str, set[str]]:
-    """Rows thrust_remote adds to envcheck's (doctor over several hosts): `Check("id", title, "status", ...)`
-    calls with literal id and status, in whatever module they live."""
+    """Rows thrust_remote adds to envcheck's (doctor over several hosts, a Slurm cluster's):
+    `Check("id", title, "status", ...)` calls with literal id and status, in whatever module they live,
+    and the agent's `_row(...)` of the same shape (agent/slurmcheck.py: the host side has no Check)."""
     out: dict[str, set[str]] = {}
     for path in sorted((ROOT / "thrust_remote").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call) or (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) \
-                    != "Check" or len(node.args) < 3:
+                    not in ("Check", "_row") or len(node.args) < 3:
                 continue
-            cid, status = node.args[0], node.args[2]
-            if isinstance(cid, ast.Constant) and isinstance(status, ast.Constant):
-                out.setdefault(cid.value, set()).add(status.value)
+            cid, statuses = node.args[0], _literals(node.args[2])
+            if isinstance(cid, ast.Constant) and statuses is not None:
+                out.setdefault(cid.value, set()).update(statuses)
     return out
 
 

@@ -119,10 +119,10 @@ def node_rows(workdir: str, options: list[str], gpus: bool) -> list[dict]:
         except ValueError:
             continue
     if not isinstance(answer, dict):
-        status = "warn" if "Unable to allocate" in out or "Immediate" in out or code == 124 else "fail"
-        return [_row("slurm-node", "a compute node runs the job's python", status,
+        busy = "Unable to allocate" in out or "Immediate" in out or code == 124  # no node free within the wait
+        return [_row("slurm-node", "a compute node runs the job's python", "warn" if busy else "fail",
                      f"srun on one node did not answer: {out[-300:]}",
-                     "try again when a node is free" if status == "warn" else
+                     "try again when a node is free" if busy else
                      "python: must be a path the compute nodes have (a shared venv, a module's python)")]
     node = answer.get("hostname")
     rows = [_row("slurm-shared", "workdir shared with the compute nodes",
