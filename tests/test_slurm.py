@@ -283,3 +283,29 @@ def test_doctor_of_the_login_node_adds_the_clusters_rows_each_with_its_fix(cli, 
     assert rows["slurm-partition"]["fix"] == "set partition: to one of them"
     assert rows["slurm-submit"]["status"] == "fail" and rows["slurm-submit"]["fix"]
     assert rows["slurm-node"]["status"] == "skip"
+
+
+SCORE_SH = """\
+#!/bin/sh
+for w in "$@"; do case "$w" in lr=*) lr="${w#lr=}";; esac; done
+echo "THRUST_METRICS {\\"step\\": 1, \\"charts/score\\": $lr}"
+"""
+
+
+def test_optimize_on_the_cluster_runs_each_trial_as_a_job_and_a_pending_one_is_not_a_failure(cli, hpc):
+    proj, workdir = hpc
+    (proj / "score.sh").write_text(SCORE_SH)
+    commit(proj, "a search of one's own", "score.sh")
+    config = proj.parent / "search.yaml"
+    config.write_text((proj / "thrust.yaml").read_text().replace("jobs:\n", (
+        "jobs:\n  words:\n    command: [sh, score.sh]\n    objective: {metric: charts/score, mode: max}\n"), 1)
+        + "search:\n  words: {lr: {choices: [0.1, 0.3, 0.7]}}\n")
+    # two jobs in the scheduler at once on a node that runs one (each asks both CPUs): one waits, QUEUED
+    result = cli("--config", str(config), "optimize", "words", "--trials", "3", "--parallel", "2", "--seed", "1",
+                 "--json", cwd=proj, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["counts"]["done"] == 3 and {t["state"] for t in out["trials"]} == {"COMPLETE"}, out["trials"]
+    for trial in out["trials"]:
+        meta = json.loads((workdir / ".thrust" / "runs" / trial["run_id"] / "run.json").read_text())
+        assert meta["scheduler"]["job_id"] and "--cpus-per-task=2" in meta["scheduler"]["sbatch"]

@@ -174,6 +174,9 @@ class Scheduler(Resumer):
             info = answer["runs"].get(self.monitor.run_dir(act))
             if info is None:
                 continue
+            live = (RunState.QUEUED, RunState.RUNNING)
+            if info.get("state") in live and act.view.state in live:
+                act.view.state = str(info["state"])  # pending in a cluster's scheduler: QUEUED, not a failure
             outcome = self.monitor.outcome(act, info)
             if isinstance(outcome, Prune):
                 self._prune(act, outcome.rung)

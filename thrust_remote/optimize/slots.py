@@ -57,6 +57,8 @@ def plan_slots(facts: Mapping[str, Any], host: HostConfig, gpus: str | None, par
         raise UsageError("--slots-per-gpu must be at least 1")
     if parallel is not None and parallel < 1:
         raise UsageError("--parallel must be at least 1")
+    if host.slurm is not None:
+        return _scheduler_slots(host, gpus, parallel)
     chosen = _chosen_gpus(gpus, host_gpus(facts, host), host)
     if not chosen:
         return [Slot(f"cpu{i}") for i in range(parallel or 1)]
@@ -69,6 +71,16 @@ def plan_slots(facts: Mapping[str, Any], host: HostConfig, gpus: str | None, par
                              "add GPUs with --gpus, or share them with --slots-per-gpu M")
         slots = slots[:parallel]
     return slots
+
+
+def _scheduler_slots(host: HostConfig, gpus: str | None, parallel: int | None) -> list[Slot]:
+    """A Slurm cluster: a slot is a job in its scheduler (`--parallel` of them at once, pending ones
+    included); `--gpus N`: each trial's GPUs, which Slurm picks (the slot holds only their count)."""
+    if gpus and not gpus.isdigit():
+        raise UsageError(f"--gpus {gpus}: on {host.name}, a Slurm cluster, the scheduler picks the GPUs",
+                         "give how many each trial gets, like --gpus 1")
+    per_trial = int(gpus or 0)
+    return [Slot(f"job{i}", tuple(range(per_trial))) for i in range(parallel or 1)]
 
 
 def union(per_host: Mapping[str, Sequence[Slot]]) -> list[Slot]:
