@@ -52,8 +52,16 @@ class Cluster:
                               env={**os.environ, **self.env}, timeout=30)
 
     def node_state(self) -> str:
-        out = self.run("sinfo", "--noheader", "--nodes", self.node, "--format=%T", check=False).stdout
-        return out.strip()
+        """Each node's state, one word per node (`idle` when all is well)."""
+        out = self.run("sinfo", "--noheader", "--Node", "--nodes", self.node, "--format=%T", check=False).stdout
+        return out.strip() or "unknown"
+
+    def _end_strays(self) -> None:
+        """A job whose batch step died before its children (a shell killed by a signal it did not catch)
+        leaves them reparented, out of proctrack/linuxproc's sight: ended here, by the pids found."""
+        for pid in _strays(self.conf):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def stop(self) -> None:
         """Every job of this cluster cancelled (their slurmstepd would outlive slurmd), then the daemons
@@ -62,6 +70,7 @@ class Cluster:
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and self.run("squeue", "--noheader", check=False).stdout.strip():
                 time.sleep(0.2)
+        self._end_strays()
         for pid_file in self.pid_files:
             try:
                 pid = int(pid_file.read_text().split()[0])
@@ -74,6 +83,19 @@ class Cluster:
                 time.sleep(0.05)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _strays(conf: Path) -> list[int]:
+    """Processes of this cluster's jobs still alive: their environment names this cluster's config (a
+    job's processes inherit the submitter's SLURM_CONF), a path no other cluster has."""
+    needle = f"SLURM_CONF={conf}".encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    out.append(int(entry.name))
+    return out
 
 
 def _user() -> str:
@@ -93,8 +115,21 @@ def _alive(pid: int) -> bool:
     return False
 
 
-def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2) -> Cluster:
-    """slurmctld + one slurmd + munged under `root`; waits until the node is idle."""
+@dataclass(frozen=True)
+class Node:
+    """A compute node: its name, the address slurmctld reaches it at, its network namespace (None: this
+    machine's own network)."""
+
+    name: str
+    addr: str = "127.0.0.1"
+    netns: str | None = None
+
+
+def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2, nodes: list[Node] | None = None,
+          ctl_addr: str = "127.0.0.1") -> Cluster:
+    """slurmctld + a slurmd per node (default: one, this machine on loopback) + munged under `root`;
+    waits until every node is idle. Several nodes each run in a network namespace of their own
+    (tests/netns.py), slurmctld on the bridge's address `ctl_addr`."""
     root.mkdir(parents=True, exist_ok=True)
     for sub in ("state", "spool", "munge", "log"):
         (root / sub).mkdir(exist_ok=True)
@@ -105,7 +140,8 @@ def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2) -> Cluster:
     socket_path = root / "munge" / "munge.socket"
     pids = root / "pids"
     pids.mkdir(exist_ok=True)
-    node = socket.gethostname().split(".")[0]
+    nodes = nodes or [Node(socket.gethostname().split(".")[0])]
+    names = ",".join(n.name for n in nodes)
     subprocess.run(["munged", "--force", f"--key-file={key}", f"--socket={socket_path}",
                     f"--pid-file={pids / 'munged.pid'}", f"--log-file={root / 'log' / 'munged.log'}",
                     f"--seed-file={root / 'munge' / 'seed'}"], check=True, capture_output=True, timeout=30)
@@ -114,15 +150,15 @@ def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2) -> Cluster:
     # by parent pid), no accounting storage (sacct says so; squeue and scontrol still answer).
     conf.write_text(
         "ClusterName=thrusttest\n"
-        f"SlurmctldHost={node}(127.0.0.1)\n"
+        f"SlurmctldHost={socket.gethostname().split('.')[0]}({ctl_addr})\n"
         "AuthType=auth/munge\n"
         f"AuthInfo=socket={socket_path}\n"
         "CredType=cred/munge\n"
         "SlurmUser=root\nSlurmdUser=root\n"
         f"SlurmctldPort={_free_port()}\nSlurmdPort={_free_port()}\n"
-        f"StateSaveLocation={root / 'state'}\nSlurmdSpoolDir={root / 'spool'}\n"
-        f"SlurmctldPidFile={pids / 'slurmctld.pid'}\nSlurmdPidFile={pids / 'slurmd.pid'}\n"
-        f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}\nSlurmdLogFile={root / 'log' / 'slurmd.log'}\n"
+        f"StateSaveLocation={root / 'state'}\nSlurmdSpoolDir={root / 'spool' / '%n'}\n"
+        f"SlurmctldPidFile={pids / 'slurmctld.pid'}\nSlurmdPidFile={pids / 'slurmd-%n.pid'}\n"
+        f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}\nSlurmdLogFile={root / 'log' / 'slurmd-%n.log'}\n"
         "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
         "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
         "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
@@ -130,17 +166,22 @@ def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2) -> Cluster:
         "SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=1\n"
         f"MinJobAge={min_job_age}\nKillWait={kill_wait}\nInactiveLimit=0\nReturnToService=2\n"
         "SlurmctldTimeout=10\nSlurmdTimeout=10\nMessageTimeout=5\n"
-        f"NodeName={node} NodeAddr=127.0.0.1 CPUs=2 RealMemory=2000 State=UNKNOWN\n"
-        f"PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP\n"
+        + "".join(f"NodeName={n.name} NodeAddr={n.addr} CPUs=2 RealMemory=2000 State=UNKNOWN\n" for n in nodes)
+        + f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP\n"
     )
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    cluster = Cluster(root, conf, node, "debug",
-                      (pids / "slurmd.pid", pids / "slurmctld.pid", pids / "munged.pid"))
+    cluster = Cluster(root, conf, names, "debug",
+                      (*(pids / f"slurmd-{n.name}.pid" for n in nodes), pids / "slurmctld.pid", pids / "munged.pid"))
     try:
         subprocess.run(["slurmctld", "-f", str(conf)], check=True, capture_output=True, env=env, timeout=30)
-        subprocess.run(["slurmd", "-f", str(conf)], check=True, capture_output=True, env=env, timeout=30)
+        for n in nodes:
+            (root / "spool" / n.name).mkdir(exist_ok=True)
+            # nsenter, not `ip netns exec`: that remounts /sys, and slurmd needs /sys/fs/cgroup
+            enter = ["nsenter", f"--net=/var/run/netns/{n.netns}"] if n.netns else []
+            subprocess.run([*enter, "slurmd", "-f", str(conf), *(["-N", n.name] if len(nodes) > 1 else [])],
+                           check=True, capture_output=True, env=env, timeout=30)
         deadline = time.monotonic() + 30
-        while cluster.node_state() not in ("idle", "mixed"):
+        while set(cluster.node_state().split()) - {"idle"}:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the Slurm node did not come up ({cluster.node_state()!r}): "
                                    f"{(root / 'log' / 'slurmctld.log').read_text()[-2000:]}")

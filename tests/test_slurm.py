@@ -21,10 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import netns
 import pytest
 import slurm_cluster
 from conftest import _start_sshd
-from helpers import EXE, commit, new_project, remote_tempdir, wait_until
+from helpers import EXE, TRAIN_PY, commit, new_project, remote_tempdir, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_slurm")]
 
@@ -309,3 +310,54 @@ def test_optimize_on_the_cluster_runs_each_trial_as_a_job_and_a_pending_one_is_n
     for trial in out["trials"]:
         meta = json.loads((workdir / ".thrust" / "runs" / trial["run_id"] / "run.json").read_text())
         assert meta["scheduler"]["job_id"] and "--cpus-per-task=2" in meta["scheduler"]["sbatch"]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """A second cluster of two compute nodes, each in a network namespace of its own (tests/netns.py,
+    slurmctld on the bridge), and its login node: an sshd on this machine whose sessions see it."""
+    why = netns.unavailable()
+    if why:
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("two-nodes")
+    with netns.Network(2) as net:
+        nodes = [slurm_cluster.Node(h.name, h.ip, h.netns) for h in net.hosts]
+        cluster = slurm_cluster.start(root / "cluster", nodes=nodes, ctl_addr=f"{net.subnet}.1")
+        try:
+            login = _start_sshd(root / "login", extra_config=f"SetEnv SLURM_CONF={cluster.conf}\n")
+            try:
+                yield cluster, login
+            finally:
+                login.stop()
+        finally:
+            cluster.stop()
+
+
+def test_a_run_over_two_nodes_is_torchrun_across_them_with_its_rendezvous_on_the_first(cli, two_nodes, tmp_path):
+    cluster, login = two_nodes
+    workdir = remote_tempdir(login) / "two"
+    proj = new_project(tmp_path / "project", login, workdir, files={"train.py": TRAIN_PY},
+                       jobs="jobs:\n  ddp:\n    script: train.py\n")
+    text = (proj / "thrust.yaml").read_text()
+    (proj / "thrust.yaml").write_text(text.replace("    connect_timeout: 5\n", "    connect_timeout: 5\n"
+                                                   "    scheduler: slurm\n    time: \"10:00\"\n"))
+    done = cli("train", "ddp", "--nodes", "2", cwd=proj)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = _run_id(done.stderr)
+    run_dir = workdir / ".thrust" / "runs" / run_id
+    seen = [json.loads((run_dir / f"seen-script-{rank}.json").read_text()) for rank in (0, 1)]
+    assert {s["env"]["WORLD_SIZE"] for s in seen} == {"2"} and {s["ranks"] for s in seen} == {2.0}
+    board = json.loads((run_dir / "rdzv.json").read_text())  # node 0's address, as Slurm knows it
+    assert board["address"] == cluster_addr(cluster, 0) and board["port"]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["scheduler"]["nodes"] == 2 and "--nodes=2" in meta["scheduler"]["sbatch"]
+    assert f"--rdzv-endpoint={board['address']}:{board['port']}" in meta["argv"]
+    node1 = json.loads((run_dir / "nodes" / "1" / "run.json").read_text())  # node 1's own supervisor
+    assert node1["slurm_node"] == 1 and (run_dir / "nodes" / "1" / "exit_code").exists()
+    assert _status(cli, proj, run_id)["state"] == "FINISHED"
+
+
+def cluster_addr(cluster, i: int) -> str:
+    """Compute node i's address in the cluster's config."""
+    lines = [line for line in cluster.conf.read_text().splitlines() if line.startswith("NodeName=")]
+    return lines[i].split("NodeAddr=")[1].split()[0]

@@ -131,6 +131,12 @@ RESUMED_FROM = "resumed_from"
 # agent/slurm.py): {"kind": "slurm", "job_id", "submitted_ts"}; its state is the scheduler's, mapped below
 SCHEDULER = "scheduler"
 SLURM = "slurm"
+# A run over several of a cluster's nodes: torchrun's rendezvous address in the argv the laptop builds,
+# filled in on the allocation by each node's supervisor (node 0's address and a port free there, from
+# `rdzv.json` in the shared run directory; each node's own --local-addr and --rdzv-conf is_host)
+RDZV_PENDING = "thrust-rdzv-pending"
+RDZV_FILE = "rdzv.json"
+NODES_DIR = "nodes"  # a run over several nodes: node I's log, run.json and exit_code in nodes/I/ (I >= 1)
 
 
 class SchedulerView(TypedDict, total=False):

@@ -22,12 +22,26 @@ import os
 import pwd
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 from .files import write_atomic
-from .protocol import EXIT_CODE, RUN_JSON, SCHEDULER, SLURM, SLURM_STATES, STOPPED, RunState, SchedulerView, slurm_state
+from .protocol import (
+    EXIT_CODE,
+    NODES_DIR,
+    RDZV_FILE,
+    RDZV_PENDING,
+    RUN_JSON,
+    SCHEDULER,
+    SLURM,
+    SLURM_STATES,
+    STOPPED,
+    RunState,
+    SchedulerView,
+    slurm_state,
+)
 
 POLL_S = 10.0  # the least time between two squeue calls of one account on one login node
 CALL_S = 30.0  # one scheduler command's deadline (a busy slurmctld answers slowly, not never)
@@ -63,12 +77,15 @@ def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> 
         json.dump(env, fh)
     # The script runs this agent's supervisor in the foreground: Slurm's job is the supervisor, its
     # end the job's end. `exec` so a signal Slurm sends (time limit, scancel) reaches it directly.
-    body = "#!/bin/sh\nexec " + shlex.join([sys.executable, "-S", os.path.abspath(sys.argv[0]), "supervise",
+    nodes = next((int(o.split("=", 1)[1]) for o in sbatch if o.startswith("--nodes=")), 1)
+    # over several nodes, one supervisor per node (srun); one that fails ends the others (the run failed)
+    step = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1"] if nodes > 1 else []
+    body = "#!/bin/sh\nexec " + shlex.join([*step, sys.executable, "-S", os.path.abspath(sys.argv[0]), "supervise",
                                        "--run-dir", run_dir]) + "\n"
     _put(script, body, 0o700)
     argv = ["sbatch", "--parsable", f"--job-name=thrust-{os.path.basename(run_dir)}",
             f"--output={os.path.join(run_dir, SLURM_OUT)}", f"--chdir={cwd}", *sbatch, script]
-    meta[SCHEDULER] = {"kind": SLURM, "submitted_ts": time.time(), "sbatch": argv}
+    meta[SCHEDULER] = {"kind": SLURM, "submitted_ts": time.time(), "sbatch": argv, "nodes": nodes}
     _put(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_S, check=False)
@@ -97,6 +114,53 @@ def near_limit(run_dir: str) -> None:
     """Slurm's warning came: the time limit is near (the end then reads as a timeout)."""
     with contextlib.suppress(OSError):
         _put(os.path.join(run_dir, NEAR_LIMIT), _now())
+
+
+RDZV_WAIT_S = 120.0  # how long a node waits for node 0's rendezvous address (it starts on the same allocation)
+
+
+def place_node(run_dir: str, meta: dict, env: dict, argv: list[str]) -> tuple[str, list[str]]:
+    """On the allocation: this node's directory for its log, run.json and end (the run dir on node 0,
+    `nodes/I/` on node I) and its argv, torchrun's rendezvous filled in over several nodes: node 0's
+    address as Slurm knows it (SLURM_LAUNCH_NODE_IPADDR: srun runs on node 0) and a port free there, put
+    on the shared run dir's `rdzv.json` by node 0 and read by the others; each node's own --local-addr
+    and the interface that reaches node 0 for gloo and NCCL."""
+    nnodes = int((meta.get(SCHEDULER) or {}).get("nodes") or 1)
+    if nnodes <= 1:
+        return run_dir, argv
+    node = int(os.environ.get("SLURM_NODEID") or 0)
+    head = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
+    board = os.path.join(run_dir, RDZV_FILE)
+    if node == 0:
+        with socket.socket() as probe:
+            probe.bind((head, 0))
+            port = probe.getsockname()[1]
+        _put(board, json.dumps({"address": head, "port": port}))
+    else:
+        deadline = time.monotonic() + RDZV_WAIT_S
+        while (_read(board) or {}).get("address") is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        port = int((_read(board) or {}).get("port") or 0)
+    from . import netinfo  # only here: every status imports this module, few runs span nodes
+
+    route = netinfo.route_dev(head)
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if route.get("dev"):
+            env.setdefault(name, route["dev"])
+    own = route.get("src") or head
+    filled = []
+    for word in argv:
+        if word.startswith("--rdzv-endpoint=") and RDZV_PENDING in word:
+            word = f"--rdzv-endpoint={head}:{port}"
+        elif word.startswith("--rdzv-conf="):
+            word = word.replace("is_host=false", f"is_host={'true' if node == 0 else 'false'}")
+            filled.append(word)
+            word = f"--local-addr={own}"
+        filled.append(word)
+    here = run_dir if node == 0 else os.path.join(run_dir, NODES_DIR, str(node))
+    os.makedirs(here, mode=0o700, exist_ok=True)
+    meta["slurm_node"] = node
+    return here, filled
 
 
 def job_env(run_dir: str) -> dict:

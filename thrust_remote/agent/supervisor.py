@@ -731,26 +731,28 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     _activate(env)
     env["PYTHONUNBUFFERED"] = "1"
     _starting(meta, env, None, [])
+    # over several nodes: this node's own directory (node 0: the run dir) and torchrun's rendezvous
+    here, argv = slurm.place_node(run_dir, meta, env, list(meta.get("argv") or []))
     devnull = os.open(os.devnull, os.O_RDWR)
-    log_fd = os.open(os.path.join(run_dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log_fd = os.open(os.path.join(here, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(devnull, 0)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    meta.update(supervisor_pid=os.getpid(), supervisor_start=_proc_start_time(os.getpid()))
-    _reserve_end(run_dir)
-    proc = _start(run_dir, meta.get("cwd") or run_dir, list(meta.get("argv") or []), env, devnull, log_fd, -1)
+    meta.update(supervisor_pid=os.getpid(), supervisor_start=_proc_start_time(os.getpid()), argv=argv)
+    _reserve_end(here)
+    proc = _start(here, meta.get("cwd") or run_dir, argv, env, devnull, log_fd, -1)
     if proc is None:
         return 127
     meta.update(pid=proc.pid, pid_start=_proc_start_time(proc.pid))
-    _write_atomic(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
+    _write_atomic(os.path.join(here, RUN_JSON), json.dumps(meta, indent=1))
     # The scheduler's TERM (scancel, the time limit) goes to the job's group; the supervisor lives on to
     # record the end (Slurm's KILL follows after its KillWait).
     signal.signal(signal.SIGTERM, lambda *_: _signal_group(proc.pid, signal.SIGTERM))
     # sbatch --signal=B:USR1@S: the time limit is S seconds away. The job gets a TERM now, while there is
     # time to write a checkpoint, and the run's end reads as a timeout (resumable: retry on: [timeout]).
     signal.signal(slurm.LIMIT_SIGNAL, lambda *_: (slurm.near_limit(run_dir), _signal_group(proc.pid, signal.SIGTERM)))
-    _watch(run_dir, meta, proc)
-    end, _, _, _ = _end(_read_text(os.path.join(run_dir, EXIT_CODE)))
+    _watch(here, meta, proc)
+    end, _, _, _ = _end(_read_text(os.path.join(here, EXIT_CODE)))
     return min(int(end or 0), 255)
 
 

@@ -31,6 +31,8 @@ def train(
                                    "serves the rendezvous."),
     gpus: str | None = typer.Option(None, "--gpus", help="N (the first N free GPUs) or a list like 0,2."),
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="Processes under torchrun (default: one per GPU)."),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="A Slurm cluster: nodes of one run, torchrun across them "
+                              "(its rendezvous on the first)."),
     share_gpus: bool = typer.Option(False, "--allow-shared-gpus",
                                     help="Run on --gpus that a RUNNING run already holds (refused otherwise)."),
     queue: bool = typer.Option(False, "--queue", help="When its GPUs (or, without GPUs, the host's cpu_slots) "
@@ -60,7 +62,7 @@ def train(
     hosts = config.host_list(host)
     request = TrainRequest(job=config.job(job), host=hosts[0], gpus=gpus, nproc=nproc, sets=sets, params_file=params,
                            detach=detach, fetch=not no_fetch, force=force, share_gpus=share_gpus, queue=queue,
-                           sync_every=sync_every)
+                           sync_every=sync_every, nodes=nodes)
     started = time.monotonic()
     # --json: stdout carries the one JSON object; the progress view goes to stderr
     reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import MODEL, RunState, StatusAnswer
+from thrust_remote.agent.protocol import MODEL, RDZV_PENDING, RunState, StatusAnswer
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import (
     DISK_FULL,
@@ -43,7 +43,7 @@ from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.fleet import Fleet, each
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import fetching, following, multinode, stages, vocab
+from thrust_remote.run import fetching, following, jobs, multinode, stages, vocab
 from thrust_remote.run import gpus as inventory  # the module; `gpus` is the chosen list in places
 from thrust_remote.run.arguments import check_trainer_args, job_arguments, load_params, parse_sets
 from thrust_remote.run.sync import LocalState
@@ -94,6 +94,9 @@ def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restar
                          "give one of them")
     if any(h.slurm for h in hosts):
         _check_slurm_request(request, hosts)
+    elif request.nodes > 1:
+        raise UsageError(f"--nodes {request.nodes}: nodes are a Slurm cluster's to give ({hosts[0].name} is not one)",
+                         "over SSH boxes, name each host: --host a --host b (or a group)")
     if len(hosts) > 1:
         multinode.check_request(request, hosts)
         if request.gpus:
@@ -116,6 +119,9 @@ def _check_slurm_request(request: TrainRequest, hosts: Sequence[HostConfig]) -> 
     if request.gpus and not request.gpus.isdigit():
         raise UsageError(f"--gpus {request.gpus}: on a Slurm cluster the scheduler picks the GPUs",
                          "give how many, like --gpus 2")
+    if request.nodes > 1 and request.job.kind not in ("trainer", "python"):
+        raise UsageError(f"--nodes {request.nodes}: job {request.job.name!r} is a {request.job.kind} job; torchrun "
+                         "starts the built-in trainer or a python job on every node", "drop --nodes")
 
 
 def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession], reporter: Reporter, *,
@@ -173,10 +179,12 @@ def _launch_one(prepared: stages.Prepared, request: TrainRequest, args: Sequence
     session = prepared.session
     if session.host.slurm is not None:  # the scheduler places it: GPUs as a count, its own queue
         count = int(request.gpus or 0)
+        # over several nodes torchrun's rendezvous is filled in on the allocation (agent/slurm.py)
+        rdzv = jobs.Rendezvous(request.nodes, 0, RDZV_PENDING, 0, run_id) if request.nodes > 1 else None
         return stages.launch_prepared(prepared, args=args, run_id=run_id, nproc=request.nproc,
-                                      extra_env=request.extra_env, reporter=reporter,
+                                      extra_env=request.extra_env, reporter=reporter, rdzv=rdzv,
                                       meta_extra=stages.resume_meta(request), gpu_count=count,
-                                      sbatch=sbatch_options(session.host.slurm, gpus=count))
+                                      sbatch=sbatch_options(session.host.slurm, nodes=request.nodes, gpus=count))
     if request.queue:
         gpus, ask = stages.queue_ask(request, prepared.report.facts, None)
         return stages.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,

@@ -128,6 +128,7 @@ class TrainRequest:
     sync_every: float | None = None  # --sync-every: seconds between pulls while followed (None: the job's)
     resume: ResumeFrom | None = None  # `resume`: the run continued, its code and its checkpoint
     params: Mapping[str, Any] | None = None  # parameters given as data (a resumed run's), under params_file's
+    nodes: int = 1  # --nodes: a Slurm cluster's nodes for one run (torchrun across them)
 
 
 @dataclass
