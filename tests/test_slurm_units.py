@@ -34,7 +34,7 @@ def test_a_slurm_host_takes_partition_account_time_and_passes_sbatch_options_thr
                  "    sbatch: {qos: normal, constraint: a100, exclusive: true}\n", tmp_path).hosts["hpc"]
     assert host.slurm is not None and (host.slurm.partition, host.slurm.account) == ("gpu", "lab-1")
     assert sbatch_options(host.slurm, gpus=2) == [
-        "--nodes=1", "--ntasks-per-node=1", "--partition=gpu", "--account=lab-1", "--time=1-12:00:00",
+        "--nodes=1", "--ntasks-per-node=1", "--no-requeue", "--partition=gpu", "--account=lab-1", "--time=1-12:00:00",
         "--gres=gpu:2", "--signal=B:USR1@90", "--qos=normal", "--constraint=a100", "--exclusive"]
     unquoted = _load("    time: 24:00\n", tmp_path).hosts["hpc"].slurm
     assert unquoted is not None and unquoted.time == "24:00"  # as written, as sbatch reads it
@@ -80,6 +80,9 @@ def test_slurms_states_map_once_to_run_states_with_their_reasons():
     assert state("RUNNING", started=True) == {"state": RunState.RUNNING}
     assert state("COMPLETED", exit_code=0, ended=True)["state"] == RunState.FINISHED
     assert state("COMPLETING", exit_code=3, ended=True)["state"] == RunState.FAILED  # its own end holds
+    # killed by a signal while Slurm still has the job: Slurm's word (node-fail? timeout?) is awaited
+    assert state("RUNNING", exit_code=143, ended=True, started=True)["reason"] == "ending"
+    assert state("RUNNING", exit_code=143, ended=True, stopped=True)["state"] == RunState.STOPPED  # stop asked
     assert state("FAILED", exit_code=1, ended=True, started=True)["state"] == RunState.FAILED
     oom = state("OUT_OF_MEMORY", exit_code=137, ended=True, started=True)
     assert (oom["state"], oom["reason"]) == (RunState.FAILED, "out-of-memory")

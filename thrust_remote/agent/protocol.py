@@ -200,6 +200,11 @@ def slurm_state(word: str | None, reason: str, *, exit_code: int | None, ended: 
                   "node-fail": "a node of its allocation failed", "out-of-memory": "it ran out of memory",
                   "cancelled": "cancelled in Slurm (scancel), not by thrust-remote stop"}.get(why, word.lower())
         return {"state": state, "reason": why, "reason_detail": detail}
+    if ended and not stopped and (exit_code or 0) >= 128 and state == RunState.RUNNING:
+        # killed by a signal while the scheduler still has the job: its word on why (a failed node, the
+        # time limit, a cancel) is the run's end, and comes with the next poll; not FAILED meanwhile
+        return {"state": RunState.RUNNING, "reason": "ending",
+                "reason_detail": f"its job was killed (exit code {exit_code}); waiting for the scheduler's word"}
     if ended:  # the job's own end, written by its supervisor: what it says holds
         return {"state": _recorded(exit_code, stopped), **({"reason": "user"} if stopped else {})}
     if word is None:

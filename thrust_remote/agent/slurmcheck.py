@@ -183,7 +183,8 @@ def main(argv: list[str]) -> int:
     rows, gpus = partition_rows(args.partition or None, args.time or None)
     rows.append(submit_row(args.option))
     # the check's own srun: two minutes, no warning signal; the job's other options as given
-    quick = [o for o in args.option if not o.startswith(("--signal=", "--time="))] + ["--time=2"]
+    # (sbatch's own --signal and --no-requeue, which srun does not take, left out)
+    quick = [o for o in args.option if not o.startswith(("--signal=", "--time=", "--no-requeue"))] + ["--time=2"]
     if rows[0]["status"] == "ok":
         rows += node_rows(args.workdir, quick, gpus)
     else:  # no partition to run on: the node's rows would only repeat sinfo's answer, slowly

@@ -40,6 +40,8 @@ OWN_OPTIONS: Mapping[str, str] = {
     "export": "the run's env: travels in its run directory", "wait": "thrust-remote follows the run itself",
     "W": "thrust-remote follows the run itself",
     "signal": "thrust-remote asks for the warning before the time limit (the host's limit_warning:)",
+    "requeue": "a run ends when its job ends; retry: {on: [lost, preempted]} resumes it from its checkpoint",
+    "no-requeue": "thrust-remote sets it: a run ends when its job ends",
 }
 LIMIT_WARNING_S = 90  # default: the job's TERM this long before its time limit, to write a checkpoint
 
@@ -57,7 +59,9 @@ class SlurmConfig:
 
 def sbatch_options(slurm: SlurmConfig, *, nodes: int = 1, gpus: int = 0) -> list[str]:
     """The sbatch options of one run (the agent adds the job's name, output, directory and script)."""
-    out = [f"--nodes={nodes}", "--ntasks-per-node=1"]
+    # --no-requeue: a node failure or a preemption ends the run (LOST, resumable from its checkpoint by
+    # retry:), never restarts it from scratch over the same run directory
+    out = [f"--nodes={nodes}", "--ntasks-per-node=1", "--no-requeue"]
     out += [f"--partition={slurm.partition}"] if slurm.partition else []
     out += [f"--account={slurm.account}"] if slurm.account else []
     out += [f"--time={slurm.time}"] if slurm.time else []
