@@ -86,12 +86,11 @@ def _status(cli, proj: Path, run_id: str) -> dict:
 
 def test_a_run_begun_on_an_ssh_box_resumes_on_the_cluster(cli, hpc, login):
     proj, workdir = hpc
-    own, box = _own_config(proj, login)
-    config = str(own)
+    config = str(_own_config(proj, workdir, login))
     started = cli("--config", config, "train", "own", "--host", "box", "--detach", cwd=proj)
     assert started.returncode == 0, started.stderr
     first = _run_id(started.stderr)
-    box_log = box / ".thrust" / "runs" / first / "log"
+    box_log = workdir / ".thrust" / "runs" / first / "log"
     wait_until(lambda: box_log.exists() and "step 3" in box_log.read_text(), 30, "the run's steps on the box")
     assert cli("--config", config, "stop", first, cwd=proj).returncode == 0  # TERM: it writes its checkpoint
     assert "checkpoint at step" in box_log.read_text()
@@ -198,29 +197,29 @@ while :; do step=$((step+1)); echo "step $step"; sleep 0.1; done
 """
 
 
-def _own_config(proj: Path, login) -> tuple[Path, Path]:
+def _own_config(proj: Path, workdir: Path, login) -> Path:
     """The project's thrust.yaml with job `own` (job.sh, committed) and a plain SSH host `box` beside the
-    cluster (the same machine, another workdir, no scheduler): the config and box's workdir."""
-    config, kept = proj.parent / "own.yaml", proj.parent / "box-workdir"
+    cluster: the same machine and workdir (its venv built already; runs are told apart by their ids), no
+    scheduler."""
+    config = proj.parent / "own.yaml"
     if config.exists():
-        return config, Path(kept.read_text())
+        return config
     (proj / "job.sh").write_text(OWN_JOB)
     commit(proj, "a job of one's own", "job.sh")
-    box = login.host_config("box", workdir=str(remote_tempdir(login) / "box"))
+    box = login.host_config("box", workdir=str(workdir))
     text = (proj / "thrust.yaml").read_text().replace("jobs:\n", (
         f"  box:\n    address: {box.address}\n    workdir: {box.workdir}\n    python: {box.python}\n"
         f"    identity: {box.identity}\n    known_hosts: {box.known_hosts}\n"
         "jobs:\n  own:\n    command: [sh, job.sh]\n    checkpoints: ckpt/*.txt\n"
         "    resume: [--resume-from, '{checkpoint}']\n    retry: {max: 1, on: [timeout]}\n"), 1)
     config.write_text(text)
-    kept.write_text(box.workdir)
-    return config, Path(box.workdir)
+    return config
 
 
 def test_a_run_warned_of_its_time_limit_checkpoints_and_resubmits_itself_from_it(cli, hpc, cluster, login,
                                                                                   tmp_path):
     proj, workdir = hpc
-    config, _box = _own_config(proj, login)
+    config = _own_config(proj, workdir, login)
     err = tmp_path / "train.err"
     with err.open("w") as fh:
         train = subprocess.Popen([EXE, "--config", str(config), "train", "own"], cwd=proj, stdout=subprocess.PIPE,
@@ -325,22 +324,22 @@ def two_nodes(tmp_path_factory):
         cluster = slurm_cluster.start(root / "cluster", nodes=nodes, ctl_addr=f"{net.subnet}.1")
         try:
             login = _start_sshd(root / "login", extra_config=f"SetEnv SLURM_CONF={cluster.conf}\n")
+            workdir = remote_tempdir(login) / "two"
+            proj = new_project(root / "project", login, workdir, files={"train.py": TRAIN_PY},
+                               jobs=f"jobs:\n  ddp:\n    script: train.py\n  gated:\n    {GATED}\n")
+            text = (proj / "thrust.yaml").read_text()
+            (proj / "thrust.yaml").write_text(text.replace("    connect_timeout: 5\n", "    connect_timeout: 5\n"
+                                                           "    scheduler: slurm\n    time: \"10:00\"\n"))
             try:
-                yield cluster, login
+                yield cluster, proj, workdir
             finally:
                 login.stop()
         finally:
             cluster.stop()
 
 
-def test_a_run_over_two_nodes_is_torchrun_across_them_with_its_rendezvous_on_the_first(cli, two_nodes, tmp_path):
-    cluster, login = two_nodes
-    workdir = remote_tempdir(login) / "two"
-    proj = new_project(tmp_path / "project", login, workdir, files={"train.py": TRAIN_PY},
-                       jobs="jobs:\n  ddp:\n    script: train.py\n")
-    text = (proj / "thrust.yaml").read_text()
-    (proj / "thrust.yaml").write_text(text.replace("    connect_timeout: 5\n", "    connect_timeout: 5\n"
-                                                   "    scheduler: slurm\n    time: \"10:00\"\n"))
+def test_a_run_over_two_nodes_is_torchrun_across_them_with_its_rendezvous_on_the_first(cli, two_nodes):
+    cluster, proj, workdir = two_nodes
     done = cli("train", "ddp", "--nodes", "2", cwd=proj)
     assert done.returncode == 0, done.stdout + done.stderr
     run_id = _run_id(done.stderr)
@@ -363,13 +362,8 @@ def cluster_addr(cluster, i: int) -> str:
     return lines[i].split("NodeAddr=")[1].split()[0]
 
 
-def test_a_node_that_fails_under_a_running_run_makes_it_lost(cli, two_nodes, tmp_path):
-    cluster, login = two_nodes
-    workdir = remote_tempdir(login) / "fail"
-    proj = new_project(tmp_path / "project", login, workdir, jobs=f"jobs:\n  gated:\n    {GATED}\n")
-    text = (proj / "thrust.yaml").read_text()
-    (proj / "thrust.yaml").write_text(text.replace("    connect_timeout: 5\n", "    connect_timeout: 5\n"
-                                                   "    scheduler: slurm\n"))
+def test_a_node_that_fails_under_a_running_run_makes_it_lost(cli, two_nodes):
+    cluster, proj, workdir = two_nodes
     run_id = _run_id(cli("train", "gated", "--detach", cwd=proj).stderr)
     log = workdir / ".thrust" / "runs" / run_id / "log"
     wait_until(lambda: log.exists() and "started on" in log.read_text(), 30, "the run to start")
