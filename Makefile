@@ -23,9 +23,10 @@ $(STAMP): pyproject.toml constraints.txt
 # Debian packages the tests need: a real sshd, rsync (benchmark peer), chromium (browser tests),
 # iproute2 (`ip`: the network namespaces of the multi-host tests), procps (pkill, in those tests) and
 # g++ (torch.compile's CPU backend compiles C++: the --compile tests run it), and Slurm with munge (a
-# real one-node cluster for the `scheduler: slurm` tests, started by tests/slurm_cluster.py).
+# real cluster for the `scheduler: slurm` tests, started by tests/slurm_cluster.py). The stamp follows
+# this Makefile: a package added here is checked for on the next `make test`, not only on a fresh venv.
 system-deps: $(SYS_STAMP)
-$(SYS_STAMP): | $(STAMP)
+$(SYS_STAMP): Makefile | $(STAMP)
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
