@@ -133,7 +133,7 @@ def test_a_run_on_slurm_is_one_sbatch_job_and_status_logs_wait_work_unchanged(cl
     sbatch = meta["scheduler"]["sbatch"]
     assert sbatch[:2] == ["sbatch", "--parsable"] and "--partition=debug" in sbatch and "--cpus-per-task=2" in sbatch
     assert "--time=10:00" in sbatch
-    assert oct((run_dir / ".env.json").stat().st_mode & 0o777) == "0o600"  # the job's env: its owner's alone
+    assert not (run_dir / ".env.json").exists()  # the job's env (secrets?) is gone with the job
 
 
 def test_a_pending_run_shows_slurms_reason_and_stop_cancels_pending_and_running_runs(cli, hpc, cluster):
@@ -150,6 +150,8 @@ def test_a_pending_run_shows_slurms_reason_and_stop_cancels_pending_and_running_
 
     queued = wait_until(pending, 30, "the second run's pending reason", interval=0.5)
     assert queued["state"] == "QUEUED" and queued["pid"] is None
+    env_file = runs / second / ".env.json"  # the job's env waits for it, its owner's alone
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600" and oct(env_file.parent.stat().st_mode & 0o777) == "0o700"
     said = cli("status", second, cwd=proj).stdout
     assert "QUEUED" in said and re.search(r"\[(Resources|Priority)\]", said) and "slurm_job=" in said
     # stop of the pending run: scancel; it never starts

@@ -163,6 +163,12 @@ def place_node(run_dir: str, meta: dict, env: dict, argv: list[str]) -> tuple[st
     return here, filled
 
 
+def forget_env(run_dir: str) -> None:
+    """The job's env (its `env:` values may be secrets) kept only while the job may still start."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(run_dir, ENV))
+
+
 def job_env(run_dir: str) -> dict:
     """The env `submit` kept for the supervisor on the allocation."""
     try:

@@ -752,6 +752,8 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     # time to write a checkpoint, and the run's end reads as a timeout (resumable: retry on: [timeout]).
     signal.signal(slurm.LIMIT_SIGNAL, lambda *_: (slurm.near_limit(run_dir), _signal_group(proc.pid, signal.SIGTERM)))
     _watch(here, meta, proc)
+    if here == run_dir:  # node 0, whose job ends last (a run over nodes ends together): the env's secrets go
+        slurm.forget_env(run_dir)
     end, _, _, _ = _end(_read_text(os.path.join(here, EXIT_CODE)))
     return min(int(end or 0), 255)
 
