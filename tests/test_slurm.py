@@ -129,7 +129,7 @@ def test_a_run_on_slurm_is_one_sbatch_job_and_status_logs_wait_work_unchanged(cl
     # the files of a run on any host, written by the supervisor on the allocation
     assert {"run.json", "log", "exit_code"} <= {p.name for p in run_dir.iterdir()}
     meta = json.loads((run_dir / "run.json").read_text())
-    assert meta["scheduler"]["job_id"] == job and meta["pid"] and meta["started_at"]
+    assert meta["scheduler"]["job_id"] == job and meta["pid"] and meta["started_at"] and meta["gpus_used"] == []
     sbatch = meta["scheduler"]["sbatch"]
     assert sbatch[:2] == ["sbatch", "--parsable"] and "--partition=debug" in sbatch and "--cpus-per-task=2" in sbatch
     assert "--time=10:00" in sbatch

@@ -124,3 +124,10 @@ def test_a_time_limit_and_a_preemption_are_retry_events_of_their_own(tmp_path):
                                          "    retry: {max: 2, on: [timeout, preempted]}\n")
     job = parse_config_text(text, tmp_path / "thrust.yaml").jobs["j"]
     assert job.retry is not None and tuple(job.retry["on"]) == ("timeout", "preempted")
+
+
+def test_gpu_hours_on_a_cluster_count_the_gpus_asked_of_the_scheduler():
+    from thrust_remote.run.stages import _scheduled_gpus
+
+    assert _scheduled_gpus(["--nodes=2", "--ntasks-per-node=1"], 4) == list(range(8))  # 4 a node, 2 nodes
+    assert _scheduled_gpus(["--nodes=1"], 0) == []  # none asked: CPU hours only, whatever the login node has

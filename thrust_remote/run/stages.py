@@ -248,7 +248,8 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
         "gpus": list(gpus),
         # what GPU-hours count: the GPUs chosen, else every GPU the job can see there (a job given
         # none sees them all; --gpus makes the account exact)
-        GPUS_USED: list(gpus) or host_gpus(prepared.report.facts, session.host),
+        GPUS_USED: list(gpus) or (_scheduled_gpus(sbatch, gpu_count) if sbatch is not None
+                                  else host_gpus(prepared.report.facts, session.host)),
         **({"idle_stop": dict(job.idle_stop)} if job.idle_stop else {}),
         **(sync_result.as_meta() if sync_result else {"commit": None}),
         **(meta_extra or {}),
@@ -270,6 +271,13 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
     return Launched(run_id, run_dir, int(pid) if pid is not None else None, session.name, job.name,
                     sync_result.commit if sync_result else None, session.paths, sync_result, prepared.setup_skipped,
                     timings, prepared.spec, position=answer.get("position") if answer.get("queued") else None)
+
+
+def _scheduled_gpus(sbatch: Sequence[str], per_node: int) -> list[int]:
+    """What GPU-hours count on a cluster: the GPUs asked of the scheduler, per node times its nodes (the
+    login node's own GPUs, if any, are not the job's)."""
+    nodes = next((int(o.split("=", 1)[1]) for o in sbatch if o.startswith("--nodes=")), 1)
+    return list(range(per_node * nodes))
 
 
 RESUME_DIR = "resume"  # under the new run's directory: the checkpoint it starts from
