@@ -120,6 +120,7 @@ def test_a_run_on_slurm_is_one_sbatch_job_and_status_logs_wait_work_unchanged(cl
     assert started.returncode == 0, started.stderr
     run_id = _run_id(started.stderr)
     job = re.search(r"submitted to Slurm on sandbox as job (\d+)", started.stderr).group(1)
+    assert f"run {run_id} submitted to Slurm on sandbox as job {job}" in started.stdout  # not "queued (position"
     done = cli("wait", run_id, "--timeout", "60", cwd=proj)
     assert done.returncode == 0, done.stdout + done.stderr
     st = _status(cli, proj, run_id)

@@ -118,7 +118,7 @@ def test_a_time_limit_and_a_preemption_are_retry_events_of_their_own(tmp_path):
     assert event_of({"state": "LOST", "reason": "preempted"}) == "preempted"
     assert event_of({"state": "LOST", "reason": "node-fail"}) == "lost"
     assert event_of({"state": "FAILED"}) == "failed"
-    job = _load("", tmp_path)  # retry: on: takes them (with checkpoints: and resume:, as any retry)
+    # retry: on: takes them (with checkpoints: and resume:, as any retry)
     text = BASE.format(extra="").replace("    command: [echo, hi]\n", "    command: [sh, job.sh]\n"
                                          "    checkpoints: ckpt/*\n    resume: [--from, '{checkpoint}']\n"
                                          "    retry: {max: 2, on: [timeout, preempted]}\n")

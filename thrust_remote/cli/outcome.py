@@ -60,7 +60,10 @@ def show_outcome(ctx: typer.Context, outcome: TrainOutcome, as_json: bool, start
         if as_json:
             typer.echo(json.dumps(launched.as_json()))
         else:
-            if launched.pid is None:
+            if launched.scheduler_job:
+                console.print(f"run [bold]{launched.run_id}[/] submitted to Slurm on {host_cfg.name} as job "
+                              f"{host_text(launched.scheduler_job)}: it starts when the scheduler gives it its nodes")
+            elif launched.pid is None:
                 console.print(f"run [bold]{launched.run_id}[/] queued on {host_cfg.name} (position "
                               f"{host_text(launched.position)}): it starts there by itself when what it asks frees")
             else:

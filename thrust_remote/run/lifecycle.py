@@ -271,7 +271,7 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     followed_session = nodes.sessions[node]
     assert followed_session is not None
     timings = dict(head.timings)
-    if head.position is not None:  # still waiting on its host: the view says so until its log starts
+    if head.position is not None or head.scheduler_job:  # waiting (its host's queue, Slurm's): said till it starts
         reporter.queued(head.host, head.position or None)
     if fetch and job is not None and nodes.sessions[0] is not None:
         nodes.sessions[0].runner.warm_transfers(1)  # the model's get at the end finds its helper started

@@ -270,7 +270,8 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
                       "it starts by itself when what it asks frees")
     return Launched(run_id, run_dir, int(pid) if pid is not None else None, session.name, job.name,
                     sync_result.commit if sync_result else None, session.paths, sync_result, prepared.setup_skipped,
-                    timings, prepared.spec, position=answer.get("position") if answer.get("queued") else None)
+                    timings, prepared.spec, position=answer.get("position") if answer.get("queued") else None,
+                    scheduler_job=answer.get("scheduler_job"))
 
 
 def _scheduled_gpus(sbatch: Sequence[str], per_node: int) -> list[int]:

@@ -145,12 +145,17 @@ class Launched:
     timings: dict[str, float]
     spec: JobSpec = field(default_factory=dict)  # the job as the host saw it (buildenv.job_spec)
     position: int | None = None  # its place in the host's queue when it had to wait (1: next)
+    scheduler_job: str | None = None  # a Slurm cluster's job id (the run is QUEUED in Slurm until it starts)
 
     def as_json(self) -> dict[str, Any]:
+        if self.scheduler_job:
+            state: dict[str, Any] = {"state": RunState.QUEUED.value, "scheduler_job": self.scheduler_job}
+        elif self.position:
+            state = {"state": RunState.QUEUED.value, "position": self.position}
+        else:
+            state = {"state": RunState.RUNNING.value}
         return {"run_id": self.run_id, "host": self.host, "run_dir": self.run_dir, "pid": self.pid,
-                "job": self.job, "commit": self.commit,
-                **({"state": RunState.QUEUED.value, "position": self.position} if self.position
-                   else {"state": RunState.RUNNING.value})}
+                "job": self.job, "commit": self.commit, **state}
 
 
 @dataclass
