@@ -78,6 +78,8 @@ def test_slurms_states_map_once_to_run_states_with_their_reasons():
 
     assert state("PENDING", "Priority") == {"state": RunState.QUEUED, "reason": "Priority"}
     assert state("RUNNING", started=True) == {"state": RunState.RUNNING}
+    # an answer taken while it was pending, read after its supervisor started it: the run dir knows better
+    assert state("PENDING", "Resources", started=True) == {"state": RunState.RUNNING}
     assert state("COMPLETED", exit_code=0, ended=True)["state"] == RunState.FINISHED
     assert state("COMPLETING", exit_code=3, ended=True)["state"] == RunState.FAILED  # its own end holds
     # killed by a signal while Slurm still has the job: Slurm's word (node-fail? timeout?) is awaited

@@ -210,6 +210,8 @@ def slurm_state(word: str | None, reason: str, *, exit_code: int | None, ended: 
     if word is None:
         return {"state": RunState.LOST, "reason": "gone",
                 "reason_detail": "the scheduler no longer knows the job and nothing recorded its end"}
+    if state == RunState.QUEUED and started:  # the answer is older than the job's start, which the run dir saw
+        return {"state": RunState.RUNNING}
     if state == RunState.QUEUED:
         return {"state": state, "reason": why or reason or "pending"}
     if state == RunState.RUNNING:

@@ -239,8 +239,9 @@ def _queue_view(runs_dir: str, ended: set[str] | None = None) -> list[tuple[dict
 
 
 def _placed(st: dict, view: list[tuple[dict, runqueue.Entry]]) -> dict:
-    """A QUEUED run's status object with its place in the queue."""
-    if st["state"] != RunState.QUEUED:
+    """A QUEUED run's status object with its place in the queue (the host's: a run waiting in a cluster's
+    scheduler has Slurm's reason instead)."""
+    if st["state"] != RunState.QUEUED or st.get("scheduler_job"):
         return st
     spec = next((e.spec for _, e in view if e.run_id == st["run_id"]), None) or {}
     return {**st, "position": runqueue.position(spec, st["run_id"], [e for _, e in view])}
