@@ -242,9 +242,13 @@ def view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stoppe
     sched = meta.get(SCHEDULER) or {}
     job_id = str(sched.get("job_id") or "")
     started = "pid" in meta
-    if not job_id:  # sbatch refused (its end written), or the launch is still submitting
-        return {"state": RunState.FAILED, "reason": "not-submitted"} if ended else \
-            {"state": RunState.QUEUED, "reason": "submitting"}
+    if not job_id:  # sbatch refused (its end written), the launch still submitting, or cut while it did
+        if ended:
+            return {"state": RunState.FAILED, "reason": "not-submitted"}
+        if time.time() - float(sched.get("submitted_ts") or 0) > 2 * CALL_S:
+            return {"state": RunState.LOST, "reason": "not-submitted",
+                    "reason_detail": "its launch ended before sbatch gave it a job id"}
+        return {"state": RunState.QUEUED, "reason": "submitting"}
     final = _read(os.path.join(run_dir, END))
     if final is not None:
         word, reason = final.get("state"), str(final.get("reason") or "")
