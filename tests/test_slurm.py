@@ -104,6 +104,61 @@ def test_a_run_begun_on_an_ssh_box_resumes_on_the_cluster(cli, hpc, login):
     assert re.search(r"resumed from step [1-9]", resumed), resumed
 
 
+# A job that checkpoints as it goes (every 10 steps, written whole, then renamed); resumed, it finishes.
+STEPPING_JOB = """\
+#!/bin/sh
+if [ "$1" = --resume-from ]; then echo "resumed from step $(cat "$2")"; exit 0; fi
+mkdir -p ckpt
+step=0
+while :; do
+  step=$((step+1)); sleep 0.1
+  if [ $((step % 10)) = 0 ]; then echo $step > ckpt/.t; mv ckpt/.t ckpt/step.txt; echo "checkpoint $step"; fi
+done
+"""
+
+
+def test_a_run_whose_ssh_box_dies_is_retried_on_the_cluster(cli, hpc, tmp_path):
+    """retry: {hosts: [the cluster]}: a run followed on a plain SSH box whose box dies moves to the next
+    host of its retry, here a Slurm cluster, from the checkpoint pulled while it was followed."""
+    proj, workdir = hpc
+    box = _start_sshd(tmp_path / "box-sshd")
+    try:
+        (proj / "stepping.sh").write_text(STEPPING_JOB)
+        commit(proj, "a job that checkpoints as it goes", "stepping.sh")
+        hc = box.host_config("box", workdir=str(remote_tempdir(box) / "box"))
+        config = proj.parent / "retry.yaml"
+        config.write_text((proj / "thrust.yaml").read_text().replace("jobs:\n", (
+            f"  box:\n    address: {hc.address}\n    workdir: {hc.workdir}\n    python: {hc.python}\n"
+            f"    identity: {hc.identity}\n    known_hosts: {hc.known_hosts}\n    connect_timeout: 3\n"
+            "jobs:\n  stepping:\n    command: [sh, stepping.sh]\n    checkpoints: ckpt/*.txt\n"
+            "    resume: [--resume-from, '{checkpoint}']\n"
+            "    retry: {max: 1, on: [host-lost, lost], hosts: [sandbox], grace: 0}\n"), 1))
+        err = tmp_path / "train.err"
+        with err.open("w") as fh:
+            train = subprocess.Popen([EXE, "--config", str(config), "train", "stepping", "--host", "box",
+                                      "--sync-every", "1"], cwd=proj, stdout=subprocess.PIPE, stderr=fh, text=True,
+                                     start_new_session=True)
+        try:
+            first = wait_until(lambda: re.search(r"launching run (stepping-\S+)", err.read_text()), 60,
+                               "the launch on the box").group(1)
+            pulled = proj / ".thrust" / "fetched" / first / "checkpoints.json"
+            wait_until(lambda: pulled.exists() and json.loads(pulled.read_text()).get("newest"), 60,
+                       "a checkpoint pulled while followed")
+            box.stop()  # the box is gone, with its run
+            train.communicate(timeout=120)
+        finally:
+            train.kill()
+            train.wait()
+    finally:
+        box.stop()
+    told = err.read_text()
+    assert train.returncode == 0, told
+    second = re.findall(r"launching run (stepping-\S+)", told)[-1]
+    assert "submitted to Slurm on sandbox" in told and second != first
+    resumed = (workdir / ".thrust" / "runs" / second / "log").read_text()
+    assert re.search(r"resumed from step [1-9]", resumed), resumed
+
+
 def _next_poll(workdir: Path) -> None:
     """Age the account's kept squeue answer past POLL_S, so the next look asks Slurm: what happens 10 s
     later anyway, without the test waiting for it (the rate itself: the last test)."""
