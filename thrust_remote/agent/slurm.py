@@ -95,8 +95,24 @@ def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> 
         return _not_submitted(run_dir, meta, (done.stderr or done.stdout).strip()[-600:])
     job_id = done.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
     meta[SCHEDULER]["job_id"] = job_id
-    _put(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
+    update_meta(run_dir, {}, job_id=job_id)  # the job may have started already: its pid stays
     return {"queued": True, "scheduler_job": job_id, "run_dir": run_dir, "marker": meta.get("marker")}
+
+
+def update_meta(run_dir: str, changes: dict, *, job_id: str | None = None) -> dict:
+    """run.json read, changed and written whole under its own lock: the login node records the job id
+    while the allocation's supervisor may be recording the pid (a job can start before sbatch returns)."""
+    fd = os.open(os.path.join(run_dir, ".run.json.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        meta = _read(os.path.join(run_dir, RUN_JSON)) or {}
+        meta.update(changes)
+        if job_id:
+            meta.setdefault(SCHEDULER, {})["job_id"] = job_id
+        _put(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
+        return meta
+    finally:
+        os.close(fd)
 
 
 def _not_submitted(run_dir: str, meta: dict, detail: str) -> dict:

@@ -745,7 +745,12 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     if proc is None:
         return 127
     meta.update(pid=proc.pid, pid_start=_proc_start_time(proc.pid))
-    _write_atomic(os.path.join(here, RUN_JSON), json.dumps(meta, indent=1))
+    if here == run_dir:  # the login node may be writing the job id meanwhile: merged, never overwritten
+        started = ("started_at", "started_ts", "supervisor_pid", "supervisor_start", "argv", "pid", "pid_start")
+        meta = slurm.update_meta(run_dir, {k: meta[k] for k in started if k in meta},
+                                 job_id=os.environ.get("SLURM_JOB_ID"))
+    else:
+        _write_atomic(os.path.join(here, RUN_JSON), json.dumps(meta, indent=1))
     # The scheduler's TERM (scancel, the time limit) goes to the job's group; the supervisor lives on to
     # record the end (Slurm's KILL follows after its KillWait).
     signal.signal(signal.SIGTERM, lambda *_: _signal_group(proc.pid, signal.SIGTERM))
