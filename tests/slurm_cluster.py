@@ -1,8 +1,11 @@
 """A real Slurm cluster for the tests: Debian's slurmctld, slurmd and munged (Slurm 22.05), started as
-root on loopback with their own config, ports, state and spool directories, one compute node.
+root with their own config, ports, state and spool directories: one compute node on loopback, or
+several, each slurmd in a network namespace of its own (`nodes=`, tests/netns.py's).
 
-`start(root)` gives a `Cluster` (its `conf`, the path clients need in SLURM_CONF); `Cluster.stop()` ends
-the daemons by the pids in their pid files (never by name: other sessions may run a Slurm of their own).
+`start(root)` gives a `Cluster` (its `conf`, the path clients need in SLURM_CONF); `Cluster.stop()`
+cancels its jobs, ends what a job left behind (found by its SLURM_CONF) and the daemons by the pids in
+their pid files (never by name: other sessions may run a Slurm of their own). At the end, what the
+Slurm tests share (a held job, reading a run's id and status, aging the kept squeue answer).
 The node has 2 CPUs and no GPUs: slurmd 22.05 here drains a node whose gres.conf names GPUs without
 device files ("gres/gpu count reported lower than configured"), so GPU requests are checked as the
 sbatch argv thrust-remote builds, not placed.
@@ -11,7 +14,9 @@ sbatch argv thrust-remote builds, not placed.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -190,3 +195,30 @@ def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2, nodes: list
         cluster.stop()
         raise
     return cluster
+
+
+# ------------------------------------------------------------------- what the Slurm tests share
+
+# held until the test writes `go` in the run's directory; then prints where it ran
+GATED = ("command: [sh, -c, 'echo started on $SLURM_JOB_NODELIST job $SLURM_JOB_ID; "
+         "while [ ! -e \"$THRUST_RUN_DIR/go\" ]; do sleep 0.1; done; echo done']")
+
+
+def launched_run(stderr: str) -> str:
+    return re.search(r"launching run (\S+)", stderr).group(1)
+
+
+def run_status(cli, proj: Path, run_id: str) -> dict:
+    result = cli("status", run_id, "--json", cwd=proj)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def next_poll(workdir: Path) -> None:
+    """Age the account's kept squeue answer past POLL_S, so the next look asks Slurm: what happens 10 s
+    later anyway, without the test waiting for it (the rate itself: the last test)."""
+    kept = workdir / ".thrust" / "slurm" / "squeue.json"
+    with contextlib.suppress(FileNotFoundError):
+        answer = json.loads(kept.read_text())
+        answer["at"] = 0
+        kept.write_text(json.dumps(answer))

@@ -7,12 +7,11 @@ supervisor, so the run directory holds the usual files and `status`, `logs`, `wa
 pending behind another shows Slurm's reason; `stop` is scancel, of a pending and of a running run; a
 cancel from outside thrust-remote reads STOPPED with its reason; sbatch's refusal is an error with
 Slurm's words; one squeue answer serves every look for 10 s. Jobs are tiny `command:` jobs held by a
-file the test writes, never a sleep.
+file the test writes, never a sleep. A cluster of two nodes: test_slurm_nodes.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -21,22 +20,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import netns
 import pytest
 import slurm_cluster
 from conftest import _start_sshd
-from helpers import EXE, TRAIN_PY, commit, new_project, remote_tempdir, wait_until
+from helpers import EXE, commit, new_project, remote_tempdir, wait_until
+from slurm_cluster import GATED, launched_run, next_poll, run_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_slurm")]
 
 if slurm_cluster.missing():
     pytest.skip(f"Slurm is not installed ({', '.join(slurm_cluster.missing())} missing): make test installs "
                 "slurmctld, slurmd, slurm-client and munge", allow_module_level=True)
-
-# held until the test writes `go` in the run's directory; then prints where it ran
-GATED = ("command: [sh, -c, 'echo started on $SLURM_JOB_NODELIST job $SLURM_JOB_ID; "
-         "while [ ! -e \"$THRUST_RUN_DIR/go\" ]; do sleep 0.1; done; echo done']")
-
 
 @pytest.fixture(scope="session")
 def cluster():
@@ -74,31 +68,21 @@ def hpc(login, cluster, tmp_path_factory) -> tuple[Path, Path]:
     return proj, workdir
 
 
-def _run_id(stderr: str) -> str:
-    return re.search(r"launching run (\S+)", stderr).group(1)
-
-
-def _status(cli, proj: Path, run_id: str) -> dict:
-    result = cli("status", run_id, "--json", cwd=proj)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
 def test_a_run_begun_on_an_ssh_box_resumes_on_the_cluster(cli, hpc, login):
     proj, workdir = hpc
     config = str(_own_config(proj, workdir, login))
     started = cli("--config", config, "train", "own", "--host", "box", "--detach", cwd=proj)
     assert started.returncode == 0, started.stderr
-    first = _run_id(started.stderr)
+    first = launched_run(started.stderr)
     box_log = workdir / ".thrust" / "runs" / first / "log"
     wait_until(lambda: box_log.exists() and "step 3" in box_log.read_text(), 30, "the run's steps on the box")
     assert cli("--config", config, "stop", first, cwd=proj).returncode == 0  # TERM: it writes its checkpoint
     assert "checkpoint at step" in box_log.read_text()
     moved = cli("--config", config, "resume", first, "--host", "sandbox", cwd=proj)
     assert moved.returncode == 0, moved.stdout + moved.stderr
-    second = _run_id(moved.stderr)
+    second = launched_run(moved.stderr)
     assert "submitted to Slurm on sandbox" in moved.stderr
-    st = _status(cli, proj, second)
+    st = run_status(cli, proj, second)
     assert (st["state"], st["resumed_from"]) == ("FINISHED", first) and st["scheduler_job"]
     resumed = (workdir / ".thrust" / "runs" / second / "log").read_text()
     assert re.search(r"resumed from step [1-9]", resumed), resumed
@@ -159,26 +143,16 @@ def test_a_run_whose_ssh_box_dies_is_retried_on_the_cluster(cli, hpc, tmp_path):
     assert re.search(r"resumed from step [1-9]", resumed), resumed
 
 
-def _next_poll(workdir: Path) -> None:
-    """Age the account's kept squeue answer past POLL_S, so the next look asks Slurm: what happens 10 s
-    later anyway, without the test waiting for it (the rate itself: the last test)."""
-    kept = workdir / ".thrust" / "slurm" / "squeue.json"
-    with contextlib.suppress(FileNotFoundError):
-        answer = json.loads(kept.read_text())
-        answer["at"] = 0
-        kept.write_text(json.dumps(answer))
-
-
 def test_a_run_on_slurm_is_one_sbatch_job_and_status_logs_wait_work_unchanged(cli, hpc, cluster):
     proj, workdir = hpc
     started = cli("train", "hello", "--host", "sandbox", "--detach", cwd=proj)
     assert started.returncode == 0, started.stderr
-    run_id = _run_id(started.stderr)
+    run_id = launched_run(started.stderr)
     job = re.search(r"submitted to Slurm on sandbox as job (\d+)", started.stderr).group(1)
     assert f"run {run_id} submitted to Slurm on sandbox as job {job}" in started.stdout  # not "queued (position"
     done = cli("wait", run_id, "--timeout", "60", cwd=proj)
     assert done.returncode == 0, done.stdout + done.stderr
-    st = _status(cli, proj, run_id)
+    st = run_status(cli, proj, run_id)
     assert (st["state"], st["exit_code"], st["scheduler_job"]) == ("FINISHED", 0, job)
     assert "hello from slurm" in cli("logs", run_id, cwd=proj).stdout
     run_dir = workdir / ".thrust" / "runs" / run_id
@@ -195,13 +169,13 @@ def test_a_run_on_slurm_is_one_sbatch_job_and_status_logs_wait_work_unchanged(cl
 def test_a_pending_run_shows_slurms_reason_and_stop_cancels_pending_and_running_runs(cli, hpc, cluster):
     proj, workdir = hpc
     runs = workdir / ".thrust" / "runs"
-    first = _run_id(cli("train", "gated", "--detach", cwd=proj).stderr)
-    second = _run_id(cli("train", "gated", "--detach", cwd=proj).stderr)
+    first = launched_run(cli("train", "gated", "--detach", cwd=proj).stderr)
+    second = launched_run(cli("train", "gated", "--detach", cwd=proj).stderr)
     wait_until(lambda: "started on" in cli("logs", first, cwd=proj).stdout, 30, "the first run to start")
     # the second waits in Slurm's queue for the node the first holds, and says why
     def pending() -> dict | None:
-        _next_poll(workdir)
-        st = _status(cli, proj, second)
+        next_poll(workdir)
+        st = run_status(cli, proj, second)
         return st if st["reason"] in ("Resources", "Priority") else None
 
     queued = wait_until(pending, 30, "the second run's pending reason", interval=0.5)
@@ -212,23 +186,23 @@ def test_a_pending_run_shows_slurms_reason_and_stop_cancels_pending_and_running_
     assert "QUEUED" in said and re.search(r"\[(Resources|Priority)\]", said) and "slurm_job=" in said
     # stop of the pending run: scancel; it never starts
     assert cli("stop", second, cwd=proj).returncode == 0
-    gone = _status(cli, proj, second)
+    gone = run_status(cli, proj, second)
     assert (gone["state"], gone["exit_code"], gone["started_at"]) == ("STOPPED", None, None)
     # stop of the running run: scancel; the supervisor passes the TERM on and records the end
     assert cli("stop", first, cwd=proj).returncode == 0
-    ended = wait_until(lambda: (s := _status(cli, proj, first))["state"] != "RUNNING" and s, 30, "the stop")
+    ended = wait_until(lambda: (s := run_status(cli, proj, first))["state"] != "RUNNING" and s, 30, "the stop")
     assert ended["state"] == "STOPPED" and ended["exit_code"] == 143, ended
     assert not (runs / first / "go").exists()
 
 
 def test_a_cancel_from_outside_reads_stopped_with_its_reason_and_a_refused_sbatch_says_why(cli, hpc, cluster):
     proj, workdir = hpc
-    run_id = _run_id(cli("train", "gated", "--detach", cwd=proj).stderr)
+    run_id = launched_run(cli("train", "gated", "--detach", cwd=proj).stderr)
     meta = json.loads((workdir / ".thrust" / "runs" / run_id / "run.json").read_text())
     cluster.run("scancel", meta["scheduler"]["job_id"])  # the user's own scancel, not thrust-remote stop
     def cancelled() -> dict | None:
-        _next_poll(workdir)
-        st = _status(cli, proj, run_id)
+        next_poll(workdir)
+        st = run_status(cli, proj, run_id)
         return st if st["state"] == "STOPPED" else None
 
     st = wait_until(cancelled, 30, "the cancel seen", interval=0.5)
@@ -297,12 +271,12 @@ def test_a_run_warned_of_its_time_limit_checkpoints_and_resubmits_itself_from_it
     assert train.returncode == 0, told
     assert f"run {first}: it reached its time limit; retry 1 of 1" in told and f"resuming run {first}" in told
     assert "checkpoint at step" in log.read_text()
-    st = _status(cli, proj, first)
+    st = run_status(cli, proj, first)
     assert (st["state"], st["reason"]) == ("FAILED", "timeout")
     second = re.findall(r"launching run (own-\S+)", told)[-1]
     resumed = (workdir / ".thrust" / "runs" / second / "log").read_text()
     assert re.search(r"resumed from step [1-9]", resumed), resumed
-    assert _status(cli, proj, second)["state"] == "FINISHED"
+    assert run_status(cli, proj, second)["state"] == "FINISHED"
 
 
 def test_one_squeue_answer_serves_every_look_for_ten_seconds(hpc, cluster, monkeypatch):
@@ -367,76 +341,3 @@ def test_optimize_on_the_cluster_runs_each_trial_as_a_job_and_a_pending_one_is_n
     for trial in out["trials"]:
         meta = json.loads((workdir / ".thrust" / "runs" / trial["run_id"] / "run.json").read_text())
         assert meta["scheduler"]["job_id"] and "--cpus-per-task=2" in meta["scheduler"]["sbatch"]
-
-
-@pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory):
-    """A second cluster of two compute nodes, each in a network namespace of its own (tests/netns.py,
-    slurmctld on the bridge), and its login node: an sshd on this machine whose sessions see it."""
-    why = netns.unavailable()
-    if why:
-        pytest.skip(why)
-    root = tmp_path_factory.mktemp("two-nodes")
-    with netns.Network(2) as net:
-        nodes = [slurm_cluster.Node(h.name, h.ip, h.netns) for h in net.hosts]
-        cluster = slurm_cluster.start(root / "cluster", nodes=nodes, ctl_addr=f"{net.subnet}.1")
-        try:
-            login = _start_sshd(root / "login", extra_config=f"SetEnv SLURM_CONF={cluster.conf}\n")
-            workdir = remote_tempdir(login) / "two"
-            proj = new_project(root / "project", login, workdir, files={"train.py": TRAIN_PY},
-                               jobs=f"jobs:\n  ddp:\n    script: train.py\n  gated:\n    {GATED}\n")
-            text = (proj / "thrust.yaml").read_text()
-            (proj / "thrust.yaml").write_text(text.replace("    connect_timeout: 5\n", "    connect_timeout: 5\n"
-                                                           "    scheduler: slurm\n    time: \"10:00\"\n"))
-            try:
-                yield cluster, proj, workdir
-            finally:
-                login.stop()
-        finally:
-            cluster.stop()
-
-
-def test_a_run_over_two_nodes_is_torchrun_across_them_with_its_rendezvous_on_the_first(cli, two_nodes):
-    cluster, proj, workdir = two_nodes
-    done = cli("train", "ddp", "--nodes", "2", cwd=proj)
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_id = _run_id(done.stderr)
-    run_dir = workdir / ".thrust" / "runs" / run_id
-    seen = [json.loads((run_dir / f"seen-script-{rank}.json").read_text()) for rank in (0, 1)]
-    assert {s["env"]["WORLD_SIZE"] for s in seen} == {"2"} and {s["ranks"] for s in seen} == {2.0}
-    board = json.loads((run_dir / "rdzv.json").read_text())  # node 0's address, as Slurm knows it
-    assert board["address"] == cluster_addr(cluster, 0) and board["port"]
-    meta = json.loads((run_dir / "run.json").read_text())
-    assert meta["scheduler"]["nodes"] == 2 and "--nodes=2" in meta["scheduler"]["sbatch"]
-    assert f"--rdzv-endpoint={board['address']}:{board['port']}" in meta["argv"]
-    node1 = json.loads((run_dir / "nodes" / "1" / "run.json").read_text())  # node 1's own supervisor
-    assert node1["slurm_node"] == 1 and (run_dir / "nodes" / "1" / "exit_code").exists()
-    assert _status(cli, proj, run_id)["state"] == "FINISHED"
-
-
-def cluster_addr(cluster, i: int) -> str:
-    """Compute node i's address in the cluster's config."""
-    lines = [line for line in cluster.conf.read_text().splitlines() if line.startswith("NodeName=")]
-    return lines[i].split("NodeAddr=")[1].split()[0]
-
-
-def test_a_node_that_fails_under_a_running_run_makes_it_lost(cli, two_nodes):
-    cluster, proj, workdir = two_nodes
-    run_id = _run_id(cli("train", "gated", "--detach", cwd=proj).stderr)
-    log = workdir / ".thrust" / "runs" / run_id / "log"
-    wait_until(lambda: log.exists() and "started on" in log.read_text(), 30, "the run to start")
-    node = re.search(r"started on (\S+)", log.read_text()).group(1)
-    # the node fails as slurmctld sees a dead one (its slurmd stopped answering): DOWN, its jobs NODE_FAIL;
-    # said by scontrol rather than by killing slurmd, which would take SlurmdTimeout to be noticed
-    cluster.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=thrust-test")
-    try:
-        def lost() -> dict | None:
-            _next_poll(workdir)
-            st = _status(cli, proj, run_id)
-            return st if st["state"] != "RUNNING" else None
-
-        st = wait_until(lost, 30, "the node failure seen", interval=0.5)
-        assert (st["state"], st["reason"]) == ("LOST", "node-fail"), st
-        assert "node" in st["reason_detail"]
-    finally:
-        cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)

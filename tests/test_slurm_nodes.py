@@ -1,0 +1,96 @@
+"""A Slurm cluster of two compute nodes as a host: each slurmd in a network namespace of its own
+(tests/netns.py), slurmctld on the bridge, the login node an sshd on this machine whose sessions get
+SLURM_CONF. A run over both nodes (torchrun across them, its rendezvous on the first), and a node that
+fails under a running run. A group of its own: it runs beside test_slurm.py's one-node cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import netns
+import pytest
+import slurm_cluster
+from conftest import _start_sshd
+from helpers import TRAIN_PY, new_project, remote_tempdir, wait_until
+from slurm_cluster import GATED, launched_run, next_poll, run_status
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_slurm_nodes")]
+
+if slurm_cluster.missing():
+    pytest.skip(f"Slurm is not installed ({', '.join(slurm_cluster.missing())} missing): make test installs "
+                "slurmctld, slurmd, slurm-client and munge", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """A second cluster of two compute nodes, each in a network namespace of its own (tests/netns.py,
+    slurmctld on the bridge), and its login node: an sshd on this machine whose sessions see it."""
+    why = netns.unavailable()
+    if why:
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("two-nodes")
+    with netns.Network(2) as net:
+        nodes = [slurm_cluster.Node(h.name, h.ip, h.netns) for h in net.hosts]
+        cluster = slurm_cluster.start(root / "cluster", nodes=nodes, ctl_addr=f"{net.subnet}.1")
+        try:
+            login = _start_sshd(root / "login", extra_config=f"SetEnv SLURM_CONF={cluster.conf}\n")
+            workdir = remote_tempdir(login) / "two"
+            proj = new_project(root / "project", login, workdir, files={"train.py": TRAIN_PY},
+                               jobs=f"jobs:\n  ddp:\n    script: train.py\n  gated:\n    {GATED}\n")
+            text = (proj / "thrust.yaml").read_text()
+            (proj / "thrust.yaml").write_text(text.replace("    connect_timeout: 5\n", "    connect_timeout: 5\n"
+                                                           "    scheduler: slurm\n    time: \"10:00\"\n"))
+            try:
+                yield cluster, proj, workdir
+            finally:
+                login.stop()
+        finally:
+            cluster.stop()
+
+
+def test_a_run_over_two_nodes_is_torchrun_across_them_with_its_rendezvous_on_the_first(cli, two_nodes):
+    cluster, proj, workdir = two_nodes
+    done = cli("train", "ddp", "--nodes", "2", cwd=proj)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = launched_run(done.stderr)
+    run_dir = workdir / ".thrust" / "runs" / run_id
+    seen = [json.loads((run_dir / f"seen-script-{rank}.json").read_text()) for rank in (0, 1)]
+    assert {s["env"]["WORLD_SIZE"] for s in seen} == {"2"} and {s["ranks"] for s in seen} == {2.0}
+    board = json.loads((run_dir / "rdzv.json").read_text())  # node 0's address, as Slurm knows it
+    assert board["address"] == cluster_addr(cluster, 0) and board["port"]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["scheduler"]["nodes"] == 2 and "--nodes=2" in meta["scheduler"]["sbatch"]
+    assert f"--rdzv-endpoint={board['address']}:{board['port']}" in meta["argv"]
+    node1 = json.loads((run_dir / "nodes" / "1" / "run.json").read_text())  # node 1's own supervisor
+    assert node1["slurm_node"] == 1 and (run_dir / "nodes" / "1" / "exit_code").exists()
+    assert run_status(cli, proj, run_id)["state"] == "FINISHED"
+
+
+def cluster_addr(cluster, i: int) -> str:
+    """Compute node i's address in the cluster's config."""
+    lines = [line for line in cluster.conf.read_text().splitlines() if line.startswith("NodeName=")]
+    return lines[i].split("NodeAddr=")[1].split()[0]
+
+
+def test_a_node_that_fails_under_a_running_run_makes_it_lost(cli, two_nodes):
+    cluster, proj, workdir = two_nodes
+    run_id = launched_run(cli("train", "gated", "--detach", cwd=proj).stderr)
+    log = workdir / ".thrust" / "runs" / run_id / "log"
+    wait_until(lambda: log.exists() and "started on" in log.read_text(), 30, "the run to start")
+    node = re.search(r"started on (\S+)", log.read_text()).group(1)
+    # the node fails as slurmctld sees a dead one (its slurmd stopped answering): DOWN, its jobs NODE_FAIL;
+    # said by scontrol rather than by killing slurmd, which would take SlurmdTimeout to be noticed
+    cluster.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=thrust-test")
+    try:
+        def lost() -> dict | None:
+            next_poll(workdir)
+            st = run_status(cli, proj, run_id)
+            return st if st["state"] != "RUNNING" else None
+
+        st = wait_until(lost, 30, "the node failure seen", interval=0.5)
+        assert (st["state"], st["reason"]) == ("LOST", "node-fail"), st
+        assert "node" in st["reason_detail"]
+    finally:
+        cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
