@@ -13,8 +13,10 @@ newest; `newest_verified` hashes that file again before anything resumes from it
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,6 +198,47 @@ def _write(project_root: Path, run_id: str, files: dict[str, dict[str, Any]], ne
         return
     write_atomic(path, json.dumps({"files": files, "newest": newest, "host": host,
                                    "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+
+
+_STEP = re.compile(r"(\d+)(?!.*\d)")  # the last number in a checkpoint's name: ckpt-500.pt, step_500/model.pt
+
+
+def describe(project_root: Path, run_id: str, now: float | None = None) -> str | None:
+    """The newest pulled checkpoint as a next step names it: `ckpt-500.pt (step 500, written 4m10s ago on
+    gpu, pulled 3m02s ago)`; None when none was pulled. The step is the last number in its name (a
+    checkpoint's contents are the job's own); the ages are the host's mtime and the pull's time."""
+    record = read_record(project_root, run_id)
+    newest = record.get("newest")
+    if not isinstance(newest, str):
+        return None
+    now = time.time() if now is None else now
+    row = record["files"].get(newest) or {}
+    facts = []
+    step = _STEP.search(newest)
+    if step:
+        facts.append(f"step {int(step.group(1)):,}")
+    if isinstance(row.get("mtime"), int | float):
+        facts.append(f"written {age(now - row['mtime'])} ago on {record.get('host') or 'its host'}")
+    pulled = _parse_time(record.get("pulled_at"))
+    if pulled is not None:
+        facts.append(f"pulled {age(now - pulled)} ago")
+    return f"{newest} ({', '.join(facts)})" if facts else newest
+
+
+def age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _parse_time(text: object) -> float | None:
+    try:
+        return calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,13 @@ from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.fleet import Fleet, each
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import fetching, following, multinode, stages, vocab
+from thrust_remote.run import endings, fetching, following, multinode, stages, vocab
 from thrust_remote.run import gpus as inventory  # the module; `gpus` is the chosen list in places
 from thrust_remote.run.arguments import check_trainer_args, job_arguments, load_params, parse_sets
 from thrust_remote.run.sync import LocalState
 from thrust_remote.run.vocab import Launched, Reporter, Stage, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index, notify, pull, scalarwatch, trees
+from thrust_remote.runs.progress import RunProgress, last_metrics, pattern_of
 
 
 @dataclass
@@ -250,7 +251,8 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
         try:
             followed = following.follow(followed_session, nodes.run_id, reporter, offset=offset,
                                         config_path=config_path, node=node if nodes.many else None,
-                                        scalars=scalarwatch.source_for(followed_session, nodes.run_id, job))
+                                        scalars=scalarwatch.source_for(followed_session, nodes.run_id, job),
+                                        pattern=pattern_of(job.metrics if job is not None else None))
         except ConnectionLostError as exc:
             watch.fail(node, "lost: the connection to it broke while following")
             exc.run_id, exc.host = nodes.run_id, nodes.names[0]  # what a retry resumes (run/resume.py)
@@ -277,6 +279,7 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
         checkpoint = last_checkpoint(config, head_session, head.run_id, job, reporter)
         if checkpoint is not None:
             timings[vocab.CHECKPOINT_TIMING] = checkpoint.seconds
+    own_job = job
     job = job if job is not None and fetching.exports_model(job) else None
     # a run that did not finish is worth a fetch hint only when it left a whole model (a stopped trainer
     # exports; a killed one usually has none; a full disk leaves a model without its manifest); node 0's
@@ -284,7 +287,18 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
         status["state"] == RunState.FINISHED or fetching.left_a_model(head_session, head.run_dir, job))
     return TrainOutcome(head, status, fetched, vocab.exit_code_for(status), timings, followed.progress,
                         fetchable=fetchable, artifacts=got, checkpoint=checkpoint,
-                        pulled=puller.last if puller is not None else None)
+                        pulled=puller.last if puller is not None else None,
+                        next_steps=_next_steps(config, status, own_job, followed.progress, head, config_path))
+
+
+def _next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, progress: RunProgress,
+                head: Launched, config_path: Path | str | None) -> list[str]:
+    """What to type after the run's end (run/endings.py), with node 0's host in the commands."""
+    if job is None:
+        return []
+    entry = index.lookup(config.root, head.run_id)
+    gave = endings.gave_flags(job, entry.sets if entry else (), entry.params if entry else None)
+    return endings.next_steps(config, status, job, progress, config.host(head.host), config_path, gave_flags=gave)
 
 
 @contextmanager
@@ -311,6 +325,24 @@ def last_checkpoint(config: Config, session: HostSession, run_id: str, job: JobC
         reporter.warn(f"run {run_id}'s newest checkpoint was not pulled ({exc.message}); "
                       f"later: {command_hint('fetch', run_id, host=session.host)}")
         return None
+
+
+def pull_at_end(config: Config, session: HostSession, run_id: str, job: JobConfig, reporter: Reporter) -> None:
+    """An ended run's newest checkpoint and changed artifacts, whatever its state (`wait`'s end, as a
+    follow's Puller pulls them meanwhile); a failure is a warning naming the `fetch` that tries again."""
+    last_checkpoint(config, session, run_id, job, reporter)
+    try:
+        fetching.fetch_artifacts(config, session, job, session.paths.run(run_id), run_id, reporter)
+    except ThrustError as exc:
+        reporter.warn(f"run {run_id}'s artifacts were not fetched ({exc.message}); "
+                      f"later: {command_hint('fetch', run_id, host=session.host)}")
+
+
+def ended_metrics(session: HostSession, run_id: str, job: JobConfig | None) -> dict[str, Any]:
+    """The metrics an ended run's log ends with (its THRUST_METRICS lines, or its `metrics: {pattern:}`
+    read from its own lines): what `wait` says of it; {} when the log's end has none."""
+    text = multinode.log_tail(session, run_id)
+    return last_metrics(text or "", pattern_of(job.metrics if job is not None else None))
 
 
 def _over_nodes_at_end(nodes: RunNodes, node: int, followed: StatusAnswer, watch: multinode.Watch) -> StatusAnswer:
