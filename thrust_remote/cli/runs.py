@@ -296,7 +296,10 @@ def _said_ended(st: StatusAnswer) -> None:
     code = "" if st.get("exit_code") is None else f" (exit code {st['exit_code']})"
     see = "" if st.get("state") == RunState.FINISHED else \
         f"; its log: {command_hint('logs', st['run_id'], host=st.get('host') or None)}"
-    say(f"{st['run_id']}: {st['state']}{code}{vocab.disk_note(st)}{see}")
+    numbers = ", ".join(f"{k} {v:,}" if k == "step" else f"{k} {v:.4g}" for k, v in (st.get("metrics") or {}).items()
+                        if isinstance(v, int | float) and not isinstance(v, bool))
+    said = f" ({numbers})" if numbers else ""
+    say(f"{st['run_id']}: {st['state']}{code}{said}{vocab.disk_note(st)}{see}")
 
 
 def logs(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,

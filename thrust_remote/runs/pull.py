@@ -69,7 +69,7 @@ def pull_once(session: HostSession, job: JobConfig, run_dir: str, run_id: str, r
         newest, files, size = got.newest, len(got.fetched), got.bytes
     globs = artifacts.artifact_globs(job)
     if globs:
-        more = artifacts.fetch_artifacts(session, run_dir, run_id, root, globs)
+        more = artifacts.fetch_artifacts(session, run_dir, run_id, root, globs, leave_out=glob)
         files, size = files + len(more.fetched), size + more.bytes
     return Pulled(time.time(), newest, files, size, time.monotonic() - started)
 
