@@ -89,8 +89,7 @@ def show_outcome(ctx: typer.Context, outcome: TrainOutcome, as_json: bool, start
             say("its model was not fetched")
             say_line(f"keep it (not placed): {command(ctx, 'fetch', launched.run_id, host=host_cfg.name)}")
             say_line(f"place it anyway: {command(ctx, 'fetch', launched.run_id, '--force', host=host_cfg.name)}")
-        for line in outcome.next_steps:
-            say(f"next: {line}")
+        say_next(outcome)
         raise typer.Exit(outcome.exit_code)
     result = outcome.fetched
     if result is not None:
@@ -105,6 +104,12 @@ def show_outcome(ctx: typer.Context, outcome: TrainOutcome, as_json: bool, start
         say(f"not fetched; fetch the model with: {fetching.fetch_command(launched.run_id, host_cfg, config_path)}")
     # said outright: a run that ends quietly (no model, no metrics) must not look like one still going
     say(f"FINISHED: run {launched.run_id} on {host_cfg.name}, done in {time.monotonic() - started:.1f} s")
+
+
+def say_next(outcome: TrainOutcome) -> None:
+    """What to type after an end other than FINISHED (run/endings.py), one line each."""
+    for line in outcome.next_steps:
+        say(f"next: {line}")
 
 
 def _manifest_env(path: Path) -> str | None:
