@@ -243,6 +243,10 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     assert followed_session is not None
     timings = dict(head.timings)
     if head.position is not None:  # still waiting on its host: the view says so until its log starts
+        if not (nodes.many and head.sync is not None):  # a launch over several hosts said it for each node
+            where = f" (position {head.position})" if head.position else ""
+            reporter.step(f"run {head.run_id} waits in {head.host}'s queue{where}: it starts by itself when what it "
+                          "asks frees; its log follows then")
         reporter.queued(head.host, head.position or None)
     if fetch and job is not None and nodes.sessions[0] is not None:
         nodes.sessions[0].runner.warm_transfers(1)  # the model's get at the end finds its helper started
@@ -433,10 +437,6 @@ def reattach(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter
             raise UnreachableError(f"run {run_id}: node {nodes.names.index(down)} ({down}) does not answer",
                                       f"thrust-remote doctor --host {down}")
         head_status = status if head_session is session else control.status(head_session, run_id)
-        if status.get("state") == RunState.QUEUED:  # the log stays empty until it starts: say why
-            where = f" (position {status['position']})" if status.get("position") else ""
-            reporter.step(f"run {run_id} waits in {session.name}'s queue{where}: it starts by itself when what "
-                          "it asks frees; its log follows then")
         job = _train_job(config, head_session, run_id, head_status)
         head = Launched(run_id, head_session.paths.run(run_id), int(head_status.get("pid") or 0), head_session.name,
                         str(head_status.get("job") or ""), head_status.get("commit"), head_session.paths, None, True,
