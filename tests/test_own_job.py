@@ -4,14 +4,22 @@ in tests/test_own_job_ssh.py."""
 
 from __future__ import annotations
 
+import io
+import json
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from thrust_remote.cli.follow import IDLE_EVERY_S, LogView
 from thrust_remote.core.config import JobConfig, parse_config_text
 from thrust_remote.core.errors import ConfigError
-from thrust_remote.run import arguments, flags
+from thrust_remote.fetch import checkpoints
+from thrust_remote.fetch.artifacts import glob_matches
+from thrust_remote.optimize.usage import UsageSources, refused_early
+from thrust_remote.run import arguments, endings, flags
 from thrust_remote.runs.progress import LinePattern, RunProgress, last_metrics
 
 NANO_PATTERN = r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)"
@@ -116,3 +124,92 @@ def test_a_pattern_without_step_and_the_tail_a_wait_reads():
 def test_a_bad_pattern_is_78_at_its_line(pattern, words):
     message = _refused(f'jobs:\n  j:\n    script: t.py\n    metrics: {{pattern: "{pattern}"}}\n')
     assert words in message, message
+
+
+# ------------------------------------------------------------------------------------------ endings
+
+def _record(root: Path, run_id: str, name: str, written: float, pulled: str) -> None:
+    kept = root / ".thrust" / "fetched" / run_id
+    (kept / "checkpoints").mkdir(parents=True)
+    (kept / "checkpoints" / name).write_bytes(b"500")
+    (kept / "checkpoints.json").write_text(json.dumps({
+        "files": {name: {"sha256": "x", "size": 3, "mtime": written}}, "newest": name, "host": "gpu",
+        "pulled_at": pulled}))
+
+
+def test_a_lost_run_of_a_resumable_job_names_resume_with_its_pulled_checkpoints_step_and_age(tmp_path, monkeypatch):
+    """After a LOST end: `resume RUN --host H` and how old the copy here is; a job that cannot resume says
+    how to run it again instead; FINISHED needs no next step."""
+    config = parse_config_text(textwrap.dedent("""\
+        hosts: {gpu: {address: gpu-box}}
+        jobs:
+          nano:
+            script: train.py
+            checkpoints: out/ckpt-*.pt
+            resume: ["--resume_from={checkpoint}"]
+          plain: {script: train.py}
+        """), tmp_path / "thrust.yaml")
+    monkeypatch.chdir(tmp_path)  # the project (config.root): no git here, so where the command runs
+    assert config.root == tmp_path
+    now = time.time()
+    _record(tmp_path, "r1", "ckpt-500.pt", now - 250, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 182)))
+    lost = {"run_id": "r1", "state": "LOST"}
+    said = endings.next_steps(config, lost, config.job("nano"), RunProgress(), config.host("gpu"), now=now)
+    assert said == ["continue it from its checkpoint ckpt-500.pt (step 500, written 4m10s ago on gpu, pulled "
+                    "3m02s ago): thrust-remote resume r1 --host gpu (or --host another host; the pulled copy is "
+                    "used when its host does not answer)"]
+    described = "ckpt-500.pt (step 500, written 4m10s ago on gpu, pulled 3m02s ago)"
+    assert checkpoints.describe(tmp_path, "r1", now) == described
+    plain = endings.next_steps(config, {"run_id": "r2", "state": "LOST"}, config.job("plain"), RunProgress(),
+                               config.host("gpu"))
+    assert "run it again: thrust-remote train plain --host gpu" in plain[0]
+    assert "`checkpoints:` and `resume:`" in plain[0]
+    assert endings.next_steps(config, {"run_id": "r1", "state": "FINISHED"}, config.job("nano"), RunProgress(),
+                              config.host("gpu")) == []
+
+
+def test_a_first_trial_that_asserts_before_its_metrics_stops_the_study_naming_the_flag_style(tmp_path):
+    config = parse_config_text("jobs:\n  j:\n    script: train.py\n", tmp_path / "thrust.yaml")
+    sources = UsageSources(config, config.job("j"), {})
+    error = refused_early(1, "Traceback (most recent call last):\nAssertionError\n", 0, sources)
+    assert error is not None and error.exit_code == 78
+    assert "jobs.j: trial 0 died (exit code 1) before its first metrics: AssertionError" in error.message
+    assert "flags: {style: '--key=value'}" in (error.hint or "")
+    assert refused_early(1, "RuntimeError: CUDA out of memory\n", 0, sources) is None
+
+
+@pytest.mark.parametrize(("glob", "entry", "both"), [
+    ("out/ckpt-*.pt", {"base": "cwd", "path": "out/ckpt-3.pt"}, True),
+    ("out/ckpt-*.pt", {"base": "cwd", "path": "out/result.txt"}, False),
+    ("out", {"base": "cwd", "path": "out/deep/ckpt.pt"}, True),  # a directory stands for its files
+    ("**/*.pt", {"base": "cwd", "path": "a/b/.hidden.pt"}, True),
+    ("$THRUST_RUN_DIR/checkpoints/ckpt-*.pt", {"base": "run", "path": "checkpoints/ckpt-1.pt"}, True),
+    ("$THRUST_RUN_DIR/checkpoints/ckpt-*.pt", {"base": "cwd", "path": "checkpoints/ckpt-1.pt"}, False),
+])
+def test_a_file_under_both_artifacts_and_checkpoints_is_known_as_the_checkpoint(glob, entry, both):
+    assert glob_matches(glob, entry) is both
+
+
+def test_a_piped_run_without_metrics_gets_an_idle_line_at_a_sane_rate():
+    """No metrics at all: the pipe still hears that the run goes and when its log last grew, once per
+    IDLE_EVERY_S however often it is asked; the live line says the same, never 'waiting' alone."""
+    clock = _Clock()
+    out = Console(file=io.StringIO(), width=200)
+    view = LogView("run-1", "lines", out=out, clock=clock)
+    view.feed(b"loading data\n")
+    clock.now += 65.0
+    for _ in range(3):
+        view.tick()
+    text = out.file.getvalue()  # type: ignore[attr-defined]
+    assert text.count("run-1: running, no metrics yet  elapsed 1m05s  log grew 1m05s ago") == 1, text
+    clock.now += IDLE_EVERY_S
+    view.tick()
+    assert out.file.getvalue().count("run-1: running") == 2  # type: ignore[attr-defined]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
