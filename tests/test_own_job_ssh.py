@@ -161,6 +161,13 @@ def test_a_run_killed_to_lost_names_resume_with_its_pulled_checkpoint(cli, nano)
                      r"sandbox, pulled \d+s ago\): thrust-remote resume " + run_id + " --host sandbox", err), err
     kept = proj / ".thrust" / "fetched" / run_id
     assert list((kept / "checkpoints").glob("ckpt-*.pt")) and not list((kept / "artifacts").rglob("ckpt-*.pt"))
+    # resumed elsewhere (this machine: the pulled copy goes there), it says how old that copy is
+    again = cli("resume", run_id, "--host", "local", "--set", "sleep=0.0", "--set", "max_iters=40", "--detach",
+                cwd=proj)
+    said = " ".join(again.stderr.split())
+    assert again.returncode == 0 and re.search(r"resuming from the checkpoint pulled here: ckpt-\d+\.pt \(step "
+                                               r"\d+, written \d+s ago on sandbox, pulled \d+s ago\)", said), said
+    assert cli("wait", _run_id(again.stderr), "--host", "local", cwd=proj, timeout=60).returncode == 0
     done = cli("train", "nano", "--detach", "--set", "max_iters=2", cwd=proj)
     other = _run_id(done.stderr)
     waited = cli("wait", other, cwd=proj, timeout=120)

@@ -37,7 +37,10 @@ class UsageSources:
         """`thrust.yaml:LINE: search.JOB.KEY`, `--set KEY`, or the job's args, for the flag."""
         label = config_label(self.config.path)
         key = self.key_of(flag)
-        if key is not None and key in self.config.search.get(self.job.name, {}):
+        searched = self.config.search.get(self.job.name, {})
+        if key is not None and key not in searched and key.replace("-", "_") in searched:
+            key = key.replace("-", "_")  # `flags: {names: dashes}` wrote learning_rate as --learning-rate
+        if key is not None and key in searched:
             line = self.config.search_lines.get(f"{self.job.name}.{key}")
             return f"{label}:{line}: search.{self.job.name}.{key}" if line else f"{label}: search.{self.job.name}.{key}"
         if key is not None and key in self.fixed:

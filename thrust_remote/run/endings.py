@@ -7,7 +7,7 @@ cannot resume says why it is lost and how to run it again. Library code: the lin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from thrust_remote.agent.protocol import RunState, StatusAnswer
@@ -53,7 +53,7 @@ def resumable(job: JobConfig) -> bool:
     return checkpoints.checkpoint_glob(job) is not None and (job.kind == "trainer" or bool(job.resume))
 
 
-def gave_flags(job: JobConfig, entry_sets: object, params: Mapping[str, object] | None) -> bool:
+def gave_flags(job: JobConfig, entry_sets: Sequence[str], params: Mapping[str, object] | None) -> bool:
     """Whether thrust-remote wrote flags for the run (an `args:` mapping, --set, --params): only then can
     their style be why it died."""
     return bool((isinstance(job.args, Mapping) and job.args) or entry_sets or params)
