@@ -104,7 +104,7 @@ def _pullers(config: Config, stack: contextlib.ExitStack, run_ids: Sequence[str]
         entry = index.lookup(config.root, run_id)
         job = config.jobs.get(entry.job) if entry else None
         # a job with something to pull gets its end pull even with --sync-every 0, as a follow does
-        if job is None or not pull.sync_every(job, None):
+        if job is None or not pull.has_files(job):
             continue
         every = pull.sync_every(job, given)
         session = session_for(run_id)

@@ -31,11 +31,16 @@ SYNC_EVERY_S = 300.0  # the default: a checkpoint at most five minutes old when 
 def sync_every(job: JobConfig | None, given: float | None) -> float:
     """Seconds between pulls: `--sync-every`, else the job's `sync_every:`, else SYNC_EVERY_S; 0 is off,
     and so is a job with neither checkpoints nor artifacts (nothing to pull)."""
-    if job is None or (checkpoints.checkpoint_glob(job) is None and not artifacts.artifact_globs(job)):
+    if job is None or not has_files(job):
         return 0.0
     if given is not None:
         return max(0.0, given)
     return job.sync_every if job.sync_every is not None else SYNC_EVERY_S
+
+
+def has_files(job: JobConfig) -> bool:
+    """Whether a job names something to pull: checkpoints (the trainer's are known) or artifacts."""
+    return checkpoints.checkpoint_glob(job) is not None or bool(artifacts.artifact_globs(job))
 
 
 @dataclass
