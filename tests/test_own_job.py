@@ -160,6 +160,8 @@ def test_a_lost_run_of_a_resumable_job_names_resume_with_its_pulled_checkpoints_
                     "used when its host does not answer)"]
     described = "ckpt-500.pt (step 500, written 4m10s ago on gpu, pulled 3m02s ago)"
     assert checkpoints.describe(tmp_path, "r1", now) == described
+    checkpoints.note_step(tmp_path, "r1", 600)  # the follow had seen step 600 when it came
+    assert checkpoints.describe(tmp_path, "r1", now) == described[:-1] + ", when the run had reached step 600)"
     plain = endings.next_steps(config, {"run_id": "r2", "state": "LOST"}, config.job("plain"), RunProgress(),
                                config.host("gpu"))
     assert "run it again: thrust-remote train plain --host gpu" in plain[0]

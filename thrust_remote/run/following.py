@@ -42,7 +42,8 @@ class Followed:
 
 def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0,
            config_path: Path | str | None = None, scalars: ScalarSource | None = None,
-           node: int | None = None, pattern: LinePattern | None = None) -> Followed:
+           node: int | None = None, pattern: LinePattern | None = None,
+           progress: RunProgress | None = None) -> Followed:
     """Stream the log to the reporter until the run ends; with `scalars`, the job's TensorBoard
     scalars are read on the host meanwhile (every few seconds, and at the end) as its progress.
 
@@ -50,10 +51,12 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
     command that reattaches from the byte offset reached, so no byte is lost or repeated (and
     `config_path`, the --config the user gave, and `node`, the node of a run over several hosts, so the
     command is exactly the one to type). `pattern`: the job's `metrics: {pattern:}`, whose matches in
-    its own lines are its progress (told to the reporter as metrics, like the scalars)."""
+    its own lines are its progress (told to the reporter as metrics, like the scalars). `progress`: where
+    the log's facts are kept (the caller's, read by its pulls meanwhile), else a new one."""
     host = session.host
     delivered = 0
-    lines, progress = LineSplitter(), RunProgress(pattern)
+    lines = LineSplitter()
+    progress = progress if progress is not None else RunProgress(pattern)
 
     def on_bytes(chunk: bytes) -> None:
         nonlocal delivered

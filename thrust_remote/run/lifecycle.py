@@ -250,13 +250,15 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
         reporter.queued(head.host, head.position or None)
     if fetch and job is not None and nodes.sessions[0] is not None:
         nodes.sessions[0].runner.warm_transfers(1)  # the model's get at the end finds its helper started
+    pattern = pattern_of(job.metrics if job is not None else None)
+    progress = RunProgress(pattern)  # the follow's, read by the pulls: the step a checkpoint came at
     with multinode.Watch(nodes.sessions, nodes.names, nodes.run_id, reporter, followed=node) as watch, \
-            _pulling(config, nodes, head, job, reporter, sync_every if fetch else 0.0) as puller:
+            _pulling(config, nodes, head, job, reporter, sync_every if fetch else 0.0, progress) as puller:
         try:
             followed = following.follow(followed_session, nodes.run_id, reporter, offset=offset,
                                         config_path=config_path, node=node if nodes.many else None,
                                         scalars=scalarwatch.source_for(followed_session, nodes.run_id, job),
-                                        pattern=pattern_of(job.metrics if job is not None else None))
+                                        pattern=pattern, progress=progress)
         except ConnectionLostError as exc:
             watch.fail(node, "lost: the connection to it broke while following")
             exc.run_id, exc.host = nodes.run_id, nodes.names[0]  # what a retry resumes (run/resume.py)
@@ -283,6 +285,8 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
         checkpoint = last_checkpoint(config, head_session, head.run_id, job, reporter)
         if checkpoint is not None:
             timings[vocab.CHECKPOINT_TIMING] = checkpoint.seconds
+            if checkpoint.fetched:
+                checkpoints.note_step(config.root, head.run_id, progress.metrics.get("step"))
     own_job = job
     job = job if job is not None and fetching.exports_model(job) else None
     # a run that did not finish is worth a fetch hint only when it left a whole model (a stopped trainer
@@ -307,15 +311,20 @@ def _next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, pro
 
 @contextmanager
 def _pulling(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | None, reporter: Reporter,
-             given: float | None) -> Iterator[pull.Puller | None]:
-    """Node 0's checkpoint and artifacts pulled every `sync_every` s while the run is followed."""
+             given: float | None, progress: RunProgress) -> Iterator[pull.Puller | None]:
+    """Node 0's checkpoint and artifacts pulled every `sync_every` s while the run is followed; each
+    checkpoint that came is noted with the step the follow had seen then (checkpoints.note_step)."""
     every = pull.sync_every(job, given)
     session = nodes.sessions[0]
     if not every or job is None or session is None:
         yield None
         return
-    with pull.Puller(session, job, head.run_dir, nodes.run_id, config.root, every,
-                     reporter.pulled, reporter.warn) as puller:
+    def pulled(got: pull.Pulled) -> None:
+        if got.fresh:
+            checkpoints.note_step(config.root, nodes.run_id, progress.metrics.get("step"))
+        reporter.pulled(got)
+
+    with pull.Puller(session, job, head.run_dir, nodes.run_id, config.root, every, pulled, reporter.warn) as puller:
         yield puller
 
 
