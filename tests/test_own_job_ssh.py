@@ -115,6 +115,7 @@ def test_spaced_flags_die_in_the_configurator_and_the_hint_names_the_style_that_
     assert ok.returncode == 0, ok.stderr
     out = json.loads(ok.stdout)
     assert out["state"] == "FINISHED" and out["steps"] == 3 and out["metrics"] == {"step": 3, "loss": 1.0}
+    assert out["next_steps"] == []  # a FINISHED run says so itself
     plain = cli("train", "nano", "--set", "max_iters=1", cwd=proj)
     assert plain.returncode == 0 and f"FINISHED: run {_run_id(plain.stderr)} on sandbox" in plain.stderr
 

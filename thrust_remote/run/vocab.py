@@ -187,6 +187,7 @@ class TrainOutcome:
             "last_pull": self.pulled.as_json() if self.pulled else None,
             **({"resumed_from": status["resumed_from"]} if status.get("resumed_from") else {}),
             **({"attempts": self.attempts} if self.attempts else {}),
+            "next_steps": self.next_steps,
             **self.progress.summary(),
             "wall_s": round(wall_s, 3), "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
