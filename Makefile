@@ -76,14 +76,18 @@ demo: $(STAMP) web-deps
 	$(VENV)/bin/thrust-remote train snake --host local $(DEMO_ARGS)
 	@echo "now watch it play: $(VENV)/bin/thrust-remote play"
 
-# A wheel that carries the page `play` serves: tools/stage_web.py copies web/'s page and the three
-# onnxruntime-web files it loads into thrust_remote/web-page/ (gitignored, pyproject's package-data),
-# then `python -m build` builds in an isolated env (it fetches setuptools from the package index).
+# A wheel that carries the page `play` serves: tools/stage_web.py (standard library only, any python3)
+# copies web/'s page and the three onnxruntime-web files it loads into thrust_remote/web-page/ (gitignored,
+# pyproject's package-data), then `python -m build` runs from a throwaway venv that holds only `build`
+# (it builds in an isolated env of its own, setuptools from the package index): no torch, no dev venv.
 WHEEL_DIR ?= dist
-wheel: $(STAMP) web-deps
-	$(PY) tools/stage_web.py
-	$(PY) -m build --version >/dev/null 2>&1 || $(PY) -m pip install -q --disable-pip-version-check build
-	$(PY) -m build --outdir $(WHEEL_DIR) .
+BUILD_VENV ?= build/wheel-env
+wheel: web-deps
+	$(PYTHON) tools/stage_web.py
+	rm -rf $(BUILD_VENV) && $(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/python -m pip install -q --disable-pip-version-check build
+	$(BUILD_VENV)/bin/python -m build --outdir $(WHEEL_DIR) .
+	rm -rf $(BUILD_VENV)
 
 bench: $(STAMP) system-deps
 	$(PY) bench/bench_train_overhead.py

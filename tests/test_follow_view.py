@@ -209,12 +209,12 @@ def test_a_live_view_of_a_job_without_metrics_leaves_only_its_lines():
     text = buf.getvalue()
     assert "start" in text and "end" in text
     last_drawn = text[text.rindex("\x1b[2K"):]  # what stays after the live line's last erase
-    assert "waiting for the first metrics" not in last_drawn, repr(text)
+    assert "running, no metrics yet" not in last_drawn, repr(text)
 
 
 def test_a_followed_run_that_waits_in_the_queue_says_where_until_its_log_starts():
     """`train --queue` attached, or a reattach to a QUEUED run: the live line names the queue and the
-    place in it (not 'waiting for the first metrics'), then counts the run's time from its start."""
+    place in it (not 'running, no metrics yet'), then counts the run's time from its start."""
     from thrust_remote.cli.follow import LogReporter
 
     clock = Clock()
@@ -231,7 +231,7 @@ def test_a_followed_run_that_waits_in_the_queue_says_where_until_its_log_starts(
     view.live.refresh()
     assert view.elapsed() == 0.0  # the run's time begins when it starts, not when the view opened
     drawn = buf.getvalue()
-    assert drawn.rindex("waiting for the first metrics") > drawn.rindex("queued on box")
+    assert drawn.rindex("running, no metrics yet") > drawn.rindex("queued on box")
     reporter.followed()
 
 

@@ -188,6 +188,7 @@ def test_gpus_n_queued_takes_the_first_n_to_free_and_a_run_that_never_fits_is_re
     holder = started["run_id"]
     two = cli("train", "gated", "--host", "local", "--gpus", "2", "--queue", "--detach", cwd=proj, env=env)
     assert two.returncode == 0 and "queued on local (position 1)" in two.stdout, two.stderr + two.stdout
+    assert "waits in" not in two.stderr  # said once: the detach's line, not a step before it as well
     waiting = _run_id(two.stderr)
     runs = proj / ".thrust" / "runs"
     (runs / holder / "go").touch()

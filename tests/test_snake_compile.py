@@ -10,7 +10,11 @@ import torch
 from trainer.envs import Snake, SnakeParams
 from trainer.envs.snake import cell_dtype
 
-pytestmark = pytest.mark.e2e  # torch.compile with g++: tens of seconds of compiling
+# torch.compile with g++: tens of seconds of compiling. One worker runs the module in order, so the
+# queued-apples test below finds the first configuration's kernels in inductor's cache (/tmp) instead
+# of compiling its own (~15 s).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("snake_compile")]
+SHARED = SnakeParams(grid_size=10, action_mode="relative", max_hunger=30)
 
 
 def _play(env: Snake, steps: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
@@ -28,10 +32,10 @@ def _play(env: Snake, steps: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("grid", "mode", "auto_reset"),
-    [(10, "relative", True), (5, "absolute", False)],
+    [(SHARED.grid_size, SHARED.action_mode, True), (5, "absolute", False)],
 )
 def test_compiled_step_matches_the_eager_step_bit_for_bit(grid: int, mode: str, auto_reset: bool) -> None:
-    params = SnakeParams(grid_size=grid, action_mode=mode, max_hunger=30)
+    params = SnakeParams(grid_size=grid, action_mode=mode, max_hunger=SHARED.max_hunger)
     eager = _play(Snake(256, params, auto_reset=auto_reset), steps=150, seed=4)
     env = Snake(256, params, auto_reset=auto_reset)
     env.compile_step()
@@ -45,11 +49,11 @@ def test_compiled_step_matches_the_eager_step_bit_for_bit(grid: int, mode: str, 
 
 @pytest.mark.slow
 def test_compiled_step_still_takes_queued_apples() -> None:
-    env = Snake(4, SnakeParams(grid_size=6), auto_reset=False)
+    env = Snake(256, SHARED, auto_reset=True)  # the shapes and rules of the first configuration above
     env.compile_step()
-    env.queue_apples([3 * 6 + 4, 0])
+    env.queue_apples([5 * 10 + 6, 0])
     env.reset(seed=0)
-    env.step(torch.zeros(4, dtype=torch.int64))  # head (3,3) -> (3,4): eat; the next apple is queued
+    env.step(torch.zeros(256, dtype=torch.int64))  # head (5,5) -> (5,6): eat; the next apple is queued
     assert env.snapshot(0)["apple"] == [0, 0]
     assert env.snapshot(0)["length"] == 4
 

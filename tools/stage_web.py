@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from thrust_remote.core.errors import ThrustError  # noqa: E402
-from thrust_remote.play.serve import stage_page  # noqa: E402
+from thrust_remote.play.page import stage_page  # noqa: E402  (stdlib only: any python3 runs this)
 
 
 def main() -> int:

@@ -55,6 +55,18 @@ PROCESS_START = time.time()
 # work; passive waiting costs nothing measurable when they are not. Must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+if __name__ == "__main__":
+    # The command line is checked before torch loads (~2 s of a start): a mistyped flag or value and
+    # --help answer at once (a `--set` typo, an optimize trial given a bad value). main() parses again.
+    from trainer.args import UsageError as _EarlyUsage
+    from trainer.args import parse_args as _early_parse
+
+    try:
+        _early_parse(sys.argv[1:])
+    except _EarlyUsage as _refused:
+        print(_refused, file=sys.stderr)
+        sys.exit(64)  # EXIT_USAGE below
+
 import torch  # noqa: E402 - the start time above includes torch's import
 
 from trainer.args import PRESETS, TrainArgs, UsageError, build_parser, flag_specs, parse_args  # noqa: E402

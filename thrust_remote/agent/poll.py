@@ -2,7 +2,8 @@
 
 --runs is [[run_dir, offset], ...] or [[run_dir, offset, "log"], ...]: "log" reads the run's log instead
 of metrics.jsonl and keeps only its `THRUST_METRICS {json}` lines, tag stripped (a job of your own
-reports that way; docs/architecture.md, "JSON shapes"), the offset being the log's.
+reports that way; docs/architecture.md, "JSON shapes"), the offset being the log's; "raw" reads the log
+and keeps every whole line (a job whose `metrics: {pattern:}` the laptop reads from its own lines).
 The command waits on the host up to S seconds and returns early when a run ends (its exit_code
 appears or its directory vanishes), a run polled from offset 0 writes its first metrics (metrics.jsonl
 only), or the stop file F appears: a freed slot is seen in ~50 ms instead of half a poll
@@ -62,7 +63,7 @@ def _one(run_dir: str, offset: int, source: str = "metrics") -> dict:
         return {"state": "MISSING", "data": "", "offset": offset, "more": False}
     st = run_state(run_dir)  # before the read: a run seen ended has had all its lines read
     try:
-        with open(os.path.join(run_dir, LOG if source == "log" else METRICS), "rb") as fh:
+        with open(os.path.join(run_dir, METRICS if source == "metrics" else LOG), "rb") as fh:
             fh.seek(offset)
             data = fh.read(CHUNK)
     except FileNotFoundError:

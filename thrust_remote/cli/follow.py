@@ -84,7 +84,8 @@ def _fields(m: Mapping[str, Any], elapsed: float | None, pulled: float | None = 
     return pct, optional
 
 
-WAITING = "waiting for the first metrics"
+WAITING = "running, no metrics yet"
+IDLE_EVERY_S = 30.0  # piped, a run without metrics: how often a line says it still goes
 
 
 def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar: bool,
@@ -148,7 +149,7 @@ class _LiveLine:
         if self.view.closed and not self.view.progress.metrics:
             return  # a job that never reported metrics: no "waiting for the first metrics" left behind
         line, filled = _layout(self.view.progress.metrics, options.max_width, self.view.elapsed(), True,
-                               self.view.waiting, self.view.pulled_ago())
+                               self.view.waiting_line(), self.view.pulled_ago())
         text = Text(line, no_wrap=True, overflow="crop")
         text.stylize("cyan", 0, filled)
         yield text
@@ -176,6 +177,29 @@ class LogView:
         # log's first bytes say it started (and its elapsed time starts then)
         self.waiting = queued or WAITING
         self.pulled_at: float | None = None  # when the run's checkpoint was last pulled (runs/pull.py)
+        self.grew_at: float | None = None  # when the log last grew: a run without metrics is not hung
+        self.ticking = threading.Event()  # set: the piped view's idle line stops
+
+    def waiting_line(self) -> str:
+        """What the line says before any metrics: where a queued run waits; else that the run goes, how
+        long it has, and how long ago its log last grew (so a job without metrics does not look hung)."""
+        if self.waiting != WAITING:
+            return self.waiting
+        grew = "no log yet" if self.grew_at is None else f"log grew {_duration(self.clock() - self.grew_at)} ago"
+        return f"{WAITING}  elapsed {_duration(self.elapsed())}  {grew}"
+
+    def tick(self) -> None:
+        """Piped, a run without metrics: its idle line, at most every IDLE_EVERY_S."""
+        with self.lock:
+            quiet = self.printed_at is None or self.clock() - self.printed_at >= IDLE_EVERY_S
+            if self.mode == "lines" and not self.progress.metrics and quiet and self.waiting == WAITING:
+                self.printed_at = self.clock()
+                self.out.print(f"{self.run_id}: {self.waiting_line()}", markup=False, highlight=False, emoji=False,
+                               soft_wrap=True)
+
+    def _ticker(self) -> None:
+        while not self.ticking.wait(IDLE_EVERY_S):
+            self.tick()
 
     @property
     def last(self) -> dict[str, Any]:
@@ -204,9 +228,12 @@ class LogView:
         if self.mode == "live":
             self.live = Live(_LiveLine(self), console=self.out, refresh_per_second=4, transient=False)
             self.live.start()
+        elif self.mode == "lines":
+            threading.Thread(target=self._ticker, name="idle-line", daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.ticking.set()
         for text in self.lines.close():
             self._line(text)
         if self.live is not None:
@@ -225,21 +252,25 @@ class LogView:
         """Metrics from elsewhere than the log (a job's TensorBoard scalars): shown like its lines'."""
         with self.lock:
             self.progress.take_metrics(obj)
-            if self.mode == "lines":
-                self._print_progress()  # they come every few seconds already: no interval to wait
+            if self.mode == "lines" and self._due():  # a pattern's lines may come many a second
+                self._print_progress()
 
     def _feed(self, chunk: bytes) -> None:
         if chunk and self.waiting != WAITING:  # the queued run started: its log has begun
             self.waiting, self.started = WAITING, self.clock()
+        if chunk:
+            self.grew_at = self.clock()
         self.offset += len(chunk)
         if self.mode == "raw":
             sys.stdout.buffer.write(chunk)  # byte for byte: a transcript equals the host's log
             sys.stdout.buffer.flush()
         for text in self.lines.feed(chunk):
             self._line(text)
-        due = self.printed_at is None or self.clock() - self.printed_at >= self.interval
-        if self.mode == "lines" and self.progress.updates > self.printed_updates and due:
+        if self.mode == "lines" and self.progress.updates > self.printed_updates and self._due():
             self._print_progress()
+
+    def _due(self) -> bool:
+        return self.printed_at is None or self.clock() - self.printed_at >= self.interval
 
     def _line(self, text: str) -> None:
         if self.progress.take(text):

@@ -38,6 +38,8 @@ jobs:                          # snake and cartpole are built in; an entry here 
   #   args: [--total-timesteps, "1000000"]
   #   requirements: requirements.txt   # pip-installed into the job's venv on the host
   #   nproc: 2                   # torchrun --nproc-per-node
+  #   flags: {style: "--key value", names: as-is}   # how --set reaches it: or "--key=value", "key=value", "-k value"
+  #   metrics: {pattern: 'iter (?P<step>\\d+): loss (?P<loss>[\\d.]+)'}   # progress from its own log lines
   #   artifacts: ["runs/**"]     # globs under the checkout (or $THRUST_RUN_DIR/...), fetched back
   #   checkpoints: "runs/ckpt-*.pt"             # pulled while followed (sync_every: 300 s) and at the end
   #   resume: [--resume-from, "{checkpoint}"]   # how your script continues: `thrust-remote resume RUN`

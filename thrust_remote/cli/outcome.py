@@ -85,12 +85,14 @@ def show_outcome(ctx: typer.Context, outcome: TrainOutcome, as_json: bool, start
         say(f"run {first['run_id']} went on as {last['run_id']} on {last['host']} after {tries} "
             f"retr{'y' if tries == 1 else 'ies'}: {chain}")
     if status["state"] != RunState.FINISHED:
-        say(f"run {launched.run_id} ended {status['state']} (exit code {status.get('exit_code')})"
+        code = status.get("exit_code")
+        say(f"run {launched.run_id} ended {status['state']}{'' if code is None else f' (exit code {code})'}"
             f"{vocab.disk_note(status)}")
         if outcome.fetchable:  # it left a model behind: the user decides, nothing is placed by itself
             say("its model was not fetched")
             say_line(f"keep it (not placed): {command(ctx, 'fetch', launched.run_id, host=host_cfg.name)}")
             say_line(f"place it anyway: {command(ctx, 'fetch', launched.run_id, '--force', host=host_cfg.name)}")
+        say_next(outcome)
         raise typer.Exit(outcome.exit_code)
     result = outcome.fetched
     if result is not None:
@@ -103,7 +105,14 @@ def show_outcome(ctx: typer.Context, outcome: TrainOutcome, as_json: bool, start
                 "there)")
     elif outcome.fetchable:
         say(f"not fetched; fetch the model with: {fetching.fetch_command(launched.run_id, host_cfg, config_path)}")
-    say(f"done in {time.monotonic() - started:.1f} s")
+    # said outright: a run that ends quietly (no model, no metrics) must not look like one still going
+    say(f"FINISHED: run {launched.run_id} on {host_cfg.name}, done in {time.monotonic() - started:.1f} s")
+
+
+def say_next(outcome: TrainOutcome) -> None:
+    """What to type after an end other than FINISHED (run/endings.py), one line each."""
+    for line in outcome.next_steps:
+        say(f"next: {line}")
 
 
 def _manifest_env(path: Path) -> str | None:

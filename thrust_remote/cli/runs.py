@@ -15,7 +15,7 @@ from rich.table import Table
 from thrust_remote.agent.protocol import RunState, StatusAnswer
 from thrust_remote.cli.common import HOST_OPT, get_config, get_fleet, plain_table
 from thrust_remote.cli.follow import say
-from thrust_remote.cli.outcome import CliReporter, show_outcome
+from thrust_remote.cli.outcome import CliReporter, say_next, show_outcome
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import ExitCode, StillGoing, UsageError
 from thrust_remote.core.hints import command_hint
@@ -73,9 +73,7 @@ def list_runs(ctx: typer.Context,
         return
     # which host was asked goes to stderr (a pipe's columns stay the runs'): without --host it is the
     # default host, and an empty table alone would read as "you have no runs" anywhere
-    others = len(get_config(ctx).hosts) > 1
-    where = f"runs on {listed}" if host else f"runs on {listed} (the default host" + (
-        "; --host H for another, --all for every host)" if others else ")")
+    where = _where(ctx, listed, host)
     say(f"no {where}" if not items else where)
     if items:
         resumed = _any_resumed(items)
@@ -95,13 +93,24 @@ def _summary(ctx: typer.Context, host: str | None, all_hosts: bool, timeout: flo
     else:
         with Fleet(get_config(ctx)).open(host) as session:
             rows = [{**r, "host": r.get("host") or session.name} for r in control.list_runs(session)]
+            listed = session.name
     totals = usage.summarize(rows, since_s=since_s)
     if as_json:
         typer.echo(json.dumps(totals, indent=2))
         return
+    if not all_hosts:  # as plain `runs` says it: a table of nothing would read as no runs anywhere
+        say(f"{'' if totals else 'no '}{_where(ctx, listed, host)}")
     _print_table(("host", "job", "runs", "wall_hours", "gpu_hours"),
                  [(t["host"], t["job"], str(t["runs"]), f"{t['wall_hours']:.2f}", f"{t['gpu_hours']:.2f}")
                   for t in totals])
+
+
+def _where(ctx: typer.Context, listed: str, host: str | None) -> str:
+    """Which host was asked (on stderr: a pipe's columns stay the runs'): without --host the default
+    host, and an empty table alone would read as "you have no runs" anywhere."""
+    others = len(get_config(ctx).hosts) > 1
+    return f"runs on {listed}" if host else f"runs on {listed} (the default host" + (
+        "; --host H for another, --all for every host)" if others else ")")
 
 
 def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
@@ -298,7 +307,10 @@ def _said_ended(st: StatusAnswer) -> None:
     code = "" if st.get("exit_code") is None else f" (exit code {st['exit_code']})"
     see = "" if st.get("state") == RunState.FINISHED else \
         f"; its log: {command_hint('logs', st['run_id'], host=st.get('host') or None)}"
-    say(f"{st['run_id']}: {st['state']}{code}{vocab.disk_note(st)}{see}")
+    numbers = ", ".join(f"{k} {v:,}" if k == "step" else f"{k} {v:.4g}" for k, v in (st.get("metrics") or {}).items()
+                        if isinstance(v, int | float) and not isinstance(v, bool))
+    said = f" ({numbers})" if numbers else ""
+    say(f"{st['run_id']}: {st['state']}{code}{said}{vocab.disk_note(st)}{see}")
 
 
 def logs(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,
@@ -347,6 +359,7 @@ def _reattach(ctx: typer.Context, run: Run, *, node: int | None, offset: int, fe
         st = outcome.status or {}
         code = f" (exit code {st.get('exit_code')})" if st.get("exit_code") is not None else ""
         say(f"run {run.run_id} ended {st.get('state')}{code}")
+        say_next(outcome)
         raise typer.Exit(outcome.exit_code)
     show_outcome(ctx, outcome, as_json, started)
 

@@ -48,6 +48,13 @@ DEFAULT_KEEP_RUNS = 10
 # trainer: the built-in trainer; python: your own script or module; command: any argv; cargo: tch-rs.
 # `kind: python` without script:/module: is the built-in trainer (what it meant before kinds existed).
 JOB_KINDS = ("trainer", "python", "cargo", "command")
+# How a job of your own takes its flags (`flags: {style, names}`, docs/architecture.md "Job kinds"):
+# `--set`, an `args:` mapping and optimize's parameters are written in its style; the first style is a
+# python or cargo job's default, `key=value` a command job's. `names: dashes` writes learning_rate as
+# learning-rate; `as-is` (the default) passes the name as it was written.
+FLAG_STYLES = ("--key value", "--key=value", "key=value", "-k value")
+FLAG_NAMES = ("as-is", "dashes")
+COMMAND_STYLE = "key=value"
 
 # Environment overrides (flags still win over these): the path of thrust.yaml, the default host
 # (default_host), and tracebacks on errors (1/true).
@@ -116,7 +123,10 @@ class JobConfig:
     nproc: int | None = None  # processes under torchrun (None: one, or one per GPU with --gpus)
     command: tuple[str, ...] = ()  # command: the argv, run as is in the checkout
     artifacts: tuple[str, ...] = ()  # globs under the job's working directory on the host
-    metrics: Mapping[str, str] = field(default_factory=dict)  # {"tensorboard": DIR}; default THRUST_METRICS lines
+    # {"tensorboard": DIR} and/or {"pattern": REGEX} (named groups read from the job's own log lines);
+    # default: THRUST_METRICS lines
+    metrics: Mapping[str, str] = field(default_factory=dict)
+    flags: Mapping[str, str] = field(default_factory=dict)  # {"style": FLAG_STYLES[i], "names": FLAG_NAMES[j]}
     objective: Mapping[str, str] = field(default_factory=dict)  # {"metric": NAME, "mode": "max"|"min"}
     notify: NotifyConfig | None = None  # the job's own `notify:`; None: the top level's
     # {"below": PERCENT, "minutes": M, "every": S}: stopped when its GPUs idle that long (agent/idlewatch.py)
@@ -560,7 +570,7 @@ _HOST_KEYS = (
 _JOB_KEYS = (
     "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
     "export", "env", "toolchain", "example", "crate", "artifact", "tch_version", "bypass_version_check", "notify",
-    "idle_stop", "checkpoints", "resume", "sync_every", "retry", *_DATA_KEYS,
+    "idle_stop", "checkpoints", "resume", "sync_every", "retry", "flags", *_DATA_KEYS,
 )
 # Keys only some kinds take: another kind's job names them as an error (the cargo keys stay lenient).
 _KIND_ONLY = {
@@ -570,6 +580,7 @@ _KIND_ONLY = {
     "args": ("trainer", "python", "cargo"),
     "requirements": ("trainer", "python"),
     "nproc": ("trainer", "python"),
+    "flags": ("python", "command", "cargo"),  # the built-in trainer's flags are its own (trainer/args.py)
 }
 _IFNAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$")  # Linux: at most 15 bytes
 _MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -653,7 +664,7 @@ def parse_params(path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, key_node, value in entries:
         if not valid_id(key) or key.startswith("-"):
-            raise reader.fail(key_node, f"{prefix}{key}", "not a parameter name (a plain word like total-steps)")
+            raise reader.fail(key_node, f"{prefix}{key}", name_problem(key, "parameter"))
         out[key] = reader.scalar(value, f"{prefix}{key}")
     return out
 
@@ -922,6 +933,8 @@ def _job_value(reader: _Reader, kind: str, key: str, f: str, value: yaml.Node) -
         return {key: tuple(_repo_path(reader, f, item) for item in _items(reader, f, value, "a list of globs"))}
     if key == "metrics":
         return {key: _job_metrics(reader, f, value)}
+    if key == "flags":
+        return {key: _job_flags(reader, f, value)}
     if key == "notify":
         return {key: _parse_notify(reader, f, value)}
     if key == "idle_stop":
@@ -997,7 +1010,7 @@ def _job_args(reader: _Reader, kind: str, f: str, node: yaml.Node) -> Mapping[st
     args = {}
     for k, k_node, v in reader.mapping(node, f):
         if not valid_id(k) or k.startswith("-"):
-            raise reader.fail(k_node, f"{f}.{k}", "flag names are plain words like total-steps")
+            raise reader.fail(k_node, f"{f}.{k}", name_problem(k, "flag"))
         args[k] = reader.scalar(v, f"{f}.{k}")
     return args
 
@@ -1172,12 +1185,52 @@ def _repo_path(reader: _Reader, f: str, node: yaml.Node) -> str:
     return text
 
 
+def name_problem(key: str, what: str) -> str:
+    """Why `key` is no flag or parameter name. A name written as its flag (`--learning_rate`) is refused
+    rather than stripped: how a name is passed is the job's `flags:` alone, so the same name in `args:`,
+    `search:` and `--set` always reaches the job the same way."""
+    bare = key.lstrip("-")
+    if key.startswith("-") and bare and valid_id(bare):
+        return (f"write the {what} name alone ({bare}): how it reaches the job (--{bare} VALUE, --{bare}=VALUE, "
+                f"{bare}=VALUE) is the job's `flags: {{style: ...}}`")
+    return f"{what} names are plain words like learning_rate or total-steps"
+
+
 def _job_metrics(reader: _Reader, f: str, node: yaml.Node) -> dict[str, str]:
     out = {}
     for k, k_node, v in reader.mapping(node, f):
-        if k != "tensorboard":
-            raise reader.unknown(k_node, f"{f}.{k}", ("tensorboard",))
-        out[k] = _repo_path(reader, f"{f}.{k}", v)
+        if k == "tensorboard":
+            out[k] = _repo_path(reader, f"{f}.{k}", v)
+        elif k == "pattern":
+            out[k] = _metrics_pattern(reader, f"{f}.{k}", v)
+        else:
+            raise reader.unknown(k_node, f"{f}.{k}", ("tensorboard", "pattern"))
+    return out
+
+
+def _metrics_pattern(reader: _Reader, f: str, node: yaml.Node) -> str:
+    """A regular expression searched in each line of the job's log; its named groups are the metrics
+    (`step` the x of the series). Checked here, so a typo is a 78 at its line, not a run with no progress."""
+    text = reader.string(node, f) or ""
+    try:
+        names = set(re.compile(text).groupindex)
+    except re.error as exc:
+        raise reader.fail(node, f, f"not a regular expression ({exc})") from None
+    if not names - {"step"}:
+        raise reader.fail(node, f, "expected named groups for the numbers to read, e.g. "
+                                   r"'iter (?P<step>\d+): loss (?P<loss>[\d.]+)' (step alone is only the x axis)")
+    return text
+
+
+def _job_flags(reader: _Reader, f: str, node: yaml.Node) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, k_node, v in reader.mapping(node, f):
+        if k == "style":
+            out[k] = reader.choice(v, f"{f}.style", FLAG_STYLES)
+        elif k == "names":
+            out[k] = reader.choice(v, f"{f}.names", FLAG_NAMES)
+        else:
+            raise reader.unknown(k_node, f"{f}.{k}", ("style", "names"))
     return out
 
 
@@ -1205,8 +1258,8 @@ def _parse_search(reader: _Reader, job: str, node: yaml.Node) -> dict[str, dict[
     out: dict[str, dict[str, Any]] = {}
     for param, p_node, spec in reader.mapping(node, f"search.{job}"):
         f = f"search.{job}.{param}"
-        if not valid_id(param):
-            raise reader.fail(p_node, f, "parameter names are plain words like learning-rate")
+        if not valid_id(param) or param.startswith("-"):
+            raise reader.fail(p_node, f, name_problem(param, "parameter"))
         keys = {k: (kn, v) for k, kn, v in reader.mapping(spec, f)}
         if "choices" in keys:
             extra = set(keys) - {"choices"}

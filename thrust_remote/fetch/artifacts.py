@@ -20,6 +20,7 @@ and Ctrl-C cuts the transfers in flight and keeps what completed.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import queue
@@ -288,9 +289,29 @@ def safe_dir(dest: Path, what: str) -> Path:
     return dest
 
 
+def glob_matches(glob: str, entry: dict[str, Any]) -> bool:
+    """Whether a listed file is one `glob` names, as agent/listing.py matches (a directory matched
+    stands for its files; `**` any depth; `*` one name, dotfiles too; `$THRUST_RUN_DIR/` the run dir)."""
+    base, rel = ("run", glob[len(RUN_PREFIX):]) if glob.startswith(RUN_PREFIX) else ("cwd", glob)
+    if entry.get("base", "cwd") != base:
+        return False
+    pattern = [seg for seg in rel.split("/") if seg not in ("", ".")]
+    parts = str(entry["path"]).split("/")
+    return any(_segments_match(pattern, parts[:k]) for k in range(1, len(parts) + 1))
+
+
+def _segments_match(pattern: list[str], parts: list[str]) -> bool:
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_segments_match(pattern[1:], parts[k:]) for k in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _segments_match(pattern[1:], parts[1:])
+
+
 def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_root: Path, globs: Sequence[str], *,
-                    warn: Callable[[str], None] | None = None) -> DirFetch:
-    """Fetch what `globs` match for the run into .thrust/fetched/<run-id>/artifacts/, only what changed."""
+                    warn: Callable[[str], None] | None = None, leave_out: str | None = None) -> DirFetch:
+    """Fetch what `globs` match for the run into .thrust/fetched/<run-id>/artifacts/, only what changed.
+    `leave_out`: the job's `checkpoints:` glob; a file both name comes once, as a checkpoint."""
     started = time.monotonic()
     dest = artifacts_dir(project_root, run_id)
     result = DirFetch(dest)
@@ -301,6 +322,8 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
         if warn:
             warn(text)
     todo = checked_entries(answer, session.name, dest)
+    if leave_out is not None:
+        todo = [row for row in todo if not glob_matches(leave_out, row[2])]
     if not todo and not dest.exists():
         result.seconds = time.monotonic() - started
         return result  # nothing to bring: no empty directory beside the run's model

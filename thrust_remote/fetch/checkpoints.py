@@ -13,8 +13,10 @@ newest; `newest_verified` hashes that file again before anything resumes from it
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,7 +121,9 @@ def pull(session: HostSession, run_dir: str, run_id: str, project_root: Path, gl
     if not every and newest is not None:
         _prune(result.dest, files, keep=newest)
     result.newest = newest
-    _write(project_root, run_id, files, newest, session.name)
+    # the step noted for the newest checkpoint stays with it while it stays the newest
+    seen = record.get(STEP_SEEN) if newest == record.get("newest") else None
+    _write(project_root, run_id, files, newest, session.name, seen)
     result.seconds = time.monotonic() - started
     return result
 
@@ -190,12 +194,71 @@ def _prune(dest: Path, files: dict[str, dict[str, Any]], keep: str) -> None:
             files.pop(name)
 
 
-def _write(project_root: Path, run_id: str, files: dict[str, dict[str, Any]], newest: str | None, host: str) -> None:
+def _write(project_root: Path, run_id: str, files: dict[str, dict[str, Any]], newest: str | None, host: str,
+           seen: object = None) -> None:
     path = kept_root(project_root) / run_id / RECORD
     if not files and not path.exists():
         return
-    write_atomic(path, json.dumps({"files": files, "newest": newest, "host": host,
-                                   "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+    record = {"files": files, "newest": newest, "host": host,
+              "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_atomic(path, json.dumps({**record, **({STEP_SEEN: seen} if seen is not None else {})}) + "\n")
+
+
+_STEP = re.compile(r"(\d+)(?!.*\d)")  # the last number in a checkpoint's name: ckpt-500.pt, step_500/model.pt
+
+
+def describe(project_root: Path, run_id: str, now: float | None = None) -> str | None:
+    """The newest pulled checkpoint as a next step names it: `ckpt-500.pt (step 500, written 4m10s ago on
+    gpu, pulled 3m02s ago)`; None when none was pulled. The step is the last number in its name (a
+    checkpoint's contents are the job's own); the ages are the host's mtime and the pull's time."""
+    record = read_record(project_root, run_id)
+    newest = record.get("newest")
+    if not isinstance(newest, str):
+        return None
+    now = time.time() if now is None else now
+    row = record["files"].get(newest) or {}
+    facts = []
+    step = _STEP.search(newest)
+    if step:
+        facts.append(f"step {int(step.group(1)):,}")
+    if isinstance(row.get("mtime"), int | float):
+        facts.append(f"written {age(now - row['mtime'])} ago on {record.get('host') or 'its host'}")
+    pulled = _parse_time(record.get("pulled_at"))
+    if pulled is not None:
+        facts.append(f"pulled {age(now - pulled)} ago")
+    seen = record.get(STEP_SEEN)
+    if isinstance(seen, int) and (not step or seen > int(step.group(1))):
+        facts.append(f"when the run had reached step {seen:,}")
+    return f"{newest} ({', '.join(facts)})" if facts else newest
+
+
+STEP_SEEN = "step_seen"  # in checkpoints.json: the followed run's step when its newest checkpoint came
+
+
+def note_step(project_root: Path, run_id: str, step: object) -> None:
+    """Remember the step the followed run had reached when its newest checkpoint came: a file's contents
+    are the job's own, so this is what says how far it is (at most that step) when its name does not."""
+    record = read_record(project_root, run_id)
+    if not record or not isinstance(step, int) or isinstance(step, bool):
+        return
+    record[STEP_SEEN] = step
+    write_atomic(kept_root(project_root) / run_id / RECORD, json.dumps(record) + "\n")
+
+
+def age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _parse_time(text: object) -> float | None:
+    try:
+        return calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

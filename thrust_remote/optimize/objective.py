@@ -24,6 +24,7 @@ class Objective:
     source: str = "trainer"  # trainer (metrics.jsonl) | lines (THRUST_METRICS in the log) | tensorboard
     events_dir: str | None = None  # tensorboard: DIR under the checkout, $THRUST_RUN_ID allowed
     where: str = "thrust.yaml"  # `file:line: jobs.NAME.objective` for messages
+    pattern: str | None = None  # lines: the job's `metrics: {pattern:}`, read from its own log lines too
 
     @property
     def direction(self) -> str:
@@ -64,17 +65,18 @@ def objective_for(config: Config, job: JobConfig, metric_flag: str) -> Objective
     where = f"{label}:{line}: jobs.{job.name}.objective" if line else f"{label}: jobs.{job.name}.objective"
     tb = job.metrics.get("tensorboard")
     return Objective(job.objective["metric"], job.objective.get("mode", "max"),
-                     "tensorboard" if tb else "lines", tb, where)
+                     "tensorboard" if tb else "lines", tb, where, job.metrics.get("pattern"))
 
 
 def missing_metric(objective: Objective, trial: int, seen: list[str]) -> ConfigError:
     """The error when a study's first finished trial never reported the objective's metric."""
     names = ", ".join(seen[:20]) + (" ..." if len(seen) > 20 else "") if seen else "none"
     how = (f"TensorBoard scalars under {objective.events_dir}" if objective.source == "tensorboard"
+           else f"THRUST_METRICS lines and lines matching {objective.pattern!r}" if objective.pattern
            else "THRUST_METRICS lines")
     return ConfigError(
         f"{objective.where}: metric {objective.metric!r} never appeared in trial {trial}'s {how} "
         f"(names seen: {names}); stopping the study rather than running useless trials",
-        "set objective.metric to one of the names seen, or report it: "
+        "set objective.metric to one of the names seen (a pattern's named groups are its names), or report it: "
         + ('writer.add_scalar(NAME, value, step)' if objective.source == "tensorboard"
            else 'print("THRUST_METRICS " + json.dumps({"step": step, NAME: value}), flush=True)'))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from thrust_remote.agent.protocol import RunState
@@ -19,6 +19,7 @@ from thrust_remote.optimize.fleet import Fleet
 from thrust_remote.optimize.model import RUNGS
 from thrust_remote.optimize.monitor import ActiveTrial, Monitor
 from thrust_remote.optimize.objective import Objective, missing_metric
+from thrust_remote.runs.progress import LinePattern, parse_tagged
 
 TB_EVERY_S = 5.0  # each read starts a python that imports tensorboard (~1 s): not every poll
 
@@ -43,9 +44,10 @@ class OwnMonitor(Monitor):
         self.objective = objective
         self.tb_read_at = 0.0
         self.seen_value = False  # some trial of this driver reported the metric
+        self.pattern = LinePattern(objective.pattern) if objective.pattern else None
 
     def entry(self, act: ActiveTrial, offset: int) -> tuple[Any, ...]:
-        return (self.run_dir(act), offset, "log")
+        return (self.run_dir(act), offset, "raw" if self.pattern is not None else "log")
 
     def poll(self, acts: Sequence[ActiveTrial], wait: float) -> dict[str, Any]:
         answer = super().poll(acts, wait)
@@ -70,14 +72,23 @@ class OwnMonitor(Monitor):
             act.names.update(one.get("tags") or [])
             act.series += [(int(s), float(v)) for s, v in one.get("points") or []]
 
-    def feed(self, act: ActiveTrial, data: str, prune: bool = True) -> int | None:
+    def objects(self, data: str) -> Iterator[dict[str, Any]]:
+        """The metrics in a poll's data: JSON lines (source "log"), or whole log lines (source "raw", the
+        job's pattern): its THRUST_METRICS lines and what the pattern reads from its own."""
         for line in data.splitlines():
-            try:
-                m = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(m, dict):
-                continue
+            if self.pattern is not None:
+                tag, m = parse_tagged(line)
+                m = m if tag == "THRUST_METRICS" else None if tag else self.pattern.read(line)
+            else:
+                try:
+                    m = json.loads(line)
+                except ValueError:
+                    continue
+            if isinstance(m, dict):
+                yield m
+
+    def feed(self, act: ActiveTrial, data: str, prune: bool = True) -> int | None:
+        for m in self.objects(data):
             act.last.update({k: v for k, v in m.items() if v is not None})
             self._progress(act, m)
             if self.objective.source == "lines":

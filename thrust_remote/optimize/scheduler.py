@@ -31,7 +31,7 @@ from thrust_remote.optimize.monitor import ActiveTrial, Ended, Monitor, Prune
 from thrust_remote.optimize.resume import Resumer
 from thrust_remote.optimize.slots import Slot, SlotPool
 from thrust_remote.optimize.store import HostsStore, StudyStore
-from thrust_remote.optimize.usage import UsageSources, usage_error
+from thrust_remote.optimize.usage import UsageSources, refused_early, usage_error
 
 
 @dataclass(frozen=True)
@@ -254,8 +254,11 @@ class Scheduler(Resumer):
         if self.plan.sources is None:
             return False
         # once a trial ran through, the flags are fine: only a searched choice the job refuses stays fatal
+        ran_through = count_states(self.study)["done"] > 0
         error = usage_error(ended.exit_code, ended.log_tail, act.view.number, self.plan.sources,
-                            only_choices=count_states(self.study)["done"] > 0)
+                            only_choices=ran_through)
+        if error is None and not ran_through and act.view.first_metric_at is None:
+            error = refused_early(ended.exit_code, ended.log_tail, act.view.number, self.plan.sources)
         if error is None:
             return False
         self._stop_for(act, error)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from thrust_remote.core.config import Config, JobConfig
 from thrust_remote.core.errors import ConfigError
+from thrust_remote.run import flags as flag_styles
 from thrust_remote.run.jobs import config_label
 
 USAGE_EXIT = 2  # argparse's (and most CLIs') exit status for a usage error
@@ -36,7 +37,10 @@ class UsageSources:
         """`thrust.yaml:LINE: search.JOB.KEY`, `--set KEY`, or the job's args, for the flag."""
         label = config_label(self.config.path)
         key = self.key_of(flag)
-        if key is not None and key in self.config.search.get(self.job.name, {}):
+        searched = self.config.search.get(self.job.name, {})
+        if key is not None and key not in searched and key.replace("-", "_") in searched:
+            key = key.replace("-", "_")  # `flags: {names: dashes}` wrote learning_rate as --learning-rate
+        if key is not None and key in searched:
             line = self.config.search_lines.get(f"{self.job.name}.{key}")
             return f"{label}:{line}: search.{self.job.name}.{key}" if line else f"{label}: search.{self.job.name}.{key}"
         if key is not None and key in self.fixed:
@@ -74,10 +78,26 @@ def usage_error(exit_code: object, log_tail: str, trial: int, sources: UsageSour
             f"{config_label(sources.config.path)}: jobs.{sources.job.name}: trial {trial} exited {USAGE_EXIT} with a "
             f"usage error: {what}; stopping the study rather than running trials that fail the same way",
             "run the job's script with --help, and give it the arguments it needs (args:, search:)")
+    style = flag_styles.refused_hint(sources.job, log_tail, gave_flags=True)
     return ConfigError(
         f"{sources.origin(flag)}: trial {trial} exited {USAGE_EXIT} with a usage error ({what}): {does}; "
         "stopping the study rather than running trials that fail the same way",
-        fix)
+        f"{fix}; {style}" if style else fix)
+
+
+def refused_early(exit_code: object, log_tail: str, trial: int, sources: UsageSources) -> ConfigError | None:
+    """A first trial that died of its arguments some other way than argparse's (an AssertionError in a
+    configurator like nanoGPT's, which takes only --key=value) before its first metrics: every trial
+    gets its flags written the same way, so the study stops, naming the job's flag style."""
+    style = flag_styles.refused_hint(sources.job, log_tail, gave_flags=True)
+    if style is None:
+        return None
+    lines = [ln.strip() for ln in log_tail.splitlines() if ln.strip() and not ln.startswith("THRUST_")]
+    last = f": {lines[-1][:200]}" if lines else ""
+    return ConfigError(
+        f"{config_label(sources.config.path)}: jobs.{sources.job.name}: trial {trial} died (exit code {exit_code}) "
+        f"before its first metrics{last}; stopping the study rather than running trials that fail the same way",
+        style)
 
 
 def _refused_choice(what: str, sources: UsageSources) -> bool:

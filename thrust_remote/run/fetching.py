@@ -52,7 +52,8 @@ def fetch_artifacts(config: Config, session: HostSession, job: JobConfig, run_di
     if not globs:
         return None
     reporter.step("fetching the artifacts")
-    got = artifacts.fetch_artifacts(session, run_dir, run_id, config.root, globs, warn=reporter.warn)
+    got = artifacts.fetch_artifacts(session, run_dir, run_id, config.root, globs, warn=reporter.warn,
+                                    leave_out=checkpoints.checkpoint_glob(job))
     reporter.step(got.summary(config.root))
     return got
 

@@ -18,7 +18,7 @@ from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostSession
 from thrust_remote.run.vocab import Reporter
 from thrust_remote.runs import control
-from thrust_remote.runs.progress import LineSplitter, RunProgress
+from thrust_remote.runs.progress import LinePattern, LineSplitter, RunProgress
 from thrust_remote.runs.scalarwatch import ScalarSource, ScalarWatch
 
 
@@ -42,24 +42,29 @@ class Followed:
 
 def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0,
            config_path: Path | str | None = None, scalars: ScalarSource | None = None,
-           node: int | None = None) -> Followed:
+           node: int | None = None, pattern: LinePattern | None = None,
+           progress: RunProgress | None = None) -> Followed:
     """Stream the log to the reporter until the run ends; with `scalars`, the job's TensorBoard
     scalars are read on the host meanwhile (every few seconds, and at the end) as its progress.
 
     Ctrl-C detaches (Detached, exit 75) and a lost link is ConnectionLostError (75); both carry the
     command that reattaches from the byte offset reached, so no byte is lost or repeated (and
     `config_path`, the --config the user gave, and `node`, the node of a run over several hosts, so the
-    command is exactly the one to type)."""
+    command is exactly the one to type). `pattern`: the job's `metrics: {pattern:}`, whose matches in
+    its own lines are its progress (told to the reporter as metrics, like the scalars). `progress`: where
+    the log's facts are kept (the caller's, read by its pulls meanwhile), else a new one."""
     host = session.host
     delivered = 0
-    lines, progress = LineSplitter(), RunProgress()
+    lines = LineSplitter()
+    progress = progress if progress is not None else RunProgress(pattern)
 
     def on_bytes(chunk: bytes) -> None:
         nonlocal delivered
         delivered += len(chunk)  # counted first: a Ctrl-C while it is shown must not replay it
         reporter.log(chunk)
         for line in lines.feed(chunk):
-            progress.take(line)
+            if not progress.take(line) and pattern is not None and (found := pattern.read(line)):
+                reporter.metrics(found)
 
     def on_metrics(obj: dict[str, Any]) -> None:
         progress.take_metrics(obj)

@@ -27,6 +27,7 @@ from thrust_remote.agent.protocol import MODEL, RUN_DIR_ENV
 from thrust_remote.core.config import CONFIG_NAME, JobConfig
 from thrust_remote.core.errors import ConfigError, UsageError
 from thrust_remote.host.session import HostSession, parse_json
+from thrust_remote.run import flags
 
 TRAINER_MODULE = "trainer.train"
 EXPORT_NAME = MODEL  # in the run directory, where fetch looks for a model
@@ -37,36 +38,13 @@ EXPORT_NAME = MODEL  # in the run directory, where fetch looks for a model
 def arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
     """The job's own args, then the params file, then --set; a key given twice keeps the last value.
 
-    trainer, and python with a mapping: one `--key value` each, merged (argparse keeps the last);
-    python and cargo with a list: the list as is, then `--key value` for params and --set;
-    command: `KEY=VALUE` words for params and --set (the seeds' sweep convention), after `command:`."""
+    An `args:` mapping is merged with them and written whole in the job's flag style (run/flags.py:
+    `--key value` for the trainer and a python job, `KEY=VALUE` words for a command job, or the job's
+    `flags:`); after an `args:` list (passed as is) params and --set are appended in that style."""
     merged: dict[str, Any] = {**params, **sets}
-    if job.kind == "command":
-        return [f"{key}={_word(value)}" for key, value in merged.items() if value is not None]
-    spelled = job.kind == "trainer"
     if isinstance(job.args, Mapping):
-        merged = {**dict(job.args), **merged}
-        return _flags(merged, spelled=spelled)
-    return [*job.args, *_flags(merged, spelled=spelled)]
-
-
-def _flags(values: Mapping[str, Any], *, spelled: bool = False) -> list[str]:
-    """`--key value` each; a bool is a bare `--key` (true) or nothing (false), as argparse's switches
-    take it. `spelled`: the built-in trainer, whose switches take a value, so a false overrides its
-    env's preset (`--compile false`) instead of vanishing."""
-    out: list[str] = []
-    for key, value in values.items():
-        if value is None or (value is False and not spelled):
-            continue
-        if isinstance(value, bool):
-            out += [f"--{key}", _word(value)] if spelled else [f"--{key}"]
-        else:
-            out += [f"--{key}", str(value)]
-    return out
-
-
-def _word(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
+        return flags.render(job, {**dict(job.args), **merged})
+    return [*job.args, *flags.render(job, merged)]
 
 
 # ------------------------------------------------------------------------------------------ argv / env

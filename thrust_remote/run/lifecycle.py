@@ -43,12 +43,13 @@ from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.fleet import Fleet, each
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import fetching, following, jobs, multinode, stages, vocab
+from thrust_remote.run import endings, fetching, following, jobs, multinode, stages, vocab
 from thrust_remote.run import gpus as inventory  # the module; `gpus` is the chosen list in places
 from thrust_remote.run.arguments import check_trainer_args, job_arguments, load_params, parse_sets
 from thrust_remote.run.sync import LocalState
 from thrust_remote.run.vocab import Launched, Reporter, Stage, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index, notify, pull, scalarwatch, trees
+from thrust_remote.runs.progress import RunProgress, last_metrics, pattern_of
 
 
 @dataclass
@@ -271,16 +272,27 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     followed_session = nodes.sessions[node]
     assert followed_session is not None
     timings = dict(head.timings)
-    if head.position is not None or head.scheduler_job:  # waiting (its host's queue, Slurm's): said till it starts
+    if head.scheduler_job:  # in a cluster's scheduler: said once, here (the detach says it otherwise)
+        reporter.step(f"run {head.run_id} submitted to Slurm on {head.host} as job {head.scheduler_job}: it starts "
+                      "when the scheduler gives it its nodes; its log follows then")
+        reporter.queued(head.host, None)
+    elif head.position is not None:  # still waiting on its host: the view says so until its log starts
+        if not (nodes.many and head.sync is not None):  # a launch over several hosts said it for each node
+            where = f" (position {head.position})" if head.position else ""
+            reporter.step(f"run {head.run_id} waits in {head.host}'s queue{where}: it starts by itself when what it "
+                          "asks frees; its log follows then")
         reporter.queued(head.host, head.position or None)
     if fetch and job is not None and nodes.sessions[0] is not None:
         nodes.sessions[0].runner.warm_transfers(1)  # the model's get at the end finds its helper started
+    pattern = pattern_of(job.metrics if job is not None else None)
+    progress = RunProgress(pattern)  # the follow's, read by the pulls: the step a checkpoint came at
     with multinode.Watch(nodes.sessions, nodes.names, nodes.run_id, reporter, followed=node) as watch, \
-            _pulling(config, nodes, head, job, reporter, sync_every if fetch else 0.0) as puller:
+            _pulling(config, nodes, head, job, reporter, sync_every if fetch else 0.0, progress) as puller:
         try:
             followed = following.follow(followed_session, nodes.run_id, reporter, offset=offset,
                                         config_path=config_path, node=node if nodes.many else None,
-                                        scalars=scalarwatch.source_for(followed_session, nodes.run_id, job))
+                                        scalars=scalarwatch.source_for(followed_session, nodes.run_id, job),
+                                        pattern=pattern, progress=progress)
         except ConnectionLostError as exc:
             watch.fail(node, "lost: the connection to it broke while following")
             exc.run_id, exc.host = nodes.run_id, nodes.names[0]  # what a retry resumes (run/resume.py)
@@ -307,6 +319,9 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
         checkpoint = last_checkpoint(config, head_session, head.run_id, job, reporter)
         if checkpoint is not None:
             timings[vocab.CHECKPOINT_TIMING] = checkpoint.seconds
+            if checkpoint.fetched:
+                checkpoints.note_step(config.root, head.run_id, progress.metrics.get("step"))
+    own_job = job
     job = job if job is not None and fetching.exports_model(job) else None
     # a run that did not finish is worth a fetch hint only when it left a whole model (a stopped trainer
     # exports; a killed one usually has none; a full disk leaves a model without its manifest); node 0's
@@ -314,20 +329,36 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
         status["state"] == RunState.FINISHED or fetching.left_a_model(head_session, head.run_dir, job))
     return TrainOutcome(head, status, fetched, vocab.exit_code_for(status), timings, followed.progress,
                         fetchable=fetchable, artifacts=got, checkpoint=checkpoint,
-                        pulled=puller.last if puller is not None else None)
+                        pulled=puller.last if puller is not None else None,
+                        next_steps=_next_steps(config, status, own_job, followed.progress, head, config_path))
+
+
+def _next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, progress: RunProgress,
+                head: Launched, config_path: Path | str | None) -> list[str]:
+    """What to type after the run's end (run/endings.py), with node 0's host in the commands."""
+    if job is None:
+        return []
+    entry = index.lookup(config.root, head.run_id)
+    gave = endings.gave_flags(job, entry.sets if entry else (), entry.params if entry else None)
+    return endings.next_steps(config, status, job, progress, config.host(head.host), config_path, gave_flags=gave)
 
 
 @contextmanager
 def _pulling(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | None, reporter: Reporter,
-             given: float | None) -> Iterator[pull.Puller | None]:
-    """Node 0's checkpoint and artifacts pulled every `sync_every` s while the run is followed."""
+             given: float | None, progress: RunProgress) -> Iterator[pull.Puller | None]:
+    """Node 0's checkpoint and artifacts pulled every `sync_every` s while the run is followed; each
+    checkpoint that came is noted with the step the follow had seen then (checkpoints.note_step)."""
     every = pull.sync_every(job, given)
     session = nodes.sessions[0]
     if not every or job is None or session is None:
         yield None
         return
-    with pull.Puller(session, job, head.run_dir, nodes.run_id, config.root, every,
-                     reporter.pulled, reporter.warn) as puller:
+    def pulled(got: pull.Pulled) -> None:
+        if got.fresh:
+            checkpoints.note_step(config.root, nodes.run_id, progress.metrics.get("step"))
+        reporter.pulled(got)
+
+    with pull.Puller(session, job, head.run_dir, nodes.run_id, config.root, every, pulled, reporter.warn) as puller:
         yield puller
 
 
@@ -341,6 +372,24 @@ def last_checkpoint(config: Config, session: HostSession, run_id: str, job: JobC
         reporter.warn(f"run {run_id}'s newest checkpoint was not pulled ({exc.message}); "
                       f"later: {command_hint('fetch', run_id, host=session.host)}")
         return None
+
+
+def pull_at_end(config: Config, session: HostSession, run_id: str, job: JobConfig, reporter: Reporter) -> None:
+    """An ended run's newest checkpoint and changed artifacts, whatever its state (`wait`'s end, as a
+    follow's Puller pulls them meanwhile); a failure is a warning naming the `fetch` that tries again."""
+    last_checkpoint(config, session, run_id, job, reporter)
+    try:
+        fetching.fetch_artifacts(config, session, job, session.paths.run(run_id), run_id, reporter)
+    except ThrustError as exc:
+        reporter.warn(f"run {run_id}'s artifacts were not fetched ({exc.message}); "
+                      f"later: {command_hint('fetch', run_id, host=session.host)}")
+
+
+def ended_metrics(session: HostSession, run_id: str, job: JobConfig | None) -> dict[str, Any]:
+    """The metrics an ended run's log ends with (its THRUST_METRICS lines, or its `metrics: {pattern:}`
+    read from its own lines): what `wait` says of it; {} when the log's end has none."""
+    text = multinode.log_tail(session, run_id)
+    return last_metrics(text or "", pattern_of(job.metrics if job is not None else None))
 
 
 def _over_nodes_at_end(nodes: RunNodes, node: int, followed: StatusAnswer, watch: multinode.Watch) -> StatusAnswer:
@@ -431,10 +480,6 @@ def reattach(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter
             raise UnreachableError(f"run {run_id}: node {nodes.names.index(down)} ({down}) does not answer",
                                       f"thrust-remote doctor --host {down}")
         head_status = status if head_session is session else control.status(head_session, run_id)
-        if status.get("state") == RunState.QUEUED:  # the log stays empty until it starts: say why
-            where = f" (position {status['position']})" if status.get("position") else ""
-            reporter.step(f"run {run_id} waits in {session.name}'s queue{where}: it starts by itself when what "
-                          "it asks frees; its log follows then")
         job = _train_job(config, head_session, run_id, head_status)
         head = Launched(run_id, head_session.paths.run(run_id), int(head_status.get("pid") or 0), head_session.name,
                         str(head_status.get("job") or ""), head_status.get("commit"), head_session.paths, None, True,

@@ -105,6 +105,10 @@ def plan(fleet: Fleet, run_id: str, reporter: Reporter, *, hosts: Sequence[str] 
     resume = ResumeFrom(run_id, commit, patch, template, local=local.path if local else None,
                         local_sha256=local.sha256 if local else None, on_host=on_host, label=label)
     source = Source(run_id, job, targets, entry.sets if entry else (), entry.params if entry else None, resume)
+    if local is not None:  # how old the copy is: the run may have gone further on a host that did not answer
+        further = "" if meta.get("answered") else f"; {head} did not answer, so the run may have gone further there"
+        source.notes.append(f"resuming from the checkpoint pulled here: "
+                            f"{checkpoints.describe(config.root, run_id) or local.path.name}{further}")
     if entry is None:
         source.notes.append(f"run {run_id} is not in this project's index: the --set and --params it was given are "
                             "not known here; it continues with the job's own arguments and yours")

@@ -261,13 +261,7 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
     timings = {**prepared.timings, Stage.LAUNCH: time.monotonic() - t3}
     if sync_result is not None and sync_result.dirty and prepared.local is not None:
         _save_patch(session, run_dir, prepared.local)
-    pid = answer.get("pid")
-    if answer.get("scheduler_job"):
-        reporter.step(f"run {run_id} submitted to Slurm on {session.name} as job {answer['scheduler_job']}: "
-                      "it starts when the scheduler gives it its nodes")
-    elif answer.get("queued"):
-        reporter.step(f"run {run_id} waits in {session.name}'s queue (position {answer.get('position')}): "
-                      "it starts by itself when what it asks frees")
+    pid = answer.get("pid")  # a queued run is said once, by whoever shows it next: the follow, or the detach
     return Launched(run_id, run_dir, int(pid) if pid is not None else None, session.name, job.name,
                     sync_result.commit if sync_result else None, session.paths, sync_result, prepared.setup_skipped,
                     timings, prepared.spec, position=answer.get("position") if answer.get("queued") else None,

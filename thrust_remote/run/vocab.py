@@ -175,6 +175,7 @@ class TrainOutcome:
     checkpoint: checkpoints.CheckpointPull | None = None  # its newest checkpoint, when pulled at the end
     pulled: Pulled | None = None  # the last pull while it was followed
     attempts: list[dict[str, Any]] = field(default_factory=list)  # a retried run's chain, first attempt first
+    next_steps: list[str] = field(default_factory=list)  # what to type after an end other than FINISHED
 
     def as_json(self, wall_s: float) -> dict[str, Any]:
         """`train --json` (attached) and `logs -f --json`: docs/architecture.md, "JSON shapes"."""
@@ -192,6 +193,7 @@ class TrainOutcome:
             "last_pull": self.pulled.as_json() if self.pulled else None,
             **({"resumed_from": status["resumed_from"]} if status.get("resumed_from") else {}),
             **({"attempts": self.attempts} if self.attempts else {}),
+            "next_steps": self.next_steps,
             **self.progress.summary(),
             "wall_s": round(wall_s, 3), "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }

@@ -64,12 +64,16 @@ def wait(fleet: Fleet, run_ids: Sequence[str], view: WaitView, *, host: str | No
         pullers = _pullers(config, stack, run_ids, session_for, sync_every, view)
 
         def ended(st: StatusAnswer) -> None:
+            run_id = str(st.get("run_id"))
+            metrics = _metrics(config, session_for(run_id), run_id)
+            if metrics:  # the numbers it ended with, as its own lines or THRUST_METRICS said them
+                st["metrics"] = metrics
             view.ended(st)
             lifecycle.tell_ended(config, st, view.warn)
-            puller = pullers.pop(str(st.get("run_id")), None)
-            if puller is not None:  # its last checkpoint, whatever its host does next
+            puller = pullers.pop(run_id, None)
+            if puller is not None:  # its last checkpoint and artifacts, whatever its host does next
                 puller.__exit__(None)
-                lifecycle.last_checkpoint(config, puller.session, puller.run_id, puller.job, _WarningsOnly(view))
+                lifecycle.pull_at_end(config, puller.session, run_id, puller.job, _WarningsOnly(view))
 
         told: set[str] = set()
 
@@ -82,6 +86,15 @@ def wait(fleet: Fleet, run_ids: Sequence[str], view: WaitView, *, host: str | No
                               again=lambda going: command_hint("wait", *going, host=host, config=config.given_path))
 
 
+def _metrics(config: Config, session: HostSession, run_id: str) -> dict[str, object]:
+    entry = index.lookup(config.root, run_id)
+    job = config.jobs.get(entry.job) if entry else None
+    try:
+        return lifecycle.ended_metrics(session, run_id, job)
+    except ThrustError:
+        return {}  # the numbers are a courtesy: the run's end is what wait tells
+
+
 def _pullers(config: Config, stack: contextlib.ExitStack, run_ids: Sequence[str],
              session_for: Callable[[str], HostSession], given: float | None,
              view: WaitView) -> dict[str, pull.Puller]:
@@ -90,9 +103,10 @@ def _pullers(config: Config, stack: contextlib.ExitStack, run_ids: Sequence[str]
     for run_id in run_ids:
         entry = index.lookup(config.root, run_id)
         job = config.jobs.get(entry.job) if entry else None
-        every = pull.sync_every(job, given)
-        if job is None or not every:
+        # a job with something to pull gets its end pull even with --sync-every 0, as a follow does
+        if job is None or not pull.has_files(job):
             continue
+        every = pull.sync_every(job, given)
         session = session_for(run_id)
 
         def shown(p: pull.Pulled, run_id: str = run_id) -> None:

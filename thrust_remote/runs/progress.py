@@ -1,5 +1,6 @@
 """A run's progress, read from its log: the trainer's `TAG {json}` lines (docs/architecture.md,
-"JSON shapes": THRUST_METRICS / THRUST_INFO / THRUST_DONE) split out of raw log bytes.
+"JSON shapes": THRUST_METRICS / THRUST_INFO / THRUST_DONE) split out of raw log bytes, and a job's own
+lines read with its `metrics: {pattern:}` (named groups; `step` the x of the series).
 
 Library code: it parses and keeps state, it never prints. The pipeline keeps one to report the last
 metrics of a followed run (`train --json`); the CLI's follow view keeps one to draw its progress line.
@@ -8,8 +9,13 @@ metrics of a followed run (`train --json`); the CLI's follow view keeps one to d
 from __future__ import annotations
 
 import json
+import math
+import re
+from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
+TAIL_LINES = 40
 TAGS = ("THRUST_METRICS", "THRUST_INFO", "THRUST_DONE")
 # what the built-in trainer's progress line shows by name; a job of your own has its own names
 TRAINER_SHOWN = frozenset({"step", "total_steps", "sps", "return_mean", "score_mean", "gpu_util"})
@@ -38,6 +44,47 @@ def parse_tagged(text: str) -> tuple[str | None, dict[str, Any] | None]:
     return tag, obj if isinstance(obj, dict) else None
 
 
+class LinePattern:
+    """A job's `metrics: {pattern:}`: each named group that matched a number is a metric (`step` an int)."""
+
+    def __init__(self, pattern: str) -> None:
+        self.regex = re.compile(pattern)
+
+    def read(self, text: str) -> dict[str, Any] | None:
+        """The numbers of a line the pattern matches (searched anywhere in it), else None."""
+        m = self.regex.search(text)
+        if m is None:
+            return None
+        out: dict[str, Any] = {}
+        for name, value in m.groupdict().items():
+            number = _number(value)
+            if number is not None:
+                out[name] = int(number) if name == "step" else number
+        return out or None
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        value = float(text) if text is not None else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def pattern_of(metrics: Mapping[str, str] | None) -> LinePattern | None:
+    """The job's `metrics:` pattern, if it has one (a job's `metrics` mapping, or None)."""
+    text = metrics.get("pattern") if metrics else None
+    return LinePattern(text) if text else None
+
+
+def last_metrics(text: str, pattern: LinePattern | None = None) -> dict[str, Any]:
+    """The metrics a log's text ends with (its THRUST_METRICS lines and pattern matches, merged in order)."""
+    progress = RunProgress(pattern)
+    for line in text.splitlines():
+        progress.take(line)
+    return progress.metrics
+
+
 class LineSplitter:
     """Raw log bytes in, whole decoded lines out; a line split across chunks (or a UTF-8 character
     split across them) is joined before it is decoded."""
@@ -59,16 +106,23 @@ class LineSplitter:
 class RunProgress:
     """The latest THRUST_METRICS object, the run's THRUST_INFO facts and its THRUST_DONE summary."""
 
-    def __init__(self) -> None:
+    def __init__(self, pattern: LinePattern | None = None) -> None:
+        self.pattern = pattern
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)  # the log's last lines: why a job died, at its end
         self.metrics: dict[str, Any] = {}
         self.info: dict[str, Any] = {}
         self.done: dict[str, Any] = {}
         self.updates = 0  # metrics lines taken: a view redraws when this moves
 
     def take(self, text: str) -> bool:
-        """Take one log line; True when it was one of the trainer's tagged lines (shown or not)."""
+        """Take one log line; True when it was one of the trainer's tagged lines (shown or not). A line
+        the job's pattern matches is taken as metrics and still shown (it is the job's own text)."""
         tag, obj = parse_tagged(text)
         if tag is None:
+            self.tail.append(text)
+            found = self.pattern.read(text) if self.pattern is not None else None
+            if found:  # merged: a job may print its train and its eval numbers on different lines
+                self.take_metrics(found)
             return False
         if obj is None:
             return True  # a tagged line with broken JSON: never shown raw, never fatal

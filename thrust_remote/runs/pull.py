@@ -31,11 +31,16 @@ SYNC_EVERY_S = 300.0  # the default: a checkpoint at most five minutes old when 
 def sync_every(job: JobConfig | None, given: float | None) -> float:
     """Seconds between pulls: `--sync-every`, else the job's `sync_every:`, else SYNC_EVERY_S; 0 is off,
     and so is a job with neither checkpoints nor artifacts (nothing to pull)."""
-    if job is None or (checkpoints.checkpoint_glob(job) is None and not artifacts.artifact_globs(job)):
+    if job is None or not has_files(job):
         return 0.0
     if given is not None:
         return max(0.0, given)
     return job.sync_every if job.sync_every is not None else SYNC_EVERY_S
+
+
+def has_files(job: JobConfig) -> bool:
+    """Whether a job names something to pull: checkpoints (the trainer's are known) or artifacts."""
+    return checkpoints.checkpoint_glob(job) is not None or bool(artifacts.artifact_globs(job))
 
 
 @dataclass
@@ -47,6 +52,7 @@ class Pulled:
     files: int  # files that came (the checkpoint and artifacts)
     bytes: int
     seconds: float
+    fresh: bool = False  # the checkpoint itself came in this pull (not only artifacts)
 
     def text(self) -> str:
         what = f"checkpoint {self.checkpoint}" if self.checkpoint else "no checkpoint yet"
@@ -62,16 +68,16 @@ def pull_once(session: HostSession, job: JobConfig, run_dir: str, run_id: str, r
     """The newest checkpoint and the changed artifacts, once; warnings are left to `fetch RUN`."""
     started = time.monotonic()
     files = size = 0
-    newest = None
+    newest, fresh = None, False
     glob = checkpoints.checkpoint_glob(job)
     if glob is not None:
         got = checkpoints.pull(session, run_dir, run_id, root, glob)
-        newest, files, size = got.newest, len(got.fetched), got.bytes
+        newest, files, size, fresh = got.newest, len(got.fetched), got.bytes, bool(got.fetched)
     globs = artifacts.artifact_globs(job)
     if globs:
-        more = artifacts.fetch_artifacts(session, run_dir, run_id, root, globs)
+        more = artifacts.fetch_artifacts(session, run_dir, run_id, root, globs, leave_out=glob)
         files, size = files + len(more.fetched), size + more.bytes
-    return Pulled(time.time(), newest, files, size, time.monotonic() - started)
+    return Pulled(time.time(), newest, files, size, time.monotonic() - started, fresh)
 
 
 class Puller:

@@ -1,0 +1,59 @@
+"""A next step after every ending of a followed run (docs/architecture.md, "Checkpoints and resume"):
+what to type once a run ended other than FINISHED. A LOST, STOPPED or FAILED run of a job that can
+resume names `resume RUN --host H` with the checkpoint pulled here (its step and age); a job of your own
+that died of its arguments before its first metrics names its flag style (run/flags.py); a LOST run that
+cannot resume says why it is lost and how to run it again. Library code: the lines, never printed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from thrust_remote.agent.protocol import RunState, StatusAnswer
+from thrust_remote.core.config import Config, HostConfig, JobConfig
+from thrust_remote.core.hints import command_hint
+from thrust_remote.fetch import checkpoints
+from thrust_remote.run import flags
+from thrust_remote.runs.progress import RunProgress
+
+
+def next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, progress: RunProgress,
+               host: HostConfig, config_path: Path | str | None = None, *, gave_flags: bool = False,
+               now: float | None = None) -> list[str]:
+    """The lines that say what to do after the run's end (none after FINISHED: that end says itself)."""
+    state = RunState.of(status.get("state"))
+    run_id = str(status.get("run_id"))
+    if state == RunState.FINISHED or job is None:
+        return []
+    out = []
+    if state == RunState.FAILED and not progress.metrics:
+        hint = flags.refused_hint(job, "\n".join(progress.tail), gave_flags=gave_flags)
+        if hint:
+            out.append(f"run {run_id} died of its arguments before its first metrics: {hint}")
+    resume = command_hint("resume", run_id, host=host, config=config_path)
+    if resumable(job) and state in (RunState.LOST, RunState.STOPPED, RunState.FAILED):
+        pulled = checkpoints.describe(config.root, run_id, now)
+        if pulled:
+            out.append(f"continue it from its checkpoint {pulled}: {resume} (or --host another host; the pulled "
+                       "copy is used when its host does not answer)")
+        else:
+            out.append(f"no checkpoint of it was pulled here; once {host.name} answers, continue it from the one "
+                       f"there: {resume}")
+    elif state == RunState.LOST:
+        again = command_hint("train", job.name, host=host, config=config_path)
+        out.append(f"nothing recorded its end (its host restarted, or its supervisor was killed); run it again: "
+                   f"{again}" + ("" if job.kind == "trainer" else
+                                 f"; with `checkpoints:` and `resume:` under jobs.{job.name}, a LOST run continues"))
+    return out
+
+
+def resumable(job: JobConfig) -> bool:
+    """The job says where its checkpoints are and how it continues from one (the trainer's are known)."""
+    return checkpoints.checkpoint_glob(job) is not None and (job.kind == "trainer" or bool(job.resume))
+
+
+def gave_flags(job: JobConfig, entry_sets: Sequence[str], params: Mapping[str, object] | None) -> bool:
+    """Whether thrust-remote wrote flags for the run (an `args:` mapping, --set, --params): only then can
+    their style be why it died."""
+    return bool((isinstance(job.args, Mapping) and job.args) or entry_sets or params)

@@ -1,0 +1,78 @@
+"""How a job takes its flags (`flags: {style, names}`, docs/architecture.md "Job kinds"): `--set`, an
+`args:` mapping and optimize's parameters written in the job's own style, and the hint that names the
+style when a job dies of its arguments right after it started.
+
+    --key value   --lr 0.1, a true switch as a bare --lr, false left out (argparse; a python job's default)
+    --key=value   --lr=0.1, booleans as True/False (what a literal_eval configurator like nanoGPT's takes)
+    key=value     lr=0.1, booleans as true/false (Hydra; a command job's default)
+    -k value      -lr 0.1, switches as for --key value (single-dash programs)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from thrust_remote.core.config import COMMAND_STYLE, FLAG_STYLES, JobConfig
+
+DASHES = "dashes"
+# the log lines of a job that refused its arguments: argparse's usage error, an assert on a flag
+# (nanoGPT's configurator), click's and absl's wording
+_REFUSED = re.compile(r"^usage: |: error: |^AssertionError|^Error: (No such option|Got unexpected)|"
+                      r"FATAL Flags parsing error|unrecognized arguments")
+
+
+def style_of(job: JobConfig) -> str:
+    """The job's style: its `flags: {style:}`, else its kind's default."""
+    default = COMMAND_STYLE if job.kind == "command" else FLAG_STYLES[0]
+    return job.flags.get("style", default)
+
+
+def render(job: JobConfig, values: Mapping[str, Any]) -> list[str]:
+    """`values` (name -> value; a bool a switch, None left out) as the job's argv words, in order."""
+    style, dashes = style_of(job), job.flags.get("names") == DASHES
+    spelled = job.kind == "trainer"  # its switches take a value: a false overrides its env's preset
+    out: list[str] = []
+    for key, value in values.items():
+        name = key.replace("_", "-") if dashes else key
+        out += _words(style, name, value, spelled=spelled)
+    return out
+
+
+def _words(style: str, name: str, value: Any, *, spelled: bool) -> list[str]:
+    if value is None:
+        return []
+    if style == "key=value":
+        return [f"{name}={_text(value, python=False)}"]
+    if style == "--key=value":
+        return [f"--{name}={_text(value, python=True)}"]
+    flag = f"-{name}" if style == "-k value" else f"--{name}"
+    if isinstance(value, bool) and not spelled:
+        return [flag] if value else []
+    return [flag, _text(value, python=False)]
+
+
+def _text(value: Any, *, python: bool) -> str:
+    if isinstance(value, bool):
+        return str(value) if python else str(value).lower()
+    return str(value)
+
+
+def example(job: JobConfig, name: str = "learning_rate") -> str:
+    """How one flag reaches the job now: `--learning_rate 0.1`."""
+    return " ".join(render(job, {name: "0.1"}))
+
+
+def refused_hint(job: JobConfig, log_tail: str, *, gave_flags: bool) -> str | None:
+    """When a job of your own died of its arguments (a usage error, an AssertionError) before it reported
+    progress, the likely cause is how its flags were written: a hint naming the style, else None."""
+    if job.kind == "trainer" or not gave_flags:
+        return None
+    if not any(_REFUSED.search(line.strip()) for line in log_tail.splitlines()):
+        return None
+    others = [s for s in FLAG_STYLES if s != style_of(job)]
+    return (f"its flags were written {example(job)} (jobs.{job.name}.flags: style {style_of(job)!r}"
+            f"{', names as-is' if job.flags.get('names') != DASHES else ', names with dashes'}); if it takes "
+            f"them otherwise, say so under jobs.{job.name}: flags: {{style: {others[0]!r}}} (or "
+            f"{', '.join(repr(s) for s in others[1:])}; names: dashes for learning-rate)")
