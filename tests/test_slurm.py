@@ -335,11 +335,16 @@ def test_optimize_on_the_cluster_runs_each_trial_as_a_job_and_a_pending_one_is_n
         "jobs:\n  words:\n    command: [sh, score.sh]\n    objective: {metric: charts/score, mode: max}\n"), 1)
         + "search:\n  words: {lr: {choices: [0.1, 0.3, 0.7]}}\n")
     # two jobs in the scheduler at once on a node that runs one (each asks both CPUs): one waits, QUEUED
-    result = cli("--config", str(config), "optimize", "words", "--trials", "3", "--parallel", "2", "--seed", "1",
+    result = cli("--config", str(config), "optimize", "words", "--trials", "2", "--parallel", "2", "--seed", "1",
                  "--json", cwd=proj, timeout=120)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    assert out["counts"]["done"] == 3 and {t["state"] for t in out["trials"]} == {"COMPLETE"}, out["trials"]
+    assert out["counts"]["done"] == 2 and {t["state"] for t in out["trials"]} == {"COMPLETE"}, out["trials"]
+    spans = []
     for trial in out["trials"]:
-        meta = json.loads((workdir / ".thrust" / "runs" / trial["run_id"] / "run.json").read_text())
+        run_dir = workdir / ".thrust" / "runs" / trial["run_id"]
+        meta = json.loads((run_dir / "run.json").read_text())
         assert meta["scheduler"]["job_id"] and "--cpus-per-task=2" in meta["scheduler"]["sbatch"]
+        spans.append((meta["started_ts"], json.loads((run_dir / "exit_code").read_text())["ended_ts"]))
+    (_, first_end), (second_start, _) = sorted(spans)
+    assert second_start >= first_end - 0.5  # both were in Slurm at once; the second waited, pending, for the node
