@@ -111,7 +111,7 @@ def test_a_run_whose_ssh_box_dies_is_retried_on_the_cluster(cli, hpc, tmp_path):
     try:
         (proj / "stepping.sh").write_text(STEPPING_JOB)
         commit(proj, "a job that checkpoints as it goes", "stepping.sh")
-        hc = box.host_config("box", workdir=str(remote_tempdir(box) / "box"))
+        hc = box.host_config("box", workdir=str(workdir))  # hpc's: one disk, its venv built already
         config = proj.parent / "retry.yaml"
         config.write_text((proj / "thrust.yaml").read_text().replace("jobs:\n", (
             f"  box:\n    address: {hc.address}\n    workdir: {hc.workdir}\n    python: {hc.python}\n"
