@@ -7,6 +7,7 @@ fails under a running run. A group of its own: it runs beside test_slurm.py's on
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import netns
@@ -21,6 +22,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_slurm_nodes")]
 if slurm_cluster.missing():
     pytest.skip(f"Slurm is not installed ({', '.join(slurm_cluster.missing())} missing): make test installs "
                 "slurmctld, slurmd, slurm-client and munge", allow_module_level=True)
+if os.geteuid() != 0:
+    pytest.skip("the test Slurm cluster's daemons run as root (SlurmUser=root, munged, network namespaces)",
+                allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
