@@ -123,7 +123,8 @@ def node_rows(workdir: str, options: list[str], gpus: bool) -> list[dict]:
         return [_row("slurm-node", "a compute node runs the job's python", "warn" if busy else "fail",
                      f"srun on one node did not answer: {out[-300:]}",
                      "try again when a node is free" if busy else
-                     "python: must be a path the compute nodes have (a shared venv, a module's python)")]
+                     "python: must be a path the compute nodes have (a shared venv, a module's python), and "
+                     "~/.cache/thrust-remote (where the agent runs from) on a filesystem they mount")]
     node = answer.get("hostname")
     rows = [_row("slurm-shared", "workdir shared with the compute nodes",
                  "ok" if answer.get("token") == token else "fail",
