@@ -18,11 +18,12 @@ from helpers import EXE, commit, git, new_project, remote_tempdir, wait_until
 from thrust_remote.core.errors import ExitCode
 
 # waits for $THRUST_RUN_DIR/go (so a test decides when it ends), having said which code it is; a
-# checkpoint of its own beside it, and `fail` makes it end FAILED
+# checkpoint of its own beside it, and `fail` makes it end FAILED. seen-version comes last and whole
+# (renamed into place): the tests wait for it, then read it and seen-cwd.
 RUN_SH = """\
-cat version.txt > "$THRUST_RUN_DIR/seen-version"
 pwd > "$THRUST_RUN_DIR/seen-cwd"
 mkdir -p ckpt && cat version.txt > ckpt/state.pt
+cat version.txt > "$THRUST_RUN_DIR/.seen-version" && mv "$THRUST_RUN_DIR/.seen-version" "$THRUST_RUN_DIR/seen-version"
 while [ ! -e "$THRUST_RUN_DIR/go" ]; do sleep 0.05; done
 [ -e "$THRUST_RUN_DIR/fail" ] && exit 3
 exit 0
