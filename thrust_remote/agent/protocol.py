@@ -126,6 +126,7 @@ QUEUE = "queue"
 
 # run.json's (and status's) run id of the run this one continues (`thrust-remote resume`)
 RESUMED_FROM = "resumed_from"
+SELF_RETRY = "self_retry"  # run.json: a cluster's run continues itself at its time limit (agent/slurm.py)
 
 # run.json's `scheduler` of a run submitted to a cluster's scheduler (`scheduler: slurm` hosts,
 # agent/slurm.py): {"kind": "slurm", "job_id", "submitted_ts"}; its state is the scheduler's, mapped below
