@@ -262,7 +262,8 @@ class StatusAnswer(TypedDict, total=False):
     tree_bytes: int | None  # its own files' size
     # the laptop's additions: a run over several hosts (multinode.aggregate) and a run resumed since
     failed_node: dict | None  # {"node", "host", "why"[, "log_tail"]}: the node that failed first
-    continued_by: list  # [{"run_id", "host"}]: the runs that continue it (`status`)
+    continued_by: list  # [{"run_id", "host"}]: the runs that continue it (`status`); a Slurm run's own too
+    continue_error: str  # a Slurm run that was to resubmit itself at its time limit and did not: why
 
 
 class ServeAnswer(TypedDict):
