@@ -256,6 +256,7 @@ class StatusAnswer(TypedDict, total=False):
     node: int
     nodes: list
     peer_failed: dict | None
+    slurm_nodes: list  # a Slurm run over several nodes: [{"node", "slurm_node", "state", "exit_code", ...}]
     resumed_from: str  # the run this one continues from a checkpoint (`resume`, a retry)
     tree: str  # `list --trees` and `status`: the run's own tree on the host (docs/architecture.md, "Trees")
     tree_kept: bool  # the tree is still there

@@ -194,7 +194,36 @@ def place_node(run_dir: str, meta: dict, env: dict, argv: list[str]) -> tuple[st
     here = run_dir if node == 0 else os.path.join(run_dir, NODES_DIR, str(node))
     os.makedirs(here, mode=0o700, exist_ok=True)
     meta["slurm_node"] = node
+    meta["slurm_node_name"] = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # status names it
     return here, filled
+
+
+def node_states(run_dir: str, meta: dict, run: dict) -> list[dict] | None:
+    """A run over several nodes: each node's part as its own files in the shared run dir say (node 0's
+    the run dir's, node I's `nodes/I/`): {"node", "slurm_node" (Slurm's name for it), "state",
+    "exit_code", "ended_at", "pid"}. `run` is the run's own status; None for a run on one node. A node
+    whose supervisor has not started is QUEUED while the run may still start it, LOST once it has ended;
+    an ended one FINISHED with code 0, STOPPED when the run was stopped, else FAILED."""
+    nnodes = int((meta.get(SCHEDULER) or {}).get("nodes") or 1)
+    if nnodes <= 1:
+        return None
+    live = RunState.of(run.get("state")).is_live
+    out = []
+    for node in range(nnodes):
+        here = run_dir if node == 0 else os.path.join(run_dir, NODES_DIR, str(node))
+        own = meta if node == 0 else (_read(os.path.join(here, RUN_JSON)) or {})
+        end = _read(os.path.join(here, EXIT_CODE))
+        code = end.get("exit_code") if end else None
+        if end is not None and code is not None:
+            state = (RunState.FINISHED if code == 0 else
+                     RunState.STOPPED if os.path.exists(os.path.join(run_dir, STOPPED)) else RunState.FAILED)
+        elif "pid" in own:
+            state = RunState.RUNNING if live else RunState.LOST
+        else:
+            state = RunState.QUEUED if live else RunState.LOST
+        out.append({"node": node, "slurm_node": own.get("slurm_node_name"), "state": state.value,
+                    "exit_code": code, "ended_at": (end or {}).get("ended_at"), "pid": own.get("pid")})
+    return out
 
 
 def forget_env(run_dir: str) -> None:

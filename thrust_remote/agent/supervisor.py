@@ -616,6 +616,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     st = run_state(args.run_dir, meta)
     if st["state"] == RunState.QUEUED:
         st = _placed(st, _queue_view(os.path.dirname(os.path.abspath(args.run_dir))))
+    parts = slurm.node_states(args.run_dir, meta, st) if meta.get(SCHEDULER) else None
+    if parts:  # a Slurm run over several nodes: not `nodes` (hosts the laptop would open), its own key
+        st = {**st, "slurm_nodes": parts}
     print(json.dumps(_with_tree(args.run_dir, meta, st)))
     return 0
 
@@ -752,7 +755,8 @@ def cmd_supervise(args: argparse.Namespace) -> int:
         return 127
     meta.update(pid=proc.pid, pid_start=_proc_start_time(proc.pid))
     if here == run_dir:  # the login node may be writing the job id meanwhile: merged, never overwritten
-        started = ("started_at", "started_ts", "supervisor_pid", "supervisor_start", "argv", "pid", "pid_start")
+        started = ("started_at", "started_ts", "supervisor_pid", "supervisor_start", "argv", "pid", "pid_start",
+                   "slurm_node", "slurm_node_name")
         meta = slurm.update_meta(run_dir, {k: meta[k] for k in started if k in meta},
                                  job_id=os.environ.get("SLURM_JOB_ID"))
     else:

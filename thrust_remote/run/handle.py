@@ -101,12 +101,20 @@ class Run:
             got += len(chunk)
             on_bytes(chunk)
 
-        with self.session() as session, lifecycle.open_nodes(session, self.run_id, self.fleet) as (nodes, first):
-            shown = nodes.sessions[lifecycle.check_node(nodes, node)]
-            if shown is None:
-                raise UnreachableError(f"run {self.run_id}: node {node} ({nodes.names[node or 0]}) does not answer",
-                                       f"thrust-remote doctor --host {nodes.names[node or 0]}")
-            control.follow_log(shown, self.run_id, offset=offset, follow=False, on_bytes=counted)
+        with self.session() as session:
+            first = control.status(session, self.run_id)
+            if first.get("slurm_nodes"):  # one host, several Slurm nodes: node I's log is in its run dir's nodes/I/
+                names = [str(p.get("slurm_node") or f"node {p.get('node')}") for p in first["slurm_nodes"]]
+                which = lifecycle.check_node(lifecycle.RunNodes(self.run_id, names, [session] * len(names)), node)
+                control.follow_log(session, self.run_id, offset=offset, follow=False, on_bytes=counted,
+                                   slurm_node=which)
+                return LogRead(got, names[which] if node is not None else None, first.get("state"))
+            with lifecycle.open_nodes(session, self.run_id, self.fleet, first) as (nodes, _):
+                shown = nodes.sessions[lifecycle.check_node(nodes, node)]
+                if shown is None:
+                    raise UnreachableError(f"run {self.run_id}: node {node} ({nodes.names[node or 0]}) does not "
+                                           "answer", f"thrust-remote doctor --host {nodes.names[node or 0]}")
+                control.follow_log(shown, self.run_id, offset=offset, follow=False, on_bytes=counted)
         return LogRead(got, nodes.names[node] if node is not None else None, first.get("state"))
 
     def follow(self, reporter: Reporter, *, node: int | None = None, offset: int = 0, fetch: bool = True,

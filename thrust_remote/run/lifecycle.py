@@ -517,6 +517,10 @@ def status(session: HostSession, run_id: str, fleet: Fleet) -> StatusAnswer:
     """`status RUN`: one host's status object, or over several hosts the run's state over its nodes
     (every other node asked at once; docs/architecture.md, "JSON shapes")."""
     first = control.status(session, control.check_run_id(run_id))
+    if first.get("slurm_nodes"):  # one host, several Slurm nodes: listed as a run over hosts lists its nodes
+        parts = first.pop("slurm_nodes")
+        first["nodes"] = [{**p, "host": session.name} for p in parts if isinstance(p, dict)]
+        return first
     if len(first.get("nodes") or []) <= 1:
         return first
     with open_nodes(session, run_id, fleet, first) as (nodes, _):
