@@ -274,14 +274,61 @@ def test_a_run_warned_of_its_time_limit_checkpoints_and_resubmits_itself_from_it
         train.wait()
     told = err.read_text()
     assert train.returncode == 0, told
-    assert f"run {first}: it reached its time limit; retry 1 of 1" in told and f"resuming run {first}" in told
+    # the cluster resubmitted it itself (its retry: on: [timeout]); the follower follows that run and
+    # submits none of its own: one resubmission, not two
+    second = re.search(rf"run {first}: it reached its time limit; the cluster resubmitted it as (own-\S+) ",
+                       told).group(1)
+    assert told.count("launching run") == 1 and f"resuming run {first}" not in told, told
     assert "checkpoint at step" in log.read_text()
     st = run_status(cli, proj, first)
     assert (st["state"], st["reason"]) == ("FAILED", "timeout")
-    second = re.findall(r"launching run (own-\S+)", told)[-1]
+    assert [c["run_id"] for c in st["continued_by"]] == [second]
+    assert _resumed_from(workdir, first) == [second]
     resumed = (workdir / ".thrust" / "runs" / second / "log").read_text()
     assert re.search(r"resumed from step [1-9]", resumed), resumed
     assert run_status(cli, proj, second)["state"] == "FINISHED"
+
+
+def _resumed_from(workdir: Path, run_id: str) -> list[str]:
+    """The runs on the cluster's disk that continue `run_id`."""
+    out = []
+    for meta in (workdir / ".thrust" / "runs").glob("*/run.json"):
+        if json.loads(meta.read_text()).get("resumed_from") == run_id:
+            out.append(meta.parent.name)
+    return out
+
+
+def test_a_detached_run_at_its_time_limit_resubmits_itself_with_no_laptop_following(cli, hpc, cluster, login):
+    """`train --detach` and the laptop gone: at Slurm's warning the job checkpoints, and the run's
+    supervisor on the allocation submits the next attempt itself from that checkpoint (retry: max 1)."""
+    proj, workdir = hpc
+    config = str(_own_config(proj, workdir, login))
+    started = cli("--config", config, "train", "own", "--host", "sandbox", "--detach", cwd=proj)
+    assert started.returncode == 0, started.stderr
+    first = launched_run(started.stderr)
+    runs = workdir / ".thrust" / "runs"
+    log = runs / first / "log"
+    wait_until(lambda: log.exists() and "step 3" in log.read_text(), 30, "the job's steps")
+    assert json.loads((runs / first / "run.json").read_text())["self_retry"]["attempt"] == 0
+    job = json.loads((runs / first / "run.json").read_text())["scheduler"]["job_id"]
+    cluster.run("scancel", "--signal=USR1", "--batch", job)  # Slurm's warning before the time limit, now
+    st = wait_until(lambda: (s := run_status(cli, proj, first))["state"] != "RUNNING" and s, 30, "its end")
+    assert (st["state"], st["reason"]) == ("FAILED", "timeout"), st
+    second = st["continued_by"][0]["run_id"]
+    assert st["continued_by"] == [{"run_id": second, "host": "sandbox"}] and _resumed_from(workdir, first) == [second]
+    assert f"continued by {second} on sandbox" in cli("status", first, cwd=proj).stdout
+    done = cli("wait", second, "--timeout", "60", cwd=proj)  # found without --host: the index has it now
+    assert done.returncode == 0, done.stdout + done.stderr
+    nxt = run_status(cli, proj, second)
+    assert (nxt["state"], nxt["resumed_from"]) == ("FINISHED", first) and nxt["scheduler_job"] != job
+    meta = json.loads((runs / second / "run.json").read_text())
+    assert meta["self_retry"]["attempt"] == 1
+    assert meta["cwd"] == json.loads((runs / first / "run.json").read_text())["cwd"]  # the same tree
+    checkpoint = runs / second / "resume" / "step.txt"
+    assert checkpoint.exists() and f"--resume-from {checkpoint}" in " ".join(meta["argv"])
+    resumed = (runs / second / "log").read_text()
+    assert re.search(r"resumed from step [1-9]", resumed), resumed
+    assert not (runs / second / ".env.json").exists()
 
 
 def test_one_squeue_answer_serves_every_look_for_ten_seconds(hpc, cluster, monkeypatch):

@@ -71,7 +71,22 @@ def test_a_run_over_two_nodes_is_torchrun_across_them_with_its_rendezvous_on_the
     assert node1["slurm_node"] == 1
     # the run's end is node 0's; node 1's supervisor records its own a moment later (srun ends both)
     wait_until(lambda: (run_dir / "nodes" / "1" / "exit_code").exists(), 30, "node 1's supervisor to record its end")
-    assert run_status(cli, proj, run_id)["state"] == "FINISHED"
+    st = run_status(cli, proj, run_id)
+    assert st["state"] == "FINISHED"
+    # each node listed as a run over hosts lists its nodes: its index, Slurm's name for it, its own state
+    names = [line.split("NodeName=")[1].split()[0] for line in cluster.conf.read_text().splitlines()
+             if line.startswith("NodeName=")]
+    assert [(n["node"], n["state"], n["exit_code"]) for n in st["nodes"]] == [(0, "FINISHED", 0), (1, "FINISHED", 0)]
+    assert sorted(n["slurm_node"] for n in st["nodes"]) == sorted(names) and st["nodes"][1]["slurm_node"] == node1[
+        "slurm_node_name"] and "slurm_nodes" not in st
+    said = cli("status", run_id, cwd=proj).stdout
+    assert f"node 1  {node1['slurm_node_name']}  FINISHED" in said, said
+    # node 1's log, from its own nodes/1/
+    shown = cli("logs", run_id, "--node", "1", cwd=proj)
+    assert shown.returncode == 0 and shown.stdout == (run_dir / "nodes" / "1" / "log").read_text(), shown.stderr
+    assert shown.stdout != (run_dir / "log").read_text()
+    beyond = cli("logs", run_id, "--node", "2", cwd=proj)
+    assert beyond.returncode == 64 and "give --node 0 to 1" in beyond.stderr and "Traceback" not in beyond.stderr
 
 
 def cluster_addr(cluster, i: int) -> str:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from thrust_remote.agent import slurm
 from thrust_remote.agent.protocol import SLURM_STATES, RunState, slurm_state
 from thrust_remote.core.config import parse_config_text
 from thrust_remote.core.errors import ConfigError, UsageError
@@ -133,3 +135,27 @@ def test_gpu_hours_on_a_cluster_count_the_gpus_asked_of_the_scheduler():
 
     assert _scheduled_gpus(["--nodes=2", "--ntasks-per-node=1"], 4) == list(range(8))  # 4 a node, 2 nodes
     assert _scheduled_gpus(["--nodes=1"], 0) == []  # none asked: CPU hours only, whatever the login node has
+
+
+def _warned_run(tmp_path: Path, attempt: int) -> tuple[Path, dict]:
+    """A run dir as a Slurm run's supervisor leaves it at Slurm's time-limit warning, before its end."""
+    run_dir = tmp_path / "runs" / "own-1"
+    run_dir.mkdir(parents=True)
+    (tmp_path / "tree").mkdir()
+    meta = {"run_id": "own-1", "job": "own", "cwd": str(tmp_path / "tree"), "tree": str(tmp_path / "tree"),
+            "self_retry": {"on": ["timeout"], "max": 1, "attempt": attempt, "checkpoints": "ckpt/*.txt",
+                           "host": "hpc", "argv": ["sh", "job.sh", "--resume-from", "{checkpoint}"], "sbatch": []}}
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    (run_dir / "time-limit").write_text("now")
+    return run_dir, meta
+
+
+@pytest.mark.parametrize(("attempt", "why"), [(0, "no checkpoint matches 'ckpt/*.txt'"),
+                                              (1, "its retry: max (1) is reached")])
+def test_a_run_at_its_time_limit_that_cannot_continue_itself_says_why_and_submits_nothing(tmp_path, attempt, why):
+    """No checkpoint, or its retries spent: nothing is submitted (no sbatch is run), the run dir says why
+    (status: `continue_error`), and a follower, if any, retries as before."""
+    run_dir, meta = _warned_run(tmp_path, attempt)
+    assert slurm.continue_after_limit(str(run_dir), meta, {}) is None
+    assert json.loads((run_dir / "run.json").read_text())["continue_error"] == why
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["own-1"]  # no next run dir

@@ -126,6 +126,7 @@ QUEUE = "queue"
 
 # run.json's (and status's) run id of the run this one continues (`thrust-remote resume`)
 RESUMED_FROM = "resumed_from"
+SELF_RETRY = "self_retry"  # run.json: a cluster's run continues itself at its time limit (agent/slurm.py)
 
 # run.json's `scheduler` of a run submitted to a cluster's scheduler (`scheduler: slurm` hosts,
 # agent/slurm.py): {"kind": "slurm", "job_id", "submitted_ts"}; its state is the scheduler's, mapped below
@@ -255,13 +256,15 @@ class StatusAnswer(TypedDict, total=False):
     node: int
     nodes: list
     peer_failed: dict | None
+    slurm_nodes: list  # a Slurm run over several nodes: [{"node", "slurm_node", "state", "exit_code", ...}]
     resumed_from: str  # the run this one continues from a checkpoint (`resume`, a retry)
     tree: str  # `list --trees` and `status`: the run's own tree on the host (docs/architecture.md, "Trees")
     tree_kept: bool  # the tree is still there
     tree_bytes: int | None  # its own files' size
     # the laptop's additions: a run over several hosts (multinode.aggregate) and a run resumed since
     failed_node: dict | None  # {"node", "host", "why"[, "log_tail"]}: the node that failed first
-    continued_by: list  # [{"run_id", "host"}]: the runs that continue it (`status`)
+    continued_by: list  # [{"run_id", "host"}]: the runs that continue it (`status`); a Slurm run's own too
+    continue_error: str  # a Slurm run that was to resubmit itself at its time limit and did not: why
 
 
 class ServeAnswer(TypedDict):

@@ -20,7 +20,9 @@ import fcntl
 import json
 import os
 import pwd
+import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,13 +30,16 @@ import sys
 import time
 
 from .files import write_atomic
+from .listing import list_files
 from .protocol import (
     EXIT_CODE,
     NODES_DIR,
+    PATCH,
     RDZV_FILE,
     RDZV_PENDING,
     RUN_JSON,
     SCHEDULER,
+    SELF_RETRY,
     SLURM,
     SLURM_STATES,
     STOPPED,
@@ -50,6 +55,13 @@ ENV = ".env.json"  # the job's env for the supervisor on the allocation (0600: i
 SLURM_OUT = "slurm.out"  # what the batch step prints before the supervisor takes the log
 END = "scheduler-end.json"  # the scheduler's word on an ended job, kept: asked once, never again
 NEAR_LIMIT = "time-limit"  # written when Slurm's warning came: the job was stopped for its time limit
+CONTINUED_BY = "continued_by"  # run.json: [{"run_id", "host", "scheduler_job"}], the run that went on from it
+CONTINUE_ERROR = "continue_error"  # run.json: why a run that was to continue itself did not
+CHECKPOINT_FIELD = "{checkpoint}"  # the `resume:` template's placeholder (core/config.py's)
+RESUME_DIR = "resume"  # under the new run's directory: the checkpoint it starts from (run/stages.py's)
+# what a run's launch wrote and its start added: the next attempt's run.json starts from the first only
+_STARTED = ("pid", "pid_start", "started_at", "started_ts", "supervisor_pid", "supervisor_start", SCHEDULER,
+            CONTINUED_BY, CONTINUE_ERROR, "slurm_node")
 # Slurm's warning before the time limit (sbatch --signal=B:USR1@S, to the batch step's supervisor only)
 LIMIT_SIGNAL = signal.SIGUSR1
 
@@ -88,7 +100,7 @@ def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> 
     meta[SCHEDULER] = {"kind": SLURM, "submitted_ts": time.time(), "sbatch": argv, "nodes": nodes}
     _put(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_S, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_S, check=False, env=_submit_env())
     except (OSError, subprocess.TimeoutExpired) as exc:
         return _not_submitted(run_dir, meta, f"sbatch could not be run: {exc}")
     if done.returncode != 0:
@@ -97,6 +109,12 @@ def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> 
     meta[SCHEDULER]["job_id"] = job_id
     update_meta(run_dir, {}, job_id=job_id)  # the job may have started already: its pid stays
     return {"queued": True, "scheduler_job": job_id, "run_dir": run_dir, "marker": meta.get("marker")}
+
+
+def _submit_env() -> dict[str, str]:
+    """sbatch's environment: on an allocation (a run continuing itself) the job's own SLURM_* would be
+    taken as the next job's options (its nodes, tasks, memory): only SLURM_CONF, which names the cluster."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
 
 
 def update_meta(run_dir: str, changes: dict, *, job_id: str | None = None) -> dict:
@@ -176,7 +194,36 @@ def place_node(run_dir: str, meta: dict, env: dict, argv: list[str]) -> tuple[st
     here = run_dir if node == 0 else os.path.join(run_dir, NODES_DIR, str(node))
     os.makedirs(here, mode=0o700, exist_ok=True)
     meta["slurm_node"] = node
+    meta["slurm_node_name"] = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # status names it
     return here, filled
+
+
+def node_states(run_dir: str, meta: dict, run: dict) -> list[dict] | None:
+    """A run over several nodes: each node's part as its own files in the shared run dir say (node 0's
+    the run dir's, node I's `nodes/I/`): {"node", "slurm_node" (Slurm's name for it), "state",
+    "exit_code", "ended_at", "pid"}. `run` is the run's own status; None for a run on one node. A node
+    whose supervisor has not started is QUEUED while the run may still start it, LOST once it has ended;
+    an ended one FINISHED with code 0, STOPPED when the run was stopped, else FAILED."""
+    nnodes = int((meta.get(SCHEDULER) or {}).get("nodes") or 1)
+    if nnodes <= 1:
+        return None
+    live = RunState.of(run.get("state")).is_live
+    out = []
+    for node in range(nnodes):
+        here = run_dir if node == 0 else os.path.join(run_dir, NODES_DIR, str(node))
+        own = meta if node == 0 else (_read(os.path.join(here, RUN_JSON)) or {})
+        end = _read(os.path.join(here, EXIT_CODE))
+        code = end.get("exit_code") if end else None
+        if end is not None and code is not None:
+            state = (RunState.FINISHED if code == 0 else
+                     RunState.STOPPED if os.path.exists(os.path.join(run_dir, STOPPED)) else RunState.FAILED)
+        elif "pid" in own:
+            state = RunState.RUNNING if live else RunState.LOST
+        else:
+            state = RunState.QUEUED if live else RunState.LOST
+        out.append({"node": node, "slurm_node": own.get("slurm_node_name"), "state": state.value,
+                    "exit_code": code, "ended_at": (end or {}).get("ended_at"), "pid": own.get("pid")})
+    return out
 
 
 def forget_env(run_dir: str) -> None:
@@ -319,3 +366,63 @@ def cancel(run_dir: str, meta: dict) -> dict:
         _put(os.path.join(run_dir, EXIT_CODE), json.dumps(
             {"exit_code": None, "never_started": True, "ended_at": _now(), "ended_ts": time.time()}))
     return {"stopped": True, "killed": False, "scheduler_job": job_id}
+
+
+def continue_after_limit(run_dir: str, meta: dict, env: dict) -> dict | None:
+    """On the allocation's node 0, after the job exited and before its end is written: a run warned of
+    its time limit whose launch asked for it (run.json's `self_retry`, written by the laptop when the job's
+    `retry: on:` has `timeout` and it can resume) submits its next attempt itself, so no laptop need be
+    following it. The same tree and venv, a new run id and directory with `resumed_from`, the newest
+    checkpoint linked in (as `resume` does), `self_retry.attempt` counted against `max`. The new run is
+    recorded in this run's `continued_by` before its end is: whoever sees the end sees where it went on
+    (a follower follows it instead of submitting one of its own). None when it does not continue."""
+    plan = meta.get(SELF_RETRY)
+    if not isinstance(plan, dict) or "timeout" not in (plan.get("on") or ()):
+        return None
+    if not os.path.exists(os.path.join(run_dir, NEAR_LIMIT)) or os.path.exists(os.path.join(run_dir, STOPPED)):
+        return None  # it ended on its own, or was stopped: nothing to continue
+    attempt, most = int(plan.get("attempt") or 0), int(plan.get("max") or 0)
+    if attempt >= most:
+        return _not_continued(run_dir, f"its retry: max ({most}) is reached")
+    cwd = str(meta.get("cwd") or run_dir)
+    # a tree of the run's own holds only its files; a shared checkout only those written while it ran
+    own_tree = isinstance(meta.get("tree"), str)
+    since = None if own_tree or not meta.get("started_ts") else float(meta["started_ts"])
+    found = list_files(cwd, run_dir, [str(plan.get("checkpoints") or "")], since).get("files") or []
+    if not found:
+        return _not_continued(run_dir, f"no checkpoint matches {plan.get('checkpoints')!r}")
+    newest = max(found, key=lambda f: (f["mtime"], f["path"]))
+    old_id = os.path.basename(run_dir)
+    new_id = f"{meta.get('job') or 'run'}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+    new_dir = os.path.join(os.path.dirname(run_dir), new_id)
+    os.makedirs(os.path.join(new_dir, RESUME_DIR), mode=0o700)
+    target = os.path.join(new_dir, RESUME_DIR, os.path.basename(newest["abs"]))
+    # linked (else copied): the old run's tree may be reclaimed (keep:) before the new run reads it
+    try:
+        os.link(newest["abs"], target)
+    except OSError:
+        shutil.copy2(newest["abs"], target)
+
+    def moved(word: str) -> str:  # the laptop's template names this run's dir and id: the new run's instead
+        return word.replace(CHECKPOINT_FIELD, target).replace(run_dir, new_dir).replace(old_id, new_id)
+
+    if os.path.exists(os.path.join(run_dir, PATCH)):  # the uncommitted changes it ran with: a resume rebuilds them
+        shutil.copy2(os.path.join(run_dir, PATCH), os.path.join(new_dir, PATCH))
+    marker = secrets.token_hex(8)
+    new_env = {k: moved(v) if isinstance(v, str) else v for k, v in env.items()}
+    new_env["THRUST_RUN_MARKER"] = marker
+    new_meta = {k: v for k, v in meta.items() if k not in _STARTED}
+    new_meta.update(run_id=new_id, marker=marker, resumed_from=old_id, argv=[moved(w) for w in plan["argv"]],
+                    env={k: moved(v) if isinstance(v, str) else v for k, v in (meta.get("env") or {}).items()})
+    new_meta[SELF_RETRY] = {**plan, "attempt": attempt + 1}
+    answer = submit(new_dir, cwd, list(plan.get("sbatch") or []), new_env, new_meta)
+    if not answer.get("queued"):
+        return _not_continued(run_dir, f"sbatch refused its next attempt {new_id}: {answer.get('detail')}")
+    went_on = {"run_id": new_id, "host": plan.get("host"), "scheduler_job": answer["scheduler_job"]}
+    update_meta(run_dir, {CONTINUED_BY: [*(meta.get(CONTINUED_BY) or []), went_on]})
+    return went_on
+
+
+def _not_continued(run_dir: str, why: str) -> None:
+    """Said in run.json (status shows it): the laptop's follower, if any, may still retry it."""
+    update_meta(run_dir, {CONTINUE_ERROR: why})

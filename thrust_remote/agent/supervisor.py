@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from . import idlewatch, peerwatch, runqueue, slurm
 from .checkout import free_bytes
@@ -197,6 +197,9 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
         **({"queued_at": meta[QUEUE].get("queued_at")} if isinstance(meta.get(QUEUE), dict) else {}),
         **({"scheduler_job": meta[SCHEDULER].get("job_id")} if isinstance(meta.get(SCHEDULER), dict) else {}),
         **({RESUMED_FROM: meta[RESUMED_FROM]} if isinstance(meta.get(RESUMED_FROM), str) else {}),
+        # a cluster's run that resubmitted itself at its time limit (slurm.continue_after_limit), or why not
+        **({slurm.CONTINUED_BY: meta[slurm.CONTINUED_BY]} if isinstance(meta.get(slurm.CONTINUED_BY), list) else {}),
+        **({slurm.CONTINUE_ERROR: meta[slurm.CONTINUE_ERROR]} if meta.get(slurm.CONTINUE_ERROR) else {}),
         **_hours(run_dir, meta, state, ended_ts),
         **({"node": meta["node"], "nodes": [n.get("host") for n in meta.get("nodes") or []],
             "peer_failed": read_json(os.path.join(run_dir, PEER_FAILED))} if "node" in meta else {}),
@@ -558,7 +561,8 @@ def _start(run_dir: str, cwd: str, argv: list[str], env: dict, devnull: int, log
         return None
 
 
-def _watch(run_dir: str, meta: dict, proc: subprocess.Popen) -> None:
+def _watch(run_dir: str, meta: dict, proc: subprocess.Popen,
+           before_end: Callable[[], None] | None = None) -> None:
     # The supervisor ignores the signals meant for the job's group; `stop` signals that group only.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -577,6 +581,8 @@ def _watch(run_dir: str, meta: dict, proc: subprocess.Popen) -> None:
     done.set()
     if code < 0:
         code = 128 - code
+    if before_end is not None:
+        before_end()
     _record_end(run_dir, json.dumps({"exit_code": code, "ended_at": _now(), "ended_ts": time.time()}))
 
 
@@ -610,6 +616,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     st = run_state(args.run_dir, meta)
     if st["state"] == RunState.QUEUED:
         st = _placed(st, _queue_view(os.path.dirname(os.path.abspath(args.run_dir))))
+    parts = slurm.node_states(args.run_dir, meta, st) if meta.get(SCHEDULER) else None
+    if parts:  # a Slurm run over several nodes: not `nodes` (hosts the laptop would open), its own key
+        st = {**st, "slurm_nodes": parts}
     print(json.dumps(_with_tree(args.run_dir, meta, st)))
     return 0
 
@@ -746,7 +755,8 @@ def cmd_supervise(args: argparse.Namespace) -> int:
         return 127
     meta.update(pid=proc.pid, pid_start=_proc_start_time(proc.pid))
     if here == run_dir:  # the login node may be writing the job id meanwhile: merged, never overwritten
-        started = ("started_at", "started_ts", "supervisor_pid", "supervisor_start", "argv", "pid", "pid_start")
+        started = ("started_at", "started_ts", "supervisor_pid", "supervisor_start", "argv", "pid", "pid_start",
+                   "slurm_node", "slurm_node_name")
         meta = slurm.update_meta(run_dir, {k: meta[k] for k in started if k in meta},
                                  job_id=os.environ.get("SLURM_JOB_ID"))
     else:
@@ -757,11 +767,21 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     # sbatch --signal=B:USR1@S: the time limit is S seconds away. The job gets a TERM now, while there is
     # time to write a checkpoint, and the run's end reads as a timeout (resumable: retry on: [timeout]).
     signal.signal(slurm.LIMIT_SIGNAL, lambda *_: (slurm.near_limit(run_dir), _signal_group(proc.pid, signal.SIGTERM)))
-    _watch(here, meta, proc)
+    _watch(here, meta, proc, (lambda: _continue(run_dir, meta)) if here == run_dir else None)
     if here == run_dir:  # node 0, whose job ends last (a run over nodes ends together): the env's secrets go
         slurm.forget_env(run_dir)
     end, _, _, _ = _end(_read_text(os.path.join(here, EXIT_CODE)))
     return min(int(end or 0), 255)
+
+
+def _continue(run_dir: str, meta: dict) -> None:
+    """A run at its time limit submits its next attempt (slurm.continue_after_limit); whatever goes wrong
+    there is said in run.json and the run's end is still recorded (an end never goes unwritten)."""
+    try:
+        slurm.continue_after_limit(run_dir, meta, slurm.job_env(run_dir))
+    except Exception as exc:  # noqa: BLE001 - the end must be written whatever failed
+        with contextlib.suppress(OSError):
+            slurm.update_meta(run_dir, {slurm.CONTINUE_ERROR: f"{type(exc).__name__}: {exc}"})
 
 
 def _signal_group(pgid: int, sig: int) -> None:

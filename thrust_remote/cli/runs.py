@@ -257,8 +257,11 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
                       f"{h(failed.get('why'), lines=True)}", highlight=False)
     for node in st.get("nodes") or []:
         code = "" if node.get("exit_code") is None else f" (exit code {node['exit_code']})"
-        console.print(f"  node {h(node['node'])}  {h(node['host'])}  "
+        where = node.get("slurm_node") or node["host"]  # a Slurm run's nodes: Slurm's name for each
+        console.print(f"  node {h(node['node'])}  {h(where)}  "
                       f"[{STATE_STYLE.get(node['state'], 'red')}]{h(node['state'])}[/]{h(code)}", highlight=False)
+    if st.get("continue_error"):  # a Slurm run that was to resubmit itself at its time limit and did not
+        console.print(f"  not resubmitted by the cluster: {h(st['continue_error'])}", highlight=False)
     for e in st.get("continued_by") or []:  # where the work went on
         again = command_hint("status", e["run_id"], config=config.given_path)
         console.print(f"  continued by {h(e['run_id'])} on {h(e['host'])}: {h(again)}", highlight=False)

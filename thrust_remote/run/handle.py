@@ -14,6 +14,8 @@ and each retry that resumes it are one chain (resume.Chain), wired here for `tra
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,9 +79,17 @@ class Run:
                            f"{command_hint('status', last.run_id, config=self.config.given_path)}")
                 exc.hint = "\n".join(filter(None, [went_on, exc.hint]))
             raise
-        if after:
-            st["continued_by"] = [{"run_id": e.run_id, "host": e.host} for e in after]
+        # the runs the laptop started from it (index), and those its cluster submitted itself (its run.json)
+        went_on = [{"run_id": e.run_id, "host": e.host} for e in after]
+        for e in st.get("continued_by") or []:
+            if isinstance(e, dict) and e.get("run_id") not in {w["run_id"] for w in went_on}:
+                went_on.append({"run_id": str(e["run_id"]), "host": str(e.get("host") or st.get("host") or "")})
+                remember_continued(self.config, self.run_id, str(e["run_id"]), went_on[-1]["host"])
+        if went_on:
+            st["continued_by"] = went_on
         return st
+
+
 
     def read_log(self, on_bytes: Callable[[bytes], None], *, node: int | None = None, offset: int = 0) -> LogRead:
         """The log of node `node` (default node 0) from byte `offset`, as it is now, to `on_bytes`. The
@@ -91,12 +101,20 @@ class Run:
             got += len(chunk)
             on_bytes(chunk)
 
-        with self.session() as session, lifecycle.open_nodes(session, self.run_id, self.fleet) as (nodes, first):
-            shown = nodes.sessions[lifecycle.check_node(nodes, node)]
-            if shown is None:
-                raise UnreachableError(f"run {self.run_id}: node {node} ({nodes.names[node or 0]}) does not answer",
-                                       f"thrust-remote doctor --host {nodes.names[node or 0]}")
-            control.follow_log(shown, self.run_id, offset=offset, follow=False, on_bytes=counted)
+        with self.session() as session:
+            first = control.status(session, self.run_id)
+            if first.get("slurm_nodes"):  # one host, several Slurm nodes: node I's log is in its run dir's nodes/I/
+                names = [str(p.get("slurm_node") or f"node {p.get('node')}") for p in first["slurm_nodes"]]
+                which = lifecycle.check_node(lifecycle.RunNodes(self.run_id, names, [session] * len(names)), node)
+                control.follow_log(session, self.run_id, offset=offset, follow=False, on_bytes=counted,
+                                   slurm_node=which)
+                return LogRead(got, names[which] if node is not None else None, first.get("state"))
+            with lifecycle.open_nodes(session, self.run_id, self.fleet, first) as (nodes, _):
+                shown = nodes.sessions[lifecycle.check_node(nodes, node)]
+                if shown is None:
+                    raise UnreachableError(f"run {self.run_id}: node {node} ({nodes.names[node or 0]}) does not "
+                                           "answer", f"thrust-remote doctor --host {nodes.names[node or 0]}")
+                control.follow_log(shown, self.run_id, offset=offset, follow=False, on_bytes=counted)
         return LogRead(got, nodes.names[node] if node is not None else None, first.get("state"))
 
     def follow(self, reporter: Reporter, *, node: int | None = None, offset: int = 0, fetch: bool = True,
@@ -220,6 +238,18 @@ def _attempts(fleet: Fleet, reporter: Reporter, *, sets: Sequence[str] = (), par
     return make
 
 
+def remember_continued(config: Config, run_id: str, new_id: str, host: str) -> None:
+    """A run its cluster submitted itself (agent/slurm.py, continue_after_limit), in the local index as its
+    parent is (its host, job, code), so `status`, `logs` and `resume` of it need no --host."""
+    entry = index.lookup(config.root, run_id)
+    if entry is None or index.lookup(config.root, new_id) is not None or host not in config.hosts:
+        return
+    with contextlib.suppress(OSError):
+        index.record(config.root, dataclasses.replace(
+            entry, run_id=new_id, host=host, started_at=index.now(), resumed_from=run_id,
+            run_dir=entry.run_dir.replace(run_id, new_id) if entry.run_dir else entry.run_dir))
+
+
 def _reattach(fleet: Fleet, reporter: Reporter, sync_every: float | None) -> Callable[[str, str], TrainOutcome]:
     """A run followed again on the host `name` (a reattach)."""
 
@@ -250,4 +280,5 @@ def _chain(fleet: Fleet, policy: resuming.RetryPolicy, reporter: Reporter,
         return command_hint(command, run_id, host=config.hosts.get(host) or host, config=fleet.config_path)
 
     return resuming.Chain(policy, reporter, attempt=attempt, follow=_reattach(fleet, reporter, sync_every),
-                          answers=resuming.probe(fleet), hosts_of=hosts_of, hint=hint)
+                          answers=resuming.probe(fleet), hosts_of=hosts_of, hint=hint,
+                          went_on=lambda old, new, host: remember_continued(config, old, new, host))

@@ -45,6 +45,7 @@ from thrust_remote.host.fleet import Fleet, each
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import endings, fetching, following, jobs, multinode, stages, vocab
 from thrust_remote.run import gpus as inventory  # the module; `gpus` is the chosen list in places
+from thrust_remote.run import resume as resuming
 from thrust_remote.run.arguments import check_trainer_args, job_arguments, load_params, parse_sets
 from thrust_remote.run.sync import LocalState
 from thrust_remote.run.vocab import Launched, Reporter, Stage, TrainOutcome, TrainRequest
@@ -146,6 +147,7 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
         for node in checked:
             inventory.select_gpus(request.gpus, node.report.facts, node.session.host)
     prepared = each(lambda c: stages.set_up(c, told(c.session)), checked)
+    base_args = args  # before a checkpoint's: a cluster's run that continues itself adds its own
     if request.resume is not None:  # every node can read the checkpoint; the job's rank 0 does
         resume = request.resume
         reporter.step(f"placing checkpoint {resume.label} for run {run_id}")
@@ -155,7 +157,7 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
         launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
                                                   queue_order=time.time(), planned=planned)
     else:
-        launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter)], list(sessions)
+        launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter, base_args)], list(sessions)
     _remember(config, launched, reporter, request, prepared[0].local)
     for p in prepared:  # each host's `keep:`: the trees of older ended runs go (never a live run's)
         _keep(p.session, config.root, told(p.session))
@@ -174,7 +176,7 @@ def _keep(session: HostSession, root: Path, reporter: Reporter) -> None:
 
 
 def _launch_one(prepared: stages.Prepared, request: TrainRequest, args: Sequence[str], run_id: str,
-                reporter: Reporter) -> Launched:
+                reporter: Reporter, base_args: Sequence[str] = ()) -> Launched:
     """One host: the GPUs `--gpus` asks for, claimed on the host unless shared; with --queue, what it
     waits for there when that is taken."""
     session = prepared.session
@@ -185,7 +187,8 @@ def _launch_one(prepared: stages.Prepared, request: TrainRequest, args: Sequence
         return stages.launch_prepared(prepared, args=args, run_id=run_id, nproc=request.nproc,
                                       extra_env=request.extra_env, reporter=reporter, rdzv=rdzv,
                                       meta_extra=stages.resume_meta(request), gpu_count=count,
-                                      sbatch=sbatch_options(session.host.slurm, nodes=request.nodes, gpus=count))
+                                      sbatch=sbatch_options(session.host.slurm, nodes=request.nodes, gpus=count),
+                                      host_retry=resuming.host_retry(request.job, base_args, session.name))
     if request.queue:
         gpus, ask = stages.queue_ask(request, prepared.report.facts, None)
         return stages.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
@@ -514,6 +517,10 @@ def status(session: HostSession, run_id: str, fleet: Fleet) -> StatusAnswer:
     """`status RUN`: one host's status object, or over several hosts the run's state over its nodes
     (every other node asked at once; docs/architecture.md, "JSON shapes")."""
     first = control.status(session, control.check_run_id(run_id))
+    if first.get("slurm_nodes"):  # one host, several Slurm nodes: listed as a run over hosts lists its nodes
+        parts = first.pop("slurm_nodes")
+        first["nodes"] = [{**p, "host": session.name} for p in parts if isinstance(p, dict)]
+        return first
     if len(first.get("nodes") or []) <= 1:
         return first
     with open_nodes(session, run_id, fleet, first) as (nodes, _):

@@ -61,6 +61,23 @@ def template_of(job: JobConfig) -> tuple[str, ...]:
                      f"\"{CHECKPOINT_FIELD}\" where the path goes) under jobs.{job.name} in thrust.yaml")
 
 
+HOST_RETRY_ON = ("timeout",)  # what a cluster's run continues from by itself: Slurm's warning before the limit
+
+
+def host_retry(job: JobConfig, base_args: Sequence[str], host: str) -> dict[str, Any] | None:
+    """What a Slurm run needs to submit its own next attempt at its time limit, with no laptop following
+    (agent/slurm.py, continue_after_limit): the job's `retry:` answers `timeout` and it can resume. `args`
+    are the next attempt's job arguments, "{checkpoint}" filled on the cluster; None: it does not."""
+    retry = job.retry or {}
+    on = [e for e in retry.get("on") or () if e in HOST_RETRY_ON]
+    glob = checkpoints.checkpoint_glob(job)
+    template = tuple(job.resume) or (TRAINER_TEMPLATE if job.kind == "trainer" else ())
+    if not on or not int(retry.get("max") or 0) or glob is None or not template:
+        return None
+    return {"on": on, "max": int(retry["max"]), "attempt": 0, "checkpoints": glob, "host": host,
+            "args": [*base_args, *template]}
+
+
 @dataclass
 class Source:
     """The run `resume` continues, as far as it is known here: its job, its hosts, what it was given."""
@@ -242,10 +259,12 @@ class Chain:
                  follow: Callable[[str, str], TrainOutcome], answers: Answers,
                  hosts_of: Callable[[str], list[str]],
                  hint: Hint = lambda command, run_id, host: command_hint(command, run_id, host=host),
+                 went_on: Callable[[str, str, str], None] = lambda old, new, host: None,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy, self.reporter = policy, reporter
         self.attempt, self.follow_again, self.answers = attempt, follow, answers
         self.hosts_of, self.hint, self.sleep, self.clock = hosts_of, hint, sleep, clock
+        self.went_on = went_on  # (run, the run its cluster submitted itself, host): recorded (the index)
         self.attempts: list[dict[str, Any]] = []
         self.used: set[str] = set()
         self.moved: list[tuple[str, str]] = []  # (run, host) resumed elsewhere while its host was silent
@@ -259,6 +278,11 @@ class Chain:
             event = "host-lost" if outcome is None else event_of(outcome.status)
             ended = (outcome.status or {}).get("state") if outcome else RunState.UNREACHABLE.value
             self.attempts.append({"run_id": run_id, "host": host, "state": ended})
+            went_on = (outcome.status or {}).get("continued_by") if outcome else None
+            if went_on and event in self.policy.on:  # the cluster resubmitted it itself: that one, never a second
+                retries += 1
+                step = self._went_on(run_id, str(host), event, went_on[-1])
+                continue
             if event is None or event not in self.policy.on or retries >= self.policy.max or run_id is None:
                 self._say_moved()
                 if outcome is None:
@@ -268,6 +292,14 @@ class Chain:
                 return outcome
             retries += 1
             step = self._next(run_id, str(host), event, retries)
+
+    def _went_on(self, run_id: str, host: str, event: str, went_on: dict[str, Any]) -> Callable[[], TrainOutcome]:
+        """A Slurm run that submitted its next attempt itself at its time limit (agent/slurm.py): followed."""
+        new_id, where = str(went_on.get("run_id")), str(went_on.get("host") or host)
+        self.reporter.warn(f"run {run_id}: it reached its time limit; the cluster resubmitted it as {new_id} "
+                           f"(Slurm job {went_on.get('scheduler_job')}) from its checkpoint: following it")
+        self.went_on(run_id, new_id, where)
+        return lambda: self.follow_again(new_id, where)
 
     def _one(self, step: Callable[[], TrainOutcome]) -> tuple[TrainOutcome | None, ConnectionLostError | None]:
         try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import GPUS_USED, RESUMED_FROM, LaunchAnswer
+from thrust_remote.agent.protocol import GPUS_USED, RESUMED_FROM, SELF_RETRY, LaunchAnswer
 from thrust_remote.core.config import CHECKPOINT_FIELD, Config, HostConfig, JobConfig
 from thrust_remote.core.errors import ThrustError, TransferError
 from thrust_remote.host import payload
@@ -209,7 +209,7 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
                     exclusive_gpus: bool = False, reporter: Reporter | None = None, export: bool = True,
                     meta_extra: Mapping[str, Any] | None = None, rdzv: jobs.Rendezvous | None = None,
                     queue: control.QueueAsk | None = None, sbatch: Sequence[str] | None = None,
-                    gpu_count: int = 0) -> Launched:
+                    gpu_count: int = 0, host_retry: Mapping[str, Any] | None = None) -> Launched:
     """Start one detached run. `args` are the job's arguments (job_arguments); `gpus` become
     CUDA_VISIBLE_DEVICES and GPU_LIST; `nproc` processes under torchrun (default: the job's `nproc:`,
     else one per GPU); `exclusive_gpus` makes the host refuse the launch when a RUNNING run holds one of
@@ -218,6 +218,8 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
     `meta_extra` goes into run.json; `rdzv`: this node's part of a run over several hosts (multinode.py);
     `queue`: it waits on the host for what it asks when that is taken (`--gpus N`: chosen there).
     `sbatch`: a Slurm host's options (core/scheduler.py): submitted, with `gpu_count` GPUs per node.
+    `host_retry`: a cluster's run that continues itself at its time limit (resume.host_retry): its next
+    attempt's argv is made here, as this one's is, and written into run.json for the agent to submit.
     The argv and env of each kind: jobs.py (docs/architecture.md, "Config")."""
     reporter = reporter or NullReporter()
     t3 = time.monotonic()
@@ -233,6 +235,12 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
                              nproc=jobs.process_count(job, nproc, gpus or range(queue.count if queue else gpu_count)),
                              export=export, trainer=prepared.trainer,
                              rdzv=rdzv)
+    if host_retry is not None and sbatch is not None:
+        nxt = {k: v for k, v in host_retry.items() if k != "args"}
+        nxt["argv"] = jobs.job_argv(job, prepared.python, list(host_retry["args"]), run_dir=run_dir,
+                                    nproc=jobs.process_count(job, nproc, range(gpu_count)), export=export,
+                                    trainer=prepared.trainer, rdzv=rdzv)
+        meta_extra = {**(meta_extra or {}), SELF_RETRY: {**nxt, "sbatch": list(sbatch)}}
     sync_result = prepared.sync
     if job.idle_stop and not host_gpus(prepared.report.facts, session.host):
         reporter.warn(f"idle_stop: {session.name} has no GPUs that nvidia-smi lists: it watches GPUs, so it will "

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from thrust_remote.agent.protocol import (
     LOG,
     LOG_START,
+    NODES_DIR,
     RUN_JSON,
     RUN_JSON_MAX,
     AgentExit,
@@ -323,6 +324,7 @@ def follow_log(
     offset: int = 0,
     follow: bool = True,
     on_bytes: Callable[[bytes], None],
+    slurm_node: int = 0,
 ) -> int:
     """Copy the run's log from `offset` to `on_bytes`; returns the new offset.
 
@@ -348,7 +350,9 @@ def follow_log(
             on_bytes(chunk)
             position += len(chunk)
 
-    args = ["logs", "--run-dir", session.paths.run(run_id), "--offset", str(offset)]
+    # a Slurm run over several nodes: node I's log, run.json and end are in its run dir's nodes/I/
+    run_dir = session.paths.run(run_id) + (f"/{NODES_DIR}/{int(slurm_node)}" if slurm_node else "")
+    args = ["logs", "--run-dir", run_dir, "--offset", str(offset)]
     if follow:
         args.append("--follow")
     try:
@@ -357,7 +361,7 @@ def follow_log(
         exc.offset = position
         raise
     if result.exit_code == AgentExit.MISSING:
-        raise ThrustError(f"run {run_id} on {session.name} has no log yet ({session.paths.run(run_id)}/{LOG})")
+        raise ThrustError(f"run {run_id} on {session.name} has no log yet ({run_dir}/{LOG})")
     if not result.ok:
         raise ThrustError(f"reading the log of {run_id} failed with exit code {result.exit_code}")
     return position
