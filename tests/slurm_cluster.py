@@ -33,6 +33,18 @@ def missing() -> list[str]:
     return [name for name in BINARIES if shutil.which(name) is None and not Path(f"/usr/sbin/{name}").exists()]
 
 
+def skip_unless_runnable() -> None:
+    """Skip the calling test module (at its top) where the test cluster cannot run, saying why."""
+    import pytest
+
+    if missing():
+        pytest.skip(f"Slurm is not installed ({', '.join(missing())} missing): make test installs "
+                    "slurmctld, slurmd, slurm-client and munge", allow_module_level=True)
+    if os.geteuid() != 0:
+        pytest.skip("the test Slurm cluster's daemons run as root (SlurmUser=root, munged, network namespaces)",
+                    allow_module_level=True)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,7 +7,6 @@ fails under a running run. A group of its own: it runs beside test_slurm.py's on
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import netns
@@ -19,12 +18,7 @@ from slurm_cluster import GATED, launched_run, next_poll, run_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_slurm_nodes")]
 
-if slurm_cluster.missing():
-    pytest.skip(f"Slurm is not installed ({', '.join(slurm_cluster.missing())} missing): make test installs "
-                "slurmctld, slurmd, slurm-client and munge", allow_module_level=True)
-if os.geteuid() != 0:
-    pytest.skip("the test Slurm cluster's daemons run as root (SlurmUser=root, munged, network namespaces)",
-                allow_module_level=True)
+slurm_cluster.skip_unless_runnable()
 
 
 @pytest.fixture(scope="module")
