@@ -10,6 +10,7 @@ import base64
 import binascii
 import enum
 import json
+import time
 from typing import TypedDict  # 3.8+, the agent's oldest python
 
 
@@ -179,6 +180,17 @@ SLURM_STATES: dict[str, tuple[RunState, str]] = {
 # exit code (a job killed at its time limit records 143; it ran out of time, it did not fail by itself)
 SLURM_DECIDES = frozenset({"OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "TIMEOUT", "CANCELLED", "REVOKED",
                            "NODE_FAIL", "PREEMPTED"})
+
+
+def utc_now() -> str:
+    """A time as the run files record it (started_at, ended_at): UTC, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def never_started_end() -> str:
+    """`exit_code` of a run that ended before its job started (stopped while queued or pending, refused
+    by sbatch): no code, since no job ran, and the time it ended."""
+    return json.dumps({"exit_code": None, "never_started": True, "ended_at": utc_now(), "ended_ts": time.time()})
 
 
 def _recorded(exit_code: int | None, stopped: bool) -> RunState:

@@ -45,7 +45,9 @@ from .protocol import (
     STOPPED,
     RunState,
     SchedulerView,
+    never_started_end,
     slurm_state,
+    utc_now,
 )
 
 POLL_S = 10.0  # the least time between two squeue calls of one account on one login node
@@ -136,18 +138,14 @@ def update_meta(run_dir: str, changes: dict, *, job_id: str | None = None) -> di
 def _not_submitted(run_dir: str, meta: dict, detail: str) -> dict:
     """sbatch refused (a bad partition, account or QOS...): the run ended before it began."""
     _put(os.path.join(run_dir, EXIT_CODE),
-                 json.dumps({"exit_code": None, "never_started": True, "ended_at": _now(), "ended_ts": time.time()}))
+                 never_started_end())
     return {"error": "sbatch", "detail": detail, "run_id": meta.get("run_id")}
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def near_limit(run_dir: str) -> None:
     """Slurm's warning came: the time limit is near (the end then reads as a timeout)."""
     with contextlib.suppress(OSError):
-        _put(os.path.join(run_dir, NEAR_LIMIT), _now())
+        _put(os.path.join(run_dir, NEAR_LIMIT), utc_now())
 
 
 RDZV_WAIT_S = 120.0  # how long a node waits for node 0's rendezvous address (it starts on the same allocation)
@@ -328,7 +326,7 @@ def view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stoppe
     said = SLURM_STATES.get((word or "").split(" ")[0].rstrip("+"))
     if final is None and (word is None or (said is not None and said[0].is_terminal)):
         with contextlib.suppress(OSError):  # the scheduler's last word: never asked again for this run
-            _put(os.path.join(run_dir, END), json.dumps({"state": word, "reason": reason, "at": _now()}))
+            _put(os.path.join(run_dir, END), json.dumps({"state": word, "reason": reason, "at": utc_now()}))
     return out
 
 
@@ -351,7 +349,7 @@ def cancel(run_dir: str, meta: dict) -> dict:
     then scancel; the supervisor on the allocation records the job's end as it goes."""
     job_id = str((meta.get(SCHEDULER) or {}).get("job_id") or "")
     if not os.path.exists(os.path.join(run_dir, STOPPED)):
-        _put(os.path.join(run_dir, STOPPED), _now())
+        _put(os.path.join(run_dir, STOPPED), utc_now())
     if not job_id:
         return {"stopped": False, "error": "no scheduler job id"}
     try:
@@ -363,8 +361,7 @@ def cancel(run_dir: str, meta: dict) -> dict:
     if "pid" not in meta and not os.path.exists(os.path.join(run_dir, EXIT_CODE)):
         # cancelled before it started: its end is known now, not at the next poll (its supervisor, should
         # it have been starting, sees `stopped` and starts nothing)
-        _put(os.path.join(run_dir, EXIT_CODE), json.dumps(
-            {"exit_code": None, "never_started": True, "ended_at": _now(), "ended_ts": time.time()}))
+        _put(os.path.join(run_dir, EXIT_CODE), never_started_end())
     return {"stopped": True, "killed": False, "scheduler_job": job_id}
 
 

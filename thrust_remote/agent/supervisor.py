@@ -63,6 +63,8 @@ from .protocol import (
     WITHDRAWN,
     AgentExit,
     RunState,
+    never_started_end,
+    utc_now,
 )
 
 
@@ -284,10 +286,6 @@ def _hours(run_dir: str, meta: dict, state: str, ended_ts: float | None) -> dict
     return {"wall_hours": round(wall, 6), "gpu_hours": round(wall * len(used), 6)}
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 def _collision(run_dir: str, gpus: list[int]) -> dict | None:
     """What a launch into run_dir claiming `gpus` would collide with: the same run dir still
     RUNNING, or a RUNNING run of the same runs directory holding one of those GPUs (its run.json
@@ -393,7 +391,7 @@ def cmd_launch_outcome(args: argparse.Namespace) -> int:
     try:
         if not os.path.exists(os.path.join(run_dir, RUN_JSON)):
             os.makedirs(run_dir, mode=0o700, exist_ok=True)
-            _write_atomic(os.path.join(run_dir, WITHDRAWN), json.dumps({"withdrawn_at": _now()}))
+            _write_atomic(os.path.join(run_dir, WITHDRAWN), json.dumps({"withdrawn_at": utc_now()}))
             print(json.dumps({"launched": False, "run_dir": run_dir}))
             return 0
     finally:
@@ -414,7 +412,7 @@ def _queue_spec(args: argparse.Namespace, run_dir: str, gpus: list[int]) -> dict
     pool = [int(g) for g in args.gpu_pool.split(",") if g.strip()] if args.gpu_pool else []
     return {"order": [float(args.order) if args.order else time.time(), os.path.basename(run_dir)],
             "gpus": gpus, "count": int(args.gpu_count or 0), "pool": pool, "cpu_slots": int(args.cpu_slots),
-            "queued_at": _now(), "lock": os.path.abspath(args.lock)}
+            "queued_at": utc_now(), "lock": os.path.abspath(args.lock)}
 
 
 def _never_fits(spec: dict) -> dict | None:
@@ -427,7 +425,7 @@ def _starting(meta: dict, env: dict, spec: dict | None, gpus: list[int]) -> None
     if spec is not None and spec.get("count"):
         env["CUDA_VISIBLE_DEVICES"] = env["GPU_LIST"] = ",".join(str(g) for g in gpus)
         meta.update(gpus=list(gpus), **{GPUS_USED: list(gpus)})
-    meta.update(started_at=_now(), started_ts=time.time())  # sub-second, for overlap checks and benchmarks
+    meta.update(started_at=utc_now(), started_ts=time.time())  # sub-second, for overlap checks and benchmarks
 
 
 def _lock(path: str) -> int:
@@ -484,11 +482,6 @@ def _wait_turn(run_dir: str, spec: dict) -> tuple[int, list[int]] | None:
         time.sleep(runqueue.POLL_S)
 
 
-def _never_started() -> str:
-    """`exit_code` of a run that ended while queued: no code (no job ran), the time it ended."""
-    return json.dumps({"exit_code": None, "never_started": True, "ended_at": _now(), "ended_ts": time.time()})
-
-
 def _ended_waiting(run_dir: str) -> bool:
     """A queued run was stopped (`stop`), or failed for another node (`stop --peer-failed`)."""
     return any(os.path.exists(os.path.join(run_dir, name)) for name in (STOPPED, PEER_FAILED))
@@ -525,7 +518,7 @@ def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, r
         report_fd = -1
         turn = _wait_turn(run_dir, wait)
         if turn is None:
-            _write_atomic(os.path.join(run_dir, EXIT_CODE), _never_started())
+            _write_atomic(os.path.join(run_dir, EXIT_CODE), never_started_end())
             return
         lock_fd, gpus = turn
         meta[QUEUE] = wait  # kept: when it was queued, what it waited for
@@ -554,7 +547,7 @@ def _start(run_dir: str, cwd: str, argv: list[str], env: dict, devnull: int, log
         )
     except OSError as exc:
         os.write(log_fd, f"thrust: cannot start {argv[0]}: {exc}\n".encode())
-        _write_atomic(os.path.join(run_dir, EXIT_CODE), json.dumps({"exit_code": 127, "ended_at": _now()}))
+        _write_atomic(os.path.join(run_dir, EXIT_CODE), json.dumps({"exit_code": 127, "ended_at": utc_now()}))
         if report_fd >= 0:
             os.write(report_fd, json.dumps({"error": str(exc)}).encode())
             os.close(report_fd)
@@ -573,7 +566,7 @@ def _watch(run_dir: str, meta: dict, proc: subprocess.Popen,
     if meta.get("idle_stop"):  # the job's idle-GPU stop (idlewatch.py)
 
         def idle(detail: str) -> None:
-            _write_atomic(os.path.join(run_dir, STOPPED), idlewatch.stopped_note(idlewatch.IDLE, detail, _now()))
+            _write_atomic(os.path.join(run_dir, STOPPED), idlewatch.stopped_note(idlewatch.IDLE, detail, utc_now()))
             _kill_group(proc.pid, 10.0)
 
         idlewatch.watch(meta["idle_stop"], meta.get(GPUS_USED) or [], done, idle)
@@ -583,7 +576,7 @@ def _watch(run_dir: str, meta: dict, proc: subprocess.Popen,
         code = 128 - code
     if before_end is not None:
         before_end()
-    _record_end(run_dir, json.dumps({"exit_code": code, "ended_at": _now(), "ended_ts": time.time()}))
+    _record_end(run_dir, json.dumps({"exit_code": code, "ended_at": utc_now(), "ended_ts": time.time()}))
 
 
 def _reserve_end(run_dir: str) -> None:
@@ -694,7 +687,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         peerwatch.record(args.run_dir, json.loads(args.peer_failed))
     else:
         with open(os.path.join(args.run_dir, STOPPED), "w") as fh:
-            fh.write(_now())
+            fh.write(utc_now())
     killed = _kill_group(meta["pid"], args.grace)  # the job leads its own process group (start_new_session)
     # wait for the supervisor to record the end (it is not in the job's group)
     for _ in range(100):
@@ -703,7 +696,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         if not _supervisor_alive(meta, args.run_dir):
             _write_atomic(
                 os.path.join(args.run_dir, EXIT_CODE),
-                json.dumps({"exit_code": 128 + (9 if killed else 15), "ended_at": _now(), "ended_ts": time.time()}),
+                json.dumps({"exit_code": 128 + (9 if killed else 15), "ended_at": utc_now(), "ended_ts": time.time()}),
             )
             break
         time.sleep(0.05)
@@ -734,7 +727,7 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
     if os.path.exists(os.path.join(run_dir, STOPPED)):  # cancelled as it was starting: nothing runs
         if not os.path.exists(os.path.join(run_dir, EXIT_CODE)):
-            _write_atomic(os.path.join(run_dir, EXIT_CODE), _never_started())
+            _write_atomic(os.path.join(run_dir, EXIT_CODE), never_started_end())
         return 0
     env = dict(os.environ)  # the allocation's own (SLURM_*), then the run's
     env.update(slurm.job_env(run_dir))
@@ -807,14 +800,14 @@ def _stop_queued(args: argparse.Namespace, meta: dict) -> bool:
         if args.peer_failed:
             peerwatch.record(args.run_dir, json.loads(args.peer_failed))
         else:
-            _write_atomic(os.path.join(args.run_dir, STOPPED), _now())
+            _write_atomic(os.path.join(args.run_dir, STOPPED), utc_now())
     finally:
         os.close(fd)
     for _ in range(100):  # its supervisor sees the file within runqueue.POLL_S and records the end
         if os.path.exists(os.path.join(args.run_dir, EXIT_CODE)):
             break
         if not _supervisor_alive(meta, args.run_dir):
-            _write_atomic(os.path.join(args.run_dir, EXIT_CODE), _never_started())
+            _write_atomic(os.path.join(args.run_dir, EXIT_CODE), never_started_end())
             break
         time.sleep(0.05)
     print(json.dumps({"stopped": True, "killed": False, "state": run_state(args.run_dir)["state"]}))
