@@ -107,6 +107,9 @@ def test_a_session_starts_its_agent_before_its_first_request_and_a_close_meanwhi
         assert not session._starting.is_alive()
         assert session._link is None or session._link.dead
         assert session.runner._conn is None  # no connection opened again after the close
+    # a start that passed its own check before the close and got the link's lock only after it (one that
+    # waited out the session's requests) opens nothing: no server, no connection
+    assert closed[0]._agent_link() is None and closed[0].runner._conn is None
     wait_until(lambda: len(_servers(sshd)) == before, 10, "no server left by the sessions closed while starting")
 
 

@@ -260,6 +260,10 @@ class HostSession:
         if opener is None or self._link_off or os.environ.get(LINK_SWITCH) == "0":
             return None
         with self._link_lock:
+            # a start that waited on this lock while the session closed (Python's locks are not fair: the
+            # background start can wait out a whole session of requests) must not open a new connection
+            if self._closed:
+                return None
             if self._link is not None and not self._link.dead:
                 return self._link
             remote = expand_home(payload.agent().remote, self.runner.home())
