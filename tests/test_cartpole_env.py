@@ -79,3 +79,29 @@ def test_reset_is_seeded_and_in_gymnasium_start_range() -> None:
     assert oa.abs().max() <= 0.05
     assert oa.shape == (1000, 4)
     assert oa.dtype == torch.float32
+
+
+def test_the_cpu_step_through_numpy_equals_the_torch_ops_that_run_on_cuda() -> None:
+    """On a CPU the step runs in numpy (CartPole._NumpyStep), on a GPU through torch ops: both must be
+    the same env. Here the torch path is forced on a CPU twin, and each step starts both from one state."""
+    rng = np.random.default_rng(2)
+    n = 512
+    fast, ref = CartPole(n), CartPole(n)
+    ref._np = None  # the torch ops, as on CUDA
+    fast.reset(seed=4)
+    ref.reset(seed=4)
+    ends = 0
+    for _ in range(300):
+        ref.set_state(fast.state.t(), steps=fast.steps.clone())
+        actions = torch.from_numpy(rng.integers(0, 2, size=n))
+        obs_a, _, term_a, trunc_a, info_a = fast.step(actions)
+        obs_b, _, term_b, trunc_b, info_b = ref.step(actions)
+        torch.testing.assert_close(info_a["final_obs"], info_b["final_obs"], atol=1e-6, rtol=1e-5)
+        assert torch.equal(term_a, term_b) and torch.equal(trunc_a, trunc_b)
+        assert torch.equal(fast.steps, ref.steps)
+        ended = term_a | trunc_a
+        # an ended env takes its start state from the pool (seeded alike); the others go on from final_obs
+        torch.testing.assert_close(obs_a[~ended], obs_b[~ended], atol=1e-6, rtol=1e-5)
+        assert (obs_a[ended].abs() <= 0.05).all()
+        ends += int(ended.sum())
+    assert ends > n, "random actions end many episodes: the reset path ran"
