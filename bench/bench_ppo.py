@@ -10,7 +10,9 @@
    evaluation over 20 episodes reaches 475); SB3 runs in a child process of this script with RL-Zoo's
    CartPole-v1 hyperparameters and the same stopping rule (a greedy evaluation over 20 gymnasium
    episodes every 512 steps, abandoned once 475 is out of reach). Every model that stopped is then
-   re-scored here on 20 fresh gymnasium episodes (not timed): "verified".
+   re-scored here on 20 fresh gymnasium episodes (not timed): "verified". A third process per round
+   only imports torch: its median is the floor under both sides' times, printed with the ratio SB3's
+   median over that floor, the most any trainer that imports torch could read.
 2. Throughput: env steps per second of whole PPO iterations (rollout + update), ours at several env
    counts and thread counts (minibatches of ~8k samples) and SB3 at RL-Zoo's 8 envs (1 thread);
    best of 3 for each, as the machine may be shared. `--throughput-env snake` measures ours on snake
@@ -160,6 +162,14 @@ def run_sb3(seed: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ ours
+def run_import_only() -> dict:
+    """A process that imports torch and ends: the floor under any torch trainer's time from process
+    start (ours and SB3 both pay it), so SB3's time over it is the most a ratio could read."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, cwd=REPO)
+    return {"who": "import", "wall_s": time.perf_counter() - t0}
+
+
 def run_ours(seed: int, extra: list[str]) -> dict:
     import torch
 
@@ -277,6 +287,7 @@ def main() -> None:
         if seed <= args.sb3_seeds:
             runs.append(run_sb3(seed))
             print(json.dumps(runs[-1]), flush=True)
+        runs.append(run_import_only())
     ours_settings = {"env_name": args.throughput_env, "device": args.device, "precision": args.precision,
                      "compile": args.compile, "optimizer": args.optimizer}
     tp = {
@@ -315,9 +326,13 @@ def main() -> None:
         f"solved {sb3['solved']}/{sb3['runs']}, verified >= 475 on gymnasium {sb3['verified_475']}/{sb3['runs']}"
     )
     print(f"ratio time-to-solve SB3/ours (medians): {sb3['median_s'] / ours['median_s']:.2f}x")
+    floor = statistics.median(r["wall_s"] for r in runs if r["who"] == "import")
+    print(f"floor: `python -c 'import torch'` median {floor:.2f} s; the most a trainer that imports torch "
+          f"could read against SB3: {sb3['median_s'] / floor:.2f}x (ours spends {ours['median_s'] - floor:.2f} s "
+          "past the import)")
     print(f"ratio throughput ours(best)/SB3(8 envs): {best / tp['sb3_8']:.1f}x")
     if args.json:
-        print(json.dumps({"runs": runs, "throughput": tp, "ours": ours, "sb3": sb3}))
+        print(json.dumps({"runs": runs, "throughput": tp, "ours": ours, "sb3": sb3, "import_floor_s": floor}))
 
 
 if __name__ == "__main__":
