@@ -6,9 +6,11 @@ several, each slurmd in a network namespace of its own (`nodes=`, tests/netns.py
 cancels its jobs, ends what a job left behind (found by its SLURM_CONF) and the daemons by the pids in
 their pid files (never by name: other sessions may run a Slurm of their own). At the end, what the
 Slurm tests share (a held job, reading a run's id and status, aging the kept squeue answer).
-The node has 2 CPUs and no GPUs: slurmd 22.05 here drains a node whose gres.conf names GPUs without
-device files ("gres/gpu count reported lower than configured"), so GPU requests are checked as the
-sbatch argv thrust-remote builds, not placed.
+The node has 2 CPUs; `gpus=N` gives each node N GPUs as Slurm's gres. No GPU exists here, and slurmd
+22.05 drops a GPU without a device file (and then drains the node: "gres/gpu count reported lower than
+configured"), so each stand-in GPU is a character device of /dev/null's numbers under the cluster's own
+directory: Slurm schedules them, refuses a job asking more than a node has, and sets
+CUDA_VISIBLE_DEVICES for a job's share, as on a real GPU node; nothing ever opens them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
@@ -143,10 +146,11 @@ class Node:
 
 
 def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2, nodes: list[Node] | None = None,
-          ctl_addr: str = "127.0.0.1") -> Cluster:
+          ctl_addr: str = "127.0.0.1", gpus: int = 0) -> Cluster:
     """slurmctld + a slurmd per node (default: one, this machine on loopback) + munged under `root`;
     waits until every node is idle. Several nodes each run in a network namespace of their own
-    (tests/netns.py), slurmctld on the bridge's address `ctl_addr`."""
+    (tests/netns.py), slurmctld on the bridge's address `ctl_addr`. `gpus`: stand-in GPUs per node
+    (the module's docstring)."""
     root.mkdir(parents=True, exist_ok=True)
     for sub in ("state", "spool", "munge", "log"):
         (root / sub).mkdir(exist_ok=True)
@@ -183,9 +187,13 @@ def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2, nodes: list
         "SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=1\n"
         f"MinJobAge={min_job_age}\nKillWait={kill_wait}\nInactiveLimit=0\nReturnToService=2\n"
         "SlurmctldTimeout=10\nSlurmdTimeout=10\nMessageTimeout=5\n"
-        + "".join(f"NodeName={n.name} NodeAddr={n.addr} CPUs=2 RealMemory=2000 State=UNKNOWN\n" for n in nodes)
+        + ("GresTypes=gpu\n" if gpus else "")
+        + "".join(f"NodeName={n.name} NodeAddr={n.addr} CPUs=2 RealMemory=2000{f' Gres=gpu:{gpus}' if gpus else ''} "
+                  "State=UNKNOWN\n" for n in nodes)
         + f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP\n"
     )
+    if gpus:
+        _stand_in_gpus(root, conf, [n.name for n in nodes], gpus)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = Cluster(root, conf, names, "debug",
                       (*(pids / f"slurmd-{n.name}.pid" for n in nodes), pids / "slurmctld.pid", pids / "munged.pid"))
@@ -207,6 +215,17 @@ def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2, nodes: list
         cluster.stop()
         raise
     return cluster
+
+
+def _stand_in_gpus(root: Path, conf: Path, names: list[str], gpus: int) -> None:
+    """gres.conf (read from slurm.conf's directory) naming `gpus` stand-in device files per node."""
+    dev = root / "dev"
+    dev.mkdir(exist_ok=True)
+    for i in range(gpus):
+        with contextlib.suppress(FileExistsError):
+            os.mknod(dev / f"nvidia{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    files = f"{dev}/nvidia[0-{gpus - 1}]" if gpus > 1 else f"{dev}/nvidia0"
+    (conf.parent / "gres.conf").write_text("".join(f"NodeName={name} Name=gpu File={files}\n" for name in names))
 
 
 # ------------------------------------------------------------------- what the Slurm tests share

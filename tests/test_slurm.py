@@ -1,5 +1,5 @@
 """A Slurm cluster as a host (`scheduler: slurm`), against a real one: Debian's slurmctld, slurmd and
-munged started by this module (tests/slurm_cluster.py: one node on loopback, 2 CPUs, no GPUs), its login
+munged started by this module (tests/slurm_cluster.py: one node on loopback, 2 CPUs, 2 stand-in GPUs), its login
 node a real sshd whose sessions get SLURM_CONF (`SetEnv`), as a cluster's login shell would.
 
 What is checked: `train --detach` submits one `sbatch --parsable` job whose step is the agent's
@@ -34,7 +34,7 @@ slurm_cluster.skip_unless_runnable()
 @pytest.fixture(scope="session")
 def cluster():
     root = Path(tempfile.mkdtemp(prefix="thrust-slurm-"))
-    started = slurm_cluster.start(root / "cluster")
+    started = slurm_cluster.start(root / "cluster", gpus=2)
     try:
         yield started
     finally:
@@ -195,6 +195,44 @@ def test_a_pending_run_shows_slurms_reason_and_stop_cancels_pending_and_running_
     assert not (runs / first / "go").exists()
 
 
+def test_gpus_are_slurms_to_place_a_run_waits_for_them_and_sees_its_share(cli, hpc, cluster):
+    """`train --gpus G` asks Slurm for G GPUs (--gres), never picks them: the job sees the ones Slurm gave
+    (CUDA_VISIBLE_DEVICES), a run asking GPUs another holds waits with a CPU free, one asking more than a
+    node has is refused with Slurm's words. The GPUs are the cluster's stand-ins (tests/slurm_cluster.py)."""
+    proj, workdir = hpc
+    config = proj.parent / "gpus.yaml"  # one CPU a run: the node has CPUs left for a second, not GPUs
+    config.write_text((proj / "thrust.yaml").read_text()
+                      .replace("sbatch: {cpus-per-task: 2}", "sbatch: {cpus-per-task: 1}")
+                      .replace("jobs:\n", "jobs:\n  gpu:\n    command: [sh, -c, 'echo gpus=$CUDA_VISIBLE_DEVICES; "
+                               "while [ ! -e \"$THRUST_RUN_DIR/go\" ]; do sleep 0.1; done']\n", 1))
+    runs = workdir / ".thrust" / "runs"
+
+    def train(gpus: str) -> subprocess.CompletedProcess:
+        return cli("--config", str(config), "train", "gpu", "--gpus", gpus, "--detach", cwd=proj)
+
+    first = launched_run(train("2").stderr)
+    wait_until(lambda: "gpus=0,1" in cli("logs", first, cwd=proj).stdout, 30, "the first run with both GPUs")
+    meta = json.loads((runs / first / "run.json").read_text())
+    assert "--gres=gpu:2" in meta["scheduler"]["sbatch"] and meta["gpus_used"] == [0, 1]
+    second = launched_run(train("1").stderr)
+
+    def pending() -> dict | None:
+        next_poll(workdir)
+        st = run_status(cli, proj, second)
+        return st if st["reason"] == "Resources" else None
+
+    assert wait_until(pending, 30, "the second run waiting for a GPU", interval=0.5)["state"] == "QUEUED"
+    refused = train("3")
+    assert refused.returncode == 69, refused.stderr
+    assert "Requested node configuration is not available" in refused.stderr  # Slurm's own words
+    (runs / first / "go").touch()
+    wait_until(lambda: "gpus=0" in cli("logs", second, cwd=proj).stdout, 30, "the second run on the freed GPU")
+    (runs / second / "go").touch()
+    for run_id in (first, second):
+        assert cli("wait", run_id, "--timeout", "60", cwd=proj).returncode == 0
+        assert run_status(cli, proj, run_id)["state"] == "FINISHED"
+
+
 def test_a_cancel_from_outside_reads_stopped_with_its_reason_and_a_refused_sbatch_says_why(cli, hpc, cluster):
     proj, workdir = hpc
     run_id = launched_run(cli("train", "gated", "--detach", cwd=proj).stderr)
@@ -352,7 +390,9 @@ def test_doctor_of_the_login_node_adds_the_clusters_rows_each_with_its_fix(cli, 
     assert rows["slurm-submit"]["status"] == "ok", rows  # sbatch --test-only: nothing submitted
     assert rows.get("slurm-shared", {}).get("status") == "ok", {k: v for k, v in rows.items() if "slurm" in k}
     assert rows["slurm-python"]["status"] == "ok" and "torch" in rows["slurm-python"]["detail"]
-    assert "slurm-cuda" not in rows  # a partition without GPUs
+    assert "GPUs: gpu:2" in rows["slurm-partition"]["detail"]  # sinfo's gres (the stand-in GPUs)
+    cuda = rows["slurm-cuda"]  # a GPU partition: CUDA as a compute node's python sees it; torch here is a CPU build
+    assert cuda["status"] == "warn" and "is False" in cuda["detail"] and "train --gpus" in cuda["fix"]
     # a partition the cluster lacks and a time over the limit: failed rows, each with its fix
     text = (proj / "thrust.yaml").read_text()
     bad = proj.parent / "doctor-bad.yaml"
