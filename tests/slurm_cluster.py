@@ -61,6 +61,7 @@ class Cluster:
     node: str
     partition: str
     pid_files: tuple[Path, ...]
+    nodes: tuple[Node, ...] = ()
 
     @property
     def env(self) -> dict[str, str]:
@@ -75,6 +76,27 @@ class Cluster:
         """Each node's state, one word per node (`idle` when all is well)."""
         out = self.run("sinfo", "--noheader", "--Node", "--nodes", self.node, "--format=%T", check=False).stdout
         return out.strip() or "unknown"
+
+    def power_off(self, name: str) -> None:
+        """Node `name` fails as a machine does: its slurmd and everything running there (the job's
+        slurmstepd, supervisor and job) killed at once. A node of its own network namespace only: its
+        processes are the ones in that namespace (this machine's other processes are not)."""
+        node = next(n for n in self.nodes if n.name == name)
+        if node.netns is None:
+            raise ValueError("power_off needs a node in a network namespace of its own")
+        ns = os.stat(f"/var/run/netns/{node.netns}").st_ino
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                with contextlib.suppress(OSError):
+                    if os.stat(entry / "ns" / "net").st_ino == ns:
+                        os.kill(int(entry.name), signal.SIGKILL)
+
+    def power_on(self, name: str) -> None:
+        """A node powered off started again: its slurmd back; Slurm returns it to service when it
+        registers (ReturnToService=2)."""
+        _start_slurmd(self, next(n for n in self.nodes if n.name == name))
+        self.run("scontrol", "update", f"NodeName={name}", "State=RESUME", check=False)
+        _wait_idle(self)
 
     def _end_strays(self) -> None:
         """A job whose batch step died before its children (a shell killed by a signal it did not catch)
@@ -196,25 +218,34 @@ def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2, nodes: list
         _stand_in_gpus(root, conf, [n.name for n in nodes], gpus)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = Cluster(root, conf, names, "debug",
-                      (*(pids / f"slurmd-{n.name}.pid" for n in nodes), pids / "slurmctld.pid", pids / "munged.pid"))
+                      (*(pids / f"slurmd-{n.name}.pid" for n in nodes), pids / "slurmctld.pid", pids / "munged.pid"),
+                      tuple(nodes))
     try:
         subprocess.run(["slurmctld", "-f", str(conf)], check=True, capture_output=True, env=env, timeout=30)
         for n in nodes:
             (root / "spool" / n.name).mkdir(exist_ok=True)
-            # nsenter, not `ip netns exec`: that remounts /sys, and slurmd needs /sys/fs/cgroup
-            enter = ["nsenter", f"--net=/var/run/netns/{n.netns}"] if n.netns else []
-            subprocess.run([*enter, "slurmd", "-f", str(conf), *(["-N", n.name] if len(nodes) > 1 else [])],
-                           check=True, capture_output=True, env=env, timeout=30)
-        deadline = time.monotonic() + 30
-        while set(cluster.node_state().split()) - {"idle"}:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the Slurm node did not come up ({cluster.node_state()!r}): "
-                                   f"{(root / 'log' / 'slurmctld.log').read_text()[-2000:]}")
-            time.sleep(0.2)
+            _start_slurmd(cluster, n)
+        _wait_idle(cluster)
     except BaseException:
         cluster.stop()
         raise
     return cluster
+
+
+def _start_slurmd(cluster: Cluster, node: Node) -> None:
+    # nsenter, not `ip netns exec`: that remounts /sys, and slurmd needs /sys/fs/cgroup
+    enter = ["nsenter", f"--net=/var/run/netns/{node.netns}"] if node.netns else []
+    subprocess.run([*enter, "slurmd", "-f", str(cluster.conf), *(["-N", node.name] if len(cluster.nodes) > 1 else [])],
+                   check=True, capture_output=True, env={**os.environ, **cluster.env}, timeout=30)
+
+
+def _wait_idle(cluster: Cluster) -> None:
+    deadline = time.monotonic() + 30
+    while set(cluster.node_state().split()) - {"idle"}:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Slurm node did not come up ({cluster.node_state()!r}): "
+                               f"{(cluster.root / 'log' / 'slurmctld.log').read_text()[-2000:]}")
+        time.sleep(0.2)
 
 
 def _stand_in_gpus(root: Path, conf: Path, names: list[str], gpus: int) -> None:
