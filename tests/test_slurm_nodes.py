@@ -79,6 +79,10 @@ def test_a_run_over_two_nodes_is_torchrun_across_them_with_its_rendezvous_on_the
     shown = cli("logs", run_id, "--node", "1", cwd=proj)
     assert shown.returncode == 0 and shown.stdout == (run_dir / "nodes" / "1" / "log").read_text(), shown.stderr
     assert shown.stdout != (run_dir / "log").read_text()
+    # and followed: node 1's log to the run's end (ended already: at once), as `logs --follow` does
+    followed = cli("logs", run_id, "--follow", "--node", "1", "--raw", "--no-fetch", cwd=proj)
+    assert followed.returncode == 0 and followed.stdout.startswith((run_dir / "nodes" / "1" / "log").read_text()), (
+        followed.stdout + followed.stderr)
     beyond = cli("logs", run_id, "--node", "2", cwd=proj)
     assert beyond.returncode == 64 and "give --node 0 to 1" in beyond.stderr and "Traceback" not in beyond.stderr
 

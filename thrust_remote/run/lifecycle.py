@@ -267,11 +267,13 @@ def train(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
 
 def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | None, reporter: Reporter, *,
            fetch: bool = True, force: bool = False, offset: int = 0, node: int = 0,
-           config_path: Path | str | None = None, sync_every: float | None = None) -> TrainOutcome:
+           config_path: Path | str | None = None, sync_every: float | None = None,
+           slurm_node: int = 0) -> TrainOutcome:
     """Follow node `node`'s log (rank 0's by default) while the watch minds the other nodes and node 0's
     checkpoint and artifacts are pulled every `sync_every` s (runs/pull.py); then the run's state over
     every node and, when it FINISHED, node 0's model and artifacts; whatever the end, its newest
-    checkpoint (`job` None: an optimize trial or a job this config lacks: nothing fetched)."""
+    checkpoint (`job` None: an optimize trial or a job this config lacks: nothing fetched). A Slurm run
+    over several nodes is one host's: `slurm_node` is the node whose log is shown."""
     followed_session = nodes.sessions[node]
     assert followed_session is not None
     timings = dict(head.timings)
@@ -293,9 +295,10 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
             _pulling(config, nodes, head, job, reporter, sync_every if fetch else 0.0, progress) as puller:
         try:
             followed = following.follow(followed_session, nodes.run_id, reporter, offset=offset,
-                                        config_path=config_path, node=node if nodes.many else None,
+                                        config_path=config_path,
+                                        node=node if nodes.many else (slurm_node or None),
                                         scalars=scalarwatch.source_for(followed_session, nodes.run_id, job),
-                                        pattern=pattern, progress=progress)
+                                        pattern=pattern, progress=progress, slurm_node=slurm_node)
         except ConnectionLostError as exc:
             watch.fail(node, "lost: the connection to it broke while following")
             exc.run_id, exc.host = nodes.run_id, nodes.names[0]  # what a retry resumes (run/resume.py)
@@ -476,6 +479,10 @@ def reattach(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter
     reporter = reporter or vocab.NullReporter()
     config = fleet.config
     with open_nodes(session, run_id, fleet) as (nodes, status):
+        slurm_node = 0
+        if status.get("slurm_nodes") and not nodes.many:  # one host, its Slurm nodes' logs in nodes/I/
+            names = [str(p.get("slurm_node") or f"node {p.get('node')}") for p in status["slurm_nodes"]]
+            slurm_node, node = check_node(RunNodes(run_id, names, [session] * len(names)), node), 0
         node = check_node(nodes, node)
         head_session = nodes.sessions[0]
         if head_session is None or nodes.sessions[node] is None:
@@ -488,7 +495,7 @@ def reattach(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter
                         str(head_status.get("job") or ""), head_status.get("commit"), head_session.paths, None, True,
                         {}, position=(status.get("position") or 0) if status.get("state") == RunState.QUEUED else None)
         return follow(config, nodes, head, job, reporter, fetch=fetch, force=force, offset=offset, node=node,
-                      config_path=fleet.config_path, sync_every=sync_every)
+                      config_path=fleet.config_path, sync_every=sync_every, slurm_node=slurm_node)
 
 
 def check_node(nodes: RunNodes, node: int | None) -> int:
