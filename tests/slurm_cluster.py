@@ -168,11 +168,12 @@ class Node:
 
 
 def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2, nodes: list[Node] | None = None,
-          ctl_addr: str = "127.0.0.1", gpus: int = 0) -> Cluster:
+          ctl_addr: str = "127.0.0.1", gpus: int = 0, preempt: bool = False) -> Cluster:
     """slurmctld + a slurmd per node (default: one, this machine on loopback) + munged under `root`;
     waits until every node is idle. Several nodes each run in a network namespace of their own
     (tests/netns.py), slurmctld on the bridge's address `ctl_addr`. `gpus`: stand-in GPUs per node
-    (the module's docstring)."""
+    (the module's docstring). `preempt`: a second partition, `urgent`, whose jobs preempt the default
+    partition's (cancelled at once, as a cluster's PreemptMode=CANCEL does, after KillWait a KILL)."""
     root.mkdir(parents=True, exist_ok=True)
     for sub in ("state", "spool", "munge", "log"):
         (root / sub).mkdir(exist_ok=True)
@@ -212,7 +213,11 @@ def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2, nodes: list
         + ("GresTypes=gpu\n" if gpus else "")
         + "".join(f"NodeName={n.name} NodeAddr={n.addr} CPUs=2 RealMemory=2000{f' Gres=gpu:{gpus}' if gpus else ''} "
                   "State=UNKNOWN\n" for n in nodes)
-        + f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP\n"
+        + ("PreemptType=preempt/partition_prio\nPreemptMode=CANCEL\n" if preempt else "")
+        + f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP"
+        + (" PriorityTier=1 GraceTime=0\n" if preempt else "\n")
+        + (f"PartitionName=urgent Nodes={names} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF\n"
+           if preempt else "")
     )
     if gpus:
         _stand_in_gpus(root, conf, [n.name for n in nodes], gpus)

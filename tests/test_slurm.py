@@ -34,7 +34,7 @@ slurm_cluster.skip_unless_runnable()
 @pytest.fixture(scope="session")
 def cluster():
     root = Path(tempfile.mkdtemp(prefix="thrust-slurm-"))
-    started = slurm_cluster.start(root / "cluster", gpus=2)
+    started = slurm_cluster.start(root / "cluster", gpus=2, preempt=True)
     try:
         yield started
     finally:
@@ -281,7 +281,7 @@ def _own_config(proj: Path, workdir: Path, login) -> Path:
         f"  box:\n    address: {box.address}\n    workdir: {box.workdir}\n    python: {box.python}\n"
         f"    identity: {box.identity}\n    known_hosts: {box.known_hosts}\n"
         "jobs:\n  own:\n    command: [sh, job.sh]\n    checkpoints: ckpt/*.txt\n"
-        "    resume: [--resume-from, '{checkpoint}']\n    retry: {max: 1, on: [timeout]}\n"), 1)
+        "    resume: [--resume-from, '{checkpoint}']\n    retry: {max: 1, on: [timeout, preempted]}\n"), 1)
     config.write_text(text)
     return config
 
@@ -362,6 +362,35 @@ def test_a_detached_run_at_its_time_limit_resubmits_itself_with_no_laptop_follow
     resumed = (runs / second / "log").read_text()
     assert re.search(r"resumed from step [1-9]", resumed), resumed
     assert not (runs / second / ".env.json").exists()
+
+
+def test_a_detached_run_that_is_preempted_resubmits_itself_with_no_laptop_following(cli, hpc, cluster, login):
+    """A job of the `urgent` partition takes the node: Slurm cancels the run's job (a TERM, no warning
+    before), the job checkpoints, and the run's supervisor, finding the job's PreemptTime set, submits
+    the next attempt itself (retry: on: [preempted]); it starts once the urgent job is done."""
+    proj, workdir = hpc
+    config = str(_own_config(proj, workdir, login))
+    first = launched_run(cli("--config", config, "train", "own", "--host", "sandbox", "--detach", cwd=proj).stderr)
+    runs = workdir / ".thrust" / "runs"
+    log = runs / first / "log"
+    wait_until(lambda: log.exists() and "step 3" in log.read_text(), 30, "the job's steps")
+    cluster.run("sbatch", "--parsable", "--partition=urgent", "--cpus-per-task=2", "--wrap", "true")
+    st = wait_until(lambda: (s := run_status(cli, proj, first))["state"] != "RUNNING" and s, 30, "its end")
+    assert (st["state"], st.get("reason")) == ("LOST", "preempted"), st
+    assert "checkpoint at step" in log.read_text()
+    second = st["continued_by"][0]["run_id"]
+    assert _resumed_from(workdir, first) == [second] and (runs / first / "preempted").exists()
+    done = cli("wait", second, "--timeout", "60", cwd=proj)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert run_status(cli, proj, second)["resumed_from"] == first
+    assert re.search(r"resumed from step [1-9]", (runs / second / "log").read_text())
+    # a cancel is not a preemption: stopped, it ends STOPPED and continues nowhere
+    third = launched_run(cli("--config", config, "train", "own", "--host", "sandbox", "--detach", cwd=proj).stderr)
+    wait_until(lambda: (runs / third / "log").exists() and "step 3" in (runs / third / "log").read_text(), 30,
+               "the third run's steps")
+    assert cli("stop", third, cwd=proj).returncode == 0
+    st = wait_until(lambda: (s := run_status(cli, proj, third))["state"] != "RUNNING" and s, 30, "the stop")
+    assert st["state"] == "STOPPED" and not st.get("continued_by") and not (runs / third / "preempted").exists()
 
 
 def test_one_squeue_answer_serves_every_look_for_ten_seconds(hpc, cluster, monkeypatch):

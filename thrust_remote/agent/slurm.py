@@ -57,6 +57,7 @@ ENV = ".env.json"  # the job's env for the supervisor on the allocation (0600: i
 SLURM_OUT = "slurm.out"  # what the batch step prints before the supervisor takes the log
 END = "scheduler-end.json"  # the scheduler's word on an ended job, kept: asked once, never again
 NEAR_LIMIT = "time-limit"  # written when Slurm's warning came: the job was stopped for its time limit
+PREEMPTED = "preempted"  # written when a TERM was Slurm's preemption (scontrol's PreemptTime is set)
 CONTINUED_BY = "continued_by"  # run.json: [{"run_id", "host", "scheduler_job"}], the run that went on from it
 CONTINUE_ERROR = "continue_error"  # run.json: why a run that was to continue itself did not
 CHECKPOINT_FIELD = "{checkpoint}"  # the `resume:` template's placeholder (core/config.py's)
@@ -322,6 +323,8 @@ def view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stoppe
                     "reason_detail": reason}
     if ended and not stopped and os.path.exists(os.path.join(run_dir, NEAR_LIMIT)):
         word = "TIMEOUT"  # it ended on Slurm's warning, before the limit itself: a timeout all the same
+    elif ended and not stopped and os.path.exists(os.path.join(run_dir, PREEMPTED)):
+        word = "PREEMPTED"  # its supervisor saw it: before squeue, which says so once the job is gone
     out = slurm_state(word, reason, exit_code=exit_code, ended=ended, stopped=stopped, started=started)
     said = SLURM_STATES.get((word or "").split(" ")[0].rstrip("+"))
     if final is None and (word is None or (said is not None and said[0].is_terminal)):
@@ -365,19 +368,42 @@ def cancel(run_dir: str, meta: dict) -> dict:
     return {"stopped": True, "killed": False, "scheduler_job": job_id}
 
 
+def note_preempted(run_dir: str) -> bool:
+    """After the job's TERM, on the allocation: whether Slurm preempted it, written in the run dir. Slurm
+    sends a preempted job the TERM a `scancel` sends (and no --signal warning), but sets the job's
+    PreemptTime first: one `scontrol show job`, asked only when a TERM came and nobody stopped the run."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id or os.path.exists(os.path.join(run_dir, STOPPED)):
+        return False
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True,
+                               timeout=CALL_S, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    at = next((w.split("=", 1)[1] for w in shown.split() if w.startswith("PreemptTime=")), "None")
+    if at in ("None", "Unknown", ""):
+        return False
+    with contextlib.suppress(OSError):
+        _put(os.path.join(run_dir, PREEMPTED), at)
+    return True
+
+
 def continue_after_limit(run_dir: str, meta: dict, env: dict) -> dict | None:
     """On the allocation's node 0, after the job exited and before its end is written: a run warned of
-    its time limit whose launch asked for it (run.json's `self_retry`, written by the laptop when the job's
-    `retry: on:` has `timeout` and it can resume) submits its next attempt itself, so no laptop need be
-    following it. The same tree and venv, a new run id and directory with `resumed_from`, the newest
-    checkpoint linked in (as `resume` does), `self_retry.attempt` counted against `max`. The new run is
-    recorded in this run's `continued_by` before its end is: whoever sees the end sees where it went on
-    (a follower follows it instead of submitting one of its own). None when it does not continue."""
+    its time limit, or preempted (`note_preempted`), whose launch asked for it (run.json's `self_retry`,
+    written by the laptop when the job's `retry: on:` has `timeout` or `preempted` and it can resume)
+    submits its next attempt itself, so no laptop need be following it. The same tree and venv, a new
+    run id and directory with `resumed_from`, the newest checkpoint linked in (as `resume` does),
+    `self_retry.attempt` counted against `max`. The new run is recorded in this run's `continued_by`
+    before its end is: whoever sees the end sees where it went on (a follower follows it instead of
+    submitting one of its own). None when it does not continue."""
     plan = meta.get(SELF_RETRY)
-    if not isinstance(plan, dict) or "timeout" not in (plan.get("on") or ()):
-        return None
-    if not os.path.exists(os.path.join(run_dir, NEAR_LIMIT)) or os.path.exists(os.path.join(run_dir, STOPPED)):
-        return None  # it ended on its own, or was stopped: nothing to continue
+    if not isinstance(plan, dict) or os.path.exists(os.path.join(run_dir, STOPPED)):
+        return None  # not asked for, or stopped: nothing to continue
+    on = plan.get("on") or ()
+    if not any(event in on and os.path.exists(os.path.join(run_dir, mark))
+               for event, mark in (("timeout", NEAR_LIMIT), ("preempted", PREEMPTED))):
+        return None  # it ended on its own (or for a reason its retry does not answer)
     attempt, most = int(plan.get("attempt") or 0), int(plan.get("max") or 0)
     if attempt >= most:
         return _not_continued(run_dir, f"its retry: max ({most}) is reached")

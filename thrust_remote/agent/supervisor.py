@@ -59,6 +59,7 @@ from .protocol import (
     RUN_JSON,
     RUN_JSON_MAX,
     SCHEDULER,
+    SELF_RETRY,
     STOPPED,
     WITHDRAWN,
     AgentExit,
@@ -754,23 +755,27 @@ def cmd_supervise(args: argparse.Namespace) -> int:
                                  job_id=os.environ.get("SLURM_JOB_ID"))
     else:
         _write_atomic(os.path.join(here, RUN_JSON), json.dumps(meta, indent=1))
-    # The scheduler's TERM (scancel, the time limit) goes to the job's group; the supervisor lives on to
-    # record the end (Slurm's KILL follows after its KillWait).
-    signal.signal(signal.SIGTERM, lambda *_: _signal_group(proc.pid, signal.SIGTERM))
+    # The scheduler's TERM (scancel, the time limit, a preemption) goes to the job's group; the supervisor
+    # lives on to record the end (Slurm's KILL follows after its KillWait).
+    termed: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: (termed.append(True), _signal_group(proc.pid, signal.SIGTERM)))
     # sbatch --signal=B:USR1@S: the time limit is S seconds away. The job gets a TERM now, while there is
     # time to write a checkpoint, and the run's end reads as a timeout (resumable: retry on: [timeout]).
     signal.signal(slurm.LIMIT_SIGNAL, lambda *_: (slurm.near_limit(run_dir), _signal_group(proc.pid, signal.SIGTERM)))
-    _watch(here, meta, proc, (lambda: _continue(run_dir, meta)) if here == run_dir else None)
+    _watch(here, meta, proc, (lambda: _continue(run_dir, meta, bool(termed))) if here == run_dir else None)
     if here == run_dir:  # node 0, whose job ends last (a run over nodes ends together): the env's secrets go
         slurm.forget_env(run_dir)
     end, _, _, _ = _end(_read_text(os.path.join(here, EXIT_CODE)))
     return min(int(end or 0), 255)
 
 
-def _continue(run_dir: str, meta: dict) -> None:
-    """A run at its time limit submits its next attempt (slurm.continue_after_limit); whatever goes wrong
-    there is said in run.json and the run's end is still recorded (an end never goes unwritten)."""
+def _continue(run_dir: str, meta: dict, termed: bool) -> None:
+    """A run at its time limit, or preempted, submits its next attempt (slurm.continue_after_limit);
+    whatever goes wrong there is said in run.json and the run's end is still recorded (an end never goes
+    unwritten). Whether a TERM was a preemption is asked only of a run that would continue on one."""
     try:
+        if termed and "preempted" in ((meta.get(SELF_RETRY) or {}).get("on") or ()):
+            slurm.note_preempted(run_dir)
         slurm.continue_after_limit(run_dir, meta, slurm.job_env(run_dir))
     except Exception as exc:  # noqa: BLE001 - the end must be written whatever failed
         with contextlib.suppress(OSError):

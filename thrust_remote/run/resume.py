@@ -61,12 +61,13 @@ def template_of(job: JobConfig) -> tuple[str, ...]:
                      f"\"{CHECKPOINT_FIELD}\" where the path goes) under jobs.{job.name} in thrust.yaml")
 
 
-HOST_RETRY_ON = ("timeout",)  # what a cluster's run continues from by itself: Slurm's warning before the limit
+HOST_RETRY_ON = ("timeout", "preempted")  # what a cluster's run continues from by itself (agent/slurm.py)
 
 
 def host_retry(job: JobConfig, base_args: Sequence[str], host: str) -> dict[str, Any] | None:
-    """What a Slurm run needs to submit its own next attempt at its time limit, with no laptop following
-    (agent/slurm.py, continue_after_limit): the job's `retry:` answers `timeout` and it can resume. `args`
+    """What a Slurm run needs to submit its own next attempt at its time limit or when preempted, with no
+    laptop following (agent/slurm.py, continue_after_limit): the job's `retry:` answers `timeout` or
+    `preempted` and it can resume. `args`
     are the next attempt's job arguments, "{checkpoint}" filled on the cluster; None: it does not."""
     retry = job.retry or {}
     on = [e for e in retry.get("on") or () if e in HOST_RETRY_ON]
@@ -294,9 +295,11 @@ class Chain:
             step = self._next(run_id, str(host), event, retries)
 
     def _went_on(self, run_id: str, host: str, event: str, went_on: dict[str, Any]) -> Callable[[], TrainOutcome]:
-        """A Slurm run that submitted its next attempt itself at its time limit (agent/slurm.py): followed."""
+        """A Slurm run that submitted its next attempt itself at its time limit or when preempted
+        (agent/slurm.py): followed."""
         new_id, where = str(went_on.get("run_id")), str(went_on.get("host") or host)
-        self.reporter.warn(f"run {run_id}: it reached its time limit; the cluster resubmitted it as {new_id} "
+        why = "it was preempted" if event == "preempted" else "it reached its time limit"
+        self.reporter.warn(f"run {run_id}: {why}; the cluster resubmitted it as {new_id} "
                            f"(Slurm job {went_on.get('scheduler_job')}) from its checkpoint: following it")
         self.went_on(run_id, new_id, where)
         return lambda: self.follow_again(new_id, where)
