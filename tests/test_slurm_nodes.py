@@ -13,7 +13,7 @@ import netns
 import pytest
 import slurm_cluster
 from conftest import _start_sshd
-from helpers import TRAIN_PY, new_project, remote_tempdir, wait_until
+from helpers import TRAIN_PY, commit, new_project, remote_tempdir, wait_until
 from slurm_cluster import GATED, launched_run, next_poll, run_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_slurm_nodes")]
@@ -85,6 +85,65 @@ def test_a_run_over_two_nodes_is_torchrun_across_them_with_its_rendezvous_on_the
         followed.stdout + followed.stderr)
     beyond = cli("logs", run_id, "--node", "2", cwd=proj)
     assert beyond.returncode == 64 and "give --node 0 to 1" in beyond.stderr and "Traceback" not in beyond.stderr
+
+
+# Over two nodes (torchrun, one process a node): a step every 0.1 s on each; at the TERM rank 0 writes
+# the checkpoint (the nodes share the tree) and each exits; resumed, each rank says from which step.
+NODES_PY = """\
+import os, signal, sys, time
+rank = int(os.environ.get("RANK", "0"))
+if sys.argv[1:2] == ["--resume-from"]:
+    print(f"rank {rank} resumed from step {open(sys.argv[2]).read().strip()}", flush=True)
+    sys.exit(0)
+step = 0
+def stop(*_):
+    if rank == 0:
+        os.makedirs("ckpt", exist_ok=True)
+        with open("ckpt/.s", "w") as f:
+            f.write(str(step))
+        os.replace("ckpt/.s", "ckpt/step.txt")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+while True:
+    step += 1
+    print(f"step {step}", flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_a_run_over_two_nodes_at_its_time_limit_resubmits_itself_over_two_nodes(cli, two_nodes):
+    """Slurm's warning (B:USR1) reaches srun, which passes it to both nodes' supervisors: each job gets
+    its TERM, node 0's supervisor submits the next attempt itself, over two nodes again, from rank 0's
+    checkpoint; both ranks of the new run start from it."""
+    cluster, proj, workdir = two_nodes
+    config = proj.parent / "nodes-own.yaml"
+    if not config.exists():
+        (proj / "nodes.py").write_text(NODES_PY)
+        commit(proj, "a job over nodes that checkpoints on TERM", "nodes.py")
+        config.write_text((proj / "thrust.yaml").read_text().replace("jobs:\n", (
+            "jobs:\n  own2:\n    script: nodes.py\n    checkpoints: ckpt/*.txt\n"
+            "    resume: [--resume-from, '{checkpoint}']\n    retry: {max: 1, on: [timeout]}\n"), 1))
+    runs = workdir / ".thrust" / "runs"
+    started = cli("--config", str(config), "train", "own2", "--nodes", "2", "--detach", cwd=proj)
+    assert started.returncode == 0, started.stdout + started.stderr
+    first = launched_run(started.stderr)
+    logs = [runs / first / "log", runs / first / "nodes" / "1" / "log"]
+    wait_until(lambda: all(p.exists() and "step 3" in p.read_text() for p in logs), 30, "both nodes' steps")
+    job = json.loads((runs / first / "run.json").read_text())["scheduler"]["job_id"]
+    cluster.run("scancel", "--signal=USR1", "--batch", job)  # Slurm's warning before the time limit, now
+    st = wait_until(lambda: (s := run_status(cli, proj, first))["state"] != "RUNNING" and s, 30, "its end")
+    assert (st["state"], st.get("reason")) == ("FAILED", "timeout"), st
+    assert st.get("continued_by"), (st.get("continue_error"), (runs / first / "log").read_text()[-800:])
+    second = st["continued_by"][0]["run_id"]
+    done = cli("wait", second, "--timeout", "60", cwd=proj)
+    assert done.returncode == 0, done.stdout + done.stderr
+    meta = json.loads((runs / second / "run.json").read_text())
+    assert meta["resumed_from"] == first
+    assert meta["scheduler"]["nodes"] == 2 and "--nodes=2" in meta["scheduler"]["sbatch"]
+    step = (runs / second / "resume" / "step.txt").read_text().strip()
+    assert int(step) >= 3
+    for i, log in enumerate((runs / second / "log", runs / second / "nodes" / "1" / "log")):
+        assert f"rank {i} resumed from step {step}" in log.read_text()
 
 
 def cluster_addr(cluster, i: int) -> str:

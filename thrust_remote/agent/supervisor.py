@@ -744,6 +744,11 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     os.dup2(log_fd, 2)
     meta.update(supervisor_pid=os.getpid(), supervisor_start=_proc_start_time(os.getpid()), argv=argv)
     _reserve_end(here)
+    # Over several nodes Slurm's warning reaches every process of srun's step, the job's too, whose
+    # default for USR1 is to die (exit 138): the job starts with it ignored (SIG_IGN outlives exec), so
+    # the warning is the supervisor's to turn into the job's TERM. A job with a USR1 handler of its own
+    # still gets it. The supervisor's own handler is set just below.
+    signal.signal(slurm.LIMIT_SIGNAL, signal.SIG_IGN)
     proc = _start(here, meta.get("cwd") or run_dir, argv, env, devnull, log_fd, -1)
     if proc is None:
         return 127
