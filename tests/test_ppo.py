@@ -189,3 +189,26 @@ def test_bf16_rollout_and_update_keep_fp32_weights_buffers_and_losses() -> None:
     assert torch.isfinite(losses).all()
     with pytest.raises(ValueError, match="unknown precision"):
         PPO(env, policy, PPOConfig(num_envs=8, num_steps=4, precision="fp16"))
+
+
+def test_entropy_weight_anneals_on_the_lr_schedule_and_the_update_uses_it() -> None:
+    env = CartPole(4)
+    cfg = PPOConfig(num_envs=4, num_steps=8, ent_coef=0.02, anneal_ent=True)
+    ppo = PPO(env, MLPPolicy(4, 2), cfg)
+    assert [ppo.ent_at(i, 4) for i in range(5)] == pytest.approx([0.02, 0.015, 0.01, 0.005, 0.0])
+    assert PPO(env, MLPPolicy(4, 2), PPOConfig(num_envs=4, ent_coef=0.02)).ent_at(3, 4) == 0.02
+
+    def weights_after(cfg: PPOConfig, ent_coef: float | None) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        ppo = PPO(CartPole(4), MLPPolicy(4, 2), cfg)
+        ppo.start(seed=0)
+        ppo.collect()
+        ppo.update(ent_coef=ent_coef)
+        return [p.detach().clone() for p in ppo.policy.parameters()]
+
+    # An explicit weight of 0 updates exactly as a config without entropy bonus, and differs from
+    # the config's own weight.
+    for a, b in zip(weights_after(cfg, 0.0), weights_after(PPOConfig(num_envs=4, num_steps=8), None), strict=True):
+        torch.testing.assert_close(a, b)
+    own = weights_after(cfg, None)
+    assert any(not torch.equal(a, b) for a, b in zip(own, weights_after(cfg, 0.0), strict=True))

@@ -168,7 +168,7 @@ class TrainArgs:
     clip_coef: float = flag(0.2, min=0)
     """policy ratio clip (and value clip)"""
     ent_coef: float = flag(0.0, min=0)
-    """entropy bonus weight"""
+    """entropy bonus weight (at the start, annealed linearly to 0 when --anneal-ent 1)"""
     vf_coef: float = flag(0.5, min=0)
     """value loss weight"""
     gamma: float = flag(0.99, min=0, max=1)
@@ -181,12 +181,16 @@ class TrainArgs:
     """snake board side"""
     action_mode: str = flag("relative", choices=("relative", "absolute"))
     """snake actions"""
+    view: str = flag("board", choices=("board", "head"))
+    """snake observation planes: as the board lies, or turned so the snake heads up (relative actions)"""
     target_kl: float = flag(0.0, min=0)
     """early-stop epochs above this KL; 0 = off"""
     max_grad_norm: float = flag(0.5, min=0, min_exclusive=True)
     """global gradient norm clip"""
     anneal_lr: int = flag(1, choices=(0, 1))
     """1: linear LR decay to 0"""
+    anneal_ent: int = flag(0, choices=(0, 1))
+    """1: linear entropy-weight decay to 0, on the LR's schedule"""
     target_return: float = flag(0.0)
     """stop when greedy eval reaches this; 0 = off"""
     eval_episodes: int = flag(20, min=1)

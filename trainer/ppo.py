@@ -50,6 +50,7 @@ class PPOConfig:
     num_steps: int = default_of("num_steps")
     learning_rate: float = default_of("learning_rate")
     anneal_lr: bool = bool(default_of("anneal_lr"))
+    anneal_ent: bool = bool(default_of("anneal_ent"))
     gamma: float = default_of("gamma")
     gae_lambda: float = default_of("gae_lambda")
     num_minibatches: int = default_of("num_minibatches")
@@ -76,6 +77,7 @@ class PPOConfig:
         values.update(
             num_envs=num_envs,
             anneal_lr=bool(args.anneal_lr),
+            anneal_ent=bool(args.anneal_ent),
             target_kl=args.target_kl if args.target_kl and args.target_kl > 0 else None,
         )
         return cls(**values)
@@ -277,13 +279,16 @@ def ppo_update(
     batch: dict[str, torch.Tensor],
     cfg: PPOConfig,
     kl_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ent_coef: float | None = None,
 ) -> torch.Tensor:
     """Several epochs of clipped-PPO minibatch steps on one flattened rollout batch.
 
     Returns the means over minibatches of `LOSS_NAMES`, a `[5]` tensor on the batch's device (read it
     when reporting: reading it here would be a host sync per iteration).
     `kl_reduce` averages the approximate KL across ranks so every DDP rank stops at the same epoch.
+    `ent_coef` overrides `cfg.ent_coef` (an annealed weight, `PPO.ent_at`).
     """
+    ent_weight = cfg.ent_coef if ent_coef is None else ent_coef
     size = batch["obs"].shape[0]
     mb_size = max(1, size // cfg.num_minibatches)
     device = batch["obs"].device
@@ -313,7 +318,7 @@ def ppo_update(
             else:
                 v_loss = 0.5 * ((new_values - returns) ** 2).mean()
             ent = entropy.mean()
-            loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+            loss = pg_loss - ent_weight * ent + cfg.vf_coef * v_loss
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(optimizer.params, cfg.max_grad_norm)
@@ -446,8 +451,10 @@ class PPO:
                 next_values[where] = self.policy.value(buf.final_obs[where])[:, 0].float()
         return next_values
 
-    def update(self, lr: float | None = None) -> torch.Tensor:
-        """GAE, then `ppo_update`; returns its `[5]` device tensor of mean losses (`LOSS_NAMES`)."""
+    def update(self, lr: float | None = None, ent_coef: float | None = None) -> torch.Tensor:
+        """GAE, then `ppo_update`; returns its `[5]` device tensor of mean losses (`LOSS_NAMES`).
+
+        `lr` and `ent_coef`: this iteration's values of the schedules (`lr_at`, `ent_at`)."""
         if lr is not None:
             self.optimizer.lr = lr
         buf = self.buf
@@ -468,13 +475,20 @@ class PPO:
             "advantages": advantages.reshape(-1),
             "returns": returns.reshape(-1),
         }
-        return ppo_update(self.train_model, self.optimizer, batch, self.cfg, self.kl_reduce)
+        return ppo_update(self.train_model, self.optimizer, batch, self.cfg, self.kl_reduce, ent_coef)
 
     def lr_at(self, iteration: int, num_iterations: int) -> float:
         """Linear annealing: full rate at iteration 0, approaching 0 at `num_iterations`."""
         if not self.cfg.anneal_lr:
             return self.cfg.learning_rate
         return self.cfg.learning_rate * max(0.0, 1.0 - iteration / max(num_iterations, 1))
+
+    def ent_at(self, iteration: int, num_iterations: int) -> float:
+        """The entropy weight: constant, or with `anneal_ent` linear from `ent_coef` towards 0 (greedy
+        play wants a sharp policy at the end; exploration matters most early)."""
+        if not self.cfg.anneal_ent:
+            return self.cfg.ent_coef
+        return self.cfg.ent_coef * max(0.0, 1.0 - iteration / max(num_iterations, 1))
 
 
 @torch.no_grad()
