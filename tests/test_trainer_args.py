@@ -91,6 +91,9 @@ def test_ppo_config_defaults_come_from_train_args() -> None:
     cfg = PPOConfig.from_args(parse_args(["--env", "snake", "--target-kl", "0.03"]), num_envs=64)
     assert (cfg.num_envs, cfg.learning_rate, cfg.ent_coef, cfg.target_kl, cfg.anneal_lr) == (64, 2e-3, 0.01, 0.03, True)
     assert PPOConfig.from_args(parse_args(["--env", "cartpole"]), num_envs=8).target_kl is None  # 0 = off
+    # the 0/1 switches arrive as booleans
+    cfg = PPOConfig.from_args(parse_args(["--env", "snake", "--clip-vloss", "0", "--anneal-ent", "1"]), num_envs=8)
+    assert (cfg.clip_vloss, cfg.anneal_ent) == (False, True)
 
 
 def test_every_env_with_a_preset_has_a_spec() -> None:
@@ -102,7 +105,7 @@ def test_every_env_with_a_preset_has_a_spec() -> None:
 def test_env_specs_know_sizes_scores_and_settings() -> None:
     snake, cartpole = get_spec("snake"), get_spec("cartpole")
     params = snake.params({"grid_size": 6, "action_mode": None, "hidden": 64})  # None and foreign keys ignored
-    assert snake.settings_of(params) == {"grid_size": 6, "action_mode": "relative"}
+    assert snake.settings_of(params) == {"grid_size": 6, "action_mode": "relative", "view": "board"}
     assert (snake.obs_dim(params), snake.n_actions(params)) == (3 * 36 + 8, 3)
     assert (cartpole.obs_dim(cartpole.params()), cartpole.n_actions(cartpole.params())) == (4, 2)
     rewards = torch.tensor([1.0, -1.0, 0.0])

@@ -167,6 +167,8 @@ class TrainArgs:
     """passes over each rollout"""
     clip_coef: float = flag(0.2, min=0)
     """policy ratio clip (and value clip)"""
+    clip_vloss: int = flag(1, choices=(0, 1))
+    """1: clip each value update to --clip-coef around the old value (in return units)"""
     ent_coef: float = flag(0.0, min=0)
     """entropy bonus weight (at the start, annealed linearly to 0 when --anneal-ent 1)"""
     vf_coef: float = flag(0.5, min=0)

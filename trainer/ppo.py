@@ -58,8 +58,7 @@ class PPOConfig:
     norm_adv: bool = True
     """normalise advantages per minibatch"""
     clip_coef: float = default_of("clip_coef")
-    clip_vloss: bool = True
-    """clip the value update around the old values"""
+    clip_vloss: bool = bool(default_of("clip_vloss"))
     ent_coef: float = default_of("ent_coef")
     vf_coef: float = default_of("vf_coef")
     max_grad_norm: float = default_of("max_grad_norm")
@@ -78,6 +77,7 @@ class PPOConfig:
             num_envs=num_envs,
             anneal_lr=bool(args.anneal_lr),
             anneal_ent=bool(args.anneal_ent),
+            clip_vloss=bool(args.clip_vloss),
             target_kl=args.target_kl if args.target_kl and args.target_kl > 0 else None,
         )
         return cls(**values)
