@@ -212,3 +212,26 @@ def test_entropy_weight_anneals_on_the_lr_schedule_and_the_update_uses_it() -> N
         torch.testing.assert_close(a, b)
     own = weights_after(cfg, None)
     assert any(not torch.equal(a, b) for a, b in zip(own, weights_after(cfg, 0.0), strict=True))
+
+
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_truncation_bootstraps_or_ends_the_returns_as_configured(bootstrap: bool) -> None:
+    torch.manual_seed(2)
+    env = CartPole(4, CartPoleParams(max_steps=5))  # truncates every 5 steps while the pole is up
+    ppo = PPO(env, MLPPolicy(4, 2), PPOConfig(num_envs=4, num_steps=12, gamma=0.9, bootstrap_truncated=bootstrap))
+    ppo.start(seed=0)
+    ppo.collect()
+    buf = ppo.buf
+    assert (buf.truncated & ~buf.terminated).any()
+    with torch.no_grad():
+        last = ppo.policy.value(ppo.obs)[:, 0]
+        final = ppo.policy.value(buf.final_obs.reshape(-1, 4))[:, 0].reshape(12, 4)
+    following = torch.cat((buf.values[1:], last[None]))
+    truncated = buf.truncated & ~buf.terminated
+    # With bootstrapping a truncated step is followed by its final state's value, else by nothing.
+    next_values = torch.where(truncated, final, following) if bootstrap else following
+    ends = buf.terminated if bootstrap else buf.dones
+    want = reference_gae(buf.rewards.tolist(), buf.values.tolist(), next_values.tolist(), ends.tolist(),
+                         buf.dones.tolist(), 0.9, ppo.cfg.gae_lambda)
+    adv, _ = ppo.advantages()
+    torch.testing.assert_close(adv, torch.tensor(want), rtol=1e-5, atol=1e-5)

@@ -185,6 +185,9 @@ class TrainArgs:
     """snake actions"""
     view: str = flag("board", choices=("board", "head"))
     """snake observation planes: as the board lies, or turned so the snake heads up (relative actions)"""
+    bootstrap_truncated: int = flag(1, choices=(0, 1))
+    """1: a truncated episode's last step is followed by the value of its final state (a time limit the
+    policy cannot see); 0: it ends like a termination (a limit the observation shows, e.g. snake's hunger)"""
     target_kl: float = flag(0.0, min=0)
     """early-stop epochs above this KL; 0 = off"""
     max_grad_norm: float = flag(0.5, min=0, min_exclusive=True)

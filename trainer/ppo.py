@@ -5,9 +5,10 @@ Reads top to bottom: `PPOConfig` (one line per field), `Adam` (a tiny hand-writt
 num_envs]` storage), `compute_gae`, `ppo_update`, and `PPO`, which ties an env, a policy and an
 optimizer together: `collect()` then `update()`.
 
-Truncation is not termination: when an episode is cut by a time limit (CartPole's 500 steps, snake's
-hunger), its last reward is followed by `gamma * V(final_obs)`, the value of the state it was cut in,
-not by 0. Only terminated steps stop the bootstrap.
+Truncation is not termination: when an episode is cut by a time limit (CartPole's 500 steps), its last
+reward is followed by `gamma * V(final_obs)`, the value of the state it was cut in, not by 0. Only
+terminated steps stop the bootstrap. `bootstrap_truncated=False` makes truncation end the returns like a
+termination: for a limit the observation shows (snake's hunger), where the state says the game is over.
 
 Host syncs (at each, the host waits for the GPU to catch up): none per env step. Per iteration there
 is one, the `nonzero` in `_next_values` (which steps were truncated, to evaluate only those final
@@ -62,6 +63,7 @@ class PPOConfig:
     ent_coef: float = default_of("ent_coef")
     vf_coef: float = default_of("vf_coef")
     max_grad_norm: float = default_of("max_grad_norm")
+    bootstrap_truncated: bool = bool(default_of("bootstrap_truncated"))
     target_kl: float | None = None
     """stop the epochs of one update once the approximate KL exceeds this (None: never; flag 0 = off)"""
     precision: str = default_of("precision")
@@ -78,6 +80,7 @@ class PPOConfig:
             anneal_lr=bool(args.anneal_lr),
             anneal_ent=bool(args.anneal_ent),
             clip_vloss=bool(args.clip_vloss),
+            bootstrap_truncated=bool(args.bootstrap_truncated),
             target_kl=args.target_kl if args.target_kl and args.target_kl > 0 else None,
         )
         return cls(**values)
@@ -444,12 +447,27 @@ class PPO:
         with autocast(self.device, self.cfg.precision):
             last_value = self.policy.value(self.obs)[:, 0].float()
         next_values = torch.cat((buf.values[1:], last_value[None]), dim=0)
+        if not self.cfg.bootstrap_truncated:
+            return next_values  # truncations count as terminations (`update`): nothing to bootstrap
         # Truncated steps bootstrap from the value of the state they were cut in (one host sync).
         where = (buf.truncated & ~buf.terminated).nonzero(as_tuple=True)
         if where[0].numel() > 0:
             with autocast(self.device, self.cfg.precision):
                 next_values[where] = self.policy.value(buf.final_obs[where])[:, 0].float()
         return next_values
+
+    def advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE advantages and returns `[T, N]` of the last rollout."""
+        buf = self.buf
+        return compute_gae(
+            buf.rewards,
+            buf.values,
+            self._next_values(),
+            buf.terminated if self.cfg.bootstrap_truncated else buf.dones,
+            buf.dones,
+            self.cfg.gamma,
+            self.cfg.gae_lambda,
+        )
 
     def update(self, lr: float | None = None, ent_coef: float | None = None) -> torch.Tensor:
         """GAE, then `ppo_update`; returns its `[5]` device tensor of mean losses (`LOSS_NAMES`).
@@ -458,15 +476,7 @@ class PPO:
         if lr is not None:
             self.optimizer.lr = lr
         buf = self.buf
-        advantages, returns = compute_gae(
-            buf.rewards,
-            buf.values,
-            self._next_values(),
-            buf.terminated,
-            buf.dones,
-            self.cfg.gamma,
-            self.cfg.gae_lambda,
-        )
+        advantages, returns = self.advantages()
         batch = {
             "obs": buf.obs.reshape(-1, buf.obs.shape[-1]),
             "actions": buf.actions.reshape(-1),
