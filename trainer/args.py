@@ -183,6 +183,8 @@ class TrainArgs:
     """snake board side"""
     action_mode: str = flag("relative", choices=("relative", "absolute"))
     """snake actions"""
+    late_starts: float = flag(0.0, min=0, max=1)
+    """snake, training only: share of new episodes that copy a running game whose snake fills half the board"""
     view: str = flag("board", choices=("board", "head"))
     """snake observation planes: as the board lies, or turned so the snake heads up (relative actions)"""
     bootstrap_truncated: int = flag(1, choices=(0, 1))
