@@ -252,52 +252,6 @@ def test_queued_apples_are_used_in_order_and_snapshots_are_plain_lists() -> None
         act(env, STRAIGHT)
 
 
-def test_head_view_is_the_board_view_turned_so_the_snake_heads_up() -> None:
-    # Two copies of the same 64 envs under the same random play: one sees the board as it lies, the
-    # other the "head" view. Each plane of the latter is the former's turned by a quarter turn per
-    # direction (torch.rot90 turns anticlockwise), the 8 features are the same.
-    g, n = 7, 64
-    board = Snake(n, SnakeParams(grid_size=g))
-    head = Snake(n, SnakeParams(grid_size=g, view="head"))
-    obs_b, obs_h = board.reset(seed=3), head.reset(seed=3)
-    gen = torch.Generator().manual_seed(0)
-    seen = set()
-    for _ in range(60):
-        direction = board.direction.clone()
-        seen |= set(direction.tolist())
-        for i in range(n):
-            k = int(direction[i])
-            for p in range(3):
-                plane = obs_b[i, p * g * g : (p + 1) * g * g].reshape(g, g)
-                want = torch.rot90(plane, k).reshape(-1)
-                assert torch.equal(obs_h[i, p * g * g : (p + 1) * g * g], want), (i, k, p)
-        assert torch.equal(obs_h[:, 3 * g * g :], obs_b[:, 3 * g * g :])
-        actions = torch.randint(0, 3, (n,), generator=gen)
-        obs_b, *_ = board.step(actions)
-        obs_h, *_ = head.step(actions)
-        obs_b, obs_h = obs_b.clone(), obs_h.clone()
-    assert seen == {UP, RIGHT, DOWN, LEFT}
-
-
-def test_head_view_puts_the_body_behind_the_head() -> None:
-    env = make(g=6, view="head")
-    env.set_board(0, body=[[2, 3], [2, 2], [2, 1]], direction=RIGHT, apple=[0, 5])
-    obs = decode(env.observe()[0], 6)
-    # Heading right, turned a quarter anticlockwise: the head at row 6-1-3 = 2, column 2, the body
-    # below it, and the apple of the top-right corner in the top-left one.
-    assert obs["head"][2, 2] == 1.0 and obs["head"].sum() == 1.0
-    assert obs["body"][3, 2] == pytest.approx(2 / 3) and obs["body"][4, 2] == pytest.approx(1 / 3)
-    assert obs["apple"][0, 0] == 1.0
-    assert obs["direction"] == [0.0, 1.0, 0.0, 0.0]  # the direction stays the board's
-
-
-def test_head_view_needs_relative_actions() -> None:
-    with pytest.raises(ValueError, match="relative"):
-        SnakeParams(view="head", action_mode="absolute")
-    with pytest.raises(ValueError, match="view"):
-        SnakeParams(view="side")
-
-
 def serpentine(g: int, length: int) -> list[list[int]]:
     """A snake of `length` along the rows of a g x g board, boustrophedon, head last drawn first."""
     path = [[r, c] for r in range(g) for c in (range(g) if r % 2 == 0 else range(g - 1, -1, -1))]

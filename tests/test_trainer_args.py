@@ -106,7 +106,7 @@ def test_every_env_with_a_preset_has_a_spec() -> None:
 def test_env_specs_know_sizes_scores_and_settings() -> None:
     snake, cartpole = get_spec("snake"), get_spec("cartpole")
     params = snake.params({"grid_size": 6, "action_mode": None, "hidden": 64})  # None and foreign keys ignored
-    assert snake.settings_of(params) == {"grid_size": 6, "action_mode": "relative", "view": "board"}
+    assert snake.settings_of(params) == {"grid_size": 6, "action_mode": "relative"}
     assert (snake.obs_dim(params), snake.n_actions(params)) == (3 * 36 + 8, 3)
     assert (cartpole.obs_dim(cartpole.params()), cartpole.n_actions(cartpole.params())) == (4, 2)
     rewards = torch.tensor([1.0, -1.0, 0.0])

@@ -35,7 +35,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     public = tmp_path_factory.mktemp("public")
     export_policy(public / "tiny.onnx")
     export_policy(public / "tinycnn.onnx", kind="cnn")
-    export_policy(public / "tinyhead.onnx", view="head")
     lines = [json.dumps({"step": s * 1000, "return_mean": -1 + s * 0.1}) for s in range(30)]
     (public / "tiny.metrics.jsonl").write_text("\n".join(lines) + "\n")
     shutil.copy(public / "tiny.onnx", public / "corrupt.onnx")
@@ -164,27 +163,6 @@ def test_inference_matches_python_onnxruntime(page: Any, server: PlayServer, mod
             "async (flat) => window.thrust.state.policy.act(Float32Array.from(flat))", obs[row].tolist()
         )
         assert action == int(np.argmax(want_logits[row]))
-
-
-def test_a_head_view_model_sees_the_board_turned_as_the_python_env_does(page: Any, server: PlayServer) -> None:
-    import torch
-
-    from trainer.envs.snake import Snake, SnakeParams
-
-    open_page(page, server, "?model=tinyhead&speed=1")
-    state = page.evaluate(
-        """() => {
-            const g = window.thrust.state.game;
-            const G = g.gridSize;
-            return {view: g.view, body: g.body.map((c) => [Math.floor(c / G), c % G]), dir: g.dir,
-                    apple: g.apple < 0 ? null : [Math.floor(g.apple / G), g.apple % G], hunger: g.hunger,
-                    obs: Array.from(g.observation())};
-        }"""
-    )
-    assert state["view"] == "head"
-    env = Snake(1, SnakeParams(view="head"))
-    env.set_board(0, body=state["body"], direction=state["dir"], apple=state["apple"], hunger=state["hunger"])
-    assert torch.equal(torch.tensor(state["obs"], dtype=torch.float32), env.observe()[0])
 
 
 def test_parity_fixture_replays_identically_in_chromium(page: Any, server: PlayServer) -> None:

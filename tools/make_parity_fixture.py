@@ -77,7 +77,6 @@ class Recorder:
             "grid_size": params.grid_size,
             "action_mode": params.action_mode,
             "max_hunger": params.hunger_limit,
-            "view": params.view,
             "start": None,
             "steps": [],
         }
@@ -199,23 +198,8 @@ def absolute_8x8() -> Recorder:
     return rec
 
 
-def head_view_10x10() -> Recorder:
-    rec = Recorder(
-        "head-view-10x10",
-        SnakeParams(grid_size=10, view="head"),
-        "the planes turned so the snake heads up: greedy play through all four directions, a crash, auto-reset",
-    )
-    rec.reset(seed=11)
-    rec.play(fixed([1, 1, 1, 2, 2, 2, 0, 0]), 8)  # every heading, both ways round
-    rec.play(greedy, 120)
-    rec.play(fixed([0] * 12), 12, until_done=True)
-    rec.play(greedy, 20)
-    return rec
-
-
 def build() -> dict[str, Any]:
-    recs = [greedy_10x10(), scripted_truncation(), scripted_self_collision(), win_4x4(), absolute_8x8(),
-            head_view_10x10()]
+    recs = [greedy_10x10(), scripted_truncation(), scripted_self_collision(), win_4x4(), absolute_8x8()]
     return {
         "format": 1,
         "about": "trainer/envs/snake.py recorded by tools/make_parity_fixture.py; rules: docs/snake.md",

@@ -185,8 +185,6 @@ class TrainArgs:
     """snake actions"""
     late_starts: float = flag(0.0, min=0, max=1)
     """snake, training only: share of new episodes that copy a running game whose snake fills half the board"""
-    view: str = flag("board", choices=("board", "head"))
-    """snake observation planes: as the board lies, or turned so the snake heads up (relative actions)"""
     bootstrap_truncated: int = flag(1, choices=(0, 1))
     """1: a truncated episode's last step is followed by the value of its final state (a time limit the
     policy cannot see); 0: it ends like a termination (a limit the observation shows, e.g. snake's hunger)"""

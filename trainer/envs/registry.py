@@ -117,7 +117,7 @@ def _apples(rewards: torch.Tensor) -> torch.Tensor:
 class SnakeSpec(EnvSpec):
     name = "snake"
     params_cls = SnakeParams
-    settings = ("grid_size", "action_mode", "view")
+    settings = ("grid_size", "action_mode")
     score = staticmethod(_apples)
     win_metric = "full_board_fraction"
     playable = True
@@ -145,7 +145,7 @@ class SnakeSpec(EnvSpec):
         return int(params.grid_size)
 
     def manifest_fields(self, params: Any) -> dict[str, Any]:
-        return {"grid_size": params.grid_size, "action_mode": params.action_mode, "view": params.view}
+        return {"grid_size": params.grid_size, "action_mode": params.action_mode}
 
     def eval_fields(self, params: Any) -> dict[str, Any]:
         return {"grid_size": params.grid_size}

@@ -62,18 +62,12 @@ class SnakeParams:
     grid_size: int = 10
     action_mode: str = "relative"  # "relative" (3 actions) or "absolute" (4 actions)
     max_hunger: int | None = None  # steps without an apple before truncation; None = G*G
-    view: str = "board"  # the planes as the board lies ("board") or turned so the snake heads up ("head")
 
     def __post_init__(self) -> None:
         if self.grid_size < 4:
             raise ValueError(f"grid_size must be >= 4, got {self.grid_size}")
         if self.action_mode not in ("relative", "absolute"):
             raise ValueError(f"action_mode must be 'relative' or 'absolute', got {self.action_mode!r}")
-        if self.view not in ("board", "head"):
-            raise ValueError(f"view must be 'board' or 'head', got {self.view!r}")
-        if self.view == "head" and self.action_mode != "relative":
-            # Absolute actions name board directions: a turned board would hide which is which.
-            raise ValueError("view 'head' needs action_mode 'relative'")
 
     @property
     def hunger_limit(self) -> int:
@@ -86,24 +80,6 @@ class SnakeParams:
     @property
     def n_actions(self) -> int:
         return 3 if self.action_mode == "relative" else 4
-
-
-def view_cells(grid_size: int) -> list[list[int]]:
-    """For each direction d, the board cell shown at each cell of the "head" view: `table[d][k]` is
-    the flat board index drawn at view index k, the board turned so that direction d points up
-    (d = 0 unturned, 1 a quarter turn anticlockwise, 2 a half turn, 3 a quarter turn clockwise)."""
-    g = grid_size
-    source = (
-        lambda r, c: (r, c),
-        lambda r, c: (c, g - 1 - r),
-        lambda r, c: (g - 1 - r, g - 1 - c),
-        lambda r, c: (g - 1 - c, r),
-    )
-    table = []
-    for turn in source:
-        rows = [turn(k // g, k % g) for k in range(g * g)]
-        table.append([r * g + c for r, c in rows])
-    return table
 
 
 def cell_dtype(cells_n: int) -> torch.dtype:
@@ -169,11 +145,6 @@ class Snake:
         # one: at 4096 envs fresh allocations were a third of the step time on a CPU).
         self._obs_bufs = [torch.zeros(num_envs, self.obs_dim, device=dev) for _ in range(4)]
         self._obs_turn = 0
-        # The "head" view: board cell shown at each view cell, and where each board cell is shown,
-        # per direction ([4, G*G] each; rows of the direction's turn).
-        shown = torch.tensor(view_cells(g), device=dev)
-        self._view_src = shown
-        self._view_pos = torch.argsort(shown, dim=1)
         self._advance_fn = self._advance
 
     def compile_step(self, mode: str | None = None) -> None:
@@ -340,17 +311,10 @@ class Snake:
         # Plane 1 and the last four features are written whole: zero only what the scatters mark.
         obs[:, :n2].zero_()
         obs[:, 2 * n2 : 3 * n2 + 4].zero_()
+        obs.scatter_(1, self.head[:, None], 1.0)
+        torch.div(self.cells, self.length[:, None].to(torch.float32), out=obs[:, n2 : 2 * n2])
         has_apple = (self.apple >= 0).to(torch.float32)
-        if self.params.view == "head":
-            pos = self._view_pos[self.direction]
-            head_at = pos.gather(1, self.head[:, None])
-            apple_at = pos.gather(1, self.apple.clamp(min=0)[:, None])[:, 0]
-            body = self.cells.gather(1, self._view_src[self.direction])
-        else:
-            head_at, apple_at, body = self.head[:, None], self.apple.clamp(min=0), self.cells
-        obs.scatter_(1, head_at, 1.0)
-        torch.div(body, self.length[:, None].to(torch.float32), out=obs[:, n2 : 2 * n2])
-        obs.scatter_(1, (2 * n2 + apple_at)[:, None], has_apple[:, None])
+        obs.scatter_(1, (2 * n2 + self.apple.clamp(min=0))[:, None], has_apple[:, None])
         obs.scatter_(1, (3 * n2 + self.direction)[:, None], 1.0)
         dirs = (self.direction[:, None] + self._rel3) % 4
         row = torch.div(self.head, g, rounding_mode="floor")[:, None]

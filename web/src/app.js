@@ -253,7 +253,6 @@ function newGame(settings) {
     gridSize: settings.gridSize,
     actionMode: settings.actionMode,
     maxHunger: settings.maxHunger,
-    view: settings.view,
     appleSource: snake.uniformApples(random),
   });
   state.episode = 1;

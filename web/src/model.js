@@ -52,14 +52,7 @@ export function gameSettings(manifest) {
   if (manifest.n_actions !== undefined && manifest.n_actions !== n) {
     throw new ModelError(`manifest: n_actions ${manifest.n_actions} does not match action_mode ${actionMode} (${n})`);
   }
-  const view = manifest.view ?? "board"; // models exported before the "head" view saw the board as it lies
-  if (view !== "board" && view !== "head") {
-    throw new ModelError(`manifest: view must be "board" or "head", got ${JSON.stringify(view)}`);
-  }
-  if (view === "head" && actionMode !== "relative") {
-    throw new ModelError('manifest: view "head" needs action_mode "relative"');
-  }
-  return { gridSize, actionMode, view, obsDim: dim, nActions: n, maxHunger: manifest.max_hunger ?? undefined };
+  return { gridSize, actionMode, obsDim: dim, nActions: n, maxHunger: manifest.max_hunger ?? undefined };
 }
 
 function describeShape(dims) {

@@ -28,7 +28,6 @@ export function replayScenario(scenario) {
     gridSize: scenario.grid_size,
     actionMode: scenario.action_mode,
     maxHunger: scenario.max_hunger,
-    view: scenario.view ?? "board",
     appleSource: () => nextApple,
   });
   const name = scenario.name;

@@ -19,29 +19,6 @@ export function nActions(actionMode) {
   throw new Error(`unknown action_mode ${JSON.stringify(actionMode)} (expected "relative" or "absolute")`);
 }
 
-/**
- * The "head" view's turn tables: viewCells(G)[d][k] is the board cell drawn at view cell k when the
- * board is turned so that direction d points up (d = 0 unturned, 1 a quarter turn anticlockwise,
- * 2 a half turn, 3 a quarter turn clockwise), as trainer/envs/snake.py `view_cells` writes them.
- */
-export function viewCells(gridSize) {
-  const G = gridSize;
-  const turns = [
-    (r, c) => [r, c],
-    (r, c) => [c, G - 1 - r],
-    (r, c) => [G - 1 - r, G - 1 - c],
-    (r, c) => [G - 1 - c, r],
-  ];
-  return turns.map((turn) => {
-    const cells = [];
-    for (let k = 0; k < G * G; k++) {
-      const [r, c] = turn(Math.floor(k / G), k % G);
-      cells.push(r * G + c);
-    }
-    return cells;
-  });
-}
-
 /** A small seeded PRNG (mulberry32): uniform floats in [0, 1). */
 export function mulberry32(seed) {
   let a = seed >>> 0;
@@ -78,22 +55,11 @@ export class SnakeGame {
    * @param {number} [options.maxHunger=G*G]  steps without an apple before truncation
    * @param {(emptyCells: number[]) => number} [options.appleSource]  picks the apple's flat index
    *   among the empty cells (sorted ascending); the default is uniform with Math.random.
-   * @param {string} [options.view="board"]  observation planes as the board lies ("board") or turned
-   *   so the snake heads up ("head", relative actions only)
    */
-  constructor({ gridSize = 10, actionMode = "relative", maxHunger, appleSource, view = "board" } = {}) {
+  constructor({ gridSize = 10, actionMode = "relative", maxHunger, appleSource } = {}) {
     if (!Number.isInteger(gridSize) || gridSize < 4) throw new Error(`grid size must be an integer >= 4, got ${gridSize}`);
-    if (view !== "board" && view !== "head") throw new Error(`unknown view ${JSON.stringify(view)} (expected "board" or "head")`);
-    if (view === "head" && actionMode !== "relative") throw new Error('view "head" needs action_mode "relative"');
     this.gridSize = gridSize;
     this.actionMode = actionMode;
-    this.view = view;
-    // Where each board cell is drawn in the view, per direction (the inverse of viewCells' tables).
-    this.viewPos = viewCells(gridSize).map((cells) => {
-      const pos = new Array(cells.length);
-      cells.forEach((cell, k) => { pos[cell] = k; });
-      return pos;
-    });
     this.nActions = nActions(actionMode);
     this.maxHunger = maxHunger ?? gridSize * gridSize;
     this.appleSource = appleSource ?? uniformApples(Math.random);
@@ -233,21 +199,16 @@ export class SnakeGame {
     return { obs: this.observation(), reward, terminated, truncated };
   }
 
-  /**
-   * float32[3*G*G + 8]: head plane, body plane ((L-i)/L), apple plane (turned so the snake heads up
-   * in the "head" view), direction, danger, hunger.
-   */
+  /** float32[3*G*G + 8]: head plane, body plane ((L-i)/L), apple plane, direction, danger, hunger. */
   observation(out) {
     const G = this.gridSize;
     const N = G * G;
     const obs = out ?? new Float32Array(this.obsDim);
     obs.fill(0);
     const L = this.body.length;
-    const pos = this.view === "head" ? this.viewPos[this.dir] : null;
-    const at = (cell) => (pos ? pos[cell] : cell);
-    obs[at(this.head)] = 1;
-    for (let i = 0; i < L; i++) obs[N + at(this.body[i])] = (L - i) / L;
-    if (this.apple >= 0) obs[2 * N + at(this.apple)] = 1;
+    obs[this.head] = 1;
+    for (let i = 0; i < L; i++) obs[N + this.body[i]] = (L - i) / L;
+    if (this.apple >= 0) obs[2 * N + this.apple] = 1;
     const f = 3 * N;
     obs[f + this.dir] = 1;
     obs[f + 4] = this.isDeadly(this.nextCell(this.dir)) ? 1 : 0;
