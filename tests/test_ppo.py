@@ -235,3 +235,23 @@ def test_truncation_bootstraps_or_ends_the_returns_as_configured(bootstrap: bool
                          buf.dones.tolist(), 0.9, ppo.cfg.gae_lambda)
     adv, _ = ppo.advantages()
     torch.testing.assert_close(adv, torch.tensor(want), rtol=1e-5, atol=1e-5)
+
+
+def test_episodes_the_env_does_not_count_stay_out_of_the_statistics() -> None:
+    # Snake with late starts: some episodes begin as copies of running long games (info["counted"]
+    # is False when they end). The statistics count exactly the other episodes.
+    from trainer.envs.snake import Snake, SnakeParams
+
+    torch.manual_seed(0)
+    env = Snake(32, SnakeParams(grid_size=6), late_starts=1.0)
+    ppo = PPO(env, MLPPolicy(env.obs_dim, 3), PPOConfig(num_envs=32, num_steps=40))
+    ppo.start(seed=0)
+    body = [[r, c] for r in range(6) for c in (range(6) if r % 2 == 0 else range(5, -1, -1))][:20][::-1]
+    for i in range(0, 32, 2):
+        env.set_board(i, body=body, direction=3, apple=[5, 5])
+    ppo.obs = env.observe().clone()
+    ppo.collect()
+    buf = ppo.buf
+    assert (buf.dones & ~buf.counted).any() and (buf.dones & buf.counted).any()
+    count = float(ppo.pop_episode_stats()[3])
+    assert count == float((buf.dones & buf.counted).sum())

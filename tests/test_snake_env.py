@@ -266,8 +266,9 @@ def test_late_starts_copy_running_games_with_long_snakes_into_ended_ones() -> No
         env.set_board(i, body=serpentine(g, 20), direction=LEFT, apple=[5, 5])
     ended_total = 0
     for _ in range(3):  # straight on: the long snakes live, the others run into the right wall
-        obs, _, term, trunc, _ = env.step(torch.zeros(n, dtype=torch.int64))
+        obs, _, term, trunc, info = env.step(torch.zeros(n, dtype=torch.int64))
         ended = term | trunc
+        assert info["counted"][ended].all()  # the games that ended began at the start position
         # every env that ended starts again as a copy of a running long game: never at length 3
         assert (env.length[ended] >= g * g // 2).all()
         ended_total += int(ended.sum())
@@ -277,6 +278,11 @@ def test_late_starts_copy_running_games_with_long_snakes_into_ended_ones() -> No
             assert int(cells[env.head[i]]) == length and int(cells[env.apple[i]]) == 0
         assert torch.equal(obs, env.observe())
     assert ended_total == n // 2
+    # Straight on, every snake reaches the left wall: the copies' games end too, and do not count.
+    # (head (3, 1), two cells to go), and the copies' games do not count.
+    for _ in range(2):
+        _, _, term, _, info = env.step(torch.zeros(n, dtype=torch.int64))
+    assert term.all() and not info["counted"][1::2].any() and info["counted"][0::2].all()
 
 
 def test_without_long_snakes_late_starts_start_afresh() -> None:

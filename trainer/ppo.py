@@ -245,6 +245,9 @@ class RolloutBuffer:
         self.terminated = torch.zeros(shape, dtype=torch.bool, device=device)
         self.truncated = torch.zeros(shape, dtype=torch.bool, device=device)
         self.dones = torch.zeros(shape, dtype=torch.bool, device=device)
+        # whether an episode that ended at this step counts in the episode statistics (the env's
+        # info["counted"]; snake's late starts are not whole games)
+        self.counted = torch.ones(shape, dtype=torch.bool, device=device)
 
 
 def compute_gae(
@@ -401,6 +404,8 @@ class PPO:
             buf.terminated[t] = terminated
             buf.truncated[t] = truncated
             buf.final_obs[t] = info["final_obs"]
+            if "counted" in info:
+                buf.counted[t] = info["counted"]
         self.obs = obs
         torch.bitwise_or(buf.terminated, buf.truncated, out=buf.dones)
         self._track_episodes()
@@ -419,6 +424,7 @@ class PPO:
         prev = torch.cat((torch.full_like(last_done[:1], -1), last_done[:-1]))  # last done index < t
         fresh = (prev < 0).to(buf.rewards.dtype)
         d = done.to(buf.rewards.dtype)
+        scored = d * buf.counted  # the episodes that end here and count in the statistics
         carried = (self.ep_return, self.ep_score, self.ep_length)
         points = buf.rewards if self.score is None else self.score(buf.rewards)
         series = (buf.rewards, points, torch.ones_like(buf.rewards))
@@ -427,11 +433,11 @@ class PPO:
             c = torch.cat((torch.zeros_like(x[:1]), x.cumsum(dim=0)))  # c[k] = sum of x[:k]
             start = c.gather(0, prev + 1)
             per_step = c[1:] - start + fresh * carry  # the episode's total so far, at every step
-            totals.append((per_step * d).sum())
+            totals.append((per_step * scored).sum())
             # What carries into the next rollout: the running total of each env's current episode.
             end = per_step[-1] * (1 - d[-1])
             carried[i].copy_(end)
-        self.finished += torch.stack((totals[0], totals[2], totals[1], d.sum()))
+        self.finished += torch.stack((totals[0], totals[2], totals[1], scored.sum()))
 
     def pop_episode_stats(self) -> torch.Tensor:
         """[sum of returns, sum of lengths, sum of scores, count] of the episodes finished since the last
