@@ -39,7 +39,8 @@ from typing import Any
 # apples for 1024 envs with a 128-wide MLP after 8M steps). 12M steps with gamma 0.995 (the late game
 # needs a longer horizon): greedy means of 86.2 / 89.9 / 81.2 apples for seeds 1-3 (100 episodes
 # each), against 65.9 / 75.8 / 68.7 with gamma 0.99 (bench/bench_snake.py, BENCHMARKS.md). On a GPU,
-# pass a larger --num-envs.
+# pass a larger --num-envs. Not adopted (issue 39, BENCHMARKS.md): --anneal-ent 1 --bootstrap-truncated
+# 0 --late-starts 0.5 gave 85.6 / 83.7 / 85.4 with 85% / 1% / 0% full boards, ~5% slower per step.
 # Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal). Gymnasium
 # ids take GYM_PRESET (see `preset_of`).
 PRESETS: dict[str, dict[str, Any]] = {
