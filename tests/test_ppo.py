@@ -203,7 +203,9 @@ def test_entropy_weight_anneals_on_the_lr_schedule_and_the_update_uses_it() -> N
         ppo = PPO(CartPole(4), MLPPolicy(4, 2), cfg)
         ppo.start(seed=0)
         ppo.collect()
-        ppo.update(ent_coef=ent_coef)
+        if ent_coef is not None:
+            ppo.ent_coef = ent_coef
+        ppo.update()
         return [p.detach().clone() for p in ppo.policy.parameters()]
 
     # An explicit weight of 0 updates exactly as a config without entropy bonus, and differs from

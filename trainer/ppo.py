@@ -366,6 +366,8 @@ class PPO:
         self.train_model = train_model if train_model is not None else policy  # a DDP wrapper, if any
         self.act_model = act_model if act_model is not None else policy
         self.cfg = cfg
+        # The entropy weight of the next update: the trainer sets it from `ent_at` each iteration.
+        self.ent_coef = cfg.ent_coef
         self.kl_reduce = kl_reduce
         self.device = env.device
         autocast(self.device, cfg.precision)  # refuses an unknown precision now, not mid-rollout
@@ -475,10 +477,9 @@ class PPO:
             self.cfg.gae_lambda,
         )
 
-    def update(self, lr: float | None = None, ent_coef: float | None = None) -> torch.Tensor:
-        """GAE, then `ppo_update`; returns its `[5]` device tensor of mean losses (`LOSS_NAMES`).
-
-        `lr` and `ent_coef`: this iteration's values of the schedules (`lr_at`, `ent_at`)."""
+    def update(self, lr: float | None = None) -> torch.Tensor:
+        """GAE, then `ppo_update` with `ent_coef` as the entropy weight; returns its `[5]` device tensor
+        of mean losses (`LOSS_NAMES`). `lr`: this iteration's learning rate (`lr_at`)."""
         if lr is not None:
             self.optimizer.lr = lr
         buf = self.buf
@@ -491,7 +492,7 @@ class PPO:
             "advantages": advantages.reshape(-1),
             "returns": returns.reshape(-1),
         }
-        return ppo_update(self.train_model, self.optimizer, batch, self.cfg, self.kl_reduce, ent_coef)
+        return ppo_update(self.train_model, self.optimizer, batch, self.cfg, self.kl_reduce, self.ent_coef)
 
     def lr_at(self, iteration: int, num_iterations: int) -> float:
         """Linear annealing: full rate at iteration 0, approaching 0 at `num_iterations`."""
