@@ -14,6 +14,7 @@ at once (each trainer uses one torch thread on a CPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import statistics
@@ -66,12 +67,15 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=100, help="greedy episodes per model")
     p.add_argument("--parallel", type=int, default=1, help="seeds trained at once")
     p.add_argument("--train-args", default="", help="extra flags for trainer.train (quoted, shell words)")
+    p.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                   help="keep the runs (metrics.jsonl, model) in DIR/seedS; default: a temporary directory")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     extra = shlex.split(args.train_args)
-    with tempfile.TemporaryDirectory(prefix="bench-snake-") as tmp, ThreadPoolExecutor(args.parallel) as pool:
-        rows = list(pool.map(lambda s: one_seed(s, args.episodes, extra, Path(tmp)), seeds))
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(args.parallel) as pool:
+        root = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-snake-")))
+        rows = list(pool.map(lambda s: one_seed(s, args.episodes, extra, root), seeds))
     print(f"{'seed':>4} {'mean':>7} {'median':>7} {'max':>5} {'full':>6} {'steps':>11} {'train s':>8} {'steps/s':>9}")
     for r in rows:
         print(f"{r['seed']:>4} {r['mean']:>7.1f} {r['median']:>7.0f} {r['max']:>5.0f} {r['full_boards']:>6.0%} "

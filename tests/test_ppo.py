@@ -189,3 +189,71 @@ def test_bf16_rollout_and_update_keep_fp32_weights_buffers_and_losses() -> None:
     assert torch.isfinite(losses).all()
     with pytest.raises(ValueError, match="unknown precision"):
         PPO(env, policy, PPOConfig(num_envs=8, num_steps=4, precision="fp16"))
+
+
+def test_entropy_weight_anneals_on_the_lr_schedule_and_the_update_uses_it() -> None:
+    env = CartPole(4)
+    cfg = PPOConfig(num_envs=4, num_steps=8, ent_coef=0.02, anneal_ent=True)
+    ppo = PPO(env, MLPPolicy(4, 2), cfg)
+    assert [ppo.ent_at(i, 4) for i in range(5)] == pytest.approx([0.02, 0.015, 0.01, 0.005, 0.0])
+    assert PPO(env, MLPPolicy(4, 2), PPOConfig(num_envs=4, ent_coef=0.02)).ent_at(3, 4) == 0.02
+
+    def weights_after(cfg: PPOConfig, ent_coef: float | None) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        ppo = PPO(CartPole(4), MLPPolicy(4, 2), cfg)
+        ppo.start(seed=0)
+        ppo.collect()
+        if ent_coef is not None:
+            ppo.ent_coef = ent_coef
+        ppo.update()
+        return [p.detach().clone() for p in ppo.policy.parameters()]
+
+    # An explicit weight of 0 updates exactly as a config without entropy bonus, and differs from
+    # the config's own weight.
+    for a, b in zip(weights_after(cfg, 0.0), weights_after(PPOConfig(num_envs=4, num_steps=8), None), strict=True):
+        torch.testing.assert_close(a, b)
+    own = weights_after(cfg, None)
+    assert any(not torch.equal(a, b) for a, b in zip(own, weights_after(cfg, 0.0), strict=True))
+
+
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_truncation_bootstraps_or_ends_the_returns_as_configured(bootstrap: bool) -> None:
+    torch.manual_seed(2)
+    env = CartPole(4, CartPoleParams(max_steps=5))  # truncates every 5 steps while the pole is up
+    ppo = PPO(env, MLPPolicy(4, 2), PPOConfig(num_envs=4, num_steps=12, gamma=0.9, bootstrap_truncated=bootstrap))
+    ppo.start(seed=0)
+    ppo.collect()
+    buf = ppo.buf
+    assert (buf.truncated & ~buf.terminated).any()
+    with torch.no_grad():
+        last = ppo.policy.value(ppo.obs)[:, 0]
+        final = ppo.policy.value(buf.final_obs.reshape(-1, 4))[:, 0].reshape(12, 4)
+    following = torch.cat((buf.values[1:], last[None]))
+    truncated = buf.truncated & ~buf.terminated
+    # With bootstrapping a truncated step is followed by its final state's value, else by nothing.
+    next_values = torch.where(truncated, final, following) if bootstrap else following
+    ends = buf.terminated if bootstrap else buf.dones
+    want = reference_gae(buf.rewards.tolist(), buf.values.tolist(), next_values.tolist(), ends.tolist(),
+                         buf.dones.tolist(), 0.9, ppo.cfg.gae_lambda)
+    adv, _ = ppo.advantages()
+    torch.testing.assert_close(adv, torch.tensor(want), rtol=1e-5, atol=1e-5)
+
+
+def test_episodes_the_env_does_not_count_stay_out_of_the_statistics() -> None:
+    # Snake with late starts: some episodes begin as copies of running long games (info["counted"]
+    # is False when they end). The statistics count exactly the other episodes.
+    from trainer.envs.snake import Snake, SnakeParams
+
+    torch.manual_seed(0)
+    env = Snake(32, SnakeParams(grid_size=6), late_starts=1.0)
+    ppo = PPO(env, MLPPolicy(env.obs_dim, 3), PPOConfig(num_envs=32, num_steps=40))
+    ppo.start(seed=0)
+    body = [[r, c] for r in range(6) for c in (range(6) if r % 2 == 0 else range(5, -1, -1))][:20][::-1]
+    for i in range(0, 32, 2):
+        env.set_board(i, body=body, direction=3, apple=[5, 5])
+    ppo.obs = env.observe().clone()
+    ppo.collect()
+    buf = ppo.buf
+    assert (buf.dones & ~buf.counted).any() and (buf.dones & buf.counted).any()
+    count = float(ppo.pop_episode_stats()[3])
+    assert count == float((buf.dones & buf.counted).sum())

@@ -250,3 +250,44 @@ def test_queued_apples_are_used_in_order_and_snapshots_are_plain_lists() -> None
     env.set_board(0, body=[[1, 1], [1, 0], [2, 0]], direction=RIGHT, apple=[1, 2])
     with pytest.raises(ValueError, match="not an empty cell"):
         act(env, STRAIGHT)
+
+
+def serpentine(g: int, length: int) -> list[list[int]]:
+    """A snake of `length` along the rows of a g x g board, boustrophedon, head last drawn first."""
+    path = [[r, c] for r in range(g) for c in (range(g) if r % 2 == 0 else range(g - 1, -1, -1))]
+    return path[:length][::-1]
+
+
+def test_late_starts_copy_running_games_with_long_snakes_into_ended_ones() -> None:
+    g, n = 6, 64
+    env = Snake(n, SnakeParams(grid_size=g), late_starts=1.0)
+    env.reset(seed=0)
+    for i in range(0, n, 2):  # half the envs hold a snake of 20 cells (more than half of 36), head (3, 4)
+        env.set_board(i, body=serpentine(g, 20), direction=LEFT, apple=[5, 5])
+    ended_total = 0
+    for _ in range(3):  # straight on: the long snakes live, the others run into the right wall
+        obs, _, term, trunc, info = env.step(torch.zeros(n, dtype=torch.int64))
+        ended = term | trunc
+        assert info["counted"][ended].all()  # the games that ended began at the start position
+        # every env that ended starts again as a copy of a running long game: never at length 3
+        assert (env.length[ended] >= g * g // 2).all()
+        ended_total += int(ended.sum())
+        for i in range(n):  # each state is a real game: body counters 1..L once, the head holds L
+            cells, length = env.cells[i], int(env.length[i])
+            assert sorted(cells[cells > 0].tolist()) == list(range(1, length + 1))
+            assert int(cells[env.head[i]]) == length and int(cells[env.apple[i]]) == 0
+        assert torch.equal(obs, env.observe())
+    assert ended_total == n // 2
+    # Straight on, every snake reaches the left wall: the copies' games end too, and do not count.
+    # (head (3, 1), two cells to go), and the copies' games do not count.
+    for _ in range(2):
+        _, _, term, _, info = env.step(torch.zeros(n, dtype=torch.int64))
+    assert term.all() and not info["counted"][1::2].any() and info["counted"][0::2].all()
+
+
+def test_without_long_snakes_late_starts_start_afresh() -> None:
+    env = Snake(16, SnakeParams(grid_size=6), late_starts=1.0)
+    env.reset(seed=0)
+    for _ in range(30):
+        _, _, term, trunc, _ = env.step(torch.zeros(16, dtype=torch.int64))  # straight into the wall
+        assert (env.length[term | trunc] == 3).all()

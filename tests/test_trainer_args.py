@@ -91,6 +91,10 @@ def test_ppo_config_defaults_come_from_train_args() -> None:
     cfg = PPOConfig.from_args(parse_args(["--env", "snake", "--target-kl", "0.03"]), num_envs=64)
     assert (cfg.num_envs, cfg.learning_rate, cfg.ent_coef, cfg.target_kl, cfg.anneal_lr) == (64, 2e-3, 0.01, 0.03, True)
     assert PPOConfig.from_args(parse_args(["--env", "cartpole"]), num_envs=8).target_kl is None  # 0 = off
+    # the 0/1 switches arrive as booleans
+    flags = ["--env", "snake", "--clip-vloss", "0", "--anneal-ent", "1", "--bootstrap-truncated", "0"]
+    cfg = PPOConfig.from_args(parse_args(flags), num_envs=8)
+    assert (cfg.clip_vloss, cfg.anneal_ent, cfg.bootstrap_truncated) == (False, True, False)
 
 
 def test_every_env_with_a_preset_has_a_spec() -> None:

@@ -39,7 +39,8 @@ from typing import Any
 # apples for 1024 envs with a 128-wide MLP after 8M steps). 12M steps with gamma 0.995 (the late game
 # needs a longer horizon): greedy means of 86.2 / 89.9 / 81.2 apples for seeds 1-3 (100 episodes
 # each), against 65.9 / 75.8 / 68.7 with gamma 0.99 (bench/bench_snake.py, BENCHMARKS.md). On a GPU,
-# pass a larger --num-envs.
+# pass a larger --num-envs. Not adopted (issue 39, BENCHMARKS.md): --anneal-ent 1 --bootstrap-truncated
+# 0 --late-starts 0.5 gave 85.6 / 83.7 / 85.4 with 85% / 1% / 0% full boards, ~5% slower per step.
 # Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal). Gymnasium
 # ids take GYM_PRESET (see `preset_of`).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -167,8 +168,10 @@ class TrainArgs:
     """passes over each rollout"""
     clip_coef: float = flag(0.2, min=0)
     """policy ratio clip (and value clip)"""
+    clip_vloss: int = flag(1, choices=(0, 1))
+    """1: clip each value update to --clip-coef around the old value (in return units)"""
     ent_coef: float = flag(0.0, min=0)
-    """entropy bonus weight"""
+    """entropy bonus weight (at the start, annealed linearly to 0 when --anneal-ent 1)"""
     vf_coef: float = flag(0.5, min=0)
     """value loss weight"""
     gamma: float = flag(0.99, min=0, max=1)
@@ -181,12 +184,19 @@ class TrainArgs:
     """snake board side"""
     action_mode: str = flag("relative", choices=("relative", "absolute"))
     """snake actions"""
+    late_starts: float = flag(0.0, min=0, max=1)
+    """snake, training only: share of new episodes that copy a running game whose snake fills half the board"""
+    bootstrap_truncated: int = flag(1, choices=(0, 1))
+    """1: a truncated episode's last step is followed by the value of its final state (a time limit the
+    policy cannot see); 0: it ends like a termination (a limit the observation shows, e.g. snake's hunger)"""
     target_kl: float = flag(0.0, min=0)
     """early-stop epochs above this KL; 0 = off"""
     max_grad_norm: float = flag(0.5, min=0, min_exclusive=True)
     """global gradient norm clip"""
     anneal_lr: int = flag(1, choices=(0, 1))
     """1: linear LR decay to 0"""
+    anneal_ent: int = flag(0, choices=(0, 1))
+    """1: linear entropy-weight decay to 0, on the LR's schedule"""
     target_return: float = flag(0.0)
     """stop when greedy eval reaches this; 0 = off"""
     eval_episodes: int = flag(20, min=1)

@@ -5,9 +5,10 @@ Reads top to bottom: `PPOConfig` (one line per field), `Adam` (a tiny hand-writt
 num_envs]` storage), `compute_gae`, `ppo_update`, and `PPO`, which ties an env, a policy and an
 optimizer together: `collect()` then `update()`.
 
-Truncation is not termination: when an episode is cut by a time limit (CartPole's 500 steps, snake's
-hunger), its last reward is followed by `gamma * V(final_obs)`, the value of the state it was cut in,
-not by 0. Only terminated steps stop the bootstrap.
+Truncation is not termination: when an episode is cut by a time limit (CartPole's 500 steps), its last
+reward is followed by `gamma * V(final_obs)`, the value of the state it was cut in, not by 0. Only
+terminated steps stop the bootstrap. `bootstrap_truncated=False` makes truncation end the returns like a
+termination: for a limit the observation shows (snake's hunger), where the state says the game is over.
 
 Host syncs (at each, the host waits for the GPU to catch up): none per env step. Per iteration there
 is one, the `nonzero` in `_next_values` (which steps were truncated, to evaluate only those final
@@ -50,6 +51,7 @@ class PPOConfig:
     num_steps: int = default_of("num_steps")
     learning_rate: float = default_of("learning_rate")
     anneal_lr: bool = bool(default_of("anneal_lr"))
+    anneal_ent: bool = bool(default_of("anneal_ent"))
     gamma: float = default_of("gamma")
     gae_lambda: float = default_of("gae_lambda")
     num_minibatches: int = default_of("num_minibatches")
@@ -57,11 +59,11 @@ class PPOConfig:
     norm_adv: bool = True
     """normalise advantages per minibatch"""
     clip_coef: float = default_of("clip_coef")
-    clip_vloss: bool = True
-    """clip the value update around the old values"""
+    clip_vloss: bool = bool(default_of("clip_vloss"))
     ent_coef: float = default_of("ent_coef")
     vf_coef: float = default_of("vf_coef")
     max_grad_norm: float = default_of("max_grad_norm")
+    bootstrap_truncated: bool = bool(default_of("bootstrap_truncated"))
     target_kl: float | None = None
     """stop the epochs of one update once the approximate KL exceeds this (None: never; flag 0 = off)"""
     precision: str = default_of("precision")
@@ -76,6 +78,9 @@ class PPOConfig:
         values.update(
             num_envs=num_envs,
             anneal_lr=bool(args.anneal_lr),
+            anneal_ent=bool(args.anneal_ent),
+            clip_vloss=bool(args.clip_vloss),
+            bootstrap_truncated=bool(args.bootstrap_truncated),
             target_kl=args.target_kl if args.target_kl and args.target_kl > 0 else None,
         )
         return cls(**values)
@@ -240,6 +245,9 @@ class RolloutBuffer:
         self.terminated = torch.zeros(shape, dtype=torch.bool, device=device)
         self.truncated = torch.zeros(shape, dtype=torch.bool, device=device)
         self.dones = torch.zeros(shape, dtype=torch.bool, device=device)
+        # whether an episode that ended at this step counts in the episode statistics (the env's
+        # info["counted"]; snake's late starts are not whole games)
+        self.counted = torch.ones(shape, dtype=torch.bool, device=device)
 
 
 def compute_gae(
@@ -277,13 +285,16 @@ def ppo_update(
     batch: dict[str, torch.Tensor],
     cfg: PPOConfig,
     kl_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ent_coef: float | None = None,
 ) -> torch.Tensor:
     """Several epochs of clipped-PPO minibatch steps on one flattened rollout batch.
 
     Returns the means over minibatches of `LOSS_NAMES`, a `[5]` tensor on the batch's device (read it
     when reporting: reading it here would be a host sync per iteration).
     `kl_reduce` averages the approximate KL across ranks so every DDP rank stops at the same epoch.
+    `ent_coef` overrides `cfg.ent_coef` (an annealed weight, `PPO.ent_at`).
     """
+    ent_weight = cfg.ent_coef if ent_coef is None else ent_coef
     size = batch["obs"].shape[0]
     mb_size = max(1, size // cfg.num_minibatches)
     device = batch["obs"].device
@@ -313,7 +324,7 @@ def ppo_update(
             else:
                 v_loss = 0.5 * ((new_values - returns) ** 2).mean()
             ent = entropy.mean()
-            loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+            loss = pg_loss - ent_weight * ent + cfg.vf_coef * v_loss
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(optimizer.params, cfg.max_grad_norm)
@@ -355,6 +366,8 @@ class PPO:
         self.train_model = train_model if train_model is not None else policy  # a DDP wrapper, if any
         self.act_model = act_model if act_model is not None else policy
         self.cfg = cfg
+        # The entropy weight of the next update: the trainer sets it from `ent_at` each iteration.
+        self.ent_coef = cfg.ent_coef
         self.kl_reduce = kl_reduce
         self.device = env.device
         autocast(self.device, cfg.precision)  # refuses an unknown precision now, not mid-rollout
@@ -393,6 +406,8 @@ class PPO:
             buf.terminated[t] = terminated
             buf.truncated[t] = truncated
             buf.final_obs[t] = info["final_obs"]
+            if "counted" in info:
+                buf.counted[t] = info["counted"]
         self.obs = obs
         torch.bitwise_or(buf.terminated, buf.truncated, out=buf.dones)
         self._track_episodes()
@@ -411,6 +426,7 @@ class PPO:
         prev = torch.cat((torch.full_like(last_done[:1], -1), last_done[:-1]))  # last done index < t
         fresh = (prev < 0).to(buf.rewards.dtype)
         d = done.to(buf.rewards.dtype)
+        scored = d * buf.counted  # the episodes that end here and count in the statistics
         carried = (self.ep_return, self.ep_score, self.ep_length)
         points = buf.rewards if self.score is None else self.score(buf.rewards)
         series = (buf.rewards, points, torch.ones_like(buf.rewards))
@@ -419,11 +435,11 @@ class PPO:
             c = torch.cat((torch.zeros_like(x[:1]), x.cumsum(dim=0)))  # c[k] = sum of x[:k]
             start = c.gather(0, prev + 1)
             per_step = c[1:] - start + fresh * carry  # the episode's total so far, at every step
-            totals.append((per_step * d).sum())
+            totals.append((per_step * scored).sum())
             # What carries into the next rollout: the running total of each env's current episode.
             end = per_step[-1] * (1 - d[-1])
             carried[i].copy_(end)
-        self.finished += torch.stack((totals[0], totals[2], totals[1], d.sum()))
+        self.finished += torch.stack((totals[0], totals[2], totals[1], scored.sum()))
 
     def pop_episode_stats(self) -> torch.Tensor:
         """[sum of returns, sum of lengths, sum of scores, count] of the episodes finished since the last
@@ -439,6 +455,8 @@ class PPO:
         with autocast(self.device, self.cfg.precision):
             last_value = self.policy.value(self.obs)[:, 0].float()
         next_values = torch.cat((buf.values[1:], last_value[None]), dim=0)
+        if not self.cfg.bootstrap_truncated:
+            return next_values  # truncations count as terminations (`update`): nothing to bootstrap
         # Truncated steps bootstrap from the value of the state they were cut in (one host sync).
         where = (buf.truncated & ~buf.terminated).nonzero(as_tuple=True)
         if where[0].numel() > 0:
@@ -446,20 +464,26 @@ class PPO:
                 next_values[where] = self.policy.value(buf.final_obs[where])[:, 0].float()
         return next_values
 
-    def update(self, lr: float | None = None) -> torch.Tensor:
-        """GAE, then `ppo_update`; returns its `[5]` device tensor of mean losses (`LOSS_NAMES`)."""
-        if lr is not None:
-            self.optimizer.lr = lr
+    def advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE advantages and returns `[T, N]` of the last rollout."""
         buf = self.buf
-        advantages, returns = compute_gae(
+        return compute_gae(
             buf.rewards,
             buf.values,
             self._next_values(),
-            buf.terminated,
+            buf.terminated if self.cfg.bootstrap_truncated else buf.dones,
             buf.dones,
             self.cfg.gamma,
             self.cfg.gae_lambda,
         )
+
+    def update(self, lr: float | None = None) -> torch.Tensor:
+        """GAE, then `ppo_update` with `ent_coef` as the entropy weight; returns its `[5]` device tensor
+        of mean losses (`LOSS_NAMES`). `lr`: this iteration's learning rate (`lr_at`)."""
+        if lr is not None:
+            self.optimizer.lr = lr
+        buf = self.buf
+        advantages, returns = self.advantages()
         batch = {
             "obs": buf.obs.reshape(-1, buf.obs.shape[-1]),
             "actions": buf.actions.reshape(-1),
@@ -468,13 +492,20 @@ class PPO:
             "advantages": advantages.reshape(-1),
             "returns": returns.reshape(-1),
         }
-        return ppo_update(self.train_model, self.optimizer, batch, self.cfg, self.kl_reduce)
+        return ppo_update(self.train_model, self.optimizer, batch, self.cfg, self.kl_reduce, self.ent_coef)
 
     def lr_at(self, iteration: int, num_iterations: int) -> float:
         """Linear annealing: full rate at iteration 0, approaching 0 at `num_iterations`."""
         if not self.cfg.anneal_lr:
             return self.cfg.learning_rate
         return self.cfg.learning_rate * max(0.0, 1.0 - iteration / max(num_iterations, 1))
+
+    def ent_at(self, iteration: int, num_iterations: int) -> float:
+        """The entropy weight: constant, or with `anneal_ent` linear from `ent_coef` towards 0 (greedy
+        play wants a sharp policy at the end; exploration matters most early)."""
+        if not self.cfg.anneal_ent:
+            return self.cfg.ent_coef
+        return self.cfg.ent_coef * max(0.0, 1.0 - iteration / max(num_iterations, 1))
 
 
 @torch.no_grad()

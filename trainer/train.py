@@ -369,6 +369,7 @@ class Trainer:
     def _train_iteration(self) -> None:
         ppo = self.ppo
         ppo.collect()
+        ppo.ent_coef = ppo.ent_at(self.iteration, self.num_iterations)
         losses = ppo.update(ppo.lr_at(self.iteration, self.num_iterations))
         self.iteration += 1
         self.global_step += self.batch_per_iter

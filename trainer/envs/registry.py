@@ -122,8 +122,20 @@ class SnakeSpec(EnvSpec):
     win_metric = "full_board_fraction"
     playable = True
 
-    def build(self, num_envs: int, params: Any, device: torch.device | str) -> Snake:
-        return Snake(num_envs, params, device=device)
+    def build(self, num_envs: int, params: Any, device: torch.device | str, late_starts: float = 0.0) -> Snake:
+        return Snake(num_envs, params, device=device, late_starts=late_starts)
+
+    def make(
+        self, num_envs: int, device: torch.device | str = "cpu", seed: int = 0, late_starts: float = 0.0,
+        **settings: Any,
+    ) -> Snake:
+        env = self.build(num_envs, self.params(settings), device, late_starts)
+        env.generator.manual_seed(seed)
+        return env
+
+    def run_options(self, args: Any) -> dict[str, Any]:
+        # the curriculum is the training env's only: evaluations start every game afresh
+        return {"late_starts": args.late_starts}
 
     def won(self, reward: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
         # A win (a full board) is the only termination that comes with a reward of +1.

@@ -102,8 +102,15 @@ class Snake:
         params: SnakeParams | None = None,
         device: torch.device | str = "cpu",
         auto_reset: bool = True,
+        late_starts: float = 0.0,
     ) -> None:
         self.params = params or SnakeParams()
+        # Training only (not a rule): the share of auto-reset episodes that start as a copy of another
+        # env's running game whose snake fills at least half the board (`_late_restart`).
+        self.late_starts = late_starts
+        # True while an env's episode is one of those copies: not a whole game, so the step's
+        # info["counted"] keeps it out of the trainer's episode statistics (scores stay comparable).
+        self.late = torch.zeros(num_envs, dtype=torch.bool, device=device)
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.auto_reset = auto_reset
@@ -157,6 +164,7 @@ class Snake:
         self.direction.fill_(1)
         self.length.fill_(3)
         self.hunger.zero_()
+        self.late.zero_()
         everyone = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
         self._arm_queue()
         self.apple = self._place_apples(everyone, self._draw(), self._forced)
@@ -212,7 +220,32 @@ class Snake:
             actions, self._draw(), self._forced, *obs_bufs
         )
         self._settle_queue(need_apple)
-        return obs, reward, terminated, truncated, {"final_obs": final_obs}
+        info: dict[str, Any] = {"final_obs": final_obs}
+        if self.late_starts > 0 and self.auto_reset:
+            done = terminated | truncated
+            info["counted"] = ~self.late  # for the episodes that end now: began at the start position
+            obs = self._late_restart(done, obs)
+        return obs, reward, terminated, truncated, info
+
+    def _late_restart(self, done: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """Start a `late_starts` share of the episodes that just ended as a copy of a random running
+        game with a snake of at least half the board (a curriculum: a greedy policy's games are lost
+        in the endgame, which fresh starts rarely reach). Returns the observation, rewritten in place."""
+        u = torch.rand(2, self.num_envs, generator=self.generator, device=self.device)
+        donors = (self.length >= self.cells_n // 2) & ~done
+        count = donors.sum(dtype=torch.int32)
+        restart = done & (u[0] < self.late_starts) & (count > 0)
+        self.late = torch.where(done, restart, self.late)
+        if not bool(restart.any()):  # one host sync a step, only with late starts on
+            return obs
+        k = torch.minimum((u[1] * count).int(), count - 1)
+        # The k-th donor (from 0): the number of envs whose running count of donors is <= k.
+        donor = torch.searchsorted(donors.cumsum(0, dtype=torch.int32), k, right=True).clamp(max=self.num_envs - 1)
+        self.cells = torch.where(restart[:, None], self.cells[donor], self.cells)
+        for name in ("head", "direction", "length", "hunger", "apple"):
+            value = getattr(self, name)
+            setattr(self, name, torch.where(restart, value[donor], value))
+        return self.observe(obs)
 
     def _move(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Turn and move every snake (rules 1-4 of docs/snake.md): (dead, ate, moved)."""
