@@ -209,19 +209,25 @@ def test_a_running_run_fetched_then_its_host_lost_resumes_on_another_host_from_t
     assert started.returncode == 0, started.stderr
     run_id = json.loads(started.stdout)["run_id"]
 
-    def fetched() -> dict | None:
+    host_dir = Path(host_a.host_config().workdir) / ".thrust" / "runs" / run_id / "checkpoints"
+
+    def fetched() -> tuple[dict, bytes] | None:
         got = _cli(project, "fetch", run_id, "--json")
         assert got.returncode == 0, got.stderr
         answer = json.loads(got.stdout)
-        return answer if answer["checkpoint"] and answer["checkpoint"]["newest"] else None
+        if not (answer["checkpoint"] and answer["checkpoint"]["newest"]):
+            return None
+        try:  # the trainer keeps its newest 3: on a busy machine this one may be gone already
+            return answer, (host_dir / answer["checkpoint"]["newest"]).read_bytes()
+        except FileNotFoundError:
+            return None  # fetched again: a newer one
 
-    answer = wait_until(fetched, 180, "a checkpoint of the RUNNING run fetched")
+    answer, on_host = wait_until(fetched, 180, "a checkpoint of the RUNNING run fetched")
     assert answer["state"] == "RUNNING" and answer["model"] is None and not answer["placed"]
     assert not (project / "web").exists()  # a model is placed only from a FINISHED run
     newest = answer["checkpoint"]["newest"]
     local = project / ".thrust" / "fetched" / run_id / "checkpoints" / newest
-    host_file = Path(host_a.host_config().workdir) / ".thrust" / "runs" / run_id / "checkpoints" / newest
-    assert hashlib.sha256(local.read_bytes()).hexdigest() == hashlib.sha256(host_file.read_bytes()).hexdigest()
+    assert hashlib.sha256(local.read_bytes()).hexdigest() == hashlib.sha256(on_host).hexdigest()
 
     refused = _cli(project, "resume", run_id, "--host", "b")
     assert refused.returncode == 64 and "still RUNNING on a" in refused.stderr and "stop" in refused.stderr
