@@ -374,7 +374,8 @@ def test_a_detached_run_that_is_preempted_resubmits_itself_with_no_laptop_follow
     runs = workdir / ".thrust" / "runs"
     log = runs / first / "log"
     wait_until(lambda: log.exists() and "step 3" in log.read_text(), 30, "the job's steps")
-    cluster.run("sbatch", "--parsable", "--partition=urgent", "--cpus-per-task=2", "--wrap", "true")
+    cluster.run("sbatch", "--parsable", "--partition=urgent", "--cpus-per-task=2", "--output=/dev/null",
+                "--wrap", "true")  # no slurm-N.out in the test's cwd
     st = wait_until(lambda: (s := run_status(cli, proj, first))["state"] != "RUNNING" and s, 30, "its end")
     assert (st["state"], st.get("reason")) == ("LOST", "preempted"), st
     assert "checkpoint at step" in log.read_text()
