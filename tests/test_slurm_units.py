@@ -156,6 +156,6 @@ def test_a_run_at_its_time_limit_that_cannot_continue_itself_says_why_and_submit
     """No checkpoint, or its retries spent: nothing is submitted (no sbatch is run), the run dir says why
     (status: `continue_error`), and a follower, if any, retries as before."""
     run_dir, meta = _warned_run(tmp_path, attempt)
-    assert slurm.continue_after_limit(str(run_dir), meta, {}) is None
+    assert slurm.continue_itself(str(run_dir), meta, {}) is None
     assert json.loads((run_dir / "run.json").read_text())["continue_error"] == why
     assert sorted(p.name for p in run_dir.parent.iterdir()) == ["own-1"]  # no next run dir

@@ -496,16 +496,17 @@ class PPO:
 
     def lr_at(self, iteration: int, num_iterations: int) -> float:
         """Linear annealing: full rate at iteration 0, approaching 0 at `num_iterations`."""
-        if not self.cfg.anneal_lr:
-            return self.cfg.learning_rate
-        return self.cfg.learning_rate * max(0.0, 1.0 - iteration / max(num_iterations, 1))
+        return _annealed(self.cfg.learning_rate, self.cfg.anneal_lr, iteration, num_iterations)
 
     def ent_at(self, iteration: int, num_iterations: int) -> float:
-        """The entropy weight: constant, or with `anneal_ent` linear from `ent_coef` towards 0 (greedy
-        play wants a sharp policy at the end; exploration matters most early)."""
-        if not self.cfg.anneal_ent:
-            return self.cfg.ent_coef
-        return self.cfg.ent_coef * max(0.0, 1.0 - iteration / max(num_iterations, 1))
+        """The entropy weight: constant, or with `anneal_ent` on the LR's schedule (greedy play wants a
+        sharp policy at the end; exploration matters most early)."""
+        return _annealed(self.cfg.ent_coef, self.cfg.anneal_ent, iteration, num_iterations)
+
+
+def _annealed(start: float, anneal: bool, iteration: int, num_iterations: int) -> float:
+    """`start`, or with `anneal` linear from it at iteration 0 towards 0 at `num_iterations`."""
+    return start * max(0.0, 1.0 - iteration / max(num_iterations, 1)) if anneal else start
 
 
 @torch.no_grad()

@@ -388,7 +388,7 @@ def note_preempted(run_dir: str) -> bool:
     return True
 
 
-def continue_after_limit(run_dir: str, meta: dict, env: dict) -> dict | None:
+def continue_itself(run_dir: str, meta: dict, env: dict) -> dict | None:
     """On the allocation's node 0, after the job exited and before its end is written: a run warned of
     its time limit, or preempted (`note_preempted`), whose launch asked for it (run.json's `self_retry`,
     written by the laptop when the job's `retry: on:` has `timeout` or `preempted` and it can resume)

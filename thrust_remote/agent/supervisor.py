@@ -200,7 +200,7 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
         **({"queued_at": meta[QUEUE].get("queued_at")} if isinstance(meta.get(QUEUE), dict) else {}),
         **({"scheduler_job": meta[SCHEDULER].get("job_id")} if isinstance(meta.get(SCHEDULER), dict) else {}),
         **({RESUMED_FROM: meta[RESUMED_FROM]} if isinstance(meta.get(RESUMED_FROM), str) else {}),
-        # a cluster's run that resubmitted itself at its time limit (slurm.continue_after_limit), or why not
+        # a cluster's run that resubmitted itself (slurm.continue_itself: time limit, preemption), or why not
         **({slurm.CONTINUED_BY: meta[slurm.CONTINUED_BY]} if isinstance(meta.get(slurm.CONTINUED_BY), list) else {}),
         **({slurm.CONTINUE_ERROR: meta[slurm.CONTINUE_ERROR]} if meta.get(slurm.CONTINUE_ERROR) else {}),
         **_hours(run_dir, meta, state, ended_ts),
@@ -775,13 +775,13 @@ def cmd_supervise(args: argparse.Namespace) -> int:
 
 
 def _continue(run_dir: str, meta: dict, termed: bool) -> None:
-    """A run at its time limit, or preempted, submits its next attempt (slurm.continue_after_limit);
+    """A run at its time limit, or preempted, submits its next attempt (slurm.continue_itself);
     whatever goes wrong there is said in run.json and the run's end is still recorded (an end never goes
     unwritten). Whether a TERM was a preemption is asked only of a run that would continue on one."""
     try:
         if termed and "preempted" in ((meta.get(SELF_RETRY) or {}).get("on") or ()):
             slurm.note_preempted(run_dir)
-        slurm.continue_after_limit(run_dir, meta, slurm.job_env(run_dir))
+        slurm.continue_itself(run_dir, meta, slurm.job_env(run_dir))
     except Exception as exc:  # noqa: BLE001 - the end must be written whatever failed
         with contextlib.suppress(OSError):
             slurm.update_meta(run_dir, {slurm.CONTINUE_ERROR: f"{type(exc).__name__}: {exc}"})

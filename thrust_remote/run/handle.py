@@ -239,7 +239,7 @@ def _attempts(fleet: Fleet, reporter: Reporter, *, sets: Sequence[str] = (), par
 
 
 def remember_continued(config: Config, run_id: str, new_id: str, host: str) -> None:
-    """A run its cluster submitted itself (agent/slurm.py, continue_after_limit), in the local index as its
+    """A run its cluster submitted itself (agent/slurm.py, continue_itself), in the local index as its
     parent is (its host, job, code), so `status`, `logs` and `resume` of it need no --host."""
     entry = index.lookup(config.root, run_id)
     if entry is None or index.lookup(config.root, new_id) is not None or host not in config.hosts:

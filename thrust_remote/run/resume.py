@@ -66,7 +66,7 @@ HOST_RETRY_ON = ("timeout", "preempted")  # what a cluster's run continues from 
 
 def host_retry(job: JobConfig, base_args: Sequence[str], host: str) -> dict[str, Any] | None:
     """What a Slurm run needs to submit its own next attempt at its time limit or when preempted, with no
-    laptop following (agent/slurm.py, continue_after_limit): the job's `retry:` answers `timeout` or
+    laptop following (agent/slurm.py, continue_itself): the job's `retry:` answers `timeout` or
     `preempted` and it can resume. `args`
     are the next attempt's job arguments, "{checkpoint}" filled on the cluster; None: it does not."""
     retry = job.retry or {}

@@ -163,7 +163,7 @@ class CartPole:
         self._which ^= 1
         w = self._which
         if self._np is not None and (self._np.always or torch.get_num_threads() == 1):
-            self._np.step(self.state.numpy(), actions.numpy(), w)
+            self._np.step(actions.numpy(), w)
         else:
             self._step_torch(actions, w)
         nxt, final = self._states[w], self._finals[w]
@@ -212,9 +212,10 @@ class _NumpyStep:
         self.cos, self.sin, self.temp, self.den, self.num, self.f = (np.empty(n, np.float32) for _ in range(6))
         self.acc = np.empty((2, n), np.float32)  # xacc, thetaacc: the rates of x_dot and theta_dot
 
-    def step(self, st: np.ndarray, actions: np.ndarray, w: int) -> None:
+    def step(self, actions: np.ndarray, w: int) -> None:
+        """From state `w ^ 1` (the env's current one: the two alternate) into final `w` and state `w`."""
         cos, sin, temp, den, acc = self.cos, self.sin, self.temp, self.den, self.acc
-        final, tau = self.finals[w], self.tau
+        st, final, tau = self.states[w ^ 1], self.finals[w], self.tau
         np.cos(st[2], out=cos)
         np.sin(st[2], out=sin)
         np.multiply(st[3], st[3], out=temp)

@@ -122,15 +122,13 @@ class SnakeSpec(EnvSpec):
     win_metric = "full_board_fraction"
     playable = True
 
-    def build(self, num_envs: int, params: Any, device: torch.device | str, late_starts: float = 0.0) -> Snake:
-        return Snake(num_envs, params, device=device, late_starts=late_starts)
+    def build(self, num_envs: int, params: Any, device: torch.device | str) -> Snake:
+        return Snake(num_envs, params, device=device)
 
-    def make(
-        self, num_envs: int, device: torch.device | str = "cpu", seed: int = 0, late_starts: float = 0.0,
-        **settings: Any,
-    ) -> Snake:
-        env = self.build(num_envs, self.params(settings), device, late_starts)
-        env.generator.manual_seed(seed)
+    def make(self, num_envs: int, device: torch.device | str = "cpu", seed: int = 0, late_starts: float = 0.0,
+             **settings: Any) -> Snake:
+        env = super().make(num_envs, device, seed, **settings)
+        env.late_starts = late_starts  # how it steps, not what: read by every step
         return env
 
     def run_options(self, args: Any) -> dict[str, Any]:
