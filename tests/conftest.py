@@ -22,7 +22,9 @@ through it (killing only sshd would leave `setsid` jobs alive).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -282,6 +284,70 @@ def release_rc_lock(older_than_s: float = 60.0) -> bool:
     return True
 
 
+# sshd's PATH for a session (Debian's build, the superuser's path): what the account's rc file starts from
+SSHD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_HIDDEN_VARS = {"_", "SHLVL", "PWD", "OLDPWD"}
+
+
+def _rc_environment(bashrc: Path) -> dict[str, str] | None:
+    """The variables `bashrc` sets or changes for a command that sshd starts (None: it failed)."""
+    base = {"HOME": str(Path.home()), "USER": os_user(), "LOGNAME": os_user(), "SHELL": "/bin/bash",
+            "PATH": SSHD_PATH}
+
+    def env_after(script: str) -> dict[str, str] | None:
+        done = subprocess.run(["bash", "--norc", "--noprofile", "-c", f"{script}env -0"], env=base,
+                              capture_output=True, timeout=60, check=False)
+        if done.returncode != 0:
+            return None
+        pairs = (item.split(b"=", 1) for item in done.stdout.split(b"\0") if b"=" in item)
+        return {k.decode(): v.decode() for k, v in pairs}
+
+    before, after = env_after(""), env_after(f". {shlex.quote(str(bashrc))} >/dev/null 2>&1; ")
+    if before is None or after is None:
+        return None
+    return {k: v for k, v in after.items() if before.get(k) != v and k not in _HIDDEN_VARS}
+
+
+@functools.lru_cache(maxsize=1)
+def account_rc() -> Path | None:
+    """An rc file that gives a test host's commands the environment this account's ~/.bashrc gives them,
+    without running it; None when there is nothing to replace (no ~/.bashrc, or it cannot be read).
+
+    The test hosts are accounts of this machine, and bash reads ~/.bashrc for every command sshd
+    starts. Here that file runs `pyenv init` (a `pyenv rehash` that rewrites the shims under a lock,
+    ~140 processes and 0.15 s of CPU) for each of the suite's ~1,600 remote commands: a fifth of the
+    suite's CPU, and two workers' commands waiting on each other's lock. Each sshd (in the mount
+    namespace of its own `unshare`) sees this file bound over ~/.bashrc instead: the same PATH and
+    variables, set by plain exports. What an rc file that prints or is slow does to the product is
+    test_noisy_account's subject, with an account made for it."""
+    bashrc = Path.home() / ".bashrc"
+    if not bashrc.is_file():
+        return None
+    env = _rc_environment(bashrc)
+    if env is None:
+        return None
+    lines = ["# tests/conftest.py: the environment ~/.bashrc gives a command, set without running it\n"]
+    for key, value in sorted(env.items()):
+        if key == "PATH" and value.endswith(":" + SSHD_PATH):  # what the rc adds, before sshd's own
+            lines.append(f'export PATH={shlex.quote(value[:-len(SSHD_PATH)])}"$PATH"\n')
+        else:
+            lines.append(f"export {key}={shlex.quote(value)}\n")
+    path = Path(tempfile.mkdtemp(prefix="thrust-rc-")) / "bashrc"
+    path.write_text("".join(lines))
+    return path
+
+
+def _sshd_argv(config: Path, netns: str | None) -> list[str]:
+    """sshd in a pid and mount namespace of its own (`unshare`), with `account_rc` bound over ~/.bashrc
+    there (a mount this namespace alone sees; sshd starts all the same when the bind fails)."""
+    argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    rc = account_rc()
+    if rc is not None:
+        bind = shlex.join(["mount", "--bind", str(rc), str(Path.home() / ".bashrc")])
+        argv += ["sh", "-c", f'{bind} 2>/dev/null; exec "$@"', "sh"]
+    return [*(["ip", "netns", "exec", netns] if netns else []), *argv, SSHD, "-D", "-e", "-f", str(config)]
+
+
 def _start_sshd(root: Path, ip: str = "127.0.0.1", netns: str | None = None, extra_config: str = "") -> SSHServer:
     """A private sshd on `ip` (inside network namespace `netns` when given: tests/netns.py), with
     `extra_config` lines appended to its sshd_config."""
@@ -324,8 +390,7 @@ def _start_sshd(root: Path, ip: str = "127.0.0.1", netns: str | None = None, ext
     )
     Path("/run/sshd").mkdir(exist_ok=True)
     wrapper = subprocess.Popen(
-        [*(["ip", "netns", "exec", netns] if netns else []),
-         "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", SSHD, "-D", "-e", "-f", str(config)],
+        _sshd_argv(config, netns),
         stdout=open(log, "ab"),  # noqa: SIM115 - lives as long as the server
         stderr=subprocess.STDOUT,
         start_new_session=True,
