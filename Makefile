@@ -58,8 +58,10 @@ lint: $(STAMP)
 # The suite in three layers (docs/architecture.md, "Tests"): core (in-process, no sshd), ssh (real sshd
 # hosts), e2e (real training, several hosts, the browser, the wheel). `make test` runs them all on both
 # cores, as CI does; `make test-fast` runs core alone, the loop for an edit. PYTEST_ARGS adds options
-# (`PYTEST_ARGS='-k fetch'`), TEST_WORKERS the number of pytest-xdist workers.
-TEST_WORKERS ?= 2
+# (`PYTEST_ARGS='-k fetch'`), TEST_WORKERS the number of pytest-xdist workers. Four on two cores: a test
+# spends part of its time waiting (an ssh handshake, a poll, a process start), and two workers left the
+# cores 18% idle; four keep them busy (BENCHMARKS.md, "The suite in layers").
+TEST_WORKERS ?= 4
 PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadgroup
 PYTEST_ARGS ?=
 test: $(STAMP) system-deps web-deps

@@ -318,7 +318,7 @@ def account_rc() -> Path | None:
     ~140 processes and 0.15 s of CPU) for each of the suite's ~1,600 remote commands: a fifth of the
     suite's CPU, and two workers' commands waiting on each other's lock. Each sshd (in the mount
     namespace of its own `unshare`) sees this file bound over ~/.bashrc instead: the same PATH and
-    variables, set by plain exports. What an rc file that prints or is slow does to the product is
+    variables, set by plain exports. What an rc file that prints does to the product is
     test_noisy_account's subject, with an account made for it."""
     bashrc = Path.home() / ".bashrc"
     if not bashrc.is_file():
