@@ -307,6 +307,8 @@ def test_doctor_over_two_hosts_shows_each_node_reaching_node_0_and_the_interface
     assert reach["status"] == "fail" and "rdzv_address:" in reach["fix"]
 
 
+# ~12-20 s quiet: two trainings over two hosts, the first attempt killed at step 2048 by the trainer's
+# fault injection and torchrun's restart of both nodes: the restart is the subject.
 def test_max_restarts_restarts_every_node_from_node_0s_checkpoint(cli, net, project):
     """The first attempt checkpoints and exits at step 2048 on every rank (trainer's fault injection);
     torchrun restarts both nodes, and node 1, which has no checkpoint of its own, resumes with node 0's."""

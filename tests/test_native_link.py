@@ -25,6 +25,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.skipif(shutil.which
               pytest.mark.xdist_group("test_native_link")]
 
 
+# ~10-20 s quiet (about 30 s beside three other workers): two programs compiled and linked against
+# libtorch by g++, once for the module; the link is the subject.
 @pytest.fixture(scope="module")
 def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Compile once (~8 s), link twice: with -Wl,--as-needed and with -Wl,--no-as-needed."""

@@ -198,6 +198,8 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+# ~15-20 s quiet: a real training long enough to be fetched while it runs, its host killed, then the
+# resumed run on the other host trained on from the pulled checkpoint to its end.
 @pytest.mark.e2e  # the built-in trainer, for real
 @pytest.mark.slow
 def test_a_running_run_fetched_then_its_host_lost_resumes_on_another_host_from_the_pulled_checkpoint(

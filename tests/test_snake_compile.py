@@ -29,6 +29,8 @@ def _play(env: Snake, steps: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
     return record
 
 
+# ~15-20 s quiet for the first configuration (30-55 s beside three other workers): torch.compile builds
+# the step's C++ kernels with g++ on a cold cache, which is what this test proves bit for bit.
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("grid", "mode", "auto_reset"),

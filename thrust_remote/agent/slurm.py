@@ -103,15 +103,27 @@ def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> 
     meta[SCHEDULER] = {"kind": SLURM, "submitted_ts": time.time(), "sbatch": argv, "nodes": nodes}
     _put(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_S, check=False, env=_submit_env())
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_S, check=False, env=_submit_env(),
+                              preexec_fn=_ignore_term)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return _not_submitted(run_dir, meta, f"sbatch could not be run: {exc}")
     if done.returncode != 0:
-        return _not_submitted(run_dir, meta, (done.stderr or done.stdout).strip()[-600:])
+        said = (done.stderr or done.stdout).strip()[-600:]
+        if not said and done.returncode < 0:
+            said = f"sbatch was ended by signal {-done.returncode}"
+        return _not_submitted(run_dir, meta, said)
     job_id = done.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
     meta[SCHEDULER]["job_id"] = job_id
     update_meta(run_dir, {}, job_id=job_id)  # the job may have started already: its pid stays
     return {"queued": True, "scheduler_job": job_id, "run_dir": run_dir, "marker": meta.get("marker")}
+
+
+def _ignore_term() -> None:
+    """In sbatch's process before exec (an ignored signal stays ignored): a run continuing itself calls
+    sbatch from its step, and when another node's supervisor exits first, srun (--kill-on-bad-exit) TERMs
+    every process of the step; sbatch, cut mid-submit, would lose the next attempt. Its own timeout
+    (CALL_S, a KILL) and Slurm's KILL after KillWait still end it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _submit_env() -> dict[str, str]:
