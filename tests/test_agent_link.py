@@ -147,8 +147,14 @@ def test_a_request_past_its_timeout_is_ended_on_the_host_with_124(sshd, tmp_path
         # admin who ends stray servers must not end runs
         import psutil
 
-        marked = [p.cmdline() for p in psutil.Process(sshd.wrapper.pid).children(recursive=True)
-                  if "m-r1" in p.cmdline()]  # (the host's pids are its pid namespace's: found by command line)
+        marked = []  # (the host's pids are its pid namespace's: found by command line)
+        for proc in psutil.Process(sshd.wrapper.pid).children(recursive=True):
+            try:
+                argv = proc.cmdline()
+            except psutil.Error:  # ended while we looked: the job's loop starts a `sleep` every 0.1 s
+                continue
+            if "m-r1" in argv:
+                marked.append(argv)
         assert marked and all("launch" in argv and "serve" not in argv for argv in marked), marked
         gate.touch()
 
