@@ -268,12 +268,14 @@ def release_rc_lock(older_than_s: float = 60.0) -> bool:
     """Remove pyenv's rehash lock when it is older than any rehash holds it: True when one was removed.
 
     The test hosts are accounts of this machine and share its home. Here root's ~/.bashrc runs `pyenv
-    rehash` in every remote command; rehash holds `$PYENV_ROOT/shims/.pyenv-shim` while it works and
-    removes it in an EXIT trap. A shell SIGKILLed mid-rehash (a test host killed outright, a run
-    interrupted before this one) leaves the lock behind, and every later command of the account waits
-    pyenv's 60 s timeout for it: the suite then fails at random, long after the kill. A real host's
-    lock would die with the host; `SSHServer.stop` lets shells run their traps first, and this
-    clears what an earlier, harder ending left (a rehash takes well under a second)."""
+    rehash`: the test sshds replay that file instead (`account_rc`), but each worker sources it once to
+    learn what it sets, and this machine's own shells run it. Rehash holds
+    `$PYENV_ROOT/shims/.pyenv-shim` while it works and removes it in an EXIT trap. A shell SIGKILLed
+    mid-rehash (a test host killed outright, a run interrupted before this one) leaves the lock behind,
+    and every later command of the account waits pyenv's 60 s timeout for it: the suite then fails at
+    random, long after the kill. A real host's lock would die with the host; `SSHServer.stop` lets
+    shells run their traps first, and this clears what an earlier, harder ending left (a rehash takes
+    well under a second)."""
     lock = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "shims" / ".pyenv-shim"
     try:
         if time.time() - lock.stat().st_mtime < older_than_s:
@@ -309,15 +311,15 @@ def _rc_environment(bashrc: Path) -> dict[str, str] | None:
 
 
 @functools.lru_cache(maxsize=1)
-def account_rc() -> Path | None:
-    """An rc file that gives a test host's commands the environment this account's ~/.bashrc gives them,
-    without running it; None when there is nothing to replace (no ~/.bashrc, or it cannot be read).
+def account_rc() -> str | None:
+    """An rc file's text that gives a test host's commands the environment this account's ~/.bashrc gives
+    them, without running it; None when there is nothing to replace (no ~/.bashrc, or it cannot be read).
 
     The test hosts are accounts of this machine, and bash reads ~/.bashrc for every command sshd
     starts. Here that file runs `pyenv init` (a `pyenv rehash` that rewrites the shims under a lock,
     ~140 processes and 0.15 s of CPU) for each of the suite's ~1,600 remote commands: a fifth of the
     suite's CPU, and two workers' commands waiting on each other's lock. Each sshd (in the mount
-    namespace of its own `unshare`) sees this file bound over ~/.bashrc instead: the same PATH and
+    namespace of its own `unshare`) sees this text bound over ~/.bashrc instead: the same PATH and
     variables, set by plain exports. What an rc file that prints does to the product is
     test_noisy_account's subject, with an account made for it."""
     bashrc = Path.home() / ".bashrc"
@@ -332,17 +334,18 @@ def account_rc() -> Path | None:
             lines.append(f'export PATH={shlex.quote(value[:-len(SSHD_PATH)])}"$PATH"\n')
         else:
             lines.append(f"export {key}={shlex.quote(value)}\n")
-    path = Path(tempfile.mkdtemp(prefix="thrust-rc-")) / "bashrc"
-    path.write_text("".join(lines))
-    return path
+    return "".join(lines)
 
 
 def _sshd_argv(config: Path, netns: str | None) -> list[str]:
-    """sshd in a pid and mount namespace of its own (`unshare`), with `account_rc` bound over ~/.bashrc
-    there (a mount this namespace alone sees; sshd starts all the same when the bind fails)."""
+    """sshd in a pid and mount namespace of its own (`unshare`), with `account_rc` (written beside its
+    config) bound over ~/.bashrc there: a mount this namespace alone sees; sshd starts all the same
+    when the bind fails."""
     argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
-    rc = account_rc()
-    if rc is not None:
+    text = account_rc()
+    if text is not None:
+        rc = config.with_name("account_bashrc")
+        rc.write_text(text)
         bind = shlex.join(["mount", "--bind", str(rc), str(Path.home() / ".bashrc")])
         argv += ["sh", "-c", f'{bind} 2>/dev/null; exec "$@"', "sh"]
     return [*(["ip", "netns", "exec", netns] if netns else []), *argv, SSHD, "-D", "-e", "-f", str(config)]
