@@ -9,6 +9,7 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import _start_sshd
@@ -36,20 +37,35 @@ def _session(sshd, workdir) -> HostSession:
     return HostSession.open(SSHRunner.from_host(host), host)
 
 
-def _servers(sshd) -> list[str]:
+def _servers(sshd, describe: bool = False) -> list[str]:
     """The `agent serve` processes this test's sshd started (another suite on the machine has its own):
-    their command lines."""
+    their command lines, or with `describe` what a leftover's report needs (parent, state, age, what
+    its stdin is and where it waits: a server that outlived its connection once in ~15 suites)."""
     import psutil
 
     out = []
     for proc in psutil.Process(sshd.wrapper.pid).children(recursive=True):
         try:
             cmd = " ".join(proc.cmdline())
+            if "agent-" in cmd and cmd.rstrip().endswith(" serve"):
+                out.append(_described(proc, cmd) if describe else cmd)
         except psutil.Error:
             continue
-        if "agent-" in cmd and cmd.rstrip().endswith(" serve"):
-            out.append(cmd)
     return out
+
+
+def _described(proc, cmd: str) -> str:
+    def read(name: str) -> str:
+        try:
+            return os.readlink(f"/proc/{proc.pid}/{name}") if name.startswith("fd/") else \
+                Path(f"/proc/{proc.pid}/{name}").read_text().strip().replace("\n", " | ")
+        except OSError as exc:
+            return f"? ({exc.strerror})"
+
+    parents = " < ".join(f"{p.pid}:{p.name()}" for p in proc.parents())
+    return (f"{cmd} (pid {proc.pid}, {proc.status()}, {time.time() - proc.create_time():.1f} s old, "
+            f"parents {parents}; stdin {read('fd/0')}, stdout {read('fd/1')}; wchan {read('wchan')}; "
+            f"stack {read('stack')[:300]})")
 
 
 def test_a_sessions_requests_go_to_one_agent_and_answer_as_commands_do(sshd) -> None:
@@ -78,10 +94,12 @@ def test_a_sessions_requests_go_to_one_agent_and_answer_as_commands_do(sshd) -> 
             t.join(60)
         assert len(answers) == 8 and all(a["lease"] == {"token": "t1"} for a in answers)
         assert len(_servers(sshd)) == before + 1  # eight at once, still one server
-    deadline = time.monotonic() + 10
-    while len(_servers(sshd)) > before and time.monotonic() < deadline:
+    closed = time.monotonic()
+    while len(_servers(sshd)) > before and time.monotonic() < closed + 10:
         time.sleep(0.05)
-    assert len(_servers(sshd)) == before  # it never outlives its connection
+    left = _servers(sshd, describe=True)
+    # it never outlives its connection
+    assert len(left) == before, f"{time.monotonic() - closed:.1f} s after the close: {left}"
 
 
 def test_a_session_starts_its_agent_before_its_first_request_and_a_close_meanwhile_leaves_none(sshd) -> None:
