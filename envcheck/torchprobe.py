@@ -56,11 +56,27 @@ def start(timeout: float, python: str | None = None, cache_dir: str | None = Non
     python = python or sys.executable
     kept = None
     if cache_dir and python == sys.executable:  # depends_on describes this interpreter
-        kept = os.path.join(os.path.expanduser(cache_dir), f"torch-probe-{_digest([python, sys.prefix])}.json")
+        kept = os.path.join(os.path.expanduser(cache_dir), f"torch-probe-{_digest(_identity(python))}.json")
         reused = None if fresh else ReusedProbe.load(kept, smi)
         if reused is not None:
             return reused
     return TorchProbe(python, smi, timeout, kept)
+
+
+def _identity(python: str) -> list:
+    """What a record is filed under: the interpreter and what steers it (the account, the variables). An
+    account's ssh sessions and its jobs or a local run (other groups, a PYTHON* variable set) are two
+    environments of one python; keyed by the interpreter alone, each probe replaced the other's record,
+    so neither was ever reused while both came by turns."""
+    return [python, sys.prefix, _steering_env(), _account()]
+
+
+def _steering_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k == "HOME" or k.startswith(STEERING_PREFIXES)}
+
+
+def _account() -> list:
+    return [os.getuid(), sorted(os.getgroups())]
 
 
 def _digest(value: object) -> str:
@@ -108,7 +124,7 @@ def depends_on(smi: str | None, torch_file: str | None) -> dict:
         gpus: list[str] | None = sorted(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         gpus = None
-    env = {k: v for k, v in os.environ.items() if k == "HOME" or k.startswith(STEERING_PREFIXES)}
+    env = _steering_env()
     # where the dynamic loader finds libcuda and the rest: a driver package upgraded without a reboot
     # (the kernel module's /proc version unchanged) reruns ldconfig and rewrites its files
     libs = ["/etc/ld.so.cache", *filter(None, env.get("LD_LIBRARY_PATH", "").split(":"))]
@@ -117,7 +133,7 @@ def depends_on(smi: str | None, torch_file: str | None) -> dict:
         "paths": {d: _stat(d) for d in dirs if d},
         "torch": {f: _stat(f) for f in torch_files},
         "env": env,
-        "account": [os.getuid(), sorted(os.getgroups())],
+        "account": _account(),
         "libs": {d: _stat(d) for d in libs},
         "driver": _read("/proc/driver/nvidia/version"),
         "gpus": gpus,

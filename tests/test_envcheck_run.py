@@ -171,10 +171,26 @@ def test_a_passing_torch_probe_is_kept_and_reused_until_something_changes(tmp_pa
     env["CUDA_VISIBLE_DEVICES"] = ""
     assert "reused" in _probe_of(envcheck(sys.executable, *kept, env=env)[0])[0]  # nothing changed since
 
-    data = json.loads(record.read_text())
-    data["at"] -= 3600  # an hour old
-    record.write_text(json.dumps(data))
+    for each in cache.glob("torch-probe-*.json"):  # this environment's record and the first one's
+        data = json.loads(each.read_text())
+        data["at"] -= 3600  # an hour old
+        each.write_text(json.dumps(data))
     probes_again()
+
+
+def test_two_environments_of_one_python_each_reuse_their_own_probe_in_turn(tmp_path: Path) -> None:
+    """An account's ssh sessions and a run on host `local` (another group list, a PYTHON* variable set)
+    are two environments of one interpreter, often in turn: each reuses its own kept probe rather than
+    replacing the other's record with its own."""
+    cache = tmp_path / "cache"
+    kept = ["--cache-dir", str(cache)]
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    other = {**plain, "PYTHONUNBUFFERED": "1"}
+    for env in (plain, other):
+        assert "reused" not in _probe_of(envcheck(sys.executable, *kept, env=env)[0])[0]
+    for env in (plain, other, plain):
+        assert "reused" in _probe_of(envcheck(sys.executable, *kept, env=env)[0])[0]
+    assert len(list(cache.glob("torch-probe-*.json"))) == 2
 
 
 def test_a_failing_torch_probe_is_never_kept(bare_venv: Path, tmp_path: Path) -> None:
