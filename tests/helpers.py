@@ -269,15 +269,21 @@ class Clock:
 
 def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
     """Poll `condition` until it returns something truthy, and return that; fail naming `what` once
-    `timeout` seconds pass. A test waits exactly as long as the thing takes, never a guessed delay."""
+    `timeout` seconds pass. A test waits exactly as long as the thing takes, never a guessed delay.
+
+    A condition that costs time (a CLI call: a connection and a request) waits twice its own cost
+    between polls: polled back to back it took most of a core from the run it waited for (the suite is
+    CPU-bound beside three other workers), and every run it watched was slower for it."""
     deadline = time.monotonic() + timeout
     while True:
+        asked = time.monotonic()
         value = condition()
         if value:
             return value
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(min(max(interval, 2 * (now - asked)), max(0.0, deadline - now)))
 
 
 # ------------------------------------------------------------------------------------------ models

@@ -222,12 +222,13 @@ def two_runs(project, sshd):
 def _wait(cli, project: Path, run_id: str, states: tuple[str, ...], timeout: float = 120) -> dict:
     deadline = time.monotonic() + timeout
     while True:
+        asked = time.monotonic()
         res = cli("status", run_id, "--json", cwd=project)  # no --host: the index says where
         assert res.returncode == 0, res.stderr
         st = json.loads(res.stdout)
         if st["state"] in states or time.monotonic() > deadline:
             return st
-        time.sleep(0.3)
+        time.sleep(max(0.3, 2 * (time.monotonic() - asked)))  # as wait_until: not a core taken from the run
 
 
 @pytest.mark.slow
