@@ -210,6 +210,26 @@ def test_missing_modules_and_preflight_miss(pyz: Path, tmp_path: Path) -> None:
     assert other["miss"] != miss
 
 
+def test_a_kept_preflight_report_is_keyed_by_what_it_depends_on(monkeypatch, tmp_path: Path) -> None:
+    """In this process (the zipapp's own run is above): the same job on the same python finds the report
+    kept for it, whole; another job, or other GPUs made visible (CUDA_VISIBLE_DEVICES: the GPUs the report
+    lists), is a miss; the versions and modules a job's setup asks about are the installed ones."""
+    from importlib.metadata import version
+
+    from thrust_remote.agent import probe
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    miss = json.loads(probe.preflight(str(tmp_path), "job"))["miss"]
+    Path(miss).write_text('{"host": "h", "checks": []}')
+    assert json.loads(probe.preflight(str(tmp_path), "job")) == {"host": "h", "checks": []}
+    assert "miss" in json.loads(probe.preflight(str(tmp_path), "another job"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert json.loads(probe.preflight(str(tmp_path), "job"))["miss"] != miss
+    assert probe.dist_versions(["pytest", "surely-no-such-dist"]) == {"pytest": version("pytest"),
+                                                                      "surely-no-such-dist": None}
+    assert probe.missing_modules(["json", "surely_not_a_module_x"]) == ["surely_not_a_module_x"]
+
+
 def test_git_state_of_a_directory_that_is_no_repository(pyz: Path, tmp_path: Path) -> None:
     got = answer(agent(pyz, "git-state", "--workdir", str(tmp_path), "--commit", "0" * 40))
     free = got.pop("free_bytes")  # the room there (the refusal of a tree the disk cannot take)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import envcheck
-from envcheck import elf
+from envcheck import checks, elf
 from thrust_remote.core.config import JobConfig
 from thrust_remote.host.runner import LocalRunner
 from thrust_remote.run import buildenv, cargo
@@ -127,3 +127,28 @@ def test_plain_cargo_build_drops_libtorch(facts: dict, project, tmp_path: Path) 
     assert res.ok, res.stderr
     info = elf.read_dynamic(str(tmp_path / "t" / "release" / "examples" / "train_probe"))
     assert "libtorch.so" not in info["needed"]  # rustc links with --as-needed by default
+
+
+@pytest.mark.parametrize(("needed", "through_libtorch", "status", "said"), [
+    (["libtorch_cuda.so", "libtorch.so", "libc10.so"], False, "ok", "NEEDED: libtorch_cuda.so"),
+    (["libtorch.so", "libc10.so"], True, "ok", "comes through libtorch.so"),
+    (["libtorch.so", "libc10.so"], False, "fail", "the binary will train on the CPU"),
+    (["libc.so.6"], False, "fail", "libtorch_cuda.so was dropped"),
+])
+def test_on_a_cuda_wheel_a_binary_without_libtorch_cuda_is_a_failure_not_a_silent_cpu_run(
+        facts: dict, project, needed, through_libtorch, status, said) -> None:
+    """The tch-rs trap, judged from the binary's NEEDED entries (read from its ELF on the host) against a
+    CUDA wheel's libraries: libtorch_cuda.so kept, directly or through libtorch.so, is ok; dropped by
+    --as-needed, the run would train on the CPU without a word, so the row fails and says to rebuild."""
+    _, job = project
+    lib = "/opt/venv/lib/python3.12/site-packages/torch/lib"
+    probe = {**facts["torch_probe"], "lib_dir": lib, "libs": {"libtorch.so": True, "libtorch_cuda.so": True},
+             "libtorch_needed": ["libtorch_cuda.so"] if through_libtorch else []}
+    crate = {**(facts.get("crate") or {}), "binary": "target/release/examples/train_probe", "binary_exists": True,
+             "elf": {"needed": needed, "runpath": [lib]}}
+    judged = checks.evaluate({**facts, "torch_probe": probe, "crate": crate}, buildenv.job_dict(job))
+    rows = {c["id"]: c for c in judged}
+    row = rows["binary-links-cuda"]
+    assert row["status"] == status and said in row["detail"], row
+    assert f"RUNPATH {lib}" in row["detail"]
+    assert (row["fix"] or "").endswith("rebuild with thrust-remote train") == (status == "fail")

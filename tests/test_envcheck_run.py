@@ -240,3 +240,25 @@ def test_a_torch_planted_in_the_temporary_directory_is_not_imported(tmp_path: Pa
     import torch
 
     assert row["status"] == "ok" and probe["version"] == torch.__version__
+
+
+def test_each_stage_of_the_torch_child_turns_a_failure_into_a_fact_on_a_cpu_host() -> None:
+    """The probe's child program (envcheck/torch_child.py; it runs as `python -c`, its stages are called
+    here with this process's real torch): on a host without CUDA the CUDA stages record why they
+    failed, and nothing raises, so a broken GPU stack is a row of the report and never a crash."""
+    import torch
+
+    from envcheck import torch_child
+
+    out: dict = {}
+    torch_child._torch_facts(out, torch, 0.0)
+    assert out["version"] == str(torch.__version__) and Path(out["lib_dir"]).is_dir()
+    assert out["cxx11_abi"] in (True, False)
+    torch_child._cuda(out, torch)
+    assert (out["cuda_available"], out["device_count"], out["devices"]) == (False, 0, [])
+    torch_child._matmul(out, torch)
+    torch_child._nccl(out, torch)
+    assert out["matmul"]["ok"] is False and out["matmul"]["error"]
+    assert out["nccl_available"] is False
+    torch_child._utilization(out, torch, "/nonexistent/nvidia-smi")
+    assert set(out["gpu_probe"]) == {"error"}

@@ -159,3 +159,15 @@ def test_a_run_at_its_time_limit_that_cannot_continue_itself_says_why_and_submit
     assert slurm.continue_itself(str(run_dir), meta, {}) is None
     assert json.loads((run_dir / "run.json").read_text())["continue_error"] == why
     assert sorted(p.name for p in run_dir.parent.iterdir()) == ["own-1"]  # no next run dir
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("30", 30.0), ("30:30", 30.5), ("2:00:00", 120.0), ("1-00", 1440.0), ("1-02:30", 1590.0),
+    ("1-02:30:30", 1590.5), (" 10:00 ", 10.0), ("UNLIMITED", None), ("infinite", None), ("1h", None), ("", None),
+])
+def test_slurm_time_limits_read_in_minutes_in_each_of_slurms_forms(text, want):
+    """`time:` against the partition's limit (doctor's slurm-time row): sinfo and sbatch write a limit in
+    any of Slurm's forms; one it cannot read, or no limit, is never called over it."""
+    from thrust_remote.agent.slurmcheck import minutes
+
+    assert minutes(text) == want
