@@ -108,6 +108,30 @@ def test_supervisor_state_is_lost_when_the_pid_was_recycled(tmp_path):
     assert supervise.run_state(str(run_dir))["state"] == "LOST"
 
 
+def test_a_run_that_ends_while_its_state_is_read_is_finished_not_lost(tmp_path, monkeypatch):
+    """The supervisor writes the exit code, then exits. A status that read no exit code and then found
+    the supervisor gone (it ended in between) must read the code again: a node of a run over two hosts
+    was reported LOST this way while it had finished, and the whole run FAILED."""
+    run_dir = tmp_path / "runs" / "r10"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"run_id": "r10", "pid": 2 ** 22 + 7, "supervisor_pid": 2 ** 22 + 7,
+                                                  "supervisor_start": "1", "marker": "m-r10"}))
+    looked = []
+
+    def supervisor_ends_as_we_look(meta, run_dir_):
+        looked.append(run_dir_)
+        (run_dir / "exit_code").write_text(json.dumps({"exit_code": 0, "ended_at": "2026-11-29T00:00:00Z",
+                                                       "ended_ts": 1.0}))
+        return False
+
+    monkeypatch.setattr(supervise, "_supervisor_alive", supervisor_ends_as_we_look)
+    st = supervise.run_state(str(run_dir))
+    assert looked and (st["state"], st["exit_code"]) == ("FINISHED", 0)
+    (run_dir / "exit_code").unlink()
+    monkeypatch.setattr(supervise, "_supervisor_alive", lambda meta, run_dir_: False)
+    assert supervise.run_state(str(run_dir))["state"] == "LOST"  # gone without a code: lost, as before
+
+
 def test_env_values_never_reach_a_command_line_and_run_files_are_private(tmp_path):
     from thrust_remote.host.runner import LocalRunner
     from thrust_remote.host.session import HostSession

@@ -143,14 +143,18 @@ def _alive(pid: int | None, start: str | None, marker: str | None, *, in_env: bo
     return marker in _proc_cmdline(pid)
 
 
-def run_state(run_dir: str, meta: dict | None = None) -> dict:
+def _exit_text(run_dir: str) -> str | None:
+    with contextlib.suppress(OSError), open(os.path.join(run_dir, EXIT_CODE)) as fh:
+        return fh.read().strip()
+    return None
+
+
+def run_state(run_dir: str, meta: dict | None = None, *, read_again: bool = True) -> dict:
     """The status object of one run directory (docs/architecture.md, "JSON shapes"); `meta`: its
     run.json when the caller has read it already."""
     oversize = not meta and _oversize(os.path.join(run_dir, RUN_JSON))  # a capped read gives None: {} to callers
     meta = meta or read_json(os.path.join(run_dir, RUN_JSON)) or {}
-    exit_text = None
-    with contextlib.suppress(OSError), open(os.path.join(run_dir, EXIT_CODE)) as fh:
-        exit_text = fh.read().strip()
+    exit_text = _exit_text(run_dir)
     stopped = os.path.exists(os.path.join(run_dir, STOPPED))
     marker = meta.get("marker")
     exit_code, ended_at, ended_ts, never_started = _end(exit_text)
@@ -173,6 +177,12 @@ def run_state(run_dir: str, meta: dict | None = None) -> dict:
         state = RunState.LOST
     else:
         state = RunState.STOPPED if stopped else RunState.LOST
+    if read_again and sched is None and state in (RunState.LOST, RunState.STOPPED) and exit_code is None \
+            and _exit_text(run_dir) != exit_text:
+        # the supervisor writes the exit code, then exits: one that ended between the read above and
+        # the look at its process left its code meanwhile (a finished node of a run over two hosts was
+        # read as LOST, and the run FAILED, while its peer finished)
+        return run_state(run_dir, meta, read_again=False)
     reason = _stop_reason(run_dir) if state == RunState.STOPPED else None
     if sched is not None and sched.get("reason") and not (reason and reason[0] != "user"):
         reason = (sched["reason"], sched.get("reason_detail", ""))
