@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import FAKE_JOB, FAKE_LONG, REPO, clone_repo, commit, git, remote_tempdir, run_tree
+from helpers import FAKE_JOB, FAKE_LONG, REPO, clone_repo, commit, git, remote_tempdir, run_tree, wait_until
 
 from envcheck.nvsmi import summarize
 from thrust_remote.core.config import HostConfig, JobConfig, load_config
@@ -220,15 +220,14 @@ def two_runs(project, sshd):
 
 
 def _wait(cli, project: Path, run_id: str, states: tuple[str, ...], timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        asked = time.monotonic()
+    """The run's status once its state is one of `states` (a status call is a CLI call: wait_until paces it)."""
+    def reached() -> dict | None:
         res = cli("status", run_id, "--json", cwd=project)  # no --host: the index says where
         assert res.returncode == 0, res.stderr
         st = json.loads(res.stdout)
-        if st["state"] in states or time.monotonic() > deadline:
-            return st
-        time.sleep(max(0.3, 2 * (time.monotonic() - asked)))  # as wait_until: not a core taken from the run
+        return st if st["state"] in states else None
+
+    return wait_until(reached, timeout, f"run {run_id} to be {' or '.join(states)}", interval=0.3)
 
 
 @pytest.mark.slow
