@@ -38,18 +38,24 @@ def _session(sshd, workdir) -> HostSession:
 
 
 def _servers(sshd, describe: bool = False) -> list[str]:
-    """The `agent serve` processes this test's sshd started (another suite on the machine has its own):
-    their command lines, or with `describe` what a leftover's report needs (parent, state, age, what
-    its stdin is and where it waits: a server that outlived its connection once in ~15 suites)."""
+    """The `agent serve` processes in this test's sshd's pid namespace (another suite on the machine has
+    its own): their command lines, or with `describe` what a leftover's report needs (parent, state,
+    age, what its stdin is and where it waits). Found by namespace, not as the wrapper's descendants:
+    a server whose connection has just closed is reparented to the namespace's first process, and a
+    walk of the tree made while that happens does not see it (it once read no server 0.0 s after a
+    close, and the next walk found one)."""
     import psutil
 
+    namespace = os.readlink(f"/proc/{psutil.Process(sshd.wrapper.pid).children()[0].pid}/ns/pid")
     out = []
-    for proc in psutil.Process(sshd.wrapper.pid).children(recursive=True):
+    for proc in psutil.process_iter():
         try:
+            if os.readlink(f"/proc/{proc.pid}/ns/pid") != namespace:
+                continue
             cmd = " ".join(proc.cmdline())
             if "agent-" in cmd and cmd.rstrip().endswith(" serve"):
                 out.append(_described(proc, cmd) if describe else cmd)
-        except psutil.Error:
+        except (OSError, psutil.Error):
             continue
     return out
 
