@@ -208,6 +208,24 @@ class SSHServer:
         path.write_text(text)
         return path
 
+    def processes(self) -> list:
+        """Every process on this host: those in its pid namespace (psutil.Process objects). Found by
+        namespace, not as the wrapper's descendants: a process whose connection has just closed is
+        reparented to the namespace's first process, and a walk of the tree made meanwhile misses it
+        (a wait for a server's end once stopped at once on such a walk)."""
+        import psutil
+
+        try:
+            namespace = os.readlink(f"/proc/{psutil.Process(self.wrapper.pid).children()[0].pid}/ns/pid")
+        except (IndexError, OSError, psutil.Error):  # the host is gone
+            return []
+        found = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{proc.pid}/ns/pid") == namespace:
+                    found.append(proc)
+        return found
+
     def _sshd_pid(self) -> int | None:
         import psutil
 

@@ -38,24 +38,18 @@ def _session(sshd, workdir) -> HostSession:
 
 
 def _servers(sshd, describe: bool = False) -> list[str]:
-    """The `agent serve` processes in this test's sshd's pid namespace (another suite on the machine has
-    its own): their command lines, or with `describe` what a leftover's report needs (parent, state,
-    age, what its stdin is and where it waits). Found by namespace, not as the wrapper's descendants:
-    a server whose connection has just closed is reparented to the namespace's first process, and a
-    walk of the tree made while that happens does not see it (it once read no server 0.0 s after a
-    close, and the next walk found one)."""
+    """The `agent serve` processes on this test's sshd's host (another suite on the machine has its
+    own): their command lines, or with `describe` what a leftover's report needs (parent, state, age,
+    what its stdin is and where it waits)."""
     import psutil
 
-    namespace = os.readlink(f"/proc/{psutil.Process(sshd.wrapper.pid).children()[0].pid}/ns/pid")
     out = []
-    for proc in psutil.process_iter():
+    for proc in sshd.processes():
         try:
-            if os.readlink(f"/proc/{proc.pid}/ns/pid") != namespace:
-                continue
             cmd = " ".join(proc.cmdline())
             if "agent-" in cmd and cmd.rstrip().endswith(" serve"):
                 out.append(_described(proc, cmd) if describe else cmd)
-        except (OSError, psutil.Error):
+        except psutil.Error:
             continue
     return out
 
@@ -172,7 +166,7 @@ def test_a_request_past_its_timeout_is_ended_on_the_host_with_124(sshd, tmp_path
         import psutil
 
         marked = []  # (the host's pids are its pid namespace's: found by command line)
-        for proc in psutil.Process(sshd.wrapper.pid).children(recursive=True):
+        for proc in sshd.processes():
             try:
                 argv = proc.cmdline()
             except psutil.Error:  # ended while we looked: the job's loop starts a `sleep` every 0.1 s

@@ -44,9 +44,9 @@ def _config(tmp_path: Path, sshd, **kw) -> Path:
 
 
 def _host_commands(sshd, match: Callable[[list[str]], bool]) -> list[psutil.Process]:
-    """The processes running on the sshd's host (its sessions' descendants) whose argv `match` says."""
+    """The processes running on the sshd's host (those in its pid namespace) whose argv `match` says."""
     found = []
-    for proc in psutil.Process(sshd.wrapper.pid).children(recursive=True):
+    for proc in sshd.processes():
         try:
             if match(proc.cmdline()):
                 found.append(proc)

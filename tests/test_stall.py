@@ -51,9 +51,9 @@ def sshd(tmp_path_factory):
 
 
 def _host_pids(sshd, match: Callable[[list[str]], bool]) -> set[int]:
-    """The pids of this sshd's descendants whose argv `match` says are the process looked for."""
+    """The pids of the processes on this sshd's host whose argv `match` says are the process looked for."""
     found = set()
-    for proc in psutil.Process(sshd.wrapper.pid).children(recursive=True):
+    for proc in sshd.processes():
         with contextlib.suppress(psutil.Error):
             if match(proc.cmdline()):
                 found.add(proc.pid)
