@@ -103,6 +103,85 @@ def test_agent_imports_only_the_standard_library_and_itself() -> None:
             assert tops <= allowed, (source.name, tops)
 
 
+# ------------------------------------------------------------------------------ the unpacked copy
+# payload_start: a payload's first start unpacks it beside itself, compiled; later starts run from there.
+CLI = """import json, sys
+
+def main():
+    print(json.dumps({"file": __file__, "first": sys.path[0]}))
+    if sys.argv[1:] == ["fail"]:
+        raise RuntimeError("asked to fail")
+    return 0
+"""
+
+
+def _tiny_payload(tmp_path: Path) -> Path:
+    """A payload of one module that says where it was imported from: `tiny-<sha>.pyz`, as on a host."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "__init__.py").write_text("")
+    (tmp_path / "src" / "cli.py").write_text(CLI)
+    built = payload.build_zipapp("tiny", tmp_path / "src", "tiny", "cli")
+    pyz = tmp_path / "cache" / Path(built.remote).name
+    pyz.parent.mkdir()
+    pyz.write_bytes(built.data)
+    return pyz
+
+
+def _start(pyz: Path, *args: str) -> subprocess.Popen:
+    # PYTHONDONTWRITEBYTECODE: the copy is compiled all the same (it is thrust-remote's own cache)
+    return subprocess.Popen([sys.executable, "-S", str(pyz), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+
+
+def _ran(pyz: Path, *args: str) -> tuple[int, dict | None, str]:
+    proc = _start(pyz, *args)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, json.loads(out) if out.strip() else None, err
+
+
+def test_a_payload_runs_from_its_compiled_copy_from_its_second_start_on(tmp_path: Path) -> None:
+    pyz = _tiny_payload(tmp_path)
+    copy = pyz.with_suffix("")
+    assert _ran(pyz)[1] == {"file": str(copy / "tiny" / "cli.py"), "first": str(copy)}
+    compiled = copy / "tiny" / "__pycache__" / f"cli.{sys.implementation.cache_tag}.pyc"
+    made = compiled.stat().st_mtime_ns
+    assert _ran(pyz)[1]["first"] == str(copy)
+    assert compiled.stat().st_mtime_ns == made  # read, not compiled again
+    rc, _out, err = _ran(pyz, "fail")
+    assert rc == 1 and "RuntimeError: asked to fail" in err
+    assert f'File "{copy / "tiny" / "cli.py"}"' in err  # the traceback names a file that exists
+    assert sorted(p.name for p in pyz.parent.iterdir()) == [copy.name, pyz.name]  # nothing half-made beside it
+
+
+def test_first_starts_at_once_leave_one_copy_and_no_parts(tmp_path: Path) -> None:
+    pyz = _tiny_payload(tmp_path)
+    starts = [_start(pyz) for _ in range(8)]  # torchrun's ranks, a Slurm step's nodes
+    answers = [json.loads(p.communicate(timeout=60)[0]) for p in starts]
+    assert all(p.returncode == 0 for p in starts)
+    assert {a["file"].split("/tiny/")[0] for a in answers} <= {str(pyz), str(pyz.with_suffix(""))}
+    assert sorted(p.name for p in pyz.parent.iterdir()) == [pyz.with_suffix("").name, pyz.name]
+
+
+def test_a_copy_that_cannot_be_made_runs_the_zip_and_a_cut_unpacking_is_cleared_later(tmp_path: Path) -> None:
+    from thrust_remote.host import payload_start
+
+    pyz = _tiny_payload(tmp_path)
+    blocker = pyz.with_suffix("")
+    blocker.write_text("not a directory")  # where the copy goes: it cannot be made
+    rc, out, _err = _ran(pyz)
+    assert rc == 0 and out == {"file": str(pyz / "tiny" / "cli.py"), "first": str(pyz)}  # the zip, as before
+    assert sorted(p.name for p in pyz.parent.iterdir()) == [blocker.name, pyz.name]
+    blocker.unlink()
+    cut = pyz.parent / f"{blocker.name}{payload_start.PART}cut"  # a first start killed while unpacking
+    fresh = pyz.parent / f"{blocker.name}{payload_start.PART}now"  # one unpacking this moment
+    for part in (cut, fresh):
+        (part / "tiny").mkdir(parents=True)
+    old = time.time() - payload_start.STALE_PART_S - 60
+    os.utime(cut, (old, old))
+    assert _ran(pyz)[1]["first"] == str(blocker)
+    assert sorted(p.name for p in pyz.parent.iterdir()) == sorted([blocker.name, fresh.name, pyz.name])
+
+
 # ------------------------------------------------------------------------------ write-file
 
 

@@ -122,7 +122,7 @@ def host_site_dirs() -> list[str]:
         site.main()
     stdlib = [p for p in {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")} if p]
     out: list[str] = []
-    for entry in sys.path[1:]:  # [0] is the agent's own zipapp
+    for entry in sys.path[1:]:  # [0] is the agent's own code (its unpacked copy, or the zipapp)
         path = os.path.abspath(entry) if entry else ""
         if not path or not os.path.isdir(path) or path in out:
             continue

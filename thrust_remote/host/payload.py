@@ -59,7 +59,7 @@ def build_zipapp(name: str, package_dir: Path, package: str, entry_module: str, 
         main = f"import runpy\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
     else:
         main = f"import sys\nfrom {package}.{entry_module} import main\nsys.exit(main())\n"
-    files = [("__main__.py", main.encode())]
+    files = [("__main__.py", (_start_source() + "\n\nstart()\n" + main).encode())]
     sources = sorted(p.relative_to(package_dir) for p in package_dir.rglob("*.py") if "__pycache__" not in p.parts)
     files += [(f"{package}/{rel.as_posix()}", (package_dir / rel).read_bytes()) for rel in sources]
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -70,6 +70,13 @@ def build_zipapp(name: str, package_dir: Path, package: str, entry_module: str, 
             zf.writestr(info, data)
     data = buf.getvalue()
     return Payload(name, data, hashlib.sha256(data).hexdigest())
+
+
+@lru_cache(maxsize=1)
+def _start_source() -> str:
+    """payload_start.py's text: the first lines of every payload's __main__.py (it unpacks the zipapp
+    once beside itself, compiled, and runs from there)."""
+    return (Path(__file__).with_name("payload_start.py")).read_text()
 
 
 @lru_cache(maxsize=1)
