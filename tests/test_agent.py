@@ -178,8 +178,12 @@ def test_a_copy_that_cannot_be_made_runs_the_zip_and_a_cut_unpacking_is_cleared_
         (part / "tiny").mkdir(parents=True)
     old = time.time() - payload_start.STALE_PART_S - 60
     os.utime(cut, (old, old))
-    assert _ran(pyz)[1]["first"] == str(blocker)
+    assert payload_start.unpacked(str(pyz)) == str(blocker)  # in this process: what a first start does
     assert sorted(p.name for p in pyz.parent.iterdir()) == sorted([blocker.name, fresh.name, pyz.name])
+    assert payload_start.unpacked(str(pyz)) == str(blocker)  # made: found, not made again
+    assert payload_start.unpacked(str(tmp_path / "cache" / "no-such.pyz")) is None  # no zip to unpack
+    assert payload_start.unpacked(str(tmp_path / "src" / "cli.py")) is None  # not a payload
+    assert _ran(pyz)[1]["first"] == str(blocker)
 
 
 # ------------------------------------------------------------------------------ write-file
