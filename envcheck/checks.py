@@ -783,6 +783,9 @@ def check_git(c: Ctx) -> dict:
                       f"git config --global --add safe.directory {shlex.quote(workdir)}")
     if not g.get("repo"):
         return result(cid, OK, f"{g.get('path')}; the workdir is not a git checkout yet (the first sync creates it)")
+    if g.get("store"):
+        return result(cid, OK, f"{g.get('path')}; the workdir holds the project's git objects, "
+                               f"{g.get('trees', 0)} run tree(s) in .thrust/trees")
     return result(cid, OK, f"{g.get('path')}; workdir on {g.get('branch')}, {g.get('dirty_files')} changed file(s)")
 
 

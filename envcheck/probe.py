@@ -102,9 +102,21 @@ def probe_git(workdir: str) -> dict:
     r = run_cmd([git, "-C", workdir, "status", "--porcelain=v1", "-b"], timeout=10)
     if r["rc"] != 0:
         return {"found": True, "path": git, "repo": False, "error": (r["err"] or "").strip()[:300]}
+    if run_cmd([git, "-C", workdir, "rev-parse", "--verify", "-q", "HEAD"], timeout=10)["rc"] != 0:
+        # no commit checked out: a host's store (every run runs in a tree of its own, .thrust/trees), whose
+        # branch and untracked .thrust/ say nothing about what runs
+        return {"found": True, "path": git, "repo": True, "store": True, "trees": _run_trees(workdir)}
     lines = r["out"].splitlines()
     branch = lines[0][3:] if lines and lines[0].startswith("## ") else None
     return {"found": True, "path": git, "repo": True, "branch": branch, "dirty_files": len(lines) - 1}
+
+
+def _run_trees(workdir: str) -> int:
+    trees = os.path.join(workdir, ".thrust", "trees")
+    try:
+        return sum(1 for entry in os.scandir(trees) if entry.is_dir())
+    except OSError:
+        return 0
 
 
 def probe_disk(workdir: str) -> dict:

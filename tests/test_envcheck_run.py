@@ -264,3 +264,27 @@ def test_each_stage_of_the_torch_child_turns_a_failure_into_a_fact_on_a_cpu_host
     assert out["nccl_available"] is False
     torch_child._utilization(out, torch, "/nonexistent/nvidia-smi")
     assert set(out["gpu_probe"]) == {"error"}
+
+
+def test_the_git_row_says_what_the_workdir_is_a_store_of_run_trees_or_a_checkout(tmp_path: Path) -> None:
+    """A host's workdir holds the project's objects and runs run in trees of their own: its (empty)
+    branch and untracked `.thrust/` are not shown as a checkout's state; a checkout's still are."""
+    from helpers import commit, git, git_init
+
+    from envcheck import checks
+    from envcheck.probe import probe_git
+
+    def row(workdir: Path) -> str:
+        facts = {"git": probe_git(str(workdir)), "workdir": {"path": str(workdir), "exists": workdir.exists()}}
+        return next(r for r in checks.evaluate(facts) if r["id"] == "git")["detail"]
+
+    assert "not a git checkout yet (the first sync creates it)" in row(tmp_path / "none")
+    store = git_init(tmp_path / "store")
+    for run_id in ("a-1", "a-2"):
+        (store / ".thrust" / "trees" / run_id).mkdir(parents=True)
+    assert row(store).endswith("the workdir holds the project's git objects, 2 run tree(s) in .thrust/trees")
+    project = git_init(tmp_path / "project")  # host `local`: the project itself
+    (project / "a.txt").write_text("1\n")
+    commit(project, "one")
+    (project / "a.txt").write_text("2\n")
+    assert row(project).endswith(f"workdir on {git(project, 'branch', '--show-current')}, 1 changed file(s)")
