@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import commit, git, git_init
+from helpers import commit, git, git_init, wait_until
 
 from thrust_remote.agent import trees
 from thrust_remote.agent.protocol import EXIT_CODE, RUN_JSON, RUNS_DIR
-from thrust_remote.agent.supervisor import _proc_start_time
+from thrust_remote.agent.supervisor import _proc_environ_has, _proc_start_time
 
 
 @pytest.fixture
@@ -186,6 +186,10 @@ def test_prune_keeps_the_newest_never_a_running_runs_and_fetched_finished_ones_g
     marker = "m-prune-test"
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                            env={**os.environ, "THRUST_RUN_MARKER": marker})
+    # Popen returns while the kernel may still be loading the new program: until then its
+    # /proc/PID/environ reads empty (a loop of 300 starts beside two busy loops read it empty 181 times),
+    # and the run would not be seen as live. A run's job has long started by the time its state matters.
+    wait_until(lambda: _proc_environ_has(job.pid, f"THRUST_RUN_MARKER={marker}"), 30, "the job's environment")
     try:
         _run(workdir, "old", made["old"], exit_code=1, ended=now - 300)
         _run(workdir, "mid", made["mid"], ended=now - 200)
