@@ -172,3 +172,44 @@ def test_the_stages_a_train_runs_are_named_data():
     assert stages_of(TrainRequest(job=job, host=HOST, detach=True))[-1] is Stage.LAUNCH
     assert Stage.FETCH not in stages_of(TrainRequest(job=job, host=HOST, fetch=False))
     assert json.dumps({Stage.SYNC: 0.25}) == '{"sync": 0.25}'
+
+
+class _EndsInOneBurst:
+    """A process (runner.drive's interface) whose whole output arrives with its end, after the loop's
+    read: what an SSH channel gives when data, EOF, exit status and close come in one burst. The loop's
+    own logic, not SSH (tests/test_ssh_runner.py runs commands over a real sshd)."""
+
+    host_enforces_timeout = True
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.ended = False
+
+    def read(self, wait: float) -> list[tuple[str, bytes]]:
+        self.reads += 1
+        if not self.ended:
+            self.ended = True  # the burst lands after this read returned
+            return []
+        return [("out", b"\x1ethrust-log\x1e\nline 1\n"), ("err", b"")] if self.reads == 2 else []
+
+    def exit_code(self) -> int | None:
+        return 0 if self.ended else None
+
+    def alive(self) -> bool:
+        return True
+
+    def kill(self) -> None:
+        pass
+
+    def lost(self) -> None:
+        pass
+
+
+def test_output_that_arrives_with_the_end_of_a_command_is_kept() -> None:
+    from thrust_remote.host.runner import drive
+
+    got: list[bytes] = []
+    result = drive(_EndsInOneBurst(), ["agent", "logs"], name="h", started=time.monotonic(), timeout=10,
+                   stream=None, on_bytes=lambda which, data: got.append(data) if which == "out" else None,
+                   liveness_timeout=None)
+    assert result.exit_code == 0 and b"".join(got) == b"\x1ethrust-log\x1e\nline 1\n"

@@ -514,6 +514,11 @@ def drive(
                 splitters[which].feed(data)
             code = process.exit_code()
             if code is not None:
+                # output that came with the end after the read above (data, EOF, status and close in one
+                # burst: a closed channel ends the command) is still buffered; unread, a short command's
+                # whole answer was lost (`logs` of a finished run printed nothing, once in a suite)
+                for which, data in process.read(0):
+                    splitters[which].feed(data)
                 break
             now = time.monotonic()
             if chunks:
