@@ -77,6 +77,16 @@ class Cluster:
         out = self.run("sinfo", "--noheader", "--Node", "--nodes", self.node, "--format=%T", check=False).stdout
         return out.strip() or "unknown"
 
+    def describe(self) -> str:
+        """What Slurm says now, for a failed test's message: every job (state, reason, nodes, times), each
+        node's state, and the controller log's last lines."""
+        jobs = self.run("squeue", "--all", "--noheader", "--format=%i %j %T %r %N start=%S end=%e", check=False)
+        nodes = self.run("sinfo", "--noheader", "--Node", "--format=%N %T %E", check=False)
+        log = self.root / "log" / "slurmctld.log"
+        tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
+        return "\n".join(["squeue:", jobs.stdout + jobs.stderr, "sinfo:", nodes.stdout + nodes.stderr,
+                          "slurmctld.log:", *tail])
+
     def power_off(self, name: str) -> None:
         """Node `name` fails as a machine does: its slurmd and everything running there (the job's
         slurmstepd, supervisor and job) killed at once. A node of its own network namespace only: its

@@ -136,7 +136,9 @@ def test_a_run_over_two_nodes_at_its_time_limit_resubmits_itself_over_two_nodes(
     assert st.get("continued_by"), (st.get("continue_error"), (runs / first / "log").read_text()[-800:])
     second = st["continued_by"][0]["run_id"]
     done = cli("wait", second, "--timeout", "60", cwd=proj)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 0, "\n".join([done.stdout + done.stderr, cluster.describe(), *(
+        f"{log}:\n{log.read_text()[-800:] if log.exists() else '(none)'}"
+        for log in (runs / second / "log", runs / second / "nodes" / "1" / "log"))])
     meta = json.loads((runs / second / "run.json").read_text())
     assert meta["resumed_from"] == first
     assert meta["scheduler"]["nodes"] == 2 and "--nodes=2" in meta["scheduler"]["sbatch"]
