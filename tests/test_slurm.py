@@ -356,6 +356,7 @@ def test_a_detached_run_at_its_time_limit_resubmits_itself_with_no_laptop_follow
     assert (nxt["state"], nxt["resumed_from"]) == ("FINISHED", first) and nxt["scheduler_job"] != job
     meta = json.loads((runs / second / "run.json").read_text())
     assert meta["self_retry"]["attempt"] == 1
+    assert (runs / second).stat().st_mode & 0o077 == 0  # the account's alone, as the run dir a launch makes
     assert meta["cwd"] == json.loads((runs / first / "run.json").read_text())["cwd"]  # the same tree
     checkpoint = runs / second / "resume" / "step.txt"
     assert checkpoint.exists() and f"--resume-from {checkpoint}" in " ".join(meta["argv"])

@@ -430,7 +430,8 @@ def continue_itself(run_dir: str, meta: dict, env: dict) -> dict | None:
     old_id = os.path.basename(run_dir)
     new_id = f"{meta.get('job') or 'run'}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
     new_dir = os.path.join(os.path.dirname(run_dir), new_id)
-    os.makedirs(os.path.join(new_dir, RESUME_DIR), mode=0o700)
+    os.mkdir(new_dir, 0o700)  # the account's alone, as every run dir (makedirs' mode is the leaf's only)
+    os.mkdir(os.path.join(new_dir, RESUME_DIR), 0o700)
     target = os.path.join(new_dir, RESUME_DIR, os.path.basename(newest["abs"]))
     # linked (else copied): the old run's tree may be reclaimed (keep:) before the new run reads it
     try:
