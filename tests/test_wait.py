@@ -40,14 +40,17 @@ def test_wait_returns_every_status_in_the_order_given_and_tells_each_end_once():
 
 def test_wait_past_its_timeout_names_the_runs_that_go_on_and_the_command_to_wait_again():
     clock = Clock()
-    asks = _asks({"a": ["FINISHED"], "b": ["RUNNING"]})
+    asks = _asks({"a": ["FINISHED"], "b": ["RUNNING"], "c": ["QUEUED"]})
     with pytest.raises(StillGoing) as info:
         lifecycle.wait(asks, timeout=5, every=2.0, again=lambda going: f"again {' '.join(going)}",
                        clock=clock, sleep=clock.sleep)
     assert info.value.exit_code == ExitCode.CONNECTION_LOST == 75
-    assert "1 of 2 run(s) still going: b" in info.value.message and info.value.hint.endswith("again b")
+    # each as last seen: whether it is waiting for the scheduler or running is the user's next question
+    assert "2 of 3 run(s) still going: b (RUNNING), c (QUEUED)" in info.value.message
+    assert info.value.hint.endswith("again b c")
+    assert lifecycle._as_seen({"state": "QUEUED", "reason": "Resources"}) == "QUEUED: Resources"  # a scheduler's why
     assert clock.now == 5.0  # the last sleep is cut to the deadline
-    assert [st["state"] for st in info.value.statuses] == ["FINISHED", "RUNNING"]  # as last seen
+    assert [st["state"] for st in info.value.statuses] == ["FINISHED", "RUNNING", "QUEUED"]  # as last seen
 
 
 def test_ctrl_c_while_waiting_leaves_the_runs_going_with_75_and_the_command_to_wait_again():

@@ -706,11 +706,20 @@ def _wait_rounds(asks: Sequence[tuple[str, Ask]], ended: dict[str, StatusAnswer]
             return [ended[run_id] for run_id, _ in asks]
         if deadline is not None and clock() >= deadline:
             going = [run_id for run_id, _ in asks if run_id not in ended]
-            still = StillGoing(f"after {timeout:g} s {len(going)} of {len(asks)} run(s) still going: "
-                               f"{', '.join(going)}", f"they go on; wait again with: {again(going)}")
+            seen = ", ".join(f"{run_id} ({_as_seen(last[run_id])})" for run_id in going)
+            still = StillGoing(f"after {timeout:g} s {len(going)} of {len(asks)} run(s) still going: {seen}",
+                               f"they go on; wait again with: {again(going)}")
             still.statuses = [last[run_id] for run_id, _ in asks]  # type: ignore[attr-defined]
             raise still
         sleep(every if deadline is None else max(0.0, min(every, deadline - clock())))
+
+
+def _as_seen(st: StatusAnswer | None) -> str:
+    """A run's last answer in a word or two: QUEUED for what (the scheduler's reason), RUNNING..."""
+    if st is None:
+        return "never answered"
+    reason = st.get("reason")
+    return f"{st.get('state')}: {reason}" if reason else str(st.get("state"))
 
 
 def wait_code(statuses: Sequence[StatusAnswer]) -> int:
