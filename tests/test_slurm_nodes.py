@@ -135,7 +135,9 @@ def test_a_run_over_two_nodes_at_its_time_limit_resubmits_itself_over_two_nodes(
     assert (st["state"], st.get("reason")) == ("FAILED", "timeout"), st
     assert st.get("continued_by"), (st.get("continue_error"), (runs / first / "log").read_text()[-800:])
     second = st["continued_by"][0]["run_id"]
-    done = cli("wait", second, "--timeout", "60", cwd=proj)
+    # a new Slurm job over both nodes, a new rendezvous: ~5 s here; CI once saw it still going after 60 s
+    # (cause unknown; what it was doing is said below if it happens again): 120 s bounds a hang
+    done = cli("wait", second, "--timeout", "120", cwd=proj)
     assert done.returncode == 0, "\n".join([done.stdout + done.stderr, cluster.describe(), *(
         f"{log}:\n{log.read_text()[-800:] if log.exists() else '(none)'}"
         for log in (runs / second / "log", runs / second / "nodes" / "1" / "log"))])
