@@ -141,8 +141,8 @@ def _probe_of(doc: dict) -> tuple[dict, dict]:
 
 def test_a_passing_torch_probe_is_kept_and_reused_until_something_changes(tmp_path: Path) -> None:
     """`--cache-dir`: the second report reuses the first's `import torch` (and says so, with how to
-    redo it); --fresh, a new package on sys.path, a changed CUDA_VISIBLE_DEVICES and age each probe
-    again. Each probe here is a real `import torch` in a child; only the record's age is edited."""
+    redo it); --fresh and a new package on sys.path each probe again. Each probe here is a real `import
+    torch` in a child. A changed CUDA_VISIBLE_DEVICES and age: the test after it, on the kept record."""
     cache, site = tmp_path / "cache", tmp_path / "site"
     site.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}
@@ -167,15 +167,36 @@ def test_a_passing_torch_probe_is_kept_and_reused_until_something_changes(tmp_pa
     probes_again("--fresh")
     (site / "newpkg.py").write_text("")  # what any install does: its sys.path directory changes
     probes_again()
-    probes_again(CUDA_VISIBLE_DEVICES="")
-    env["CUDA_VISIBLE_DEVICES"] = ""
     assert "reused" in _probe_of(envcheck(sys.executable, *kept, env=env)[0])[0]  # nothing changed since
 
-    for each in cache.glob("torch-probe-*.json"):  # this environment's record and the first one's
-        data = json.loads(each.read_text())
-        data["at"] -= 3600  # an hour old
-        each.write_text(json.dumps(data))
-    probes_again()
+
+def test_a_kept_probe_is_not_reused_once_a_steering_variable_changes_or_it_is_old_or_damaged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a report does with a kept record (`ReusedProbe.load`, in this process: the real probe's
+    keep-and-reuse is the test above), without an `import torch` for each case: a changed
+    CUDA_VISIBLE_DEVICES, an hour's age and a record that is not JSON each mean probing again."""
+    from envcheck import torchprobe
+
+    path = tmp_path / "torch-probe-x.json"
+    data = {"stage": "done", "ok": True, "version": "2.13.0", "file": None}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def kept() -> None:
+        before = torchprobe._without_torch(json.loads(json.dumps(torchprobe.depends_on(None, None))))
+        torchprobe.keep(str(path), dict(data), None, before)
+
+    kept()
+    assert torchprobe.ReusedProbe.load(str(path), None) is not None  # as kept
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert torchprobe.ReusedProbe.load(str(path), None) is None
+    kept()
+    assert torchprobe.ReusedProbe.load(str(path), None) is not None  # kept again under the new value
+    record = json.loads(path.read_text())
+    record["at"] -= 3600  # an hour old
+    path.write_text(json.dumps(record))
+    assert torchprobe.ReusedProbe.load(str(path), None) is None
+    path.write_bytes(b"\xff{not json")
+    assert torchprobe.ReusedProbe.load(str(path), None) is None
 
 
 def test_two_environments_of_one_python_each_reuse_their_own_probe_in_turn(tmp_path: Path) -> None:
@@ -203,9 +224,9 @@ def test_a_failing_torch_probe_is_never_kept(bare_venv: Path, tmp_path: Path) ->
     assert not list(cache.glob("torch-probe-*"))
 
 
-def test_a_failing_probe_forgets_the_pass_before_it_and_a_damaged_record_is_no_record(tmp_path: Path) -> None:
+def test_a_failing_probe_forgets_the_pass_before_it(tmp_path: Path) -> None:
     """After `--fresh` fails (here: a 10 ms deadline, as a hung CUDA init would), the next report does
-    not bring back the earlier pass; a record that is not JSON is probed past, not a crash."""
+    not bring back the earlier pass. (A damaged record: the unit test above.)"""
     cache = tmp_path / "cache"
     kept = ["--cache-dir", str(cache)]
     envcheck(sys.executable, *kept)
@@ -213,9 +234,6 @@ def test_a_failing_probe_forgets_the_pass_before_it_and_a_damaged_record_is_no_r
     probe, row = _probe_of(envcheck(sys.executable, *kept, "--fresh", "--torch-timeout", "0.01")[0])
     assert probe.get("timed_out") and row["status"] == "fail"
     assert not record.exists()
-    probe, row = _probe_of(envcheck(sys.executable, *kept)[0])
-    assert "reused" not in probe and row["status"] == "ok"
-    record.write_bytes(b"\xff{not json")
     probe, row = _probe_of(envcheck(sys.executable, *kept)[0])
     assert "reused" not in probe and row["status"] == "ok"
 
