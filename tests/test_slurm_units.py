@@ -171,3 +171,23 @@ def test_slurm_time_limits_read_in_minutes_in_each_of_slurms_forms(text, want):
     from thrust_remote.agent.slurmcheck import minutes
 
     assert minutes(text) == want
+
+
+def test_every_node_of_a_run_takes_node_0s_rendezvous_address_from_the_board_node_0_wrote(tmp_path, monkeypatch):
+    """Node 0 puts the address it listens on and its port on the run dir's board; another node's
+    torchrun uses both from there, whatever its own env says of node 0 (SLURM_LAUNCH_NODE_IPADDR)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    meta = {"scheduler": {"nodes": 2}}
+    argv = ["torchrun", f"--rdzv-endpoint={slurm.RDZV_PENDING}:0", "--rdzv-conf=is_host=false", "job.py"]
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
+    here, node0 = slurm.place_node(str(run_dir), dict(meta), {}, list(argv))
+    board = json.loads((run_dir / slurm.RDZV_FILE).read_text())
+    assert here == str(run_dir) and board["address"] == "127.0.0.1" and board["port"] > 0
+    assert f"--rdzv-endpoint=127.0.0.1:{board['port']}" in node0 and "--rdzv-conf=is_host=true" in node0
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.9")  # this node's own view, not node 0's word
+    here, node1 = slurm.place_node(str(run_dir), dict(meta), {}, list(argv))
+    assert here == str(run_dir / "nodes" / "1")
+    assert f"--rdzv-endpoint=127.0.0.1:{board['port']}" in node1 and "--rdzv-conf=is_host=false" in node1

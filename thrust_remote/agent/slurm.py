@@ -185,7 +185,9 @@ def place_node(run_dir: str, meta: dict, env: dict, argv: list[str]) -> tuple[st
         deadline = time.monotonic() + RDZV_WAIT_S
         while (_read(board) or {}).get("address") is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        port = int((_read(board) or {}).get("port") or 0)
+        seen = _read(board) or {}
+        # node 0's word for its address, which it listens on, over this node's own env's view of it
+        head, port = str(seen.get("address") or head), int(seen.get("port") or 0)
     from . import netinfo  # only here: every status imports this module, few runs span nodes
 
     route = netinfo.route_dev(head)
