@@ -178,7 +178,10 @@ def test_a_kept_probe_is_not_reused_once_a_steering_variable_changes_or_it_is_ol
     from envcheck import torchprobe
 
     path = tmp_path / "torch-probe-x.json"
-    data = {"stage": "done", "ok": True, "version": "2.13.0", "file": None}
+    # a pass on a GPU host too (CUDA up, its matmul ok): on a CPU host a pass needs no GPU facts, on a
+    # GPU host a pass without them is no pass (`torchprobe.passing`)
+    data = {"stage": "done", "ok": True, "version": "2.13.0", "file": None, "cuda_available": True,
+            "matmul": {"ok": True}}
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
     def kept() -> None:
