@@ -80,11 +80,19 @@ class Cluster:
     def describe(self) -> str:
         """What Slurm says now, for a failed test's message: every job (state, reason, nodes, times), each
         node's state, and the controller log's last lines."""
-        jobs = self.run("squeue", "--all", "--noheader", "--format=%i %j %T %r %N start=%S end=%e", check=False)
-        nodes = self.run("sinfo", "--noheader", "--Node", "--format=%N %T %E", check=False)
-        log = self.root / "log" / "slurmctld.log"
-        tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
-        return "\n".join(["squeue:", jobs.stdout + jobs.stderr, "sinfo:", nodes.stdout + nodes.stderr,
+        def said(*argv: str) -> str:  # a stuck slurmctld is what a failing test may be about: never raises
+            try:
+                done = self.run(*argv, check=False)
+            except (subprocess.SubprocessError, OSError) as exc:
+                return repr(exc)
+            return done.stdout + done.stderr
+
+        try:
+            tail = (self.root / "log" / "slurmctld.log").read_text(errors="replace").splitlines()[-40:]
+        except OSError as exc:
+            tail = [repr(exc)]
+        return "\n".join(["squeue:", said("squeue", "--all", "--noheader", "--format=%i %j %T %r %N start=%S end=%e"),
+                          "sinfo:", said("sinfo", "--noheader", "--Node", "--format=%N %T %E"),
                           "slurmctld.log:", *tail])
 
     def power_off(self, name: str) -> None:

@@ -139,7 +139,7 @@ def test_a_run_over_two_nodes_at_its_time_limit_resubmits_itself_over_two_nodes(
     # (cause unknown; what it was doing is said below if it happens again): 120 s bounds a hang
     done = cli("wait", second, "--timeout", "120", cwd=proj)
     assert done.returncode == 0, "\n".join([done.stdout + done.stderr, cluster.describe(), *(
-        f"{log}:\n{log.read_text()[-800:] if log.exists() else '(none)'}"
+        f"{log}:\n{log.read_text(errors='replace')[-800:] if log.exists() else '(none)'}"
         for log in (runs / second / "log", runs / second / "nodes" / "1" / "log"))])
     meta = json.loads((runs / second / "run.json").read_text())
     assert meta["resumed_from"] == first
