@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from tiny_onnx import tiny_policy
 
 from trainer.eval import evaluate, onnx_actor, torch_actor
 from trainer.export import check_parity, export_onnx
 from trainer.policy import CNNPolicy, MLPPolicy
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
@@ -113,3 +118,13 @@ def test_an_exporter_that_fails_or_mismatches_falls_back_to_dynamo_and_the_model
     with pytest.raises(export.ExportError, match="torchscript: onnxruntime differs.*dynamo: onnxruntime differs"):
         export_onnx(policy, tmp_path / "b" / "model.onnx", env_name="cartpole")
     assert not list((tmp_path / "b").iterdir())
+
+
+def test_eval_of_a_model_of_another_observation_says_so(tmp_path: Path) -> None:
+    model = tmp_path / "other.onnx"
+    tiny_policy(model, seed=0, grid_size=6, obs_dim=3 * 36 + 11)  # a space model's width, a plain manifest
+    run = subprocess.run([sys.executable, "-m", "trainer.eval", str(model), "--episodes", "2"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert "takes 119 inputs, but snake's observation here has 116" in run.stderr
+    assert "Traceback" not in run.stderr

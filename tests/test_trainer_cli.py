@@ -90,6 +90,24 @@ def test_resume_refuses_a_checkpoint_of_another_network(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e  # the trainer, for real
+def test_resume_refuses_a_checkpoint_whose_network_reads_another_observation(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    common = ["--env", "snake", "--grid-size", "6", "--num-envs", "8", "--total-steps", "256", "--run-dir", str(run)]
+    assert train(*common).returncode == 0
+    # A checkpoint whose config matches but whose layers read 3 values fewer (as a network of an
+    # observation of another version would): the weights are refused, not half loaded.
+    ((_, ckpt),) = checkpoint_paths(run / "checkpoints")
+    state = torch.load(ckpt, weights_only=True)
+    for name in ("actor.0.weight", "critic.0.weight"):
+        state["model"][name] = state["model"][name][:, :-3].clone()
+    torch.save(state, ckpt)
+    res = train(*common, "--resume")
+    assert res.returncode == 64, res.stderr
+    assert "does not fit this run's snake observation (116 values)" in res.stderr
+    assert "train it again without --resume" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.e2e  # the trainer, for real
 def test_default_run_dir_and_usage_errors(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "trainer.train", "--env", "cartpole", "--total-steps", "256", "--target-return", "0"],

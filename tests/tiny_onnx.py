@@ -12,12 +12,15 @@ import numpy as np
 
 
 def tiny_policy(path: Path, *, seed: int, env: str = "snake", grid_size: int = 6, steps: int = 1000,
-                final_return: float | None = None, manifest_name: str = "manifest.json") -> dict:
-    """Write a linear policy to `path` and its manifest beside it (`manifest_name`); returns the manifest."""
+                final_return: float | None = None, manifest_name: str = "manifest.json",
+                obs_dim: int | None = None) -> dict:
+    """Write a linear policy to `path` and its manifest beside it (`manifest_name`); returns the manifest.
+    `obs_dim`: the input width when it is not the env's (a model of another observation)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    obs_dim, n_actions = (3 * grid_size * grid_size + 8, 3) if env == "snake" else (4, 2)
+    width, n_actions = (3 * grid_size * grid_size + 8, 3) if env == "snake" else (4, 2)
+    obs_dim = obs_dim or width
     rng = np.random.default_rng(seed)
     weights = numpy_helper.from_array(rng.standard_normal((obs_dim, n_actions)).astype(np.float32), "w")
     value_w = numpy_helper.from_array(rng.standard_normal((obs_dim, 1)).astype(np.float32), "v")

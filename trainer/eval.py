@@ -124,13 +124,31 @@ def onnx_meta(path: Path) -> dict[str, Any]:
     return {"env": spec.name, **settings}
 
 
+def check_onnx_width(path: Path, meta: dict[str, Any]) -> None:
+    """ValueError when the model's input is not the width of the observation its manifest's settings
+    give (e.g. a snake model of the space features, 3*G*G+11 inputs, beside a manifest without them)."""
+    import onnxruntime as ort
+
+    spec = get_spec(meta["env"])
+    want = spec.obs_dim(spec.params({k: v for k, v in meta.items() if k != "env"}))
+    width = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()[0].shape[1]
+    if isinstance(width, int) and width != want:
+        settings = json.dumps({k: v for k, v in meta.items() if k != "env"})
+        raise ValueError(
+            f"{path} takes {width} inputs, but {meta['env']}'s observation here has {want} "
+            f"(settings {settings}): the model and its manifest disagree"
+        )
+
+
 def load_actor(path: str) -> tuple[ActFn, dict[str, Any]]:
     """An acting function and `{"env": name, **its settings}` for a checkpoint, run dir or .onnx file."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist")
     if p.suffix == ".onnx":
-        return onnx_actor(p), onnx_meta(p)
+        meta = onnx_meta(p)
+        check_onnx_width(p, meta)
+        return onnx_actor(p), meta
     from trainer.export import load_checkpoint, policy_from_checkpoint
 
     state = load_checkpoint(p)

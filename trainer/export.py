@@ -240,7 +240,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def policy_from_checkpoint(state: dict[str, Any]) -> nn.Module:
-    from trainer.policy import build_policy
+    from trainer.policy import build_policy, load_weights
 
     cfg = state["config"]
     spec = get_spec(cfg["env"])
@@ -253,7 +253,7 @@ def policy_from_checkpoint(state: dict[str, Any]) -> nn.Module:
         grid_size=spec.cnn_grid(params),
         activation=cfg.get("activation", "tanh"),
     )
-    policy.load_state_dict(state["model"])
+    load_weights(policy, state["model"], f"{cfg['env']}'s observation of {spec.obs_dim(params)} values")
     return policy.eval()
 
 

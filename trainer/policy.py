@@ -14,6 +14,7 @@ Action sampling lives here too (`sample_actions`), written with plain tensor ops
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -128,3 +129,13 @@ def compile_policy(policy: nn.Module, device: torch.device) -> nn.Module:
     """`policy` wrapped by `torch.compile` (compiled lazily, at its first call). The wrapper shares the
     policy's parameters: train it, and checkpoint and export the plain `policy`."""
     return torch.compile(policy, mode=compile_mode(device))
+
+
+def load_weights(policy: nn.Module, weights: dict[str, Any], fits: str) -> None:
+    """`policy.load_state_dict(weights)`, or ValueError naming what the weights do not fit (`fits`) and
+    the first mismatch, e.g. a checkpoint trained before the env's observation changed."""
+    try:
+        policy.load_state_dict(weights)
+    except RuntimeError as e:
+        detail = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e).splitlines()[0])
+        raise ValueError(f"the checkpoint's network does not fit {fits}: {detail}") from None

@@ -74,7 +74,7 @@ from trainer.checkpoint import load_start, save_checkpoint  # noqa: E402
 from trainer.dist import Dist  # noqa: E402
 from trainer.envs.registry import EnvSpec, close_env, get_spec  # noqa: E402
 from trainer.gym_ids import GymEnvError  # noqa: E402
-from trainer.policy import build_policy, compile_mode, compile_policy  # noqa: E402
+from trainer.policy import build_policy, compile_mode, compile_policy, load_weights  # noqa: E402
 from trainer.ppo import LOSS_NAMES, PPO, PPOConfig, autocast, evaluate_greedy  # noqa: E402
 from trainer.report import RunLog, Window, emit, finite, gpu_fields, say  # noqa: E402
 
@@ -296,7 +296,11 @@ class Trainer:
                     f"this run {self.config.get(key)!r}",
                     EXIT_USAGE,
                 )
-        self.policy.load_state_dict(state["model"])
+        try:
+            fits = f"this run's {self.args.env} observation ({self.env.obs_dim} values)"
+            load_weights(self.policy, state["model"], fits)
+        except ValueError as e:
+            raise TrainError(f"--resume: checkpoint {path}: {e}; train it again without --resume", EXIT_USAGE) from None
         self.ppo.optimizer.load_state_dict(state["optimizer"])
         self.global_step = int(state["step"])
         # Counted in this run's iterations, so the LR schedule is right even if --num-envs changed.
