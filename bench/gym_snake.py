@@ -21,10 +21,11 @@ _DC = (0, 1, 0, -1)
 class GymSnake(gym.Env):
     metadata: dict[str, Any] = {"render_modes": []}
 
-    def __init__(self, grid: int = 10) -> None:
+    def __init__(self, grid: int = 10, space: bool = False) -> None:
         self.g = grid
+        self.space = space
         self.max_hunger = grid * grid
-        n = 3 * grid * grid + 8
+        n = 3 * grid * grid + (11 if space else 8)
         self.observation_space = gym.spaces.Box(0.0, 1.0, (n,), np.float32)
         self.action_space = gym.spaces.Discrete(3)
         self.occupied = np.zeros(grid * grid, dtype=bool)
@@ -76,7 +77,7 @@ class GymSnake(gym.Env):
 
     def _obs(self) -> np.ndarray:
         gg = self.g * self.g
-        obs = np.zeros(3 * gg + 8, dtype=np.float32)
+        obs = np.zeros(self.observation_space.shape, dtype=np.float32)
         length = len(self.body)
         obs[self.body[0]] = 1.0
         obs[gg + np.fromiter(self.body, dtype=np.int64, count=length)] = np.arange(length, 0, -1) / length
@@ -86,4 +87,25 @@ class GymSnake(gym.Env):
         for k, turn in enumerate((0, 3, 1)):  # danger straight, left, right
             obs[3 * gg + 4 + k] = self._deadly((self.direction + turn) % 4)
         obs[3 * gg + 7] = self.hunger / self.max_hunger
+        for k, turn in enumerate((0, 3, 1) if self.space else ()):  # space straight, left, right
+            obs[3 * gg + 8 + k] = self._space((self.direction + turn) % 4)
         return obs
+
+    def _space(self, direction: int) -> float:
+        """docs/snake.md's space feature of one move, on one board: the fill over Python-int bitboards
+        (a row of g bits and a guard bit, so a shift by 1 never wraps into the next row)."""
+        if self._deadly(direction):
+            return 0.0
+        g, w = self.g, self.g + 1
+        body = list(self.body)
+        length = len(body)
+        bit = [1 << (c // g * w + c % g) for c in range(g * g)]
+        open_ = sum(bit[c] for c in range(g * g) if not self.occupied[c])
+        head = body[0]
+        x = bit[(head // g + _DR[direction]) * g + head % g + _DC[direction]]
+        open_ |= bit[body[-1]]  # the tail leaves at move 1
+        for d in range(2, 2 * g + 1):
+            if length - d >= 0:
+                open_ |= bit[body[length - d]]  # segment L - d has counter d
+            x = (x | x << 1 | x >> 1 | x << w | x >> w) & open_
+        return x.bit_count() / (g * g)

@@ -289,18 +289,22 @@ def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: 
 # ------------------------------------------------------------------------------------------ models
 
 
-def export_policy(path: Path, grid_size: int = 10, kind: str = "mlp", hidden: int = 32, seed: int = 0) -> Path:
+def export_policy(
+    path: Path, grid_size: int = 10, kind: str = "mlp", hidden: int = 32, seed: int = 0, space: bool = False
+) -> Path:
     """An untrained trainer/policy.py policy through trainer/export.py (the real pipeline), with its
     manifest renamed to the web/public layout `<job>.json`. Returns the manifest path."""
     import torch
 
+    from trainer.envs.snake import obs_size
     from trainer.export import export_onnx
     from trainer.policy import build_policy
 
     torch.manual_seed(seed)
-    obs_dim = 3 * grid_size * grid_size + 8
-    policy = build_policy(kind, obs_dim, 3, hidden, grid_size=grid_size)
-    export_onnx(policy, path, env_name="snake", grid_size=grid_size, action_mode="relative", policy_kind=kind)
+    assert obs_size(grid_size) == 3 * grid_size * grid_size + 8  # docs/snake.md, written out
+    policy = build_policy(kind, obs_size(grid_size, space), 3, hidden, grid_size=grid_size)
+    export_onnx(policy, path, env_name="snake", grid_size=grid_size, action_mode="relative", policy_kind=kind,
+                space=space)
     manifest = path.with_suffix(".json")
     (path.parent / "manifest.json").replace(manifest)
     return manifest

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from trainer.envs import Snake, SnakeParams
@@ -19,8 +20,9 @@ def _apple(env: Snake) -> int:
     return int(env.apple[0])
 
 
-def test_the_gymnasium_snake_peer_sees_what_our_snake_sees_over_whole_episodes() -> None:
-    ours, peer = Snake(1, SnakeParams(grid_size=6)), GymSnake(grid=6)
+@pytest.mark.parametrize("space", [False, True])
+def test_the_gymnasium_snake_peer_sees_what_our_snake_sees_over_whole_episodes(space: bool) -> None:
+    ours, peer = Snake(1, SnakeParams(grid_size=6, space=space)), GymSnake(grid=6, space=space)
     obs = ours.reset(seed=1)
     peer.reset(seed=1)
     peer.apple = _apple(ours)  # the apples are random on each side: the peer takes ours

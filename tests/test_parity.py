@@ -37,6 +37,7 @@ def test_fixture_covers_the_rules() -> None:
     assert any(s["reward"] == 1 and s["terminated"] for s in steps), "win"
     assert {sc["action_mode"] for sc in fixture["scenarios"]} == {"relative", "absolute"}
     assert {sc["grid_size"] for sc in fixture["scenarios"]} >= {4, 8, 10}
+    assert {sc["space"] for sc in fixture["scenarios"]} == {False, True}, "with and without the space features"
 
 
 def test_js_engine_replays_the_fixture_in_node() -> None:

@@ -45,7 +45,10 @@ def test_compiled_step_matches_the_eager_step_bit_for_bit(grid: int, mode: str, 
     ends = sum(int((rec[2] | rec[3]).sum()) for rec in eager)
     assert ends > 100, "the comparison must cover deaths, truncations and resets"
     for t, (a, b) in enumerate(zip(eager, compiled, strict=True)):
+        ended = a[2] | a[3]
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if i == 4:  # final_obs: only the rows of the envs that ended are the contract (snake.py)
+                x, y = x[ended], y[ended]
             assert x.dtype == y.dtype and torch.equal(x, y), f"step {t}, output {i} differs"
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trainer.envs import Snake, SnakeParams
+from trainer.envs.space import SpaceFill, depth, space_torch
 
 UP, RIGHT, DOWN, LEFT = 0, 1, 2, 3
 STRAIGHT, TURN_LEFT, TURN_RIGHT = 0, 1, 2
@@ -32,6 +33,7 @@ def decode(obs: torch.Tensor, g: int) -> dict:
         "direction": obs[3 * n2 : 3 * n2 + 4].tolist(),
         "danger": obs[3 * n2 + 4 : 3 * n2 + 7].tolist(),
         "hunger": float(obs[3 * n2 + 7]),
+        "space": obs[3 * n2 + 8 : 3 * n2 + 11].tolist(),
     }
 
 
@@ -59,6 +61,10 @@ def test_start_position_and_observation_layout() -> None:
     assert parts["direction"] == [0.0, 1.0, 0.0, 0.0]
     assert parts["danger"] == [0.0, 0.0, 0.0]
     assert parts["hunger"] == 0.0
+    assert parts["space"] == [], "the space features only with space on"
+    spaced = decode(make(g=10, space=True).observe()[0], 10)
+    assert spaced["space"] == [1.0, 1.0, 1.0], "on an open board every move keeps all of it in reach"
+    assert {k: v for k, v in spaced.items() if k != "space"}.keys() == parts.keys() - {"space"}
 
 
 def test_eating_grows_the_snake_and_places_a_new_apple_off_the_body() -> None:
@@ -291,3 +297,97 @@ def test_without_long_snakes_late_starts_start_afresh() -> None:
     for _ in range(30):
         _, _, term, trunc, _ = env.step(torch.zeros(16, dtype=torch.int64))  # straight into the wall
         assert (env.length[term | trunc] == 3).all()
+
+
+# The 6x6 board of tests/js/snake.test.mjs: heading left from (1,2), straight enters the pocket
+# (0,0),(0,1),(1,0),(1,1), walled by body cells whose counters (14 and more) stay closed for the 12
+# moves of look-ahead; turning left (down) or right (up) hits the body.
+POCKET_BODY = [[1, 2], [0, 2], [0, 3], [0, 4], [0, 5], [1, 5], [1, 4], [1, 3], [2, 3], [2, 2], [2, 1], [2, 0],
+               [3, 0], [3, 1], [3, 2], [3, 3], [3, 4], [3, 5], [4, 5], [4, 4], [4, 3], [4, 2], [4, 1], [4, 0], [5, 0]]
+
+
+def test_a_move_into_a_closed_pocket_reads_its_size_and_a_deadly_move_zero() -> None:
+    env = make(g=6, space=True)
+    env.set_board(0, body=POCKET_BODY, direction=LEFT, apple=[5, 5])
+    assert decode(env.observe()[0], 6)["space"] == pytest.approx([4 / 36, 0.0, 0.0])
+
+
+def test_a_body_wall_opens_at_the_move_its_tail_end_leaves_it() -> None:
+    # The same pocket with the body cut to 18 segments: the wall cell (2,0) now has counter 7, so from
+    # the pocket the head gets out at move 7 and the rest of the board opens behind it.
+    env = make(g=6, space=True)
+    env.set_board(0, body=POCKET_BODY[:18], direction=LEFT, apple=[5, 5])
+    assert decode(env.observe()[0], 6)["space"][0] > 4 / 36
+
+
+def reference_space(body: list[int], cell: int, deadly: bool, g: int) -> float:
+    """The rule of docs/snake.md as a plain breadth-first loop (the JS engine's shape)."""
+    if deadly:
+        return 0.0
+    counter = [0] * (g * g)
+    for i, c in enumerate(body):
+        counter[c] = len(body) - i
+    def neighbours(c: int) -> list[int]:
+        r, k = divmod(c, g)
+        near = ((r - 1, k), (r + 1, k), (r, k - 1), (r, k + 1))
+        return [rr * g + kk for rr, kk in near if 0 <= rr < g and 0 <= kk < g]
+
+    reached = {cell}
+    for d in range(2, depth(g) + 1):
+        reached |= {c for c in range(g * g) if counter[c] <= d and any(n in reached for n in neighbours(c))}
+    return len(reached) / (g * g)
+
+
+def random_snakes(env: Snake, rng: torch.Generator) -> None:
+    """Put every env into a random long snake: a self-avoiding random walk of up to the whole board."""
+    g = env.g
+    for i in range(env.num_envs):
+        start = int(torch.randint(g * g, (1,), generator=rng))
+        body = [divmod(start, g)]
+        want = int(torch.randint(3, g * g, (1,), generator=rng))
+        while len(body) < want:
+            r, c = body[-1]
+            free = [(r + dr, c + dc) for dr, dc in ((-1, 0), (1, 0), (0, -1), (0, 1))
+                    if 0 <= r + dr < g and 0 <= c + dc < g and (r + dr, c + dc) not in body]
+            if not free:
+                break
+            body.append(free[int(torch.randint(len(free), (1,), generator=rng))])
+        env.set_board(i, body=[list(b) for b in body], direction=int(torch.randint(4, (1,), generator=rng)), apple=None)
+
+
+@pytest.mark.parametrize(("g", "n"), [(6, 70), (10, 130), (15, 64)])
+def test_the_space_features_numpy_and_torch_and_the_plain_rule_agree(g: int, n: int) -> None:
+    env = make(g=g, n=n, space=True)
+    rng = torch.Generator().manual_seed(g)
+    random_snakes(env, rng)
+    dirs = (env.direction[:, None] + env._rel3) % 4
+    row, col = env.head[:, None] // g + env._dr[dirs], env.head[:, None] % g + env._dc[dirs]
+    out = (row < 0) | (row >= g) | (col < 0) | (col >= g)
+    target = row.clamp(0, g - 1) * g + col.clamp(0, g - 1)
+    deadly = out | (env.cells.gather(1, target) > 1)
+    fast = SpaceFill(n, g)(env.cells.numpy(), target.numpy(), deadly.numpy())
+    plain = space_torch(env.cells, target, deadly, g)
+    assert torch.equal(torch.from_numpy(fast), plain)
+    assert torch.equal(env.observe()[:, 3 * g * g + 8 :], plain), "the env's observation carries them"
+    for i in range(0, n, 7):
+        body = [r * g + c for r, c in env.snapshot(i)["body"]]
+        want = [reference_space(body, int(target[i, k]), bool(deadly[i, k]), g) for k in range(3)]
+        assert plain[i].tolist() == torch.tensor(want).tolist(), f"env {i}"
+    assert float(plain[~deadly].min()) < 1, "some open moves lead into pockets: the boards test the depth"
+
+
+def test_the_torch_path_of_the_space_features_steps_like_the_numpy_path() -> None:
+    """`compile_step` (and a GPU) computes them with torch ops: the same observations, step by step."""
+    fast, plain = make(g=8, n=70, auto_reset=True, space=True), make(g=8, n=70, auto_reset=True, space=True)
+    plain._space_fill = None  # what compile_step does
+    gen = torch.Generator().manual_seed(3)
+    ends = 0
+    for _ in range(300):
+        actions = torch.randint(0, 3, (70,), generator=gen)
+        obs_a, _, term, trunc, info_a = fast.step(actions)
+        obs_b, _, _, _, info_b = plain.step(actions)
+        assert torch.equal(obs_a, obs_b)
+        ended = term | trunc
+        assert torch.equal(info_a["final_obs"][ended], info_b["final_obs"][ended])
+        ends += int(ended.sum())
+    assert ends > 50

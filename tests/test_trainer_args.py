@@ -106,7 +106,7 @@ def test_every_env_with_a_preset_has_a_spec() -> None:
 def test_env_specs_know_sizes_scores_and_settings() -> None:
     snake, cartpole = get_spec("snake"), get_spec("cartpole")
     params = snake.params({"grid_size": 6, "action_mode": None, "hidden": 64})  # None and foreign keys ignored
-    assert snake.settings_of(params) == {"grid_size": 6, "action_mode": "relative"}
+    assert snake.settings_of(params) == {"grid_size": 6, "action_mode": "relative", "space": False}
     assert (snake.obs_dim(params), snake.n_actions(params)) == (3 * 36 + 8, 3)
     assert (cartpole.obs_dim(cartpole.params()), cartpole.n_actions(cartpole.params())) == (4, 2)
     rewards = torch.tensor([1.0, -1.0, 0.0])
@@ -114,11 +114,13 @@ def test_env_specs_know_sizes_scores_and_settings() -> None:
     assert cartpole.score is None
     assert cartpole.episode_score(rewards) is rewards
     assert spec_for_dims(4, 2) == (cartpole, {})
-    assert spec_for_dims(3 * 36 + 8, 4) == (snake, {"grid_size": 6, "action_mode": "absolute"})
+    assert spec_for_dims(3 * 36 + 8, 4) == (snake, {"grid_size": 6, "action_mode": "absolute", "space": False})
+    assert spec_for_dims(3 * 36 + 11, 3) == (snake, {"grid_size": 6, "action_mode": "relative", "space": True})
     with pytest.raises(ValueError, match="cannot tell"):
         spec_for_dims(20, 3)
     env = snake.make(5, grid_size=6)
     assert env.reset(seed=0).shape == (5, 3 * 36 + 8)
+    assert snake.make(5, grid_size=6, space=1).reset(seed=0).shape == (5, 3 * 36 + 11)
 
 
 def test_gym_ids_get_a_spec_and_the_gym_preset() -> None:

@@ -35,6 +35,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     public = tmp_path_factory.mktemp("public")
     export_policy(public / "tiny.onnx")
     export_policy(public / "tinycnn.onnx", kind="cnn")
+    export_policy(public / "tinyspace.onnx", space=True)  # reads the space features
     lines = [json.dumps({"step": s * 1000, "return_mean": -1 + s * 0.1}) for s in range(30)]
     (public / "tiny.metrics.jsonl").write_text("\n".join(lines) + "\n")
     shutil.copy(public / "tiny.onnx", public / "corrupt.onnx")
@@ -129,6 +130,16 @@ def test_page_plays_200_moves_with_the_model(page: Any, server: PlayServer) -> N
     assert page.js_errors == []
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "web_play.png"))
+
+
+def test_a_model_of_the_space_features_plays_and_the_page_computes_them(page: Any, server: PlayServer) -> None:
+    open_page(page, server, "?model=tinyspace&speed=max&seed=3")
+    assert page.locator("#error").is_hidden(), page.locator("#error").text_content()
+    page.wait_for_function("window.thrust.state.moves >= 50", timeout=30_000)
+    assert page.evaluate("window.thrust.state.game.obsDim") == 311
+    tail = page.evaluate("Array.from(window.thrust.state.game.observation().slice(308))")
+    assert len(tail) == 3 and all(0 <= v <= 1 for v in tail) and max(tail) > 0
+    assert page.js_errors == []
 
 
 @pytest.mark.parametrize("name", ["tiny", "tinycnn"])

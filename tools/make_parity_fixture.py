@@ -63,6 +63,24 @@ def greedy(env: Snake, obs: Obs) -> int:
     return min(options)[2]
 
 
+def roomiest(env: Snake, obs: Obs) -> int:
+    """The relative move with the largest space feature; ties: toward the apple (as `greedy`)."""
+    base = 3 * env.g * env.g
+    best = max(float(obs[0, base + 8 + a]) for a in range(3))
+    if best == 0.0:
+        return greedy(env, obs)
+    g = env.g
+    hr, hc = divmod(int(env.head[0]), g)
+    ar, ac = divmod(apple_of(env), g) if apple_of(env) >= 0 else (hr, hc)
+    d = int(env.direction[0])
+    options = []
+    for a in range(3):
+        if float(obs[0, base + 8 + a]) == best:
+            nd = (d + (0, 3, 1)[a]) % 4
+            options.append((abs(hr + (-1, 0, 1, 0)[nd] - ar) + abs(hc + (0, 1, 0, -1)[nd] - ac), a))
+    return min(options)[1]
+
+
 def fixed(actions: list[int]) -> Controller:
     queue = list(actions)
     return lambda env, obs: queue.pop(0)
@@ -77,6 +95,7 @@ class Recorder:
             "grid_size": params.grid_size,
             "action_mode": params.action_mode,
             "max_hunger": params.hunger_limit,
+            "space": params.space,
             "start": None,
             "steps": [],
         }
@@ -183,6 +202,21 @@ def win_4x4() -> Recorder:
     return rec
 
 
+def long_snake_10x10() -> Recorder:
+    note = "space features on; a hand-built snake of length 63 (rows 0-5 a serpentine), longer than the look-ahead"
+    rec = Recorder("long-snake-space-10x10", SnakeParams(grid_size=10, space=True), note)
+    rec.env.queue_apples([99])
+    rec.reset(seed=6)
+    path = []  # tail first: row 0 left to right, row 1 right to left, ..., then down into row 6
+    for r in range(6):
+        cols = range(10) if r % 2 == 0 else range(9, -1, -1)
+        path += [[r, c] for c in cols]
+    path += [[6, 0], [6, 1], [6, 2]]
+    rec.set_board(body=path[::-1], direction=1, apple=[9, 9], hunger=0)
+    rec.play(roomiest, 250, until_done=True)
+    return rec
+
+
 def absolute_8x8() -> Recorder:
     rec = Recorder(
         "absolute-8x8",
@@ -199,7 +233,14 @@ def absolute_8x8() -> Recorder:
 
 
 def build() -> dict[str, Any]:
-    recs = [greedy_10x10(), scripted_truncation(), scripted_self_collision(), win_4x4(), absolute_8x8()]
+    recs = [
+        greedy_10x10(),
+        scripted_truncation(),
+        scripted_self_collision(),
+        win_4x4(),
+        absolute_8x8(),
+        long_snake_10x10(),
+    ]
     return {
         "format": 1,
         "about": "trainer/envs/snake.py recorded by tools/make_parity_fixture.py; rules: docs/snake.md",

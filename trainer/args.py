@@ -40,7 +40,9 @@ from typing import Any
 # needs a longer horizon): greedy means of 86.2 / 89.9 / 81.2 apples for seeds 1-3 (100 episodes
 # each), against 65.9 / 75.8 / 68.7 with gamma 0.99 (bench/bench_snake.py, BENCHMARKS.md). On a GPU,
 # pass a larger --num-envs. Not adopted (issue 39, BENCHMARKS.md): --anneal-ent 1 --bootstrap-truncated
-# 0 --late-starts 0.5 gave 85.6 / 83.7 / 85.4 with 85% / 1% / 0% full boards, ~5% slower per step.
+# 0 --late-starts 0.5 gave 85.6 / 83.7 / 85.4 with 85% / 1% / 0% full boards, ~5% slower per step;
+# --space 1 gave 85.9 / 86.1 / 83.2 with 0% / 75% / 74% full boards at 12M steps, but each step costs
+# 1.22x, and at the preset's wall time (10M steps) 78.6 / 81.4 / 82.6 with none.
 # Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal). Gymnasium
 # ids take GYM_PRESET (see `preset_of`).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -184,6 +186,8 @@ class TrainArgs:
     """snake board side"""
     action_mode: str = flag("relative", choices=("relative", "absolute"))
     """snake actions"""
+    space: int = flag(0, choices=(0, 1))
+    """snake: 1 adds three features: how much of the board each move keeps in reach (docs/snake.md)"""
     late_starts: float = flag(0.0, min=0, max=1)
     """snake, training only: share of new episodes that copy a running game whose snake fills half the board"""
     bootstrap_truncated: int = flag(1, choices=(0, 1))

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.envs.snake import FEATURES, PLANES, obs_size
+from trainer.envs.snake import FEATURES, PLANES, SPACE_FEATURES, obs_size
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "silu": nn.SiLU}
 
@@ -60,7 +60,9 @@ class MLPPolicy(nn.Module):
 
 
 class CNNPolicy(nn.Module):
-    def __init__(self, grid_size: int, n_actions: int, hidden: int = 256, channels: int = 32) -> None:
+    def __init__(
+        self, grid_size: int, n_actions: int, hidden: int = 256, channels: int = 32, space: bool = False
+    ) -> None:
         super().__init__()
         self.g = grid_size
         g2 = grid_size * grid_size
@@ -72,7 +74,8 @@ class CNNPolicy(nn.Module):
             nn.ReLU(),
             nn.Flatten(),
         )
-        self.trunk = nn.Sequential(_init(nn.Linear(channels * g2 + FEATURES, hidden), math.sqrt(2)), nn.ReLU())
+        features = FEATURES + (SPACE_FEATURES if space else 0)
+        self.trunk = nn.Sequential(_init(nn.Linear(channels * g2 + features, hidden), math.sqrt(2)), nn.ReLU())
         self.actor = _init(nn.Linear(hidden, n_actions), 0.01)
         self.critic = _init(nn.Linear(hidden, 1), 1.0)
 
@@ -95,9 +98,9 @@ def build_policy(
     if kind == "mlp":
         return MLPPolicy(obs_dim, n_actions, hidden=hidden, activation=activation)
     if kind == "cnn":
-        if grid_size is None or obs_dim != obs_size(grid_size):
+        if grid_size is None or obs_dim not in (obs_size(grid_size), obs_size(grid_size, space=True)):
             raise ValueError("the cnn policy reads snake observations: it needs --env snake")
-        return CNNPolicy(grid_size, n_actions, hidden=hidden)
+        return CNNPolicy(grid_size, n_actions, hidden=hidden, space=obs_dim == obs_size(grid_size, space=True))
     raise ValueError(f"unknown policy {kind!r}: expected 'mlp' or 'cnn'")
 
 

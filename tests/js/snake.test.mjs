@@ -36,6 +36,21 @@ test("start: length 3 in the middle heading right, observation layout", () => {
   assert.equal(obs[100 + 53], Math.fround(1 / 3)); // tail: 1/L
   assert.equal(obs[200 + 0], 1); // apple plane
   assert.deepEqual(Array.from(obs.slice(300)), [0, 1, 0, 0, 0, 0, 0, 0]);
+  // with the space features: every move keeps the whole board in reach
+  const spaced = new SnakeGame({ gridSize: 10, space: true, appleSource: () => 0 }).observation();
+  assert.equal(spaced.length, obsDim(10, true));
+  assert.deepEqual(Array.from(spaced.slice(300)), [0, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1]);
+});
+
+test("space: a move into a closed pocket reads its size, a deadly move 0", () => {
+  // 6x6, length 25, heading left from (1,2): straight enters the pocket (0,0),(0,1),(1,0),(1,1), whose
+  // body walls have counters of 14 and more, so none opens within the 12 moves of look-ahead; left
+  // (down) and right (up) are the body.
+  const game = new SnakeGame({ gridSize: 6, space: true, appleSource: () => 35 });
+  const body = [[1, 2], [0, 2], [0, 3], [0, 4], [0, 5], [1, 5], [1, 4], [1, 3], [2, 3], [2, 2], [2, 1], [2, 0],
+    [3, 0], [3, 1], [3, 2], [3, 3], [3, 4], [3, 5], [4, 5], [4, 4], [4, 3], [4, 2], [4, 1], [4, 0], [5, 0]];
+  const obs = game.setBoard({ body, direction: 3, apple: [5, 5] });
+  assert.deepEqual(Array.from(obs.slice(3 * 36 + 8)), [Math.fround(4 / 36), 0, 0]);
 });
 
 test("relative turns and the wall", () => {

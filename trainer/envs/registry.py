@@ -26,7 +26,7 @@ import torch
 
 from trainer.envs.cartpole import CartPole, CartPoleParams
 from trainer.envs.gym import GymVectorEnv
-from trainer.envs.snake import FEATURES, PLANES, Snake, SnakeParams, obs_size
+from trainer.envs.snake import PLANES, Snake, SnakeParams, obs_size
 from trainer.gym_ids import GymEnvError, GymFacts, NotRegistered, gym_facts
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]
@@ -117,7 +117,7 @@ def _apples(rewards: torch.Tensor) -> torch.Tensor:
 class SnakeSpec(EnvSpec):
     name = "snake"
     params_cls = SnakeParams
-    settings = ("grid_size", "action_mode")
+    settings = ("grid_size", "action_mode", "space")
     score = staticmethod(_apples)
     win_metric = "full_board_fraction"
     playable = True
@@ -143,18 +143,18 @@ class SnakeSpec(EnvSpec):
         return int(params.grid_size)
 
     def manifest_fields(self, params: Any) -> dict[str, Any]:
-        return {"grid_size": params.grid_size, "action_mode": params.action_mode}
+        return {"grid_size": params.grid_size, "action_mode": params.action_mode, "space": params.space}
 
     def eval_fields(self, params: Any) -> dict[str, Any]:
         return {"grid_size": params.grid_size}
 
     def settings_from_dims(self, obs_dim: int, n_actions: int) -> dict[str, Any] | None:
-        if obs_dim < obs_size(4):
-            return None
-        g = math.isqrt((obs_dim - FEATURES) // PLANES)
-        if obs_size(g) != obs_dim:
-            return None
-        return {"grid_size": g, "action_mode": "relative" if n_actions == 3 else "absolute"}
+        # 3*G*G + 8 and 3*H*H + 11 never meet (G*G - H*H = 1 has no board), so the width tells both
+        for space in (False, True):
+            g = math.isqrt(max(0, obs_dim - obs_size(0, space)) // PLANES)
+            if g >= 4 and obs_size(g, space) == obs_dim:
+                return {"grid_size": g, "action_mode": "relative" if n_actions == 3 else "absolute", "space": space}
+        return None
 
 
 @dataclass(frozen=True)

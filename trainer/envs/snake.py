@@ -20,7 +20,8 @@ For a parity fixture (one env, plain Python lists, no tensors needed by the call
 - `set_board(i, body=[[r, c], ...], direction=d, apple=[r, c] | None, hunger=h)`: hand-built boards.
 - `Snake(..., auto_reset=False)`: an env that ends keeps its final state (call `reset` yourself), so a
   recorder sees the terminal board; with the default auto-reset the final observation is in
-  `info["final_obs"]` and the state is already the next episode's first.
+  `info["final_obs"]` (its rows of the envs that ended this step; the other rows are not meant to be
+  read) and the state is already the next episode's first.
 
 `step` has no Python loop over envs and no host sync unless apples are queued. The observation
 tensors `step` returns are buffers reused two calls later: copy them to keep them longer.
@@ -40,19 +41,23 @@ from typing import Any
 
 import torch
 
+from trainer.envs.space import SpaceFill, space_torch
+
 # Row and column deltas per direction (up, right, down, left).
 _DR = (-1, 0, 1, 0)
 _DC = (0, 1, 0, -1)
 
 # The observation (docs/snake.md): PLANES board planes of G*G values (head, body, apple), then
-# FEATURES values (direction one-hot, danger straight/left/right, hunger).
+# FEATURES values (direction one-hot, danger straight/left/right, hunger), then with `space` on
+# SPACE_FEATURES more (space straight/left/right).
 PLANES = 3
 FEATURES = 8
+SPACE_FEATURES = 3
 
 
-def obs_size(grid_size: int) -> int:
+def obs_size(grid_size: int, space: bool = False) -> int:
     """Length of one observation on a `grid_size` board: the only place this formula is written."""
-    return PLANES * grid_size * grid_size + FEATURES
+    return PLANES * grid_size * grid_size + FEATURES + (SPACE_FEATURES if space else 0)
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,10 @@ class SnakeParams:
     grid_size: int = 10
     action_mode: str = "relative"  # "relative" (3 actions) or "absolute" (4 actions)
     max_hunger: int | None = None  # steps without an apple before truncation; None = G*G
+    space: bool = False  # the three space features at the end of the observation
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "space", bool(self.space))  # the trainer's flag gives 0 or 1
         if self.grid_size < 4:
             raise ValueError(f"grid_size must be >= 4, got {self.grid_size}")
         if self.action_mode not in ("relative", "absolute"):
@@ -75,7 +82,7 @@ class SnakeParams:
 
     @property
     def obs_dim(self) -> int:
-        return obs_size(self.grid_size)
+        return obs_size(self.grid_size, self.space)
 
     @property
     def n_actions(self) -> int:
@@ -149,10 +156,15 @@ class Snake:
         self._obs_bufs = [torch.zeros(num_envs, self.obs_dim, device=dev) for _ in range(4)]
         self._obs_turn = 0
         self._advance_fn = self._advance
+        # The space features on a CPU: numpy on bit-sliced boards (trainer/envs/space.py says why).
+        on_cpu = self.params.space and self.device.type == "cpu" and g <= 15
+        self._space_fill = SpaceFill(num_envs, g) if on_cpu else None
 
     def compile_step(self, mode: str | None = None) -> None:
         """Run `step`'s tensor work through `torch.compile` (same results, bit for bit)."""
         # Shapes never change within a run: static shapes let inductor specialise every kernel.
+        # The compiled step computes the space features with torch ops: numpy would break the graph.
+        self._space_fill = None
         self._advance_fn = torch.compile(self._advance, mode=mode, dynamic=False)
 
     # ----------------------------------------------------------------------------------------- reset
@@ -291,8 +303,11 @@ class Snake:
         self.apple = torch.where(win, -1, self.apple)
         need_apple = ate & ~win
         if self.auto_reset:
-            final_obs = self.observe(buf_a)
             done = terminated | truncated
+            # Only the rows of the envs that ended are read from final_obs. On the CPU path, a step
+            # where none ended skips its space features (half of their cost per step); the check
+            # would be a host sync on a GPU, where they cost little: there they are computed.
+            final_obs = self.observe(buf_a, fill_space=self._space_fill is None or bool(done.any()))
             self.cells = torch.where(done[:, None], self._start_cells, self.cells)
             self.head = torch.where(done, self._start_head, self.head)
             self.direction = torch.where(done, 1, self.direction)
@@ -311,8 +326,9 @@ class Snake:
         self._obs_turn = (self._obs_turn + 1) % len(self._obs_bufs)
         return self._obs_bufs[self._obs_turn]
 
-    def observe(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        """`float32[N, 3*G*G + 8]` per docs/snake.md (into `out` when given)."""
+    def observe(self, out: torch.Tensor | None = None, fill_space: bool = True) -> torch.Tensor:
+        """`float32[N, 3*G*G + 8]`, or `+ 11` with the space features, per docs/snake.md (into `out` when
+        given; with `fill_space` False those three are left 0)."""
         g, n2 = self.g, self.cells_n
         n = self.num_envs
         obs = torch.empty(n, self.obs_dim, device=self.device) if out is None else out
@@ -334,7 +350,14 @@ class Snake:
         danger = out | (self.cells.gather(1, target) > 1)
         obs[:, 3 * n2 + 4 : 3 * n2 + 7] = danger.to(torch.float32)
         obs[:, 3 * n2 + 7] = self.hunger.to(torch.float32) / self.params.hunger_limit
+        if self.params.space:
+            obs[:, 3 * n2 + 8 : 3 * n2 + 11] = self._space(target, danger) if fill_space else 0.0
         return obs
+
+    def _space(self, target: torch.Tensor, danger: torch.Tensor) -> torch.Tensor:
+        if self._space_fill is None:
+            return space_torch(self.cells, target, danger, self.g)
+        return torch.from_numpy(self._space_fill(self.cells.numpy(), target.numpy(), danger.numpy()))
 
     # --------------------------------------------------------------------------- inspection helpers
     def snapshot(self, i: int = 0) -> dict[str, Any]:

@@ -253,6 +253,7 @@ function newGame(settings) {
     gridSize: settings.gridSize,
     actionMode: settings.actionMode,
     maxHunger: settings.maxHunger,
+    space: settings.space,
     appleSource: snake.uniformApples(random),
   });
   state.episode = 1;

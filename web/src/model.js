@@ -45,14 +45,16 @@ export function gameSettings(manifest) {
   } catch (err) {
     throw new ModelError(`manifest: ${err.message}`);
   }
-  const dim = obsDim(gridSize);
+  const space = manifest.space === true;
+  const dim = obsDim(gridSize, space);
   if (manifest.obs_dim !== undefined && manifest.obs_dim !== dim) {
-    throw new ModelError(`manifest: obs_dim ${manifest.obs_dim} does not match grid_size ${gridSize} (3*G*G+8 = ${dim})`);
+    const formula = space ? "3*G*G+11 with space" : "3*G*G+8";
+    throw new ModelError(`manifest: obs_dim ${manifest.obs_dim} does not match grid_size ${gridSize} (${formula} = ${dim})`);
   }
   if (manifest.n_actions !== undefined && manifest.n_actions !== n) {
     throw new ModelError(`manifest: n_actions ${manifest.n_actions} does not match action_mode ${actionMode} (${n})`);
   }
-  return { gridSize, actionMode, obsDim: dim, nActions: n, maxHunger: manifest.max_hunger ?? undefined };
+  return { gridSize, actionMode, space, obsDim: dim, nActions: n, maxHunger: manifest.max_hunger ?? undefined };
 }
 
 function describeShape(dims) {
@@ -130,7 +132,7 @@ export class Policy {
       if (meta.shape.length !== 2 || (typeof last === "number" && last !== dim)) {
         throw new ModelError(
           `model input "${this.inputName}" has shape ${describeShape(meta.shape)}, but the observation is ` +
-            `[batch, ${dim}] (grid ${this.settings.gridSize}x${this.settings.gridSize}: 3*G*G+8)`,
+            `[batch, ${dim}] (grid ${this.settings.gridSize}x${this.settings.gridSize}: 3*G*G+${dim - 3 * this.settings.gridSize ** 2})`,
         );
       }
     }

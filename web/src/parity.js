@@ -28,6 +28,7 @@ export function replayScenario(scenario) {
     gridSize: scenario.grid_size,
     actionMode: scenario.action_mode,
     maxHunger: scenario.max_hunger,
+    space: scenario.space === true,
     appleSource: () => nextApple,
   });
   const name = scenario.name;

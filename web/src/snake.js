@@ -7,9 +7,14 @@ export const DOWN = 2;
 export const LEFT = 3;
 const DELTA = [[-1, 0], [0, 1], [1, 0], [0, -1]]; // (drow, dcol) for up, right, down, left
 
-/** Observation length for a G x G board: three G*G planes and 8 features. */
-export function obsDim(gridSize) {
-  return 3 * gridSize * gridSize + 8;
+/** Observation length for a G x G board: three G*G planes and 8 features, 11 with the space ones. */
+export function obsDim(gridSize, space = false) {
+  return 3 * gridSize * gridSize + (space ? 11 : 8);
+}
+
+/** Moves of look-ahead of the space features (docs/snake.md). */
+export function spaceDepth(gridSize) {
+  return 2 * gridSize;
 }
 
 /** Number of actions for an action mode: 3 (relative) or 4 (absolute). */
@@ -53,17 +58,19 @@ export class SnakeGame {
    * @param {number} [options.gridSize=10]  G, at least 4
    * @param {string} [options.actionMode="relative"]  "relative" (3 actions) or "absolute" (4)
    * @param {number} [options.maxHunger=G*G]  steps without an apple before truncation
+   * @param {boolean} [options.space=false]  the three space features at the end of the observation
    * @param {(emptyCells: number[]) => number} [options.appleSource]  picks the apple's flat index
    *   among the empty cells (sorted ascending); the default is uniform with Math.random.
    */
-  constructor({ gridSize = 10, actionMode = "relative", maxHunger, appleSource } = {}) {
+  constructor({ gridSize = 10, actionMode = "relative", maxHunger, space = false, appleSource } = {}) {
     if (!Number.isInteger(gridSize) || gridSize < 4) throw new Error(`grid size must be an integer >= 4, got ${gridSize}`);
     this.gridSize = gridSize;
     this.actionMode = actionMode;
     this.nActions = nActions(actionMode);
     this.maxHunger = maxHunger ?? gridSize * gridSize;
     this.appleSource = appleSource ?? uniformApples(Math.random);
-    this.obsDim = obsDim(gridSize);
+    this.space = space;
+    this.obsDim = obsDim(gridSize, space);
     this.reset();
   }
 
@@ -199,7 +206,41 @@ export class SnakeGame {
     return { obs: this.observation(), reward, terminated, truncated };
   }
 
-  /** float32[3*G*G + 8]: head plane, body plane ((L-i)/L), apple plane, direction, danger, hunger. */
+  /**
+   * The space feature of a move into `cell`: the share of the board reached within spaceDepth(G)
+   * moves, a cell being reached at move d when it neighbours a cell reached before and its body
+   * counter (L - i for body[i], 0 when empty) is <= d; 0 for a deadly move (docs/snake.md).
+   */
+  spaceOf(cell) {
+    if (this.isDeadly(cell)) return 0;
+    const G = this.gridSize;
+    const N = G * G;
+    const L = this.body.length;
+    const counter = new Int32Array(N);
+    for (let i = 0; i < L; i++) counter[this.body[i]] = L - i;
+    const reached = new Uint8Array(N);
+    reached[cell] = 1;
+    let count = 1;
+    const fresh = [];
+    for (let d = 2; d <= spaceDepth(G); d++) {
+      fresh.length = 0;
+      for (let c = 0; c < N; c++) {
+        if (reached[c] || counter[c] > d) continue;
+        const row = Math.floor(c / G);
+        const col = c % G;
+        if ((row > 0 && reached[c - G]) || (row < G - 1 && reached[c + G]) ||
+            (col > 0 && reached[c - 1]) || (col < G - 1 && reached[c + 1])) fresh.push(c);
+      }
+      for (const c of fresh) reached[c] = 1; // reached at move d: they grow the set from move d + 1
+      count += fresh.length;
+    }
+    return count / N;
+  }
+
+  /**
+   * float32[3*G*G + 8]: head plane, body plane ((L-i)/L), apple plane, direction, danger, hunger;
+   * with `space`, 3 more: space (straight, left, right).
+   */
   observation(out) {
     const G = this.gridSize;
     const N = G * G;
@@ -215,6 +256,11 @@ export class SnakeGame {
     obs[f + 5] = this.isDeadly(this.nextCell((this.dir + 3) % 4)) ? 1 : 0;
     obs[f + 6] = this.isDeadly(this.nextCell((this.dir + 1) % 4)) ? 1 : 0;
     obs[f + 7] = this.hunger / this.maxHunger;
+    if (this.space) {
+      obs[f + 8] = this.spaceOf(this.nextCell(this.dir));
+      obs[f + 9] = this.spaceOf(this.nextCell((this.dir + 3) % 4));
+      obs[f + 10] = this.spaceOf(this.nextCell((this.dir + 1) % 4));
+    }
     return obs;
   }
 }
