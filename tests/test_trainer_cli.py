@@ -90,6 +90,28 @@ def test_resume_refuses_a_checkpoint_of_another_network(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e  # the trainer, for real
+def test_resume_takes_a_checkpoint_written_before_a_setting_existed(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    common = ["--env", "snake", "--grid-size", "6", "--num-envs", "8", "--run-dir", str(run)]
+    assert train(*common, "--total-steps", "256").returncode == 0
+    ((_, ckpt),) = checkpoint_paths(run / "checkpoints")
+    state = torch.load(ckpt, weights_only=True)
+    del state["config"]["space"]  # as a trainer from before `--space` wrote it
+    torch.save(state, ckpt)
+    res = train(*common, "--total-steps", "512", "--resume")
+    assert res.returncode == 0, res.stderr
+    assert tagged(res.stdout, "THRUST_DONE")[0]["step"] == 512
+    newest = checkpoint_paths(run / "checkpoints")[0][1]
+    state = torch.load(newest, weights_only=True)
+    assert state["config"]["space"] == 0
+    state["config"]["space"] = 1  # but a checkpoint of the other observation is refused by name
+    torch.save(state, newest)
+    res = train(*common, "--total-steps", "1024", "--resume")
+    assert res.returncode == 64
+    assert "has space=1, this run 0" in res.stderr
+
+
+@pytest.mark.e2e  # the trainer, for real
 def test_resume_refuses_a_checkpoint_whose_network_reads_another_observation(tmp_path: Path) -> None:
     run = tmp_path / "run"
     common = ["--env", "snake", "--grid-size", "6", "--num-envs", "8", "--total-steps", "256", "--run-dir", str(run)]

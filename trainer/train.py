@@ -40,6 +40,7 @@ soon as R is out of reach, so it is cheap); at a mean >= R training stops early 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -288,12 +289,14 @@ class Trainer:
         if isinstance(loaded, str):  # rank 0 could not read --resume-from: every rank stops with its reason
             raise TrainError(loaded, EXIT_USAGE)
         state, path = loaded
-        # The settings that shape the network (or the env it reads) must match the checkpoint's.
+        # The settings that shape the network (or the env it reads) must match the checkpoint's. A
+        # setting newer than the checkpoint (snake's `space`) had its default when it was written.
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainArgs)}
         for key in ("env", "policy", "hidden", "activation", *self.spec.settings):
-            if state["config"].get(key) != self.config.get(key):
+            theirs = state["config"].get(key, defaults.get(key))
+            if theirs != self.config.get(key):
                 raise TrainError(
-                    f"--resume: checkpoint {path} has {key}={state['config'].get(key)!r}, "
-                    f"this run {self.config.get(key)!r}",
+                    f"--resume: checkpoint {path} has {key}={theirs!r}, this run {self.config.get(key)!r}",
                     EXIT_USAGE,
                 )
         try:
