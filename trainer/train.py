@@ -200,6 +200,17 @@ def compile_for_run(policy: torch.nn.Module, env: Any, device: torch.device, pre
     return compiled
 
 
+def check_fits(state: dict[str, Any], path: Path, config: dict[str, Any], keys: tuple[str, ...]) -> None:
+    """TrainError (usage) unless the checkpoint's settings that shape the network (or the env it reads)
+    are this run's. A setting newer than the checkpoint (snake's `space`) had its default then."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainArgs)}
+    for key in keys:
+        theirs = state["config"].get(key, defaults.get(key))
+        if theirs != config.get(key):
+            message = f"--resume: checkpoint {path} has {key}={theirs!r}, this run {config.get(key)!r}"
+            raise TrainError(message, EXIT_USAGE)
+
+
 # ---------------------------------------------------------------------------------------- trainer
 class Trainer:
     """One training run: `setup()` builds it (or raises TrainError), `loop()` trains, `finish()` saves
@@ -289,16 +300,7 @@ class Trainer:
         if isinstance(loaded, str):  # rank 0 could not read --resume-from: every rank stops with its reason
             raise TrainError(loaded, EXIT_USAGE)
         state, path = loaded
-        # The settings that shape the network (or the env it reads) must match the checkpoint's. A
-        # setting newer than the checkpoint (snake's `space`) had its default when it was written.
-        defaults = {f.name: f.default for f in dataclasses.fields(TrainArgs)}
-        for key in ("env", "policy", "hidden", "activation", *self.spec.settings):
-            theirs = state["config"].get(key, defaults.get(key))
-            if theirs != self.config.get(key):
-                raise TrainError(
-                    f"--resume: checkpoint {path} has {key}={theirs!r}, this run {self.config.get(key)!r}",
-                    EXIT_USAGE,
-                )
+        check_fits(state, path, self.config, ("env", "policy", "hidden", "activation", *self.spec.settings))
         try:
             fits = f"this run's {self.args.env} observation ({self.env.obs_dim} values)"
             load_weights(self.policy, state["model"], fits)

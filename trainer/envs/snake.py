@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from trainer.envs.space import SpaceFill, space_torch
+from trainer.envs.space import SpaceFill, space_features
 
 # Row and column deltas per direction (up, right, down, left).
 _DR = (-1, 0, 1, 0)
@@ -157,8 +157,7 @@ class Snake:
         self._obs_turn = 0
         self._advance_fn = self._advance
         # The space features on a CPU: numpy on bit-sliced boards (trainer/envs/space.py says why).
-        on_cpu = self.params.space and self.device.type == "cpu" and g <= 15
-        self._space_fill = SpaceFill(num_envs, g) if on_cpu else None
+        self._space_fill = SpaceFill(num_envs, g) if self.params.space and dev.type == "cpu" and g <= 15 else None
 
     def compile_step(self, mode: str | None = None) -> None:
         """Run `step`'s tensor work through `torch.compile` (same results, bit for bit)."""
@@ -304,9 +303,8 @@ class Snake:
         need_apple = ate & ~win
         if self.auto_reset:
             done = terminated | truncated
-            # Only the rows of the envs that ended are read from final_obs. On the CPU path, a step
-            # where none ended skips its space features (half of their cost per step); the check
-            # would be a host sync on a GPU, where they cost little: there they are computed.
+            # final_obs is read only where an env ended: on the CPU path a step where none did skips
+            # its space features (half their cost); on a GPU the check would be a host sync.
             final_obs = self.observe(buf_a, fill_space=self._space_fill is None or bool(done.any()))
             self.cells = torch.where(done[:, None], self._start_cells, self.cells)
             self.head = torch.where(done, self._start_head, self.head)
@@ -351,13 +349,9 @@ class Snake:
         obs[:, 3 * n2 + 4 : 3 * n2 + 7] = danger.to(torch.float32)
         obs[:, 3 * n2 + 7] = self.hunger.to(torch.float32) / self.params.hunger_limit
         if self.params.space:
-            obs[:, 3 * n2 + 8 : 3 * n2 + 11] = self._space(target, danger) if fill_space else 0.0
+            space = space_features(self.cells, target, danger, g, self._space_fill) if fill_space else 0.0
+            obs[:, 3 * n2 + 8 : 3 * n2 + 11] = space
         return obs
-
-    def _space(self, target: torch.Tensor, danger: torch.Tensor) -> torch.Tensor:
-        if self._space_fill is None:
-            return space_torch(self.cells, target, danger, self.g)
-        return torch.from_numpy(self._space_fill(self.cells.numpy(), target.numpy(), danger.numpy()))
 
     # --------------------------------------------------------------------------- inspection helpers
     def snapshot(self, i: int = 0) -> dict[str, Any]:

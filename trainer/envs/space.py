@@ -50,6 +50,15 @@ def space_torch(cells: torch.Tensor, target: torch.Tensor, deadly: torch.Tensor,
     return reach.sum(dim=2, dtype=torch.float32) / (g * g)
 
 
+def space_features(
+    cells: torch.Tensor, target: torch.Tensor, deadly: torch.Tensor, grid_size: int, fill: SpaceFill | None
+) -> torch.Tensor:
+    """The features by `fill` (the numpy path, for CPU tensors) when given, else by `space_torch`."""
+    if fill is None:
+        return space_torch(cells, target, deadly, grid_size)
+    return torch.from_numpy(fill(cells.numpy(), target.numpy(), deadly.numpy()))
+
+
 class SpaceFill:
     """`space_torch` for `num_envs` boards on the CPU, in numpy on bit-sliced boards (module docstring)."""
 
