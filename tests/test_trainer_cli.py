@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -89,23 +90,28 @@ def test_resume_refuses_a_checkpoint_of_another_network(tmp_path: Path) -> None:
     assert "hidden" in res.stderr
 
 
+def edit_newest_checkpoint(run: Path, edit: Callable[[dict], None]) -> None:
+    """Load the run's newest checkpoint, let `edit` change it in place, and write it back."""
+    newest = checkpoint_paths(run / "checkpoints")[0][1]
+    state = torch.load(newest, weights_only=True)
+    edit(state)
+    torch.save(state, newest)
+
+
 @pytest.mark.e2e  # the trainer, for real
 def test_resume_takes_a_checkpoint_written_before_a_setting_existed(tmp_path: Path) -> None:
     run = tmp_path / "run"
     common = ["--env", "snake", "--grid-size", "6", "--num-envs", "8", "--run-dir", str(run)]
     assert train(*common, "--total-steps", "256").returncode == 0
-    ((_, ckpt),) = checkpoint_paths(run / "checkpoints")
-    state = torch.load(ckpt, weights_only=True)
-    del state["config"]["space"]  # as a trainer from before `--space` wrote it
-    torch.save(state, ckpt)
+    edit_newest_checkpoint(run, lambda state: state["config"].pop("space"))  # as a trainer before `--space`
     res = train(*common, "--total-steps", "512", "--resume")
     assert res.returncode == 0, res.stderr
     assert tagged(res.stdout, "THRUST_DONE")[0]["step"] == 512
-    newest = checkpoint_paths(run / "checkpoints")[0][1]
-    state = torch.load(newest, weights_only=True)
-    assert state["config"]["space"] == 0
-    state["config"]["space"] = 1  # but a checkpoint of the other observation is refused by name
-    torch.save(state, newest)
+    def other_observation(state: dict) -> None:
+        assert state["config"]["space"] == 0, "the resumed run wrote the setting"
+        state["config"]["space"] = 1  # a checkpoint of the other observation is refused by name
+
+    edit_newest_checkpoint(run, other_observation)
     res = train(*common, "--total-steps", "1024", "--resume")
     assert res.returncode == 64
     assert "has space=1, this run 0" in res.stderr
@@ -118,11 +124,11 @@ def test_resume_refuses_a_checkpoint_whose_network_reads_another_observation(tmp
     assert train(*common).returncode == 0
     # A checkpoint whose config matches but whose layers read 3 values fewer (as a network of an
     # observation of another version would): the weights are refused, not half loaded.
-    ((_, ckpt),) = checkpoint_paths(run / "checkpoints")
-    state = torch.load(ckpt, weights_only=True)
-    for name in ("actor.0.weight", "critic.0.weight"):
-        state["model"][name] = state["model"][name][:, :-3].clone()
-    torch.save(state, ckpt)
+    def narrow(state: dict) -> None:
+        for name in ("actor.0.weight", "critic.0.weight"):
+            state["model"][name] = state["model"][name][:, :-3].clone()
+
+    edit_newest_checkpoint(run, narrow)
     res = train(*common, "--resume")
     assert res.returncode == 64, res.stderr
     assert "does not fit this run's snake observation (116 values)" in res.stderr
