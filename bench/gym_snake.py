@@ -30,6 +30,8 @@ class GymSnake(gym.Env):
         self.action_space = gym.spaces.Discrete(3)
         self.occupied = np.zeros(grid * grid, dtype=bool)
         self.body: deque[int] = deque()  # flat cells, head first
+        # space: a Python-int bitboard, rows of g bits and a guard bit, so a shift by 1 never wraps
+        self.bit = [1 << (c // grid * (grid + 1) + c % grid) for c in range(grid * grid)]
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
@@ -87,23 +89,22 @@ class GymSnake(gym.Env):
         for k, turn in enumerate((0, 3, 1)):  # danger straight, left, right
             obs[3 * gg + 4 + k] = self._deadly((self.direction + turn) % 4)
         obs[3 * gg + 7] = self.hunger / self.max_hunger
-        for k, turn in enumerate((0, 3, 1) if self.space else ()):  # space straight, left, right
-            obs[3 * gg + 8 + k] = self._space((self.direction + turn) % 4)
+        if self.space:
+            empty = sum(self.bit[c] for c in np.flatnonzero(~self.occupied))
+            for k, turn in enumerate((0, 3, 1)):  # space straight, left, right
+                obs[3 * gg + 8 + k] = self._space((self.direction + turn) % 4, empty)
         return obs
 
-    def _space(self, direction: int) -> float:
-        """docs/snake.md's space feature of one move, on one board: the fill over Python-int bitboards
-        (a row of g bits and a guard bit, so a shift by 1 never wraps into the next row)."""
+    def _space(self, direction: int, empty: int) -> float:
+        """docs/snake.md's space feature of one move on this board (`empty`: its empty cells' bits)."""
         if self._deadly(direction):
             return 0.0
-        g, w = self.g, self.g + 1
+        g, w, bit = self.g, self.g + 1, self.bit
         body = list(self.body)
         length = len(body)
-        bit = [1 << (c // g * w + c % g) for c in range(g * g)]
-        open_ = sum(bit[c] for c in range(g * g) if not self.occupied[c])
         head = body[0]
         x = bit[(head // g + _DR[direction]) * g + head % g + _DC[direction]]
-        open_ |= bit[body[-1]]  # the tail leaves at move 1
+        open_ = empty | bit[body[-1]]  # the tail leaves at move 1
         for d in range(2, 2 * g + 1):
             if length - d >= 0:
                 open_ |= bit[body[length - d]]  # segment L - d has counter d

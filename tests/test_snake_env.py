@@ -376,6 +376,12 @@ def test_the_space_features_numpy_and_torch_and_the_plain_rule_agree(g: int, n: 
     assert float(plain[~deadly].min()) < 1, "some open moves lead into pockets: the boards test the depth"
 
 
+def test_the_numpy_path_refuses_boards_its_byte_counters_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="up to 15x15"):
+        SpaceFill(4, 16)
+    assert make(g=16, space=True)._space_fill is None, "a 16x16 env takes the torch path"
+
+
 def test_the_torch_path_of_the_space_features_steps_like_the_numpy_path() -> None:
     """`compile_step` (and a GPU) computes them with torch ops: the same observations, step by step."""
     fast, plain = make(g=8, n=70, auto_reset=True, space=True), make(g=8, n=70, auto_reset=True, space=True)

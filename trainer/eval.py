@@ -86,10 +86,15 @@ def torch_actor(policy: torch.nn.Module) -> ActFn:
     return act
 
 
-def onnx_actor(path: Path) -> ActFn:
+def onnx_session(path: Path) -> Any:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def onnx_actor(path: Path, session: Any = None) -> ActFn:
+    """Argmax actions of the model at `path` (through `session` when one is open already)."""
+    session = session if session is not None else onnx_session(path)
 
     def act(obs: torch.Tensor) -> torch.Tensor:
         (logits,) = session.run(["logits"], {"obs": obs.cpu().numpy()})
@@ -107,7 +112,7 @@ def random_actor(n_actions: int, seed: int = 0) -> ActFn:
     return act
 
 
-def onnx_meta(path: Path) -> dict[str, Any]:
+def onnx_meta(path: Path, session: Any) -> dict[str, Any]:
     """The env and its settings for an exported model: from manifest.json, else from its shapes."""
     manifest = path.with_name("manifest.json")
     if manifest.is_file():
@@ -115,23 +120,18 @@ def onnx_meta(path: Path) -> dict[str, Any]:
         if m.get("file") in (None, path.name):
             spec = get_spec(m["env"])
             return {"env": spec.name, **spec.settings_of(spec.params(m))}
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     obs_dim = session.get_inputs()[0].shape[1]
     n_actions = session.get_outputs()[0].shape[1]
     spec, settings = spec_for_dims(obs_dim, n_actions)
     return {"env": spec.name, **settings}
 
 
-def check_onnx_width(path: Path, meta: dict[str, Any]) -> None:
+def check_onnx_width(path: Path, session: Any, meta: dict[str, Any]) -> None:
     """ValueError when the model's input is not the width of the observation its manifest's settings
     give (e.g. a snake model of the space features, 3*G*G+11 inputs, beside a manifest without them)."""
-    import onnxruntime as ort
-
     spec = get_spec(meta["env"])
     want = spec.obs_dim(spec.params({k: v for k, v in meta.items() if k != "env"}))
-    width = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()[0].shape[1]
+    width = session.get_inputs()[0].shape[1]
     if isinstance(width, int) and width != want:
         settings = json.dumps({k: v for k, v in meta.items() if k != "env"})
         raise ValueError(
@@ -146,9 +146,10 @@ def load_actor(path: str) -> tuple[ActFn, dict[str, Any]]:
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist")
     if p.suffix == ".onnx":
-        meta = onnx_meta(p)
-        check_onnx_width(p, meta)
-        return onnx_actor(p), meta
+        session = onnx_session(p)  # one load serves the shapes, the check and the actor
+        meta = onnx_meta(p, session)
+        check_onnx_width(p, session, meta)
+        return onnx_actor(p, session), meta
     from trainer.export import load_checkpoint, policy_from_checkpoint
 
     state = load_checkpoint(p)

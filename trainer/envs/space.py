@@ -64,6 +64,8 @@ class SpaceFill:
 
     def __init__(self, num_envs: int, grid_size: int) -> None:
         g = grid_size
+        if g * g > 255:  # body counters above 255 do not fit the uint8 lanes
+            raise ValueError(f"SpaceFill holds boards up to 15x15, not {g}x{g}: use space_torch")
         self.n, self.g, self.depth = num_envs, g, depth(g)
         self.words = -(-num_envs // 64)
         lanes = self.words * 64
@@ -84,8 +86,6 @@ class SpaceFill:
     def __call__(self, cells: np.ndarray, target: np.ndarray, deadly: np.ndarray) -> np.ndarray:
         """`float32[N, 3]`, as `space_torch` for the same (numpy) arrays."""
         n, p, lo, hi = self.n, self.p, self.lo, self.hi
-        if cells.shape[1] > 255:  # counters above 255 do not fit the uint8 lanes (boards over 15x15)
-            raise ValueError("SpaceFill holds boards up to 15x15; use space_torch")
         self.counters[self.slot, :n] = cells.T
         band = self.counters[lo:hi]
         # open_at[k]: the cells open at move k + 1, one bit per env (packbits is little-endian per byte,
