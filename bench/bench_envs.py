@@ -10,6 +10,9 @@ vectorise).
     .venv/bin/python bench/bench_envs.py --device cuda --counts 65536,1048576   # on a GPU host
     .venv/bin/python bench/bench_envs.py --compile          # Snake also through Snake.compile_step()
 
+On a CPU our envs step in numpy (CartPole's `_NumpyStep`, Snake's `NumpySnakeStep`); Snake's line
+also times its torch step on the same counts, to show what the numpy one buys.
+
 Random actions are generated before timing; CUDA timings synchronise before reading the clock.
 gymnasium runs on the CPU whatever `--device` is (it is numpy).
 """
@@ -65,8 +68,10 @@ def gym_cartpole_sps(n: int, steps: int) -> float:
     return sps
 
 
-def torch_snake_sps(n: int, steps: int, device: torch.device, grid: int, compiled: bool = False) -> float:
-    env = Snake(n, SnakeParams(grid_size=grid), device=device)
+def torch_snake_sps(
+    n: int, steps: int, device: torch.device, grid: int, compiled: bool = False, numpy_step: bool | None = None
+) -> float:
+    env = Snake(n, SnakeParams(grid_size=grid), device=device, numpy_step=numpy_step)
     if compiled:
         env.compile_step()  # compiled during the untimed warm-up steps
     env.reset(seed=0)
@@ -107,7 +112,7 @@ def main() -> None:
     device = torch.device(args.device)
     rows = []
     print(f"device={device} threads={torch.get_num_threads()} steps={args.steps}")
-    print(f"{'env':<10}{'envs':>10}{'torch steps/s':>16}{'gymnasium':>14}{'ratio':>8}")
+    print(f"{'env':<10}{'envs':>10}{'ours steps/s':>16}{'gymnasium':>14}{'ratio':>8}")
     for n in (int(x) for x in args.counts.split(",")):
         ours = torch_cartpole_sps(n, args.steps, device)
         ref = gym_cartpole_sps(n, args.steps)
@@ -123,6 +128,9 @@ def main() -> None:
             line += f"{ref:>14,.0f}{ours / ref:>8.2f}"
         else:
             line += f"{'-':>14}{'-':>8}"
+        if device.type == "cpu":
+            row["torch_step_sps"] = eager = torch_snake_sps(n, args.steps, device, args.grid_size, numpy_step=False)
+            line += f"   torch step {eager:,.0f} ({ours / eager:.2f}x)"
         if args.compile:
             row["compiled_sps"] = fast = torch_snake_sps(n, args.steps, device, args.grid_size, compiled=True)
             line += f"   compiled {fast:,.0f} steps/s ({fast / ours:.2f}x eager)"

@@ -397,3 +397,48 @@ def test_the_torch_path_of_the_space_features_steps_like_the_numpy_path() -> Non
         assert torch.equal(info_a["final_obs"][ended], info_b["final_obs"][ended])
         ends += int(ended.sum())
     assert ends > 50
+
+
+STATE = ("cells", "head", "direction", "length", "apple", "hunger")
+
+
+@pytest.mark.parametrize(
+    ("g", "n", "settings", "auto_reset", "late_starts"),
+    [
+        (10, 128, {}, True, 0.0),  # the demo's preset
+        (10, 128, {"space": True}, True, 0.0),
+        (6, 70, {"space": True}, False, 0.0),  # env counts that are not multiples of 64
+        (6, 33, {"action_mode": "absolute"}, True, 0.0),
+        (16, 20, {"space": True}, True, 0.0),  # int16 counters, the torch space fill on numpy's memory
+        (6, 64, {}, True, 0.5),  # late starts rewrite the state between numpy steps
+    ],
+)
+def test_the_numpy_step_plays_the_same_games_as_the_torch_step(
+    g: int, n: int, settings: dict, auto_reset: bool, late_starts: float
+) -> None:
+    """On a CPU `step` runs in numpy (trainer/envs/snake_np.py): every output and the whole state equal
+    the torch step's, bit for bit, over games with deaths, meals, wins of small boards and resets."""
+    params = SnakeParams(grid_size=g, **settings)
+    fast, plain = (
+        Snake(n, params, auto_reset=auto_reset, late_starts=late_starts, numpy_step=numpy) for numpy in (True, False)
+    )
+    assert torch.equal(fast.reset(seed=3), plain.reset(seed=3))
+    gen = torch.Generator().manual_seed(1)
+    ate = ended = 0
+    for t in range(300):
+        actions = torch.randint(0, params.n_actions, (n,), generator=gen)
+        if t % 5:
+            actions[: n // 2] = 0  # half the envs mostly straight on: longer games, walls and coils
+        out_a, out_b = fast.step(actions), plain.step(actions)
+        for a, b in zip(out_a[:4], out_b[:4], strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b), t
+        done = out_a[2] | out_a[3]
+        rows = done if auto_reset else slice(None)  # auto-reset: final_obs is read only where an env ended
+        assert torch.equal(out_a[4]["final_obs"][rows], out_b[4]["final_obs"][rows]), t
+        for name in STATE:
+            assert torch.equal(getattr(fast, name), getattr(plain, name)), (t, name)
+        if not auto_reset and bool(done.any()):
+            assert torch.equal(fast.reset(), plain.reset())
+        ate += int((out_a[1] > 0).sum())
+        ended += int(done.sum())
+    assert ate > 10 and ended > 10, "the games must eat and end for the comparison to mean anything"

@@ -31,7 +31,8 @@ per cell on boards up to 15x15, a quarter of int32's memory traffic), and a new 
 number per env (the k-th empty cell, k uniform), not a random score for every cell of every board.
 All of a step's tensor work is `_advance`, a function of the state, the actions and that one random
 number per env: `compile_step()` hands it to `torch.compile` (no generator inside, so no graph break),
-and the compiled step is bit for bit the eager one (tests/test_snake_compile.py).
+and the compiled step is bit for bit the eager one (tests/test_snake_compile.py). On a CPU the eager
+step runs in numpy instead (trainer/envs/snake_np.py), the same step bit for bit on the same tensors.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 
 import torch
 
+from trainer.envs.snake_np import NumpySnakeStep
 from trainer.envs.space import SpaceFill, space_features
 
 # Row and column deltas per direction (up, right, down, left).
@@ -98,6 +100,16 @@ def cell_dtype(cells_n: int) -> torch.dtype:
     return torch.int32
 
 
+def start_board(g: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, int]:
+    """The start position on a g x g board: its cells (a snake of 3 in the middle row, heading right)
+    and the head's cell."""
+    start = torch.zeros(g * g, dtype=dtype, device=device)
+    mid = g // 2
+    for i, col in enumerate((mid, mid - 1, mid - 2)):
+        start[mid * g + col] = 3 - i
+    return start, mid * g + mid
+
+
 class Snake:
     """N Snake envs on one device."""
 
@@ -110,6 +122,7 @@ class Snake:
         device: torch.device | str = "cpu",
         auto_reset: bool = True,
         late_starts: float = 0.0,
+        numpy_step: bool | None = None,
     ) -> None:
         self.params = params or SnakeParams()
         # Training only (not a rule): the share of auto-reset episodes that start as a copy of another
@@ -136,13 +149,8 @@ class Snake:
         self._turn = torch.tensor((0, 3, 1), device=dev)
         self._rel3 = torch.tensor((0, 3, 1), device=dev)  # danger order: straight, left, right
         self.cell_dtype = cell_dtype(self.cells_n)
-        start = torch.zeros(self.cells_n, dtype=self.cell_dtype, device=dev)
-        mid = g // 2
-        for i, col in enumerate((mid, mid - 1, mid - 2)):
-            start[mid * g + col] = 3 - i
-        self._start_cells = start
-        self._start_head = mid * g + mid
-        self.cells = start.repeat(num_envs, 1)
+        self._start_cells, self._start_head = start_board(g, self.cell_dtype, dev)
+        self.cells = self._start_cells.repeat(num_envs, 1)
         self.head = torch.full((num_envs,), self._start_head, dtype=torch.int64, device=dev)
         self.direction = torch.ones(num_envs, dtype=torch.int64, device=dev)
         self.length = torch.full((num_envs,), 3, dtype=torch.int64, device=dev)
@@ -158,12 +166,14 @@ class Snake:
         self._advance_fn = self._advance
         # The space features on a CPU: numpy on bit-sliced boards (trainer/envs/space.py says why).
         self._space_fill = SpaceFill(num_envs, g) if self.params.space and dev.type == "cpu" and g <= 15 else None
+        # The step on a CPU: numpy (trainer/envs/snake_np.py says why) unless `numpy_step` is False.
+        self._numpy_step = NumpySnakeStep.choose(self, numpy_step)
 
     def compile_step(self, mode: str | None = None) -> None:
         """Run `step`'s tensor work through `torch.compile` (same results, bit for bit)."""
         # Shapes never change within a run: static shapes let inductor specialise every kernel.
         # The compiled step computes the space features with torch ops: numpy would break the graph.
-        self._space_fill = None
+        self._space_fill = self._numpy_step = None
         self._advance_fn = torch.compile(self._advance, mode=mode, dynamic=False)
 
     # ----------------------------------------------------------------------------------------- reset
@@ -227,7 +237,8 @@ class Snake:
         actions = actions.to(self.device, torch.int64)
         self._arm_queue()
         obs_bufs = (self._next_buf(), self._next_buf())
-        obs, reward, terminated, truncated, final_obs, need_apple = self._advance_fn(
+        advance = self._advance_fn if self._numpy_step is None else self._numpy_step
+        obs, reward, terminated, truncated, final_obs, need_apple = advance(
             actions, self._draw(), self._forced, *obs_bufs
         )
         self._settle_queue(need_apple)
