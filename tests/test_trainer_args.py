@@ -25,10 +25,10 @@ RESOLVED_PRESETS = {
         "target_return": 475.0,
     },
     "snake": {
-        "num_envs": 128, "num_steps": 32, "total_steps": 12_000_000, "learning_rate": 2e-3, "num_minibatches": 4,
+        "num_envs": 128, "num_steps": 32, "total_steps": 13_000_000, "learning_rate": 2e-3, "num_minibatches": 4,
         "update_epochs": 2, "clip_coef": 0.2, "ent_coef": 0.01, "vf_coef": 0.5, "gamma": 0.995, "gae_lambda": 0.95,
         "hidden": 64, "target_kl": 0.0, "max_grad_norm": 0.5, "policy": "mlp", "activation": "relu",
-        "target_return": 0.0,
+        "target_return": 0.0, "space": 1,
     },
 }
 

@@ -102,8 +102,13 @@ def edit_newest_checkpoint(run: Path, edit: Callable[[dict], None]) -> None:
 def test_resume_takes_a_checkpoint_written_before_a_setting_existed(tmp_path: Path) -> None:
     run = tmp_path / "run"
     common = ["--env", "snake", "--grid-size", "6", "--num-envs", "8", "--run-dir", str(run)]
-    assert train(*common, "--total-steps", "256").returncode == 0
+    assert train(*common, "--space", "0", "--total-steps", "256").returncode == 0
     edit_newest_checkpoint(run, lambda state: state["config"].pop("space"))  # as a trainer before `--space`
+    # The preset now reads the space features: such a checkpoint is refused with the flag that fits it.
+    res = train(*common, "--total-steps", "512", "--resume")
+    assert res.returncode == 64
+    assert "has space=0, this run 1 (pass --space 0 to continue it)" in res.stderr
+    common.extend(["--space", "0"])
     res = train(*common, "--total-steps", "512", "--resume")
     assert res.returncode == 0, res.stderr
     assert tagged(res.stdout, "THRUST_DONE")[0]["step"] == 512
@@ -114,7 +119,7 @@ def test_resume_takes_a_checkpoint_written_before_a_setting_existed(tmp_path: Pa
     edit_newest_checkpoint(run, other_observation)
     res = train(*common, "--total-steps", "1024", "--resume")
     assert res.returncode == 64
-    assert "has space=1, this run 0" in res.stderr
+    assert "has space=1, this run 0 (pass --space 1 to continue it)" in res.stderr
 
 
 @pytest.mark.e2e  # the trainer, for real
@@ -131,7 +136,7 @@ def test_resume_refuses_a_checkpoint_whose_network_reads_another_observation(tmp
     edit_newest_checkpoint(run, narrow)
     res = train(*common, "--resume")
     assert res.returncode == 64, res.stderr
-    assert "does not fit this run's snake observation (116 values)" in res.stderr
+    assert "does not fit this run's snake observation (119 values)" in res.stderr  # 3 * 36 + 11: the preset reads space
     assert "train it again without --resume" in res.stderr and "Traceback" not in res.stderr
 
 
@@ -186,7 +191,7 @@ def test_snake_run_exports_onnx_with_manifest(tmp_path: Path) -> None:
     manifest = json.loads((out.parent / "manifest.json").read_text())
     assert manifest["env"] == "snake"
     assert manifest["grid_size"] == 6
-    assert manifest["obs_dim"] == 3 * 36 + 8
+    assert (manifest["obs_dim"], manifest["space"]) == (3 * 36 + 11, True)  # the preset reads the space features
     assert manifest["policy"] == "cnn"
     assert manifest["steps"] == 512
     assert "score_mean" in tagged(res.stdout, "THRUST_METRICS")[-1]

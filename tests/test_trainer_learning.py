@@ -77,8 +77,10 @@ def test_snake_on_a_small_board_learns_far_above_random(tmp_path: Path) -> None:
     )
     assert done["step"] >= 300_000
     act, meta = load_actor(str(tmp_path))
-    trained = evaluate(act, "snake", episodes=100, seed=7, grid_size=6)
-    rand = evaluate(random_actor(3), "snake", episodes=100, seed=7, grid_size=6)
+    settings = {k: v for k, v in meta.items() if k != "env"}  # the checkpoint's: 6x6, and the preset's space
+    assert settings == {"grid_size": 6, "action_mode": "relative", "space": True}
+    trained = evaluate(act, "snake", episodes=100, seed=7, **settings)
+    rand = evaluate(random_actor(3), "snake", episodes=100, seed=7, **settings)
     assert rand["mean"] < 1.0
     assert trained["mean"] >= 5.0, trained
     assert trained["mean"] >= 10 * max(rand["mean"], 0.1)

@@ -36,13 +36,14 @@ from typing import Any
 # median 7.9k steps, worst 12.8k: the most robust variant tried (4 minibatches: worst 23.6k; tanh:
 # worst 31.7k).
 # Snake (10x10): small batches of many cheap updates learned fastest per second on a 2-core CPU (19
-# apples for 1024 envs with a 128-wide MLP after 8M steps). 12M steps with gamma 0.995 (the late game
-# needs a longer horizon): greedy means of 86.2 / 89.9 / 81.2 apples for seeds 1-3 (100 episodes
-# each), against 65.9 / 75.8 / 68.7 with gamma 0.99 (bench/bench_snake.py, BENCHMARKS.md). On a GPU,
-# pass a larger --num-envs. Not adopted (issue 39, BENCHMARKS.md): --anneal-ent 1 --bootstrap-truncated
-# 0 --late-starts 0.5 gave 85.6 / 83.7 / 85.4 with 85% / 1% / 0% full boards, ~5% slower per step;
-# --space 1 gave 85.9 / 86.1 / 83.2 with 0% / 75% / 74% full boards at 12M steps, but each step costs
-# 1.22x, and at the preset's wall time (10M steps) 78.6 / 81.4 / 82.6 with none.
+# apples for 1024 envs with a 128-wide MLP after 8M steps); gamma 0.995 (the late game needs a longer
+# horizon: 65.9 / 75.8 / 68.7 apples with 0.99). The space features (--space 1) with 13M steps, which
+# the numpy env step fits in the old 12M steps' time (304 s against 332 s on one core): greedy means of
+# 88.2 / 84.1 / 90.5 apples for seeds 1-3 (100 episodes each) with 86% / 79% / 0% full boards, against
+# 86.2 / 89.9 / 81.2 and 0-2% without them at 12M (bench/bench_snake.py, BENCHMARKS.md). On a GPU,
+# pass a larger --num-envs. Tried and not adopted (issue 39, BENCHMARKS.md): 16M steps without space
+# (89.2 / 75.4 / 82.9); space with --anneal-ent 1 (89.0 / 80.4 / 83.0) or --late-starts 0.2 (90.0 /
+# 78.6 / 86.5 at 12.5M); --anneal-ent 1 --bootstrap-truncated 0 --late-starts 0.5 (85.6 / 83.7 / 85.4).
 # Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal). Gymnasium
 # ids take GYM_PRESET (see `preset_of`).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -53,10 +54,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "snake": {
         "num_envs": 128,
-        "total_steps": 12_000_000,
+        "total_steps": 13_000_000,
         "learning_rate": 2e-3,
         "ent_coef": 0.01,
         "gamma": 0.995,
+        "space": 1,
     },
 }
 

@@ -207,7 +207,10 @@ def check_fits(state: dict[str, Any], path: Path, config: dict[str, Any], keys: 
     for key in keys:
         theirs = state["config"].get(key, defaults.get(key))
         if theirs != config.get(key):
-            message = f"--resume: checkpoint {path} has {key}={theirs!r}, this run {config.get(key)!r}"
+            message = (
+                f"--resume: checkpoint {path} has {key}={theirs!r}, this run {config.get(key)!r}"
+                f" (pass --{key.replace('_', '-')} {theirs} to continue it)"
+            )
             raise TrainError(message, EXIT_USAGE)
 
 
