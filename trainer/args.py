@@ -39,11 +39,13 @@ from typing import Any
 # apples for 1024 envs with a 128-wide MLP after 8M steps); gamma 0.995 (the late game needs a longer
 # horizon: 65.9 / 75.8 / 68.7 apples with 0.99). The space features (--space 1) with 13M steps, which
 # the numpy env step fits in the old 12M steps' time (304 s against 332 s on one core): greedy means of
-# 88.2 / 84.1 / 90.5 apples for seeds 1-3 (100 episodes each) with 86% / 79% / 0% full boards, against
-# 86.2 / 89.9 / 81.2 and 0-2% without them at 12M (bench/bench_snake.py, BENCHMARKS.md). On a GPU,
-# pass a larger --num-envs. Tried and not adopted (issue 39, BENCHMARKS.md): 16M steps without space
-# (89.2 / 75.4 / 82.9); space with --anneal-ent 1 (89.0 / 80.4 / 83.0) or --late-starts 0.2 (90.0 /
-# 78.6 / 86.5 at 12.5M); --anneal-ent 1 --bootstrap-truncated 0 --late-starts 0.5 (85.6 / 83.7 / 85.4).
+# 88.2 / 84.1 / 90.5 / 84.1 / 86.0 / 78.4 apples for seeds 1-6 (100 episodes each), full boards on
+# seeds 1 and 2 (86% / 79% of games), against 86.2 / 89.9 / 81.2 / 77.2 / 86.9 / 87.7 and 0-2% without
+# them at 12M: the same means within the spread, board fills on 2 seeds of 6 (bench/bench_snake.py,
+# BENCHMARKS.md). On a GPU, pass a larger --num-envs. Tried and not adopted (issue 39, BENCHMARKS.md):
+# 16M steps without space (89.2 / 75.4 / 82.9); space with --anneal-ent 1 (89.0 / 80.4 / 83.0) or
+# --late-starts 0.2 (90.0 / 78.6 / 86.5 at 12.5M); --anneal-ent 1 --bootstrap-truncated 0 --late-starts
+# 0.5 (85.6 / 83.7 / 85.4).
 # Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal). Gymnasium
 # ids take GYM_PRESET (see `preset_of`).
 PRESETS: dict[str, dict[str, Any]] = {
