@@ -66,9 +66,10 @@ class NumpySnakeStep:
         need_apple = ate & ~win
         if env.auto_reset:
             done = terminated | truncated
+            any_done = bool(done.any())
             # As the torch step: final_obs's space features only on a step where an env ended.
-            final_obs = self.observe(buf_a, fill_space=env._space_fill is None or bool(done.any()))
-            if done.any():
+            final_obs = self.observe(buf_a, fill_space=env._space_fill is None or any_done)
+            if any_done:
                 self._restart(done)
                 need_apple |= done
             self._place_apples(need_apple, u.numpy(), forced.numpy())
