@@ -179,7 +179,7 @@ def test_bf16_rollout_and_update_keep_fp32_weights_buffers_and_losses() -> None:
     ppo = PPO(env, policy, PPOConfig(num_envs=8, num_steps=16, precision="bf16"))
     ppo.start(seed=0)
     seen: list[torch.dtype] = []
-    policy.actor.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    policy.register_forward_hook(lambda _m, _i, out: seen.append(out[0].dtype))  # (logits, value)
     ppo.collect()
     losses = ppo.update()
     assert seen and set(seen) == {torch.bfloat16}, "the forward passes ran under bf16 autocast"

@@ -80,8 +80,7 @@ def evaluate(
 def torch_actor(policy: torch.nn.Module) -> ActFn:
     @torch.no_grad()
     def act(obs: torch.Tensor) -> torch.Tensor:
-        logits, _ = policy(obs)
-        return logits.argmax(dim=1)
+        return policy.logits(obs).argmax(dim=1)
 
     return act
 

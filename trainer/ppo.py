@@ -522,7 +522,7 @@ def evaluate_greedy(
     target: float | None = None,
     max_return: float | None = None,
 ) -> torch.Tensor:
-    """Returns of the first episode of each of `episodes` envs under argmax actions.
+    """Returns of the first episode of each of `episodes` envs under argmax actions of `policy.logits`.
 
     With `target` and `max_return` (the best return one episode can get), the evaluation gives up as
     soon as the mean can no longer reach `target`; unfinished episodes then keep their partial return,
@@ -536,8 +536,7 @@ def evaluate_greedy(
     allowed_loss = None if target is None or max_return is None else episodes * (max_return - target)
     only_falls = bool(getattr(env, "rewards_never_positive", False))
     for step in range(max_steps):
-        logits, _ = policy(obs)
-        obs, reward, terminated, truncated, _ = env.step(logits.argmax(dim=1))
+        obs, reward, terminated, truncated, _ = env.step(policy.logits(obs).argmax(dim=1))
         returns += reward * running
         running &= ~(terminated | truncated)
         # Check only now and then: each check is a host sync.
