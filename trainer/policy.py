@@ -127,8 +127,16 @@ def sample_actions(logits: torch.Tensor, generator: torch.Generator | None = Non
 
     `logits` may be unnormalised or log-probabilities: the argmax is the same.
     """
-    u = torch.rand(logits.shape, device=logits.device, generator=generator)
-    return torch.argmax(logits - torch.log(-torch.log(u.clamp_(min=1e-20))), dim=1)
+    return torch.argmax(logits + gumbel_noise(logits.shape, logits.device, generator), dim=1)
+
+
+def gumbel_noise(shape: tuple[int, ...] | torch.Size, device: torch.device, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
+    """Standard Gumbel samples, -log(-log(U)). Drawn for a whole rollout at once (`[T, N, A]`), they
+    equal T draws of `[N, A]` bit for bit (the generator fills a tensor in order and the transforms
+    are elementwise), in 4 ops instead of 4 a step."""
+    u = torch.rand(shape, device=device, generator=generator)
+    return torch.log(-torch.log(u.clamp_(min=1e-20))).neg_()
 
 
 def log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from trainer.args import TrainArgs, default_of
-from trainer.policy import log_prob_entropy, sample_actions
+from trainer.policy import gumbel_noise, log_prob_entropy
 
 
 @dataclass
@@ -395,11 +395,14 @@ class PPO:
         assert self.obs is not None, "call start(seed) first"
         buf, env, policy = self.buf, self.env, self.act_model
         obs = self.obs
+        noise = None
         for t in range(self.cfg.num_steps):
             with autocast(self.device, self.cfg.precision):
                 logits, value = policy(obs)
             logp_all = torch.log_softmax(logits.float(), dim=1)
-            action = sample_actions(logp_all)
+            if noise is None:  # the rollout's sampling noise in one draw: the same actions as a draw a step
+                noise = gumbel_noise((self.cfg.num_steps, *logp_all.shape), logp_all.device)
+            action = torch.argmax(logp_all + noise[t], dim=1)  # Gumbel-max, as `sample_actions`
             buf.obs[t] = obs
             buf.actions[t] = action
             buf.logprobs[t] = logp_all.gather(1, action[:, None])[:, 0]
