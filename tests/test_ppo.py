@@ -122,6 +122,25 @@ def test_sampling_follows_the_categorical_distribution() -> None:
     torch.testing.assert_close(ent, expected_entropy.repeat(2))
 
 
+def test_a_rollout_samples_the_actions_a_step_by_step_draw_would() -> None:
+    # The rollout draws its sampling noise once; a run must still equal its step-by-step self (the
+    # snake preset's recorded seeds depend on it).
+    env = CartPole(33)  # 66 values a step: not a multiple of a vector width
+    policy = MLPPolicy(4, 2)
+    ppo = PPO(env, policy, PPOConfig(num_envs=33, num_steps=12))
+    ppo.start(seed=5)
+    torch.manual_seed(9)
+    ppo.collect()
+    env2 = CartPole(33)
+    obs = env2.reset(seed=5)
+    torch.manual_seed(9)
+    with torch.no_grad():
+        for t in range(12):
+            action = sample_actions(torch.log_softmax(policy(obs)[0], dim=1))
+            assert torch.equal(action, ppo.buf.actions[t]), f"step {t}"
+            obs = env2.step(action)[0]
+
+
 def _train_steps(model: torch.nn.Module, opt: Adam | FusedAdam, steps: int, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
