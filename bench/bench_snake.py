@@ -6,9 +6,9 @@
 Each seed is `python -m trainer.train --env snake --seed S` with the preset (what `make demo` and
 `thrust-remote train snake` run) and `--export`, then `python -m trainer.eval MODEL --episodes 100`
 plays the exported ONNX model greedily through onnxruntime (the same model the page plays). Prints a
-row per seed (mean, median, full boards, training wall time, steps/s) and the worst and mean of the
-seeds' means; `--json` adds one JSON object. Runs are separate processes; `--parallel` runs that many
-at once (each trainer uses one torch thread on a CPU).
+row per seed (mean and its standard error, median, full boards, training wall time, steps/s) and the
+worst and mean of the seeds' means; `--json` adds one JSON object. Runs are separate processes;
+`--parallel` runs that many at once (each trainer uses one torch thread on a CPU).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def one_seed(seed: int, episodes: int, extra: list[str], root: Path) -> dict[str
     return {
         "seed": seed,
         "mean": score["mean"],
+        "sem": score["sem"],
         "median": score["median"],
         "max": score["max"],
         "full_boards": score["full_board_fraction"],
@@ -76,10 +77,11 @@ def main() -> None:
     with contextlib.ExitStack() as stack, ThreadPoolExecutor(args.parallel) as pool:
         root = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-snake-")))
         rows = list(pool.map(lambda s: one_seed(s, args.episodes, extra, root), seeds))
-    print(f"{'seed':>4} {'mean':>7} {'median':>7} {'max':>5} {'full':>6} {'steps':>11} {'train s':>8} {'steps/s':>9}")
+    print(f"{'seed':>4} {'mean':>7} {'± se':>5} {'median':>7} {'max':>5} {'full':>6} {'steps':>11} {'train s':>8} "
+          f"{'steps/s':>9}")
     for r in rows:
-        print(f"{r['seed']:>4} {r['mean']:>7.1f} {r['median']:>7.0f} {r['max']:>5.0f} {r['full_boards']:>6.0%} "
-              f"{r['steps']:>11,} {r['train_wall_s']:>8.0f} {r['sps']:>9,.0f}")
+        print(f"{r['seed']:>4} {r['mean']:>7.1f} {r['sem']:>5.1f} {r['median']:>7.0f} {r['max']:>5.0f} "
+              f"{r['full_boards']:>6.0%} {r['steps']:>11,} {r['train_wall_s']:>8.0f} {r['sps']:>9,.0f}")
     means = [r["mean"] for r in rows]
     print(f"worst seed's mean {min(means):.1f}, mean of means {statistics.mean(means):.1f} "
           f"({len(rows)} seeds x {args.episodes} greedy episodes)")

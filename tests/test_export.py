@@ -14,7 +14,7 @@ import pytest
 import torch
 from tiny_onnx import tiny_policy
 
-from trainer.eval import evaluate, onnx_actor, torch_actor
+from trainer.eval import evaluate, onnx_actor, random_actor, torch_actor
 from trainer.export import check_parity, export_onnx
 from trainer.policy import CNNPolicy, MLPPolicy
 
@@ -87,6 +87,14 @@ def test_cartpole_export_commit_from_env_and_eval_of_the_onnx_file(
     a = evaluate(onnx_actor(out), "cartpole", episodes=10, seed=3)
     b = evaluate(torch_actor(policy), "cartpole", episodes=10, seed=3)
     assert a["mean"] == b["mean"]
+
+
+def test_an_evaluation_says_how_far_its_mean_may_move() -> None:
+    # Random CartPole episodes differ in length: the mean comes with its standard error, std / sqrt(N).
+    scored = evaluate(random_actor(2, seed=0), "cartpole", episodes=64, seed=0)
+    assert scored["std"] > 0
+    assert scored["sem"] == pytest.approx(scored["std"] / 8)
+    assert evaluate(random_actor(2, seed=0), "cartpole", episodes=1, seed=0)["sem"] == 0.0  # nothing to measure
 
 
 @pytest.mark.e2e  # the dynamo exporter traces the policy (~5 s): the slow path, kept out of the 2-minute loop

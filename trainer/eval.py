@@ -7,14 +7,16 @@ from the `manifest.json` beside it, else inferred from the input width).
 Each of the N episodes runs in its own env of one batch, with argmax actions, until it ends (CartPole:
 at most 500 steps; snake: death, win, or hunger truncation; a gymnasium id: its own termination or
 time limit). Score: the return for CartPole and gymnasium ids, apples eaten for snake. Output: mean,
-median, max, min of the score, mean episode length, and for snake `full_board_fraction` (episodes that
-filled the board). `--random` scores a uniform random policy on the same envs, for comparison.
+its standard error (`sem`: how far the mean may move on another N episodes), median, max, min of the
+score, mean episode length, and for snake `full_board_fraction` (episodes that filled the board).
+`--random` scores a uniform random policy on the same envs, for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -68,6 +70,9 @@ def evaluate(
         "max": float(score.max()),
         "min": float(score.min()),
         "std": float(score.std()) if episodes > 1 else 0.0,
+        # How far the mean itself may move on another set of games: a 100-game snake score moves by
+        # ~2 apples (its games end either full or early).
+        "sem": float(score.std()) / math.sqrt(episodes) if episodes > 1 else 0.0,
         "length_mean": float(length.mean()),
         "unfinished": int(running.sum()),
     }
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        keys = ("mean", "median", "max", "min", "length_mean", "full_board_fraction")
+        keys = ("mean", "sem", "median", "max", "min", "length_mean", "full_board_fraction")
         print(" ".join(f"{k}={result[k]:.3f}" for k in keys if k in result))
         if args.random:
             print("random: " + " ".join(f"{k}={result['random'][k]:.3f}" for k in keys if k in result["random"]))
