@@ -62,6 +62,7 @@ def evaluate(
         if step % 50 == 49 and not running.any():
             break
     close_env(env)
+    std = float(score.std()) if episodes > 1 else 0.0
     result: dict[str, Any] = {
         "env": env_name,
         "episodes": episodes,
@@ -69,10 +70,10 @@ def evaluate(
         "median": float(score.median()),
         "max": float(score.max()),
         "min": float(score.min()),
-        "std": float(score.std()) if episodes > 1 else 0.0,
+        "std": std,
         # How far the mean itself may move on another set of games: a 100-game snake score moves by
         # ~2 apples (its games end either full or early).
-        "sem": float(score.std()) / math.sqrt(episodes) if episodes > 1 else 0.0,
+        "sem": std / math.sqrt(episodes),
         "length_mean": float(length.mean()),
         "unfinished": int(running.sum()),
     }
