@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import _start_sshd
 from helpers import wait_until
 
 from thrust_remote.core.errors import ConnectionLostError, ExitCode, TransferError
@@ -137,6 +138,70 @@ def test_wrong_key_is_auth_failure_quickly(cli, sshd, tmp_path):
     assert result.returncode == ExitCode.AUTH, result.stderr
     assert "authentication failed" in result.stderr
     assert elapsed < 5
+
+
+# sshd asks this command for a key's authorized lines when its file has none for the key offered:
+# here it only holds the authentication open, so the test can end the host at that moment (sshd runs
+# only a root-owned command on a root-owned path: hence sleep).
+HOLD_AUTH = "AuthorizedKeysCommand /bin/sleep 30\nAuthorizedKeysCommandUser nobody\n"
+
+
+def _offering_an_unlisted_key(box, tmp_path: Path) -> Path:
+    """thrust.yaml for `box` with a key its authorized_keys does not list (so sshd runs the command)."""
+    key = tmp_path / "unlisted_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    cfg = box.thrust_yaml(tmp_path / "thrust.yaml")
+    cfg.write_text(cfg.read_text().replace(str(box.client_key), str(key)))
+    return cfg
+
+
+def _hold_in_auth(box) -> psutil.Process:
+    def holding() -> psutil.Process | None:
+        return next((p for p in box.processes() if p.name() == "sleep"), None)
+
+    return wait_until(holding, 10, "a connection held in authentication")
+
+
+@pytest.mark.ssh
+def test_a_host_that_goes_down_during_authentication_is_unreachable_not_a_key_to_fix(cli, tmp_path):
+    """paramiko reports a connection that ends mid-authentication as a failed authentication. A host
+    going down at that moment is not a key problem: the user reads "cannot connect" (69), not 77 with
+    advice about authorized_keys."""
+    box = _start_sshd(tmp_path / "box", extra_config=HOLD_AUTH)
+    try:
+        cfg = _offering_an_unlisted_key(box, tmp_path)
+        told = subprocess.Popen([cli.exe, "--config", str(cfg), "exec", "--", "true"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=cli._env(None))
+        _hold_in_auth(box)
+        box.stop()
+        _, err = told.communicate(timeout=30)
+    finally:
+        box.stop()
+    assert told.returncode == ExitCode.UNAVAILABLE, err
+    assert "cannot connect" in err and "authorized_keys" not in err
+
+
+@pytest.mark.ssh
+def test_a_host_that_ends_every_authentication_stays_an_authentication_failure(cli, tmp_path):
+    """The other reading of the same paramiko error: the host is up and ends each try (as sshd does past
+    MaxAuthTries). Tried twice, it stays exit 77 with the key advice."""
+    box = _start_sshd(tmp_path / "box", extra_config=HOLD_AUTH)
+    try:
+        cfg = _offering_an_unlisted_key(box, tmp_path)
+        told = subprocess.Popen([cli.exe, "--config", str(cfg), "exec", "--", "true"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=cli._env(None))
+        for _ in range(2):  # end each held connection: its sshd session, which ends the sleep with it
+            held = _hold_in_auth(box)
+            session = held.parent()
+            session.kill()
+            held.kill()
+            psutil.wait_procs([session, held], timeout=10)
+        _, err = told.communicate(timeout=30)
+        assert wait_until(lambda: not any(p.name() == "sleep" for p in box.processes()), 10, "no held connection")
+    finally:
+        box.stop()
+    assert told.returncode == ExitCode.AUTH, err
+    assert "authentication failed" in err and "authorized_keys" in err
 
 
 def test_closed_port_is_unreachable_within_timeout(cli, tmp_path, sshd):

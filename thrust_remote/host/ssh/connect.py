@@ -174,7 +174,7 @@ def connect(target: Target) -> Connection:
     target = _with_ssh_config(target, conn)
     _secure(conn, target)
     try:
-        conn.open()
+        _open(conn)
     except Exception as exc:
         conn.close()
         mapped = connect_error(exc, target, conn)
@@ -188,6 +188,23 @@ def connect(target: Target) -> Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport.set_keepalive(KEEPALIVE_S)
     return conn
+
+
+def _open(conn: Connection) -> None:
+    """`conn.open()`, and once more when the connection ended in the middle of authentication.
+
+    paramiko reports that end as a failed authentication ("transport shut down or saw EOF"), but a
+    host going down mid-handshake ends it the same way, and so may a server dropping one connection.
+    A second try tells them apart: a host that is gone now refuses the connection (unreachable, not
+    a key to fix), a passing drop opens, and a server that ends it every time (too many keys offered)
+    gives the same failure again, which stays an authentication failure."""
+    try:
+        conn.open()
+    except AuthenticationException as exc:
+        if "saw EOF" not in str(exc):
+            raise
+        conn.close()
+        conn.open()
 
 
 def _with_ssh_config(target: Target, conn: Connection) -> Target:
