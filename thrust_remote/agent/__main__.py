@@ -14,7 +14,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "launch": ("supervisor", True),
     "status": ("supervisor", True),
     "list": ("supervisor", True),
-    "logs": ("supervisor", True),
+    "logs": ("logs", True),  # a run's log from an offset; --follow to its end
     "stop": ("supervisor", True),
     "launch-outcome": ("supervisor", True),  # a launch whose answer never came: launched, else withdrawn
     "supervise": ("supervisor", True),  # a Slurm job's one step: the supervisor on the allocation (slurm.py)

@@ -4,7 +4,6 @@
                  [--queue --order TS [--gpu-count N --gpu-pool LIST] [--cpu-slots N]] -- ARGV...
     agent status --run-dir D
     agent list --runs-dir R
-    agent logs --run-dir D --offset N [--follow]
     agent stop --run-dir D [--grace S] [--peer-failed JSON]
     agent launch-outcome --run-dir D --lock L
 
@@ -52,7 +51,6 @@ from .protocol import (
     EXIT_CODE,
     GPUS_USED,
     LOG,
-    LOG_START,
     PEER_FAILED,
     QUEUE,
     RESUMED_FROM,
@@ -646,42 +644,6 @@ def _with_tree(run_dir: str, meta: dict | None, st: dict) -> dict:
     return {**st, **tree_info(run_dir, meta, RunState(st["state"]).is_terminal)}
 
 
-def cmd_logs(args: argparse.Namespace) -> int:
-    """Copy the log from a byte offset; with --follow, until the run has ended and all is sent."""
-    path = os.path.join(args.run_dir, LOG)
-    out = sys.stdout.buffer
-    out.write(LOG_START)  # what came before it is not the log (a start-up file's words)
-    out.flush()
-    offset = args.offset
-    deadline_idle = time.monotonic()
-    # a follower whose laptop went away (its SSH session ended) is orphaned: a silent log (a queued
-    # run, a quiet job) would never show it by a failed write, so the parent is watched instead
-    parent = os.getppid()
-    while True:
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(offset)
-                while chunk := fh.read(1 << 16):
-                    out.write(chunk)
-                    offset += len(chunk)
-                out.flush()
-        except FileNotFoundError:
-            if not args.follow:
-                return AgentExit.MISSING
-        if not args.follow:
-            return 0
-        if not run_state(args.run_dir)["state"].is_live:
-            # one last read: the job may have written its final lines after our read above
-            with contextlib.suppress(FileNotFoundError), open(path, "rb") as fh:
-                fh.seek(offset)
-                out.write(fh.read())
-                out.flush()
-            return 0
-        time.sleep(0.2)
-        if time.monotonic() - deadline_idle > 3600 * 24 * 30 or os.getppid() != parent or parent == 1:
-            return 0  # parent 1 from the start: the session was gone before we looked
-
-
 def cmd_stop(args: argparse.Namespace) -> int:
     meta = read_json(os.path.join(args.run_dir, RUN_JSON)) or {}
     state = run_state(args.run_dir)
@@ -923,10 +885,6 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("list")
     p.add_argument("--runs-dir", required=True)
     p.add_argument("--trees", action="store_true", help="each run's tree and its size too")
-    p = sub.add_parser("logs")
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--offset", type=int, default=0)
-    p.add_argument("--follow", action="store_true")
     p = sub.add_parser("stop")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--grace", type=float, default=10.0)
@@ -936,6 +894,6 @@ def main(argv: list[str] | None = None) -> int:
         if not job_argv:
             parser.error("launch needs the job's argv after --")
         return cmd_launch(args, job_argv)
-    return {"status": cmd_status, "list": cmd_list, "logs": cmd_logs, "stop": cmd_stop,
+    return {"status": cmd_status, "list": cmd_list, "stop": cmd_stop,
             "launch-outcome": cmd_launch_outcome, "supervise": cmd_supervise}[args.cmd](args)
 
