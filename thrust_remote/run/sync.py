@@ -20,13 +20,14 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from thrust_remote.agent.checkout import DIFF_SCOPE
+from thrust_remote.agent.checkout import BUNDLES, DIFF_SCOPE
 from thrust_remote.core.config import BEST_PARAMS_MARK, BEST_PARAMS_SUFFIX, CONFIG_NAME
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
@@ -392,8 +393,10 @@ def _make_bundle(local: LocalState, known: set[str], tmp: Path) -> Bundle:
 
 def _send_bundle(session: HostSession, local: LocalState, bundle: Bundle) -> bool:
     """Send and fetch `bundle` on the host; True when a shallow boundary went with it."""
-    remote = f"{session.paths.thrust}/sync.bundle"
-    session.runner.put(bundle.path, remote)  # put makes the parent directories
+    # a name of its own: syncs at once into one store (several `train`s, from one clone or several) each
+    # send their own bundle, and git-receive deletes only its own
+    remote = f"{session.paths.thrust}/{BUNDLES}/{secrets.token_hex(8)}.bundle"
+    session.runner.put(bundle.path, remote)  # put makes the parent directories; a failed one leaves nothing
     # a shallow clone's bundle stops at commits whose parents the host may lack: the host is told to
     # stop there too (git-receive writes them to its .git/shallow); a stand-in has no parents at all
     shallow = local.shallow if bundle.target == local.commit else ()
