@@ -8,10 +8,19 @@ its `setup:` outputs and its `shared:` directories.
         -> {"tree": T, "head": C, "setup": "placed"|"none"|"missing"}
            exit 3 {"error": "missing", "missing": [SHA...]}: store objects to send (again) first
            exit 3 {"error": "shared-tracked", "path", "tracked"}: a shared path holds files of the commit
+           exit 3 {"error": "outside", "path", ["through", "link", "what"]}: a path would leave the tree
+                  (`..`), or a directory on its way is a symlink (or a file) of the commit: `through`
+                  names it, `link` its target, `what` the kind (files, shared, lfs, submodule). Nothing
+                  is ever written, replaced or removed through a link; kept setup outputs that do not
+                  fit the tree so are not placed ("setup": "missing": the setup runs in it)
     agent tree-remove --workdir W --tree T [--ref NAME] [--module STORE]...
     agent tree-size --tree T [--deadline S]     -> {"bytes", "files", "complete"}
-    agent tree-prune --workdir W --keep N [--fetched RUN]... [--dry-run]
-        -> {"trees": [{"name", "tree", "runs", "live", "fetched", "at", "bytes", "removed"}], "freed"}
+    agent tree-prune --workdir W [--keep N] [--fetched RUN]... [--spare RUN]... [--release RUN]... [--auto]
+                     [--dry-run]
+        -> {"trees": [{"name", "tree", "runs", "live", "fetched", "at", "hold", "bytes", "removed"}], "freed"}
+           hold (when kept whatever N): "setup" (being set up or launched), "fetch" (--auto: its train is
+           still to fetch it), "launched" (--spare: the run just launched); without --keep only the leases
+           --release names are dropped
     agent store-missing --workdir W  (stdin: [SHA...])      -> {"missing": [SHA...]}
     agent setup-keep --workdir W --tree T --key K (stdin: {"exclude": [RELPATH...]}) -> {"outputs": N, "bytes"}
 
@@ -20,6 +29,11 @@ file once per host; a tree gets hard links to it, so a 10 GB dataset placed in t
 disk. Each object has `SHA.stat` beside it, (size, mtime_ns, inode) when it was sealed: an object that
 no longer matches (a job rewrote a linked file in place) is removed and reported missing, so the laptop
 sends it again and no tree ever gets content that is not what its name says.
+
+tree-add takes the tree's lease (W/.thrust/leases/NAME) before the tree exists: tree-prune never removes
+a tree being set up or launched, and a launch's keep: (--auto) not one whose train is still to fetch it
+(the laptop releases it: --release, or --fetched once it fetched something). A tree removed by
+tree-prune leaves `tree-removed.json` (when, by prune or keep) in each of its runs' directories.
 
 `--ref NAME` keeps the commit reachable (refs/thrust/trees/NAME) while the tree lives: `git gc` keeps
 its objects, and the next sync's bundle leaves them out. Stdlib only; git is called with argv.
@@ -32,6 +46,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -45,6 +60,16 @@ SETUP = os.path.join(".thrust", "setup")
 SHARED = os.path.join(".thrust", "shared")
 REFS = "refs/thrust/trees/"
 BLOCK = 1 << 20
+# A tree's lease (W/.thrust/leases/NAME), taken by tree-add before the tree exists: the tree is being set
+# up and launched, and then, while its run has ended and its train is still to fetch it, kept from
+# another launch's keep:. Released by the laptop (tree-prune --release, or --fetched), or abandoned this
+# long after it was taken or its run ended (a train killed before its fetch).
+LEASES = os.path.join(".thrust", "leases")
+LEASE_SETUP_S = 8 * 3600.0  # no run yet: a setup may take 6 h (run/data.SETUP_TIMEOUT_S), a venv's build too
+LEASE_FETCH_S = 24 * 3600.0  # after its run's end
+LOCK = os.path.join(".thrust", "locks", "launch.lock")  # supervisor's launch lock (runs/control.launch_lock)
+LOCK_WAIT_S = 10.0  # prune waits this long for a launch under way; past it, every leased tree stays
+REMOVED = "tree-removed.json"  # in a run's directory: when its tree was removed, and by what
 
 
 class Refused(Exception):
@@ -87,13 +112,32 @@ def seal(path: str, mtime_ns: int | None = None) -> None:
 
 
 def intact(path: str) -> bool:
-    """The object is there and is what was sealed (not rewritten in place through a tree's link)."""
+    """The object is there, is what was sealed (not rewritten in place through a tree's link), and this
+    account can read it (a job may chmod a linked file: the mode is put back, the content is the same)."""
     try:
         with open(f"{path}.stat") as fh:
             sealed = fh.read().strip()
-        return _stamp(os.stat(path)) == sealed
+        st = os.stat(path)
+        if _stamp(st) != sealed:
+            return False
+        if stat.S_IMODE(st.st_mode) != 0o400:
+            os.chmod(path, 0o400)  # changes no stamp field (ctime only)
+        return True
     except OSError:
         return False
+
+
+def _unsealed(path: str) -> bool:
+    """Sent and verified by the transfer, not sealed yet: tree-add seals it. One this account cannot read
+    (an older version stored a laptop file's mode 000 as it was) is made readable, or it is not there."""
+    if not os.path.exists(path) or os.path.exists(f"{path}.stat"):
+        return False
+    if not os.access(path, os.R_OK):
+        try:
+            os.chmod(path, 0o600)
+        except OSError:
+            return False
+    return os.access(path, os.R_OK)
 
 
 def _drop(path: str) -> None:
@@ -108,10 +152,8 @@ def missing(workdir: str, shas: list[str]) -> list[str]:
     out = []
     for sha in dict.fromkeys(shas):
         path = object_path(workdir, sha)
-        if intact(path):
+        if intact(path) or _unsealed(path):
             continue
-        if os.path.exists(path) and not os.path.exists(f"{path}.stat"):
-            continue  # sent and verified by the transfer, not sealed yet: tree-add seals it
         _drop(path)
         out.append(sha)
     return out
@@ -119,24 +161,132 @@ def missing(workdir: str, shas: list[str]) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ a tree
 
-def _link(source: str, dest: str) -> None:
-    """`dest` becomes a hard link to `source` (a copy across filesystems), replacing what was there."""
-    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-    tmp = f"{dest}.thrust-place"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
+class _Blocked(Exception):
+    """A directory on the way to a destination in the tree is a symlink, or a file: nothing is written
+    through it. `at` is that path, relative to the tree."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__(at)
+        self.at = at
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0)
+
+
+def _parts(rel: str) -> list[str]:
+    """REL's names, refused when it would leave the tree (absolute, `..`, empty)."""
+    parts = [p for p in rel.strip("/").split("/") if p not in ("", ".")]
+    if rel.startswith("/") or not parts or ".." in parts:
+        raise Refused({"error": "outside", "path": rel})
+    return parts
+
+
+def _parent_fd(tree: str, parts: list[str], make: bool) -> int:
+    """An fd of the directory TREE/parts[:-1], each step opened without following a link (made when
+    missing and `make`): never a directory outside the tree, whatever the commit's links say."""
+    fd = os.open(os.path.realpath(tree), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.link(source, tmp)
-    except OSError:
-        shutil.copy2(source, tmp)
-    os.replace(tmp, dest)
+        for i, name in enumerate(parts[:-1]):
+            try:
+                step = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not make:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o777, dir_fd=fd)
+                try:
+                    step = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    raise _Blocked("/".join(parts[:i + 1])) from None
+            except OSError:  # ELOOP: a symlink; ENOTDIR: a file
+                raise _Blocked("/".join(parts[:i + 1])) from None
+            os.close(fd)
+            fd = step
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refusal(tree: str, rel: str, at: str, what: str) -> Refused:
+    """The answer for a destination behind a link (or a file) of the tree: what it is, where it points."""
+    path = os.path.join(tree, at)
+    answer = {"error": "outside", "path": rel, "through": at, "what": what}
+    if os.path.islink(path):
+        with contextlib.suppress(OSError):
+            answer["link"] = os.readlink(path)
+    return Refused(answer)
+
+
+def _blocked(tree: str, rel: str) -> str | None:
+    """The first directory on the way to TREE/REL that is a link or a file (relative), None when none is
+    (those still missing are made as real directories)."""
+    parts = _parts(rel)
+    here = os.path.realpath(tree)
+    for i, name in enumerate(parts[:-1]):
+        here = os.path.join(here, name)
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISDIR(st.st_mode):
+            return "/".join(parts[:i + 1])
+    return None
+
+
+def _place(source: str, tree: str, rel: str, what: str) -> None:
+    """TREE/REL becomes a hard link to `source` (a copy across filesystems), replacing what was there, a
+    link included (replaced, never written through); refused when a directory on the way is a link or
+    a file (`what`: files, setup, lfs, for the answer)."""
+    parts = _parts(rel)
+    try:
+        fd = _parent_fd(tree, parts, make=True)
+    except _Blocked as exc:
+        raise _refusal(tree, rel, exc.at, what) from None
+    name, tmp = parts[-1], f"{parts[-1]}.thrust-place"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=fd)
+        try:
+            os.link(source, tmp, dst_dir_fd=fd)
+        except OSError:
+            _copy_at(source, fd, tmp)
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_at(source: str, dir_fd: int, name: str) -> None:
+    """`source` copied to a new file `name` in `dir_fd` (never through a link), its mode and times kept."""
+    st = os.stat(source)
+    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=dir_fd)
+    with open(source, "rb") as src, os.fdopen(out, "wb") as dst:
+        shutil.copyfileobj(src, dst, BLOCK)
+        os.fchmod(dst.fileno(), stat.S_IMODE(st.st_mode))
+        os.utime(dst.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _unlink_in(tree: str, rel: str, what: str) -> None:
+    """TREE/REL removed (a link itself, never what it points at); refused behind a link as _place is."""
+    parts = _parts(rel)
+    try:
+        fd = _parent_fd(tree, parts, make=False)
+    except FileNotFoundError:
+        return
+    except _Blocked as exc:
+        raise _refusal(tree, rel, exc.at, what) from None
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(parts[-1], dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def _place_files(workdir: str, tree: str, files: dict) -> None:
     absent = []
     for want in files.values():
         path = object_path(workdir, want["sha256"])
-        if os.path.exists(path) and not os.path.exists(f"{path}.stat"):
+        if _unsealed(path):
             if sha256_of(path) != want["sha256"]:
                 _drop(path)
                 absent.append(want["sha256"])
@@ -148,15 +298,7 @@ def _place_files(workdir: str, tree: str, files: dict) -> None:
     if absent:
         raise Refused({"error": "missing", "missing": sorted(set(absent))})
     for rel, want in files.items():
-        _link(object_path(workdir, want["sha256"]), _inside(tree, rel))
-
-
-def _inside(tree: str, rel: str) -> str:
-    """TREE/REL, refused when REL would leave the tree (an absolute path, `..`)."""
-    path = os.path.normpath(os.path.join(tree, rel))
-    if os.path.isabs(rel) or not path.startswith(os.path.normpath(tree) + os.sep):
-        raise Refused({"error": "outside", "path": rel})
-    return path
+        _place(object_path(workdir, want["sha256"]), tree, rel, "files")
 
 
 def _place_setup(workdir: str, tree: str, key: str | None) -> str:
@@ -171,28 +313,58 @@ def _place_setup(workdir: str, tree: str, key: str | None) -> str:
         return "missing"
     if not all(intact(object_path(workdir, sha)) for sha in outputs.values()):
         return "missing"
+    # another commit of the same inputs may track a link where the outputs go (`out -> ~/elsewhere`):
+    # they do not fit its tree, and none is placed; its setup runs in it as it would on a fresh host
+    if any(_blocked(tree, rel) for rel in outputs):
+        return "missing"
     for rel, sha in outputs.items():
-        _link(object_path(workdir, sha), _inside(tree, rel))
+        _place(object_path(workdir, sha), tree, rel, "setup")
     return "placed"
 
 
 def _link_shared(workdir: str, tree: str, paths: list[str]) -> None:
     """Each `shared:` path is a link to one directory of the host's (W/.thrust/shared/PATH) that
-    outlives the tree. A path the commit has files under is refused: it would hide them."""
-    for rel in paths:
-        rel = rel.strip("/")
-        where = _inside(tree, rel)
-        tracked = _git(tree, "ls-files", "-z", "--", rel).stdout.decode("utf-8", "replace").split("\0")
-        tracked = [t for t in tracked if t]
+    outlives the tree. A path the commit has files under is refused: it would hide them; so is one
+    behind a link of the commit (`data -> ~/datasets` with `shared: [data/cache]`): the link would be
+    made, and what stood there removed, in a directory outside the tree."""
+    for given in paths:
+        parts = _parts(given)
+        rel = "/".join(parts)
+        at = _blocked(tree, rel)
+        if at is not None:
+            raise _refusal(tree, rel, at, "shared")
+        listed = _git(tree, "ls-files", "-z", "--", rel)
+        if listed.returncode != 0:  # "beyond a symbolic link": git cannot say, so neither is it made
+            raise Refused({"error": "outside", "path": rel, "what": "shared",
+                           "git": listed.stderr.decode("utf-8", "replace").strip()[-300:]})
+        tracked = [t for t in listed.stdout.decode("utf-8", "replace").split("\0") if t]
         if tracked:
             raise Refused({"error": "shared-tracked", "path": rel, "tracked": tracked[:5]})
         target = os.path.join(workdir, SHARED, rel)
         _private_dir(os.path.join(workdir, SHARED))
         os.makedirs(target, exist_ok=True)
-        if os.path.lexists(where):
-            shutil.rmtree(where) if os.path.isdir(where) and not os.path.islink(where) else os.unlink(where)
-        os.makedirs(os.path.dirname(where), exist_ok=True)
-        os.symlink(target, where)
+        try:
+            fd = _parent_fd(tree, parts, make=True)
+        except _Blocked as exc:
+            raise _refusal(tree, rel, exc.at, "shared") from None
+        try:
+            _clear_at(fd, parts[-1])
+            os.symlink(target, parts[-1], dir_fd=fd)
+        finally:
+            os.close(fd)
+
+
+def _clear_at(dir_fd: int, name: str) -> None:
+    """What stands at `name` in `dir_fd` removed: a link as a link, a real directory with its files (the
+    fd-based rmtree, which never follows a link inside it either)."""
+    try:
+        st = os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dir_fd)
+    else:
+        os.unlink(name, dir_fd=dir_fd)
 
 
 def _private_dir(path: str) -> None:
@@ -211,13 +383,19 @@ def _worktree(store: str, tree: str, commit: str, patch: str, lfs: list[str], re
         _git_ok(tree, "apply", "--index", "--whitespace=nowarn", patch)
     for item in lfs:
         path, _, oid = item.rpartition("=")
-        dest = _inside(tree, path)
         if not oid:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(dest)
+            _unlink_in(tree, path, "lfs")
             continue
-        _link(lfs_object(store, oid), dest)
+        _place(lfs_object(store, oid), tree, path, "lfs")
     return _git_ok(tree, "rev-parse", "HEAD")
+
+
+def _submodule_path(tree: str, rel: str) -> str:
+    """Where a submodule's worktree goes: TREE/REL, refused behind a link of the tree as _place is."""
+    at = _blocked(tree, rel)
+    if at is not None:
+        raise _refusal(tree, rel, at, "submodule")
+    return os.path.join(os.path.realpath(tree), *_parts(rel))
 
 
 def _private(workdir: str) -> None:
@@ -232,10 +410,11 @@ def _private(workdir: str) -> None:
 def add(workdir: str, tree: str, commit: str, patch: str, lfs: list[str], ref: str | None, extra: dict) -> dict:
     if os.path.lexists(tree):
         raise Refused({"error": "exists", "tree": tree})
+    _take_lease(workdir, os.path.basename(os.path.normpath(tree)))  # before the tree: prune sees it first
     try:
         head = _worktree(workdir, tree, commit, patch, lfs, ref)
         for sub in extra.get("submodules") or []:
-            _worktree(sub["store"], _inside(tree, sub["path"]), sub["commit"], sub.get("patch") or "",
+            _worktree(sub["store"], _submodule_path(tree, sub["path"]), sub["commit"], sub.get("patch") or "",
                       sub.get("lfs") or [], ref)
         _place_files(workdir, tree, extra.get("files") or {})
         setup = _place_setup(workdir, tree, extra.get("setup"))
@@ -257,7 +436,32 @@ def remove(workdir: str, tree: str, ref: str | None, modules: list[str]) -> dict
         _git(store, "worktree", "prune")
     if ref:
         _git(workdir, "update-ref", "-d", REFS + ref)
+    drop_lease(workdir, os.path.basename(os.path.normpath(tree)))
     return {"removed": existed}
+
+
+def _lease_path(workdir: str, name: str) -> str:
+    if not name or name in (".", "..") or "/" in name:
+        raise Refused({"error": "outside", "path": name})
+    return os.path.join(workdir, LEASES, name)
+
+
+def _take_lease(workdir: str, name: str) -> None:
+    _private_dir(os.path.join(workdir, LEASES))
+    with open(_lease_path(workdir, name), "w") as fh:
+        json.dump({"at": time.time(), "pid": os.getpid()}, fh)
+
+
+def drop_lease(workdir: str, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError, Refused):
+        os.unlink(_lease_path(workdir, name))
+
+
+def _lease_at(workdir: str, name: str) -> float | None:
+    try:
+        return os.stat(_lease_path(workdir, name)).st_mtime
+    except (OSError, Refused):
+        return None
 
 
 def _make_writable(tree: str) -> None:
@@ -329,22 +533,20 @@ def _users(workdir: str) -> dict[str, list[dict]]:
     return users
 
 
-def prune(workdir: str, keep: int, fetched: list[str], dry_run: bool) -> dict:
-    """Remove trees beyond the newest `keep` of ended runs: never a tree a QUEUED or RUNNING run uses;
-    the trees of FINISHED runs already fetched (`fetched`: the laptop's word) go first, then the oldest.
-    A tree no run names (a set-up that stopped before its launch) counts as ended."""
-    trees_dir = os.path.join(workdir, ".thrust", "trees")
-    users = _users(workdir)
-    rows = []
-    for name in sorted(os.listdir(trees_dir)) if os.path.isdir(trees_dir) else ():
-        tree = os.path.join(trees_dir, name)
-        runs = users.get(os.path.normpath(tree), [])
-        live = any(RunState.of(r["state"]).is_live for r in runs)
-        done = bool(runs) and all(r["state"] == RunState.FINISHED and r["run_id"] in fetched for r in runs)
-        mtime = max([os.lstat(tree).st_mtime, *[r.get("ended_ts") or 0 for r in runs]])
-        rows.append({"name": name, "tree": tree, "runs": [r["run_id"] for r in runs], "live": live,
-                     "fetched": done, "at": mtime})
-    ended = [r for r in rows if not r["live"]]
+def prune(workdir: str, keep: int | None, fetched: list[str], dry_run: bool, *, spare: tuple[str, ...] = (),
+          release: tuple[str, ...] = (), auto: bool = False) -> dict:
+    """Remove trees beyond the newest `keep` of ended runs: never a tree a QUEUED or RUNNING run uses,
+    nor one still being set up or launched (its lease, and no run yet), nor `spare` (the run just
+    launched); with `auto` (a launch's keep:) neither one whose run ended and whose train is still to
+    fetch it (its lease). The trees of FINISHED runs already fetched (`fetched`: the laptop's word) go
+    first, then the oldest. A tree no run names and no lease holds (a set-up abandoned) counts as ended.
+    `release`: leases the laptop is done with, dropped first; `keep` None: only that."""
+    for name in release if not dry_run else ():
+        drop_lease(workdir, name)
+    if keep is None:
+        return {"trees": [], "freed": 0, "dry_run": dry_run}
+    rows = _tree_rows(workdir, fetched, set(spare), auto)
+    ended = [r for r in rows if not r["live"] and not r.get("hold")]
     # newest first; the fetched-and-finished ones count as older than every other
     ended.sort(key=lambda r: (not r["fetched"], r["at"]), reverse=True)
     freed = 0
@@ -353,8 +555,65 @@ def prune(workdir: str, keep: int, fetched: list[str], dry_run: bool) -> dict:
         row["removed"] = not dry_run
         freed += row["bytes"]
         if not dry_run:
+            _note_removed(workdir, row, "keep" if auto else "prune")
             remove(workdir, row["tree"], row["name"], _module_stores(workdir))
     return {"trees": rows, "freed": freed, "dry_run": dry_run}
+
+
+def _tree_rows(workdir: str, fetched: list[str], spare: set[str], auto: bool) -> list[dict]:
+    """Each tree with its runs and what keeps it (`live`; `hold`: "setup" being set up or launched,
+    "fetch" its train still to fetch it (honoured by `auto` only), "launched" the run just launched).
+    Decided under the launch lock: a launch under way has its run.json and its supervisor by then."""
+    trees_dir = os.path.join(workdir, ".thrust", "trees")
+    fd = os.open(os.path.join(workdir, LOCK), os.O_RDWR | os.O_CREAT, 0o600) \
+        if os.path.isdir(os.path.dirname(os.path.join(workdir, LOCK))) else None
+    try:
+        locked = fd is None or _lock_within(fd)
+        users = _users(workdir)
+        now, rows = time.time(), []
+        for name in sorted(os.listdir(trees_dir)) if os.path.isdir(trees_dir) else ():
+            tree = os.path.join(trees_dir, name)
+            runs = users.get(os.path.normpath(tree), [])
+            live = any(RunState.of(r["state"]).is_live for r in runs)
+            ids = [r["run_id"] for r in runs]
+            done = bool(runs) and all(r["state"] == RunState.FINISHED and r["run_id"] in fetched for r in runs)
+            ended_ts = max([r.get("ended_ts") or 0 for r in runs] or [0])
+            mtime = max(os.lstat(tree).st_mtime, ended_ts)
+            row = {"name": name, "tree": tree, "runs": ids, "live": live, "fetched": done, "at": mtime}
+            leased = _lease_at(workdir, name)
+            age = LEASE_FETCH_S if runs else LEASE_SETUP_S
+            fresh = leased is not None and now - max(leased, ended_ts) < age \
+                and not (ids and all(i in fetched for i in ids))
+            if name in spare:
+                row["hold"] = "launched"
+            elif fresh and (not runs or not locked):
+                row["hold"] = "setup"
+            elif fresh and auto and not live:
+                row["hold"] = "fetch"
+            rows.append(row)
+        return rows
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _lock_within(fd: int) -> bool:
+    from .files import lock_within
+
+    return lock_within(fd, LOCK_WAIT_S)
+
+
+def _note_removed(workdir: str, row: dict, by: str) -> None:
+    """Each run of a tree being removed is told in its directory (REMOVED): a fetch says so plainly."""
+    from .files import write_atomic
+
+    note = json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ts": time.time(), "by": by,
+                       "tree": row["tree"]}).encode()
+    for run_id in row["runs"]:
+        run_dir = os.path.join(workdir, RUNS_DIR, run_id)
+        with contextlib.suppress(OSError):
+            if os.path.isdir(run_dir):
+                write_atomic(os.path.join(run_dir, REMOVED), note)
 
 
 def _module_stores(workdir: str) -> list[str]:
@@ -383,17 +642,32 @@ def _changed(tree: str) -> list[str]:
     return paths
 
 
+def _record_fits(workdir: str, key: str) -> bool:
+    """The key has a record whose outputs are all in the store: a setup that ran anyway (its outputs did
+    not fit this commit's tree, behind a link of it) leaves that record as it is, so the commits they
+    fit keep getting them."""
+    try:
+        with open(os.path.join(workdir, SETUP, f"{key}.json")) as fh:
+            outputs = json.load(fh)["outputs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(outputs, dict) and bool(outputs) and all(
+        isinstance(sha, str) and intact(object_path(workdir, sha)) for sha in outputs.values())
+
+
 def keep_setup(workdir: str, tree: str, key: str, exclude: list[str]) -> dict:
     """Every file the setup made or changed, into the store (a link, same filesystem) and recorded
     under its key, so a later tree of the same inputs gets them instead of running it again."""
+    if _record_fits(workdir, key):
+        return {"outputs": 0, "bytes": 0, "kept": "already"}
     skipped = tuple(e.strip("/") for e in exclude)
     outputs, total = {}, 0
     for rel in _changed(tree):
         if any(rel == s or rel.startswith(s + "/") for s in skipped):
             continue
         path = os.path.join(tree, rel)
-        if os.path.islink(path) or not os.path.isfile(path):
-            continue
+        if os.path.islink(path) or not os.path.isfile(path) or _blocked(tree, rel) is not None:
+            continue  # a file behind a link the setup made is not the tree's: not kept, never placed
         sha = sha256_of(path)
         obj = object_path(workdir, sha)
         if not intact(obj):
@@ -438,8 +712,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=float, default=5.0)
     p = sub.add_parser("tree-prune")
     p.add_argument("--workdir", required=True)
-    p.add_argument("--keep", type=int, required=True)
+    p.add_argument("--keep", type=int)  # none: only --release
     p.add_argument("--fetched", action="append", default=[])
+    p.add_argument("--spare", action="append", default=[])
+    p.add_argument("--release", action="append", default=[])
+    p.add_argument("--auto", action="store_true")
     p.add_argument("--dry-run", action="store_true")
     p = sub.add_parser("store-missing")
     p.add_argument("--workdir", required=True)
@@ -459,7 +736,8 @@ def _run(args: argparse.Namespace) -> dict:
     if args.cmd == "tree-size":
         return size(args.tree, args.deadline)
     if args.cmd == "tree-prune":
-        return prune(args.workdir, args.keep, args.fetched, args.dry_run)
+        return prune(args.workdir, args.keep, args.fetched, args.dry_run, spare=tuple(args.spare),
+                     release=tuple(args.release), auto=args.auto)
     if args.cmd == "store-missing":
         return {"missing": missing(args.workdir, json.loads(sys.stdin.read() or "[]"))}
     return keep_setup(args.workdir, args.tree, args.key, json.loads(sys.stdin.read() or "{}").get("exclude") or [])

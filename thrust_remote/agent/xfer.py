@@ -25,7 +25,7 @@ as its channel, one request at a time:
           -> ok | err 3 HEXMSG           (the parent of TARGET is made; PART is created, never an
                                           existing file: the client names it uniquely)
           then the client sends SIZE bytes and its SHA256 (64 hex characters, no newline)
-          -> ok SHA256                   (equal: PART chmod MODE (octal), renamed to TARGET)
+          -> ok SHA256                   (equal: PART chmod MODE (octal) | 0600, renamed to TARGET)
            | mismatch SHA256             (PART removed, TARGET untouched)
            | err 3 HEXMSG                (a write failed; PART removed, TARGET untouched)
 
@@ -194,7 +194,9 @@ class Helper:
         try:
             if fh is not None:
                 with fh:
-                    os.fchmod(fh.fileno(), mode)
+                    # the laptop file's bits, but always this account's to read and write: a laptop file
+                    # of mode 000 (root reads it there) stored 000 here could never be read or sealed
+                    os.fchmod(fh.fileno(), (mode & 0o7777) | 0o600)
         except OSError as exc:
             error = error or str(exc)
         ours = digest.hexdigest()

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from thrust_remote.agent.listing import DEADLINE_ERROR
-from thrust_remote.agent.protocol import RUN_DIR_ENV, RUN_DIR_PREFIX
+from thrust_remote.agent.protocol import RUN_DIR_ENV, RUN_DIR_PREFIX, RUN_JSON_MAX
+from thrust_remote.agent.trees import REMOVED as TREE_REMOVED
 from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, TransferError
 from thrust_remote.core.files import write_atomic
@@ -74,6 +75,7 @@ class DirFetch:
     bytes: int = 0  # bytes transferred
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    tree_removed: str | None = None  # the run's tree is gone (prune, keep:): said in these words
 
     @property
     def files(self) -> int:
@@ -81,9 +83,12 @@ class DirFetch:
 
     def as_json(self) -> dict[str, Any]:
         return {"dir": str(self.dest), "files": self.files, "fetched": len(self.fetched),
-                "unchanged": len(self.unchanged), "bytes": self.bytes, "warnings": self.warnings}
+                "unchanged": len(self.unchanged), "bytes": self.bytes, "warnings": self.warnings,
+                "tree_removed": self.tree_removed}
 
     def summary(self, root: Path) -> str:
+        if not self.files and self.tree_removed:
+            return f"artifacts: none fetched: {self.tree_removed}"
         if not self.files and not self.dest.exists():
             return "artifacts: nothing matched on the host, nothing fetched"
         try:
@@ -129,6 +134,30 @@ def list_remote(session: HostSession, run_dir: str, globs: Sequence[str]) -> dic
         raise TransferError(f"cannot list the artifacts of {run_dir} on {session.name}: "
                             f"{why or result.stderr.strip()[-200:] or f'exit {result.exit_code}, no answer'}")
     return answer
+
+
+def tree_removed(session: HostSession, run_dir: str, run_id: str, answer: dict[str, Any]) -> str | None:
+    """When a glob under the run's cwd matched nothing and that cwd is gone: what removed it and when
+    (the run directory's `tree-removed.json`, agent/trees.py), in a sentence; else None. Asked only
+    then: a listing that matched costs nothing more."""
+    if not any(not g.startswith(RUN_DIR_PREFIX) for g in _strings(answer, "unmatched")):
+        return None
+    text = session.runner.read_text(f"{run_dir}/{TREE_REMOVED}", max_bytes=RUN_JSON_MAX)
+    try:
+        note = json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        note = None
+    cwd = answer.get("cwd")
+    if not isinstance(note, dict):
+        if not isinstance(cwd, str) or session.runner.exists(cwd):
+            return None
+        note = {}
+    by = note.get("by") if note.get("by") in ("prune", "keep") else None
+    at = note.get("at") if isinstance(note.get("at"), str) else None
+    how = (f"by {'keep: {runs: N}' if by == 'keep' else 'prune'} at {at}" if by and at
+           else "(no record of when: by hand, or an older thrust-remote)")
+    return (f"the tree of run {run_id} on {session.name} was removed {how}; its files there ({cwd}) are gone. "
+            f"Its run directory's files stay ({run_dir}: log, metrics, model, $THRUST_RUN_DIR/ files)")
 
 
 def _strings(answer: dict[str, Any], key: str) -> list[str]:
@@ -317,6 +346,10 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     result = DirFetch(dest)
     session.runner.warm_transfers(1)  # its start (a shell, a python) beside the listing's, not after it
     answer = list_remote(session, run_dir, globs)
+    result.tree_removed = tree_removed(session, run_dir, run_id, answer)
+    if result.tree_removed:  # said once, plainly, instead of a "matches nothing" per glob under the tree
+        answer = {**answer, "unmatched": [g for g in _strings(answer, "unmatched") if g.startswith(RUN_DIR_PREFIX)]}
+        result.warnings.append(f"artifacts: {result.tree_removed}")
     result.warnings += listing_warnings(answer, session.name, run_dir)
     for text in result.warnings:
         if warn:

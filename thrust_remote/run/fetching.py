@@ -41,7 +41,22 @@ def fetch_finished(config: Config, session: HostSession, launched: Launched, job
     got = fetch_artifacts(config, session, job, launched.run_dir, launched.run_id, reporter)
     if got is not None:
         timings[ARTIFACTS_TIMING] = got.seconds
+    if fetched is None and got is not None:
+        check_tree_gone(session, launched.run_id, got)
     return fetched, got
+
+
+def check_tree_gone(session: HostSession, run_id: str, got: artifacts.DirFetch,
+                    checkpoint: checkpoints.CheckpointPull | None = None) -> None:
+    """Nothing could be fetched because the run's tree was removed (prune, keep:): 69, saying so plainly,
+    never a quiet "matches nothing" with exit 0."""
+    if not got.tree_removed or got.files or (checkpoint is not None and checkpoint.newest):
+        return
+    logs, dry = command_hint("logs", run_id, host=session.host), command_hint("prune", "--dry-run", host=session.host)
+    raise ThrustError(f"nothing fetched of run {run_id}: {got.tree_removed}",
+                      f"its log: {logs}; to keep the trees of more ended runs, raise keep: {{runs: N}} under "
+                      f"hosts.{session.name} in thrust.yaml ({dry} lists what a prune would remove)",
+                      ExitCode.UNAVAILABLE)
 
 
 def fetch_artifacts(config: Config, session: HostSession, job: JobConfig, run_dir: str, run_id: str,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,33 +146,54 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     if request.gpus and not checked[0].session.host.slurm:  # GPUs a host can never give: 64 before any set-up
         for node in checked:
             inventory.select_gpus(request.gpus, node.report.facts, node.session.host)
-    prepared = each(lambda c: stages.set_up(c, told(c.session)), checked)
-    base_args = args  # before a checkpoint's: a cluster's run that continues itself adds its own
-    if request.resume is not None:  # every node can read the checkpoint; the job's rank 0 does
-        resume = request.resume
-        reporter.step(f"placing checkpoint {resume.label} for run {run_id}")
-        paths = each(lambda p: stages.place_checkpoint(p, resume, run_id, relative=many), prepared)
-        args = [*args, *stages.resume_args(resume, paths[0])]
-    if many:  # a queued run's order, the same on every node (agent/runqueue.py); one host uses its own clock
-        launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
-                                                  queue_order=time.time(), planned=planned)
-    else:
-        launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter, base_args)], list(sessions)
+    try:
+        prepared = each(lambda c: stages.set_up(c, told(c.session)), checked)
+        base_args = args  # before a checkpoint's: a cluster's run that continues itself adds its own
+        if request.resume is not None:  # every node can read the checkpoint; the job's rank 0 does
+            resume = request.resume
+            reporter.step(f"placing checkpoint {resume.label} for run {run_id}")
+            paths = each(lambda p: stages.place_checkpoint(p, resume, run_id, relative=many), prepared)
+            args = [*args, *stages.resume_args(resume, paths[0])]
+        if many:  # a queued run's order, the same on every node (agent/runqueue.py); one host its own clock
+            launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
+                                                      queue_order=time.time(), planned=planned)
+        else:
+            launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter, base_args)], list(sessions)
+    except ThrustError as exc:  # nothing launched (a failed setup): its tree stays to look into, unleased
+        if not isinstance(exc, ConnectionLostError | Detached):
+            each(lambda c: _release(c.session, run_id), checked)
+        raise
     _remember(config, launched, reporter, request, prepared[0].local)
-    for p in prepared:  # each host's `keep:`: the trees of older ended runs go (never a live run's)
-        _keep(p.session, config.root, told(p.session))
+    fetches = Stage.FETCH in stages_of(request) and _fetches_anything(request.job)
+    for p in prepared:  # each host's `keep:`: the trees of older ended runs go (never a live run's, nor this)
+        _keep(p.session, config.root, told(p.session), run_id, release=not (fetches and p is prepared[0]))
     return Started(launched, RunNodes(run_id, [s.name for s in ranked], list(ranked)))
 
 
-def _keep(session: HostSession, root: Path, reporter: Reporter) -> None:
+def _fetches_anything(job: JobConfig) -> bool:
+    """The job leaves something a train fetches from node 0's tree or run directory."""
+    return fetching.exports_model(job) or bool(checkpoints.checkpoint_glob(job) or artifacts.artifact_globs(job))
+
+
+def _keep(session: HostSession, root: Path, reporter: Reporter, run_id: str, *, release: bool) -> None:
+    """The host's `keep:` after the launch of `run_id`, whose own tree stays (and, unless `release`, stays
+    until this train has fetched from it)."""
     try:
-        pruned = trees.keep_policy(session, root)
+        pruned = trees.keep_policy(session, root, run_id, release=release)
     except ThrustError as exc:  # the run is launched: a tree not reclaimed is a warning, never a failure
         reporter.warn(f"the trees of older runs on {session.name} were not reclaimed: {exc.message}")
         return
     if pruned is not None and pruned.removed:
         reporter.step(f"keep: {{runs: {session.host.keep_runs}}}: removed the trees of "
                       f"{', '.join(trees.describe(t) for t in pruned.removed)}")
+
+
+def _release(session: HostSession | None, run_id: str) -> None:
+    """This train is done with the run's tree on `session` (best effort: an unreleased lease lapses)."""
+    if session is None:
+        return
+    with suppress(ThrustError):
+        trees.release(session, run_id)
 
 
 def _launch_one(prepared: stages.Prepared, request: TrainRequest, args: Sequence[str], run_id: str,
@@ -327,6 +348,8 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
             timings[vocab.CHECKPOINT_TIMING] = checkpoint.seconds
             if checkpoint.fetched:
                 checkpoints.note_step(config.root, head.run_id, progress.metrics.get("step"))
+    if fetch and head_session is not None and head.run_id not in trees.fetched_runs(config.root):
+        _release(head_session, head.run_id)  # a fetch that brought something released it already
     own_job = job
     job = job if job is not None and fetching.exports_model(job) else None
     # a run that did not finish is worth a fetch hint only when it left a whole model (a stopped trainer
@@ -582,6 +605,8 @@ def fetch(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter, *
         model = _fetch_model(config, head, job, run_dir, run_id, st, reporter, force=force, others=bool(glob))
         pulled = fetching.pull_checkpoint(config, head, job, run_dir, run_id, reporter, every=all_checkpoints)
         got = fetching.fetch_artifacts(config, head, job, run_dir, run_id, reporter)
+        if model is None and got is not None:
+            fetching.check_tree_gone(head, run_id, got, pulled)
         return Fetched(head.name, model, got, pulled, str(st.get("state")))
 
 

@@ -1,7 +1,8 @@
 """The runs' trees on a host, kept and reclaimed (docs/architecture.md, "Trees"): a host's `keep: {runs:
 N}` after each launch, and `thrust-remote prune`. The host decides what is live (agent `tree-prune`: a
-QUEUED or RUNNING run's tree is never removed); the laptop says which runs it has fetched, whose trees
-go first.
+QUEUED or RUNNING run's tree is never removed, nor one being set up or launched: its lease); the laptop
+says which runs it has fetched, whose trees go first, and when a train is done with its tree (a
+launch's keep: keeps a tree whose train is still to fetch it).
 """
 
 from __future__ import annotations
@@ -40,20 +41,34 @@ class Pruned:
         return {"host": self.host, "trees": self.trees, "freed": self.freed, "dry_run": self.dry_run}
 
 
-def prune(session: HostSession, root: Path, keep: int, *, dry_run: bool = False) -> Pruned:
-    """Remove (or, `dry_run`, list) the trees beyond the newest `keep` of ended runs on this host."""
+def prune(session: HostSession, root: Path, keep: int, *, dry_run: bool = False, launched: str | None = None,
+          release: bool = False) -> Pruned:
+    """Remove (or, `dry_run`, list) the trees beyond the newest `keep` of ended runs on this host; never
+    one being set up or launched. `launched`: a launch's keep: (the run just launched is spared, and so
+    is a tree whose train is still to fetch it); `release`: this train will not fetch from its tree."""
     argv = ["tree-prune", "--workdir", session.paths.workdir, "--keep", str(keep),
             *[a for run in fetched_runs(root) for a in ("--fetched", run)], *(["--dry-run"] if dry_run else [])]
+    if launched is not None:
+        argv += ["--auto", "--spare", launched, *(["--release", launched] if release else [])]
     answer = session.agent_json("tree-prune", *argv, timeout=600)
     return Pruned(session.name, list(answer.get("trees") or []), int(answer.get("freed") or 0), dry_run)
 
 
-def keep_policy(session: HostSession, root: Path) -> Pruned | None:
-    """After a launch: the host's `keep: {runs: N}` applied; None where there are no trees (host local,
-    a workdir without runs)."""
+def keep_policy(session: HostSession, root: Path, launched: str, *, release: bool) -> Pruned | None:
+    """After the launch of run `launched`: the host's `keep: {runs: N}` applied (`release`: its train
+    fetches nothing from this host, so its tree is an ended run's like any once it ends); None where
+    there are no trees (host local, a workdir without runs)."""
     if session.host.is_local or not session.runner.exists(f"{session.paths.workdir}/{RUNS_DIR}"):
         return None
-    return prune(session, root, session.host.keep_runs)
+    return prune(session, root, session.host.keep_runs, launched=launched, release=release)
+
+
+def release(session: HostSession, run_id: str) -> None:
+    """The train of `run_id` is done with its tree (fetched, or nothing to fetch): its lease goes, and a
+    later launch's keep: may remove it as any ended run's."""
+    if not session.host.is_local:
+        session.agent_json("tree-prune", "tree-prune", "--workdir", session.paths.workdir, "--release", run_id,
+                           timeout=60)
 
 
 def size_text(n: object) -> str:
@@ -76,8 +91,13 @@ def summary(pruned: Pruned) -> str:
             f"{what} {size_text(pruned.freed)}")
 
 
+HOLDS = {"setup": "being set up or launched", "fetch": "its train is still to fetch it",
+         "launched": "just launched"}
+
+
 def describe(tree: dict) -> str:
     runs = ", ".join(tree.get("runs") or []) or "no run"
-    why = "live" if tree.get("live") else ("fetched" if tree.get("fetched") else "ended")
+    why = "live" if tree.get("live") else (HOLDS.get(str(tree.get("hold")))
+                                           or ("fetched" if tree.get("fetched") else "ended"))
     return f"{tree.get('name')} ({runs}; {why})" + (f" {size_text(tree['bytes'])}" if "bytes" in tree else "")
 
