@@ -28,10 +28,10 @@ from thrust_remote.core.scheduler import (
     LIMIT_WARNING_S,
     NAME_RE,
     OPTION_RE,
-    OWN_OPTIONS,
     SCHEDULERS,
     TIME_RE,
     SlurmConfig,
+    option_clash,
 )
 
 CONFIG_NAME = "thrust.yaml"
@@ -802,9 +802,9 @@ def _slurm_value(reader: _Reader, f: str, key: str, value: yaml.Node) -> Any:
     options: list[tuple[str, str | None]] = []
     for option, option_node, option_value in reader.mapping(value, f):
         where = f"{f}.{option}"
-        if option.lstrip("-") in OWN_OPTIONS:
-            raise ConfigError(reader.fail(option_node, where, "thrust-remote sets this sbatch option itself").message,
-                              OWN_OPTIONS[option.lstrip("-")])
+        clash = option_clash(option.lstrip("-"))
+        if clash:  # one of ours, one that breaks one run = one job, or a beginning sbatch reads as either
+            raise ConfigError(reader.fail(option_node, where, clash[0]).message, clash[1])
         if not OPTION_RE.match(option):
             raise reader.fail(option_node, where, "expected an sbatch long option's name without dashes, like qos "
                                                   "or constraint")

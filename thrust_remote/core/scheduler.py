@@ -43,6 +43,18 @@ OWN_OPTIONS: Mapping[str, str] = {
     "requeue": "a run ends when its job ends; retry: {on: [lost, preempted]} resumes it from its checkpoint",
     "no-requeue": "thrust-remote sets it: a run ends when its job ends",
 }
+# sbatch options that break "one run is one job, run once, as this account, on this cluster": refused too
+NOT_PASSED: Mapping[str, str] = {
+    "test-only": "it submits nothing, and the run would wait for a job that is not there; "
+                 "doctor --host H checks the job's options with sbatch --test-only",
+    "help": "sbatch prints its help and submits nothing", "usage": "sbatch prints its usage and submits nothing",
+    "version": "sbatch prints its version and submits nothing",
+    "uid": "the job runs as the account that owns its run directory (the host's address: user)",
+    "gid": "the job runs as the account that owns its run directory (the host's address: user)",
+    "clusters": "thrust-remote follows the job in this cluster's queue; make the other cluster's login node a host",
+    "cluster": "thrust-remote follows the job in this cluster's queue; make the other cluster's login node a host",
+    "M": "thrust-remote follows the job in this cluster's queue; make the other cluster's login node a host",
+}
 LIMIT_WARNING_S = 90  # default: the job's TERM this long before its time limit, to write a checkpoint
 
 
@@ -55,6 +67,26 @@ class SlurmConfig:
     time: str | None = None  # the job's time limit, Slurm's format
     limit_warning: int = LIMIT_WARNING_S  # seconds before the limit the job gets its TERM
     sbatch: tuple[tuple[str, str | None], ...] = field(default_factory=tuple)  # (option, value or None: a flag)
+
+
+def option_clash(key: str) -> tuple[str, str] | None:
+    """(what the config error says, its hint) when sbatch would read `key` (an `sbatch:` key, dashes
+    dropped) as an option thrust-remote sets itself or one of NOT_PASSED; None when it may pass. sbatch
+    takes any unambiguous beginning of a long option's name (`outp` is --output), so a key that begins
+    one of those options is refused too, naming the option in full."""
+    refused = {**OWN_OPTIONS, **NOT_PASSED}
+    begun = [name for name in refused if len(name) > 1 and name.startswith(key) and name != key]
+    if key not in refused and not begun:
+        return None
+    full = key if key in refused else begun[0]
+    said = "thrust-remote sets this sbatch option itself" if full in OWN_OPTIONS else \
+        "thrust-remote cannot pass this sbatch option: one run is one job"
+    if full != key:
+        said += (f" (sbatch takes {key} for --{full}: it reads any unique beginning of an option's name)"
+                 if len(begun) == 1 else f" ({key} begins {', '.join('--' + b for b in begun)})")
+    elif len(full) > 1:
+        said += f" (--{full})"
+    return said, refused[full]
 
 
 def sbatch_options(slurm: SlurmConfig, *, nodes: int = 1, gpus: int = 0) -> list[str]:
