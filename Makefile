@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WEB_STAMP := web/node_modules/.installed
 SYS_STAMP := $(VENV)/.system-deps
-APT_PACKAGES := openssh-server rsync chromium iproute2 procps git-lfs slurmctld slurmd slurm-client munge
+APT_PACKAGES := openssh-server rsync chromium iproute2 procps git-lfs slurmctld slurmd slurm-client munge fish tcsh
 
 .PHONY: demo test test-fast lint setup system-deps web-deps bench clean wheel
 
@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml constraints.txt
 # Debian packages the tests need: a real sshd, rsync (benchmark peer), chromium (browser tests),
 # iproute2 (`ip`: the network namespaces of the multi-host tests), procps (pkill, in those tests) and
 # g++ (torch.compile's CPU backend compiles C++: the --compile tests run it), and Slurm with munge (a
-# real cluster for the `scheduler: slurm` tests, started by tests/slurm_cluster.py). The stamp follows
+# real cluster for the `scheduler: slurm` tests, started by tests/slurm_cluster.py), fish and tcsh (login
+# shells that are not sh: tests/test_login_shells.py). The stamp follows
 # this Makefile: a package added here is checked for on the next `make test`, not only on a fresh venv.
 system-deps: $(SYS_STAMP)
 $(SYS_STAMP): Makefile | $(STAMP)
@@ -34,6 +35,8 @@ $(SYS_STAMP): Makefile | $(STAMP)
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v pkill >/dev/null || missing="$$missing procps"; \
 	command -v git-lfs >/dev/null || missing="$$missing git-lfs"; \
+	command -v fish >/dev/null || missing="$$missing fish"; \
+	command -v tcsh >/dev/null || missing="$$missing tcsh"; \
 	command -v g++ >/dev/null || missing="$$missing g++"; \
 	[ -x /usr/sbin/slurmctld ] || missing="$$missing slurmctld"; \
 	[ -x /usr/sbin/slurmd ] || missing="$$missing slurmd"; \

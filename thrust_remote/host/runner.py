@@ -542,6 +542,12 @@ def drive(
         )
         exc.partial_stdout = out  # type: ignore[attr-defined]
         raise exc from None
+    except BaseException:
+        # Ctrl-C (or a callback's error) stops the command too, not only the wait for it: over SSH
+        # closing the channel is what ends it on the host (agent/envexec.py's watch)
+        with contextlib.suppress(Exception):
+            process.kill()
+        raise
     out, err = (s.close() for s in splitters.values())
     timed_out = process.host_enforces_timeout and timeout is not None and code == TIMEOUT_EXIT
     return RunResult(args, code, out, err, time.monotonic() - started, timed_out)

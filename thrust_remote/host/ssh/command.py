@@ -5,13 +5,18 @@
   go on stdin to agent/envexec.py, which sets them and execs the argv (`with_env`). It runs under `sh -c '...; exit $?'`
   so a command killed by a signal reports 128+N (paramiko drops `exit-signal`); a channel that
   closes without a status therefore really means the link died (exit 75).
+- sshd gives that string to the account's login shell, which need not be a POSIX one (fish, tcsh):
+  `for_login_shell` writes it so that every one of them runs the same `sh -c SCRIPT`.
 - A timeout is enforced by the host (`timeout -k 5 N`), so a timed-out command does not linger there.
+- A long command (`with_env(watch=True)`) runs under envexec's watch, which ends it on the host when
+  its channel is gone (Ctrl-C, a laptop killed): without a pty, sshd signals nothing.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 import select
 import shlex
 import time
@@ -34,34 +39,52 @@ def envexec_source() -> str:
     return Path(envexec.__file__).read_text(encoding="utf-8")
 
 
-def with_env(python: str, argv: Sequence[str], env: Mapping[str, str] | None,
-             stdin: bytes | None) -> tuple[list[str], bytes | None]:
-    """(argv, stdin) that run `argv` under `env` with no value on the command line: the values travel as
-    stdin's first line to envexec, which execs argv with the rest of stdin. No env: both unchanged."""
+def with_env(python: str, argv: Sequence[str], env: Mapping[str, str] | None, stdin: bytes | None, *,
+             watch: bool = False) -> tuple[list[str], bytes | None, int]:
+    """(argv, stdin, wrapper) that run `argv` under `env` with no value on the command line: the values
+    travel as stdin's first line to envexec, which execs argv with the rest of stdin. `watch` (no
+    stdin of its own): envexec's watch mode instead, which ends the command's process group when the
+    channel is gone; the caller then keeps the channel's stdin open. `wrapper`: how many words in front
+    of argv are envexec's, which the command may run without (`build_remote_command`): only a watch
+    with no env. No env and no watch: argv and stdin unchanged."""
     args = check_argv(argv)
     env_items = check_env(env)
-    if not env_items:
-        return args, stdin
+    if watch and stdin:
+        raise ValueError("a watched command takes no stdin: the channel's is the watch's")
+    if not env_items and not watch:
+        return args, stdin, 0
     line = json.dumps(env_items).encode() + b"\n"  # JSON escapes a newline inside a value
-    return [python, "-S", "-c", envexec_source(), *args], line + (stdin or b"")
+    prefix = [python, "-S", "-c", envexec_source(), "watch" if watch else "exec"]
+    return [*prefix, *args], line + (stdin or b""), 0 if env_items else len(prefix)
 
 
 def build_remote_command(
     argv: Sequence[str],
     cwd: str | None = None,
     timeout: float | None = None,
+    *,
+    wrapper: int = 0,
 ) -> str:
     """The one string sent to the server. Every user value is a separately quoted word; env values are
-    never among them (`with_env`)."""
+    never among them (`with_env`). The first `wrapper` words of argv (envexec's watch) are left out
+    when their program is not on the host, the command's stdin then /dev/null: a wrong `python:`
+    must not stop `exec` from running the command that finds the right one."""
     args = check_argv(argv)
-    cmd: list[str] = []
+    for word in {args[0], args[min(wrapper, len(args) - 1)]}:
+        if "=" in word:
+            raise UsageError(f"command name {word!r} contains '='")
+    limit: list[str] = []
     if timeout is not None:
         # the host enforces the limit itself, so a timed-out command does not linger there
-        cmd += ["timeout", "-k", "5", f"{max(timeout, 0.001):g}"]
-    if "=" in args[0]:
-        raise UsageError(f"command name {args[0]!r} contains '='")
-    cmd += args
-    script = shlex.join(cmd)
+        limit = ["timeout", "-k", "5", f"{max(timeout, 0.001):g}"]
+    choose = ""
+    if wrapper:
+        head, args = args[:wrapper], args[wrapper:]
+        choose = (f"if command -v {shlex.quote(head[0])} >/dev/null 2>&1; then set -- {shlex.join(head)}; "
+                  "else set --; exec </dev/null; fi; ")
+        script = " ".join(filter(None, [shlex.join(limit), '"$@"', shlex.join(args)]))
+    else:
+        script = shlex.join([*limit, *args])
     if cwd:
         if cwd == "~":
             target = '"$HOME"'
@@ -71,7 +94,39 @@ def build_remote_command(
             target = shlex.quote(cwd)
         script = f"cd -- {target} && {script}"
     # `; exit $?` keeps sh as the parent (no exec optimisation), so a signal death becomes 128+N.
-    return shlex.join(["sh", "-c", f"{script}; exit $?"])
+    return for_login_shell(f"{choose}{script}; exit $?")
+
+
+# ------------------------------------------------------------------------------------------ login shells
+# sshd hands the command string to the account's LOGIN shell (`$SHELL -c STRING`), which may be bash,
+# dash, zsh, fish or tcsh: shlex.join quotes for a POSIX shell only (fish reads `\\` and `\'` inside
+# single quotes as escapes; tcsh expands `!` even there and refuses a newline inside quotes). So the
+# string is `sh -c WORD` with WORD written in the subset all of them read alike: runs of plain text in
+# single quotes, `'`, `!` and `\` each as a backslash escape outside quotes. A control character
+# (a newline, a tab, an escape) has no such spelling: a script holding one travels as printf %b's
+# escapes (`\0ooo`), decoded by sh itself, byte for byte.
+
+_PLAIN_RUN = re.compile(r"[^'!\\\x00-\x1f\x7f]+|['!\\]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_DECODE = 's=$(printf %bx "$1") && eval "${s%x}"'  # the x keeps trailing newlines from $(...)
+
+
+def login_word(text: str) -> str:
+    """`text` (no control characters) as one word that sh, bash, dash, zsh, fish and tcsh all read back
+    unchanged."""
+    if _CONTROL.search(text):
+        raise ValueError("a control character has no spelling common to every login shell")
+    if not text:
+        return "''"
+    return "".join(f"\\{run}" if run in ("'", "!", "\\") else f"'{run}'" for run in _PLAIN_RUN.findall(text))
+
+
+def for_login_shell(script: str) -> str:
+    """The command string that makes any login shell run `sh -c script`, `script` unchanged."""
+    if not _CONTROL.search(script):
+        return f"sh -c {login_word(script)}"
+    escaped = _CONTROL.sub(lambda m: f"\\0{ord(m.group()):03o}", script.replace("\\", "\\\\"))
+    return f"sh -c {login_word(_DECODE)} sh {login_word(escaped)}"
 
 
 EOF_GRACE_S = 2.0  # past the exit status, how long a command's output may take to end (EOF)

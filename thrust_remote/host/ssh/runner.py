@@ -41,6 +41,20 @@ from thrust_remote.host.ssh.command import ChannelProcess, build_remote_command,
 from thrust_remote.host.ssh.connect import Target, connect
 from thrust_remote.host.ssh.transfer import LINK_ERRORS, SftpTransfer, StreamTransfer
 
+WATCH_OVER_S = 60.0  # a command given a longer timeout (or none, its output followed) is a long one
+
+
+def watched(timeout: float | None, stdin: bytes | None, stream: StreamCallback | None,
+            on_bytes: BytesCallback | None) -> bool:
+    """Whether a command gets envexec's watch, which ends it on the host when its channel is gone (a
+    Ctrl-C, a laptop killed or cut off): a long command the laptop waits for, i.e. one whose output is
+    followed (a `setup:`, `exec`, a build, a venv's pip) or given a long timeout. Short commands (a
+    read, a probe) go without: the watch costs a python start on the host. A command fed stdin keeps
+    the plain form: the channel's stdin is the watch's."""
+    if stdin:
+        return False
+    return stream is not None or on_bytes is not None or (timeout is not None and timeout >= WATCH_OVER_S)
+
 
 class SSHRunner(FileOps):
     """Runner over one SSH connection, opened lazily and reused for every command and transfer."""
@@ -200,19 +214,23 @@ class SSHRunner(FileOps):
         on_bytes: BytesCallback | None = None,
     ) -> RunResult:
         args = check_argv(argv)
-        remote_argv, stdin = with_env(self.python, args, env, stdin)
-        command = build_remote_command(remote_argv, cwd, timeout)
+        watch = watched(timeout, stdin, stream, on_bytes)
+        remote_argv, stdin, wrapper = with_env(self.python, args, env, stdin, watch=watch)
+        command = build_remote_command(remote_argv, cwd, timeout, wrapper=wrapper)
         started = time.monotonic()
-        process = ChannelProcess(self._start(command, stdin), self.alive, self.drop)
+        process = ChannelProcess(self._start(command, stdin, keep_open=watch), self.alive, self.drop)
         return drive(process, args, name=self.name, started=started, timeout=timeout, stream=stream,
                      on_bytes=on_bytes, liveness_timeout=self.liveness_timeout)
 
-    def _start(self, command: str, stdin: bytes | None) -> paramiko.Channel:
+    def _start(self, command: str, stdin: bytes | None, *, keep_open: bool = False) -> paramiko.Channel:
+        """The command's channel, `stdin` sent; then EOF, unless `keep_open` (a watched command: its
+        watch on the host takes EOF for "the channel is gone")."""
         try:
             chan = self.open_channel(command)
             if stdin:
                 chan.sendall(stdin)
-            chan.shutdown_write()
+            if not keep_open:
+                chan.shutdown_write()
         except LINK_ERRORS as exc:
             self.drop()
             raise ConnectionLostError(
