@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from thrust_remote.core.config import Config, JobConfig
 from thrust_remote.core.errors import ConfigError, ExitCode, ThrustError
-from thrust_remote.host.runner import sha256_file
+from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostSession
 from thrust_remote.run.jobs import config_label
 from thrust_remote.run.repo import git as _git
@@ -79,27 +80,79 @@ def _where(config: Config, job: JobConfig, key: str) -> str:
 
 @dataclass(frozen=True)
 class LocalFile:
-    path: Path  # on the laptop
+    path: Path  # on the laptop: the file itself (a link's target, inside the project), what is sent
     sha256: str
     size: int
     mtime_ns: int
+    ident: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of what was hashed: it alone may be sent
 
 
 def check_local(config: Config, job: JobConfig, label: str | None = None) -> None:
-    """Every `files:` path is on the laptop, inside the project: 78 naming the line, before any host."""
+    """Every `files:` path is on the laptop, inside the project, and so is every file under a directory
+    it names once its links are resolved: 78 naming the line (and the link, and where it leads), before
+    any host."""
+    where = _where(config, job, "files")
     for rel in job_data(config, job).files:
-        path = config.root / rel
-        if not path.exists():
-            raise ConfigError(f"{_where(config, job, 'files')}: {rel} does not exist in {config.root}",
+        if not os.path.lexists(config.root / rel):
+            raise ConfigError(f"{where}: {rel} does not exist in {config.root}",
                               "fix the path, or make the file first (files: sends what is on this machine)")
-        if path.resolve() != config.root.resolve() and config.root.resolve() not in path.resolve().parents:
-            raise ConfigError(f"{_where(config, job, 'files')}: {rel} leads outside the project ({path.resolve()})",
-                              "files: sends files of the project; copy or link the data in, by a path inside it")
+        _files_of(config.root, rel, where)
 
 
-def local_files(root: Path, paths: tuple[str, ...]) -> dict[str, LocalFile]:
-    """Each file `paths` names (a directory: every regular file under it, links to files followed), by
-    its path relative to `root`, with its sha256 (from the laptop's index while unchanged)."""
+def _files_of(root: Path, rel: str, where: str) -> list[tuple[str, Path, os.stat_result]]:
+    """(its path in the tree, the file sent, that file's lstat when judged) for each file `rel` names:
+    itself, or every regular file under it. A directory is walked through descriptors (os.fwalk), so a
+    directory swapped for a link meanwhile is not entered, and a link to a directory is never entered (no
+    loop). A link to a file goes as its target's content when that is inside the project, and is refused
+    (78) when it leads outside or nowhere: nothing leaves the laptop that is not the project's once its
+    links are resolved."""
+    top = root / rel
+    project = root.resolve()
+    real_top = _inside(project, top, rel, where)  # the named path itself (a link too) leads inside
+    named = top.relative_to(root)
+    if not real_top.is_dir():
+        return [(named.as_posix(), real_top, os.stat(real_top, follow_symlinks=False))] if real_top.is_file() else []
+    out = []
+    for base, dirs, names, dir_fd in os.fwalk(real_top):
+        dirs.sort()
+        inner = named / Path(base).relative_to(real_top)
+        for name in sorted(names):
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            key = (inner / name).as_posix()
+            if stat.S_ISLNK(st.st_mode):
+                real = _inside(project, Path(base) / name, key, where)
+                if real.is_file():
+                    out.append((key, real, os.stat(real, follow_symlinks=False)))
+            elif stat.S_ISREG(st.st_mode):
+                out.append((key, Path(base) / name, st))
+    return out
+
+
+def _inside(project: Path, path: Path, shown: str, where: str) -> Path:
+    """`path` with its links resolved; a ConfigError when that is outside `project` or nothing at all."""
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):  # nothing there, or a loop of links
+        target = os.readlink(path) if path.is_symlink() else None
+        if target is None:
+            raise ConfigError(f"{where}: {shown} does not exist (a directory on its way is a link to nothing)",
+                              "fix the path, or make the file first (files: sends what is on this machine)") \
+                from None
+        raise ConfigError(f"{where}: {shown} is a link to {target}, which does not exist",
+                          "make what it points to (files: sends what is on this machine), or remove the link") \
+            from None
+    if real != project and project not in real.parents:
+        raise ConfigError(f"{where}: {shown} is a link that leads outside the project ({real})"
+                          if path.is_symlink() else f"{where}: {shown} leads outside the project ({real})",
+                          "files: sends files of the project; copy the data in (or link it from a path "
+                          "inside the project)")
+    return real
+
+
+def local_files(root: Path, paths: tuple[str, ...], where: str = "files:") -> dict[str, LocalFile]:
+    """Each file `paths` names (a directory: every regular file under it, links to files of the project
+    followed; `_files_of`), by its path relative to `root`, with its sha256 (from the laptop's index
+    while unchanged). A file is read only through a descriptor opened without following a link."""
     index_path = root / INDEX
     try:
         index = json.loads(index_path.read_text())
@@ -107,14 +160,16 @@ def local_files(root: Path, paths: tuple[str, ...]) -> dict[str, LocalFile]:
         index = {}
     out, fresh = {}, {}
     for rel in paths:
-        for path in _walk(root / rel):
-            key = path.relative_to(root).as_posix()
-            st = path.stat()
+        for key, path, st in _files_of(root, rel, where):
             seen = [st.st_size, st.st_mtime_ns, st.st_ino]
             known = index.get(key)
-            sha = known[3] if isinstance(known, list) and len(known) == 4 and known[:3] == seen else sha256_file(path)
+            if isinstance(known, list) and len(known) == 4 and known[:3] == seen:
+                sha = known[3]
+            else:
+                sha, st = _hash(path, (st.st_dev, st.st_ino))
+                seen = [st.st_size, st.st_mtime_ns, st.st_ino]
             fresh[key] = [*seen, sha]
-            out[key] = LocalFile(path, sha, st.st_size, st.st_mtime_ns)
+            out[key] = LocalFile(path, sha, st.st_size, st.st_mtime_ns, (st.st_dev, st.st_ino))
     if fresh != {k: index.get(k) for k in fresh}:
         index.update(fresh)
         index_path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,14 +179,42 @@ def local_files(root: Path, paths: tuple[str, ...]) -> dict[str, LocalFile]:
     return out
 
 
-def _walk(path: Path) -> list[Path]:
-    if not path.is_dir():
-        return [path] if path.is_file() else []
-    out = []
-    for base, dirs, names in os.walk(path):  # a linked directory is not entered: no loops, no outside
-        dirs.sort()
-        out += [Path(base) / n for n in sorted(names) if stat.S_ISREG(os.stat(Path(base) / n).st_mode)]
-    return out
+def _hash(path: Path, ident: tuple[int, int]) -> tuple[str, os.stat_result]:
+    """sha256 of the file at `path`, read from a descriptor opened with O_NOFOLLOW and only while it is
+    the file that was judged (`ident`: device, inode): one swapped for a link, or reached through a
+    directory swapped for one, is refused, never read."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise _replaced(path, f"it cannot be opened as a file any more: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != ident:
+            raise _replaced(path, "it is another file now")
+        digest = hashlib.sha256()
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest(), st
+
+
+def _replaced(path: Path, why: str) -> ThrustError:
+    return ThrustError(f"{path} was replaced while its files: were being read or sent ({why}): nothing of it "
+                       "was sent", "train again once it is written", ExitCode.TRANSFER)
+
+
+def _unchanged(files: list[LocalFile]) -> None:
+    """Each file is still the one that was hashed (same device and inode, not a link), checked just
+    before the send: a file swapped for a link to ~/.ssh/id_ed25519 since is refused, not read."""
+    for f in files:
+        try:
+            st = os.stat(f.path, follow_symlinks=False)
+        except OSError as exc:
+            raise _replaced(f.path, f"it is gone: {exc.strerror}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise _replaced(f.path, f"it is now a link to {os.readlink(f.path)}")
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != f.ident:
+            raise _replaced(f.path, "it is another file now")
 
 
 def send_files(session: HostSession, files: Mapping[str, LocalFile], reporter: Steps,
@@ -151,6 +234,7 @@ def send_files(session: HostSession, files: Mapping[str, LocalFile], reporter: S
         return
     total = sum(f.size for f in wanted)
     check_room(session, _free(session), total, f"the {len(wanted)} files: it lacks")
+    _unchanged(wanted)
     reporter.step(f"sending {len(wanted)} of {len(by_sha)} files: ({total / (1 << 20):.1f} MB)")
     store = f"{session.paths.thrust}/store"
     sent = session.runner.put_many([(f.path, f"{store}/{f.sha256[:2]}/{f.sha256}") for f in wanted])
@@ -175,7 +259,7 @@ def make_run_tree(config: Config, job: JobConfig, session: HostSession, local: L
                   name: str, reporter: Steps) -> Tree:
     """The run's tree (`.thrust/trees/NAME`) with its `files:`, kept `setup:` outputs and `shared:` links."""
     data = job_data(config, job)
-    files = local_files(config.root, data.files) if data.files else {}
+    files = local_files(config.root, data.files, _where(config, job, "files")) if data.files else {}
     if files:
         send_files(session, files, reporter)
     tree_data = TreeData(files={rel: (f.sha256, f.mtime_ns) for rel, f in files.items()},
@@ -230,13 +314,14 @@ def run_setup(config: Config, job: JobConfig, session: HostSession, local: Local
     if result is not None and result.tree_setup == "placed":
         reporter.step("setup: its outputs for these inputs are kept on the host: placed, not run again")
         return
-    key = setup_key(local, result, data, local_files(config.root, data.files) if data.files else {}) \
+    key = setup_key(local, result, data,
+                    local_files(config.root, data.files, _where(config, job, "files")) if data.files else {}) \
         if local is not None and result is not None else None
     if session.host.is_local and key and (config.root / ".thrust" / "setup" / f"{key}.done").exists():
         reporter.step("setup: ran here already for these inputs")
         return
     argv = _with_venv(list(data.setup), python)
-    reporter.step(f"setup: {' '.join(data.setup)}")
+    reporter.step(f"setup: {shlex.join(data.setup)}")
     tail: list[str] = []
     done = session.runner.run(argv, env=dict(env), cwd=cwd, timeout=SETUP_TIMEOUT_S,
                               stream=lambda _name, line: _keep_tail(tail, line))
@@ -244,10 +329,17 @@ def run_setup(config: Config, job: JobConfig, session: HostSession, local: Local
         shown = "\n".join(tail[-20:]) or (done.stderr or done.stdout).strip()[-2000:]
         raise ThrustError(f"the setup ({_where(config, job, 'setup')}) failed on {session.name} "
                           f"(exit {done.exit_code}); nothing was launched:\n{shown}".rstrip(),
-                          f"fix it and train again; try it there with: thrust-remote exec --host {session.name} "
-                          f"--cwd {cwd} -- {' '.join(data.setup)}", ExitCode.FAILED)
+                          f"fix it and train again; try it there with: {_exec_hint(session, cwd, data.setup)}",
+                          ExitCode.FAILED)
     if key:
         _keep_outputs(session, key, cwd, data, reporter, config)
+
+
+def _exec_hint(session: HostSession, cwd: str, argv: tuple[str, ...]) -> str:
+    """`thrust-remote exec --host H --cwd TREE -- ARGV...`, each word quoted for a POSIX shell: pasted, it
+    runs that argv there (`exec` takes every word after `--` as the command's, so --host goes before)."""
+    head = command_hint("exec", "--host", session.name, "--cwd", cwd, config=session.host.config_path)
+    return f"{head} -- {shlex.join(argv)}"
 
 
 def _with_venv(argv: list[str], python: str) -> list[str]:

@@ -19,8 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import re
 import secrets
+import shlex
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from thrust_remote.agent.checkout import BUNDLES, DIFF_SCOPE
-from thrust_remote.core.config import BEST_PARAMS_MARK, BEST_PARAMS_SUFFIX, CONFIG_NAME
+from thrust_remote.core.config import BEST_PARAMS_MARK, BEST_PARAMS_SUFFIX, CONFIG_NAME, parse_config_text, read_text
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import models
@@ -377,8 +379,8 @@ def _make_bundle(local: LocalState, known: set[str], tmp: Path) -> Bundle:
         raise ThrustError(
             f"{local.root}: the commit {local.commit[:12]} cannot be sent: its own files are missing from "
             f"the object store ({len(missing)}: {shown}); git said: {error.splitlines()[-1]}",
-            f"cd {local.root} && git fsck, then fetch the missing objects again (git fetch from a remote that "
-            "has them), or reclone",
+            f"cd {shlex.quote(str(local.root))} && git fsck, then fetch the missing objects again (git fetch "
+            "from a remote that has them), or reclone",
             ExitCode.TRANSFER,
         )
     stand_in = tree_commit(local.root, local.commit)
@@ -537,7 +539,9 @@ def _warnings(local: LocalState) -> list[str]:
             f"{', '.join(changed[:5])}{'…' if len(changed) > 5 else ''}); commit them to make the run reproducible"
         )
     placed = _placed_models(local.root)
-    untracked = [u for u in local.untracked if not _tool_owned(u, local.root) and u not in placed]
+    sent = _sent_as_files(local.root)
+    untracked = [u for u in local.untracked
+                 if not _tool_owned(u, local.root) and u not in placed and not _under(u, sent)]
     if untracked:
         shown = ", ".join(untracked[:5]) + ("…" if len(untracked) > 5 else "")
         files = "1 untracked file was" if len(untracked) == 1 else f"{len(untracked)} untracked files were"
@@ -549,6 +553,23 @@ def _warnings(local: LocalState) -> list[str]:
         out.append(f"submodule(s) not checked out here were not sent (empty on the host too): {shown} "
                    "(`git submodule update --init --recursive` to send them)")
     return out
+
+
+def _sent_as_files(root: Path) -> tuple[str, ...]:
+    """The paths the project's thrust.yaml sends by content (`files:`, the top level's and every job's):
+    untracked as far as git knows, but not unsent, so not in the warning (whichever job runs: a file the
+    user listed there is data they know git does not carry, not code they forgot to add)."""
+    path = root / CONFIG_NAME
+    try:
+        config = parse_config_text(read_text(path), path)
+    except (OSError, ThrustError):
+        return ()
+    listed = {*config.files, *(f for job in config.jobs.values() for f in job.files or ())}
+    return tuple(sorted({posixpath.normpath(f) for f in listed}))
+
+
+def _under(path: str, tops: Iterable[str]) -> bool:
+    return any(path == top or path.startswith(top.rstrip("/") + "/") or top == "." for top in tops)
 
 
 def _placed_models(root: Path) -> set[str]:
