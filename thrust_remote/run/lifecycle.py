@@ -166,7 +166,7 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     _remember(config, launched, reporter, request, prepared[0].local)
     fetches = Stage.FETCH in stages_of(request) and _fetches_anything(request.job)
     for p in prepared:  # each host's `keep:`: the trees of older ended runs go (never a live run's, nor this)
-        _keep(p.session, config.root, told(p.session), run_id, release=not (fetches and p is prepared[0]))
+        _keep(p.session, config.root, told(p.session), run_id, release=not (fetches and p.session is ranked[0]))
     return Started(launched, RunNodes(run_id, [s.name for s in ranked], list(ranked)))
 
 
