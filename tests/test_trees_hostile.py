@@ -241,3 +241,23 @@ def test_a_laptop_file_of_mode_000_is_stored_readable_and_an_unreadable_object_i
         assert again.returncode == 0, again.stderr
         assert (Path(json.loads(again.stdout)["run_dir"]) / "seen").read_text() == "blob content\n"
         assert stat.S_IMODE(objects[0].stat().st_mode) == 0o400
+
+
+def test_concurrent_quick_trains_under_keep_one_all_launch_in_their_trees(cli, sshd, tmp_path):
+    """Four trains at once, each launch applying keep: {runs: 1}: another's tree between its tree-add
+    and its launch is never removed (it failed "could not launch bash: No such file or directory")."""
+    proj, workdir = _workdir_project(sshd, tmp_path, ARTIFACTS, "    keep: {runs: 1}\n")
+    assert cli("train", "outs", cwd=proj).returncode == 0  # the host set up once: the four race on trees only
+    results: list = [None] * 4
+
+    def one(i: int) -> None:
+        results[i] = cli("train", "outs", "--no-fetch", cwd=proj)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for res in results:
+        assert res is not None and res.returncode == 0, res.stderr if res else "no result"
+        assert "No such file or directory" not in res.stderr, res.stderr
