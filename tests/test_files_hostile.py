@@ -187,3 +187,27 @@ def test_the_hint_after_a_failed_setup_pastes_as_the_argv_it_ran(cli, sshd, tmp_
     assert options[options.index("--host") + 1] == "sandbox"
     assert options[options.index("--cwd") + 1].startswith(str(workdir / ".thrust" / "trees"))
     assert not (proj / "made.txt").exists()
+
+
+LFS_JOBS = """\
+jobs:
+  lfs:
+    kind: command
+    command: ["true"]
+"""
+
+
+def test_a_committed_link_among_the_git_lfs_paths_is_not_sent_as_lfs_content(cli, sshd, tmp_path):
+    # git stores a symlink as its target's text and never runs a filter on it: it is not LFS content,
+    # and the file it leads to on the laptop (a private key here) is not the project's to send
+    key = _secret(tmp_path)
+    workdir = remote_tempdir(sshd) / "w"
+    proj = new_project(tmp_path / "project", sshd, workdir, jobs=LFS_JOBS,
+                       files={".gitattributes": "*.bin filter=lfs diff=lfs merge=lfs -text\n"})
+    os.symlink(key, proj / "weights.bin")
+    commit(proj, "a link among the LFS paths", "weights.bin")
+    res = cli("train", "lfs", "--json", cwd=proj)
+    assert res.returncode == 0, res.stderr
+    tree = Path(json.loads((Path(json.loads(res.stdout)["run_dir"]) / "run.json").read_text())["tree"])
+    assert (tree / "weights.bin").is_symlink()  # as committed
+    assert not _host_holds(workdir, SECRET)  # not in the LFS objects, the tree or anywhere (grep -r: no links)

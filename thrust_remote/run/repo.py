@@ -75,10 +75,13 @@ def _pointer_oid(path: Path) -> str | None:
 
 
 def lfs_files(root: Path) -> tuple[LfsFile, ...]:
-    """Every tracked path with `filter=lfs` and where its content is; refuses (naming them) when the
-    laptop has only the pointer: sending it would give the job a 130-byte text file for its data."""
+    """Every tracked path with `filter=lfs` (a symlink is not one) and where its content is; refuses
+    (naming them) when the laptop has only the pointer: sending it would give the job a 130-byte text
+    file for its data."""
     listed = git(root, "ls-files", "-z", "--", ":(attr:filter=lfs)").stdout.decode().split("\0")
-    tracked = [p for p in listed if p]
+    # a symlink is committed as its target's text, never filtered: not LFS content, and whatever it leads
+    # to on the laptop is not the project's to send (the tree gets the link, as committed)
+    tracked = [p for p in listed if p and not os.path.islink(root / p)]
     if not tracked:
         return ()
     store = _git_path(root, "--git-common-dir") / "lfs" / "objects"
