@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import pwd
+import re
 import secrets
 import shlex
 import shutil
@@ -58,6 +59,9 @@ SLURM_OUT = "slurm.out"  # what the batch step prints before the supervisor take
 END = "scheduler-end.json"  # the scheduler's word on an ended job, kept: asked once, never again
 NEAR_LIMIT = "time-limit"  # written when Slurm's warning came: the job was stopped for its time limit
 PREEMPTED = "preempted"  # written when a TERM was Slurm's preemption (scontrol's PreemptTime is set)
+CANNOT_START = "cannot-start"  # {reason, detail, at}: Slurm can never start the job; it was cancelled, the run FAILED
+PENDING_SEEN = "pending-reason"  # the last pending reason the run's log was told of
+LOG = "log"  # the run's log (protocol.LOG): a pending run's reasons are said there, before the job's own lines
 CONTINUED_BY = "continued_by"  # run.json: [{"run_id", "host", "scheduler_job"}], the run that went on from it
 CONTINUE_ERROR = "continue_error"  # run.json: why a run that was to continue itself did not
 CHECKPOINT_FIELD = "{checkpoint}"  # the `resume:` template's placeholder (core/config.py's)
@@ -86,10 +90,8 @@ def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> 
     """Write the batch script and the job's env, `sbatch --parsable` it, record the job id in run.json.
     The answer: {"queued", "scheduler_job", "run_dir", "marker"} or {"error", "detail"}."""
     script = os.path.join(run_dir, BATCH)
-    env_path = os.path.join(run_dir, ENV)
-    fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(env, fh)
+    # a new file, 0600, renamed over the name: never written through a link, nor into an older file's mode
+    _put(os.path.join(run_dir, ENV), json.dumps(env))
     # The script runs this agent's supervisor in the foreground: Slurm's job is the supervisor, its
     # end the job's end. `exec` so a signal Slurm sends (time limit, scancel) reaches it directly.
     nodes = next((int(o.split("=", 1)[1]) for o in sbatch if o.startswith("--nodes=")), 1)
@@ -113,6 +115,9 @@ def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> 
             said = f"sbatch was ended by signal {-done.returncode}"
         return _not_submitted(run_dir, meta, said)
     job_id = done.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
+    if not job_id.isdigit():  # exit 0 and no job (--test-only, --help...): nothing will ever run it
+        said = (done.stdout + done.stderr).strip()[-600:] or "nothing"
+        return _not_submitted(run_dir, meta, f"sbatch gave no job id (it said: {said})")
     meta[SCHEDULER]["job_id"] = job_id
     update_meta(run_dir, {}, job_id=job_id)  # the job may have started already: its pid stays
     return {"queued": True, "scheduler_job": job_id, "run_dir": run_dir, "marker": meta.get("marker")}
@@ -150,8 +155,8 @@ def update_meta(run_dir: str, changes: dict, *, job_id: str | None = None) -> di
 
 def _not_submitted(run_dir: str, meta: dict, detail: str) -> dict:
     """sbatch refused (a bad partition, account or QOS...): the run ended before it began."""
-    _put(os.path.join(run_dir, EXIT_CODE),
-                 never_started_end())
+    _put(os.path.join(run_dir, EXIT_CODE), never_started_end())
+    forget_env(run_dir)  # no job will ever read it
     return {"error": "sbatch", "detail": detail, "run_id": meta.get("run_id")}
 
 
@@ -314,10 +319,22 @@ def _sacct(job_id: str) -> str | None:
 
 
 def view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stopped: bool) -> SchedulerView:
-    """A Slurm run's state: what its run directory recorded with the scheduler's word on it."""
+    """A Slurm run's state: what its run directory recorded with the scheduler's word on it. Once that
+    state is an end, the job's env (its `env:` values: secrets, perhaps) is removed: whatever ended the run
+    (sbatch's refusal, a cancel while pending, a lost launch, the job's end), no job will read it now."""
+    out = _view(run_dir, meta, exit_code=exit_code, ended=ended, stopped=stopped)
+    if out["state"].is_terminal:
+        forget_env(run_dir)
+    return out
+
+
+def _view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stopped: bool) -> SchedulerView:
     sched = meta.get(SCHEDULER) or {}
     job_id = str(sched.get("job_id") or "")
     started = "pid" in meta
+    never = _read(os.path.join(run_dir, CANNOT_START))
+    if never is not None:  # the cluster can never start it: cancelled, the run FAILED (not STOPPED) for it
+        return {"state": RunState.FAILED, "reason": "cannot-start", "reason_detail": str(never.get("detail") or "")}
     if not job_id:  # sbatch refused (its end written), the launch still submitting, or cut while it did
         if ended:
             return {"state": RunState.FAILED, "reason": "not-submitted"}
@@ -335,6 +352,16 @@ def view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stoppe
                 return slurm_state(None, "", exit_code=exit_code, ended=True, stopped=stopped, started=started)
             return {"state": RunState.RUNNING if started else RunState.QUEUED, "reason": "scheduler-unreachable",
                     "reason_detail": reason}
+        if word == "PENDING" and not (started or ended or stopped):
+            if never_starts(reason):
+                return _give_up(run_dir, sched, job_id, reason)
+            _tell_pending(run_dir, reason)
+    said = SLURM_STATES.get((word or "").split(" ")[0].rstrip("+"))
+    if ended and not stopped and started and (exit_code or 0) >= 128 and said is not None \
+            and said[0] == RunState.QUEUED:
+        # killed by a signal, and the kept answer is older than the job's start: the scheduler's word on
+        # why (a cancel, the time limit, a failed node) comes with the next poll; not FAILED meanwhile
+        word = "RUNNING"
     if ended and not stopped and os.path.exists(os.path.join(run_dir, NEAR_LIMIT)):
         word = "TIMEOUT"  # it ended on Slurm's warning, before the limit itself: a timeout all the same
     elif ended and not stopped and os.path.exists(os.path.join(run_dir, PREEMPTED)):
@@ -361,12 +388,160 @@ def _ask(run_dir: str, sched: dict, job_id: str) -> tuple[str | None, str]:
     return _sacct(job_id), ""
 
 
+# Slurm's pending reasons (squeue's %r; docs: "Job Reason Codes", 22.05) that no wait will clear: the
+# request is more than the partition, the account or the QOS allows a job, or names what does not exist.
+# A PENDING job with one of these is cancelled and its run FAILED, saying why (`_give_up`).
+NEVER_STARTS = {
+    "PartitionConfig": "the job asks for more than partition {partition} offers a job (nodes, CPUs, memory or "
+                       "GPUs); ask for less, or set the host's partition: to one that has it",
+    "PartitionNodeLimit": "the job asks for more nodes than partition {partition} allows a job; ask for fewer "
+                          "(train --nodes), or set the host's partition: to one that allows them",
+    "PartitionTimeLimit": "the host's time: is over partition {partition}'s time limit; set time: to that limit or "
+                          "less (doctor --host shows it)",
+    "BadConstraints": "no node has what the job's constraints ask (sbatch: constraint); change them",
+    "InvalidAccount": "the account is not one Slurm knows for you; set the host's account:",
+    "AccountNotAllowed": "partition {partition} does not take jobs of this account; set the host's account: or "
+                         "partition:",
+    "InvalidQOS": "the QOS is not one your account may use; set sbatch: {{qos: ...}} to one it may",
+    "QOSNotAllowed": "partition {partition} does not take jobs of this QOS; set sbatch: {{qos: ...}}",
+    "DependencyNeverSatisfied": "a job it depends on ended so that it never can start (sbatch: dependency)",
+}
+# a per-job maximum (or minimum) of the account's association or QOS: the job itself is over it for ever
+# (AssocMaxNodesPerJobLimit, QOSMaxWallDurationPerJobLimit, QOSMinGRES...); Grp* and per-user limits clear
+_PER_JOB_LIMIT = re.compile(r"^(Assoc|QOS)(Max\w*Per(Job|Node)\w*|Min\w+)$")
+# what a pending reason that may clear means, said in the run's log while it waits
+_WAITING = {
+    "Resources": "the nodes it asks for are busy",
+    "Priority": "jobs of higher priority are ahead of it",
+    "Dependency": "it waits for the jobs it depends on",
+    "BeginTime": "its start time has not come",
+    "JobHeldUser": "held: scontrol release JOB starts it",
+    "JobHeldAdmin": "held by the cluster's admins",
+    "ReqNodeNotAvail": "a node it needs is down, drained or reserved",
+    "PartitionDown": "its partition is down",
+    "PartitionInactive": "its partition is inactive",
+    "Reservation": "it waits for its reservation",
+}
+
+
+def never_starts(reason: str) -> bool:
+    """Whether a pending job's reason means Slurm will never start it as asked."""
+    return reason in NEVER_STARTS or bool(_PER_JOB_LIMIT.match(reason))
+
+
+def _partition(sched: dict) -> tuple[str, int | None]:
+    """The job's partition (its --partition, else the cluster's default) and its number of nodes (sinfo;
+    None when sinfo does not say)."""
+    asked = next((a.split("=", 1)[1] for a in sched.get("sbatch") or () if str(a).startswith("--partition=")), "")
+    try:
+        done = subprocess.run(["sinfo", "--noheader", "--format=%P|%D"], capture_output=True, text=True,
+                              timeout=CALL_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return asked or "(the default)", None
+    for line in done.stdout.splitlines():
+        name, _, count = line.strip().partition("|")
+        if (name.rstrip("*") == asked or (not asked and name.endswith("*"))) and count.isdigit():
+            return name.rstrip("*"), int(count)
+    return asked or "(the default)", None
+
+
+def _never_detail(sched: dict, reason: str) -> str:
+    """Why Slurm cannot start the job, in the terms of the request (`--nodes 5` against the partition's
+    nodes), and what to change."""
+    partition, count = _partition(sched)
+    nodes = int(sched.get("nodes") or 1)
+    if reason in ("PartitionConfig", "PartitionNodeLimit") and count is not None and nodes > count:
+        fewer = f"--nodes {count}" if count == 1 else f"--nodes {count} or fewer"
+        why = (f"--nodes {nodes} asks for {nodes} nodes; partition {partition} has {count}: train with {fewer}, "
+               "or set the host's partition: to a larger one")
+    elif reason in NEVER_STARTS:
+        why = NEVER_STARTS[reason].format(partition=partition)
+    else:
+        why = "the job is over a per-job limit of its account or QOS (sacctmgr show assoc / qos); ask for less"
+    return f"the cluster cannot start it: {reason} ({why})"
+
+
+def _give_up(run_dir: str, sched: dict, job_id: str, reason: str) -> SchedulerView:
+    """A job Slurm can never start: its run's log told why (its last words, the ones a follower shows
+    last), `cannot-start` written (the run is FAILED for it from now on, and its supervisor, should the
+    job start after all, runs nothing), the job cancelled and the run's never-started end written. Under
+    the run's lock: one of the account's processes does it, once."""
+    fd = os.open(os.path.join(run_dir, ".run.json.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        mark = _read(os.path.join(run_dir, CANNOT_START))
+        if mark is None:
+            detail = _never_detail(sched, reason)
+            _log(run_dir, f"thrust: {detail}; its job {job_id} was cancelled")
+            mark = {"reason": reason, "detail": detail, "job_id": job_id, "at": utc_now()}
+            _put(os.path.join(run_dir, CANNOT_START), json.dumps(mark))
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(["scancel", job_id], capture_output=True, timeout=CALL_S, check=False)
+            if not os.path.exists(os.path.join(run_dir, EXIT_CODE)):
+                _put(os.path.join(run_dir, EXIT_CODE), never_started_end())
+    finally:
+        os.close(fd)
+    return {"state": RunState.FAILED, "reason": "cannot-start", "reason_detail": str(mark.get("detail") or "")}
+
+
+def _tell_pending(run_dir: str, reason: str) -> None:
+    """A pending reason that may clear (Resources, Priority...) is said in the run's log when it changes:
+    a follower shows why the run waits. Our own pseudo-reason (`submitted`) is not Slurm's."""
+    if reason in ("", "None", "submitted"):
+        return
+    seen = os.path.join(run_dir, PENDING_SEEN)
+    fd = os.open(os.path.join(run_dir, ".run.json.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError), open(seen) as fh:
+            if fh.read() == reason:
+                return
+        meaning = _WAITING.get(reason) or ("a limit of its account or QOS shared with other jobs"
+                                           if reason.startswith(("AssocGrp", "QOSGrp")) else "")
+        _log(run_dir, f"thrust: waiting in Slurm's queue: {reason}{f' ({meaning})' if meaning else ''}")
+        _put(seen, reason)
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+
+
+def _log(run_dir: str, line: str) -> None:
+    """A line of the tool's own in the run's log (appended, as the supervisor will append the job's)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(os.path.join(run_dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, (line + "\n").encode(errors="replace"))
+        finally:
+            os.close(fd)
+
+
 def cancel(run_dir: str, meta: dict) -> dict:
-    """`stop` of a Slurm run, pending or running: `stopped` written first (so the end reads STOPPED),
-    then scancel; the supervisor on the allocation records the job's end as it goes."""
+    """`stop` of a Slurm run, pending or running: `stopped` written first (so the end the TERM brings reads
+    STOPPED, and a supervisor starting meanwhile runs nothing), then scancel; the supervisor on the
+    allocation records the job's end as it goes. A scancel that failed (slurmctld or munge down, no job
+    id yet) takes back the mark it made: the stop did not happen, and the run's own end, later, is not
+    relabelled STOPPED by it."""
     job_id = str((meta.get(SCHEDULER) or {}).get("job_id") or "")
-    if not os.path.exists(os.path.join(run_dir, STOPPED)):
-        _put(os.path.join(run_dir, STOPPED), utc_now())
+    mark = os.path.join(run_dir, STOPPED)
+    made = not os.path.exists(mark)
+    if made:
+        _put(mark, utc_now())
+    answer = _scancel(job_id)
+    if not answer.get("stopped"):
+        if made:
+            with contextlib.suppress(OSError):
+                os.unlink(mark)
+        return answer
+    if "pid" not in meta and not os.path.exists(os.path.join(run_dir, EXIT_CODE)):
+        # cancelled before it started: its end is known now, not at the next poll (its supervisor, should
+        # it have been starting, sees `stopped` and starts nothing), and its env will never be read
+        _put(os.path.join(run_dir, EXIT_CODE), never_started_end())
+        forget_env(run_dir)
+    return answer
+
+
+def _scancel(job_id: str) -> dict:
     if not job_id:
         return {"stopped": False, "error": "no scheduler job id"}
     try:
@@ -375,10 +550,6 @@ def cancel(run_dir: str, meta: dict) -> dict:
         return {"stopped": False, "error": f"scancel: {exc}"}
     if done.returncode != 0:
         return {"stopped": False, "error": (done.stderr or done.stdout).strip()[-300:]}
-    if "pid" not in meta and not os.path.exists(os.path.join(run_dir, EXIT_CODE)):
-        # cancelled before it started: its end is known now, not at the next poll (its supervisor, should
-        # it have been starting, sees `stopped` and starts nothing)
-        _put(os.path.join(run_dir, EXIT_CODE), never_started_end())
     return {"stopped": True, "killed": False, "scheduler_job": job_id}
 
 

@@ -697,13 +697,23 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     """The batch script's one command, on a cluster's allocation: start the job as `launch` would, watch
     it, record its end, and exit with its code (so the scheduler's COMPLETED / FAILED agree with it)."""
     run_dir = os.path.abspath(args.run_dir)
+    try:
+        return _supervise_job(run_dir)
+    finally:
+        if int(os.environ.get("SLURM_NODEID") or 0) == 0:  # node 0's job ends last: the env's secrets go
+            slurm.forget_env(run_dir)  # however it ended (its job's end, a job that could not start...)
+
+
+def _supervise_job(run_dir: str) -> int:
     meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
-    if os.path.exists(os.path.join(run_dir, STOPPED)):  # cancelled as it was starting: nothing runs
+    # stopped, or given up (the cluster cannot start it), as it was starting: nothing runs
+    if any(os.path.exists(os.path.join(run_dir, name)) for name in (STOPPED, slurm.CANNOT_START)):
         if not os.path.exists(os.path.join(run_dir, EXIT_CODE)):
             _write_atomic(os.path.join(run_dir, EXIT_CODE), never_started_end())
         return 0
+    own_env = slurm.job_env(run_dir)  # kept: a status that sees the run ended removes the file meanwhile
     env = dict(os.environ)  # the allocation's own (SLURM_*), then the run's
-    env.update(slurm.job_env(run_dir))
+    env.update(own_env)
     _activate(env)
     env["PYTHONUNBUFFERED"] = "1"
     _starting(meta, env, None, [])
@@ -739,21 +749,19 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     # sbatch --signal=B:USR1@S: the time limit is S seconds away. The job gets a TERM now, while there is
     # time to write a checkpoint, and the run's end reads as a timeout (resumable: retry on: [timeout]).
     signal.signal(slurm.LIMIT_SIGNAL, lambda *_: (slurm.near_limit(run_dir), _signal_group(proc.pid, signal.SIGTERM)))
-    _watch(here, meta, proc, (lambda: _continue(run_dir, meta, bool(termed))) if here == run_dir else None)
-    if here == run_dir:  # node 0, whose job ends last (a run over nodes ends together): the env's secrets go
-        slurm.forget_env(run_dir)
+    _watch(here, meta, proc, (lambda: _continue(run_dir, meta, own_env, bool(termed))) if here == run_dir else None)
     end, _, _, _ = _end(_read_text(os.path.join(here, EXIT_CODE)))
     return min(int(end or 0), 255)
 
 
-def _continue(run_dir: str, meta: dict, termed: bool) -> None:
+def _continue(run_dir: str, meta: dict, env: dict, termed: bool) -> None:
     """A run at its time limit, or preempted, submits its next attempt (slurm.continue_itself);
     whatever goes wrong there is said in run.json and the run's end is still recorded (an end never goes
     unwritten). Whether a TERM was a preemption is asked only of a run that would continue on one."""
     try:
         if termed and "preempted" in ((meta.get(SELF_RETRY) or {}).get("on") or ()):
             slurm.note_preempted(run_dir)
-        slurm.continue_itself(run_dir, meta, slurm.job_env(run_dir))
+        slurm.continue_itself(run_dir, meta, env)
     except Exception as exc:  # noqa: BLE001 - the end must be written whatever failed
         with contextlib.suppress(OSError):
             slurm.update_meta(run_dir, {slurm.CONTINUE_ERROR: f"{type(exc).__name__}: {exc}"})
