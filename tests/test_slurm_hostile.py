@@ -311,3 +311,22 @@ def test_a_stop_that_could_not_reach_slurm_never_relabels_the_runs_end(cli, proj
     (_runs(workdir) / run_id / "go").touch()  # the run goes on and ends well by itself
     st = _ended(cli, proj, workdir, run_id)
     assert (st["state"], st["exit_code"]) == ("FINISHED", 0), st
+
+
+def test_the_jobs_env_is_never_written_through_a_link_nor_into_an_open_file(tmp_path, monkeypatch):
+    """`.env.json` made new (0600) and renamed over its name: a link left there (to a world-readable file)
+    is replaced, never written through, and the secret is nowhere but in the run dir until the run ends
+    (here at once: no sbatch on PATH, the run never starts, and its env goes with it)."""
+    from thrust_remote.agent import slurm
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    open_file = tmp_path / "open.txt"
+    open_file.write_text("nothing\n")
+    open_file.chmod(0o644)
+    (run_dir / ".env.json").symlink_to(open_file)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    answer = slurm.submit(str(run_dir), str(tmp_path), [], {"THRUST_TEST_SECRET": SECRET}, {"run_id": "run"})
+    assert answer.get("error") == "sbatch", answer
+    assert open_file.read_text() == "nothing\n" and not (run_dir / ".env.json").exists()
+    assert SECRET not in "".join(p.read_text() for p in run_dir.iterdir() if p.is_file())
