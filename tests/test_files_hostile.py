@@ -211,3 +211,32 @@ def test_a_committed_link_among_the_git_lfs_paths_is_not_sent_as_lfs_content(cli
     tree = Path(json.loads((Path(json.loads(res.stdout)["run_dir"]) / "run.json").read_text())["tree"])
     assert (tree / "weights.bin").is_symlink()  # as committed
     assert not _host_holds(workdir, SECRET)  # not in the LFS objects, the tree or anywhere (grep -r: no links)
+
+
+def test_a_submodule_path_that_is_a_link_to_a_repository_outside_is_not_synced(cli, sshd, tmp_path):
+    # the index has a submodule at lib/, the working tree a link there to another repository of the
+    # user's: its commits and uncommitted changes are not the project's to send
+    other = tmp_path / "home" / "private-repo"
+    other.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    (other / "notes.txt").write_text(SECRET)
+    subprocess.run(["git", "-C", str(other), "-c", "user.email=t@e", "-c", "user.name=t", "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(other), "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "x"],
+                   check=True)
+    lib = tmp_path / "lib-origin"
+    subprocess.run(["git", "init", "-q", str(lib)], check=True)
+    (lib / "lib.py").write_text("X = 1\n")
+    subprocess.run(["git", "-C", str(lib), "-c", "user.email=t@e", "-c", "user.name=t", "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(lib), "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "l"],
+                   check=True)
+    workdir = remote_tempdir(sshd) / "w"
+    proj = new_project(tmp_path / "project", sshd, workdir, jobs=LFS_JOBS)
+    subprocess.run(["git", "-C", str(proj), "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib),
+                    "lib"], check=True, capture_output=True)
+    commit(proj, "a submodule")
+    subprocess.run(["rm", "-rf", str(proj / "lib")], check=True)
+    os.symlink(other, proj / "lib")
+    res = cli("train", "lfs", cwd=proj)
+    assert res.returncode == 0, res.stderr
+    assert not _host_holds(workdir, SECRET)
+    assert "submodule path(s) that are links here were not sent" in res.stderr and f"lib -> {other}" in res.stderr

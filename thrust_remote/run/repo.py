@@ -113,11 +113,19 @@ def lfs_files(root: Path) -> tuple[LfsFile, ...]:
 
 
 def submodule_paths(root: Path) -> tuple[list[str], list[str]]:
-    """(checked out, not checked out) submodule paths of the index."""
+    """(checked out, not checked out) submodule paths of the index; one whose path is a link counts as
+    not checked out (it is sent as an empty directory, and the warning names it)."""
     entries = git(root, "ls-files", "-s", "-z").stdout.decode().split("\0")
     paths = [e.split("\t", 1)[1] for e in entries if e.startswith(GITLINK + " ")]
-    present = [p for p in paths if (root / p / ".git").exists()]
+    present = [p for p in paths if (root / p / ".git").exists() and _own_directory(root, p)]
     return present, [p for p in paths if p not in present]
+
+
+def _own_directory(root: Path, path: str) -> bool:
+    """`path` is a directory of the project, reached through no link: a submodule path that leads to a
+    repository elsewhere (a link to another of the user's repositories) is not the project's to send."""
+    real = (root / path).resolve()
+    return real == root.resolve() / path and not os.path.islink(root / path)
 
 
 def missing_in_tree(root: Path, commit: str) -> list[str]:

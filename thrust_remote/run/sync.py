@@ -548,10 +548,17 @@ def _warnings(local: LocalState) -> list[str]:
         them = "it" if len(untracked) == 1 else "them"
         out.append(f"{files} not sent: {shown} (`git add` {them} to send {them}, "
                    f"or list {them} in .gitignore to silence this)")
-    if local.absent_submodules:
-        shown = ", ".join(local.absent_submodules[:5])
+    linked = [p for p in local.absent_submodules if os.path.islink(local.root / p)]
+    absent = [p for p in local.absent_submodules if p not in linked]
+    if absent:
+        shown = ", ".join(absent[:5])
         out.append(f"submodule(s) not checked out here were not sent (empty on the host too): {shown} "
                    "(`git submodule update --init --recursive` to send them)")
+    if linked:
+        shown = ", ".join(f"{p} -> {os.readlink(local.root / p)}" for p in linked[:5])
+        out.append(f"submodule path(s) that are links here were not sent (a repository elsewhere is not the "
+                   f"project's; empty directories on the host): {shown} (check the submodule out in place: "
+                   "`git submodule update --init` once the link is gone)")
     return out
 
 
