@@ -122,3 +122,36 @@ def test_a_connection_cut_in_setup_leaves_no_setup_running_on_the_host(sshd, tmp
     finally:
         proc.kill()
         proc.communicate()
+
+
+def test_ctrl_c_in_exec_stops_the_command_on_the_host(sshd, tmp_path):
+    """Every long command the laptop follows is watched: `exec` of a command that sleeps, then Ctrl-C."""
+    marker = f"exec-marker-{secrets.token_hex(4)}"
+    proj = new_project(tmp_path / "project", sshd, remote_tempdir(sshd) / "w")
+    proc = subprocess.Popen([EXE, "exec", "--", "sh", "-c", "echo started; sleep 600; echo never", marker],
+                            cwd=proj, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        procs = wait_until(lambda: [p for p in _setup_processes(sshd, marker) if p.name() == "sleep"]
+                           and _setup_processes(sshd, marker), 60, "the command running on the host")
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=GONE_S)
+        assert proc.returncode == ExitCode.INTERRUPTED and "Traceback" not in err.decode(), err.decode()
+        _assert_setup_ends(sshd, marker, procs)
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_watched_command_sees_no_stdin_and_runs_even_where_the_hosts_python_is_wrong(sshd):
+    """The watch holds the channel's stdin: the command reads /dev/null, as it read an empty stdin before.
+    The watch needs the host's `python:`; a wrong one must not stop `exec` (the way to find the right
+    one) from running the command: it runs without its watch."""
+    for python in (None, "/nonexistent/python3"):
+        runner = sshd.runner(**({"python": python} if python else {}))
+        try:
+            lines: list[str] = []
+            done = runner.run(["sh", "-c", "echo hi; cat; echo end"], timeout=120,
+                              stream=lambda _name, line, seen=lines: seen.append(line))
+            assert done.exit_code == 0 and lines == ["hi", "end"], (python, done.stderr, lines)
+        finally:
+            runner.close()
