@@ -60,7 +60,10 @@ argv = [REAL, *sys.argv[1:]]
 if mode.get("drop_dac") and os.geteuid() == 0:  # root without its read-anything capabilities
     caps = "-dac_override,-dac_read_search"
     argv = ["setpriv", "--bounding-set", caps, "--inh-caps", caps, *argv]
-if "list-files" not in sys.argv or not {listing_modes!r} & set(mode):
+# the agent's own list-files only (python AGENT.pyz list-files ...), not a wrapper that runs it (envexec)
+pyz = [i for i, a in enumerate(sys.argv[1:3], 1) if a.endswith(".pyz")]
+own = bool(pyz) and sys.argv[pyz[0] + 1:pyz[0] + 2] == ["list-files"]
+if not own or not {listing_modes!r} & set(mode):
     os.execvp(argv[0], argv)
 if "deadline" in mode:
     argv[argv.index("--deadline") + 1] = str(mode["deadline"])
