@@ -45,10 +45,11 @@ ENV = {**os.environ, "GIT_LFS_SKIP_SMUDGE": "1"}
 BUNDLES = "bundles"  # W/.thrust/bundles/<token>.bundle: each sync's bundle under a name of its own
 STORE_LOCK = "thrust-store.lock"  # in W/.git: one receive at a time into a store
 LOCK_WAIT_S = 240.0  # a big bundle's index-pack takes a while; the laptop's call waits 300 s
-# `git worktree add` (agent tree-add, another run's tree) writes its HEAD as a null object id for a moment
-# before it points it at the commit; a fetch's connectivity walk over every worktree's HEAD that lands in
-# that moment fails with this, though nothing is wrong with the store
-WORKTREE_BEING_ADDED = re.compile(r"bad object worktrees/[^/\s]+/HEAD")
+# `git worktree add` (agent tree-add, another run's tree) writes its admin files one by one, HEAD first as
+# a null object id; a git that reads every worktree's (a fetch's connectivity walk, another worktree add)
+# in that moment fails naming one of them ("bad object worktrees/X/HEAD", "failed to read
+# .git/worktrees/X/commondir"), though nothing is wrong with the store: worth a second try
+WORKTREE_BEING_ADDED = re.compile(r"worktrees/[^/\s]+/(HEAD|commondir|gitdir)\b")
 
 
 def lfs_object(workdir: str, oid: str) -> str:

@@ -25,11 +25,12 @@ import secrets
 import shlex
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from thrust_remote.agent.checkout import BUNDLES, DIFF_SCOPE
+from thrust_remote.agent.checkout import BUNDLES, DIFF_SCOPE, WORKTREE_BEING_ADDED
 from thrust_remote.core.config import BEST_PARAMS_MARK, BEST_PARAMS_SUFFIX, CONFIG_NAME, parse_config_text, read_text
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
@@ -40,6 +41,7 @@ from thrust_remote.run.repo import git as _git
 
 Step = Callable[[str], None]
 HOST_REF = "refs/thrust/sync"  # the host's name for what the bundle carries
+TREE_ADD_TRIES = 5  # tree-add: once, once more after sending missing files:, and while a sibling is added
 # git's words for an object it cannot read: the history is incomplete here (not a full disk, say)
 UNREADABLE = re.compile(r"unable to read|could not read|bad object|missing (blob|tree|commit)|promisor",
                         re.IGNORECASE)
@@ -474,11 +476,18 @@ def make_tree(session: HostSession, local: LocalState, result: SyncResult, tree:
             "--patch", _patch_on_host(session, local), *(["--ref", ref] if ref else []),
             *[f"--lfs={f.spec}" for f in local.lfs or ()], "--stdin"]  # one word each: a path may start with "-"
     step(f"making the run's tree at {target[:12]}{' + patch' if local.patch else ''}")
-    for attempt in range(2):
+    sent = False
+    for attempt in range(TREE_ADD_TRIES):
         res = session.agent(*argv, stdin=json.dumps(extra).encode(), timeout=600)
         answer = _last_json(res.stdout)
-        if res.exit_code == 3 and answer.get("error") == "missing" and send is not None and attempt == 0:
+        if res.exit_code == 3 and answer.get("error") == "missing" and send is not None and not sent:
             send(list(answer.get("missing") or []))
+            sent = True
+            continue
+        # another run's tree being added at this moment (a failed add removes what it made): again
+        if not res.ok and res.exit_code != 3 and WORKTREE_BEING_ADDED.search(res.stderr) \
+                and attempt < TREE_ADD_TRIES - 1:
+            time.sleep(0.1 * 2 ** attempt)
             continue
         break
     if res.exit_code == 3:
