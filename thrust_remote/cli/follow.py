@@ -20,7 +20,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
+from rich.control import strip_control_codes
 from rich.live import Live
+from rich.segment import Segment
 from rich.text import Text
 
 from thrust_remote.core.console import console, err_console, host_text
@@ -155,6 +157,16 @@ class _LiveLine:
         yield text
 
 
+class _Shown:
+    """Text written as it is: one segment, no markup, highlighting, wrapping or cropping to lay out."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __rich_console__(self, _console: Console, _options: ConsoleOptions) -> RenderResult:
+        yield Segment(self.text)
+
+
 class LogView:
     """Consumes log bytes and shows them in one of the three modes (see the module's docstring)."""
 
@@ -234,8 +246,7 @@ class LogView:
 
     def __exit__(self, *exc: object) -> None:
         self.ticking.set()
-        for text in self.lines.close():
-            self._line(text)
+        self._block(self.lines.close_block())
         if self.live is not None:
             self.closed = True
             self.live.refresh()
@@ -264,23 +275,27 @@ class LogView:
         if self.mode == "raw":
             sys.stdout.buffer.write(chunk)  # byte for byte: a transcript equals the host's log
             sys.stdout.buffer.flush()
-        for text in self.lines.feed(chunk):
-            self._line(text)
+        self._block(self.lines.feed_block(chunk))
         if self.mode == "lines" and self.progress.updates > self.printed_updates and self._due():
             self._print_progress()
 
     def _due(self) -> bool:
         return self.printed_at is None or self.clock() - self.printed_at >= self.interval
 
-    def _line(self, text: str) -> None:
-        if self.progress.take(text):
+    def _block(self, data: bytes) -> None:
+        """Whole lines of the log: the trainer's tagged ones taken, the others shown as one write."""
+        if not data:
+            return
+        updates = self.progress.updates
+        text = self.progress.take_block(data)
+        if self.progress.updates != updates:
             wall = self.progress.metrics.get("wall_s")
             if isinstance(wall, int | float) and not isinstance(wall, bool):
                 self.wall = (float(wall), self.clock())
-            return
-        if self.mode == "raw":
-            return
-        self.out.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
+        if self.mode != "raw" and text:
+            # as the text a print would show (control codes dropped as rich drops them), without rich's
+            # per-character layout: a job may print a million lines a second
+            self.out.print(_Shown(strip_control_codes(text)), end="", crop=False, soft_wrap=True)
 
     def _print_progress(self) -> None:
         self.printed_at, self.printed_updates = self.clock(), self.progress.updates

@@ -58,14 +58,18 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
     delivered = 0
     lines = LineSplitter()
     progress = progress if progress is not None else RunProgress(pattern)
+    if progress.pattern is None:
+        progress.pattern = pattern  # the job's pattern is read once per line, by the progress kept
 
     def on_bytes(chunk: bytes) -> None:
         nonlocal delivered
         delivered += len(chunk)  # counted first: a Ctrl-C while it is shown must not replay it
         reporter.log(chunk)
-        for line in lines.feed(chunk):
-            if not progress.take(line) and pattern is not None and (found := pattern.read(line)):
-                reporter.metrics(found)
+        block = lines.feed_block(chunk)
+        if block:  # whole lines at once: a job printing a million lines a second is read at its pace
+            progress.take_block(block)
+            if progress.matched:  # the pattern's numbers, merged over the block's lines
+                reporter.metrics(progress.matched)
 
     def on_metrics(obj: dict[str, Any]) -> None:
         progress.take_metrics(obj)
@@ -93,8 +97,7 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
             f"connection to {host.name} lost while following run {run_id}; the run goes on",
             f"reattach with: {reattach_command(run_id, host, reached, config_path, node)}",
         ) from None
-    for line in lines.close():
-        progress.take(line)
+    progress.take_block(lines.close_block())
     return Followed(control.status(session, run_id), position, progress)
 
 

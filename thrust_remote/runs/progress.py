@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from thrust_remote.core.errors import ConfigError
+
 TAIL_LINES = 40
 TAGS = ("THRUST_METRICS", "THRUST_INFO", "THRUST_DONE")
 # what the built-in trainer's progress line shows by name; a job of your own has its own names
@@ -44,26 +46,133 @@ def parse_tagged(text: str) -> tuple[str | None, dict[str, Any] | None]:
     return tag, obj if isinstance(obj, dict) else None
 
 
+# Of one log line: what is kept, shown and matched. A job may print a megabyte without a newline (a
+# progress bar redrawn with \r, a dumped array): its head and its length are enough to show, and what
+# a pattern reads is bounded with it.
+LINE_MAX = 1 << 16
+_TAGGED = re.compile(rb"^THRUST_(?:METRICS|INFO|DONE) ", re.MULTILINE)  # fixed, linear: no user input
+# RE2 (google-re2) matches in time linear in the line: a job's pattern cannot backtrack for hours on one
+# line. It takes Python's syntax but for what needs backtracking; RE2's own words for each are kept.
+_UNSUPPORTED = (
+    ("(?=", "lookahead (?=...)"), ("(?!", "negative lookahead (?!...)"), ("(?<=", "lookbehind (?<=...)"),
+    ("(?<!", "negative lookbehind (?<!...)"), ("(?P=", "backreference (?P=name)"), ("(?>", "atomic group (?>...)"),
+    ("(?(", "conditional group (?(...)...)"), ("(?x", "verbose flag (?x)"), ("\\Z", r"\Z (write \z or $)"),
+)
+_BACKREF = re.compile(r"invalid escape sequence: \\[1-9]")
+_POSSESSIVE = re.compile(r"bad repetition operator: [*+?}]\+")
+ENGINE = "RE2 (linear time, no backtracking)"
+ENGINE_HINT = ("a metrics pattern is matched by RE2, which never backtracks: lookarounds, backreferences, "
+               "atomic groups and possessive quantifiers are not taken; read the numbers with plain groups, "
+               r"e.g. 'iter (?P<step>\d+): loss (?P<loss>[\d.]+)'")
+
+
+def _re2() -> Any:
+    import re2  # a job without a pattern never pays its import (~10 ms)
+
+    return re2
+
+
+def _compile(text: str | bytes, *, block: bool = False) -> Any:
+    re2 = _re2()
+    options = re2.Options()
+    options.log_errors = False  # its reason is our error's, not a line on stderr
+    # a block of lines searched at once: `^`/`$` at each line, and no match across a newline, so the first
+    # match of each line is the one a search of that line alone finds
+    options.never_nl = block
+    return re2.compile(text, options=options)
+
+
+def check_pattern(text: str) -> str | None:
+    """Why `text` cannot be a job's `metrics: {pattern:}`, else None: RE2 must take it (docs/architecture.md,
+    "A job's metrics") and it must name a group other than `step` for the numbers it reads. For
+    core/config.py's check at the pattern's line."""
+    re2 = _re2()
+    try:
+        names = set(_compile(text).groupindex)
+    except re2.error as exc:
+        said = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        what = next((name for token, name in _UNSUPPORTED if token in said), None)
+        if what is None and _BACKREF.search(said):
+            what = r"backreference (\1)"
+        if what is None and _POSSESSIVE.search(said):
+            what = "possessive quantifier (*+, ++, ?+)"
+        if what is not None:
+            return f"{what} is not supported by {ENGINE}"
+        return f"not a regular expression ({said})"
+    if not names - {"step"}:
+        return ("expected named groups for the numbers to read, e.g. "
+                r"'iter (?P<step>\d+): loss (?P<loss>[\d.]+)' (step alone is only the x axis)")
+    return None
+
+
 class LinePattern:
-    """A job's `metrics: {pattern:}`: each named group that matched a number is a metric (`step` an int)."""
+    """A job's `metrics: {pattern:}`: each named group that matched a number is a metric (`step` an int).
+    Matched by RE2 on a line's first LINE_MAX characters: linear time, whatever the pattern and the line.
+    A pattern RE2 cannot take is a ConfigError (core/config.py refuses it at its line first)."""
 
     def __init__(self, pattern: str) -> None:
-        self.regex = re.compile(pattern)
+        why = check_pattern(pattern)
+        if why is not None:
+            raise ConfigError(f"metrics.pattern {pattern!r}: {why}", ENGINE_HINT)
+        self.regex = _compile(pattern)
+        self.block = _compile(pattern.encode(), block=True)
+        self.names = tuple(self.block.groupindex)
+        # \A and \z mean the text's ends: within a block of lines they would be the block's, so such a
+        # pattern is searched line by line
+        self.per_line = "\\A" in pattern or "\\z" in pattern
 
     def read(self, text: str) -> dict[str, Any] | None:
-        """The numbers of a line the pattern matches (searched anywhere in it), else None."""
-        m = self.regex.search(text)
-        if m is None:
-            return None
+        """The numbers of a line the pattern matches (searched anywhere in its head), else None."""
+        m = self.regex.search(text[:LINE_MAX])
+        return self._numbers(m.groupdict()) if m is not None else None
+
+    def read_block(self, data: bytes, limit: int = 256) -> dict[str, Any] | None:
+        """What reading each whole line of `data` (UTF-8, each line ending in a newline and at most
+        LINE_MAX long: LineSplitter's blocks) and merging the numbers in order gives: each name's number
+        from the last line that gave one. Found from the end, at most `limit` matching lines read (a
+        name missing from all of them is a name the job no longer prints), each line's first match."""
+        if self.per_line:
+            found = [self.read(line) for line in data.decode("utf-8", "replace").splitlines()]
+            merged: dict[str, Any] = {}
+            for one in found:
+                merged.update(one or {})
+            return merged or None
         out: dict[str, Any] = {}
-        for name, value in m.groupdict().items():
+        end, taken = len(data), 0
+        while end > 0 and taken < limit and len(out) < len(self.names):
+            start = data.rfind(b"\n", 0, max(0, end - 8192)) + 1  # a segment of whole lines, the last first
+            if self.block.search(data, start, end) is not None:
+                for found in reversed(self._firsts(data, start, end)):
+                    for name, value in found.items():
+                        out.setdefault(name, value)
+                    taken += 1
+            end = start
+        return out or None
+
+    def _firsts(self, data: bytes, start: int, end: int) -> list[dict[str, Any]]:
+        """The numbers of each line's first match between `start` and `end` (line starts), in order."""
+        out, line_end = [], -1
+        for m in self.block.finditer(data, start, end):
+            if m.start() <= line_end:
+                continue  # a second match on one line: a search of the line stops at its first
+            line_end = data.find(b"\n", m.start())
+            numbers = self._numbers(m.groupdict())
+            if numbers:
+                out.append(numbers)
+        return out
+
+    @staticmethod
+    def _numbers(groups: Mapping[str, Any]) -> dict[str, Any] | None:
+        out: dict[str, Any] = {}
+        for key, value in groups.items():
+            name = key.decode() if isinstance(key, bytes) else key  # a block's pattern is a bytes one
             number = _number(value)
             if number is not None:
                 out[name] = int(number) if name == "step" else number
         return out or None
 
 
-def _number(text: str | None) -> float | None:
+def _number(text: str | bytes | None) -> float | None:
     try:
         value = float(text) if text is not None else math.nan
     except ValueError:
@@ -80,27 +189,82 @@ def pattern_of(metrics: Mapping[str, str] | None) -> LinePattern | None:
 def last_metrics(text: str, pattern: LinePattern | None = None) -> dict[str, Any]:
     """The metrics a log's text ends with (its THRUST_METRICS lines and pattern matches, merged in order)."""
     progress = RunProgress(pattern)
-    for line in text.splitlines():
-        progress.take(line)
+    lines = LineSplitter()
+    progress.take_block(lines.feed_block(text.encode("utf-8", "surrogateescape")))
+    progress.take_block(lines.close_block())
     return progress.metrics
 
 
+def _cut(line: bytes, length: int) -> bytes:
+    """An over-long line's head and what it was (LINE_MAX; the rest is in the host's log)."""
+    return line[:LINE_MAX] + f" [… a line of {length:,} bytes: its first {LINE_MAX:,} shown]".encode()
+
+
 class LineSplitter:
-    """Raw log bytes in, whole decoded lines out; a line split across chunks (or a UTF-8 character
-    split across them) is joined before it is decoded."""
+    """Raw log bytes in, whole lines out; a line split across chunks (or a UTF-8 character split across
+    them) is joined before it is decoded. A line longer than LINE_MAX is kept to its head and its length:
+    one enormous line (a gigabyte without a newline) costs no more than a short one."""
 
     def __init__(self) -> None:
-        self.pending = b""
+        self.pending = b""  # the line in progress: its first LINE_MAX bytes at most
+        self.length = 0  # and how long it is so far
+
+    def feed_block(self, chunk: bytes) -> bytes:
+        """The whole lines completed by `chunk`, each ending in a newline, over-long ones cut."""
+        cut = chunk.rfind(b"\n")
+        if cut < 0:
+            self._grow(chunk)
+            return b""
+        first = chunk.find(b"\n")
+        head = self._grown(chunk[:first])  # the line in progress, now whole
+        rest, tail = chunk[first + 1:cut + 1], chunk[cut + 1:]
+        self.pending, self.length = b"", 0
+        self._grow(tail)
+        return head + b"\n" + (_cut_long(rest) if len(rest) > LINE_MAX else rest)
+
+    def close_block(self) -> bytes:
+        """The last line when the log does not end with a newline (with one added)."""
+        if not self.length:
+            return b""
+        line = self._grown(b"")
+        self.pending, self.length = b"", 0
+        return line + b"\n"
 
     def feed(self, chunk: bytes) -> list[str]:
-        self.pending += chunk
-        *lines, self.pending = self.pending.split(b"\n")
-        return [line.decode("utf-8", "replace").rstrip("\r") for line in lines]
+        return _decoded(self.feed_block(chunk))
 
     def close(self) -> list[str]:
         """The last line when the log does not end with a newline."""
-        rest, self.pending = self.pending, b""
-        return [rest.decode("utf-8", "replace").rstrip("\r")] if rest else []
+        return _decoded(self.close_block())
+
+    def _grow(self, data: bytes) -> None:
+        if len(self.pending) < LINE_MAX:
+            self.pending += data[:LINE_MAX - len(self.pending)]
+        self.length += len(data)
+
+    def _grown(self, data: bytes) -> bytes:
+        self._grow(data)
+        return self.pending if self.length <= LINE_MAX else _cut(self.pending, self.length)
+
+
+def _cut_long(block: bytes) -> bytes:
+    """`block` (whole lines) with every line longer than LINE_MAX cut: a window of LINE_MAX + 1 bytes holds
+    a newline unless its first line is too long, so this looks at one window per LINE_MAX bytes."""
+    out, pos = [], 0
+    while pos < len(block):
+        nl = block.rfind(b"\n", pos, pos + LINE_MAX + 1)
+        if nl >= 0:
+            out.append(block[pos:nl + 1])
+            pos = nl + 1
+            continue
+        nl = block.find(b"\n", pos)
+        out.append(_cut(block[pos:nl], nl - pos) + b"\n")
+        pos = nl + 1
+    return b"".join(out)
+
+
+def _decoded(block: bytes) -> list[str]:
+    return [line.rstrip("\r") for line in block.decode("utf-8", "replace").split("\n")[:-1]]
 
 
 class RunProgress:
@@ -113,6 +277,7 @@ class RunProgress:
         self.info: dict[str, Any] = {}
         self.done: dict[str, Any] = {}
         self.updates = 0  # metrics lines taken: a view redraws when this moves
+        self.matched: dict[str, Any] | None = None  # what the pattern read of the last block (take_block)
 
     def take(self, text: str) -> bool:
         """Take one log line; True when it was one of the trainer's tagged lines (shown or not). A line
@@ -134,6 +299,35 @@ class RunProgress:
         else:
             self.done = obj
         return True
+
+    def take_block(self, data: bytes) -> str:
+        """Take a block of whole lines (LineSplitter.feed_block); the text of those to show. The same as
+        `take` line by line, in C-speed steps: a job that prints a million lines a second is followed at
+        its pace. Only the trainer's tagged lines are read one by one (a few a second)."""
+        self.matched = None
+        if b"THRUST_" not in data:
+            return self._plain(data)
+        shown, pos = [], 0
+        for m in _TAGGED.finditer(data):
+            shown.append(self._plain(data[pos:m.start()]))
+            pos = data.find(b"\n", m.start()) + 1
+            self.take(data[m.start():pos - 1].decode("utf-8", "replace").rstrip("\r"))
+        shown.append(self._plain(data[pos:]))
+        return "".join(shown)
+
+    def _plain(self, data: bytes) -> str:
+        """Whole lines none of which is a tagged one: the pattern's numbers taken, the tail kept."""
+        if not data:
+            return ""
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")  # a line's own `\r` before its newline, as `take` drops it
+        found = self.pattern.read_block(data) if self.pattern is not None else None
+        if found:
+            self.take_metrics(found)
+            self.matched = {**(self.matched or {}), **found}
+        text = data.decode("utf-8", "replace")
+        self.tail.extend(text.rsplit("\n", TAIL_LINES + 1)[-(TAIL_LINES + 1):-1])
+        return text
 
     def take_metrics(self, obj: dict[str, Any]) -> None:
         """A metrics object from elsewhere than the log (TensorBoard scalars read on the host): merged
