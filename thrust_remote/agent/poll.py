@@ -12,7 +12,8 @@ whole lines of metrics.jsonl second, so a run seen ended has had all its lines r
 
 Answer: {"stop": bool, "runs": {run_dir: {"state", "exit_code", "data", "offset", "more", "slot",
 "log_tail"}}}; a missing run directory is {"state": "MISSING", "data": "", "offset", "more": false}.
-`more` says a 1 MiB read did not reach the end; `log_tail` (FAILED only) is the log's last 2000 bytes.
+`more` says a 1 MiB read did not reach the end (a line longer than that is skipped: no metrics line is);
+`log_tail` (FAILED only) is the log's last 2000 bytes.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import argparse
 import json
 import os
 import time
+from typing import BinaryIO
 
 from .protocol import EXIT_CODE, LOG, METRICS, RUN_JSON, RunState
 from .supervisor import read_json, run_state
 
 TAG = b"THRUST_METRICS "
 CHUNK = 1 << 20
+SKIP_MAX = 64 << 20  # of one over-long line, skipped per poll (the rest by the next)
 TAIL = 2000
 
 
@@ -58,6 +61,23 @@ def _tagged(data: bytes) -> bytes:
     return b"".join(line[len(TAG):] + b"\n" for line in data.splitlines() if line.startswith(TAG))
 
 
+def _whole_lines(fh: BinaryIO, offset: int) -> tuple[bytes, int, bool]:
+    """(the whole lines of one read from `offset`, the offset past them, whether there may be more). A
+    line longer than a read is no metrics line: skipped to its end (SKIP_MAX at most per poll), or the
+    poll would read the same CHUNK again forever and the run's metrics never move on."""
+    data = fh.read(CHUNK)
+    cut = data.rfind(b"\n") + 1
+    if cut or len(data) < CHUNK:
+        return data[:cut], offset + cut, len(data) == CHUNK
+    skipped = len(data)
+    while skipped < SKIP_MAX and (more := fh.read(CHUNK)):
+        at = more.find(b"\n")
+        if at >= 0:
+            return b"", offset + skipped + at + 1, True
+        skipped += len(more)
+    return b"", offset + skipped, True
+
+
 def _one(run_dir: str, offset: int, source: str = "metrics") -> dict:
     if not os.path.isdir(run_dir):
         return {"state": "MISSING", "data": "", "offset": offset, "more": False}
@@ -65,14 +85,13 @@ def _one(run_dir: str, offset: int, source: str = "metrics") -> dict:
     try:
         with open(os.path.join(run_dir, METRICS if source == "metrics" else LOG), "rb") as fh:
             fh.seek(offset)
-            data = fh.read(CHUNK)
+            data, end, more = _whole_lines(fh, offset)
     except FileNotFoundError:
-        data = b""
-    cut = data.rfind(b"\n") + 1
-    lines = _tagged(data[:cut]) if source == "log" else data[:cut]
+        data, end, more = b"", offset, False
+    lines = _tagged(data) if source == "log" else data
     meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
     return {"state": st["state"], "exit_code": st["exit_code"], "data": lines.decode("utf-8", "replace"),
-            "offset": offset + cut, "more": len(data) == CHUNK, "slot": meta.get("slot"),
+            "offset": end, "more": more, "slot": meta.get("slot"),
             "log_tail": _log_tail(run_dir) if st["state"] == RunState.FAILED else ""}
 
 
