@@ -51,7 +51,7 @@ import subprocess
 import sys
 import time
 
-from .checkout import ENV, lfs_object
+from .checkout import ENV, lfs_object, store_lock
 from .protocol import RUN_JSON, RUNS_DIR, RunState
 from .xfer import sha256_of
 
@@ -69,6 +69,9 @@ LEASE_SETUP_S = 8 * 3600.0  # no run yet: a setup may take 6 h (run/data.SETUP_T
 LEASE_FETCH_S = 24 * 3600.0  # after its run's end
 LOCK = os.path.join(".thrust", "locks", "launch.lock")  # supervisor's launch lock (runs/control.launch_lock)
 LOCK_WAIT_S = 10.0  # prune waits this long for a launch under way; past it, every leased tree stays
+# a remove waits this long for a receive under way (its fetch of a big bundle) before it leaves the
+# worktree records for the next remove's prune: a prune of many trees never waits 240 s a tree
+REMOVE_LOCK_WAIT_S = 30.0
 REMOVED = "tree-removed.json"  # in a run's directory: when its tree was removed, and by what
 
 
@@ -374,11 +377,19 @@ def _private_dir(path: str) -> None:
 
 
 def _worktree(store: str, tree: str, commit: str, patch: str, lfs: list[str], ref: str | None) -> str:
-    """`git worktree add --detach TREE COMMIT` of `store`, the patch applied, LFS content in place."""
+    """`git worktree add --detach TREE COMMIT` of `store`, the patch applied, LFS content in place.
+
+    The worktree's admin files (W/.git/worktrees/NAME, written one by one, HEAD first as a null id) are
+    made under the store's lock, which a receive holds around its fetch: a fetch's walk over every
+    worktree's HEAD never meets a half-made one ("bad object worktrees/X/HEAD"), nor two adds each
+    other's. Only that: the checkout of the files (`reset --hard`, what `worktree add` itself runs
+    next) comes after the lock is let go, so a big tree never keeps the other trains' receives waiting."""
     _private_dir(os.path.dirname(tree))
-    _git_ok(store, "worktree", "add", "-q", "--detach", "--force", tree, commit)
-    if ref:
-        _git_ok(store, "update-ref", REFS + ref, commit)
+    with store_lock(store):
+        _git_ok(store, "worktree", "add", "-q", "--detach", "--force", "--no-checkout", tree, commit)
+        if ref:
+            _git_ok(store, "update-ref", REFS + ref, commit)
+    _git_ok(tree, "reset", "-q", "--hard", "--no-recurse-submodules")
     if patch:
         _git_ok(tree, "apply", "--index", "--whitespace=nowarn", patch)
     for item in lfs:
@@ -432,8 +443,11 @@ def remove(workdir: str, tree: str, ref: str | None, modules: list[str]) -> dict
     if existed:
         _make_writable(tree)
         shutil.rmtree(tree, ignore_errors=True)
+    # under the store's lock, as a tree's add is: a receive's fetch reads every worktree's admin files,
+    # which prune removes; a store busy past the wait keeps a stale record, pruned by the next remove
     for store in [workdir, *modules]:
-        _git(store, "worktree", "prune")
+        with contextlib.suppress(OSError), store_lock(store, REMOVE_LOCK_WAIT_S):
+            _git(store, "worktree", "prune")
     if ref:
         _git(workdir, "update-ref", "-d", REFS + ref)
     drop_lease(workdir, os.path.basename(os.path.normpath(tree)))
