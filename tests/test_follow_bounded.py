@@ -79,6 +79,8 @@ def test_check_pattern_takes_what_jobs_write():
                  r"^step (?P<step>\d+)\s+eval (?P<eval>[\d.]+)$", r"\bacc[:=]\s*(?P<acc>\d*\.\d+)"):
         assert prog.check_pattern(text) is None, text
         LinePattern(text)
+    said = LinePattern(r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)").read("iter 2: loss 1.3")
+    assert list(said or {}) == ["step", "loss"]  # in the pattern's order, as `wait` says them
 
 
 def test_one_enormous_line_is_kept_to_its_head_and_the_next_lines_still_come():

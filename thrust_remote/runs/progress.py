@@ -116,7 +116,8 @@ class LinePattern:
             raise ConfigError(f"metrics.pattern {pattern!r}: {why}", ENGINE_HINT)
         self.regex = _compile(pattern)
         self.block = _compile(pattern.encode(), block=True)
-        self.names = tuple(self.block.groupindex)
+        # in the pattern's order (RE2 gives its groups by name): the numbers read as the job wrote them
+        self.names = tuple(sorted(self.regex.groupindex, key=self.regex.groupindex.__getitem__))
         # \A and \z mean the text's ends: within a block of lines they would be the block's, so such a
         # pattern is searched line by line
         self.per_line = "\\A" in pattern or "\\z" in pattern
@@ -147,7 +148,7 @@ class LinePattern:
                         out.setdefault(name, value)
                     taken += 1
             end = start
-        return out or None
+        return {name: out[name] for name in self.names if name in out} or None
 
     def _firsts(self, data: bytes, start: int, end: int) -> list[dict[str, Any]]:
         """The numbers of each line's first match between `start` and `end` (line starts), in order."""
@@ -161,12 +162,13 @@ class LinePattern:
                 out.append(numbers)
         return out
 
-    @staticmethod
-    def _numbers(groups: Mapping[str, Any]) -> dict[str, Any] | None:
+    def _numbers(self, groups: Mapping[Any, Any]) -> dict[str, Any] | None:
+        """Each named group's number, in the pattern's order (a block's groups are named by bytes)."""
+        if groups and isinstance(next(iter(groups)), bytes):
+            groups = {key.decode(): value for key, value in groups.items()}
         out: dict[str, Any] = {}
-        for key, value in groups.items():
-            name = key.decode() if isinstance(key, bytes) else key  # a block's pattern is a bytes one
-            number = _number(value)
+        for name in self.names:
+            number = _number(groups.get(name))
             if number is not None:
                 out[name] = int(number) if name == "step" else number
         return out or None
