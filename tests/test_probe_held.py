@@ -448,9 +448,10 @@ def _left(sshd, uid: int, since: float) -> list[str]:
     return found
 
 
-def _kill_at(proc: subprocess.Popen, line: str, running: Callable[[], list[str]], deadline_s: float = 240) -> list[str]:
-    """Read the CLI's stderr until `line` shows, then SIGKILL that one process: what ran on the host for
-    it at that moment (`running()`, asked while the stage was under way)."""
+def _kill_at(proc: subprocess.Popen, line: str, running: Callable[[], list[str]],
+             under_way: Callable[[], bool] | None = None, deadline_s: float = 240) -> list[str]:
+    """Read the CLI's stderr until `line` shows (and then until `under_way()`), then SIGKILL that one
+    process: what ran on the host for it at that moment (`running()`, asked while the stage was under way)."""
     seen: list[str] = []
     ends = time.monotonic() + deadline_s
     while time.monotonic() < ends:
@@ -459,6 +460,8 @@ def _kill_at(proc: subprocess.Popen, line: str, running: Callable[[], list[str]]
             break
         seen.append(text.rstrip("\n"))
         if line in text:
+            if under_way is not None:
+                wait_until(under_way, 60, f"{line!r} under way", interval=0.005)
             there = running()
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
@@ -492,7 +495,9 @@ def test_a_laptop_killed_in_a_stage_leaves_no_process_of_the_account_on_the_host
         proc = subprocess.Popen([EXE, "train", job], cwd=proj, env=_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
         try:
-            there = _kill_at(proc, line, lambda: _left(sshd, uid, since))
+            # the fetch: killed once its transfer has begun (a part file here), not while it lists
+            part = (lambda: any((proj / ".thrust" / "fetched").rglob(".*.part"))) if stage == "fetch" else None
+            there = _kill_at(proc, line, lambda: _left(sshd, uid, since), part)
         finally:
             if proc.poll() is None:
                 proc.kill()
