@@ -142,6 +142,8 @@ def _words(style: str, values: dict[str, str]) -> list[str]:
 
 @pytest.mark.slow
 def test_set_values_reach_the_job_byte_for_byte_in_every_flag_style(cli, sshd, tmp_path):
+    """Each `--set` value is one argv word of the job's, the same bytes under each `flags: {style:}` and a
+    command job's default: nothing on the way (the host's command line, the launch, a shell) reads it."""
     mark = f"PWNED-{secrets.token_hex(4)}"
     values = {k: v.replace("{mark}", mark) for k, v in VALUES.items()}
     jobs = "jobs:\n" + "".join(f"  {name}:\n    script: argv.py\n    flags: {{style: '{style}'}}\n"
