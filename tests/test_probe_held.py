@@ -32,6 +32,7 @@ import pytest
 from helpers import EXE, as_account, commit, git, new_project, remote_tempdir, throwaway_account, wait_until
 
 from thrust_remote.core.errors import ExitCode
+from thrust_remote.core.names import valid_env_key, valid_host, valid_id, valid_user
 
 QUICK = """\
 jobs:
@@ -386,9 +387,9 @@ jobs:
     command: [echo, hi]
 """
 HOSTILE_NAMES = ["-p", "--wrap=id", "gpu --wrap=id", "gpu;id", "$(id)", "`id`", "gpu\n#SBATCH --wrap=id",
-                 "gpu\n--wrap=id", "../x", "gpu debug", "gpu\tx", "a" * 65, ""]
+                 "gpu\n--wrap=id", "../x", "gpu debug", "gpu\tx", "a" * 65, "", "gpu\n"]
 HOSTILE_TIMES = ["--wrap=id", "1:00 --wrap=id", "$(id)", "`id`", "1:00;id", "-1", "1:00\n#SBATCH --wrap=id",
-                 "forever", "1:00:00:00:00", ""]
+                 "forever", "1:00:00:00:00", "", "1:00\n"]
 
 
 @pytest.mark.parametrize(("key", "value", "says"), [
@@ -407,6 +408,13 @@ def test_a_hostile_slurm_partition_account_or_time_is_a_config_error_at_its_line
         assert result.returncode == ExitCode.CONFIG, (argv, result.stderr)
         assert f"thrust.yaml:6: hosts.hpc.{key}: {says}" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("check", [valid_host, valid_user, valid_env_key, valid_id])
+def test_a_name_with_a_trailing_newline_is_not_valid(check):
+    """`$` in a pattern also matches before a final newline: every name check anchors at the very end."""
+    assert check("name")
+    assert not check("name\n")
 
 
 # ------------------------------------------------------------------------------------------ SIGKILL of the laptop

@@ -582,8 +582,8 @@ _KIND_ONLY = {
     "nproc": ("trainer", "python"),
     "flags": ("python", "command", "cargo"),  # the built-in trainer's flags are its own (trainer/args.py)
 }
-_IFNAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$")  # Linux: at most 15 bytes
-_MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}\Z")  # Linux: at most 15 bytes
+_MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 
 
 def parse_config_text(text: str, path: Path | None = None) -> Config:
@@ -1126,7 +1126,7 @@ def _parse_retry(reader: _Reader, f: str, node: yaml.Node) -> dict[str, Any]:
 
 
 _NOTIFY_KEYS = ("command", "webhook", "desktop")
-_ENV_REF = re.compile(r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$")
+_ENV_REF = re.compile(r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)\Z")
 
 
 def _parse_notify(reader: _Reader, f: str, node: yaml.Node) -> NotifyConfig:

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 SCHEDULERS = ("slurm",)
 
 # Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch --time)
-TIME_RE = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}(:\d{1,2})?)?|\d+(:\d{1,2}){0,2})$")
+TIME_RE = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}(:\d{1,2})?)?|\d+(:\d{1,2}){0,2})\Z")
 # an sbatch long option's name as `sbatch:` takes it (no leading dashes)
-OPTION_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+OPTION_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}\Z")
 # a partition, account or QOS name: what Slurm takes, and nothing a shell or an option parser reads
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\Z")
 
 # sbatch's options thrust-remote sets itself (short forms too), each with what to write instead
 OWN_OPTIONS: Mapping[str, str] = {
