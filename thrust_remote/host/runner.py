@@ -75,6 +75,52 @@ class FileChangedError(TransferError):
 
 # A file to get: (its path on the host, where it goes here, the (dev, ino) a listing saw or None).
 GetItem = tuple[str, Path, "FileId | None"]
+# A file to put: (the file here, its path on the host[, the (dev, ino) the laptop checked, or None]).
+PutItem = tuple[str | os.PathLike[str], str] | tuple[str | os.PathLike[str], str, FileId | None]
+
+
+def put_items(items: Sequence[PutItem]) -> list[tuple[Path, str, FileId | None]]:
+    """put_many's items, each as (local path, host path, identity or None)."""
+    return [(Path(item[0]), item[1], item[2] if len(item) > 2 else None) for item in items]  # type: ignore[misc]
+
+
+SEND_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+def open_to_send(src: Path, identity: FileId | None) -> IO[bytes]:
+    """The local file `src` opened for a put, nothing read yet. With `identity` (the (dev, ino) a check
+    saw: `files:`), opened without following a link and only while it is still that regular file:
+    a file swapped for a link (to ~/.ssh/id_ed25519, say), or reached through a directory swapped for
+    one, since that check is refused (FileChangedError, 74, naming it) before a byte of it is read or
+    a request for it goes to the host. Without, it must be a regular file (a FIFO never blocks a put)."""
+    flags = SEND_FLAGS | (getattr(os, "O_NOFOLLOW", 0) if identity is not None else 0)
+    try:
+        fd = os.open(src, flags)
+    except FileNotFoundError:
+        raise TransferError(f"{src}: no such file") from None
+    except OSError as exc:
+        if identity is not None and os.path.islink(src):
+            raise _not_sent(src, f"it is now a link to {_link_text(src)}") from None
+        raise TransferError(f"cannot read {src}: {exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (identity is not None and (st.st_dev, st.st_ino) != tuple(identity)):
+        os.close(fd)
+        if identity is None:
+            raise TransferError(f"{src}: not a regular file")
+        raise _not_sent(src, "it is another file now")
+    return os.fdopen(fd, "rb")
+
+
+def _link_text(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+def _not_sent(src: Path, why: str) -> FileChangedError:
+    return FileChangedError(f"{src} was replaced since it was checked ({why}): nothing of it was sent",
+                            "send it again once it is written")
 
 
 def one_by_one(get: Callable[[str, Path, FileId | None], str], items: Sequence[GetItem],
@@ -260,15 +306,18 @@ class Runner(Protocol):
         chunks instead (then stdout/stderr are not kept in the result)."""
         ...
 
-    def put(self, local: str | os.PathLike[str], remote: str) -> str:
-        """Copy a local file to `remote` (verified, atomic); returns its sha256."""
+    def put(self, local: str | os.PathLike[str], remote: str, *, identity: FileId | None = None) -> str:
+        """Copy a local file to `remote` (verified, atomic); returns its sha256. With `identity` (what a
+        check saw), `local` is opened without following a symlink and must still be that file, else
+        FileChangedError before anything is sent (open_to_send)."""
         ...
 
-    def put_many(self, items: Sequence[tuple[str | os.PathLike[str], str]]) -> list[str]:
-        """`put` of each (local, remote), as fast as the runner can (SSH: streamed back to back on one
-        channel); their sha256s in order. The first failure is raised once the puts under way are done:
-        those before it are in place, some after it may be, and none is started once it is known
-        (each is atomic: a remote path is the whole new file or untouched)."""
+    def put_many(self, items: Sequence[PutItem]) -> list[str]:
+        """`put` of each (local, remote[, identity]), as fast as the runner can (SSH: streamed back to back
+        on one channel); their sha256s in order. The first failure is raised once the puts under way are
+        done: those before it are in place, some after it may be, and none is started once it is known
+        (each is atomic: a remote path is the whole new file or untouched). An item with an identity is
+        sent only while its file is still that one (a FileChangedError, none of its bytes sent)."""
         ...
 
     def get(self, remote: str, local: str | os.PathLike[str], *, identity: FileId | None = None) -> str:
@@ -321,7 +370,7 @@ class FileOps:
 
     if TYPE_CHECKING:  # provided by the runner itself
         def run(self, argv: Sequence[str], **kwargs: object) -> RunResult: ...
-        def put(self, local: str | os.PathLike[str], remote: str) -> str: ...
+        def put(self, local: str | os.PathLike[str], remote: str, *, identity: FileId | None = None) -> str: ...
 
     def read_text(self, path: str, *, max_bytes: int | None = None) -> str | None:
         result = self.run(["cat", "--", path] if max_bytes is None else ["head", "-c", str(max_bytes + 1), "--", path])
@@ -346,8 +395,8 @@ class FileOps:
     def warm_transfers(self, count: int) -> None:
         return None  # nothing to start: a copy here is the copy itself
 
-    def put_many(self, items: Sequence[tuple[str | os.PathLike[str], str]]) -> list[str]:
-        return [self.put(local, remote) for local, remote in items]
+    def put_many(self, items: Sequence[PutItem]) -> list[str]:
+        return [self.put(local, remote, identity=identity) for local, remote, identity in put_items(items)]
 
     def get_many(self, items: Sequence[GetItem], stop: threading.Event) -> Iterator[str | FileChangedError]:
         return one_by_one(lambda source, dst, identity: self.get(source, dst, identity=identity), items, stop)
@@ -667,8 +716,9 @@ class LocalRunner(FileOps):
         return drive(process, args, name=self.name, started=started, timeout=timeout, stream=stream,
                      on_bytes=on_bytes, liveness_timeout=None)
 
-    def put(self, local: str | os.PathLike[str], remote: str) -> str:
-        return _copy_verified(Path(local), Path(expand_home(remote, self.home())))
+    def put(self, local: str | os.PathLike[str], remote: str, *, identity: FileId | None = None) -> str:
+        src = Path(local)
+        return _copy_verified(src, Path(expand_home(remote, self.home())), opened=open_to_send(src, identity))
 
     def get(self, remote: str, local: str | os.PathLike[str], *, identity: FileId | None = None) -> str:
         return _copy_verified(Path(expand_home(remote, self.home())), Path(local), identity)
@@ -726,12 +776,13 @@ def _open_source(src: Path, identity: FileId | None) -> IO[bytes]:
     return os.fdopen(fd, "rb")
 
 
-def _copy_verified(src: Path, dst: Path, identity: FileId | None = None) -> str:
+def _copy_verified(src: Path, dst: Path, identity: FileId | None = None, *, opened: IO[bytes] | None = None) -> str:
     """Copy through a temporary file beside dst (open_part), hashing while copying; rename only when
-    the copy's hash matches. A failure (or Ctrl-C) removes the temporary file."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    the copy's hash matches. A failure (or Ctrl-C) removes the temporary file. `opened`: `src` opened
+    already (a put: open_to_send)."""
     digest = hashlib.sha256()
-    with _open_source(src, identity) as fin:
+    with (opened if opened is not None else _open_source(src, identity)) as fin:
+        dst.parent.mkdir(parents=True, exist_ok=True)
         fout, part = open_part(dst)
         try:
             try:

@@ -29,6 +29,7 @@ from pathlib import Path
 from thrust_remote.core.config import Config, JobConfig
 from thrust_remote.core.errors import ConfigError, ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
+from thrust_remote.host.runner import FileChangedError
 from thrust_remote.host.session import HostSession
 from thrust_remote.run.jobs import config_label
 from thrust_remote.run.repo import git as _git
@@ -237,7 +238,13 @@ def send_files(session: HostSession, files: Mapping[str, LocalFile], reporter: S
     _unchanged(wanted)
     reporter.step(f"sending {len(wanted)} of {len(by_sha)} files: ({total / (1 << 20):.1f} MB)")
     store = f"{session.paths.thrust}/store"
-    sent = session.runner.put_many([(f.path, f"{store}/{f.sha256[:2]}/{f.sha256}") for f in wanted])
+    # each file only while it is the one checked above (and hashed): one swapped for a link since is
+    # refused as it is opened, before a byte of it is read or sent
+    try:
+        sent = session.runner.put_many([(f.path, f"{store}/{f.sha256[:2]}/{f.sha256}", f.ident) for f in wanted])
+    except FileChangedError as exc:  # 74, naming the file and what it is now
+        exc.hint = "train again once it is written"
+        raise
     for f, sha in zip(wanted, sent, strict=True):
         if sha != f.sha256:
             session.runner.run(["rm", "-f", "--", f"{store}/{f.sha256[:2]}/{f.sha256}"])

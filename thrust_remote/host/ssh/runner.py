@@ -30,11 +30,13 @@ from thrust_remote.host.runner import (
     FileOps,
     GetItem,
     LinkUnavailable,
+    PutItem,
     RunResult,
     StreamCallback,
     check_argv,
     drive,
     expand_home,
+    put_items,
 )
 from thrust_remote.host.ssh.agentlink import AgentLink
 from thrust_remote.host.ssh.command import ChannelProcess, build_remote_command, with_env
@@ -266,19 +268,20 @@ class SSHRunner(FileOps):
         """The sha256 of a file on the host (`xfer hash`, or sha256sum where python is missing)."""
         return self._sftp.remote_sha256(path)
 
-    def put(self, local: str | os.PathLike[str], remote: str) -> str:
+    def put(self, local: str | os.PathLike[str], remote: str, *, identity: FileId | None = None) -> str:
         src = Path(local)
-        if not src.is_file():
+        if identity is None and not src.is_file():  # one with an identity is judged as it is opened
             raise TransferError(f"{src}: no such file")
-        return self._transfer.put(src, self._path(remote))
+        return self._transfer.put(src, self._path(remote), identity)
 
-    def put_many(self, items: Sequence[tuple[str | os.PathLike[str], str]]) -> list[str]:
-        """Runner.put_many: streamed on one transfer helper."""
-        pairs = [(Path(local), self._path(remote)) for local, remote in items]
-        for src, _ in pairs:
-            if not src.is_file():
+    def put_many(self, items: Sequence[PutItem]) -> list[str]:
+        """Runner.put_many: streamed on one transfer helper; an item with an identity is judged as it is
+        opened (open_to_send), never through a link followed here first."""
+        triples = [(src, self._path(remote), identity) for src, remote, identity in put_items(items)]
+        for src, _, identity in triples:
+            if identity is None and not src.is_file():
                 raise TransferError(f"{src}: no such file")
-        return self._transfer.put_many(pairs)
+        return self._transfer.put_many(triples)
 
     def get(self, remote: str, local: str | os.PathLike[str], *, identity: FileId | None = None) -> str:
         source = self._path(remote)

@@ -46,6 +46,7 @@ from thrust_remote.host.runner import (
     drop_part,
     one_by_one,
     open_part,
+    open_to_send,
 )
 from thrust_remote.host.ssh.command import build_remote_command
 
@@ -85,17 +86,18 @@ class Transfer(ABC):
     """Copy one file each way, verified and atomic; both return the file's sha256."""
 
     @abstractmethod
-    def put(self, src: Path, target: str) -> str:
-        """Upload the local file `src` to the absolute host path `target`."""
+    def put(self, src: Path, target: str, identity: FileId | None = None) -> str:
+        """Upload the local file `src` to the absolute host path `target`; with `identity`, only while
+        `src` is still that file (open_to_send: refused before a byte goes)."""
 
     @abstractmethod
     def get(self, source: str, dst: Path, identity: FileId | None = None) -> str:
         """Download the absolute host path `source` to `dst` (whose parent exists); with `identity`,
         only while `source` is still that file (Runner.get)."""
 
-    def put_many(self, items: Sequence[tuple[Path, str]]) -> list[str]:
+    def put_many(self, items: Sequence[tuple[Path, str, FileId | None]]) -> list[str]:
         """Runner.put_many: here one put after another."""
-        return [self.put(src, target) for src, target in items]
+        return [self.put(src, target, identity) for src, target, identity in items]
 
 
 def upload_part(target: str) -> str:
@@ -366,16 +368,16 @@ class StreamTransfer(Transfer):
             return TransferError(cut, hint)
         return TransferError(f"{cut}: the transfer helper on the host stopped", hint)
 
-    def put(self, src: Path, target: str) -> str:
+    def put(self, src: Path, target: str, identity: FileId | None = None) -> str:
         helper = self._take()
         if helper is None:
-            return self.fallback.put(src, target)  # no usable python on the host
+            return self.fallback.put(src, target, identity)  # no usable python on the host
         try:
-            return self._put(helper, src, target)
+            return self._put(helper, src, target, identity)
         finally:
             self._give(helper)
 
-    def put_many(self, items: Sequence[tuple[Path, str]]) -> list[str]:
+    def put_many(self, items: Sequence[tuple[Path, str, FileId | None]]) -> list[str]:
         """Runner.put_many on one helper (`_Sends`)."""
         helper = self._take()
         if helper is None:
@@ -385,27 +387,30 @@ class StreamTransfer(Transfer):
         finally:
             self._give(helper)  # a helper left out of step (cut, or a raise) is closed, not reused
 
-    def _put(self, helper: _Helper, src: Path, target: str) -> str:
-        name, part, st = self.link.name, upload_part(target), src.stat()
+    def _put(self, helper: _Helper, src: Path, target: str, identity: FileId | None) -> str:
+        helper.in_step = True  # nothing asked yet: a file refused leaves the helper as usable as it was
+        fin = open_to_send(src, identity)  # before the request: a file refused sends nothing at all
+        helper.in_step = False
+        name, part, st = self.link.name, upload_part(target), os.fstat(fin.fileno())
         cut = f"upload of {src} to {name}:{target} was cut"
         hint = UPLOAD_HINT
-        reply = helper.ask(f"put {_hex(part)} {_hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n")
-        if not reply:
-            raise self._lost(helper, cut, hint)
-        if reply[0] == "err":
-            helper.in_step = True
-            raise TransferError(f"cannot write {name}:{target}: {_err_text(reply)}")
-        digest = hashlib.sha256()
-        left = st.st_size
-        try:
-            with open(src, "rb") as fin:
+        with fin:
+            reply = helper.ask(f"put {_hex(part)} {_hex(target)} {st.st_size} {st.st_mode & 0o777:o}\n")
+            if not reply:
+                raise self._lost(helper, cut, hint)
+            if reply[0] == "err":
+                helper.in_step = True
+                raise TransferError(f"cannot write {name}:{target}: {_err_text(reply)}")
+            digest = hashlib.sha256()
+            left = st.st_size
+            try:
                 while left > 0 and (block := fin.read(min(CHUNK, left))):
                     digest.update(block)
                     if not helper.send(block):
                         raise self._lost(helper, cut, hint)
                     left -= len(block)
-        except OSError as exc:
-            raise TransferError(f"cannot read {src}: {exc}", hint) from None
+            except OSError as exc:
+                raise TransferError(f"cannot read {src}: {exc}", hint) from None
         if left:
             raise TransferError(f"{src} shrank while it was being sent", hint)
         expected = digest.hexdigest()
@@ -562,17 +567,17 @@ class _Sends:
         self.pending: list[_Sent] = []  # sent, not answered yet
         self.failures: list[tuple[int, Exception]] = []
 
-    def run(self, items: Sequence[tuple[Path, str]]) -> list[str]:
+    def run(self, items: Sequence[tuple[Path, str, FileId | None]]) -> list[str]:
         pending = self.pending
-        for index, (src, target) in enumerate(items):
+        for index, (src, target, identity) in enumerate(items):
             while pending and (len(pending) >= WINDOW or sum(p.size for p in pending) >= SEND_AHEAD_BYTES):
                 self._answered(pending.pop(0))
             if self.failures or any(p.problem for p in pending):
                 break
-            try:
-                fin = open(src, "rb")  # noqa: SIM115 - closed in _send
-            except OSError as exc:
-                self.failures.append((index, TransferError(f"cannot read {src}: {exc}")))
+            try:  # before its `send`: a file refused (not the one checked) sends not one byte
+                fin = open_to_send(src, identity)  # closed in _send
+            except TransferError as exc:
+                self.failures.append((index, exc))
                 break
             pending.append(self._send(index, src, fin, target))
         while pending:
@@ -690,22 +695,27 @@ class SftpTransfer(Transfer):
         except FileNotFoundError:
             self.link.run(["mkdir", "-p", "--", path]).check(f"mkdir -p {path}")
 
-    def put(self, src: Path, target: str) -> str:
+    def put(self, src: Path, target: str, identity: FileId | None = None) -> str:
         with self._lock:  # the client's requests, one thread at a time (__init__)
-            return self._put(src, target)
+            return self._put(src, target, identity)
 
-    def _put(self, src: Path, target: str) -> str:
+    def _put(self, src: Path, target: str, identity: FileId | None = None) -> str:
         part = upload_part(target)
         digest = hashlib.sha256()
+        fin = open_to_send(src, identity)  # before anything on the host: a file refused sends nothing
+        mode = os.fstat(fin.fileno()).st_mode
         try:
-            sftp = self.client()
-            self._mkdirs(os.path.dirname(target))
-            with open(src, "rb") as fin, sftp.open(part, "wbx") as fout:  # x: O_EXCL, as the helper
-                fout.set_pipelined(True)
-                while block := fin.read(CHUNK):
-                    digest.update(block)
-                    fout.write(block)
-            sftp.chmod(part, src.stat().st_mode & 0o777)
+            with fin:
+                sftp = self.client()
+                self._mkdirs(os.path.dirname(target))
+                with sftp.open(part, "wbx") as fout:  # x: O_EXCL, as the helper
+                    fout.set_pipelined(True)
+                    while block := fin.read(CHUNK):
+                        digest.update(block)
+                        fout.write(block)
+            # always this account's to read, as the helper stores it: a laptop file of mode 000 (root
+            # reads it there) stored 000 could never be hashed here, nor sealed by tree-add
+            sftp.chmod(part, (mode & 0o777) | 0o600)
         except ThrustError:
             raise
         except LINK_ERRORS as exc:
