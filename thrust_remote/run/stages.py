@@ -80,7 +80,8 @@ def _sync_stage(config: Config, session: HostSession, reporter: Reporter, code_a
         assert local is not None
         reporter.step(f"syncing {local.commit[:12]} to {session.name}:{session.paths.workdir}")
         local = with_lfs(local)
-        result = sync(session, local, step=reporter.step)
+        # the untracked warning leaves out exactly what this job's files: sends
+        result = sync(session, local, step=reporter.step, files=data.job_data(config, job).files)
         for w in result.warnings:
             reporter.warn(w)
         made = data.make_run_tree(config, job, session, local, result, tree, reporter)

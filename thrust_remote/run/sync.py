@@ -26,7 +26,7 @@ import shlex
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -184,9 +184,11 @@ def _host_state(session: HostSession, commit: str, local: LocalState) -> dict:
     return state
 
 
-def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None) -> SyncResult:
+def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None,
+         files: Sequence[str] | None = None) -> SyncResult:
     """The commit's objects (and its LFS objects, and each checked-out submodule's) in the host's
-    object store: what `make_tree` checks out. Nothing a run uses is changed."""
+    object store: what `make_tree` checks out. Nothing a run uses is changed. `files`: the paths the
+    job sends by content (its `files:`), left out of the untracked warning; None: every job's."""
     runner = session.runner
     local = with_lfs(local)  # every level's LFS content is found (or refused) before the host is touched
     state = _host_state(session, local.commit, local)
@@ -209,7 +211,7 @@ def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None
                 target = bundle.target
                 state = _host_state(session, target, local)
         result = SyncResult(local.commit, method, local.dirty, local.patch_sha256, local.untracked,
-                            warnings=_warnings(local), checkout=target if target != local.commit else None,
+                            warnings=_warnings(local, files), checkout=target if target != local.commit else None,
                             shallow=bool(local.shallow), lfs=tuple(f.path for f in local.lfs or ()),
                             lfs_id=local.applied_id if local.lfs else None, store=session.paths.workdir)
         if bundle is not None and bundle.target != local.commit:
@@ -224,7 +226,7 @@ def sync(session: HostSession, local: LocalState, *, step: Step = lambda _: None
         elif method == "up-to-date":
             step(f"{session.name} has {target[:12]} already")
         _send_lfs(session, local, state.get("lfs_missing") or (), step)
-    _sync_submodules(session, local, result, step)
+    _sync_submodules(session, local, result, step, files)
     return result
 
 
@@ -273,14 +275,17 @@ def with_lfs(local: LocalState) -> LocalState:
                    submodules=tuple((path, with_lfs(sub)) for path, sub in local.submodules))
 
 
-def _sync_submodules(session: HostSession, local: LocalState, result: SyncResult, step: Step) -> None:
+def _sync_submodules(session: HostSession, local: LocalState, result: SyncResult, step: Step,
+                     files: Sequence[str] | None = None) -> None:
     """Each checked-out submodule's objects, into a store of its own (`.thrust/modules/<path>`): its
     commit (the one the laptop has checked out), its own patch, its own submodules. A submodule that is
-    not checked out here is an empty directory in the tree, as it is here."""
+    not checked out here is an empty directory in the tree, as it is here. `files`: the job's, of which
+    those under a submodule are that submodule's (relative to it)."""
     for path, sub in local.submodules:
         store = f"{session.paths.modules}/{_module_dir(path)}"
         sub_session = replace(session, paths=HostPaths(store))
-        done = sync(sub_session, sub, step=lambda m, p=path: step(f"{p}: {m}"))
+        inside = None if files is None else [posixpath.relpath(f, path) for f in files if _under(f, (path,))]
+        done = sync(sub_session, sub, step=lambda m, p=path: step(f"{p}: {m}"), files=inside)
         result.submodules[path] = done
         result.warnings += [f"submodule {path}: {w}" for w in done.warnings]
     result.not_sent = tuple(local.absent_submodules)
@@ -538,7 +543,7 @@ def _submodule_trees(session: HostSession, local: LocalState, result: SyncResult
     return out
 
 
-def _warnings(local: LocalState) -> list[str]:
+def _warnings(local: LocalState, files: Sequence[str] | None = None) -> list[str]:
     out = []
     if local.patch:
         changed = _git(local.root, "diff", "HEAD", "--name-only", *DIFF_SCOPE).stdout.decode().split()
@@ -548,7 +553,9 @@ def _warnings(local: LocalState) -> list[str]:
             f"{', '.join(changed[:5])}{'…' if len(changed) > 5 else ''}); commit them to make the run reproducible"
         )
     placed = _placed_models(local.root)
-    sent = _sent_as_files(local.root)
+    # what the job sends by content is untracked as far as git knows, but not unsent (a file the user
+    # listed there is data they know git does not carry): the job's own, else every job's as a stand-in
+    sent = _sent_as_files(local.root) if files is None else tuple(sorted({posixpath.normpath(f) for f in files}))
     untracked = [u for u in local.untracked
                  if not _tool_owned(u, local.root) and u not in placed and not _under(u, sent)]
     if untracked:
