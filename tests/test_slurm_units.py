@@ -191,3 +191,18 @@ def test_every_node_of_a_run_takes_node_0s_rendezvous_address_from_the_board_nod
     here, node1 = slurm.place_node(str(run_dir), dict(meta), {}, list(argv))
     assert here == str(run_dir / "nodes" / "1")
     assert f"--rdzv-endpoint=127.0.0.1:{board['port']}" in node1 and "--rdzv-conf=is_host=false" in node1
+
+
+def test_sbatch_never_takes_from_the_login_environment_an_option_a_run_sets_or_refuses(monkeypatch):
+    """A login profile's SBATCH_ARRAY_INX would make one run an array of jobs in one run dir, its
+    SBATCH_ERROR split the log: sbatch's environment leaves them out and keeps the rest (a default
+    partition, SLURM_CONF)."""
+    for key in slurm.NOT_FROM_ENV:
+        monkeypatch.setenv(key, "x")
+    monkeypatch.setenv("SBATCH_PARTITION", "gpu")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    env = slurm._submit_env()
+    assert not {"SBATCH_ARRAY_INX", "SBATCH_ERROR", "SBATCH_WAIT", "SLURM_JOB_ID"} & set(env)
+    assert env["SBATCH_PARTITION"] == "gpu"
+    assert env["SLURM_CONF"] == "/etc/slurm/slurm.conf"

@@ -131,10 +131,19 @@ def _ignore_term() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+# sbatch reads options from these too; a login profile that sets one would make the run an array, a
+# wait, another cluster's job or a log split in two, which the sbatch: keys are refused for (scheduler.py)
+NOT_FROM_ENV = frozenset({"SBATCH_ARRAY_INX", "SBATCH_WAIT", "SBATCH_CLUSTERS", "SBATCH_ERROR", "SBATCH_INPUT",
+                          "SBATCH_OUTPUT", "SBATCH_OPEN_MODE", "SBATCH_JOB_NAME", "SBATCH_REQUEUE",
+                          "SBATCH_EXPORT", "SBATCH_CHDIR", "SBATCH_TEST_ONLY"})
+
+
 def _submit_env() -> dict[str, str]:
     """sbatch's environment: on an allocation (a run continuing itself) the job's own SLURM_* would be
-    taken as the next job's options (its nodes, tasks, memory): only SLURM_CONF, which names the cluster."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    taken as the next job's options (its nodes, tasks, memory): only SLURM_CONF, which names the cluster.
+    The SBATCH_* that stand for options a run sets or refuses are left out (NOT_FROM_ENV)."""
+    return {k: v for k, v in os.environ.items()
+            if (not k.startswith("SLURM_") or k == "SLURM_CONF") and k not in NOT_FROM_ENV}
 
 
 def update_meta(run_dir: str, changes: dict, *, job_id: str | None = None) -> dict:
