@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import shlex
 import stat
 from collections.abc import Mapping
@@ -276,18 +277,50 @@ def make_run_tree(config: Config, job: JobConfig, session: HostSession, local: L
         return make_tree(session, local, result, session.paths.tree(name), ref=name, data=tree_data,
                          step=reporter.step, send=lambda shas: send_files(session, files, reporter, only=shas))
     except TreeRefused as exc:
-        raise _refusal(config, job, exc.answer) from None
+        raise _refusal(config, job, exc.answer, session.paths.tree(name)) from None
 
 
-def _refusal(config: Config, job: JobConfig, answer: Mapping[str, object]) -> ThrustError:
+# what tree-add's `what` names: the thrust.yaml key that asked for the path, or what of the commit it is
+REFUSED_KEYS = {"shared": "shared", "files": "files", "setup": "setup"}
+REFUSED_KINDS = {"lfs": "a Git LFS file of the commit", "submodule": "a submodule of the commit"}
+
+
+def _refusal(config: Config, job: JobConfig, answer: Mapping[str, object], tree: str = "") -> ThrustError:
     if answer.get("error") == "shared-tracked":
         tracked = ", ".join(str(t) for t in answer.get("tracked") or [])  # type: ignore[union-attr]
         return ConfigError(f"{_where(config, job, 'shared')}: {answer.get('path')} holds files of the commit "
                            f"({tracked}): a shared directory would hide them",
                            "share a directory the code does not have (a subdirectory for the data, say)")
     if answer.get("error") == "outside":
-        return ConfigError(f"{config_label(config.path)}: {answer.get('path')} leads outside the run's tree")
+        return _outside(config, job, answer, tree)
     return ThrustError(f"the run's tree could not be made: {answer}")
+
+
+def _outside(config: Config, job: JobConfig, answer: Mapping[str, object], tree: str) -> ConfigError:
+    """tree-add's "outside": a path that would leave the run's tree, or one behind a symlink (or a file)
+    of the commit (`through`, `link`): named at the thrust.yaml line that asked for it, with the link."""
+    what, path, through = str(answer.get("what") or ""), answer.get("path"), answer.get("through")
+    key = REFUSED_KEYS.get(what)
+    where = _where(config, job, key) if key else config_label(config.path)
+    if not isinstance(through, str):
+        return ConfigError(f"{where}: {path} leads outside the run's tree")
+    shown = f"{where}: {path}" if key else f"{where}: {path} ({REFUSED_KINDS.get(what, 'a path of the commit')})"
+    link = answer.get("link")
+    if not isinstance(link, str):
+        return ConfigError(f"{shown} is behind {through} (a file of the commit): no directory can be made there",
+                           f"name a path that is a real directory of the commit, not under {through}")
+    leaves = ", outside the run's tree" if _leaves(tree, through, link) else ""
+    return ConfigError(f"{shown} is behind {through} (a symlink of the commit to {link}{leaves}): thrust-remote "
+                       "never writes, replaces or removes anything through a link",
+                       f"name a path that is a real directory of the commit, not under {through}")
+
+
+def _leaves(tree: str, through: str, link: str) -> bool:
+    """The link `through` (relative to the tree), whose text is `link`, leads out of the tree."""
+    if posixpath.isabs(link):
+        return not tree or not (posixpath.normpath(link) + "/").startswith(tree.rstrip("/") + "/")
+    target = posixpath.normpath(posixpath.join(posixpath.dirname(through), link))
+    return target == ".." or target.startswith("../")
 
 
 # ------------------------------------------------------------------------------------------ setup:
