@@ -434,4 +434,6 @@ def prune(ctx: typer.Context,
         return
     for tree in pruned.removed:
         console.print(("would remove " if dry_run else "removed ") + host_text(trees.describe(tree)), highlight=False)
+    for tree in pruned.held:  # why a tree that --keep would take stays: said, not left to guess
+        console.print("kept " + host_text(trees.describe(tree)), highlight=False)
     err_console.print(host_text(trees.summary(pruned)), highlight=False)

@@ -37,6 +37,11 @@ class Pruned:
     def removed(self) -> list[dict]:
         return [t for t in self.trees if "removed" in t]
 
+    @property
+    def held(self) -> list[dict]:
+        """The trees kept whatever N: being set up or launched, still to fetch (agent tree-prune's `hold`)."""
+        return [t for t in self.trees if t.get("hold") and "removed" not in t]
+
     def as_json(self) -> dict:
         return {"host": self.host, "trees": self.trees, "freed": self.freed, "dry_run": self.dry_run}
 
