@@ -13,6 +13,7 @@ reattaches from the byte offset reached) is following.follow; this module only r
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
@@ -167,6 +168,42 @@ class _Shown:
         yield Segment(self.text)
 
 
+class _Writer:
+    """The view's log text and progress lines, written in order by a thread of its own: a terminal takes
+    a few tens of MB/s at most, and while it writes, the next chunk is read and parsed. A write that
+    fails (a pipe whose reader left) is raised in the follow's thread at its next put, or at close."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[Callable[[], object] | None] = queue.Queue(maxsize=4)  # ~4 MiB of log at most
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+        self.thread.start()
+
+    def put(self, write: Callable[[], object]) -> None:
+        self._raise()
+        self.queue.put(write)
+
+    def close(self) -> None:
+        """Every write done (a Ctrl-C meanwhile still waits for them: the terminal shows what was read)."""
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+    def _run(self) -> None:
+        while (write := self.queue.get()) is not None:
+            if self.error is None:  # after a failed write, the rest is dropped: nobody reads it
+                try:
+                    write()
+                except BaseException as exc:  # noqa: BLE001 - handed to the follow's thread
+                    self.error = exc
+
+
 class LogView:
     """Consumes log bytes and shows them in one of the three modes (see the module's docstring)."""
 
@@ -191,6 +228,7 @@ class LogView:
         self.pulled_at: float | None = None  # when the run's checkpoint was last pulled (runs/pull.py)
         self.grew_at: float | None = None  # when the log last grew: a run without metrics is not hung
         self.ticking = threading.Event()  # set: the piped view's idle line stops
+        self.writer: _Writer | None = None  # the log text's writer, from __enter__ to __exit__
 
     def waiting_line(self) -> str:
         """What the line says before any metrics: where a queued run waits; else that the run goes, how
@@ -237,6 +275,7 @@ class LogView:
         return self.clock() - self.started
 
     def __enter__(self) -> LogView:
+        self.writer = _Writer() if self.mode != "raw" else None
         if self.mode == "live":
             self.live = Live(_LiveLine(self), console=self.out, refresh_per_second=4, transient=False)
             self.live.start()
@@ -247,6 +286,14 @@ class LogView:
     def __exit__(self, *exc: object) -> None:
         self.ticking.set()
         self._block(self.lines.close_block())
+        writer, self.writer = self.writer, None
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            self._end()
+
+    def _end(self) -> None:
         if self.live is not None:
             self.closed = True
             self.live.refresh()
@@ -295,12 +342,20 @@ class LogView:
         if self.mode != "raw" and text:
             # as the text a print would show (control codes dropped as rich drops them), without rich's
             # per-character layout: a job may print a million lines a second
-            self.out.print(_Shown(strip_control_codes(text)), end="", crop=False, soft_wrap=True)
+            shown = _Shown(strip_control_codes(text))
+            self._write(lambda: self.out.print(shown, end="", crop=False, soft_wrap=True))
+
+    def _write(self, write: Callable[[], object]) -> None:
+        """Through the writer while there is one (in the log's order), else now."""
+        if self.writer is not None:
+            self.writer.put(write)
+        else:
+            write()
 
     def _print_progress(self) -> None:
         self.printed_at, self.printed_updates = self.clock(), self.progress.updates
-        line = progress_line(self.progress.metrics, None, elapsed=self.elapsed(), bar=False)
-        self.out.print(f"{self.run_id}: {line}", markup=False, highlight=False, emoji=False, soft_wrap=True)
+        line = f"{self.run_id}: " + progress_line(self.progress.metrics, None, elapsed=self.elapsed(), bar=False)
+        self._write(lambda: self.out.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True))
 
 
 class LogReporter(vocab.NullReporter):

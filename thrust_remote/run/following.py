@@ -67,7 +67,7 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
         reporter.log(chunk)
         block = lines.feed_block(chunk)
         if block:  # whole lines at once: a job printing a million lines a second is read at its pace
-            progress.take_block(block)
+            progress.take_block(block, shown=False)  # the reporter shows the log: only its facts here
             if progress.matched:  # the pattern's numbers, merged over the block's lines
                 reporter.metrics(progress.matched)
 

@@ -252,17 +252,17 @@ class LineSplitter:
 def _cut_long(block: bytes) -> bytes:
     """`block` (whole lines) with every line longer than LINE_MAX cut: a window of LINE_MAX + 1 bytes holds
     a newline unless its first line is too long, so this looks at one window per LINE_MAX bytes."""
-    out, pos = [], 0
+    out: list[bytes] = []
+    pos = kept = 0  # `kept`: where the block is still to be copied from (no copy at all without a cut)
     while pos < len(block):
         nl = block.rfind(b"\n", pos, pos + LINE_MAX + 1)
         if nl >= 0:
-            out.append(block[pos:nl + 1])
             pos = nl + 1
             continue
         nl = block.find(b"\n", pos)
-        out.append(_cut(block[pos:nl], nl - pos) + b"\n")
-        pos = nl + 1
-    return b"".join(out)
+        out += [block[kept:pos], _cut(block[pos:nl], nl - pos) + b"\n"]
+        pos = kept = nl + 1
+    return b"".join([*out, block[kept:]]) if out else block
 
 
 def _decoded(block: bytes) -> list[str]:
@@ -302,22 +302,23 @@ class RunProgress:
             self.done = obj
         return True
 
-    def take_block(self, data: bytes) -> str:
-        """Take a block of whole lines (LineSplitter.feed_block); the text of those to show. The same as
-        `take` line by line, in C-speed steps: a job that prints a million lines a second is followed at
-        its pace. Only the trainer's tagged lines are read one by one (a few a second)."""
+    def take_block(self, data: bytes, *, shown: bool = True) -> str:
+        """Take a block of whole lines (LineSplitter.feed_block); the text of those to show (`shown`: else
+        "", for a reader that keeps only the facts). The same as `take` line by line, in C-speed steps: a
+        job that prints a million lines a second is followed at its pace. Only the trainer's tagged lines
+        are read one by one (a few a second)."""
         self.matched = None
         if b"THRUST_" not in data:
-            return self._plain(data)
-        shown, pos = [], 0
+            return self._plain(data, shown)
+        parts, pos = [], 0
         for m in _TAGGED.finditer(data):
-            shown.append(self._plain(data[pos:m.start()]))
+            parts.append(self._plain(data[pos:m.start()], shown))
             pos = data.find(b"\n", m.start()) + 1
             self.take(data[m.start():pos - 1].decode("utf-8", "replace").rstrip("\r"))
-        shown.append(self._plain(data[pos:]))
-        return "".join(shown)
+        parts.append(self._plain(data[pos:], shown))
+        return "".join(parts)
 
-    def _plain(self, data: bytes) -> str:
+    def _plain(self, data: bytes, shown: bool) -> str:
         """Whole lines none of which is a tagged one: the pattern's numbers taken, the tail kept."""
         if not data:
             return ""
@@ -327,9 +328,9 @@ class RunProgress:
         if found:
             self.take_metrics(found)
             self.matched = {**(self.matched or {}), **found}
-        text = data.decode("utf-8", "replace")
-        self.tail.extend(text.rsplit("\n", TAIL_LINES + 1)[-(TAIL_LINES + 1):-1])
-        return text
+        last = data.rsplit(b"\n", TAIL_LINES + 1)[-(TAIL_LINES + 1):-1]
+        self.tail.extend(line.decode("utf-8", "replace") for line in last)
+        return data.decode("utf-8", "replace") if shown else ""
 
     def take_metrics(self, obj: dict[str, Any]) -> None:
         """A metrics object from elsewhere than the log (TensorBoard scalars read on the host): merged
