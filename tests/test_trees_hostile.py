@@ -209,6 +209,7 @@ def test_a_fetch_of_a_run_whose_tree_was_pruned_says_so_and_fails(cli, sshd, tmp
     assert re.search(rf"the tree of run {run_id} on sandbox was removed by prune at \S+", fetched.stderr), \
         fetched.stderr
     assert "run directory" in fetched.stderr and "Traceback" not in fetched.stderr
+    assert fetched.stderr.count("was removed by prune") == 1, fetched.stderr  # said once, not three times
 
 
 READER = """\

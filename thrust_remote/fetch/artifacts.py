@@ -88,7 +88,7 @@ class DirFetch:
 
     def summary(self, root: Path) -> str:
         if not self.files and self.tree_removed:
-            return f"artifacts: none fetched: {self.tree_removed}"
+            return "artifacts: none fetched: the run's tree was removed"  # the why comes once, as the error
         if not self.files and not self.dest.exists():
             return "artifacts: nothing matched on the host, nothing fetched"
         try:
@@ -96,7 +96,8 @@ class DirFetch:
         except ValueError:
             where = f"{self.dest}/"
         return (f"artifacts: {self.files} file(s) in {where} ({len(self.fetched)} fetched, {self.bytes:,} bytes; "
-                f"{len(self.unchanged)} unchanged), verified by sha256")
+                f"{len(self.unchanged)} unchanged), verified by sha256"
+                + (f"; nothing of its tree: {self.tree_removed}" if self.tree_removed else ""))
 
 
 def artifact_globs(job: JobConfig) -> tuple[str, ...]:
@@ -347,9 +348,9 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     session.runner.warm_transfers(1)  # its start (a shell, a python) beside the listing's, not after it
     answer = list_remote(session, run_dir, globs)
     result.tree_removed = tree_removed(session, run_dir, run_id, answer)
-    if result.tree_removed:  # said once, plainly, instead of a "matches nothing" per glob under the tree
+    if result.tree_removed:  # said once, plainly (the summary, or the error when nothing came), instead of
+        # a "matches nothing" per glob under the tree
         answer = {**answer, "unmatched": [g for g in _strings(answer, "unmatched") if g.startswith(RUN_DIR_PREFIX)]}
-        result.warnings.append(f"artifacts: {result.tree_removed}")
     result.warnings += listing_warnings(answer, session.name, run_dir)
     for text in result.warnings:
         if warn:
