@@ -2,7 +2,9 @@
 
     agent logs --run-dir D --offset N [--follow]
 
-Kept apart from supervisor.py: a follow runs for the whole of a run, and only reads.
+Kept apart from supervisor.py: a follow runs for the whole of a run, and only reads. It ends when the
+run has ended and all is sent, or within IDLE_S of its laptop going away (`_laptop_gone`), whether the
+log is busy or silent.
 """
 
 from __future__ import annotations
