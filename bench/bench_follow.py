@@ -113,7 +113,8 @@ def _readers(server: SSHServer, project: Path, run_id: str, log: Path) -> dict[s
            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"{server.user}@127.0.0.1", "cat", str(log)]
     follow = [EXE, "logs", run_id, "--follow", "--no-fetch"]
     return {"ssh cat LOG": ssh, "logs RUN": [EXE, "logs", run_id], "logs RUN --follow, piped": follow,
-            "cat LOG (here), terminal": ("tty", ["cat", str(log)]), "logs RUN, terminal": ("tty", [EXE, "logs", run_id]),
+            "cat LOG (here), terminal": ("tty", ["cat", str(log)]),
+            "logs RUN, terminal": ("tty", [EXE, "logs", run_id]),
             "logs RUN --follow, terminal": ("tty", follow)}
 
 
