@@ -42,7 +42,7 @@ PATTERN = r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)"
 
 
 def _env() -> dict[str, str]:
-    # an installed package has its .pyc files: a benchmark times what a user runs (shared/TESTING.md)
+    # an installed package has its .pyc files: a benchmark times what a user runs
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "THRUST_CONFIG")}
     return env | {"NO_COLOR": "1", "COLUMNS": "120"}
 

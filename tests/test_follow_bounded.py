@@ -145,9 +145,6 @@ jobs:
   evil:
     command: [sh, -c, 'echo {EVIL_LINE}']
     metrics: {{pattern: '{EVIL}'}}
-  ahead:
-    command: [sh, -c, 'echo x 1']
-    metrics: {{pattern: 'x (?P<v>\\d+)(?=$)'}}
   many:
     command: [sh, -c, "seq -f 'line %.0f' 0 {MANY - 1}"]
   counted:
@@ -184,14 +181,19 @@ def test_a_catastrophic_pattern_stalls_neither_train_nor_wait(cli, proj):
     assert "FINISHED" in waited.stdout
 
 
-def test_a_pattern_re2_cannot_take_is_a_config_error_not_a_traceback(cli, proj):
-    """Before, a lookahead was taken (and matched by a backtracking engine). core/config.py refuses it at
-    its line once it asks runs.progress.check_pattern; until then the follow refuses it."""
+def test_a_pattern_re2_cannot_take_is_a_config_error_not_a_traceback(cli, proj, tmp_path):
+    """Before, a lookahead was taken (and matched by a backtracking engine): now thrust.yaml's reader
+    refuses it at its line (core/patterns.py's rules), before anything connects."""
     path, _ = proj
-    done = cli("train", "ahead", "--no-fetch", cwd=path, timeout=120)
+    config = tmp_path / "ahead.yaml"
+    config.write_text((path / "thrust.yaml").read_text().split("jobs:")[0]
+                      + "jobs:\n  ahead:\n    command: [sh, -c, 'echo x 1']\n"
+                      + "    metrics: {pattern: 'x (?P<v>\\d+)(?=$)'}\n")
+    done = cli("--config", str(config), "train", "ahead", "--no-fetch", cwd=path, timeout=120)
     err = " ".join(done.stderr.split())
     assert done.returncode == 78, done.stderr
-    assert "metrics.pattern" in err and "lookahead" in err and "Traceback" not in err, err
+    assert "ahead.yaml:" in err and "jobs.ahead.metrics.pattern: lookahead" in err, err
+    assert "Traceback" not in err and "syncing" not in err, err
 
 
 def _lines_in_order(out: str, count: int) -> None:

@@ -120,6 +120,8 @@ def test_a_pattern_without_step_and_the_tail_a_wait_reads():
     ("iter (?P<step>\\\\d+", ":4: jobs.j.metrics.pattern: not a regular expression"),
     ("iter (\\\\d+): loss ([\\\\d.]+)", ":4: jobs.j.metrics.pattern: expected named groups"),
     ("iter (?P<step>\\\\d+)", "step alone is only the x axis"),
+    ("loss (?P<loss>[\\\\d.]+)(?=x)", ":4: jobs.j.metrics.pattern: lookahead (?=...) is not supported by RE2"),
+    ("^(?P<loss>(a+)+)(?P=loss)$", ":4: jobs.j.metrics.pattern: backreference (?P=name) is not supported"),
 ])
 def test_a_bad_pattern_is_78_at_its_line(pattern, words):
     message = _refused(f'jobs:\n  j:\n    script: t.py\n    metrics: {{pattern: "{pattern}"}}\n')

@@ -370,7 +370,7 @@ def _view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stopp
             and said[0] == RunState.QUEUED:
         # killed by a signal, and the kept answer is older than the job's start: the scheduler's word on
         # why (a cancel, the time limit, a failed node) comes with the next poll; not FAILED meanwhile
-        word = "RUNNING"
+        word = RunState.RUNNING.value  # Slurm's word for it is the same as ours
     if ended and not stopped and os.path.exists(os.path.join(run_dir, NEAR_LIMIT)):
         word = "TIMEOUT"  # it ended on Slurm's warning, before the limit itself: a timeout all the same
     elif ended and not stopped and os.path.exists(os.path.join(run_dir, PREEMPTED)):

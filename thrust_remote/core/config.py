@@ -24,6 +24,7 @@ import yaml
 
 from thrust_remote.core.errors import ConfigError
 from thrust_remote.core.names import bad_name_reason, parse_address, valid_host, valid_id
+from thrust_remote.core.patterns import check_pattern
 from thrust_remote.core.scheduler import (
     LIMIT_WARNING_S,
     NAME_RE,
@@ -1212,13 +1213,9 @@ def _metrics_pattern(reader: _Reader, f: str, node: yaml.Node) -> str:
     """A regular expression searched in each line of the job's log; its named groups are the metrics
     (`step` the x of the series). Checked here, so a typo is a 78 at its line, not a run with no progress."""
     text = reader.string(node, f) or ""
-    try:
-        names = set(re.compile(text).groupindex)
-    except re.error as exc:
-        raise reader.fail(node, f, f"not a regular expression ({exc})") from None
-    if not names - {"step"}:
-        raise reader.fail(node, f, "expected named groups for the numbers to read, e.g. "
-                                   r"'iter (?P<step>\d+): loss (?P<loss>[\d.]+)' (step alone is only the x axis)")
+    why = check_pattern(text)  # RE2's rules (core/patterns.py): what the follow will match it with
+    if why is not None:
+        raise reader.fail(node, f, why)
     return text
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from thrust_remote.core.errors import ConfigError
+from thrust_remote.core.patterns import ENGINE_HINT, check_pattern, compile_pattern
 
 TAIL_LINES = 40
 TAGS = ("THRUST_METRICS", "THRUST_INFO", "THRUST_DONE")
@@ -51,60 +52,6 @@ def parse_tagged(text: str) -> tuple[str | None, dict[str, Any] | None]:
 # a pattern reads is bounded with it.
 LINE_MAX = 1 << 16
 _TAGGED = re.compile(rb"^THRUST_(?:METRICS|INFO|DONE) ", re.MULTILINE)  # fixed, linear: no user input
-# RE2 (google-re2) matches in time linear in the line: a job's pattern cannot backtrack for hours on one
-# line. It takes Python's syntax but for what needs backtracking; RE2's own words for each are kept.
-_UNSUPPORTED = (
-    ("(?=", "lookahead (?=...)"), ("(?!", "negative lookahead (?!...)"), ("(?<=", "lookbehind (?<=...)"),
-    ("(?<!", "negative lookbehind (?<!...)"), ("(?P=", "backreference (?P=name)"), ("(?>", "atomic group (?>...)"),
-    ("(?(", "conditional group (?(...)...)"), ("(?x", "verbose flag (?x)"), ("\\Z", r"\Z (write \z or $)"),
-)
-_BACKREF = re.compile(r"invalid escape sequence: \\[1-9]")
-_POSSESSIVE = re.compile(r"bad repetition operator: [*+?}]\+")
-ENGINE = "RE2 (linear time, no backtracking)"
-ENGINE_HINT = ("a metrics pattern is matched by RE2, which never backtracks: lookarounds, backreferences, "
-               "atomic groups and possessive quantifiers are not taken; read the numbers with plain groups, "
-               r"e.g. 'iter (?P<step>\d+): loss (?P<loss>[\d.]+)'")
-
-
-def _re2() -> Any:
-    import re2  # a job without a pattern never pays its import (~10 ms)
-
-    return re2
-
-
-def _compile(text: str | bytes, *, block: bool = False) -> Any:
-    re2 = _re2()
-    options = re2.Options()
-    options.log_errors = False  # its reason is our error's, not a line on stderr
-    # a block of lines searched at once: `^`/`$` at each line, and no match across a newline, so the first
-    # match of each line is the one a search of that line alone finds
-    options.never_nl = block
-    return re2.compile(text, options=options)
-
-
-def check_pattern(text: str) -> str | None:
-    """Why `text` cannot be a job's `metrics: {pattern:}`, else None: RE2 must take it (docs/architecture.md,
-    "A job's metrics") and it must name a group other than `step` for the numbers it reads. For
-    core/config.py's check at the pattern's line."""
-    re2 = _re2()
-    try:
-        names = set(_compile(text).groupindex)
-    except re2.error as exc:
-        said = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-        what = next((name for token, name in _UNSUPPORTED if token in said), None)
-        if what is None and _BACKREF.search(said):
-            what = r"backreference (\1)"
-        if what is None and _POSSESSIVE.search(said):
-            what = "possessive quantifier (*+, ++, ?+)"
-        if what is not None:
-            return f"{what} is not supported by {ENGINE}"
-        return f"not a regular expression ({said})"
-    if not names - {"step"}:
-        return ("expected named groups for the numbers to read, e.g. "
-                r"'iter (?P<step>\d+): loss (?P<loss>[\d.]+)' (step alone is only the x axis)")
-    return None
-
-
 class LinePattern:
     """A job's `metrics: {pattern:}`: each named group that matched a number is a metric (`step` an int).
     Matched by RE2 on a line's first LINE_MAX characters: linear time, whatever the pattern and the line.
@@ -114,8 +61,8 @@ class LinePattern:
         why = check_pattern(pattern)
         if why is not None:
             raise ConfigError(f"metrics.pattern {pattern!r}: {why}", ENGINE_HINT)
-        self.regex = _compile(pattern)
-        self.block = _compile(pattern.encode(), block=True)
+        self.regex = compile_pattern(pattern)
+        self.block = compile_pattern(pattern.encode(), block=True)
         # in the pattern's order (RE2 gives its groups by name): the numbers read as the job wrote them
         self.names = tuple(sorted(self.regex.groupindex, key=self.regex.groupindex.__getitem__))
         # \A and \z mean the text's ends: within a block of lines they would be the block's, so such a
