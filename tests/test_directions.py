@@ -76,6 +76,15 @@ def test_command_hint_carries_host_and_config() -> None:
     assert command_hint("play") == "thrust-remote play"
 
 
+def test_a_hint_for_exec_puts_the_host_before_the_remote_words() -> None:
+    """After `--` every word is the remote command's: `--host H` there ran `ps -ef --host H` on the
+    default host."""
+    words = shlex.split(command_hint("exec", "--", "ps", "-o", "pid,args", "-p", "42", host="gpu"))
+    cut = words.index("--")
+    assert words[cut - 2:cut] == ["--host", "gpu"]
+    assert words[cut + 1:] == ["ps", "-o", "pid,args", "-p", "42"]
+
+
 def test_envcheck_fixes_that_are_commands_get_the_config() -> None:
     report = Report("gpu", {}, [Check("build-rs-no-as-needed", "t", "warn", "d",
                                       "thrust-remote doctor --job x --fix --host gpu   # adds ..."),

@@ -18,7 +18,7 @@ PROG = "thrust-remote"
 
 def command_hint(command: str, *args: str, host: HostConfig | str | None = None,
                  config: str | Path | None = None) -> str:
-    """`thrust-remote [--config PATH] COMMAND ARGS... [--host NAME]`, quoted for a POSIX shell.
+    """`thrust-remote [--config PATH] COMMAND ARGS... [--host NAME] [-- WORDS...]`, quoted for a POSIX shell.
 
     `host` is a host name or a HostConfig; a HostConfig also brings the config path the user gave
     (HostConfig.config_path) unless `config` is passed. Placeholders such as RUN_ID stay as they are.
@@ -29,9 +29,11 @@ def command_hint(command: str, *args: str, host: HostConfig | str | None = None,
     argv = [PROG]
     if config:
         argv += ["--config", str(config)]
-    argv += [*command.split(), *args]
-    if name:
-        argv += ["--host", name]
+    argv += command.split()
+    # options go before a `--` (exec's): after it, `--host H` would be words of the remote command
+    rest = list(args)
+    cut = rest.index("--") if "--" in rest else len(rest)
+    argv += rest[:cut] + (["--host", name] if name else []) + rest[cut:]
     return shlex.join(argv)
 
 
