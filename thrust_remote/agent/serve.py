@@ -19,9 +19,11 @@ Each request runs in a forked child in a process group of its own, its stdin/std
 temporary files: the subcommand sees exactly what it would as a command of its own (a subprocess it
 starts writes to the same files). Requests run at once and are answered as they end, each with its id.
 A request past its `timeout` is killed (TERM, KILL 5 s later) and answered with exit 124, as the
-host's timeout(1) did for a command of its own. stdin's end (the link closed) ends serve at once; a
-request still running is left to finish on its own (a `stop` half done is not cut by the laptop
-going away), its answer unsent. Standard library only, Python 3.8+, like the rest of the agent.
+host's timeout(1) did for a command of its own. stdin's end (the link closed): a request that only
+served the laptop (ENDS_WITH_LINK: a venv's pip, a listing, a poll) is ended as a cancel is; one that
+changes the host's state (`stop`, `launch`, `tree-add`...) is left to finish (a `stop` half done is not
+cut by the laptop going away), its deadline still enforced, its answer unsent; serve exits when none is
+left. Standard library only, Python 3.8+, like the rest of the agent.
 """
 
 from __future__ import annotations
@@ -46,12 +48,17 @@ MAGIC = "THRUST-AGENT"
 # supervisor behind, which `ps` must show as that (its run dir and marker), never as this server.
 EXEC_COMMANDS = frozenset({"launch"})
 KILL_GRACE_S = 5.0
+# Requests worth nothing once their laptop is gone: they read for it, or build what its train waits for
+# (a venv: the next train builds it again, under its own deadline). Cut at the link's end, not left to
+# run for up to their hour-long timeouts with nobody to answer.
+ENDS_WITH_LINK = frozenset({"venv", "setup-keep", "list-files", "scalars", "poll", "preflight",
+                            "missing-modules", "dist-versions", "tree-size", "slurm-check", "git-state"})
 
 
 class _Request:
     def __init__(self, rid: object, pid: int, out: io.BufferedRandom, err: io.BufferedRandom,
-                 timeout: float | None) -> None:
-        self.rid, self.pid, self.out, self.err = rid, pid, out, err
+                 timeout: float | None, command: str = "") -> None:
+        self.rid, self.pid, self.out, self.err, self.command = rid, pid, out, err, command
         self.deadline = time.monotonic() + timeout if timeout else None
         self.killed_at: float | None = None
         self.timed_out = False
@@ -128,7 +135,9 @@ def _start(message: dict) -> _Request:
     if pid == 0:
         _child(list(message.get("argv") or []), stdin, out, err)
     timeout = message.get("timeout")
-    return _Request(message.get("id"), pid, out, err, float(timeout) if timeout else None)
+    argv = list(message.get("argv") or [])
+    return _Request(message.get("id"), pid, out, err, float(timeout) if timeout else None,
+                    str(argv[0]) if argv else "")
 
 
 def _signal(req: _Request, sig: int) -> None:
@@ -161,11 +170,22 @@ def _handle(line: bytes, running: dict, write) -> None:
     if message.get(SERVE_CANCEL):
         for req in running.values():
             if req.rid == message.get("id"):
-                req.timed_out, req.killed_at = True, time.monotonic()
-                _signal(req, signal.SIGTERM)
+                _cancel(req)
         return
     req = _start(message)
     running[req.pid] = req
+
+
+def _cancel(req: _Request) -> None:
+    req.timed_out, req.killed_at = True, time.monotonic()
+    _signal(req, signal.SIGTERM)
+
+
+def _link_closed(running: dict) -> None:
+    """Nobody to answer any more: the requests that only served the laptop end now (ENDS_WITH_LINK)."""
+    for req in running.values():
+        if req.command in ENDS_WITH_LINK and req.killed_at is None:
+            _cancel(req)
 
 
 def _wait_s(running: dict) -> float | None:
@@ -178,9 +198,14 @@ def _wait_s(running: dict) -> float | None:
 def main(argv: list | None = None) -> int:
     out = sys.stdout
 
+    closed = False
+
     def write(text: str) -> None:
-        out.write(text)
-        out.flush()
+        if closed:
+            return  # the link is gone: the answer has nobody to go to
+        with contextlib.suppress(OSError):
+            out.write(text)
+            out.flush()
 
     # a child's end wakes the select at once (SIGCHLD through the wakeup pipe): no polling delay
     wake_r, wake_w = os.pipe()
@@ -190,23 +215,25 @@ def main(argv: list | None = None) -> int:
     write(f"{MAGIC} ready\n")
     running: dict = {}
     pending = b""
-    while True:
+    while not closed or running:
         try:
-            ready, _, _ = select.select([0, wake_r], [], [], _wait_s(running))
+            ready, _, _ = select.select([wake_r] if closed else [0, wake_r], [], [], _wait_s(running))
         except InterruptedError:  # pragma: no cover - 3.5+ retries select itself
             ready = []
         if wake_r in ready:
             os.read(wake_r, 4096)
         if 0 in ready:
             chunk = os.read(0, 1 << 16)
-            if not chunk:
-                return 0  # the link closed: nobody to answer; running requests finish by themselves
+            if not chunk:  # the link closed: the laptop's requests end, the host's finish under their deadlines
+                closed = True
+                _link_closed(running)
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 if line.strip():
                     _handle(line, running, write)
         _reap(running, write)
+    return 0
 
 
 if __name__ == "__main__":
