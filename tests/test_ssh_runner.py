@@ -590,3 +590,16 @@ def test_a_commands_whole_output_arrives_though_its_exit_status_comes_before_the
         for _ in range(30):  # under load one in a few dozen was cut before the fix
             result = runner.run(["head", "-c", str(size), "/dev/zero"])
             assert result.ok and len(result.stdout) == size, len(result.stdout)
+
+
+def test_a_command_that_ends_before_reading_its_stdin_gives_its_exit_status_not_a_lost_link(sshd):
+    """The host closes the channel of a command that ended (a missing `python:` is 127 at once) while the
+    laptop still writes its stdin: that answer is the command's, never "connection lost" (75)."""
+    runner = sshd.runner()
+    try:
+        for _ in range(5):  # the race: the end must come while the write is under way
+            done = runner.run(["sh", "-c", "exit 7"], stdin=b"x" * (8 << 20))
+            assert done.exit_code == 7
+        assert runner.run(["echo", "still connected"]).stdout.strip() == "still connected"
+    finally:
+        runner.close()

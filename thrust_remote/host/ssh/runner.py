@@ -44,6 +44,7 @@ from thrust_remote.host.ssh.connect import Target, connect
 from thrust_remote.host.ssh.transfer import LINK_ERRORS, SftpTransfer, StreamTransfer
 
 WATCH_OVER_S = 60.0  # a command given a longer timeout (or none, its output followed) is a long one
+EXITED_WAIT_S = 2.0  # how long a channel closed under a write may take to tell its exit status
 
 
 def watched(timeout: float | None, stdin: bytes | None, stream: StreamCallback | None,
@@ -227,6 +228,7 @@ class SSHRunner(FileOps):
     def _start(self, command: str, stdin: bytes | None, *, keep_open: bool = False) -> paramiko.Channel:
         """The command's channel, `stdin` sent; then EOF, unless `keep_open` (a watched command: its
         watch on the host takes EOF for "the channel is gone")."""
+        chan = None
         try:
             chan = self.open_channel(command)
             if stdin:
@@ -234,6 +236,10 @@ class SSHRunner(FileOps):
             if not keep_open:
                 chan.shutdown_write()
         except LINK_ERRORS as exc:
+            # a command that ended before it read its stdin (a `python:` that is missing: 127 at once)
+            # closes its channel under our write: its exit status is the answer, not a lost link
+            if chan is not None and chan.status_event.wait(EXITED_WAIT_S):
+                return chan
             self.drop()
             raise ConnectionLostError(
                 f"connection to {self.name} lost before the command started: {exc}",
