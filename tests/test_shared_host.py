@@ -96,7 +96,7 @@ def test_a_launch_lock_held_past_the_wait_is_an_answer_naming_its_holder(tmp_pat
         assert named is not None and named.endswith(("(sleep)", "(flock)")), named  # flock passes it to sleep
         error = _lock_busy({"lock": str(lock), "holder": named, "seconds": 45}, "r1", HostConfig("gpu", address="x"))
         assert error.exit_code == ExitCode.UNAVAILABLE and f"held for 45 s by process {named}" in error.message
-        assert f"ps -o pid,stat,etime,args -p {named.split()[0]} --host gpu" in error.hint
+        assert f"exec --host gpu -- ps -o pid,stat,etime,args -p {named.split()[0]})" in error.hint
     finally:
         os.killpg(holder.pid, signal.SIGKILL)  # flock and the sleep it handed the lock to
         holder.wait()

@@ -52,7 +52,8 @@ KILL_GRACE_S = 5.0
 # (a venv: the next train builds it again, under its own deadline). Cut at the link's end, not left to
 # run for up to their hour-long timeouts with nobody to answer.
 ENDS_WITH_LINK = frozenset({"venv", "setup-keep", "list-files", "scalars", "poll", "preflight",
-                            "missing-modules", "dist-versions", "tree-size", "slurm-check", "git-state"})
+                            "missing-modules", "dist-versions", "tree-size", "slurm-check", "git-state",
+                            "logs", "status", "list"})
 
 
 class _Request:
