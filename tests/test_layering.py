@@ -5,6 +5,7 @@ the tool takes only the torch-free flag table from the trainer, and no room outg
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,61 @@ def test_every_module_lives_in_a_folder_named_for_what_it_does():
     assert set(FOLDER_RULES) == {p.name for p in (ROOT / "thrust_remote").iterdir()
                                  if p.is_dir() and (p / "__init__.py").exists()}
     assert len(loose) <= 6, loose
+
+
+def _agent_imports() -> dict[str, set[str]]:
+    """thrust_remote/agent's modules -> the agent modules each imports, at its top or inside a function
+    (`from . import x`, `from .x import y`, `from thrust_remote.agent.x import y`): a function-level
+    import hides a cycle from Python's start-up, not from this graph."""
+    agent = ROOT / "thrust_remote" / "agent"
+    own = {p.stem for p in agent.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in sorted(agent.glob("*.py")):
+        reached: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                reached |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("thrust_remote.agent"):
+                rest = (node.module or "").split(".")[2:]
+                reached |= {rest[0]} if rest else {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                reached |= {a.name.split(".")[2] for a in node.names if a.name.startswith("thrust_remote.agent.")}
+        graph[path.stem] = (reached & own) - {path.stem}
+    return graph
+
+
+def test_the_agent_has_no_import_circle():
+    """Each agent module imports only modules below it (docs/architecture.md, "The host agent"): a circle,
+    even through imports inside functions, is two modules that cannot be read, tested or changed apart
+    (agent/slurm.py had grown a reader of run.json of its own, without RUN_JSON_MAX, to avoid one)."""
+    graph = _agent_imports()
+    assert graph["runs"] >= {"supervisor"} and "protocol" in graph["supervisor"]  # the graph sees imports
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("agent import circle: " + " -> ".join([*path[path.index(module):], module]))
+        if module not in done:
+            for reached in sorted(graph[module]):
+                visit(reached, [*path, module])
+            done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_a_status_imports_none_of_what_tree_add_needs(tmp_path):
+    """Each agent subcommand imports its own modules only (agent/__main__.py's COMMANDS): a `status`, every
+    2 s of a follow and compiled afresh in a zipapp, reads a run's tree size (agent/treesize.py) without
+    the tree-add's module and the transfer helper it brings."""
+    code = ("import contextlib, io, json, sys\n"
+            "from thrust_remote.agent.__main__ import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    main(['status', '--run-dir', {str(tmp_path / 'r1')!r}])\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('thrust_remote.agent.'))))\n")
+    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env={"PYTHONPATH": str(ROOT)})
+    loaded = set(json.loads(done.stdout))
+    assert "thrust_remote.agent.runs" in loaded and "thrust_remote.agent.treesize" in loaded
+    assert not loaded & {"thrust_remote.agent.trees", "thrust_remote.agent.xfer", "thrust_remote.agent.launcher",
+                         "thrust_remote.agent.listing"}, sorted(loaded)

@@ -11,13 +11,13 @@ import sys
 
 # subcommand -> (module, whether the module's own parser sees the subcommand word itself)
 COMMANDS: dict[str, tuple[str, bool]] = {
-    "launch": ("supervisor", True),
-    "status": ("supervisor", True),
-    "list": ("supervisor", True),
+    "launch": ("launcher", True),
+    "status": ("runs", True),
+    "list": ("runs", True),
     "logs": ("logs", True),  # a run's log from an offset; --follow to its end
-    "stop": ("supervisor", True),
+    "stop": ("runs", True),
     "launch-outcome": ("supervisor", True),  # a launch whose answer never came: launched, else withdrawn
-    "supervise": ("supervisor", True),  # a Slurm job's one step: the supervisor on the allocation (slurm.py)
+    "supervise": ("slurmstep", True),  # a Slurm job's one step: the supervisor on the allocation
     "write-file": ("files", False),
     "git-state": ("checkout", True),
     "git-receive": ("checkout", True),

@@ -50,6 +50,14 @@ def lock_within(fd: int, seconds: float, poll: float = 0.05) -> bool:
             time.sleep(poll)
 
 
+def locked(path: str) -> int:
+    """`path` opened (made 0600 if need be) and exclusively flocked, waited for as long as it takes: the fd,
+    whose close lets go. For a lock held well under a second (the launch lock, by a launch or a stop)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 def unreadable(directory: str, names: tuple[str, ...]) -> str | None:
     """The first of `directory` and its files `names` that this account may not read (permission denied),
     or None. A file that is not there is not unreadable: it only says nothing."""

@@ -25,7 +25,8 @@ import time
 from typing import BinaryIO
 
 from .protocol import EXIT_CODE, LOG, METRICS, RUN_JSON, RunState
-from .supervisor import read_json, run_state
+from .runjson import read_json
+from .supervisor import run_state
 
 TAG = b"THRUST_METRICS "
 CHUNK = 1 << 20

@@ -10,6 +10,7 @@ import base64
 import binascii
 import enum
 import json
+import secrets
 import time
 from typing import TypedDict  # 3.8+, the agent's oldest python
 
@@ -102,6 +103,17 @@ WITHDRAWN = "withdrawn"
 CHECKPOINTS = "checkpoints"
 PATCH = "uncommitted.patch"
 RUNS_DIR = ".thrust/runs"  # under a host's workdir: one directory per run id
+
+# What both sides name alike when a run goes on from another: the laptop (`resume`, run/stages.py) and
+# a cluster's run continuing itself on its allocation (agent/slurmstep.py)
+RESUME_DIR = "resume"  # under the new run's directory: the checkpoint it starts from
+CHECKPOINT_FIELD = "{checkpoint}"  # in a job's `resume:` template: the checkpoint's path on the host
+
+
+def new_run_id(job: str) -> str:
+    """A new run's id: its job, the UTC time to the second, four hex digits (`cartpole-20261201-225551-3f2a`)."""
+    return f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
 
 RUN_DIR_ENV = "THRUST_RUN_DIR"  # the job's environment: its run directory
 RUN_DIR_PREFIX = f"${RUN_DIR_ENV}/"  # an artifacts glob under the run directory, not the cwd

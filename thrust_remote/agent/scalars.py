@@ -22,7 +22,7 @@ import math
 import os
 
 from .protocol import RUN_JSON, AgentExit
-from .supervisor import read_json
+from .runjson import read_json
 
 PREFIX = "events.out.tfevents."
 

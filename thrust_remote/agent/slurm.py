@@ -10,6 +10,10 @@ agent process of the account on that login node (a login node is shared: `status
 answer was taken reads as pending until the next one). The mapping of Slurm's words to
 run states is protocol.slurm_state's.
 
+On the allocation the batch step (slurmstep.py) places each node (`place_node`), notes Slurm's warning
+and a preemption, and submits a run's next attempt itself (`continue_itself`) with what is here. Every
+run file is read through runjson.py, capped at RUN_JSON_MAX as on any host.
+
 Flags are the ones Slurm 20.11 and later take (`squeue --states=all --format`, no `--only-job-state`).
 """
 
@@ -31,13 +35,14 @@ import sys
 import time
 
 from .files import write_atomic
-from .listing import list_files
 from .protocol import (
+    CHECKPOINT_FIELD,
     EXIT_CODE,
     NODES_DIR,
     PATCH,
     RDZV_FILE,
     RDZV_PENDING,
+    RESUME_DIR,
     RUN_JSON,
     SCHEDULER,
     SELF_RETRY,
@@ -47,9 +52,12 @@ from .protocol import (
     RunState,
     SchedulerView,
     never_started_end,
+    new_run_id,
     slurm_state,
     utc_now,
 )
+from .runjson import oversize, read_for_update, read_json
+from .walk import list_files
 
 POLL_S = 10.0  # the least time between two squeue calls of one account on one login node
 CALL_S = 30.0  # one scheduler command's deadline (a busy slurmctld answers slowly, not never)
@@ -64,8 +72,6 @@ PENDING_SEEN = "pending-reason"  # the last pending reason the run's log was tol
 LOG = "log"  # the run's log (protocol.LOG): a pending run's reasons are said there, before the job's own lines
 CONTINUED_BY = "continued_by"  # run.json: [{"run_id", "host", "scheduler_job"}], the run that went on from it
 CONTINUE_ERROR = "continue_error"  # run.json: why a run that was to continue itself did not
-CHECKPOINT_FIELD = "{checkpoint}"  # the `resume:` template's placeholder (core/config.py's)
-RESUME_DIR = "resume"  # under the new run's directory: the checkpoint it starts from (run/stages.py's)
 # what a run's launch wrote and its start added: the next attempt's run.json starts from the first only
 _STARTED = ("pid", "pid_start", "started_at", "started_ts", "supervisor_pid", "supervisor_start", SCHEDULER,
             CONTINUED_BY, CONTINUE_ERROR, "slurm_node")
@@ -152,7 +158,7 @@ def update_meta(run_dir: str, changes: dict, *, job_id: str | None = None) -> di
     fd = os.open(os.path.join(run_dir, ".run.json.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        meta = _read(os.path.join(run_dir, RUN_JSON)) or {}
+        meta = read_for_update(os.path.join(run_dir, RUN_JSON))  # capped: an oversize one is refused
         meta.update(changes)
         if job_id:
             meta.setdefault(SCHEDULER, {})["job_id"] = job_id
@@ -197,9 +203,9 @@ def place_node(run_dir: str, meta: dict, env: dict, argv: list[str]) -> tuple[st
         _put(board, json.dumps({"address": head, "port": port}))
     else:
         deadline = time.monotonic() + RDZV_WAIT_S
-        while (_read(board) or {}).get("address") is None and time.monotonic() < deadline:
+        while (read_json(board) or {}).get("address") is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        seen = _read(board) or {}
+        seen = read_json(board) or {}
         # node 0's word for its address, which it listens on, over this node's own env's view of it
         head, port = str(seen.get("address") or head), int(seen.get("port") or 0)
     from . import netinfo  # only here: every status imports this module, few runs span nodes
@@ -228,9 +234,11 @@ def place_node(run_dir: str, meta: dict, env: dict, argv: list[str]) -> tuple[st
 def node_states(run_dir: str, meta: dict, run: dict) -> list[dict] | None:
     """A run over several nodes: each node's part as its own files in the shared run dir say (node 0's
     the run dir's, node I's `nodes/I/`): {"node", "slurm_node" (Slurm's name for it), "state",
-    "exit_code", "ended_at", "pid"}. `run` is the run's own status; None for a run on one node. A node
-    whose supervisor has not started is QUEUED while the run may still start it, LOST once it has ended;
-    an ended one FINISHED with code 0, STOPPED when the run was stopped, else FAILED."""
+    "exit_code", "ended_at", "pid"}, and "oversize": PATH when the node's run.json is larger than
+    RUN_JSON_MAX (read as nothing, as a run's own: status says so). `run` is the run's own status; None
+    for a run on one node. A node whose supervisor has not started is QUEUED while the run may still
+    start it, LOST once it has ended; an ended one FINISHED with code 0, STOPPED when the run was
+    stopped, else FAILED."""
     nnodes = int((meta.get(SCHEDULER) or {}).get("nodes") or 1)
     if nnodes <= 1:
         return None
@@ -238,8 +246,8 @@ def node_states(run_dir: str, meta: dict, run: dict) -> list[dict] | None:
     out = []
     for node in range(nnodes):
         here = run_dir if node == 0 else os.path.join(run_dir, NODES_DIR, str(node))
-        own = meta if node == 0 else (_read(os.path.join(here, RUN_JSON)) or {})
-        end = _read(os.path.join(here, EXIT_CODE))
+        own = meta if node == 0 else (read_json(os.path.join(here, RUN_JSON)) or {})
+        end = read_json(os.path.join(here, EXIT_CODE))
         code = end.get("exit_code") if end else None
         if end is not None and code is not None:
             state = (RunState.FINISHED if code == 0 else
@@ -248,8 +256,10 @@ def node_states(run_dir: str, meta: dict, run: dict) -> list[dict] | None:
             state = RunState.RUNNING if live else RunState.LOST
         else:
             state = RunState.QUEUED if live else RunState.LOST
+        big = node != 0 and oversize(os.path.join(here, RUN_JSON))
         out.append({"node": node, "slurm_node": own.get("slurm_node_name"), "state": state.value,
-                    "exit_code": code, "ended_at": (end or {}).get("ended_at"), "pid": own.get("pid")})
+                    "exit_code": code, "ended_at": (end or {}).get("ended_at"), "pid": own.get("pid"),
+                    **({"oversize": os.path.join(here, RUN_JSON)} if big else {})})
     return out
 
 
@@ -274,13 +284,13 @@ def poll(slurm_dir: str) -> dict:
     POLL_S seconds ago (asked now, under a lock, when the kept answer is older)."""
     os.makedirs(slurm_dir, mode=0o700, exist_ok=True)
     path = os.path.join(slurm_dir, "squeue.json")
-    kept = _read(path)
+    kept = _kept_answer(path)
     if kept and time.time() - float(kept.get("at", 0)) < POLL_S:
         return kept
     fd = os.open(os.path.join(slurm_dir, "squeue.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # one asks; the others read what it got
-        kept = _read(path)
+        kept = _kept_answer(path)
         if kept and time.time() - float(kept.get("at", 0)) < POLL_S:
             return kept
         answer = _squeue()
@@ -290,7 +300,9 @@ def poll(slurm_dir: str) -> dict:
         os.close(fd)
 
 
-def _read(path: str) -> dict | None:
+def _kept_answer(path: str) -> dict | None:
+    """squeue's kept answer: the account's own cache, as large as its list of jobs (not a run's file,
+    which runjson.read_json reads capped)."""
     try:
         with open(path) as fh:
             data = json.load(fh)
@@ -341,7 +353,7 @@ def _view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stopp
     sched = meta.get(SCHEDULER) or {}
     job_id = str(sched.get("job_id") or "")
     started = "pid" in meta
-    never = _read(os.path.join(run_dir, CANNOT_START))
+    never = read_json(os.path.join(run_dir, CANNOT_START))
     if never is not None:  # the cluster can never start it: cancelled, the run FAILED (not STOPPED) for it
         return {"state": RunState.FAILED, "reason": "cannot-start", "reason_detail": str(never.get("detail") or "")}
     if not job_id:  # sbatch refused (its end written), the launch still submitting, or cut while it did
@@ -351,7 +363,7 @@ def _view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stopp
             return {"state": RunState.LOST, "reason": "not-submitted",
                     "reason_detail": "its launch ended before sbatch gave it a job id"}
         return {"state": RunState.QUEUED, "reason": "submitting"}
-    final = _read(os.path.join(run_dir, END))
+    final = read_json(os.path.join(run_dir, END))
     if final is not None:
         word, reason = final.get("state"), str(final.get("reason") or "")
     else:
@@ -478,7 +490,7 @@ def _give_up(run_dir: str, sched: dict, job_id: str, reason: str) -> SchedulerVi
     fd = os.open(os.path.join(run_dir, ".run.json.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        mark = _read(os.path.join(run_dir, CANNOT_START))
+        mark = read_json(os.path.join(run_dir, CANNOT_START))
         if mark is None:
             detail = _never_detail(sched, reason)
             _log(run_dir, f"thrust: {detail}; its job {job_id} was cancelled")
@@ -610,7 +622,7 @@ def continue_itself(run_dir: str, meta: dict, env: dict) -> dict | None:
         return _not_continued(run_dir, f"no checkpoint matches {plan.get('checkpoints')!r}")
     newest = max(found, key=lambda f: (f["mtime"], f["path"]))
     old_id = os.path.basename(run_dir)
-    new_id = f"{meta.get('job') or 'run'}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+    new_id = new_run_id(str(meta.get("job") or "run"))
     new_dir = os.path.join(os.path.dirname(run_dir), new_id)
     os.mkdir(new_dir, 0o700)  # the account's alone, as every run dir (makedirs' mode is the leaf's only)
     os.mkdir(os.path.join(new_dir, RESUME_DIR), 0o700)
