@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import PATCH, RunState, StatusAnswer
-from thrust_remote.core.config import CHECKPOINT_FIELD, RETRY_ON_DEFAULT, Config, JobConfig
+from thrust_remote.agent.protocol import CHECKPOINT_FIELD, PATCH, RunState, StatusAnswer
+from thrust_remote.core.config import RETRY_ON_DEFAULT, Config, JobConfig
 from thrust_remote.core.errors import (
     ConnectionLostError,
     Detached,
