@@ -13,7 +13,7 @@ import shlex
 from . import buildenv, tables
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-LOCAL_HOST = "local"  # thrust.yaml's name for this machine (thrust_remote/core/config.py LOCAL): doctor passes it
+LOCAL_HOST = "local"  # thrust.yaml's name for this machine (thrust_remote/core/config/model.py LOCAL): doctor passes it
 
 # (id, title) in report order: the GPU box checklist (python, torch, CUDA, the tch-rs link) first, then
 # what a run over SSH needs besides.

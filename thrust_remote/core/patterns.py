@@ -43,7 +43,7 @@ def compile_pattern(text: str | bytes, *, block: bool = False) -> Any:
 def check_pattern(text: str) -> str | None:
     """Why `text` cannot be a job's `metrics: {pattern:}`, else None: RE2 must take it (docs/architecture.md,
     "Job kinds") and it must name a group other than `step` for the numbers it reads. For
-    core/config.py's check at the pattern's line, and runs/progress.py's LinePattern."""
+    core/config/job_values.py's check at the pattern's line, and runs/progress.py's LinePattern."""
     re2 = _re2()
     try:
         names = set(compile_pattern(text).groupindex)

@@ -35,7 +35,7 @@ def parse_sets(sets: Sequence[str]) -> dict[str, str | bool]:
 
 def load_params(path: Path) -> dict[str, Any]:
     """A params file: a YAML mapping of flag -> value (what `optimize` writes), read as thrust.yaml is
-    (core/config.py: parse_params; a config error at its line)."""
+    (core/config/search.py: parse_params; a config error at its line)."""
     return parse_params(path)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import GPUS_USED, RESUMED_FROM, SELF_RETRY, LaunchAnswer
+from thrust_remote.agent.protocol import GPUS_USED, RESUME_DIR, RESUMED_FROM, SELF_RETRY, LaunchAnswer
 from thrust_remote.core.config import CHECKPOINT_FIELD, Config, HostConfig, JobConfig
 from thrust_remote.core.errors import ThrustError, TransferError
 from thrust_remote.host import payload
@@ -284,7 +284,6 @@ def _scheduled_gpus(sbatch: Sequence[str], per_node: int) -> list[int]:
     return list(range(per_node * nodes))
 
 
-RESUME_DIR = "resume"  # under the new run's directory: the checkpoint it starts from
 
 
 def place_checkpoint(prepared: Prepared, resume: ResumeFrom, run_id: str, *, relative: bool) -> str:

@@ -24,6 +24,7 @@ from thrust_remote.agent.protocol import (
     LaunchAnswer,
     RunState,
     StatusAnswer,
+    new_run_id,
 )
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ExitCode, ThrustError, TransferError, UsageError
@@ -35,10 +36,6 @@ __all__ = ["HostPaths", "HostSession", "check_run_id", "follow_log", "host_paths
 
 
 LAUNCH_S = 60.0  # the launch request's deadline (and its outcome's, asked again when no answer came)
-
-
-def new_run_id(job: str) -> str:
-    return f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ _TAGGED = re.compile(rb"^THRUST_(?:METRICS|INFO|DONE) ", re.MULTILINE)  # fixed,
 class LinePattern:
     """A job's `metrics: {pattern:}`: each named group that matched a number is a metric (`step` an int).
     Matched by RE2 on a line's first LINE_MAX characters: linear time, whatever the pattern and the line.
-    A pattern RE2 cannot take is a ConfigError (core/config.py refuses it at its line first)."""
+    A pattern RE2 cannot take is a ConfigError (core/config/job_values.py refuses it at its line first)."""
 
     def __init__(self, pattern: str) -> None:
         why = check_pattern(pattern)
