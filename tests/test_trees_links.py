@@ -16,7 +16,7 @@ import pytest
 from helpers import commit, git, git_init
 
 from thrust_remote.agent import trees
-from thrust_remote.agent.protocol import EXIT_CODE, RUN_JSON, RUNS_DIR
+from thrust_remote.agent.protocol import EXIT_CODE, RUN_JSON, RUNS_DIR, TREE_REMOVED
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_a_tree_being_set_up_is_kept_by_its_lease_and_a_pruned_runs_directory_sa
     done = trees.prune(str(work), 0, [], False)  # prune itself removes an ended run's, never a set-up's
     assert [t["name"] for t in done["trees"] if t.get("removed")] == ["ended"]
     assert (work / ".thrust" / "trees" / "setting-up").is_dir()
-    note = json.loads((run_dir / trees.REMOVED).read_text())
+    note = json.loads((run_dir / TREE_REMOVED).read_text())
     assert note["by"] == "prune" and note["tree"] == tree and note["at"].endswith("Z")
     trees.prune(str(work), None, [], False, release=("setting-up",))  # its train is done with it
     gone = trees.prune(str(work), 0, [], False)

@@ -97,6 +97,8 @@ METRICS = "metrics.jsonl"
 MODEL = "model.onnx"
 MANIFEST = "manifest.json"
 PEER_FAILED = "peer-failed.json"
+TREE_REMOVED = "tree-removed.json"  # when the run's tree was removed, and by what (prune, keep:): a fetch says so
+DEADLINE_ERROR = "deadline"  # a list-files answer's "error" when its walk ran out of time
 # A run dir whose launch the laptop gave up on (its agent stopped answering) and found not started
 # (`launch-outcome`): a launch that arrives late is refused, never runs unrecorded
 WITHDRAWN = "withdrawn"

@@ -52,7 +52,7 @@ import sys
 import time
 
 from .checkout import ENV, lfs_object, store_lock
-from .protocol import RUN_JSON, RUNS_DIR, RunState
+from .protocol import RUN_JSON, RUNS_DIR, TREE_REMOVED, RunState
 from .treesize import SIZE_FILE as SIZE_FILE  # re-exported (as tree_info below): tests name them here
 from .treesize import size
 from .treesize import tree_info as tree_info
@@ -75,7 +75,6 @@ LOCK_WAIT_S = 10.0  # prune waits this long for a launch under way; past it, eve
 # a remove waits this long for a receive under way (its fetch of a big bundle) before it leaves the
 # worktree records for the next remove's prune: a prune of many trees never waits 240 s a tree
 REMOVE_LOCK_WAIT_S = 30.0
-REMOVED = "tree-removed.json"  # in a run's directory: when its tree was removed, and by what
 
 
 class Refused(Exception):
@@ -579,7 +578,7 @@ def _lock_within(fd: int) -> bool:
 
 
 def _note_removed(workdir: str, row: dict, by: str) -> None:
-    """Each run of a tree being removed is told in its directory (REMOVED): a fetch says so plainly."""
+    """Each run of a tree being removed is told in its directory (TREE_REMOVED): a fetch says so plainly."""
     from .files import write_atomic
 
     note = json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ts": time.time(), "by": by,
@@ -588,7 +587,7 @@ def _note_removed(workdir: str, row: dict, by: str) -> None:
         run_dir = os.path.join(workdir, RUNS_DIR, run_id)
         with contextlib.suppress(OSError):
             if os.path.isdir(run_dir):
-                write_atomic(os.path.join(run_dir, REMOVED), note)
+                write_atomic(os.path.join(run_dir, TREE_REMOVED), note)
 
 
 def _module_stores(workdir: str) -> list[str]:

@@ -32,10 +32,10 @@ import os
 import stat
 import time
 
+from .protocol import DEADLINE_ERROR as DEADLINE_ERROR  # re-exported: listing answers with it
 from .protocol import RUN_DIR_PREFIX
 
 BLOCK = 1 << 20
-DEADLINE_ERROR = "deadline"  # the answer's "error" when the walk ran out of time
 OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # no link, no FIFO wait
 
 

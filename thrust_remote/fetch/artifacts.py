@@ -33,9 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.listing import DEADLINE_ERROR
-from thrust_remote.agent.protocol import RUN_DIR_ENV, RUN_DIR_PREFIX, RUN_JSON_MAX
-from thrust_remote.agent.trees import REMOVED as TREE_REMOVED
+from thrust_remote.agent.protocol import DEADLINE_ERROR, RUN_DIR_ENV, RUN_DIR_PREFIX, RUN_JSON_MAX, TREE_REMOVED
 from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, TransferError
 from thrust_remote.core.files import write_atomic
