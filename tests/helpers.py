@@ -13,6 +13,7 @@ a condition, a user's own training script, an exported policy.
 - `FAST`, `TINY_TRAIN`, `SLOW`: `train cartpole` settings; `EXE`: the installed CLI; `CHROMIUM`.
 - `FAKE_JOB`, `FAKE_FAST`, `FAKE_SLOW`, `FAKE_LONG`, `fake_files()`: a job that runs tests/fake_train.py;
   `FAKE_SEARCH` an optimize search over it.
+- `GATED_SETUP`: a job whose `setup:` waits for a file the test creates (a tree held in set-up), and a quick one.
 """
 
 from __future__ import annotations
@@ -321,3 +322,18 @@ def gpu_shim(tmp_path: Path) -> dict[str, str]:
                    f'*) cat {data / "a100_four_gpus.csv"};; esac\n')
     smi.chmod(0o755)
     return {"PATH": f"{bindir}:{os.environ['PATH']}"}
+
+
+# A job whose `setup:` waits until the test creates the file GATE (it touches GATE.waiting first), and one
+# that ends at once: a tree held in set-up while prune or another launch's keep: looks at it.
+GATED_SETUP = """\
+jobs:
+  gated:
+    kind: command
+    command: [sh, -c, 'echo ran > "$THRUST_RUN_DIR/seen"']
+    env: {{GATE: {gate}}}
+    setup: [sh, -c, 'touch "$GATE.waiting"; while [ ! -e "$GATE" ]; do sleep 0.05; done; echo ok > made.txt']
+  quick:
+    kind: command
+    command: [sh, -c, 'true']
+"""

@@ -10,25 +10,13 @@ import re
 import threading
 from pathlib import Path
 
-from helpers import new_project, remote_tempdir, wait_until
-
-GATED = """\
-jobs:
-  gated:
-    kind: command
-    command: [sh, -c, 'echo ran > "$THRUST_RUN_DIR/seen"']
-    env: {{GATE: {gate}}}
-    setup: [sh, -c, 'touch "$GATE.waiting"; while [ ! -e "$GATE" ]; do sleep 0.05; done; echo ok > made.txt']
-  quick:
-    kind: command
-    command: [sh, -c, 'true']
-"""
+from helpers import GATED_SETUP, new_project, remote_tempdir, wait_until
 
 
 def test_prune_lists_the_trees_it_kept_for_a_hold_with_the_reason(cli, sshd, tmp_path):
     gate = remote_tempdir(sshd) / "gate"
     workdir = remote_tempdir(sshd) / "w"
-    proj = new_project(tmp_path / "project", sshd, workdir, jobs=GATED.format(gate=gate))
+    proj = new_project(tmp_path / "project", sshd, workdir, jobs=GATED_SETUP.format(gate=gate))
     ended = cli("train", "quick", "--json", cwd=proj)  # an ended run's tree: prune removes it
     assert ended.returncode == 0, ended.stderr
     ended_id = json.loads(ended.stdout)["run_id"]

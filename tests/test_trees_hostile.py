@@ -21,7 +21,7 @@ import stat
 import threading
 from pathlib import Path
 
-from helpers import commit, new_project, remote_tempdir, throwaway_account, wait_until
+from helpers import GATED_SETUP, commit, new_project, remote_tempdir, throwaway_account, wait_until
 
 from thrust_remote.core.errors import ExitCode
 
@@ -156,22 +156,9 @@ def test_a_runs_own_keep_zero_never_removes_its_tree_before_its_fetch(cli, sshd,
     assert sorted(p.name for p in trees.iterdir()) == [later]
 
 
-GATED = """\
-jobs:
-  gated:
-    kind: command
-    command: [sh, -c, 'echo ran > "$THRUST_RUN_DIR/seen"']
-    env: {{GATE: {gate}}}
-    setup: [sh, -c, 'touch "$GATE.waiting"; while [ ! -e "$GATE" ]; do sleep 0.05; done; echo ok > made.txt']
-  quick:
-    kind: command
-    command: [sh, -c, 'true']
-"""
-
-
 def test_prune_and_another_launchs_keep_never_remove_a_tree_still_being_set_up(cli, sshd, tmp_path):
     gate = remote_tempdir(sshd) / "gate"
-    proj, workdir = _workdir_project(sshd, tmp_path, GATED.format(gate=gate), "    keep: {runs: 0}\n")
+    proj, workdir = _workdir_project(sshd, tmp_path, GATED_SETUP.format(gate=gate), "    keep: {runs: 0}\n")
     trees = workdir / ".thrust" / "trees"
     outcome: dict = {}
     training = threading.Thread(target=lambda: outcome.update(res=cli("train", "gated", "--json", cwd=proj)))
