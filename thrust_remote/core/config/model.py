@@ -23,6 +23,9 @@ BEST_PARAMS_MARK = "(thrust-remote optimize)"
 LOCAL = "local"
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
+# how a host is reached (HostConfig.kind): "local" runs here, "ssh" over SSH to its address; opening a host
+# looks its kind up in one table (host/), so a new way to reach a host adds a kind, not a branch
+HOST_KINDS = ("local", "ssh")
 # a host's `keep: {runs: N}` by default: the trees of the newest 10 ended runs stay (docs/architecture.md,
 # "Trees"); a running or queued run's tree always stays
 DEFAULT_KEEP_RUNS = 10
@@ -73,8 +76,13 @@ class HostConfig:
     config_path: str | None = None
 
     @property
+    def kind(self) -> str:
+        """How the host is reached, one of HOST_KINDS: "local" when it has no address, else "ssh"."""
+        return HOST_KINDS[0] if self.address is None else HOST_KINDS[1]
+
+    @property
     def is_local(self) -> bool:
-        return self.address is None
+        return self.kind == HOST_KINDS[0]
 
 
 @dataclass(frozen=True)
