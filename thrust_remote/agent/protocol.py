@@ -12,7 +12,8 @@ import enum
 import json
 import secrets
 import time
-from typing import TypedDict  # 3.8+, the agent's oldest python
+from collections.abc import Mapping
+from typing import Any, TypedDict, cast  # 3.8+, the agent's oldest python
 
 
 class RunState(str, enum.Enum):
@@ -252,6 +253,93 @@ def slurm_state(word: str | None, reason: str, *, exit_code: int | None, ended: 
 
 # run.json's GPUs a run could use (GPU-hours count them): the chosen ones, else all the job could see
 GPUS_USED = "gpus_used"
+# run.json's runs that continue a cluster's run that resubmitted itself, and why one did not
+CONTINUED_BY = "continued_by"
+CONTINUE_ERROR = "continue_error"
+
+
+class SchedulerRecord(TypedDict, total=False):
+    """run.json's `scheduler`: the cluster scheduler a run was submitted to (agent/scheduled.py looks up
+    the agent module speaking to `kind`); that module may record more of its own (its options)."""
+
+    kind: str  # the scheduler's name, as the host's `scheduler:` says it
+    job_id: str  # the scheduler's id for the run's job, once the submit gave one
+    submitted_ts: float  # when the launch submitted it (a job not known yet is pending, not gone)
+    nodes: int  # the nodes of its allocation (1 unless the run spans several)
+
+
+class RunRecord(TypedDict, total=False):
+    """run.json: what a run's launch and start record in its run directory (docs/architecture.md, "The
+    run directory on the host"). The laptop sends its part as the launch's `meta`; the agent adds its own
+    and writes it whole (`run_record`); every reader on the host reads it capped (agent/runjson.py
+    `read_record`). Every field may be absent: an older agent, a launch cut short, a queued run."""
+
+    # the laptop's part (run/stages.py's launch meta)
+    job: str  # the job's name in thrust.yaml
+    host: str  # the host's name in thrust.yaml
+    argv: list  # the job's command line (the agent's launch replaces it with the one it ran)
+    env_keys: list  # the names of every variable of the job's env
+    env: dict  # the values thrust-remote computed (THRUST_PYTHON...); the job's own `env:` only by name
+    facts: dict  # the host's preflight facts the run started with (hostname, python, torch...)
+    gpus: list  # the GPU indices the run claims (a queued `--gpus N`: chosen when it starts)
+    gpus_used: list  # GPUS_USED: the GPUs GPU-hours count
+    idle_stop: dict  # the job's idle-GPU stop: {below, minutes} (agent/idlewatch.py)
+    commit: str | None  # the synced commit (None: no git)
+    sync: str  # how the code got there
+    dirty: bool  # uncommitted changes came along (PATCH in the run dir)
+    patch_sha256: str
+    untracked: list
+    checkout: str
+    shallow: bool
+    lfs: list
+    submodules: dict
+    submodules_not_sent: list
+    tree: str  # the run's own tree on the host (docs/architecture.md, "Trees")
+    resumed_from: str  # RESUMED_FROM: the run this one continues
+    self_retry: dict  # SELF_RETRY: {on, max, attempt, argv, checkpoints, host, ...} of a cluster's run
+    # a node of a run over several hosts (run/multinode.py)
+    node: int  # this node's rank
+    nodes: list  # every node: [{"host", ...}]
+    rdzv: str  # node 0's rendezvous address:port
+    watch_peers: list  # the other nodes this one watches (agent/peerwatch.py)
+    peer_timeout: float  # seconds a peer may not answer before the run fails for it
+    # an optimize trial (optimize/scheduler.py)
+    study: str
+    trial: int
+    slot: str  # the host's slot the trial runs on
+    params: dict  # the trial's parameters
+    # the agent's part (agent/launcher.py, job.py, and a scheduler's module)
+    run_id: str
+    cwd: str  # where the job runs
+    marker: str  # THRUST_RUN_MARKER: the run's processes carry it (a recycled pid is not our run)
+    supervisor_pid: int
+    supervisor_start: str  # the supervisor's start time as /proc says it (agent/procs.py)
+    pid: int  # the job's: present once it started
+    pid_start: str
+    started_at: str  # utc_now() when it started
+    started_ts: float
+    queue: dict  # QUEUE: a run launched with --queue, what it waits for (agent/runqueue.py)
+    scheduler: SchedulerRecord  # SCHEDULER: a run submitted to a cluster's scheduler
+    continued_by: list  # CONTINUED_BY: [{"run_id", "host", "scheduler_job"}], where a cluster's run went on
+    continue_error: str  # CONTINUE_ERROR: why a run that was to continue itself did not
+
+
+# the fields `run_record` takes by name: a misspelt one is an error at once, not a field nobody reads
+RUN_RECORD_FIELDS = frozenset(RunRecord.__annotations__)
+
+
+def run_record(*parts: Mapping[str, Any], **fields: Any) -> RunRecord:
+    """A run.json's record: `parts` (the laptop's meta, the record so far, a scheduler module's own
+    fields) merged in order, then `fields` (RunRecord's, by name) over them. The one way the agent makes
+    a record it writes (agent/runjson.py `write_record`)."""
+    unknown = sorted(set(fields) - RUN_RECORD_FIELDS)
+    if unknown:
+        raise TypeError(f"not a run.json field: {', '.join(unknown)}")
+    record: dict[str, Any] = {}
+    for part in parts:
+        record.update(part)
+    record.update(fields)
+    return cast(RunRecord, record)
 
 
 class StatusAnswer(TypedDict, total=False):

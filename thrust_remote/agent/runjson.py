@@ -1,10 +1,11 @@
 """A run's JSON files read up to `protocol.RUN_JSON_MAX`: the agent's one reader of them.
 
-run.json, a node's run.json, `exit_code`'s neighbours (`peer-failed.json`, Slurm's kept answers): ours
+run.json, a node's run.json, `exit_code`'s neighbours (`peer-failed.json`, a scheduler's kept answers): ours
 are a few KB, and one far larger (a hostile or broken host) is refused, never read whole into memory
-(docs/architecture.md, "Security"). Every module of the agent that reads one reads it here, a Slurm
-run's as any other's, so the cap is kept in one place. Imports nothing of the agent but the protocol:
-every other module may import it.
+(docs/architecture.md, "Security"). Every module of the agent that reads one reads it here, a cluster's
+run's as any other's, so the cap is kept in one place. run.json itself is read as a protocol.RunRecord
+(`read_record`) and written whole from one (`write_record`, a record protocol.run_record made). Imports
+nothing of the agent but the protocol and files.py: every other module may import it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+from typing import cast
 
-from .protocol import RUN_JSON_MAX
+from .files import write_atomic
+from .protocol import RUN_JSON, RUN_JSON_MAX, RunRecord
 
 
 def load(path: str) -> object:
@@ -49,3 +52,20 @@ def read_for_update(path: str) -> dict:
     if oversize(path):
         raise OSError(errno.EFBIG, f"larger than {RUN_JSON_MAX} bytes: not read", path)
     return read_json(path) or {}
+
+
+def read_record(run_dir: str) -> RunRecord:
+    """`run_dir`'s run.json (a run's, or a node's own directory's) as its record: {} when absent, not a
+    JSON object, or larger than RUN_JSON_MAX (`oversize` says which)."""
+    return cast(RunRecord, read_json(os.path.join(run_dir, RUN_JSON)) or {})
+
+
+def record_for_update(run_dir: str) -> RunRecord:
+    """`run_dir`'s record a writer will change and write back whole (`read_for_update`: an oversize one
+    is refused, OSError EFBIG)."""
+    return cast(RunRecord, read_for_update(os.path.join(run_dir, RUN_JSON)))
+
+
+def write_record(run_dir: str, record: RunRecord) -> None:
+    """`run_dir`'s run.json, written whole and atomically (0600: it names the job's env keys)."""
+    write_atomic(os.path.join(run_dir, RUN_JSON), json.dumps(record, indent=1).encode())
