@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from thrust_remote.agent import slurm
-from thrust_remote.agent.protocol import SLURM_STATES, RunState, slurm_state
+from thrust_remote.agent.protocol import RunState
+from thrust_remote.agent.slurmstate import SLURM_STATES, slurm_state
 from thrust_remote.core.config import parse_config_text
 from thrust_remote.core.errors import ConfigError, UsageError
 from thrust_remote.core.scheduler import sbatch_options

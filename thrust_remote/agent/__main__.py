@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "logs": ("logs", True),  # a run's log from an offset; --follow to its end
     "stop": ("runs", True),
     "launch-outcome": ("supervisor", True),  # a launch whose answer never came: launched, else withdrawn
-    "supervise": ("slurmstep", True),  # a Slurm job's one step: the supervisor on the allocation
+    "supervise": ("batchstep", True),  # a cluster's job's one step: the supervisor on its allocation
     "write-file": ("files", False),
     "git-state": ("checkout", True),
     "git-receive": ("checkout", True),

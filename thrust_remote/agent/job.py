@@ -1,5 +1,6 @@
 """A run's job started, watched and its end recorded: the part a host's launch (launcher.py) and a
-Slurm allocation's step (slurmstep.py) share, whoever started the supervisor it runs in.
+cluster scheduler's step on its allocation (scheduled.py's `Kind.step`) share, whoever started the
+supervisor it runs in.
 
 The job starts in a process group of its own (so `stop` can signal its whole tree and still leave the
 supervisor to record the end), with its venv first on PATH. While it runs, the watches a run asked for
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from . import idlewatch, peerwatch
 from .files import write_atomic
 from .procs import kill_group
-from .protocol import END_RESERVE, END_RESERVE_BYTES, EXIT_CODE, GPUS_USED, STOPPED, utc_now
+from .protocol import END_RESERVE, END_RESERVE_BYTES, EXIT_CODE, GPUS_USED, STOPPED, RunRecord, utc_now
 
 
 def write_text(path: str, data: str) -> None:
@@ -40,7 +41,7 @@ def activate(env: dict) -> None:
         env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", os.defpath)
 
 
-def starting(meta: dict, env: dict, spec: dict | None, gpus: list[int]) -> None:
+def starting(meta: RunRecord, env: dict, spec: dict | None, gpus: list[int]) -> None:
     """What a run records as it starts; a queued `--gpus N` learns its GPUs only now."""
     if spec is not None and spec.get("count"):
         env["CUDA_VISIBLE_DEVICES"] = env["GPU_LIST"] = ",".join(str(g) for g in gpus)
@@ -65,7 +66,7 @@ def start(run_dir: str, cwd: str, argv: list[str], env: dict, devnull: int, log_
         return None
 
 
-def watch(run_dir: str, meta: dict, proc: subprocess.Popen,
+def watch(run_dir: str, meta: RunRecord, proc: subprocess.Popen,
           before_end: Callable[[], None] | None = None) -> None:
     """Wait for the job with the watches its run asked for, then record its end (`before_end` first)."""
     # The supervisor ignores the signals meant for the job's group; `stop` signals that group only.

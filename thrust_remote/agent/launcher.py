@@ -2,15 +2,16 @@
 submitted to a cluster's scheduler (docs/architecture.md, "The run directory on the host").
 
     agent launch --run-dir D --cwd W --lock L [--gpus LIST] [--marker M] [--stdin] [--meta JSON --env JSON]
-                 [--queue --order TS [--gpu-count N --gpu-pool LIST] [--cpu-slots N]] [--slurm] -- ARGV...
+                 [--queue --order TS [--gpu-count N --gpu-pool LIST] [--cpu-slots N]] [--KIND] -- ARGV...
 
 `launch` double-forks: the supervisor becomes a session leader with every stream redirected (so the
 SSH channel closes at once and the run survives the link), starts the job (job.py), waits for it, and
 writes `exit_code` atomically. `launch` prints one JSON line and returns at once. Under the launch lock
 it refuses what would collide: the same run dir still live, a GPU a RUNNING run holds, a withdrawn
 launch. With `--queue` a launch that cannot start now leaves its supervisor waiting its turn
-(runqueue.py): the run is QUEUED until then. With `--slurm` (a cluster's login node) the supervisor is
-sbatch's to start on the allocation instead (slurm.py, slurmstep.py).
+(runqueue.py): the run is QUEUED until then. With `--KIND` (a cluster's login node: a kind of
+scheduled.py's) the supervisor is that scheduler's to start on the allocation instead, and the kind's
+module submits it (scheduled.py). run.json is written whole from a protocol.run_record.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import secrets
 import sys
 import time
 
-from . import job, runqueue, slurm
+from . import job, runqueue, scheduled
 from .files import lock_within, locked
 from .procs import lock_holder
 from .procs import start_time as proc_start_time
@@ -30,15 +31,16 @@ from .protocol import (
     EXIT_CODE,
     LOG,
     PEER_FAILED,
-    QUEUE,
     RUN_JSON,
     STOPPED,
     AgentExit,
+    RunRecord,
     RunState,
     never_started_end,
+    run_record,
     utc_now,
 )
-from .runjson import read_json
+from .runjson import read_record, write_record
 from .supervisor import LOCK_WAIT_S, queue_view, run_state, withdrawn
 
 
@@ -55,7 +57,7 @@ def _collision(run_dir: str, gpus: list[int]) -> dict | None:
     runs_dir = os.path.dirname(run_dir)
     for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else ():
         other = os.path.join(runs_dir, name)
-        held = (read_json(os.path.join(other, RUN_JSON)) or {}).get("gpus") or []
+        held = read_record(other).get("gpus") or []
         shared = sorted({int(g) for g in held if isinstance(g, int)} & set(gpus))
         if shared and other != run_dir and run_state(other)["state"] == RunState.RUNNING:
             return {"error": "gpus-taken", "run_id": name, "gpus": shared}
@@ -91,7 +93,7 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     os.makedirs(run_dir, mode=0o700, exist_ok=True)  # the run's files are the user's alone
     # meta and env arrive on stdin, not argv: a command line is world-readable (ps), env values are not
     payload = json.loads(sys.stdin.read() or "{}") if args.stdin else {}
-    meta = payload.get("meta", json.loads(args.meta))
+    laptop: dict = payload.get("meta", json.loads(args.meta))
     # The caller puts the marker on our command line; the forked supervisor inherits that command line.
     marker = args.marker or secrets.token_hex(8)
     env = dict(os.environ)
@@ -99,10 +101,11 @@ def cmd_launch(args: argparse.Namespace, argv: list[str]) -> int:
     env["THRUST_RUN_MARKER"] = marker
     job.activate(env)
     env["PYTHONUNBUFFERED"] = "1"
-    meta.update(run_id=os.path.basename(run_dir), argv=argv, cwd=args.cwd, marker=marker)
-    if args.slurm:  # a cluster's login node: the scheduler starts the supervisor on the allocation
-        answer = slurm.submit(run_dir, args.cwd, list(payload.get("sbatch") or []),
-                              {**payload.get("env", {}), "THRUST_RUN_MARKER": marker}, meta)
+    meta = run_record(laptop, run_id=os.path.basename(run_dir), argv=argv, cwd=args.cwd, marker=marker)
+    kind = scheduled.launch_kind(vars(args))
+    if kind:  # a cluster's login node: the scheduler starts the supervisor on the allocation
+        answer = scheduled.scheduler(kind).launch(run_dir, args.cwd, payload,
+                                                  {**payload.get("env", {}), "THRUST_RUN_MARKER": marker}, meta)
         os.close(lock_fd)
         print(json.dumps(answer))
         return 0 if answer.get("queued") else AgentExit.REFUSED
@@ -167,7 +170,7 @@ def _ended_waiting(run_dir: str) -> bool:
     return any(os.path.exists(os.path.join(run_dir, name)) for name in (STOPPED, PEER_FAILED))
 
 
-def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, report_fd: int, marker: str,
+def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: RunRecord, report_fd: int, marker: str,
                wait: dict | None = None, position: int = 0) -> None:
     """Start the job (after its turn in the queue when `wait` is its queue spec), record it, watch it,
     record its end."""
@@ -178,9 +181,9 @@ def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, r
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     lock_fd = None
-    meta.update(supervisor_pid=os.getpid(), supervisor_start=proc_start_time(os.getpid()))
+    meta = run_record(meta, supervisor_pid=os.getpid(), supervisor_start=proc_start_time(os.getpid()))
     if wait is not None:
-        job.write_text(os.path.join(run_dir, RUN_JSON), json.dumps({**meta, QUEUE: wait}, indent=1))
+        write_record(run_dir, run_record(meta, queue=wait))
         os.write(report_fd, json.dumps({"queued": True, "position": position, "run_dir": run_dir,
                                         "marker": marker}).encode())
         os.close(report_fd)
@@ -190,7 +193,7 @@ def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, r
             job.write_text(os.path.join(run_dir, EXIT_CODE), never_started_end())
             return
         lock_fd, gpus = turn
-        meta[QUEUE] = wait  # kept: when it was queued, what it waited for
+        meta = run_record(meta, queue=wait)  # kept: when it was queued, what it waited for
         job.starting(meta, env, wait, gpus)
     job.reserve_end(run_dir)
     proc = job.start(run_dir, cwd, argv, env, devnull, log_fd, report_fd)
@@ -198,8 +201,8 @@ def _supervise(run_dir: str, cwd: str, argv: list[str], env: dict, meta: dict, r
         os.close(lock_fd)
     if proc is None:
         return
-    meta.update(pid=proc.pid, pid_start=proc_start_time(proc.pid))
-    job.write_text(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
+    meta = run_record(meta, pid=proc.pid, pid_start=proc_start_time(proc.pid))
+    write_record(run_dir, meta)
     if lock_fd is not None:
         os.close(lock_fd)  # recorded RUNNING with its GPUs: the next waiter sees them taken
     if report_fd >= 0:
@@ -230,7 +233,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--gpu-count", type=int, default=0, help="--queue: take this many GPUs of --gpu-pool")
     p.add_argument("--gpu-pool", default="", help="--queue: the host's GPUs --gpu-count chooses among")
     p.add_argument("--cpu-slots", type=int, default=1, help="--queue without GPUs: RUNNING runs at once")
-    p.add_argument("--slurm", action="store_true", help="sbatch the supervisor (stdin's `sbatch`: its options)")
+    for kind in scheduled.KINDS:  # --KIND: submitted to that scheduler, its options on stdin under its own key
+        p.add_argument(f"--{kind}", action="store_true", help=f"submit the supervisor to the cluster's {kind}")
     args = parser.parse_args(argv)
     if not job_argv:
         parser.error("launch needs the job's argv after --")

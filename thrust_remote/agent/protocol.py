@@ -108,7 +108,7 @@ PATCH = "uncommitted.patch"
 RUNS_DIR = ".thrust/runs"  # under a host's workdir: one directory per run id
 
 # What both sides name alike when a run goes on from another: the laptop (`resume`, run/stages.py) and
-# a cluster's run continuing itself on its allocation (agent/slurmstep.py)
+# a cluster's run continuing itself on its allocation (its scheduler's step module)
 RESUME_DIR = "resume"  # under the new run's directory: the checkpoint it starts from
 CHECKPOINT_FIELD = "{checkpoint}"  # in a job's `resume:` template: the checkpoint's path on the host
 
@@ -133,8 +133,8 @@ class LaunchAnswer(TypedDict, total=False):
     position: int  # its place in the host's queue, 1 first
     launched: bool  # `launch-outcome`: the run was launched (its run.json exists); False: withdrawn
     state: str  # `launch-outcome` of a launched run: its RunState word now
-    scheduler_job: str  # a Slurm host's launch: the job id sbatch gave (the run is QUEUED in Slurm)
-    detail: str  # error "sbatch": what sbatch said
+    scheduler_job: str  # a cluster's launch: the job id its scheduler gave (the run is QUEUED there)
+    detail: str  # a cluster's launch its scheduler refused (its own `error` word): what the scheduler said
 
 
 # run.json's `queue` of a run launched with --queue (agent/runqueue.py): what it waits for, its order
@@ -142,12 +142,12 @@ QUEUE = "queue"
 
 # run.json's (and status's) run id of the run this one continues (`thrust-remote resume`)
 RESUMED_FROM = "resumed_from"
-SELF_RETRY = "self_retry"  # run.json: a cluster's run continues itself at its time limit (agent/slurm.py)
+SELF_RETRY = "self_retry"  # run.json: a cluster's run continues itself at its time limit (its scheduler's module)
 
-# run.json's `scheduler` of a run submitted to a cluster's scheduler (`scheduler: slurm` hosts,
-# agent/slurm.py): {"kind": "slurm", "job_id", "submitted_ts"}; its state is the scheduler's, mapped below
+# run.json's `scheduler` of a run submitted to a cluster's scheduler (a host with `scheduler:`):
+# SchedulerRecord, whose `kind` names the agent module that speaks to it (agent/scheduled.py); its state
+# is what that scheduler's word makes it (SchedulerView)
 SCHEDULER = "scheduler"
-SLURM = "slurm"
 # A run over several of a cluster's nodes: torchrun's rendezvous address in the argv the laptop builds,
 # filled in on the allocation by each node's supervisor (node 0's address and a port free there, from
 # `rdzv.json` in the shared run directory; each node's own --local-addr and --rdzv-conf is_host)
@@ -157,44 +157,12 @@ NODES_DIR = "nodes"  # a run over several nodes: node I's log, run.json and exit
 
 
 class SchedulerView(TypedDict, total=False):
-    """A run's state as the scheduler's word makes it (`slurm_state`): the state, and why."""
+    """A run's state as its cluster scheduler's word makes it (that scheduler's agent module, looked up
+    by agent/scheduled.py): the state, and why."""
 
     state: RunState
-    reason: str  # QUEUED: Slurm's pending reason (Priority, Resources, QOS...); an end: timeout, preempted...
+    reason: str  # QUEUED: the scheduler's pending reason; an end not the job's own: timeout, preempted...
     reason_detail: str
-
-
-# Slurm's job states (squeue's %T, sacct's State), each to a run state and, for an end that is not the
-# job's own, the reason status shows. Mapped here once: the agent, status and the docs read this table.
-SLURM_STATES: dict[str, tuple[RunState, str]] = {
-    "PENDING": (RunState.QUEUED, ""),
-    "CONFIGURING": (RunState.QUEUED, "configuring"),  # nodes allocated, booting
-    "REQUEUED": (RunState.QUEUED, "requeued"),
-    "REQUEUE_FED": (RunState.QUEUED, "requeued"),
-    "REQUEUE_HOLD": (RunState.QUEUED, "held"),
-    "RESV_DEL_HOLD": (RunState.QUEUED, "held"),
-    "RESIZING": (RunState.RUNNING, ""),
-    "RUNNING": (RunState.RUNNING, ""),
-    "COMPLETING": (RunState.RUNNING, ""),  # the job's processes are ending
-    "STAGE_OUT": (RunState.RUNNING, ""),
-    "SIGNALING": (RunState.RUNNING, ""),
-    "SUSPENDED": (RunState.RUNNING, "suspended"),
-    "STOPPED": (RunState.RUNNING, "suspended"),
-    "COMPLETED": (RunState.FINISHED, ""),
-    "FAILED": (RunState.FAILED, "failed"),
-    "OUT_OF_MEMORY": (RunState.FAILED, "out-of-memory"),
-    "BOOT_FAIL": (RunState.FAILED, "boot-fail"),
-    "DEADLINE": (RunState.FAILED, "deadline"),
-    "TIMEOUT": (RunState.FAILED, "timeout"),  # its time limit: resumable from its last checkpoint
-    "CANCELLED": (RunState.STOPPED, "cancelled"),
-    "REVOKED": (RunState.STOPPED, "cancelled"),
-    "NODE_FAIL": (RunState.LOST, "node-fail"),
-    "PREEMPTED": (RunState.LOST, "preempted"),
-}
-# the scheduler's ends that are not the job's own: they decide the state even when the job recorded an
-# exit code (a job killed at its time limit records 143; it ran out of time, it did not fail by itself)
-SLURM_DECIDES = frozenset({"OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "TIMEOUT", "CANCELLED", "REVOKED",
-                           "NODE_FAIL", "PREEMPTED"})
 
 
 def utc_now() -> str:
@@ -204,51 +172,8 @@ def utc_now() -> str:
 
 def never_started_end() -> str:
     """`exit_code` of a run that ended before its job started (stopped while queued or pending, refused
-    by sbatch): no code, since no job ran, and the time it ended."""
+    by a cluster's scheduler): no code, since no job ran, and the time it ended."""
     return json.dumps({"exit_code": None, "never_started": True, "ended_at": utc_now(), "ended_ts": time.time()})
-
-
-def _recorded(exit_code: int | None, stopped: bool) -> RunState:
-    if stopped:
-        return RunState.STOPPED
-    return RunState.FINISHED if exit_code == 0 else RunState.FAILED
-
-
-def slurm_state(word: str | None, reason: str, *, exit_code: int | None, ended: bool, stopped: bool,
-                started: bool) -> SchedulerView:
-    """A Slurm run's state from the scheduler's word (None: the scheduler no longer knows the job) and
-    what its run directory recorded: `exit_code` / `ended` (the supervisor wrote its end), `stopped`
-    (`stop` asked), `started` (the supervisor started the job). docs/architecture.md, "Slurm clusters"."""
-    word = (word or "").split(" ")[0].rstrip("+").upper() or None  # sacct: "CANCELLED by 0"
-    state, why = SLURM_STATES.get(word, (RunState.LOST, "")) if word else (RunState.LOST, "")
-    if word in SLURM_DECIDES:
-        if state == RunState.STOPPED and stopped:
-            return {"state": RunState.STOPPED, "reason": "user"}
-        detail = {"timeout": "it reached its time limit", "preempted": "the scheduler preempted it",
-                  "node-fail": "a node of its allocation failed", "out-of-memory": "it ran out of memory",
-                  "cancelled": "cancelled in Slurm (scancel), not by thrust-remote stop"}.get(why, word.lower())
-        return {"state": state, "reason": why, "reason_detail": detail}
-    if ended and not stopped and (exit_code or 0) >= 128 and state == RunState.RUNNING:
-        # killed by a signal while the scheduler still has the job: its word on why (a failed node, the
-        # time limit, a cancel) is the run's end, and comes with the next poll; not FAILED meanwhile
-        return {"state": RunState.RUNNING, "reason": "ending",
-                "reason_detail": f"its job was killed (exit code {exit_code}); waiting for the scheduler's word"}
-    if ended:  # the job's own end, written by its supervisor: what it says holds
-        return {"state": _recorded(exit_code, stopped), **({"reason": "user"} if stopped else {})}
-    if word is None:
-        return {"state": RunState.LOST, "reason": "gone",
-                "reason_detail": "the scheduler no longer knows the job and nothing recorded its end"}
-    if state == RunState.QUEUED and started:  # the answer is older than the job's start, which the run dir saw
-        return {"state": RunState.RUNNING}
-    if state == RunState.QUEUED:
-        return {"state": state, "reason": why or reason or "pending"}
-    if state == RunState.RUNNING:
-        return {"state": state, **({"reason": why} if why else {})}
-    if state == RunState.FINISHED:  # the batch script ended well, but the supervisor recorded no end
-        return {"state": RunState.LOST, "reason": "no-end",
-                "reason_detail": "the job ended without its supervisor recording an end"}
-    when = "ended" if started else "started"
-    return {"state": state, "reason": why, "reason_detail": f"{word.lower()} before the job {when}"}
 
 
 # run.json's GPUs a run could use (GPU-hours count them): the chosen ones, else all the job could see
@@ -343,7 +268,8 @@ def run_record(*parts: Mapping[str, Any], **fields: Any) -> RunRecord:
 
 
 class StatusAnswer(TypedDict, total=False):
-    """agent `status` and each item of `list` (a node of a run over several hosts adds the last three)."""
+    """agent `status` and each item of `list` (a node of a run over several hosts adds the last three).
+    A cluster's run adds its scheduler module's own fields (its nodes' parts: agent/scheduled.py)."""
 
     run_id: str
     state: str  # a RunState word
@@ -361,24 +287,23 @@ class StatusAnswer(TypedDict, total=False):
     gpu_hours: float | None  # wall_hours x the GPUs it could use (run.json's gpus_used); 0.0 on the CPU
     queued_at: str | None  # a run launched with --queue: when it joined the queue
     position: int  # a QUEUED run's place in the host's queue (1: next to start)
-    reason: str  # a STOPPED run's: "user" (stop), "idle" (the idle-GPU stop); a Slurm run's: slurm_state's
+    reason: str  # a STOPPED run's: "user" (stop), "idle" (the idle-GPU stop); a cluster's run's: SchedulerView's
     reason_detail: str
     unreadable: str  # a path of the run this account may not read (permission denied): the rest is a guess
     disk_free: int  # a FAILED or LOST run: bytes free on its run directory's filesystem now (a full disk?)
     oversize: str  # the run's run.json, larger than RUN_JSON_MAX: not read (the rest is a guess)
-    scheduler_job: str  # a Slurm run's job id (run.json's `scheduler`)
+    scheduler_job: str  # a cluster's run's job id (run.json's `scheduler`)
     node: int
     nodes: list
     peer_failed: dict | None
-    slurm_nodes: list  # a Slurm run over several nodes: [{"node", "slurm_node", "state", "exit_code", ...}]
     resumed_from: str  # the run this one continues from a checkpoint (`resume`, a retry)
     tree: str  # `list --trees` and `status`: the run's own tree on the host (docs/architecture.md, "Trees")
     tree_kept: bool  # the tree is still there
     tree_bytes: int | None  # its own files' size
     # the laptop's additions: a run over several hosts (multinode.aggregate) and a run resumed since
     failed_node: dict | None  # {"node", "host", "why"[, "log_tail"]}: the node that failed first
-    continued_by: list  # [{"run_id", "host"}]: the runs that continue it (`status`); a Slurm run's own too
-    continue_error: str  # a Slurm run that was to resubmit itself at its time limit and did not: why
+    continued_by: list  # [{"run_id", "host"}]: the runs that continue it (`status`); a cluster's run's own too
+    continue_error: str  # a cluster's run that was to resubmit itself at its time limit and did not: why
 
 
 class ServeAnswer(TypedDict):

@@ -5,10 +5,11 @@
     agent stop --run-dir D [--grace S] [--peer-failed JSON]
 
 A status object is supervisor.run_state's (docs/architecture.md, "JSON shapes"), with a queued run's
-place, a Slurm run's nodes and the run's tree (trees.py, imported only when asked). `stop` TERMs the
-job's process group, KILLs it after the grace, and leaves the supervisor to record the end; a queued
-run's end is written under the launch lock, a cluster's run is scancelled (slurm.cancel). A node of a
-run over several hosts stopped `--peer-failed` ends FAILED for the node named, not STOPPED.
+place, what a cluster's run's scheduler module adds (its nodes) and the run's tree (treesize.py).
+`stop` TERMs the job's process group, KILLs it after the grace, and leaves the supervisor to record the
+end; a queued run's end is written under the launch lock, a cluster's run is cancelled in its scheduler
+(scheduled.py: its kind's `cancel`). A node of a run over several hosts stopped `--peer-failed` ends
+FAILED for the node named, not STOPPED.
 """
 
 from __future__ import annotations
@@ -18,26 +19,23 @@ import json
 import os
 import time
 
-from . import peerwatch, slurm
+from . import peerwatch, scheduled
 from .files import locked, write_atomic
 from .procs import kill_group
-from .protocol import EXIT_CODE, QUEUE, RUN_JSON, SCHEDULER, STOPPED, RunState, never_started_end, utc_now
-from .runjson import read_json
+from .protocol import EXIT_CODE, QUEUE, STOPPED, RunRecord, RunState, never_started_end, utc_now
+from .runjson import read_record
 from .supervisor import _supervisor_alive, placed, queue_view, run_state
 from .treesize import tree_info
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    meta = read_json(os.path.join(args.run_dir, RUN_JSON)) or {}
+    meta = read_record(args.run_dir)
     st = run_state(args.run_dir, meta)
     if st["state"] == RunState.QUEUED:
         st = placed(st, queue_view(os.path.dirname(os.path.abspath(args.run_dir))))
-    parts = slurm.node_states(args.run_dir, meta, st) if meta.get(SCHEDULER) else None
-    if parts:  # a Slurm run over several nodes: not `nodes` (hosts the laptop would open), its own key
-        st = {**st, "slurm_nodes": parts}
-        big = next((p["oversize"] for p in parts if "oversize" in p), None)
-        if big and "oversize" not in st:  # a node's run.json past the cap: refused as the run's own would be
-            st["oversize"] = big
+    by = scheduled.of(meta)
+    if by is not None:  # a cluster's run: what its scheduler's module adds (its nodes' parts)
+        st = {**st, **by.status_fields(args.run_dir, meta, st)}
     print(json.dumps(_with_tree(args.run_dir, meta, st)))
     return 0
 
@@ -52,21 +50,22 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_tree(run_dir: str, meta: dict | None, st: dict) -> dict:
+def _with_tree(run_dir: str, meta: RunRecord | None, st: dict) -> dict:
     """The status object with the run's tree: its path, whether it is kept, its size (treesize.py)."""
     if meta is None:
-        meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+        meta = read_record(run_dir)
     return {**st, **tree_info(run_dir, meta, RunState(st["state"]).is_terminal)}
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    meta = read_json(os.path.join(args.run_dir, RUN_JSON)) or {}
+    meta = read_record(args.run_dir)
     state = run_state(args.run_dir)
-    if meta.get(SCHEDULER):
-        return _stop_scheduled(args, meta, state["state"])
+    by = scheduled.of(meta)
+    if by is not None:
+        return _stop_scheduled(args, meta, state["state"], by)
     if state["state"] == RunState.QUEUED and _stop_queued(args, meta):
         return 0
-    meta = read_json(os.path.join(args.run_dir, RUN_JSON)) or {}  # a queued run may have started meanwhile
+    meta = read_record(args.run_dir)  # a queued run may have started meanwhile
     state = run_state(args.run_dir, meta)
     if state["state"] != RunState.RUNNING:
         print(json.dumps({"stopped": False, "state": state["state"]}))
@@ -92,13 +91,13 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_scheduled(args: argparse.Namespace, meta: dict, state: RunState) -> int:
-    """`stop` of a cluster's run: scancel (a pending job too); a running job's end is its supervisor's
-    to record (it passes the scheduler's TERM to the job), waited for up to the grace."""
+def _stop_scheduled(args: argparse.Namespace, meta: RunRecord, state: RunState, by: scheduled.Scheduler) -> int:
+    """`stop` of a cluster's run: cancelled in its scheduler (a pending job too); a running job's end is
+    its supervisor's to record (it passes the scheduler's TERM to the job), waited for up to the grace."""
     if not state.is_live:
         print(json.dumps({"stopped": False, "state": state}))
         return 0
-    answer = slurm.cancel(args.run_dir, meta)
+    answer = by.cancel(args.run_dir, meta)
     deadline = time.monotonic() + args.grace + 5
     while answer.get("stopped") and time.monotonic() < deadline:
         if os.path.exists(os.path.join(args.run_dir, EXIT_CODE)):
@@ -108,7 +107,7 @@ def _stop_scheduled(args: argparse.Namespace, meta: dict, state: RunState) -> in
     return 0 if answer.get("stopped") else 1
 
 
-def _stop_queued(args: argparse.Namespace, meta: dict) -> bool:
+def _stop_queued(args: argparse.Namespace, meta: RunRecord) -> bool:
     """Stop a run while it waits in the queue: its end written under the launch lock, so it cannot start
     meanwhile. False when it started before we held the lock (then it is stopped as a running run)."""
     fd = locked(meta[QUEUE]["lock"])

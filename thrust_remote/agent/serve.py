@@ -42,6 +42,7 @@ import time
 import traceback
 
 from .protocol import SERVE_CANCEL, SERVE_PING, SITE_COMMANDS
+from .scheduled import LINK_BOUND_CHECKS
 
 MAGIC = "THRUST-AGENT"
 # Requests that run as the agent's own command (exec'd in the request's process): `launch` leaves a run's
@@ -52,8 +53,8 @@ KILL_GRACE_S = 5.0
 # (a venv: the next train builds it again, under its own deadline). Cut at the link's end, not left to
 # run for up to their hour-long timeouts with nobody to answer.
 ENDS_WITH_LINK = frozenset({"venv", "setup-keep", "list-files", "scalars", "poll", "preflight",
-                            "missing-modules", "dist-versions", "tree-size", "slurm-check", "git-state",
-                            "logs", "status", "list"})
+                            "missing-modules", "dist-versions", "tree-size", "git-state",
+                            "logs", "status", "list"}) | LINK_BOUND_CHECKS  # a cluster's login node's doctor
 
 
 class _Request:

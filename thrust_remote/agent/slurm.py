@@ -8,7 +8,10 @@ all of the account's jobs, kept `POLL_S` seconds in `.thrust/slurm/squeue.json` 
 agent process of the account on that login node (a login node is shared: `status`, `logs --follow` and
 `wait` of many runs cost one scheduler call per 10 s between them; a job submitted after the kept
 answer was taken reads as pending until the next one). The mapping of Slurm's words to
-run states is protocol.slurm_state's.
+run states is slurmstate.slurm_state's.
+
+The agent's run modules reach this one through agent/scheduled.py (run.json's `scheduler.kind` is
+SLURM): `launch` (`launch --slurm`), `view`, `status_fields` and `cancel` answer there.
 
 On the allocation the batch step (slurmstep.py) places each node (`place_node`), notes Slurm's warning
 and a preemption, and submits a run's next attempt itself (`continue_itself`) with what is here. Every
@@ -33,10 +36,13 @@ import socket
 import subprocess
 import sys
 import time
+from typing import TypedDict
 
 from .files import write_atomic
 from .protocol import (
     CHECKPOINT_FIELD,
+    CONTINUE_ERROR,
+    CONTINUED_BY,
     EXIT_CODE,
     NODES_DIR,
     PATCH,
@@ -46,17 +52,18 @@ from .protocol import (
     RUN_JSON,
     SCHEDULER,
     SELF_RETRY,
-    SLURM,
-    SLURM_STATES,
     STOPPED,
+    RunRecord,
     RunState,
+    SchedulerRecord,
     SchedulerView,
     never_started_end,
     new_run_id,
-    slurm_state,
+    run_record,
     utc_now,
 )
-from .runjson import oversize, read_for_update, read_json
+from .runjson import oversize, read_json, read_record, record_for_update, write_record
+from .slurmstate import SLURM, SLURM_STATES, slurm_state
 from .walk import list_files
 
 POLL_S = 10.0  # the least time between two squeue calls of one account on one login node
@@ -70,13 +77,44 @@ PREEMPTED = "preempted"  # written when a TERM was Slurm's preemption (scontrol'
 CANNOT_START = "cannot-start"  # {reason, detail, at}: Slurm can never start the job; it was cancelled, the run FAILED
 PENDING_SEEN = "pending-reason"  # the last pending reason the run's log was told of
 LOG = "log"  # the run's log (protocol.LOG): a pending run's reasons are said there, before the job's own lines
-CONTINUED_BY = "continued_by"  # run.json: [{"run_id", "host", "scheduler_job"}], the run that went on from it
-CONTINUE_ERROR = "continue_error"  # run.json: why a run that was to continue itself did not
 # what a run's launch wrote and its start added: the next attempt's run.json starts from the first only
 _STARTED = ("pid", "pid_start", "started_at", "started_ts", "supervisor_pid", "supervisor_start", SCHEDULER,
             CONTINUED_BY, CONTINUE_ERROR, "slurm_node")
 # Slurm's warning before the time limit (sbatch --signal=B:USR1@S, to the batch step's supervisor only)
 LIMIT_SIGNAL = signal.SIGUSR1
+SBATCH = "sbatch"  # the launch's stdin key for the job's sbatch options; its refusal's `error` word
+
+
+class SlurmScheduler(SchedulerRecord, total=False):
+    """run.json's `scheduler` of a Slurm run."""
+
+    sbatch: list  # the whole sbatch command line it was submitted with (its partition: `_partition`)
+
+
+class SlurmNodeRecord(RunRecord, total=False):
+    """run.json of a Slurm run's node (the run dir's for node 0, `nodes/I/` for node I): `place_node`'s."""
+
+    slurm_node: int  # SLURM_NODEID: the node's index in the allocation
+    slurm_node_name: str  # Slurm's name for the node (status shows it)
+
+
+class SlurmNodePart(TypedDict, total=False):
+    """One node of a Slurm run over several, in its status (`node_states`)."""
+
+    node: int
+    slurm_node: str | None  # Slurm's name for it
+    state: str  # a RunState word
+    exit_code: int | None
+    ended_at: str | None
+    pid: int | None
+    oversize: str  # the node's run.json, larger than RUN_JSON_MAX: not read
+
+
+class SlurmStatus(TypedDict, total=False):
+    """What `status` of a Slurm run over several nodes adds (`status_fields`); the laptop reads it."""
+
+    slurm_nodes: list  # [SlurmNodePart...]: not `nodes` (hosts the laptop would open), its own key
+    oversize: str  # a node's run.json past the cap: refused as the run's own would be
 
 
 def _put(path: str, text: str, mode: int = 0o600) -> None:
@@ -92,7 +130,12 @@ def _user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
-def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> dict:
+def launch(run_dir: str, cwd: str, payload: dict, env: dict, record: RunRecord) -> dict:
+    """`launch --slurm` (scheduled.Scheduler): `submit` with the launch's sbatch options (stdin's SBATCH)."""
+    return submit(run_dir, cwd, list(payload.get(SBATCH) or []), env, record)
+
+
+def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: RunRecord) -> dict:
     """Write the batch script and the job's env, `sbatch --parsable` it, record the job id in run.json.
     The answer: {"queued", "scheduler_job", "run_dir", "marker"} or {"error", "detail"}."""
     script = os.path.join(run_dir, BATCH)
@@ -106,10 +149,11 @@ def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> 
     body = "#!/bin/sh\nexec " + shlex.join([*step, sys.executable, "-S", os.path.abspath(sys.argv[0]), "supervise",
                                        "--run-dir", run_dir]) + "\n"
     _put(script, body, 0o700)
-    argv = ["sbatch", "--parsable", f"--job-name=thrust-{os.path.basename(run_dir)}",
+    argv = [SBATCH, "--parsable", f"--job-name=thrust-{os.path.basename(run_dir)}",
             f"--output={os.path.join(run_dir, SLURM_OUT)}", f"--chdir={cwd}", *sbatch, script]
-    meta[SCHEDULER] = {"kind": SLURM, "submitted_ts": time.time(), "sbatch": argv, "nodes": nodes}
-    _put(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
+    scheduler: SlurmScheduler = {"kind": SLURM, "submitted_ts": time.time(), SBATCH: argv, "nodes": nodes}
+    meta = run_record(meta, scheduler=scheduler)
+    write_record(run_dir, meta)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_S, check=False, env=_submit_env(),
                               preexec_fn=_ignore_term)
@@ -124,7 +168,6 @@ def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: dict) -> 
     if not job_id.isdigit():  # exit 0 and no job (--test-only, --help...): nothing will ever run it
         said = (done.stdout + done.stderr).strip()[-600:] or "nothing"
         return _not_submitted(run_dir, meta, f"sbatch gave no job id (it said: {said})")
-    meta[SCHEDULER]["job_id"] = job_id
     update_meta(run_dir, {}, job_id=job_id)  # the job may have started already: its pid stays
     return {"queued": True, "scheduler_job": job_id, "run_dir": run_dir, "marker": meta.get("marker")}
 
@@ -152,27 +195,26 @@ def _submit_env() -> dict[str, str]:
             if (not k.startswith("SLURM_") or k == "SLURM_CONF") and k not in NOT_FROM_ENV}
 
 
-def update_meta(run_dir: str, changes: dict, *, job_id: str | None = None) -> dict:
+def update_meta(run_dir: str, changes: dict, *, job_id: str | None = None) -> RunRecord:
     """run.json read, changed and written whole under its own lock: the login node records the job id
     while the allocation's supervisor may be recording the pid (a job can start before sbatch returns)."""
     fd = os.open(os.path.join(run_dir, ".run.json.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        meta = read_for_update(os.path.join(run_dir, RUN_JSON))  # capped: an oversize one is refused
-        meta.update(changes)
+        meta = run_record(record_for_update(run_dir), changes)  # capped: an oversize one is refused
         if job_id:
-            meta.setdefault(SCHEDULER, {})["job_id"] = job_id
-        _put(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=1))
+            meta = run_record(meta, scheduler={**(meta.get(SCHEDULER) or {}), "job_id": job_id})
+        write_record(run_dir, meta)
         return meta
     finally:
         os.close(fd)
 
 
-def _not_submitted(run_dir: str, meta: dict, detail: str) -> dict:
+def _not_submitted(run_dir: str, meta: RunRecord, detail: str) -> dict:
     """sbatch refused (a bad partition, account or QOS...): the run ended before it began."""
     _put(os.path.join(run_dir, EXIT_CODE), never_started_end())
     forget_env(run_dir)  # no job will ever read it
-    return {"error": "sbatch", "detail": detail, "run_id": meta.get("run_id")}
+    return {"error": SBATCH, "detail": detail, "run_id": meta.get("run_id")}
 
 
 def near_limit(run_dir: str) -> None:
@@ -184,7 +226,7 @@ def near_limit(run_dir: str) -> None:
 RDZV_WAIT_S = 120.0  # how long a node waits for node 0's rendezvous address (it starts on the same allocation)
 
 
-def place_node(run_dir: str, meta: dict, env: dict, argv: list[str]) -> tuple[str, list[str]]:
+def place_node(run_dir: str, meta: SlurmNodeRecord, env: dict, argv: list[str]) -> tuple[str, list[str]]:
     """On the allocation: this node's directory for its log, run.json and end (the run dir on node 0,
     `nodes/I/` on node I) and its argv, torchrun's rendezvous filled in over several nodes: node 0's
     address as Slurm knows it (SLURM_LAUNCH_NODE_IPADDR: srun runs on node 0) and a port free there, put
@@ -231,7 +273,20 @@ def place_node(run_dir: str, meta: dict, env: dict, argv: list[str]) -> tuple[st
     return here, filled
 
 
-def node_states(run_dir: str, meta: dict, run: dict) -> list[dict] | None:
+def status_fields(run_dir: str, meta: RunRecord, status: dict) -> SlurmStatus:
+    """What `status` adds for a run over several nodes (scheduled.Scheduler): its nodes' parts, and the
+    first node's run.json past the cap as the run's `oversize` (the laptop refuses the run for it, 74)."""
+    parts = node_states(run_dir, meta, status)
+    if not parts:
+        return {}
+    out: SlurmStatus = {"slurm_nodes": parts}
+    big = next((p["oversize"] for p in parts if "oversize" in p), None)
+    if big and "oversize" not in status:
+        out["oversize"] = big
+    return out
+
+
+def node_states(run_dir: str, meta: RunRecord, run: dict) -> list[SlurmNodePart] | None:
     """A run over several nodes: each node's part as its own files in the shared run dir say (node 0's
     the run dir's, node I's `nodes/I/`): {"node", "slurm_node" (Slurm's name for it), "state",
     "exit_code", "ended_at", "pid"}, and "oversize": PATH when the node's run.json is larger than
@@ -246,7 +301,7 @@ def node_states(run_dir: str, meta: dict, run: dict) -> list[dict] | None:
     out = []
     for node in range(nnodes):
         here = run_dir if node == 0 else os.path.join(run_dir, NODES_DIR, str(node))
-        own = meta if node == 0 else (read_json(os.path.join(here, RUN_JSON)) or {})
+        own: SlurmNodeRecord = meta if node == 0 else read_record(here)
         end = read_json(os.path.join(here, EXIT_CODE))
         code = end.get("exit_code") if end else None
         if end is not None and code is not None:
@@ -339,7 +394,7 @@ def _sacct(job_id: str) -> str | None:
     return words[0] if done.returncode == 0 and words else None
 
 
-def view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stopped: bool) -> SchedulerView:
+def view(run_dir: str, meta: RunRecord, *, exit_code: int | None, ended: bool, stopped: bool) -> SchedulerView:
     """A Slurm run's state: what its run directory recorded with the scheduler's word on it. Once that
     state is an end, the job's env (its `env:` values: secrets, perhaps) is removed: whatever ended the run
     (sbatch's refusal, a cancel while pending, a lost launch, the job's end), no job will read it now."""
@@ -349,7 +404,7 @@ def view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stoppe
     return out
 
 
-def _view(run_dir: str, meta: dict, *, exit_code: int | None, ended: bool, stopped: bool) -> SchedulerView:
+def _view(run_dir: str, meta: RunRecord, *, exit_code: int | None, ended: bool, stopped: bool) -> SchedulerView:
     sched = meta.get(SCHEDULER) or {}
     job_id = str(sched.get("job_id") or "")
     started = "pid" in meta
@@ -453,7 +508,7 @@ def never_starts(reason: str) -> bool:
 def _partition(sched: dict) -> tuple[str, int | None]:
     """The job's partition (its --partition, else the cluster's default) and its number of nodes (sinfo;
     None when sinfo does not say)."""
-    asked = next((a.split("=", 1)[1] for a in sched.get("sbatch") or () if str(a).startswith("--partition=")), "")
+    asked = next((a.split("=", 1)[1] for a in sched.get(SBATCH) or () if str(a).startswith("--partition=")), "")
     try:
         done = subprocess.run(["sinfo", "--noheader", "--format=%P|%D"], capture_output=True, text=True,
                               timeout=CALL_S, check=False)
@@ -537,7 +592,7 @@ def _log(run_dir: str, line: str) -> None:
             os.close(fd)
 
 
-def cancel(run_dir: str, meta: dict) -> dict:
+def cancel(run_dir: str, meta: RunRecord) -> dict:
     """`stop` of a Slurm run, pending or running: `stopped` written first (so the end the TERM brings reads
     STOPPED, and a supervisor starting meanwhile runs nothing), then scancel; the supervisor on the
     allocation records the job's end as it goes. A scancel that failed (slurmctld or munge down, no job
@@ -594,7 +649,7 @@ def note_preempted(run_dir: str) -> bool:
     return True
 
 
-def continue_itself(run_dir: str, meta: dict, env: dict) -> dict | None:
+def continue_itself(run_dir: str, meta: RunRecord, env: dict) -> dict | None:
     """On the allocation's node 0, after the job exited and before its end is written: a run warned of
     its time limit, or preempted (`note_preempted`), whose launch asked for it (run.json's `self_retry`,
     written by the laptop when the job's `retry: on:` has `timeout` or `preempted` and it can resume)
@@ -641,11 +696,11 @@ def continue_itself(run_dir: str, meta: dict, env: dict) -> dict | None:
     marker = secrets.token_hex(8)
     new_env = {k: moved(v) if isinstance(v, str) else v for k, v in env.items()}
     new_env["THRUST_RUN_MARKER"] = marker
-    new_meta = {k: v for k, v in meta.items() if k not in _STARTED}
-    new_meta.update(run_id=new_id, marker=marker, resumed_from=old_id, argv=[moved(w) for w in plan["argv"]],
-                    env={k: moved(v) if isinstance(v, str) else v for k, v in (meta.get("env") or {}).items()})
-    new_meta[SELF_RETRY] = {**plan, "attempt": attempt + 1}
-    answer = submit(new_dir, cwd, list(plan.get("sbatch") or []), new_env, new_meta)
+    new_meta = run_record({k: v for k, v in meta.items() if k not in _STARTED}, run_id=new_id, marker=marker,
+                          resumed_from=old_id, argv=[moved(w) for w in plan["argv"]],
+                          env={k: moved(v) if isinstance(v, str) else v for k, v in (meta.get("env") or {}).items()},
+                          self_retry={**plan, "attempt": attempt + 1})
+    answer = submit(new_dir, cwd, list(plan.get(SBATCH) or []), new_env, new_meta)
     if not answer.get("queued"):
         return _not_continued(run_dir, f"sbatch refused its next attempt {new_id}: {answer.get('detail')}")
     went_on = {"run_id": new_id, "host": plan.get("host"), "scheduler_job": answer["scheduler_job"]}

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 
 from . import job, slurm
 from .procs import signal_group
 from .procs import start_time as proc_start_time
-from .protocol import EXIT_CODE, LOG, RUN_JSON, SELF_RETRY, STOPPED, never_started_end
-from .runjson import read_json
+from .protocol import CONTINUE_ERROR, EXIT_CODE, LOG, SELF_RETRY, STOPPED, never_started_end, run_record
+from .runjson import read_record, write_record
 from .supervisor import exit_text, parse_end
 
 
@@ -38,7 +37,7 @@ def cmd_supervise(args: argparse.Namespace) -> int:
 
 
 def _supervise_job(run_dir: str) -> int:
-    meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    meta: slurm.SlurmNodeRecord = read_record(run_dir)
     # stopped, or given up (the cluster cannot start it), as it was starting: nothing runs
     if any(os.path.exists(os.path.join(run_dir, name)) for name in (STOPPED, slurm.CANNOT_START)):
         if not os.path.exists(os.path.join(run_dir, EXIT_CODE)):
@@ -74,7 +73,7 @@ def _supervise_job(run_dir: str) -> int:
         meta = slurm.update_meta(run_dir, {k: meta[k] for k in started if k in meta},
                                  job_id=os.environ.get("SLURM_JOB_ID"))
     else:
-        job.write_text(os.path.join(here, RUN_JSON), json.dumps(meta, indent=1))
+        write_record(here, run_record(meta))
     # The scheduler's TERM (scancel, the time limit, a preemption) goes to the job's group; the supervisor
     # lives on to record the end (Slurm's KILL follows after its KillWait).
     termed: list[bool] = []
@@ -87,7 +86,7 @@ def _supervise_job(run_dir: str) -> int:
     return min(int(end or 0), 255)
 
 
-def _continue(run_dir: str, meta: dict, env: dict, termed: bool) -> None:
+def _continue(run_dir: str, meta: slurm.SlurmNodeRecord, env: dict, termed: bool) -> None:
     """A run at its time limit, or preempted, submits its next attempt (slurm.continue_itself);
     whatever goes wrong there is said in run.json and the run's end is still recorded (an end never goes
     unwritten). Whether a TERM was a preemption is asked only of a run that would continue on one."""
@@ -97,7 +96,7 @@ def _continue(run_dir: str, meta: dict, env: dict, termed: bool) -> None:
         slurm.continue_itself(run_dir, meta, env)
     except Exception as exc:  # noqa: BLE001 - the end must be written whatever failed
         with contextlib.suppress(OSError):
-            slurm.update_meta(run_dir, {slurm.CONTINUE_ERROR: f"{type(exc).__name__}: {exc}"})
+            slurm.update_meta(run_dir, {CONTINUE_ERROR: f"{type(exc).__name__}: {exc}"})
 
 
 def main(argv: list[str]) -> int:

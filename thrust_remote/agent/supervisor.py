@@ -8,15 +8,16 @@ A run is RUNNING only when its supervisor's recorded pid is alive *and* its star
 holds the run's log as its stdout (or has the marker on its command line), or the job's pid and start
 time match and the run's marker is in its environment (a recycled pid is not our run); otherwise FINISHED/FAILED/STOPPED
 from `exit_code`, or LOST when nothing recorded an end. A cluster's run is what its run directory says
-with the scheduler's word on it (slurm.py). run.json is read through runjson.py, capped: one larger
-than RUN_JSON_MAX reads as nothing, and the status says so (`oversize`).
+with the scheduler's word on it (its kind's module, looked up by scheduled.py). run.json is read through
+runjson.py as a RunRecord, capped: one larger than RUN_JSON_MAX reads as nothing, and the status says so
+(`oversize`).
 
 `launch-outcome` settles a launch whose answer never came (its `agent serve` stopped answering): under
 the launch lock, a run dir with a run.json was launched (its status is the answer); one without gets
 `withdrawn`, so the launch, should it arrive late, is refused and never runs unrecorded.
 
-Whoever starts, stops or lists runs (launcher.py, slurmstep.py, runs.py, trees.py, logs.py, poll.py)
-reads their state here; this module imports none of them.
+Whoever starts, stops or lists runs (launcher.py, a scheduler's step, runs.py, trees.py, logs.py,
+poll.py) reads their state here; this module imports none of them.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import os
 import time
 
-from . import runqueue, slurm
+from . import runqueue, scheduled
 from .checkout import free_bytes
 from .files import lock_within, unreadable, write_atomic
 
@@ -37,6 +38,8 @@ from .procs import environ_has as _proc_environ_has
 from .procs import lock_holder as _lock_holder
 from .procs import start_time as _proc_start_time
 from .protocol import (
+    CONTINUE_ERROR,
+    CONTINUED_BY,
     EXIT_CODE,
     GPUS_USED,
     LOG,
@@ -47,15 +50,16 @@ from .protocol import (
     SCHEDULER,
     STOPPED,
     WITHDRAWN,
+    RunRecord,
     RunState,
     utc_now,
 )
-from .runjson import oversize, read_json
+from .runjson import oversize, read_json, read_record
 
 LOCK_WAIT_S = 45.0  # a launch holds the lock for well under a second; within the laptop's 60 s request
 
 
-def _supervisor_alive(meta: dict, run_dir: str) -> bool:
+def _supervisor_alive(meta: RunRecord, run_dir: str) -> bool:
     """The run's supervisor still there: its pid with its start time, and holding this run's log as its
     stdout (it made it so first thing: a recycled pid, or another live process put in run.json, does not).
     Or, as before, the run's marker on its command line (`agent serve` execs a launch, so the supervisor's
@@ -86,17 +90,18 @@ def exit_text(run_dir: str) -> str | None:
     return None
 
 
-def run_state(run_dir: str, meta: dict | None = None, *, read_again: bool = True) -> dict:
+def run_state(run_dir: str, meta: RunRecord | None = None, *, read_again: bool = True) -> dict:
     """The status object of one run directory (docs/architecture.md, "JSON shapes"); `meta`: its
     run.json when the caller has read it already."""
     big = not meta and oversize(os.path.join(run_dir, RUN_JSON))  # a capped read gives None: {} to callers
-    meta = meta or read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    meta = meta or read_record(run_dir)
     recorded = exit_text(run_dir)
     stopped = os.path.exists(os.path.join(run_dir, STOPPED))
     marker = meta.get("marker")
     exit_code, ended_at, ended_ts, never_started = parse_end(recorded)
-    sched = slurm.view(run_dir, meta, exit_code=exit_code, ended=exit_code is not None or never_started,
-                       stopped=stopped) if meta.get(SCHEDULER) else None
+    by = scheduled.of(meta)
+    sched = by.view(run_dir, meta, exit_code=exit_code, ended=exit_code is not None or never_started,
+                    stopped=stopped) if by else None
     if sched is not None:  # a cluster's run: the scheduler knows what this login node cannot see
         state = sched["state"]
     elif exit_code is not None:
@@ -147,9 +152,9 @@ def run_state(run_dir: str, meta: dict | None = None, *, read_again: bool = True
         **({"queued_at": meta[QUEUE].get("queued_at")} if isinstance(meta.get(QUEUE), dict) else {}),
         **({"scheduler_job": meta[SCHEDULER].get("job_id")} if isinstance(meta.get(SCHEDULER), dict) else {}),
         **({RESUMED_FROM: meta[RESUMED_FROM]} if isinstance(meta.get(RESUMED_FROM), str) else {}),
-        # a cluster's run that resubmitted itself (slurm.continue_itself: time limit, preemption), or why not
-        **({slurm.CONTINUED_BY: meta[slurm.CONTINUED_BY]} if isinstance(meta.get(slurm.CONTINUED_BY), list) else {}),
-        **({slurm.CONTINUE_ERROR: meta[slurm.CONTINUE_ERROR]} if meta.get(slurm.CONTINUE_ERROR) else {}),
+        # a cluster's run that resubmitted itself (its time limit, a preemption), or why not
+        **({CONTINUED_BY: meta[CONTINUED_BY]} if isinstance(meta.get(CONTINUED_BY), list) else {}),
+        **({CONTINUE_ERROR: meta[CONTINUE_ERROR]} if meta.get(CONTINUE_ERROR) else {}),
         **_hours(run_dir, meta, state, ended_ts),
         **({"node": meta["node"], "nodes": [n.get("host") for n in meta.get("nodes") or []],
             "peer_failed": read_json(os.path.join(run_dir, PEER_FAILED))} if "node" in meta else {}),
@@ -182,7 +187,7 @@ def queue_view(runs_dir: str, ended: set[str] | None = None) -> list[tuple[dict,
         if ended is not None and name in ended:
             continue
         if os.path.isdir(path) and not withdrawn(path):
-            meta = read_json(os.path.join(path, RUN_JSON)) or {}
+            meta = read_record(path)
             st = run_state(path, meta)
             if ended is not None and st["ended_at"] is not None:  # a recorded end: final (a dir
                 ended.add(name)  # without run.json yet reads LOST but may be a launch under way)
@@ -193,7 +198,7 @@ def queue_view(runs_dir: str, ended: set[str] | None = None) -> list[tuple[dict,
 
 def placed(st: dict, view: list[tuple[dict, runqueue.Entry]]) -> dict:
     """A QUEUED run's status object with its place in the queue (the host's: a run waiting in a cluster's
-    scheduler has Slurm's reason instead)."""
+    scheduler has that scheduler's reason instead)."""
     if st["state"] != RunState.QUEUED or st.get("scheduler_job"):
         return st
     spec = next((e.spec for _, e in view if e.run_id == st["run_id"]), None) or {}
@@ -215,7 +220,7 @@ def _stop_reason(run_dir: str) -> tuple[str, str] | None:
     return (str(note.get("reason") or "user"), str(note.get("detail") or "")) if isinstance(note, dict) else None
 
 
-def _hours(run_dir: str, meta: dict, state: str, ended_ts: float | None) -> dict:
+def _hours(run_dir: str, meta: RunRecord, state: str, ended_ts: float | None) -> dict:
     """wall_hours and gpu_hours by this host's clock: to the end, or to now while it runs; a LOST run
     has no end record, so its log's last write is the last sign it was alive."""
     start = meta.get("started_ts")
@@ -258,7 +263,7 @@ def cmd_launch_outcome(args: argparse.Namespace) -> int:
             return 0
     finally:
         os.close(lock_fd)
-    meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    meta = read_record(run_dir)
     st = run_state(run_dir, meta)
     answer = {"launched": True, "run_dir": run_dir, "marker": meta.get("marker"), "state": st["state"]}
     if st["state"] == RunState.QUEUED:

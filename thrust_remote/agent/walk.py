@@ -1,7 +1,7 @@
 """The walk over a run's artifact globs: the files they match on the host, each hashed as it is listed.
 
 What `agent list-files` answers (listing.py, which chooses the window: a run's own files) and where a
-Slurm run continuing itself finds its newest checkpoint (slurm.continue_itself). A glob is relative to
+cluster's run continuing itself finds its newest checkpoint (its scheduler's module). A glob is relative to
 `cwd`; one that starts with `$THRUST_RUN_DIR/` is relative to the run directory. `**` matches any
 depth; a directory that matches stands for every file under it. `*`, `?` and `[...]` match names
 that start with a dot too (`out/**` lists `out/.hidden`, `out/..foo`): an artifact is whatever the job
