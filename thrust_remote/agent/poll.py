@@ -24,8 +24,8 @@ import os
 import time
 from typing import BinaryIO
 
-from .protocol import EXIT_CODE, LOG, METRICS, RUN_JSON, RunState
-from .runjson import read_json
+from .protocol import EXIT_CODE, LOG, METRICS, RunState
+from .runjson import read_record
 from .supervisor import run_state
 
 TAG = b"THRUST_METRICS "
@@ -90,7 +90,7 @@ def _one(run_dir: str, offset: int, source: str = "metrics") -> dict:
     except FileNotFoundError:
         data, end, more = b"", offset, False
     lines = _tagged(data) if source == "log" else data
-    meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    meta = read_record(run_dir)
     return {"state": st["state"], "exit_code": st["exit_code"], "data": lines.decode("utf-8", "replace"),
             "offset": end, "more": more, "slot": meta.get("slot"),
             "log_tail": _log_tail(run_dir) if st["state"] == RunState.FAILED else ""}

@@ -21,8 +21,8 @@ import json
 import math
 import os
 
-from .protocol import RUN_JSON, AgentExit
-from .runjson import read_json
+from .protocol import AgentExit
+from .runjson import read_record
 
 PREFIX = "events.out.tfevents."
 
@@ -55,7 +55,7 @@ def event_files(events_dir: str, since: float) -> list[str]:
 def read_run(run_dir: str, events_dir: str, since_step: int, tag: str | None) -> dict:
     from tensorboard.backend.event_processing import event_accumulator as ea
 
-    meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+    meta = read_record(run_dir)
     started = float(meta.get("started_ts") or 0.0)
     tags: set[str] = set()
     series: dict[str, dict[int, float]] = {}

@@ -52,7 +52,7 @@ import sys
 import time
 
 from .checkout import ENV, lfs_object, store_lock
-from .protocol import RUN_JSON, RUNS_DIR, TREE_REMOVED, RunState
+from .protocol import RUNS_DIR, TREE_REMOVED, RunState
 from .treesize import SIZE_FILE as SIZE_FILE  # re-exported (as tree_info below): tests name them here
 from .treesize import size
 from .treesize import tree_info as tree_info
@@ -494,14 +494,14 @@ def _make_writable(tree: str) -> None:
 
 def _users(workdir: str) -> dict[str, list[dict]]:
     """Each tree's runs (run.json `tree`) with their state: a study's trials share one."""
-    from .runjson import read_json
+    from .runjson import read_record
     from .supervisor import run_state  # here only: a prune, not every tree-add, reads runs' states
 
     runs_dir = os.path.join(workdir, RUNS_DIR)
     users: dict[str, list[dict]] = {}
     for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else ():
         run_dir = os.path.join(runs_dir, name)
-        meta = read_json(os.path.join(run_dir, RUN_JSON)) or {}
+        meta = read_record(run_dir)
         if isinstance(meta.get("tree"), str):
             users.setdefault(os.path.normpath(meta["tree"]), []).append(run_state(run_dir, meta))
     return users

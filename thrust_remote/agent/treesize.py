@@ -11,6 +11,8 @@ import json
 import os
 import time
 
+from .protocol import RunRecord
+
 
 def size(tree: str, deadline: float) -> dict:
     """The bytes of the tree's own files (a file linked from the store, or into another tree, is not
@@ -34,7 +36,7 @@ def size(tree: str, deadline: float) -> dict:
 SIZE_FILE = "tree-size.json"  # in a run's directory: its tree's size, once the run has ended
 
 
-def tree_info(run_dir: str, meta: dict, ended: bool, deadline: float = 1.0) -> dict:
+def tree_info(run_dir: str, meta: RunRecord, ended: bool, deadline: float = 1.0) -> dict:
     """A run's tree for `status` and `list`: its path, whether it is still kept, its size (counted once
     the run ended and kept in the run's directory; a running run's is counted within `deadline`)."""
     tree = meta.get("tree")
