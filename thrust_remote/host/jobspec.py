@@ -3,12 +3,15 @@
 The spec is what envcheck's `--job-json` carries (host/report.py), what a preflight's cache key is built
 from (run/preflight.py) and what every stage of a run passes on (docs/architecture.md, "The flow of one
 train"). It lives here, below run/ and doctor/, because both send a job to a host.
+
+It is built from an allow-list: HOST_FIELDS are sent, LAPTOP_FIELDS never are, and every JobConfig field
+is in exactly one of them (tests/test_jobspec_fields.py). A new job field reaches no host, and changes
+no preflight cache key, until someone decides it should.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict
+from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 from thrust_remote.core.config import JobConfig
@@ -17,23 +20,66 @@ JobSpec: TypeAlias = dict[str, Any]  # a job as plain JSON-able data (docs/archi
 JobLike: TypeAlias = "JobConfig | JobSpec"
 
 
+def _plain(value: Any) -> Any:
+    """A value as it has always crossed: a section as the keys written, a mapping as a dict."""
+    if hasattr(value, "as_dict"):
+        return value.as_dict()
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+def _listed(value: tuple[Any, ...]) -> list[Any]:
+    return list(value)
+
+
+# The fields the host needs, in JobConfig's order, each with how it becomes JSON-able: what the job runs
+# (kind, script, module, command, args, nproc, env), what its venv or build takes (requirements, the cargo
+# keys), what its tree and results are (files, setup, shared, artifacts, export), and what the host reads
+# of its output (metrics, flags, objective, idle_stop).
+HOST_FIELDS: Mapping[str, Callable[[Any], Any]] = {
+    "name": _plain,
+    "kind": _plain,
+    "args": lambda args: dict(args) if isinstance(args, Mapping) else list(args),
+    "export": _plain,
+    "env": _plain,
+    "requirements": _listed,
+    "requirements_file": _plain,
+    "script": _plain,
+    "module": _plain,
+    "nproc": _plain,
+    "command": _listed,
+    "artifacts": _listed,
+    "metrics": _plain,
+    "flags": _plain,
+    "objective": lambda objective: {} if objective is None else objective.as_dict(),  # none: as it always was
+    "idle_stop": _plain,
+    "files": _plain,
+    "setup": _plain,
+    "shared": _plain,
+    "toolchain": _plain,
+    "example": _plain,
+    "crate": _plain,
+    "artifact": _plain,
+    "tch_version": _plain,
+    "bypass_version_check": _plain,
+}
+# The fields that stay on the laptop, and why
+LAPTOP_FIELDS: Mapping[str, str] = {
+    "lines": "where thrust.yaml wrote each key: not the host's business, and not part of any cache key",
+    "notify": "the laptop's own (a webhook URL is a secret): never sent to a host",
+    # what the laptop does while it follows a run (pulls, resume, retry): a preflight cached on the spec
+    # stays valid when they change
+    "checkpoints": "the laptop pulls them while it follows",
+    "resume": "the laptop fills it in when it resumes a run",
+    "sync_every": "the laptop's pull interval",
+    "retry": "the laptop's policy while it follows (a Slurm run's own is sent in run.json)",
+}
+
+
 def job_spec(job: JobConfig | Mapping[str, Any] | None) -> JobSpec:
-    """A JobConfig as the plain dict envcheck takes (what `--job-json` carries). A spec is returned
-    as it is: the conversion happens once, where the job leaves the laptop's config."""
+    """A JobConfig as the plain dict envcheck takes (what `--job-json` carries): HOST_FIELDS only. A spec
+    is returned as it is: the conversion happens once, where the job leaves the laptop's config."""
     if job is None:
         return {}
     if isinstance(job, Mapping):
         return job  # type: ignore[return-value]
-    data = asdict(job)
-    data["args"] = dict(job.args) if isinstance(job.args, Mapping) else list(job.args)  # tuples/mappings -> JSON
-    for key in ("env", "metrics", "objective"):
-        data[key] = dict(getattr(job, key))
-    for key in ("requirements", "command", "artifacts"):
-        data[key] = list(getattr(job, key))
-    del data["lines"]  # where thrust.yaml wrote it: not the host's business, and not part of any cache key
-    del data["notify"]  # the laptop's own (a webhook URL is a secret): never sent to a host
-    # what the laptop does while it follows a run (pulls, resume, retry): no concern of the host's, and
-    # a preflight cached on the spec stays valid when they change
-    for key in ("checkpoints", "resume", "sync_every", "retry"):
-        del data[key]
-    return data
+    return {name: convert(getattr(job, name)) for name, convert in HOST_FIELDS.items()}

@@ -63,9 +63,9 @@ def objective_for(config: Config, job: JobConfig, metric_flag: str) -> Objective
                           f"add to jobs.{job.name}: objective: {{metric: charts/episodic_return, mode: max}}")
     line = job.lines.get("objective")
     where = f"{label}:{line}: jobs.{job.name}.objective" if line else f"{label}: jobs.{job.name}.objective"
-    tb = job.metrics.get("tensorboard")
-    return Objective(job.objective["metric"], job.objective.get("mode", "max"),
-                     "tensorboard" if tb else "lines", tb, where, job.metrics.get("pattern"))
+    tb = job.metrics.tensorboard
+    return Objective(job.objective.metric, job.objective.mode,
+                     "tensorboard" if tb else "lines", tb, where, job.metrics.pattern)
 
 
 def missing_metric(objective: Objective, trial: int, seen: list[str]) -> ConfigError:

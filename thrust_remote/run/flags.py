@@ -26,12 +26,12 @@ _REFUSED = re.compile(r"^usage: |: error: |^AssertionError|^Error: (No such opti
 def style_of(job: JobConfig) -> str:
     """The job's style: its `flags: {style:}`, else its kind's default."""
     default = COMMAND_STYLE if job.kind == "command" else FLAG_STYLES[0]
-    return job.flags.get("style", default)
+    return job.flags.style or default
 
 
 def render(job: JobConfig, values: Mapping[str, Any]) -> list[str]:
     """`values` (name -> value; a bool a switch, None left out) as the job's argv words, in order."""
-    style, dashes = style_of(job), job.flags.get("names") == DASHES
+    style, dashes = style_of(job), job.flags.names == DASHES
     spelled = job.kind == "trainer"  # its switches take a value: a false overrides its env's preset
     out: list[str] = []
     for key, value in values.items():
@@ -73,6 +73,6 @@ def refused_hint(job: JobConfig, log_tail: str, *, gave_flags: bool) -> str | No
         return None
     others = [s for s in FLAG_STYLES if s != style_of(job)]
     return (f"its flags were written {example(job)} (jobs.{job.name}.flags: style {style_of(job)!r}"
-            f"{', names as-is' if job.flags.get('names') != DASHES else ', names with dashes'}); if it takes "
+            f"{', names as-is' if job.flags.names != DASHES else ', names with dashes'}); if it takes "
             f"them otherwise, say so under jobs.{job.name}: flags: {{style: {others[0]!r}}} (or "
             f"{', '.join(repr(s) for s in others[1:])}; names: dashes for learning-rate)")

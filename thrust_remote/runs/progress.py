@@ -13,10 +13,13 @@ import math
 import re
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thrust_remote.core.errors import ConfigError
 from thrust_remote.core.patterns import ENGINE_HINT, check_pattern, compile_pattern
+
+if TYPE_CHECKING:
+    from thrust_remote.core.config import MetricsConfig
 
 TAIL_LINES = 40
 TAGS = ("THRUST_METRICS", "THRUST_INFO", "THRUST_DONE")
@@ -129,9 +132,9 @@ def _number(text: str | bytes | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def pattern_of(metrics: Mapping[str, str] | None) -> LinePattern | None:
-    """The job's `metrics:` pattern, if it has one (a job's `metrics` mapping, or None)."""
-    text = metrics.get("pattern") if metrics else None
+def pattern_of(metrics: MetricsConfig | None) -> LinePattern | None:
+    """The job's `metrics:` pattern, if it has one (a job's `metrics` section, or None: no job)."""
+    text = metrics.pattern if metrics is not None else None
     return LinePattern(text) if text else None
 
 

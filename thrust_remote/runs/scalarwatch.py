@@ -70,7 +70,7 @@ class ScalarSource:
 def source_for(session: HostSession, run_id: str, job: JobConfig | None) -> ScalarSource | None:
     """The run's scalar source when its job reads TensorBoard; None otherwise (or when run.json lacks
     what it takes: a run started by an older thrust-remote)."""
-    events = (job.metrics or {}).get("tensorboard") if job is not None else None
+    events = job.metrics.tensorboard if job is not None else None
     if not events:
         return None
     run_dir = session.paths.run(run_id)

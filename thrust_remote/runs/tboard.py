@@ -57,7 +57,7 @@ def local_logdir(config: Config, run_id: str, job: JobConfig | None) -> Path:
     if not dest.is_dir():
         raise UsageError(f"run {run_id} has no fetched artifacts in {dest}",
                          f"fetch them with: {command_hint('fetch', run_id)}, or see the host's with --remote")
-    sub = job.metrics.get("tensorboard") if job else None
+    sub = job.metrics.tensorboard if job else None
     return dest / sub if sub and (dest / sub).is_dir() else dest
 
 
@@ -72,7 +72,7 @@ def remote_plan(session: HostSession, run_id: str, job: JobConfig | None) -> tup
     cwd = str(meta.get("cwd") or session.paths.workdir)
     env = meta.get("env") if isinstance(meta.get("env"), dict) else {}
     python = str(env.get("THRUST_PYTHON") or session.host.python)
-    sub = job.metrics.get("tensorboard") if job else None
+    sub = job.metrics.tensorboard if job else None
     logdir = f"{cwd}/{sub}" if sub else run_dir
     return tensorboard_argv(python, logdir, 0), logdir
 

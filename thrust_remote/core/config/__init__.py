@@ -7,7 +7,8 @@ No file at all is fine: the host `local` and the jobs `snake` and `cartpole` alw
 
 The rooms: model.py (the dataclasses and the names their values are checked against), discovery.py
 (finding thrust.yaml and its project), bounded.py (reading untrusted YAML), reader.py (the node reader,
-file:line failures), values.py (values several sections take), one module per section (hosts.py,
+file:line failures), values.py (values several sections take), sections.py (a job's sections of
+several keys as types: flags, metrics, objective, retry, idle stop), one module per section (hosts.py,
 jobs.py with job_values.py and retry.py, notify.py, search.py), and loader.py, whose table of sections
 reads the top level. This module re-exports what the rest of thrust_remote imports.
 """
@@ -24,7 +25,6 @@ from thrust_remote.core.config.model import (
     ENV_DEBUG,
     FLAG_STYLES,
     LOCAL,
-    RETRY_ON_DEFAULT,
     Config,
     HostConfig,
     JobConfig,
@@ -34,10 +34,19 @@ from thrust_remote.core.config.model import (
 from thrust_remote.core.config.notify import webhook_problem
 from thrust_remote.core.config.reader import SECONDS_MAX, text_problem
 from thrust_remote.core.config.search import parse_params
+from thrust_remote.core.config.sections import (
+    RETRY_ON_DEFAULT,
+    FlagsConfig,
+    IdleStop,
+    MetricsConfig,
+    ObjectiveConfig,
+    RetryConfig,
+)
 
 __all__ = [
     "BEST_PARAMS_MARK", "BEST_PARAMS_SUFFIX", "CHECKPOINT_FIELD", "COMMAND_STYLE", "CONFIG_NAME", "ENV_CONFIG",
-    "ENV_DEBUG", "FLAG_STYLES", "LOCAL", "RETRY_ON_DEFAULT", "SECONDS_MAX", "Config", "HostConfig", "JobConfig",
-    "NotifyConfig", "builtin_jobs", "find_config", "load_config", "parse_config_text", "parse_params",
-    "project_root", "read_text", "text_problem", "webhook_problem",
+    "ENV_DEBUG", "FLAG_STYLES", "LOCAL", "RETRY_ON_DEFAULT", "SECONDS_MAX", "Config", "FlagsConfig", "HostConfig",
+    "IdleStop", "JobConfig", "MetricsConfig", "NotifyConfig", "ObjectiveConfig", "RetryConfig", "builtin_jobs",
+    "find_config", "load_config", "parse_config_text", "parse_params", "project_root", "read_text", "text_problem",
+    "webhook_problem",
 ]

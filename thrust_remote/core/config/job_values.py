@@ -11,6 +11,7 @@ import yaml
 
 from thrust_remote.core.config.model import FLAG_NAMES, FLAG_STYLES
 from thrust_remote.core.config.reader import SECONDS_MAX, Reader, finite, kind, pytype
+from thrust_remote.core.config.sections import FlagsConfig, IdleStop, MetricsConfig, ObjectiveConfig
 from thrust_remote.core.config.values import items, name_problem, repo_path, words
 from thrust_remote.core.names import valid_env_key, valid_id
 from thrust_remote.core.patterns import check_pattern
@@ -71,8 +72,8 @@ def artifacts(reader: Reader, f: str, node: yaml.Node) -> tuple[str, ...]:
     return tuple(repo_path(reader, f, item) for item in items(reader, f, node, "a list of globs"))
 
 
-def metrics(reader: Reader, f: str, node: yaml.Node) -> dict[str, str]:
-    out = {}
+def metrics(reader: Reader, f: str, node: yaml.Node) -> MetricsConfig:
+    out: dict[str, str] = {}
     for k, k_node, v in reader.mapping(node, f):
         if k == "tensorboard":
             out[k] = repo_path(reader, f"{f}.{k}", v)
@@ -80,7 +81,7 @@ def metrics(reader: Reader, f: str, node: yaml.Node) -> dict[str, str]:
             out[k] = _metrics_pattern(reader, f"{f}.{k}", v)
         else:
             raise reader.unknown(k_node, f"{f}.{k}", ("tensorboard", "pattern"))
-    return out
+    return MetricsConfig(**out)
 
 
 def _metrics_pattern(reader: Reader, f: str, node: yaml.Node) -> str:
@@ -93,7 +94,7 @@ def _metrics_pattern(reader: Reader, f: str, node: yaml.Node) -> str:
     return text
 
 
-def flags(reader: Reader, f: str, node: yaml.Node) -> dict[str, str]:
+def flags(reader: Reader, f: str, node: yaml.Node) -> FlagsConfig:
     out: dict[str, str] = {}
     for k, k_node, v in reader.mapping(node, f):
         if k == "style":
@@ -102,10 +103,10 @@ def flags(reader: Reader, f: str, node: yaml.Node) -> dict[str, str]:
             out[k] = reader.choice(v, f"{f}.names", FLAG_NAMES)
         else:
             raise reader.unknown(k_node, f"{f}.{k}", ("style", "names"))
-    return out
+    return FlagsConfig(**out)
 
 
-def objective(reader: Reader, f: str, node: yaml.Node) -> dict[str, str]:
+def objective(reader: Reader, f: str, node: yaml.Node) -> ObjectiveConfig:
     if not isinstance(node, yaml.MappingNode):
         raise reader.fail(node, f, f"expected {{metric: NAME, mode: max|min}}, got {kind(node)}")
     out: dict[str, str] = {}
@@ -122,7 +123,12 @@ def objective(reader: Reader, f: str, node: yaml.Node) -> dict[str, str]:
     for needed in ("metric", "mode"):
         if needed not in out:
             raise reader.fail(node, f"{f}.{needed}", "missing; expected {metric: NAME, mode: max|min}")
-    return out
+    return ObjectiveConfig(**out)
+
+
+def idle_stop_section(reader: Reader, f: str, node: yaml.Node) -> IdleStop:
+    """`idle_stop:` as its type (what JobConfig.idle_stop becomes once run/stages.py reads attributes)."""
+    return IdleStop(**idle_stop(reader, f, node))
 
 
 def idle_stop(reader: Reader, f: str, node: yaml.Node) -> dict[str, float]:

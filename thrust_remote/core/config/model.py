@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from thrust_remote.core.config.discovery import CONFIG_NAME, project_root
+from thrust_remote.core.config.sections import FlagsConfig, MetricsConfig, ObjectiveConfig
 from thrust_remote.core.errors import UnknownHostError, UsageError
 from thrust_remote.core.scheduler import SlurmConfig
 
@@ -41,9 +42,6 @@ FLAG_NAMES = ("as-is", "dashes")
 COMMAND_STYLE = "key=value"
 
 CHECKPOINT_FIELD = "{checkpoint}"  # in a job's `resume:` template: the checkpoint's path on the host
-# what a followed run's retry answers (docs/architecture.md); timeout and preempted: a Slurm cluster's
-RETRY_ON = ("host-lost", "lost", "failed", "timeout", "preempted")
-RETRY_ON_DEFAULT = ("host-lost", "lost")  # a FAILED run is retried only when asked: a bug fails again
 
 # Environment overrides (flags still win over these): the path of thrust.yaml, the default host
 # (default_host), and tracebacks on errors (1/true).
@@ -117,11 +115,11 @@ class JobConfig:
     nproc: int | None = None  # processes under torchrun (None: one, or one per GPU with --gpus)
     command: tuple[str, ...] = ()  # command: the argv, run as is in the checkout
     artifacts: tuple[str, ...] = ()  # globs under the job's working directory on the host
-    # {"tensorboard": DIR} and/or {"pattern": REGEX} (named groups read from the job's own log lines);
-    # default: THRUST_METRICS lines
-    metrics: Mapping[str, str] = field(default_factory=dict)
-    flags: Mapping[str, str] = field(default_factory=dict)  # {"style": FLAG_STYLES[i], "names": FLAG_NAMES[j]}
-    objective: Mapping[str, str] = field(default_factory=dict)  # {"metric": NAME, "mode": "max"|"min"}
+    # `metrics: {tensorboard: DIR, pattern: REGEX}` (named groups read from the job's own log lines);
+    # neither: THRUST_METRICS lines only
+    metrics: MetricsConfig = MetricsConfig()
+    flags: FlagsConfig = FlagsConfig()  # `flags: {style: FLAG_STYLES[i], names: FLAG_NAMES[j]}`
+    objective: ObjectiveConfig | None = None  # `objective: {metric: NAME, mode: max|min}`; None: none written
     notify: NotifyConfig | None = None  # the job's own `notify:`; None: the top level's
     # {"below": PERCENT, "minutes": M, "every": S}: stopped when its GPUs idle that long (agent/idlewatch.py)
     idle_stop: Mapping[str, float] | None = None

@@ -8,8 +8,9 @@ from typing import Any
 
 import yaml
 
-from thrust_remote.core.config.model import CHECKPOINT_FIELD, RETRY_ON, RETRY_ON_DEFAULT, HostConfig, JobConfig
+from thrust_remote.core.config.model import CHECKPOINT_FIELD, HostConfig, JobConfig
 from thrust_remote.core.config.reader import Reader, line, pytype
+from thrust_remote.core.config.sections import RETRY_ON, RETRY_ON_DEFAULT, RetryConfig
 from thrust_remote.core.config.values import words
 from thrust_remote.core.errors import ConfigError
 
@@ -25,6 +26,12 @@ def resume(reader: Reader, f: str, node: yaml.Node) -> tuple[str, ...]:
 
 def sync_every(reader: Reader, f: str, node: yaml.Node) -> float:
     return reader.seconds(node, f, "seconds between pulls", zero=True)
+
+
+def retry_section(reader: Reader, f: str, node: yaml.Node) -> RetryConfig:
+    """`retry:` as its type (what JobConfig.retry becomes once run/resume.py reads attributes): the
+    stray `hosts_line` of the mapping is the section's own bookkeeping field, never one of its keys."""
+    return RetryConfig(**retry(reader, f, node))
 
 
 def retry(reader: Reader, f: str, node: yaml.Node) -> dict[str, Any]:
