@@ -15,9 +15,9 @@ import pytest
 
 from thrust_remote.agent import xfer
 from thrust_remote.core.errors import ConnectionLostError, ExitCode, TransferError
+from thrust_remote.host import streams as transfer
 from thrust_remote.host.runner import LANDING_FILES, LinkLost, LocalRunner, drive
-from thrust_remote.host.ssh import transfer
-from thrust_remote.host.ssh.transfer import WINDOW
+from thrust_remote.host.streams import WINDOW
 
 
 def _serve(tmp_path: Path) -> subprocess.Popen:
@@ -304,7 +304,7 @@ def test_many_gets_are_pipelined_on_one_helper_in_order_with_a_swapped_file_in_p
     requests sent in batches (a write, so a packet, per half window: not one per file); a file
     replaced after it was listed is its FileChangedError, in its place, and the stream goes on."""
     from thrust_remote.host.runner import FileChangedError
-    from thrust_remote.host.ssh.transfer import _Helper
+    from thrust_remote.host.streams import _Helper
 
     sends: list[bytes] = []
     real_send = _Helper.send

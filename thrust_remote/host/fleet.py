@@ -22,22 +22,16 @@ from pathlib import Path
 from typing import TypeVar
 
 from thrust_remote.core.config import Config, HostConfig
-from thrust_remote.host.runner import LocalRunner, Runner
+from thrust_remote.host.runner import Runner
 from thrust_remote.host.session import HostSession
+from thrust_remote.host.transports import open_runner
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-RunnerFor = Callable[[HostConfig], Runner]  # a host's Runner, not yet connected
+RunnerFor = Callable[[HostConfig], Runner]  # a host's Runner, not yet connected (transports.open_runner: by its kind)
 
-
-def open_runner(host: HostConfig) -> Runner:
-    """A Runner for the host: LocalRunner for `local`, else an SSHRunner (connects lazily)."""
-    if host.is_local:
-        return LocalRunner(name=host.name)
-    from thrust_remote.host.ssh import SSHRunner  # paramiko: only for a command that goes over SSH
-
-    return SSHRunner.from_host(host)
+__all__ = ["Fleet", "RunnerFor", "each", "open_runner"]
 
 
 class Fleet:

@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
 
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, TransferError, UsageError
 from thrust_remote.core.names import valid_env_key
+from thrust_remote.host.pipe import LOCAL_CARRIER, ProcessPipe
 
 # A stream callback receives ("out" | "err", one line without its newline).
 StreamCallback = Callable[[str, str], None]
@@ -481,7 +482,7 @@ class _LineSplitter:
 
 
 class LinkUnavailable(Exception):  # noqa: N818 - not the user's error: the caller runs commands instead
-    """A runner's agent link (`open_link`) did not come up; `text` is what the host said meanwhile."""
+    """An agent link (AgentLink.open) did not come up; `text` is what the host said meanwhile."""
 
     def __init__(self, text: str) -> None:
         super().__init__(text)
@@ -684,6 +685,8 @@ class LocalRunner(FileOps):
     """Runs on this machine with subprocess, never through a shell."""
 
     name: str = "local"
+    # PipeHost's: a local process's pipe has no link to lose, so a silent one is never probed
+    liveness_timeout: float | None = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
 
     def run(
@@ -739,6 +742,22 @@ class LocalRunner(FileOps):
 
     def makedirs(self, path: str) -> None:
         Path(expand_home(path, self.home())).mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ pipes (host/pipe.py's PipeHost)
+
+    def carrier(self) -> object:
+        return LOCAL_CARRIER
+
+    def open_pipe(self, argv: Sequence[str], *, stderr_too: bool = False, reconnect: bool = True) -> ProcessPipe:
+        """argv as a subprocess of this machine, with a pipe to its stdin and stdout (an OSError, one of
+        PIPE_ERRORS, when it cannot start)."""
+        return ProcessPipe(check_argv(argv), stderr_too=stderr_too)
+
+    def alive(self, timeout: float | None = None) -> bool:
+        return True  # nothing between here and the process to lose
+
+    def drop(self) -> None:
+        """Nothing carries a local pipe: nothing to forget."""
 
     def close(self) -> None:
         self._closed = True

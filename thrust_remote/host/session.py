@@ -17,7 +17,7 @@ import re
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from thrust_remote.agent.protocol import IDEMPOTENT_COMMANDS, SITE_COMMANDS
 from thrust_remote.core.config import Config, HostConfig
@@ -25,7 +25,10 @@ from thrust_remote.core.errors import ThrustError, UnreachableError, UsageError
 from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.core.names import valid_id
 from thrust_remote.host import payload
+from thrust_remote.host.agentlink import AgentLink
+from thrust_remote.host.pipe import PipeHost
 from thrust_remote.host.runner import BytesCallback, LinkUnavailable, Runner, RunResult, StalledError, expand_home
+from thrust_remote.host.transports import transport_of
 
 
 def check_run_id(run_id: str) -> str:
@@ -169,9 +172,9 @@ class HostSession:
     host: HostConfig
     paths: HostPaths
     _python_checked: bool = field(default=False, repr=False)
-    # the agent link (one `agent serve` per session, where the runner offers one: SSH); off for the
-    # session once it could not start (every request then runs as a command of its own, as before)
-    _link: Any = field(default=None, repr=False)
+    # the agent link (one `agent serve` per session, where the host's transport has one: transports.py);
+    # off for the session once it could not start (every request then runs as a command of its own)
+    _link: AgentLink | None = field(default=None, repr=False)
     _link_off: bool = field(default=False, repr=False)
     _link_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _closed: bool = field(default=False, repr=False)
@@ -186,12 +189,20 @@ class HostSession:
         session._start_link()
         return session
 
+    def _link_wanted(self) -> bool:
+        """The host's transport talks to the agent over a link, and THRUST_AGENT_LINK does not turn it off."""
+        return transport_of(self.host).agent_link and os.environ.get(LINK_SWITCH) != "0"
+
+    def _pipes(self) -> PipeHost:
+        """The runner as what opens the link's pipe: a transport with `agent_link` makes a PipeHost."""
+        return cast(PipeHost, self.runner)
+
     def _start_link(self) -> None:
-        if getattr(self.runner, "open_link", None) is None or os.environ.get(LINK_SWITCH) == "0":
+        if not self._link_wanted():
             return
         # the connection itself here, in the caller: a host that is down fails now, once (not in the
         # background and then again in the first request), and what starts beside it finds it open
-        self.runner.transport()  # type: ignore[attr-defined]
+        self._pipes().carrier()
 
         def start() -> None:
             with contextlib.suppress(Exception):  # the first request meets (and reports) the same failure
@@ -242,7 +253,8 @@ class HostSession:
             self.check_python()
         return result
 
-    def _over_link(self, link: Any, args: tuple[str, ...], stdin: bytes | None, timeout: float | None) -> RunResult:
+    def _over_link(self, link: AgentLink, args: tuple[str, ...], stdin: bytes | None,
+                   timeout: float | None) -> RunResult:
         """A request over the link; one that only reads is asked once more of a fresh server when this one
         stopped answering (StalledError: the connection is fine, that process is stopped or frozen)."""
         try:
@@ -253,11 +265,10 @@ class HostSession:
                 raise
         return fresh.call(args, stdin=stdin, timeout=timeout)
 
-    def _agent_link(self) -> Any:
+    def _agent_link(self) -> AgentLink | None:
         """The session's `agent serve` (started on first use, again once after it died), or None where
-        the runner has none or it cannot start here (no agent yet: uploaded, then tried again)."""
-        opener = getattr(self.runner, "open_link", None)
-        if opener is None or self._link_off or os.environ.get(LINK_SWITCH) == "0":
+        the host's transport has no link or it cannot start here (no agent yet: uploaded, then tried again)."""
+        if self._link_off or not self._link_wanted():
             return None
         with self._link_lock:
             # a start that waited on this lock while the session closed (Python's locks are not fair: the
@@ -269,7 +280,7 @@ class HostSession:
             remote = expand_home(payload.agent().remote, self.runner.home())
             for attempt in (1, 2):
                 try:
-                    self._link = opener(self.agent_argv("serve"))
+                    self._link = AgentLink.open(self._pipes(), self.agent_argv("serve"))
                     return self._link
                 except LinkUnavailable as exc:
                     if attempt == 1 and "can't open file" in exc.text and remote in exc.text:

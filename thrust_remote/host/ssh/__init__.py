@@ -3,7 +3,9 @@
 - connect.py: open one connection with our host-key policy; the one map from paramiko/socket errors
   to ThrustError.
 - command.py: the remote command line (argv + shlex.join) and the channel's hooks for runner.drive.
-- transfer.py: verified transfers, the streaming helper (agent/xfer.py) and the SFTP fallback.
+- pipe.py: an exec channel as a byte pipe (host/pipe.py), which the agent link (host/agentlink.py) and
+  the streamed transfers (host/streams.py) run over.
+- transfer.py: the SFTP fallback, for a host that cannot run the streaming helper.
 - runner.py: SSHRunner, which composes them.
 """
 

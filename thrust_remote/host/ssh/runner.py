@@ -1,8 +1,9 @@
 """SSHRunner: the Runner over one SSH connection, opened lazily and reused for every command and transfer.
 
-It composes the three parts of this package: `connect` (host-key policy, error mapping), the command
-loop shared with LocalRunner (`runner.drive` over a `ChannelProcess`) and a `Transfer` (the
-streaming helper, SFTP when the host cannot run it).
+It composes the parts of this package: `connect` (host-key policy, error mapping), the command loop
+shared with LocalRunner (`runner.drive` over a `ChannelProcess`), and the byte pipes (an exec channel as
+a `ChannelPipe`, host/pipe.py's PipeHost) that carry the agent link and the streamed transfers
+(host/agentlink.py, host/streams.py; SFTP when the host cannot run the helper).
 
 Liveness: keepalive alone does not notice a blackholed link, so while a command is silent the runner
 asks the server for a reply (`keepalive@openssh.com`) and gives up after a deadline.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import paramiko
 from fabric import Connection
+from paramiko.ssh_exception import SSHException
 
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, TransferError, UsageError
@@ -29,7 +31,6 @@ from thrust_remote.host.runner import (
     FileId,
     FileOps,
     GetItem,
-    LinkUnavailable,
     PutItem,
     RunResult,
     StreamCallback,
@@ -38,10 +39,11 @@ from thrust_remote.host.runner import (
     expand_home,
     put_items,
 )
-from thrust_remote.host.ssh.agentlink import AgentLink
 from thrust_remote.host.ssh.command import ChannelProcess, build_remote_command, with_env
 from thrust_remote.host.ssh.connect import Target, connect
-from thrust_remote.host.ssh.transfer import LINK_ERRORS, SftpTransfer, StreamTransfer
+from thrust_remote.host.ssh.pipe import ChannelPipe
+from thrust_remote.host.ssh.transfer import LINK_ERRORS, SftpTransfer
+from thrust_remote.host.streams import StreamTransfer
 
 WATCH_OVER_S = 60.0  # a command given a longer timeout (or none, its output followed) is a long one
 EXITED_WAIT_S = 2.0  # how long a channel closed under a write may take to tell its exit status
@@ -183,14 +185,20 @@ class SSHRunner(FileOps):
             return chan
         raise AssertionError("unreachable")
 
-    def open_link(self, argv: Sequence[str]) -> AgentLink:
-        """`agent serve` (argv) on a channel of this connection: the agent's requests over one process
-        (agentlink.py). LinkUnavailable when it does not come up (the caller runs commands instead)."""
+    def carrier(self) -> paramiko.Transport:
+        """PipeHost.carrier: this connection's transport (connected now if it is not)."""
+        return self.transport()
+
+    def open_pipe(self, argv: Sequence[str], *, stderr_too: bool = False, reconnect: bool = True) -> ChannelPipe:
+        """PipeHost.open_pipe: argv on an exec channel of this connection (open_channel), paramiko's errors
+        as the pipe's (ConnectionError)."""
         try:
-            return AgentLink.open(self.open_channel, argv, self.name, alive=self.alive, drop=self.drop,
-                                  liveness_timeout=self.liveness_timeout)
-        except LINK_ERRORS as exc:
-            raise LinkUnavailable(str(exc)) from None
+            chan = self.open_channel(build_remote_command(list(argv)), reconnect=reconnect)
+            if stderr_too:
+                chan.set_combine_stderr(True)  # what came on stderr so far moves over too
+        except SSHException as exc:
+            raise ConnectionError(str(exc)) from None
+        return ChannelPipe(chan)
 
     def drop(self) -> None:
         """Forget the connection (and what lived on it); the next operation opens a fresh one."""

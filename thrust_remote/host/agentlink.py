@@ -1,5 +1,6 @@
-"""One agent process per connection, the laptop's side: `agent serve` on one exec channel, and each
-JSON-answering agent subcommand sent to it as a request (thrust_remote/agent/serve.py has the protocol).
+"""One agent process per session, the laptop's side: `agent serve` on one byte pipe (host/pipe.py: an
+SSH exec channel, a local subprocess's pipes), and each JSON-answering agent subcommand sent to it as a
+request (thrust_remote/agent/serve.py has the protocol). Nothing here knows how the host is reached.
 
 A subcommand as a command of its own costs a login shell (the account's rc files) and a python start
 on the host, every time; over the link it costs a fork there and one round trip. Each request is a
@@ -10,7 +11,7 @@ command's. Requests from several threads share the link; the answers come back b
 A keepalive proves the connection, not the server: a server stopped (SIGSTOP) or frozen leaves the
 connection answering and every request waiting for its deadline. So a silent request also pings the
 server, which answers from its own loop at once; no answer within `liveness_timeout` is StalledError
-(75) for every request of the link, and only this server is given up (its channel closed, the
+(75) for every request of the link, and only this server is given up (its pipe closed, the
 connection kept): the next request starts a new one.
 """
 
@@ -24,15 +25,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-import paramiko
-
 from thrust_remote.agent.protocol import SERVE_CANCEL, SERVE_PING, ServeAnswer, serve_answer
 from thrust_remote.agent.serve import MAGIC
 from thrust_remote.core.errors import HostAnswerError
+from thrust_remote.host.pipe import PIPE_ERRORS, BytePipe, PipeHost
 from thrust_remote.host.runner import LinkLost, LinkUnavailable, RunResult, StalledError, drive
-from thrust_remote.host.ssh.command import CHUNK, build_remote_command
 
-LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
+CHUNK = 1 << 20
 READY_S = 60.0  # how long `agent serve` gets to say it is ready (a first python start on a slow box)
 
 
@@ -87,11 +86,11 @@ class _Call:
 
 
 class AgentLink:
-    """`agent serve` on one channel of a connection (SSHRunner.open_link)."""
+    """`agent serve` on one byte pipe (`open`: started by the host's PipeHost, a Runner)."""
 
-    def __init__(self, chan: paramiko.Channel, name: str, alive: Callable[[], bool],
+    def __init__(self, pipe: BytePipe, name: str, alive: Callable[[], bool],
                  drop: Callable[[], None], liveness_timeout: float | None) -> None:
-        self.chan, self.name, self._alive, self._drop = chan, name, alive, drop
+        self.pipe, self.name, self._alive, self._drop = pipe, name, alive, drop
         self.liveness_timeout = liveness_timeout
         self.dead = False
         self.broken: str | None = None  # what was malformed in an answer: every request of the link fails with it
@@ -99,34 +98,39 @@ class AgentLink:
         self._ids = itertools.count(1)
         self._calls: dict[int, _Call] = {}
         self._lock = threading.Lock()  # the calls waiting for an answer
-        # the channel's writers, one at a time; apart from _lock, so that a send waiting on the channel's
-        # window never keeps the reader from handing out the answers that would free it
+        # the pipe's writers, one at a time; apart from _lock, so that a send waiting on the pipe (an SSH
+        # channel's window) never keeps the reader from handing out the answers that would free it
         self._send_lock = threading.Lock()
         self._buffer = self._await_ready()
         threading.Thread(target=self._read, name=f"agent-link-{name}", daemon=True).start()
 
     @classmethod
-    def open(cls, open_channel: Callable[[str], paramiko.Channel], argv: Sequence[str], name: str, *,
-             alive: Callable[[], bool], drop: Callable[[], None], liveness_timeout: float | None) -> AgentLink:
-        chan = open_channel(build_remote_command(list(argv)))
-        chan.set_combine_stderr(True)  # before the first byte: rc-file noise and python's complaints alike
-        return cls(chan, name, alive, drop, liveness_timeout)
+    def open(cls, host: PipeHost, argv: Sequence[str]) -> AgentLink:
+        """`agent serve` (argv) started on the host; LinkUnavailable when it does not come up (the caller
+        runs commands instead)."""
+        try:
+            # stderr merged from the first byte: rc-file noise and python's complaints alike
+            pipe = host.open_pipe(argv, stderr_too=True)
+        except PIPE_ERRORS as exc:
+            raise LinkUnavailable(str(exc)) from None
+        return cls(pipe, host.name, host.alive, host.drop, host.liveness_timeout)
 
     def _await_ready(self) -> bytes:
         """Read up to `MAGIC ready` (what an rc file printed before it is skipped); StartFailed if the
-        channel ends first (no agent there yet, no such python) or stays silent."""
+        pipe ends first (no agent there yet, no such python) or stays silent."""
         said = b""
-        self.chan.settimeout(READY_S)
+        self.pipe.settimeout(READY_S)
         try:
             while (at := said.find(f"{MAGIC} ready\n".encode())) < 0:
-                chunk = self.chan.recv(CHUNK)
+                chunk = self.pipe.recv(CHUNK)
                 if not chunk:
                     raise LinkUnavailable(said.decode("utf-8", "replace"))
                 said += chunk
-        except (TimeoutError, *LINK_ERRORS) as exc:
-            self.chan.close()
+        except (TimeoutError, *PIPE_ERRORS) as exc:
+            with contextlib.suppress(*PIPE_ERRORS):
+                self.pipe.close()
             raise LinkUnavailable(f"{said.decode('utf-8', 'replace')}{exc}") from None
-        self.chan.settimeout(None)
+        self.pipe.settimeout(None)
         return said[at + len(f"{MAGIC} ready\n"):]
 
     def _read(self) -> None:
@@ -136,11 +140,11 @@ class AgentLink:
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
                     self._deliver(line)
-                chunk = self.chan.recv(CHUNK)
+                chunk = self.pipe.recv(CHUNK)
                 if not chunk:
                     break
                 pending += chunk
-        except LINK_ERRORS:
+        except PIPE_ERRORS:
             pass
         except ValueError as exc:  # a malformed answer: no later answer of this link can be trusted
             self.broken = str(exc)
@@ -148,7 +152,7 @@ class AgentLink:
             self.broken = f"an answer this side could not read ({type(exc).__name__}: {exc})"
         self.dead = True
         if self.broken is not None:
-            self.close()  # the server ends with its channel; the next request starts a new one
+            self.close()  # the server ends with its pipe; the next request starts a new one
         with self._lock:
             calls = list(self._calls.values())
         for call in calls:
@@ -178,8 +182,8 @@ class AgentLink:
         data = (json.dumps(message) + "\n").encode()
         try:
             with self._send_lock:
-                self.chan.sendall(data)
-        except LINK_ERRORS:
+                self.pipe.sendall(data)
+        except PIPE_ERRORS:
             self.dead = True
 
     def alive(self) -> bool:
@@ -231,5 +235,5 @@ class AgentLink:
 
     def close(self) -> None:
         self.dead = True
-        with contextlib.suppress(*LINK_ERRORS):
-            self.chan.close()
+        with contextlib.suppress(*PIPE_ERRORS):
+            self.pipe.close()
