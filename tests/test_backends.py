@@ -151,10 +151,12 @@ def test_a_run_over_two_nodes_runs_a_rank_on_each(cli, backend_host):
     done = cli("train", "ranks", *host.two_nodes, "--no-fetch", cwd=host.project)
     run_id = launched_run(done.stderr)
     assert done.returncode == 0, done.stdout + done.stderr + host.describe()
-    ranks = {p.name for node in (0, 1) for p in host.node_run_dir(node, run_id).glob("rank-*")}
-    assert ranks == {"rank-0-of-2", "rank-1-of-2"}, ranks
+    ranks = {p.name: p.read_text().strip() for node in (0, 1) for p in host.node_run_dir(node, run_id).glob("rank-*")}
+    assert set(ranks) == {"rank-0-of-2", "rank-1-of-2"}, ranks
     st = _status(cli, host, run_id)
     assert st["state"] == "FINISHED", st
+    # on Slurm both ranks ran in the run's one job (the SLURM_JOB_ID each saw); a direct host has no job id
+    assert set(ranks.values()) == {st.get("scheduler_job") or ""}, (ranks, st)
     assert [(n["node"], n["state"]) for n in st["nodes"]] == [(0, "FINISHED"), (1, "FINISHED")], st["nodes"]
 
 
