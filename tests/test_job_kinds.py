@@ -344,7 +344,7 @@ def test_selected_gpus_reach_a_command_job_as_gpu_list(sshd, user_project):
     try:
         session = HostSession.open(runner, config.host("sandbox"), config)
         prepared = stages.prepare(config, config.job("sweep"), session)
-        launched = stages.launch_prepared(prepared, args=[], gpus=[1, 3])
+        launched = stages.launch_prepared(prepared, stages.LaunchPlan(gpus=(1, 3)))
         status = following.follow(session, launched.run_id, vocab.NullReporter()).status
     finally:
         runner.close()

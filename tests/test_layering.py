@@ -123,11 +123,18 @@ FOLDER_RULES = {
     "host": {"core", "agent"},
     "fetch": {"core", "host", "agent"},
     "runs": {"core", "host", "agent", "fetch"},
-    "doctor": {"core", "host", "agent"},  # envcheck's report and the rendezvous facts: host/report.py, netinfo.py
-    "run": {"core", "host", "agent", "fetch", "runs"},
-    "optimize": {"core", "host", "agent", "run", "runs"},
+    # envcheck's report and the rendezvous facts: host/report.py, netinfo.py; the host's kind adds rows
+    # (backend.doctor_checks), and a cluster's backend gives them from doctor/cluster.py
+    "doctor": {"core", "host", "agent", "backends"},
+    # how a run is launched on each kind of host: it plans with run's stages (the GPU choice, the job's
+    # argv, launch_prepared) and the agent's wire (runs/control.py); run's lifecycle, handle, following
+    # and multinode ask it. Both ways, one module direction each: test_backends_and_the_modules_they_use_
+    # _import_no_circle
+    "backends": {"core", "host", "agent", "fetch", "runs", "run", "doctor"},
+    "run": {"core", "host", "agent", "fetch", "runs", "backends"},
+    "optimize": {"core", "host", "agent", "run", "runs", "backends"},
     "play": {"core", "fetch"},
-    "cli": {"core", "host", "agent", "fetch", "runs", "doctor", "run", "optimize", "play"},
+    "cli": {"core", "host", "agent", "fetch", "runs", "doctor", "run", "optimize", "play", "backends"},
 }
 
 
@@ -210,3 +217,39 @@ def test_a_status_imports_none_of_what_tree_add_needs(tmp_path):
     assert "thrust_remote.agent.runs" in loaded and "thrust_remote.agent.treesize" in loaded
     assert not loaded & {"thrust_remote.agent.trees", "thrust_remote.agent.xfer", "thrust_remote.agent.launcher",
                          "thrust_remote.agent.listing"}, sorted(loaded)
+
+
+def _module_imports(module: str) -> set[str]:
+    """The thrust_remote modules `module` (dotted) imports, at its top or inside a function."""
+    path = ROOT / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = ROOT / module.replace(".", "/") / "__init__.py"
+    reached: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("thrust_remote"):
+            for a in node.names:  # `from thrust_remote.run import stages` reaches the module run.stages
+                full = f"{node.module}.{a.name}"
+                reached.add(full if (ROOT / (full.replace(".", "/") + ".py")).exists() else str(node.module))
+        elif isinstance(node, ast.Import):
+            reached |= {a.name for a in node.names if a.name.startswith("thrust_remote")}
+    return reached
+
+
+def test_backends_and_the_modules_they_use_import_no_circle():
+    """backends/ and run/ (and doctor/) import each other as folders, never as modules: what a backend
+    takes from run/ (stages, jobs, gpus, vocab) and doctor/ (cluster) never reaches backends back, so
+    each can be read and changed without the other's caller (docs/architecture.md, "Backends")."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("import circle: " + " -> ".join([*path[path.index(module):], module]))
+        if module in done:
+            return
+        for reached in sorted(_module_imports(module)):
+            if reached.startswith(("thrust_remote.backends", "thrust_remote.run", "thrust_remote.doctor")):
+                visit(reached, [*path, module])
+        done.add(module)
+
+    for path in sorted((ROOT / "thrust_remote" / "backends").glob("*.py")):
+        visit(f"thrust_remote.backends.{path.stem}".removesuffix(".__init__"), [])

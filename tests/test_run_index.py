@@ -22,11 +22,12 @@ import pytest
 from helpers import FAKE_JOB, FAKE_LONG, REPO, clone_repo, commit, git, remote_tempdir, run_tree, wait_until
 
 from envcheck.nvsmi import summarize
+from thrust_remote.backends.direct import choose_gpus
 from thrust_remote.core.config import HostConfig, JobConfig, load_config
 from thrust_remote.core.errors import ExitCode, ThrustError, UnknownHostError
 from thrust_remote.host.runner import LocalRunner
 from thrust_remote.host.session import HostPaths, HostSession
-from thrust_remote.run import stages, vocab
+from thrust_remote.run import vocab
 from thrust_remote.runs import control, index
 
 # one worker runs this module's tests, in order: they share two running runs and one project, and the
@@ -148,15 +149,15 @@ def test_gpus_count_picks_among_gpus_no_running_run_holds():
     host = HostConfig(name="gpu", address="gpu-box")
     request = vocab.TrainRequest(job=JobConfig(name="snake"), host=host, gpus="2")
     facts = _facts("a100_four_gpus")
-    assert stages.choose_gpus(request, facts, lambda: {}) == [0, 2]  # nothing taken: the least busy two
-    assert 0 not in stages.choose_gpus(request, facts, lambda: {0: "snake-a"})
+    assert choose_gpus(request, facts, lambda: {}) == [0, 2]  # nothing taken: the least busy two
+    assert 0 not in choose_gpus(request, facts, lambda: {0: "snake-a"})
     request.gpus = "4"
     with pytest.raises(ThrustError) as info:
-        stages.choose_gpus(request, facts, lambda: {0: "snake-a", 2: "snake-b"})
+        choose_gpus(request, facts, lambda: {0: "snake-a", 2: "snake-b"})
     assert "2 GPU(s) free" in info.value.message and "GPU 0: snake-a" in info.value.message
     assert "thrust-remote stop snake-a --host gpu" in (info.value.hint or "")
     request.gpus = "0,2"  # a list is taken as given: the host's launch refuses what is held
-    assert stages.choose_gpus(request, facts, lambda: {0: "snake-a"}) == [0, 2]
+    assert choose_gpus(request, facts, lambda: {0: "snake-a"}) == [0, 2]
 
 
 # ------------------------------------------------------------------------------ over a real sshd

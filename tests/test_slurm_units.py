@@ -132,7 +132,7 @@ def test_a_time_limit_and_a_preemption_are_retry_events_of_their_own(tmp_path):
 
 
 def test_gpu_hours_on_a_cluster_count_the_gpus_asked_of_the_scheduler():
-    from thrust_remote.run.stages import _scheduled_gpus
+    from thrust_remote.backends.slurm import scheduled_gpus as _scheduled_gpus
 
     assert _scheduled_gpus(["--nodes=2", "--ntasks-per-node=1"], 4) == list(range(8))  # 4 a node, 2 nodes
     assert _scheduled_gpus(["--nodes=1"], 0) == []  # none asked: CPU hours only, whatever the login node has

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from thrust_remote.agent.protocol import MANIFEST, RunState
+from thrust_remote.backends import backend_for
 from thrust_remote.cli.common import get_config, state
 from thrust_remote.cli.follow import LogReporter, reattach_command, say
 from thrust_remote.cli.kept import command, render_fetched, say_line
@@ -61,7 +62,8 @@ def show_outcome(ctx: typer.Context, outcome: TrainOutcome, as_json: bool, start
             typer.echo(json.dumps(launched.as_json()))
         else:
             if launched.scheduler_job:
-                console.print(f"run [bold]{launched.run_id}[/] submitted to Slurm on {host_cfg.name} as job "
+                console.print(f"run [bold]{launched.run_id}[/] submitted to {backend_for(host_cfg).scheduler} on "
+                              f"{host_cfg.name} as job "
                               f"{host_text(launched.scheduler_job)}: it starts when the scheduler gives it its nodes")
             elif launched.pid is None:
                 console.print(f"run [bold]{launched.run_id}[/] queued on {host_cfg.name} (position "

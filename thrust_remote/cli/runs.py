@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from thrust_remote.agent.protocol import RunState, StatusAnswer
+from thrust_remote.backends import backend_for
 from thrust_remote.cli.common import HOST_OPT, get_config, get_fleet, plain_table
 from thrust_remote.cli.follow import say
 from thrust_remote.cli.outcome import CliReporter, say_next, show_outcome
@@ -229,13 +230,14 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     config = get_config(ctx)
     # over several hosts every node's state, and the run's; `continued_by`: resumed since (`resume`, a retry)
-    st = Run(get_fleet(ctx), run_id, host).status()
+    run = Run(get_fleet(ctx), run_id, host)
+    st = run.status()
     if as_json:
         typer.echo(json.dumps(st))
         return
     style = STATE_STYLE.get(st["state"], "")
     code = f" (exit code {st['exit_code']})" if st.get("exit_code") is not None else ""
-    if st.get("reason") and st["reason"] != "user":  # the idle-GPU stop; a Slurm run's pending reason, its end's
+    if st.get("reason") and st["reason"] != "user":  # the idle-GPU stop; a scheduler's pending reason, its end's
         detail = st.get("reason_detail") or ""
         code += f" [{st['reason']}{': ' + detail if detail else ''}]"
     if st.get("position"):
@@ -245,8 +247,9 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
     tree = None if "tree" not in st else (f"{st['tree']} ({trees.size_text(st.get('tree_bytes'))})"
                                            if st.get("tree_kept") else f"{st['tree']} (removed)")
     known = {"job": st.get("job"), "pid": st.get("pid"), "started": st.get("started_at"),
-             "commit": (st.get("commit") or "")[:12], RESUMED: st.get(RESUMED), "tree": tree,
-             "slurm_job": st.get("scheduler_job")}
+             "commit": (st.get("commit") or "")[:12], RESUMED: st.get(RESUMED), "tree": tree}
+    backend = backend_for(config.host(run.host()))  # node 0's host: what its kind adds (a scheduler's job id)
+    known.update(backend.fields(st))
     fields = "  ".join(f"{k}={h(v)}" for k, v in known.items() if v not in (None, ""))
     console.print(f"{h(st['run_id'])}: [{style}]{h(st['state'])}[/]{h(code)}  {fields}", highlight=False)
     if vocab.disk_note(st):
@@ -257,10 +260,10 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
                       f"{h(failed.get('why'), lines=True)}", highlight=False)
     for node in st.get("nodes") or []:
         code = "" if node.get("exit_code") is None else f" (exit code {node['exit_code']})"
-        where = node.get("slurm_node") or node["host"]  # a Slurm run's nodes: Slurm's name for each
+        where = backend.node_label(node)  # a scheduler's nodes: its name for each
         console.print(f"  node {h(node['node'])}  {h(where)}  "
                       f"[{STATE_STYLE.get(node['state'], 'red')}]{h(node['state'])}[/]{h(code)}", highlight=False)
-    if st.get("continue_error"):  # a Slurm run that was to resubmit itself at its time limit and did not
+    if st.get("continue_error"):  # a cluster's run that was to resubmit itself at its time limit and did not
         console.print(f"  not resubmitted by the cluster: {h(st['continue_error'])}", highlight=False)
     for e in st.get("continued_by") or []:  # where the work went on
         again = command_hint("status", e["run_id"], config=config.given_path)

@@ -31,7 +31,7 @@ def train(
                                    "serves the rendezvous."),
     gpus: str | None = typer.Option(None, "--gpus", help="N (the first N free GPUs) or a list like 0,2."),
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="Processes under torchrun (default: one per GPU)."),
-    nodes: int = typer.Option(1, "--nodes", min=1, help="A Slurm cluster: nodes of one run, torchrun across them "
+    nodes: int = typer.Option(1, "--nodes", min=1, help="A cluster's scheduler: nodes of one run, torchrun across them "
                               "(its rendezvous on the first)."),
     share_gpus: bool = typer.Option(False, "--allow-shared-gpus",
                                     help="Run on --gpus that a RUNNING run already holds (refused otherwise)."),

@@ -9,9 +9,9 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from thrust_remote.backends import backend_for
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.doctor.checklist import FixResult, apply_fixes
-from thrust_remote.doctor.cluster import slurm_checks
 from thrust_remote.doctor.rdzv import rendezvous_checks
 from thrust_remote.host.fleet import Fleet, each
 from thrust_remote.host.report import Report, run_doctor
@@ -37,8 +37,8 @@ def one_host(fleet: Fleet, host: HostConfig, job: JobConfig | None, *, fresh: bo
         # `python:` means what it means for every other command (session.resolve_python)
         host = resolve_host(runner, host, fleet.config)
         report = run_doctor(runner, host, job, workdir=workdir, fresh=fresh)
-        if host.slurm is not None:  # a cluster's login node: the scheduler's and a compute node's rows
-            report.checks += slurm_checks(fleet, host, workdir)
+        # what the host's kind adds (a cluster's login node: the scheduler's and a compute node's rows)
+        report.checks += backend_for(host).doctor_checks(fleet, host, workdir)
         if fix:
             results = apply_fixes(runner, report, job, local_crate=local_crate, show=show)
             fixed(results)

@@ -7,9 +7,9 @@ compiled modules, 9 ms for python alone). The first start of `NAME-<sha>.pyz` on
 `NAME-<sha>/` beside it and compiles it there for the python that runs it, whatever
 PYTHONDONTWRITEBYTECODE says (the directory is thrust-remote's own cache); every later start puts that
 directory first on sys.path in place of the zip. The unpacking happens in a temporary directory renamed
-into place, so the directory exists only whole, and several first starts at once (torchrun's ranks, a
-Slurm step's nodes) leave one. When it cannot be made (a read-only or full disk), the zip runs as it
-always did.
+into place, so the directory exists only whole, and several first starts at once (torchrun's ranks, the
+nodes of a cluster scheduler's step) leave one. When it cannot be made (a read-only or full disk), the zip
+runs as it always did.
 
 Standard library only, Python 3.8+ (the hosts' floor), and nothing at module level but definitions:
 build_zipapp appends the call to `start()`, which runs before the payload's own package is importable.

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from thrust_remote.agent.protocol import AgentExit, RunState
+from thrust_remote.backends import RunAsk, backend_for
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import ThrustError
-from thrust_remote.core.scheduler import sbatch_options
 from thrust_remote.host.runner import Runner
 from thrust_remote.host.session import HostPaths, HostSession
 from thrust_remote.run import arguments, jobs, stages, vocab
@@ -187,15 +187,9 @@ class StudyHost:
         each and nobody reads it (`train --params` makes the model of the best one)."""
         job = self.prepared.job
         nproc = 1 if job.kind == "trainer" else jobs.process_count(job, None, gpus)  # a DDP job stays one
-        slurm = self.host.slurm
-        if slurm is not None:  # a job in the cluster's scheduler, which picks the GPUs (the slot: their count)
-            own = {k: v for k, v in env.items() if k not in ("CUDA_VISIBLE_DEVICES", "GPU_LIST")}
-            stages.launch_prepared(self.prepared, args=args, run_id=run_id, nproc=nproc, extra_env=own,
-                                   export=False, meta_extra=meta, gpu_count=len(gpus),
-                                   sbatch=sbatch_options(slurm, gpus=len(gpus)))
-            return
-        stages.launch_prepared(self.prepared, args=args, run_id=run_id, gpus=gpus, nproc=nproc,
-                               extra_env=env, export=False, meta_extra=meta)
+        request = vocab.TrainRequest(job=job, host=self.host, nproc=nproc)
+        ask = RunAsk(request, tuple(args), run_id, slot=tuple(gpus), extra_env=env, meta=meta, export=False)
+        backend_for(self.host).launch(self.prepared, ask, vocab.NullReporter())
 
 
 def studies_dir(paths: HostPaths) -> str:

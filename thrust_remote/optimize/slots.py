@@ -1,5 +1,6 @@
-"""Slots: where trials run. Planned per host on top of the one GPU inventory (thrust_remote/run/gpus.py);
-a pool that hands free slots of every host out in their planned order, and drops a lost host's."""
+"""Slots: where trials run. Planned per host by its backend (thrust_remote/backends/: an SSH box's GPUs
+from the one GPU inventory, thrust_remote/run/gpus.py; a cluster's jobs in its scheduler); a pool that
+hands free slots of every host out in their planned order, and drops a lost host's."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from thrust_remote.backends import backend_for
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import UsageError
-from thrust_remote.run.gpus import host_gpus
 
 
 @dataclass(frozen=True)
@@ -31,56 +32,16 @@ class Slot:
         return ",".join(str(g) for g in self.gpus)
 
 
-def _chosen_gpus(gpus: str | None, have: list[int], host: HostConfig) -> list[int]:
-    """`--gpus 0,2` → those (refused unless the host has them); none given → all of the host's."""
-    if not gpus:
-        return have
-    try:
-        chosen = [int(x) for x in gpus.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"--gpus {gpus!r}: expected a list of GPU indices like 0,1,2,3") from None
-    bad = [g for g in chosen if g not in have]
-    if bad or not chosen or len(set(chosen)) != len(chosen):
-        listed = ", ".join(map(str, have)) if have else "none"
-        raise UsageError(f"--gpus {gpus}: {host.name} has GPUs [{listed}]; "
-                         f"{bad or 'duplicates'} not among them",
-                         "leave --gpus out to use all of them" if have else
-                         "this host has no GPU nvidia-smi lists: use --parallel K for K CPU slots")
-    return chosen
-
-
 def plan_slots(facts: Mapping[str, Any], host: HostConfig, gpus: str | None, parallel: int | None,
                slots_per_gpu: int = 1) -> list[Slot]:
-    """`--gpus 0,2` → those GPUs (refused up front unless the host has them); default: all of the
-    host's GPUs; no GPU → `--parallel` CPU slots. `slots_per_gpu` > 1 shares a GPU between trials."""
+    """The host's slots as its backend plans them (thrust_remote/backends/): an SSH box's GPUs (`--gpus
+    0,2`, default all; none: `--parallel` CPU slots; `slots_per_gpu` > 1 shares a GPU between trials), a
+    cluster's jobs in its scheduler."""
     if slots_per_gpu < 1:
         raise UsageError("--slots-per-gpu must be at least 1")
     if parallel is not None and parallel < 1:
         raise UsageError("--parallel must be at least 1")
-    if host.slurm is not None:
-        return _scheduler_slots(host, gpus, parallel)
-    chosen = _chosen_gpus(gpus, host_gpus(facts, host), host)
-    if not chosen:
-        return [Slot(f"cpu{i}") for i in range(parallel or 1)]
-    slots = [Slot(f"gpu{g}" if slots_per_gpu == 1 else f"gpu{g}.{k}", (g,))
-             for k in range(slots_per_gpu) for g in chosen]
-    if parallel is not None:
-        if parallel > len(slots):
-            names = ", ".join(s.name for s in slots)
-            raise UsageError(f"--parallel {parallel}: only {len(slots)} GPU slot(s) ({names})",
-                             "add GPUs with --gpus, or share them with --slots-per-gpu M")
-        slots = slots[:parallel]
-    return slots
-
-
-def _scheduler_slots(host: HostConfig, gpus: str | None, parallel: int | None) -> list[Slot]:
-    """A Slurm cluster: a slot is a job in its scheduler (`--parallel` of them at once, pending ones
-    included); `--gpus N`: each trial's GPUs, which Slurm picks (the slot holds only their count)."""
-    if gpus and not gpus.isdigit():
-        raise UsageError(f"--gpus {gpus}: on {host.name}, a Slurm cluster, the scheduler picks the GPUs",
-                         "give how many each trial gets, like --gpus 1")
-    per_trial = int(gpus or 0)
-    return [Slot(f"job{i}", tuple(range(per_trial))) for i in range(parallel or 1)]
+    return [Slot(name, on) for name, on in backend_for(host).slots(facts, host, gpus, parallel, slots_per_gpu)]
 
 
 def union(per_host: Mapping[str, Sequence[Slot]]) -> list[Slot]:

@@ -43,7 +43,7 @@ class Followed:
 def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int = 0,
            config_path: Path | str | None = None, scalars: ScalarSource | None = None,
            node: int | None = None, pattern: LinePattern | None = None,
-           progress: RunProgress | None = None, slurm_node: int = 0) -> Followed:
+           progress: RunProgress | None = None, part: str = "") -> Followed:
     """Stream the log to the reporter until the run ends; with `scalars`, the job's TensorBoard
     scalars are read on the host meanwhile (every few seconds, and at the end) as its progress.
 
@@ -52,8 +52,8 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
     `config_path`, the --config the user gave, and `node`, the node of a run over several hosts, so the
     command is exactly the one to type). `pattern`: the job's `metrics: {pattern:}`, whose matches in
     its own lines are its progress (told to the reporter as metrics, like the scalars). `progress`: where
-    the log's facts are kept (the caller's, read by its pulls meanwhile), else a new one. `slurm_node`:
-    a Slurm run over several nodes, the node whose log is shown (its nodes/I/ on the one host)."""
+    the log's facts are kept (the caller's, read by its pulls meanwhile), else a new one. `part`: the
+    followed node's part of the run dir (backends.Node.part: "" the run dir itself)."""
     host = session.host
     delivered = 0
     lines = LineSplitter()
@@ -80,7 +80,7 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
         try:
             with _watching(session, scalars, on_metrics, reporter.warn):
                 position = control.follow_log(session, run_id, offset=offset, follow=True, on_bytes=on_bytes,
-                                              slurm_node=slurm_node)
+                                              part=part)
         finally:
             reporter.followed()
     except KeyboardInterrupt:

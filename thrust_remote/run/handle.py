@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from thrust_remote.agent.protocol import StatusAnswer
+from thrust_remote.backends import backend_for
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnknownHostError, UnreachableError, UsageError
 from thrust_remote.core.hints import command_hint
@@ -103,18 +104,15 @@ class Run:
 
         with self.session() as session:
             first = control.status(session, self.run_id)
-            if first.get("slurm_nodes"):  # one host, several Slurm nodes: node I's log is in its run dir's nodes/I/
-                names = [str(p.get("slurm_node") or f"node {p.get('node')}") for p in first["slurm_nodes"]]
-                which = lifecycle.check_node(lifecycle.RunNodes(self.run_id, names, [session] * len(names)), node)
-                control.follow_log(session, self.run_id, offset=offset, follow=False, on_bytes=counted,
-                                   slurm_node=which)
-                return LogRead(got, names[which] if node is not None else None, first.get("state"))
             with lifecycle.open_nodes(session, self.run_id, self.fleet, first) as (nodes, _):
-                shown = nodes.sessions[lifecycle.check_node(nodes, node)]
-                if shown is None:
+                if not nodes.many:  # one host: the nodes its scheduler spread the run over, if it did
+                    nodes = backend_for(session.host).nodes(self.run_id, session, first) or nodes
+                shown = nodes.nodes[lifecycle.check_node(nodes, node)]
+                if shown.session is None:
                     raise UnreachableError(f"run {self.run_id}: node {node} ({nodes.names[node or 0]}) does not "
                                            "answer", f"thrust-remote doctor --host {nodes.names[node or 0]}")
-                control.follow_log(shown, self.run_id, offset=offset, follow=False, on_bytes=counted)
+                control.follow_log(shown.session, self.run_id, offset=offset, follow=False, on_bytes=counted,
+                                   part=shown.part)
         return LogRead(got, nodes.names[node] if node is not None else None, first.get("state"))
 
     def follow(self, reporter: Reporter, *, node: int | None = None, offset: int = 0, fetch: bool = True,
@@ -239,7 +237,7 @@ def _attempts(fleet: Fleet, reporter: Reporter, *, sets: Sequence[str] = (), par
 
 
 def remember_continued(config: Config, run_id: str, new_id: str, host: str) -> None:
-    """A run its cluster submitted itself (agent/slurm.py, continue_itself), in the local index as its
+    """A run its cluster submitted itself (the backend's `continues_on`), in the local index as its
     parent is (its host, job, code), so `status`, `logs` and `resume` of it need no --host."""
     entry = index.lookup(config.root, run_id)
     if entry is None or index.lookup(config.root, new_id) is not None or host not in config.hosts:
@@ -281,4 +279,6 @@ def _chain(fleet: Fleet, policy: resuming.RetryPolicy, reporter: Reporter,
 
     return resuming.Chain(policy, reporter, attempt=attempt, follow=_reattach(fleet, reporter, sync_every),
                           answers=resuming.probe(fleet), hosts_of=hosts_of, hint=hint,
-                          went_on=lambda old, new, host: remember_continued(config, old, new, host))
+                          went_on=lambda old, new, host: remember_continued(config, old, new, host),
+                          scheduler=lambda host: backend_for(config.hosts[host]).scheduler if host in config.hosts
+                          else "its scheduler's")

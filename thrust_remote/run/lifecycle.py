@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import MODEL, RDZV_PENDING, RunState, StatusAnswer
+from thrust_remote.agent.protocol import MODEL, RunState, StatusAnswer
+from thrust_remote.backends import Backend, RunAsk, RunNodes, backend_for
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import (
     DISK_FULL,
@@ -37,34 +38,17 @@ from thrust_remote.core.errors import (
     disk_full,
 )
 from thrust_remote.core.hints import command_hint
-from thrust_remote.core.scheduler import sbatch_options
 from thrust_remote.fetch import artifacts, checkpoints
 from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.fleet import Fleet, each
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import endings, fetching, following, jobs, multinode, stages, vocab
-from thrust_remote.run import gpus as inventory  # the module; `gpus` is the chosen list in places
-from thrust_remote.run import resume as resuming
+from thrust_remote.run import endings, fetching, following, multinode, stages, vocab
 from thrust_remote.run.arguments import check_trainer_args, job_arguments, load_params, parse_sets
 from thrust_remote.run.sync import LocalState
 from thrust_remote.run.vocab import Launched, Reporter, Stage, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index, notify, pull, scalarwatch, trees
 from thrust_remote.runs.progress import RunProgress, last_metrics, pattern_of
-
-
-@dataclass
-class RunNodes:
-    """A run's nodes in rank order: node 0 (rank 0's log, the checkpoints, the model) first. A node's
-    session is None when it could not be opened (a reattach to a node that does not answer)."""
-
-    run_id: str
-    names: list[str]
-    sessions: list[HostSession | None]
-
-    @property
-    def many(self) -> bool:
-        return len(self.names) > 1
 
 
 @dataclass
@@ -79,14 +63,19 @@ class Started:
 
 # ------------------------------------------------------------------------------------------ start
 
-def arguments(request: TrainRequest) -> list[str]:
-    """The job's arguments from its config, `--params` and `--set`, checked before anything connects."""
-    sets = parse_sets(request.sets)
+def parameters(request: TrainRequest) -> dict[str, Any]:
+    """The run's parameters: given as data (a resumed run's), under `--params`' file, read once."""
     params = dict(request.params or {})
     if request.params_file:
         params.update(load_params(request.params_file))
-    check_trainer_args(request.job, sets, params)
-    return job_arguments(request.job, sets, params)
+    return params
+
+
+def arguments(request: TrainRequest, params: Mapping[str, Any]) -> list[str]:
+    """The job's arguments from its config, its parameters and `--set`, checked before anything connects."""
+    sets = parse_sets(request.sets)
+    check_trainer_args(request.job, sets, dict(params))
+    return job_arguments(request.job, sets, dict(params))
 
 
 def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restarts: int = 0) -> None:
@@ -94,11 +83,11 @@ def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restar
     if request.queue and request.share_gpus:
         raise UsageError("--queue waits for GPUs no running run holds; --allow-shared-gpus runs on held ones",
                          "give one of them")
-    if any(h.slurm for h in hosts):
-        _check_slurm_request(request, hosts)
-    elif request.nodes > 1:
-        raise UsageError(f"--nodes {request.nodes}: nodes are a Slurm cluster's to give ({hosts[0].name} is not one)",
-                         "over SSH boxes, name each host: --host a --host b (or a group)")
+    kinds: dict[Backend, list[HostConfig]] = {}  # each backend's own hosts, in the order given
+    for h in hosts:
+        kinds.setdefault(backend_for(h), []).append(h)
+    for backend, own in kinds.items():
+        backend.check(request, own, alone=len(kinds) == 1)
     if len(hosts) > 1:
         multinode.check_request(request, hosts)
         if request.gpus:
@@ -110,29 +99,14 @@ def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restar
                          "give two or more --host (or a group), or drop --max-restarts")
 
 
-def _check_slurm_request(request: TrainRequest, hosts: Sequence[HostConfig]) -> None:
-    """What a run on a Slurm cluster cannot be (64, before anything connects): its scheduler queues and
-    places it, so one host per run, GPUs as a count, no --queue of ours."""
-    if len(hosts) > 1:
-        raise UsageError(f"{', '.join(h.name for h in hosts if h.slurm)} is a Slurm cluster: a run there is one "
-                         "host (its nodes are the scheduler's to give)", "give that host alone with --host")
-    if request.queue:
-        raise UsageError("--queue: a Slurm cluster queues every run in its scheduler already", "drop --queue")
-    if request.gpus and not request.gpus.isdigit():
-        raise UsageError(f"--gpus {request.gpus}: on a Slurm cluster the scheduler picks the GPUs",
-                         "give how many, like --gpus 2")
-    if request.nodes > 1 and request.job.kind not in ("trainer", "python"):
-        raise UsageError(f"--nodes {request.nodes}: job {request.job.name!r} is a {request.job.kind} job; torchrun "
-                         "starts the built-in trainer or a python job on every node", "drop --nodes")
-
-
 def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession], reporter: Reporter, *,
           max_restarts: int = 0) -> Started:
     """Every node synced and checked, compared, set up and launched (all at once, in threads); the run
-    recorded in the local index. The nodes come back in rank order (multinode.Plan.order)."""
+    recorded in the local index. The nodes come back in rank order (multinode.Plan.order). The request
+    was checked before the sessions were opened (check_request, by the caller)."""
     many = len(sessions) > 1
-    check_request(request, [s.host for s in sessions], max_restarts)
-    args = arguments(request)
+    params = parameters(request)
+    args = arguments(request, params)
 
     def told(session: HostSession) -> Reporter:  # the nodes speak at once: each line names its node
         return multinode.Prefixed(reporter, session.name) if many else reporter
@@ -142,10 +116,10 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     planned = multinode.PlanAhead(sessions, reporter) if many else None  # beside the check and set-up
     checked = each(lambda s: stages.check(config, request.job, s, told(s), args_for_preflight=args,
                                                     code_at=request.resume, tree=run_id), sessions)
-    multinode.agree(checked)
-    if request.gpus and not checked[0].session.host.slurm:  # GPUs a host can never give: 64 before any set-up
-        for node in checked:
-            inventory.select_gpus(request.gpus, node.report.facts, node.session.host)
+    if many:  # one host has nothing to compare
+        multinode.agree(checked)
+    for node in checked:  # what the host can never give (GPUs): 64 before any set-up
+        backend_for(node.session.host).check_facts(request, node.report.facts, node.session.host)
     try:
         prepared = each(lambda c: stages.set_up(c, told(c.session)), checked)
         base_args = args  # before a checkpoint's: a cluster's run that continues itself adds its own
@@ -158,16 +132,18 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
             launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
                                                       queue_order=time.time(), planned=planned)
         else:
-            launched, ranked = [_launch_one(prepared[0], request, args, run_id, reporter, base_args)], list(sessions)
+            ask = RunAsk(request, tuple(args), run_id, extra_env=request.extra_env, meta=stages.resume_meta(request),
+                         base_args=tuple(base_args))
+            launched, ranked = [backend_for(prepared[0].host).launch(prepared[0], ask, reporter)], list(sessions)
     except ThrustError as exc:  # nothing launched (a failed setup): its tree stays to look into, unleased
         if not isinstance(exc, ConnectionLostError | Detached):
             each(lambda c: _release(c.session, run_id), checked)
         raise
-    _remember(config, launched, reporter, request, prepared[0].local)
+    _remember(config, launched, reporter, request, prepared[0].local, params)
     fetches = Stage.FETCH in stages_of(request) and _fetches_anything(request.job)
     for p in prepared:  # each host's `keep:`: the trees of older ended runs go (never a live run's, nor this)
         _keep(p.session, config.root, told(p.session), run_id, release=not (fetches and p.session is ranked[0]))
-    return Started(launched, RunNodes(run_id, [s.name for s in ranked], list(ranked)))
+    return Started(launched, RunNodes.on_hosts(run_id, [s.name for s in ranked], list(ranked)))
 
 
 def _fetches_anything(job: JobConfig) -> bool:
@@ -196,60 +172,17 @@ def _release(session: HostSession | None, run_id: str) -> None:
         trees.release(session, run_id)
 
 
-def _launch_one(prepared: stages.Prepared, request: TrainRequest, args: Sequence[str], run_id: str,
-                reporter: Reporter, base_args: Sequence[str] = ()) -> Launched:
-    """One host: the GPUs `--gpus` asks for, claimed on the host unless shared; with --queue, what it
-    waits for there when that is taken."""
-    session = prepared.session
-    if session.host.slurm is not None:  # the scheduler places it: GPUs as a count, its own queue
-        count = int(request.gpus or 0)
-        # over several nodes torchrun's rendezvous is filled in on the allocation (agent/slurm.py)
-        rdzv = jobs.Rendezvous(request.nodes, 0, RDZV_PENDING, 0, run_id) if request.nodes > 1 else None
-        return stages.launch_prepared(prepared, args=args, run_id=run_id, nproc=request.nproc,
-                                      extra_env=request.extra_env, reporter=reporter, rdzv=rdzv,
-                                      meta_extra=stages.resume_meta(request), gpu_count=count,
-                                      sbatch=sbatch_options(session.host.slurm, nodes=request.nodes, gpus=count),
-                                      host_retry=resuming.host_retry(request.job, base_args, session.name))
-    if request.queue:
-        gpus, ask = stages.queue_ask(request, prepared.report.facts, None)
-        return stages.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
-                                      extra_env=request.extra_env, reporter=reporter, exclusive_gpus=bool(gpus),
-                                      queue=ask, meta_extra=stages.resume_meta(request))
-    if not request.gpus and not inventory.host_gpus(prepared.report.facts, session.host):
-        _say_cpu_slots_taken(session, reporter)
-    gpus = stages.choose_gpus(request, prepared.report.facts,
-                              lambda: {} if request.share_gpus else control.gpus_taken(session))
-    return stages.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
-                                  extra_env=request.extra_env, reporter=reporter,
-                                  exclusive_gpus=bool(gpus) and not request.share_gpus,
-                                  meta_extra=stages.resume_meta(request))
-
-
-def _say_cpu_slots_taken(session: HostSession, reporter: Reporter) -> None:
-    """A run without --queue on a host without GPUs starts at once, as it always has; when RUNNING runs
-    already fill the host's `cpu_slots`, it is told that it shares the CPU with them (--queue waits)."""
-    slots = session.host.cpu_slots
-    holders = [r["run_id"] for r in control.list_runs(session)
-               if r.get("state") == RunState.RUNNING and not r.get("gpus")]
-    if len(holders) >= slots:
-        reporter.warn(f"{session.name}'s cpu_slots ({slots}) are taken by RUNNING run(s) {', '.join(holders)}: this "
-                      "run starts now and shares the CPU with them; `train --queue` waits for a free slot instead")
-
-
 def _remember(config: Config, launched: Sequence[Launched], reporter: Reporter, request: TrainRequest,
-              local: LocalState | None) -> None:
+              local: LocalState | None, params: Mapping[str, Any]) -> None:
     """The run in the project's local index, so status/logs/stop/fetch find its host without --host,
     and `resume` its job, arguments and code (the patch kept beside the entry)."""
     head = launched[0]
-    params = dict(request.params or {})
-    if request.params_file:
-        params.update(load_params(request.params_file))
     patch = local.patch if local is not None and head.commit == local.commit else b""
     entry = index.IndexEntry(run_id=head.run_id, host=head.host, job=head.job, commit=head.commit,
                              started_at=index.now(), run_dir=head.run_dir,
                              config=str(config.path.resolve()) if config.path else None,
                              nodes=tuple(n.host for n in launched) if len(launched) > 1 else (),
-                             sets=tuple(request.sets), params=params or None,
+                             sets=tuple(request.sets), params=dict(params) or None,
                              patch_sha256=hashlib.sha256(patch).hexdigest() if patch else None,
                              resumed_from=request.resume.run_id if request.resume else None)
     try:
@@ -288,19 +221,20 @@ def train(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
 
 def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | None, reporter: Reporter, *,
            fetch: bool = True, force: bool = False, offset: int = 0, node: int = 0,
-           config_path: Path | str | None = None, sync_every: float | None = None,
-           slurm_node: int = 0) -> TrainOutcome:
+           config_path: Path | str | None = None, sync_every: float | None = None) -> TrainOutcome:
     """Follow node `node`'s log (rank 0's by default) while the watch minds the other nodes and node 0's
     checkpoint and artifacts are pulled every `sync_every` s (runs/pull.py); then the run's state over
     every node and, when it FINISHED, node 0's model and artifacts; whatever the end, its newest
-    checkpoint (`job` None: an optimize trial or a job this config lacks: nothing fetched). A Slurm run
-    over several nodes is one host's: `slurm_node` is the node whose log is shown."""
-    followed_session = nodes.sessions[node]
-    assert followed_session is not None
+    checkpoint (`job` None: an optimize trial or a job this config lacks: nothing fetched). The nodes a
+    host's scheduler holds together are ended by it: its host alone is watched."""
+    followed = nodes.nodes[node]
+    assert followed.session is not None
+    followed_session = followed.session
     timings = dict(head.timings)
     if head.scheduler_job:  # in a cluster's scheduler: said once, here (the detach says it otherwise)
-        reporter.step(f"run {head.run_id} submitted to Slurm on {head.host} as job {head.scheduler_job}: it starts "
-                      "when the scheduler gives it its nodes; its log follows then")
+        reporter.step(f"run {head.run_id} submitted to {backend_for(config.host(head.host)).scheduler} on "
+                      f"{head.host} as job {head.scheduler_job}: it starts when the scheduler gives it its nodes; "
+                      "its log follows then")
         reporter.queued(head.host, None)
     elif head.position is not None:  # still waiting on its host: the view says so until its log starts
         if not (nodes.many and head.sync is not None):  # a launch over several hosts said it for each node
@@ -312,22 +246,23 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
         nodes.sessions[0].runner.warm_transfers(1)  # the model's get at the end finds its helper started
     pattern = pattern_of(job.metrics if job is not None else None)
     progress = RunProgress(pattern)  # the follow's, read by the pulls: the step a checkpoint came at
-    with multinode.Watch(nodes.sessions, nodes.names, nodes.run_id, reporter, followed=node) as watch, \
+    watched = nodes.watched()
+    at = node if nodes.many else 0  # the followed node among the watched ones
+    with multinode.Watch(watched.sessions, watched.names, nodes.run_id, reporter, followed=at) as watch, \
             _pulling(config, nodes, head, job, reporter, sync_every if fetch else 0.0, progress) as puller:
         try:
-            followed = following.follow(followed_session, nodes.run_id, reporter, offset=offset,
-                                        config_path=config_path,
-                                        node=node if nodes.many else (slurm_node or None),
-                                        scalars=scalarwatch.source_for(followed_session, nodes.run_id, job),
-                                        pattern=pattern, progress=progress, slurm_node=slurm_node)
+            read = following.follow(followed_session, nodes.run_id, reporter, offset=offset, config_path=config_path,
+                                    node=node if nodes.many or node else None,
+                                    scalars=scalarwatch.source_for(followed_session, nodes.run_id, job),
+                                    pattern=pattern, progress=progress, part=followed.part)
         except ConnectionLostError as exc:
-            watch.fail(node, "lost: the connection to it broke while following")
-            exc.run_id, exc.host = nodes.run_id, nodes.names[0]  # what a retry resumes (run/resume.py)
+            watch.fail(at, "lost: the connection to it broke while following")
+            exc.run_id, exc.host = nodes.run_id, nodes.nodes[0].host  # what a retry resumes (run/resume.py)
             raise
         except Detached as exc:
-            exc.run_id, exc.host = nodes.run_id, nodes.names[0]  # a retry's hint names `watch` (run/resume.py)
+            exc.run_id, exc.host = nodes.run_id, nodes.nodes[0].host  # a retry's hint names `watch` (run/resume.py)
             raise
-    status = _over_nodes_at_end(nodes, node, followed.status, watch) if nodes.many else followed.status
+    status = _over_nodes_at_end(nodes, node, read.status, watch) if nodes.many else read.status
     tell_ended(config, status, reporter.warn)
     head_session = nodes.sessions[0]
     fetched = got = checkpoint = None
@@ -356,10 +291,10 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     # exports; a killed one usually has none; a full disk leaves a model without its manifest); node 0's
     fetchable = job is not None and head_session is not None and (
         status["state"] == RunState.FINISHED or fetching.left_a_model(head_session, head.run_dir, job))
-    return TrainOutcome(head, status, fetched, vocab.exit_code_for(status), timings, followed.progress,
+    return TrainOutcome(head, status, fetched, vocab.exit_code_for(status), timings, read.progress,
                         fetchable=fetchable, artifacts=got, checkpoint=checkpoint,
                         pulled=puller.last if puller is not None else None,
-                        next_steps=_next_steps(config, status, own_job, followed.progress, head, config_path))
+                        next_steps=_next_steps(config, status, own_job, read.progress, head, config_path))
 
 
 def _next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, progress: RunProgress,
@@ -472,7 +407,7 @@ def open_nodes(session: HostSession, run_id: str, fleet: Fleet,
                 s.close()
         raise errors[min(errors)]
     try:
-        yield RunNodes(run_id, names, sessions), status
+        yield RunNodes.on_hosts(run_id, names, sessions), status
     finally:
         for s in sessions:
             if s is not None and s is not session:
@@ -502,10 +437,8 @@ def reattach(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter
     reporter = reporter or vocab.NullReporter()
     config = fleet.config
     with open_nodes(session, run_id, fleet) as (nodes, status):
-        slurm_node = 0
-        if status.get("slurm_nodes") and not nodes.many:  # one host, its Slurm nodes' logs in nodes/I/
-            names = [str(p.get("slurm_node") or f"node {p.get('node')}") for p in status["slurm_nodes"]]
-            slurm_node, node = check_node(RunNodes(run_id, names, [session] * len(names)), node), 0
+        if not nodes.many:  # one host: the nodes its scheduler spread the run over, if it did
+            nodes = backend_for(session.host).nodes(run_id, session, status) or nodes
         node = check_node(nodes, node)
         head_session = nodes.sessions[0]
         if head_session is None or nodes.sessions[node] is None:
@@ -518,7 +451,7 @@ def reattach(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter
                         str(head_status.get("job") or ""), head_status.get("commit"), head_session.paths, None, True,
                         {}, position=(status.get("position") or 0) if status.get("state") == RunState.QUEUED else None)
         return follow(config, nodes, head, job, reporter, fetch=fetch, force=force, offset=offset, node=node,
-                      config_path=fleet.config_path, sync_every=sync_every, slurm_node=slurm_node)
+                      config_path=fleet.config_path, sync_every=sync_every)
 
 
 def check_node(nodes: RunNodes, node: int | None) -> int:
@@ -526,7 +459,7 @@ def check_node(nodes: RunNodes, node: int | None) -> int:
     if node is None:
         return 0
     if node >= len(nodes.names):
-        if not nodes.many:
+        if len(nodes.names) == 1:
             raise UsageError(f"--node {node}: run {nodes.run_id} ran on one host ({nodes.names[0]})",
                              "drop --node: its one log is node 0's")
         raise UsageError(f"--node {node}: run {nodes.run_id} has {len(nodes.names)} nodes "
@@ -547,10 +480,9 @@ def status(session: HostSession, run_id: str, fleet: Fleet) -> StatusAnswer:
     """`status RUN`: one host's status object, or over several hosts the run's state over its nodes
     (every other node asked at once; docs/architecture.md, "JSON shapes")."""
     first = control.status(session, control.check_run_id(run_id))
-    if first.get("slurm_nodes"):  # one host, several Slurm nodes: listed as a run over hosts lists its nodes
-        parts = first.pop("slurm_nodes")
-        first["nodes"] = [{**p, "host": session.name} for p in parts if isinstance(p, dict)]
-        return first
+    backend = backend_for(session.host)
+    if backend.nodes(run_id, session, first) is not None:  # one host's scheduler's nodes: its answer says them
+        return backend.shown(first, session.name)
     if len(first.get("nodes") or []) <= 1:
         return first
     with open_nodes(session, run_id, fleet, first) as (nodes, _):

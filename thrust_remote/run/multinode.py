@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from thrust_remote.agent.protocol import LOG, RESUMED_FROM, RunState, StatusAnswer
+from thrust_remote.backends import RunAsk, backend_for
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
 from thrust_remote.host.fleet import each
@@ -238,10 +239,9 @@ def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: 
     meta = {"node": rank, "nodes": nodes, "rdzv": f"{where.address}:{where.port}", "watch_peers": peers,
             "peer_timeout": PEER_TIMEOUT_S, **stages.resume_meta(request)}
     # every node is told where to export: the job's rank 0 alone writes, on the node it runs on
-    gpus, ask = stages.queue_ask(request, prepared.report.facts, queue_order) if request.queue else ([], None)
-    return stages.launch_prepared(prepared, args=args, run_id=run_id, gpus=gpus, nproc=request.nproc,
-                                  extra_env=env, meta_extra=meta, exclusive_gpus=bool(gpus), queue=ask,
-                                  rdzv=where.rendezvous(rank, run_id, max_restarts, queued=request.queue))
+    ask = RunAsk(request, tuple(args), run_id, extra_env=env, meta=meta, queue_order=queue_order,
+                 rdzv=where.rendezvous(rank, run_id, max_restarts, queued=request.queue))
+    return backend_for(prepared.host).launch(prepared, ask, vocab.NullReporter())
 
 
 def stop_all(sessions: Sequence[HostSession], run_id: str, verdict: dict[str, Any] | None) -> None:

@@ -61,24 +61,6 @@ def template_of(job: JobConfig) -> tuple[str, ...]:
                      f"\"{CHECKPOINT_FIELD}\" where the path goes) under jobs.{job.name} in thrust.yaml")
 
 
-HOST_RETRY_ON = ("timeout", "preempted")  # what a cluster's run continues from by itself (agent/slurm.py)
-
-
-def host_retry(job: JobConfig, base_args: Sequence[str], host: str) -> dict[str, Any] | None:
-    """What a Slurm run needs to submit its own next attempt at its time limit or when preempted, with no
-    laptop following (agent/slurm.py, continue_itself): the job's `retry:` answers `timeout` or
-    `preempted` and it can resume. `args`
-    are the next attempt's job arguments, "{checkpoint}" filled on the cluster; None: it does not."""
-    retry = job.retry or {}
-    on = [e for e in retry.get("on") or () if e in HOST_RETRY_ON]
-    glob = checkpoints.checkpoint_glob(job)
-    template = tuple(job.resume) or (TRAINER_TEMPLATE if job.kind == "trainer" else ())
-    if not on or not int(retry.get("max") or 0) or glob is None or not template:
-        return None
-    return {"on": on, "max": int(retry["max"]), "attempt": 0, "checkpoints": glob, "host": host,
-            "args": [*base_args, *template]}
-
-
 @dataclass
 class Source:
     """The run `resume` continues, as far as it is known here: its job, its hosts, what it was given."""
@@ -241,7 +223,7 @@ Hint = Callable[[str, str, str], str]  # (command, run id, host) -> the exact co
 
 
 def event_of(status: StatusAnswer | None) -> str | None:
-    """The retry event a run's end is: `lost`, `failed`, or None (finished, stopped); on a Slurm cluster
+    """The retry event a run's end is: `lost`, `failed`, or None (finished, stopped); on a cluster
     its time limit (`timeout`) and a preemption (`preempted`) are events of their own."""
     state = RunState.of((status or {}).get("state"))
     reason = (status or {}).get("reason")
@@ -261,11 +243,13 @@ class Chain:
                  hosts_of: Callable[[str], list[str]],
                  hint: Hint = lambda command, run_id, host: command_hint(command, run_id, host=host),
                  went_on: Callable[[str, str, str], None] = lambda old, new, host: None,
+                 scheduler: Callable[[str], str] = lambda host: "its scheduler's",
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy, self.reporter = policy, reporter
         self.attempt, self.follow_again, self.answers = attempt, follow, answers
         self.hosts_of, self.hint, self.sleep, self.clock = hosts_of, hint, sleep, clock
         self.went_on = went_on  # (run, the run its cluster submitted itself, host): recorded (the index)
+        self.scheduler = scheduler  # a host's scheduler by name (its backend's), for the words said
         self.attempts: list[dict[str, Any]] = []
         self.used: set[str] = set()
         self.moved: list[tuple[str, str]] = []  # (run, host) resumed elsewhere while its host was silent
@@ -295,12 +279,13 @@ class Chain:
             step = self._next(run_id, str(host), event, retries)
 
     def _went_on(self, run_id: str, host: str, event: str, went_on: dict[str, Any]) -> Callable[[], TrainOutcome]:
-        """A Slurm run that submitted its next attempt itself at its time limit or when preempted
-        (agent/slurm.py): followed."""
+        """A cluster's run that submitted its next attempt itself at its time limit or when preempted
+        (the backend's `continues_on`): followed."""
         new_id, where = str(went_on.get("run_id")), str(went_on.get("host") or host)
         why = "it was preempted" if event == "preempted" else "it reached its time limit"
         self.reporter.warn(f"run {run_id}: {why}; the cluster resubmitted it as {new_id} "
-                           f"(Slurm job {went_on.get('scheduler_job')}) from its checkpoint: following it")
+                           f"({self.scheduler(where)} job {went_on.get('scheduler_job')}) from its checkpoint: "
+                           "following it")
         self.went_on(run_id, new_id, where)
         return lambda: self.follow_again(new_id, where)
 

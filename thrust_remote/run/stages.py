@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import posixpath
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from thrust_remote.host.session import HostPaths, HostSession
 from thrust_remote.run import buildenv, cargo, data, jobs, pins
 from thrust_remote.run.arguments import job_arguments
 from thrust_remote.run.cargo import CargoPlan
-from thrust_remote.run.gpus import host_gpus, select_gpus
+from thrust_remote.run.gpus import host_gpus
 from thrust_remote.run.preflight import check_local_python, envcheck_report, preflight
 from thrust_remote.run.sync import LocalState, SyncResult, local_state, sync, with_lfs
 from thrust_remote.run.venv import setup_python
@@ -205,43 +205,59 @@ def set_up(checked: Checked, reporter: Reporter) -> Prepared:
                     cargo=plan)
 
 
-def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | None = None,
-                    gpus: Sequence[int] = (), nproc: int | None = None, extra_env: Mapping[str, str] | None = None,
-                    exclusive_gpus: bool = False, reporter: Reporter | None = None, export: bool = True,
-                    meta_extra: Mapping[str, Any] | None = None, rdzv: jobs.Rendezvous | None = None,
-                    queue: control.QueueAsk | None = None, sbatch: Sequence[str] | None = None,
-                    gpu_count: int = 0, host_retry: Mapping[str, Any] | None = None) -> Launched:
-    """Start one detached run. `args` are the job's arguments (job_arguments); `gpus` become
-    CUDA_VISIBLE_DEVICES and GPU_LIST; `nproc` processes under torchrun (default: the job's `nproc:`,
-    else one per GPU); `exclusive_gpus` makes the host refuse the launch when a RUNNING run holds one of
-    them (runs of the same job and code otherwise run side by side, each in its own run dir);
-    `export=False` skips the ONNX export (seconds per run that a hyperparameter trial does not need);
-    `meta_extra` goes into run.json; `rdzv`: this node's part of a run over several hosts (multinode.py);
-    `queue`: it waits on the host for what it asks when that is taken (`--gpus N`: chosen there).
-    `sbatch`: a Slurm host's options (core/scheduler.py): submitted, with `gpu_count` GPUs per node.
-    `host_retry`: a cluster's run that continues itself at its time limit (resume.host_retry): its next
-    attempt's argv is made here, as this one's is, and written into run.json for the agent to submit.
-    The argv and env of each kind: jobs.py (docs/architecture.md, "Config")."""
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One run's launch on one host, as its backend planned it (thrust_remote/backends/): what
+    `launch_prepared` starts. `args`: the job's arguments (job_arguments); `gpus` become
+    CUDA_VISIBLE_DEVICES and GPU_LIST (`exclusive_gpus`: the host refuses the launch when a RUNNING run
+    holds one); `gpu_count`: GPUs a cluster's scheduler gives each node (the run picks none itself);
+    `gpus_used`: what GPU-hours count when not `gpus` (None: every GPU the job can see on the host);
+    `nproc`: processes under torchrun (default: the job's `nproc:`, else one per GPU); `export=False`
+    skips the ONNX export (a trial does not need it); `meta` goes into run.json; `rdzv`: this node's part
+    of a run over several nodes; `queue`: it waits on the host for what it asks; `submit`: handed to the
+    host's scheduler instead of started; `continues`: a run that submits its own next attempt (run.json's
+    SELF_RETRY), whose argv is made here from `continue_args`, as this one's is."""
+
+    args: tuple[str, ...] = ()
+    run_id: str | None = None
+    gpus: tuple[int, ...] = ()
+    exclusive_gpus: bool = False
+    gpu_count: int = 0
+    gpus_used: tuple[int, ...] | None = None
+    nproc: int | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    export: bool = True
+    rdzv: jobs.Rendezvous | None = None
+    queue: control.QueueAsk | None = None
+    submit: control.Submission | None = None
+    continues: Mapping[str, Any] | None = None
+    continue_args: tuple[str, ...] = ()
+
+
+def launch_prepared(prepared: Prepared, plan: LaunchPlan, reporter: Reporter | None = None) -> Launched:
+    """Start one detached run as `plan` says (queued or submitted when it says so). The argv and env of
+    each kind: jobs.py (docs/architecture.md, "Config")."""
     reporter = reporter or NullReporter()
     t3 = time.monotonic()
     job, session = prepared.job, prepared.session
-    run_id = control.check_run_id(run_id) if run_id else control.new_run_id(job.name)
+    run_id = control.check_run_id(plan.run_id) if plan.run_id else control.new_run_id(job.name)
     run_dir = session.paths.run(run_id)
-    env = jobs.job_env(job, {**prepared.env, **(extra_env or {})}, run_id=run_id, run_dir=run_dir,
-                       python=prepared.python, gpus=gpus, export=export)
+    gpus = list(plan.gpus)
+    env = jobs.job_env(job, {**prepared.env, **plan.extra_env}, run_id=run_id, run_dir=run_dir,
+                       python=prepared.python, gpus=gpus, export=plan.export)
+
+    def argv_of(args: Sequence[str], seen: Sequence[int]) -> list[str]:
+        return jobs.job_argv(job, prepared.python, args, run_dir=run_dir, export=plan.export, trainer=prepared.trainer,
+                             nproc=jobs.process_count(job, plan.nproc, seen), rdzv=plan.rdzv)
+
     if prepared.cargo is not None:
-        argv = prepared.cargo.run_argv(list(args))
+        argv = prepared.cargo.run_argv(list(plan.args))
     else:
-        argv = jobs.job_argv(job, prepared.python, args, run_dir=run_dir,
-                             nproc=jobs.process_count(job, nproc, gpus or range(queue.count if queue else gpu_count)),
-                             export=export, trainer=prepared.trainer,
-                             rdzv=rdzv)
-    if host_retry is not None and sbatch is not None:
-        nxt = {k: v for k, v in host_retry.items() if k != "args"}
-        nxt["argv"] = jobs.job_argv(job, prepared.python, list(host_retry["args"]), run_dir=run_dir,
-                                    nproc=jobs.process_count(job, nproc, range(gpu_count)), export=export,
-                                    trainer=prepared.trainer, rdzv=rdzv)
-        meta_extra = {**(meta_extra or {}), SELF_RETRY: {**nxt, "sbatch": list(sbatch)}}
+        argv = argv_of(plan.args, gpus or range(plan.queue.count if plan.queue else plan.gpu_count))
+    meta_extra = dict(plan.meta)
+    if plan.continues is not None:  # the next attempt's argv, made as this one's
+        meta_extra[SELF_RETRY] = {**plan.continues, "argv": argv_of(plan.continue_args, range(plan.gpu_count))}
     sync_result = prepared.sync
     if job.idle_stop and not host_gpus(prepared.report.facts, session.host):
         reporter.warn(f"idle_stop: {session.name} has no GPUs that nvidia-smi lists: it watches GPUs, so it will "
@@ -254,19 +270,20 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
         "env": {k: v for k, v in env.items() if k not in job.env},
         "facts": {k: prepared.report.facts.get(k)
                   for k in ("hostname", "python", "python_path", "torch", "cuda_available")},
-        "gpus": list(gpus),
+        "gpus": gpus,
         # what GPU-hours count: the GPUs chosen, else every GPU the job can see there (a job given
-        # none sees them all; --gpus makes the account exact)
-        GPUS_USED: list(gpus) or (_scheduled_gpus(sbatch, gpu_count) if sbatch is not None
-                                  else host_gpus(prepared.report.facts, session.host)),
+        # none sees them all; --gpus makes the account exact), else what the backend says it asked for
+        GPUS_USED: gpus or (list(plan.gpus_used) if plan.gpus_used is not None
+                            else host_gpus(prepared.report.facts, session.host)),
         **({"idle_stop": dict(job.idle_stop)} if job.idle_stop else {}),
         **(sync_result.as_meta() if sync_result else {"commit": None}),
-        **(meta_extra or {}),
+        **meta_extra,
     }
     reporter.step(f"launching run {run_id}")
     answer: LaunchAnswer = control.launch(
         session, run_id=run_id, job=job.name, argv=argv, cwd=prepared.cwd, env=env,
-        meta={**meta, "job": job.name}, claim_gpus=gpus if exclusive_gpus else (), queue=queue, sbatch=sbatch)
+        meta={**meta, "job": job.name}, claim_gpus=gpus if plan.exclusive_gpus else (), queue=plan.queue,
+        submit=plan.submit)
     timings = {**prepared.timings, Stage.LAUNCH: time.monotonic() - t3}
     if sync_result is not None and sync_result.dirty and prepared.local is not None:
         _save_patch(session, run_dir, prepared.local)
@@ -275,15 +292,6 @@ def launch_prepared(prepared: Prepared, *, args: Sequence[str], run_id: str | No
                     sync_result.commit if sync_result else None, session.paths, sync_result, prepared.setup_skipped,
                     timings, prepared.spec, position=answer.get("position") if answer.get("queued") else None,
                     scheduler_job=answer.get("scheduler_job"))
-
-
-def _scheduled_gpus(sbatch: Sequence[str], per_node: int) -> list[int]:
-    """What GPU-hours count on a cluster: the GPUs asked of the scheduler, per node times its nodes (the
-    login node's own GPUs, if any, are not the job's)."""
-    nodes = next((int(o.split("=", 1)[1]) for o in sbatch if o.startswith("--nodes=")), 1)
-    return list(range(per_node * nodes))
-
-
 
 
 def place_checkpoint(prepared: Prepared, resume: ResumeFrom, run_id: str, *, relative: bool) -> str:
@@ -320,38 +328,6 @@ def resume_args(resume: ResumeFrom, path: str) -> list[str]:
 def resume_meta(request: TrainRequest) -> dict[str, Any]:
     """run.json's link to the run a resumed run continues."""
     return {RESUMED_FROM: request.resume.run_id} if request.resume is not None else {}
-
-
-def choose_gpus(request: TrainRequest, facts: Mapping[str, Any], taken: Callable[[], Mapping[int, str]]) -> list[int]:
-    """`--gpus`: a list is taken as given (the host refuses GPUs a RUNNING run holds, unless
-    shared); a count picks among the GPUs no RUNNING run holds (`taken`: GPU -> run id)."""
-    spec = (request.gpus or "").strip()
-    if not spec.isdigit():
-        return select_gpus(request.gpus, facts, request.host)
-    held = taken()
-    free = [g for g in host_gpus(facts, request.host) if g not in held]
-    if held and int(spec) > len(free):
-        other = sorted(set(held.values()))[0]
-        raise ThrustError(
-            f"--gpus {spec}: {request.host.name} has {len(free)} GPU(s) free; "
-            f"{', '.join(f'GPU {g}: {r}' for g, r in sorted(held.items()))} (RUNNING)",
-            f"{control.see_or_stop(other, request.host)}; or share them with --allow-shared-gpus",
-        )
-    return select_gpus(request.gpus, facts, replace(request.host, gpus=tuple(free)) if held else request.host)
-
-
-def queue_ask(request: TrainRequest, facts: Mapping[str, Any],
-              order: float | None) -> tuple[list[int], control.QueueAsk]:
-    """`train --queue`: the GPUs to claim now (a list given, or every GPU of the host when none is asked:
-    the run would see them all) and what it waits for; `--gpus N` is chosen on the host when it starts.
-    A request that can never fit is refused here (64), before anything is sent."""
-    spec = (request.gpus or "").strip()
-    have = host_gpus(facts, request.host)
-    if spec.isdigit():
-        select_gpus(spec, facts, request.host)  # more than the host has: refused now, it never fits
-        return [], control.QueueAsk(order, count=int(spec), pool=tuple(have))
-    gpus = select_gpus(spec, facts, request.host) if spec else have
-    return gpus, control.QueueAsk(order, gpus=tuple(gpus), cpu_slots=request.host.cpu_slots)
 
 
 def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:

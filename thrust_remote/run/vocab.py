@@ -128,7 +128,7 @@ class TrainRequest:
     sync_every: float | None = None  # --sync-every: seconds between pulls while followed (None: the job's)
     resume: ResumeFrom | None = None  # `resume`: the run continued, its code and its checkpoint
     params: Mapping[str, Any] | None = None  # parameters given as data (a resumed run's), under params_file's
-    nodes: int = 1  # --nodes: a Slurm cluster's nodes for one run (torchrun across them)
+    nodes: int = 1  # --nodes: a cluster scheduler's nodes for one run (torchrun across them)
 
 
 @dataclass
@@ -145,7 +145,7 @@ class Launched:
     timings: dict[str, float]
     spec: JobSpec = field(default_factory=dict)  # the job as the host saw it (buildenv.job_spec)
     position: int | None = None  # its place in the host's queue when it had to wait (1: next)
-    scheduler_job: str | None = None  # a Slurm cluster's job id (the run is QUEUED in Slurm until it starts)
+    scheduler_job: str | None = None  # a cluster scheduler's job id (the run is QUEUED there until it starts)
 
     def as_json(self) -> dict[str, Any]:
         if self.scheduler_job:

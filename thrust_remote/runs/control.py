@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from thrust_remote.agent.protocol import (
     LOG,
     LOG_START,
-    NODES_DIR,
     RUN_JSON,
     RUN_JSON_MAX,
     AgentExit,
@@ -36,6 +35,20 @@ __all__ = ["HostPaths", "HostSession", "check_run_id", "follow_log", "host_paths
 
 
 LAUNCH_S = 60.0  # the launch request's deadline (and its outcome's, asked again when no answer came)
+
+# a launch answer's refusal told in a backend's own words: the error to raise, None when not its own
+Explain = Callable[[Mapping[str, object], str, HostConfig], "ThrustError | None"]
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A run handed to the host's scheduler instead of started (thrust_remote/backends/): the agent's
+    launch flags and payload keys its backend gives, and how that backend explains a refusal. The answer
+    is then {"queued", "scheduler_job"}."""
+
+    flags: tuple[str, ...]
+    payload: Mapping[str, object]
+    explain: Explain
 
 
 @dataclass(frozen=True)
@@ -68,7 +81,7 @@ def launch(
     meta: Mapping[str, object],
     claim_gpus: Sequence[int] = (),
     queue: QueueAsk | None = None,
-    sbatch: Sequence[str] | None = None,
+    submit: Submission | None = None,
 ) -> LaunchAnswer:
     """Start argv detached under the supervisor; returns {"pid", "run_dir", "marker"}.
 
@@ -76,8 +89,7 @@ def launch(
     the host's launch lock) when a RUNNING run holds one of these GPUs (docs/architecture.md). A launch
     whose answer never comes (the link lost, the agent stopped answering, its deadline) is asked again
     before anything else (`_settle`): a run that started is carried on with, one that did not never will.
-    `sbatch`: a Slurm host's options; the agent submits the run (`sbatch --parsable`) instead of starting
-    it, and the answer is {"queued", "scheduler_job"} (docs/architecture.md, "Slurm clusters")."""
+    `submit`: the agent hands the run to the host's scheduler instead of starting it (Submission)."""
     host, paths = session.host, session.paths
     marker = secrets.token_hex(8)
     args = [
@@ -87,14 +99,14 @@ def launch(
         "--lock", launch_lock(paths),
         *(["--gpus", ",".join(str(g) for g in claim_gpus)] if claim_gpus else []),
         *(queue.argv() if queue else []),
-        *(["--slurm"] if sbatch is not None else []),
+        *(submit.flags if submit is not None else ()),
         "--marker", marker,
         "--stdin",
         "--", *argv,
     ]
     # meta and env go on stdin: a command line is world-readable (ps), env values may be secrets
     payload = json.dumps({"meta": {"job": job, "host": host.name, **meta}, "env": dict(env),
-                          **({"sbatch": list(sbatch)} if sbatch is not None else {})}).encode()
+                          **(dict(submit.payload) if submit is not None else {})}).encode()
     try:
         result = session.agent(*args, timeout=LAUNCH_S, stdin=payload)
     except ConnectionLostError as exc:
@@ -105,6 +117,9 @@ def launch(
         answer = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {}
     except ValueError:
         answer = {}
+    explained = submit.explain(answer, run_id, host) if submit is not None else None
+    if explained is not None:
+        raise explained
     _refused(answer, run_id, host)
     if not result.ok or ("pid" not in answer and not answer.get("queued")):
         raise ThrustError(
@@ -165,11 +180,6 @@ def _refused(answer: Mapping[str, object], run_id: str, host: HostConfig) -> Non
     if answer.get("error") == "withdrawn":
         raise ThrustError(f"run {run_id} on {name} was withdrawn: an earlier launch of it never answered and was "
                           "found not started", "run the command again (a new run id)", ExitCode.UNAVAILABLE)
-    if answer.get("error") == "sbatch":
-        raise ThrustError(f"Slurm refused run {run_id} on {name}: {answer.get('detail')}",
-                          f"check the host's partition:, account:, time: and sbatch: in thrust.yaml; "
-                          f"{command_hint('doctor', host=host)} shows what the cluster accepts",
-                          ExitCode.UNAVAILABLE)
     if answer.get("error") == "never-fits":
         raise UsageError(f"run {run_id} can never start on {name}: it {answer.get('why')}",
                          "ask for fewer with --gpus, or choose another host with --host")
@@ -321,7 +331,7 @@ def follow_log(
     offset: int = 0,
     follow: bool = True,
     on_bytes: Callable[[bytes], None],
-    slurm_node: int = 0,
+    part: str = "",
 ) -> int:
     """Copy the run's log from `offset` to `on_bytes`; returns the new offset.
 
@@ -347,8 +357,8 @@ def follow_log(
             on_bytes(chunk)
             position += len(chunk)
 
-    # a Slurm run over several nodes: node I's log, run.json and end are in its run dir's nodes/I/
-    run_dir = session.paths.run(run_id) + (f"/{NODES_DIR}/{int(slurm_node)}" if slurm_node else "")
+    # `part`: a node's part of the run dir (backends.Node.part; "" the run dir itself)
+    run_dir = session.paths.run(run_id) + (f"/{part}" if part else "")
     args = ["logs", "--run-dir", run_dir, "--offset", str(offset)]
     if follow:
         args.append("--follow")
