@@ -1,4 +1,4 @@
-"""One agent process per connection (`agent serve`, host/ssh/agentlink.py), over a real sshd: the JSON
+"""One agent process per connection (`agent serve`, host/agentlink.py), over a real sshd: the JSON
 subcommands of a session go to one server on the host as requests, answered as their own commands would
 be (stdout, stderr, exit code, stdin), at once from several threads, with the request's timeout kept by
 the host (124); a session whose server cannot start runs commands as before."""

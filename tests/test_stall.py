@@ -2,8 +2,8 @@
 box): the agent link's `agent serve` and the transfer helper (`xfer serve`), over a real sshd.
 
 A keepalive proves only the connection, so each of these is noticed by what the process itself does:
-the agent answers a ping from its own loop (host/ssh/agentlink.py), the helper sends or reads bytes
-(host/ssh/transfer.py). A stall is noticed within the time a dead link takes (`liveness_timeout`
+the agent answers a ping from its own loop (host/agentlink.py), the helper sends or reads bytes
+(host/streams.py). A stall is noticed within the time a dead link takes (`liveness_timeout`
 twice: 20 s by default), named as such, and only that process is given up. A launch whose answer
 never came is asked again before any error: a run that started is carried on with, one that did not is
 withdrawn there, so a late launch is refused and never runs unrecorded.

@@ -33,7 +33,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "stage-artifact": ("artifact", False),
     "poll": ("poll", False),
     "lease": ("lease", False),
-    "xfer": ("xfer", False),  # `xfer serve`, `xfer hash PATH`: the streamed transfers (ssh/transfer.py)
+    "xfer": ("xfer", False),  # `xfer serve`, `xfer hash PATH`: the streamed transfers (host/streams.py)
     "venv": ("venv", False),  # `venv ensure`: the job's virtualenv (docs/architecture.md, "The host agent")
     "list-files": ("listing", False),  # a run's artifacts with size, mtime, sha256 (fetch/artifacts.py)
     "scalars": ("scalars", False),  # TensorBoard scalars, run by the job's venv python (not -S)
