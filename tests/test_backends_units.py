@@ -35,10 +35,10 @@ def _config(tmp_path: Path):
 
 
 class _Session:
-    """What the node model reads of a session: its host's name."""
+    """What the node model reads of a session: its host's name (and the host, for a start)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, host: object = None) -> None:
+        self.name, self.host = name, host
 
 
 def test_the_one_table_gives_a_scheduler_host_its_backend_and_every_other_host_the_direct_one(tmp_path):
@@ -126,3 +126,80 @@ def test_optimize_slots_come_from_the_hosts_backend(tmp_path):
     with pytest.raises(UsageError):
         slurm.BACKEND.slots(facts, config.hosts["hpc"], "0,1", None, 1)
     assert direct.BACKEND.slots({}, config.hosts["box"], None, 2, 1) == [("cpu0", ()), ("cpu1", ())]
+
+
+def test_the_launch_refusal_is_explained_in_the_clusters_words_and_only_there(tmp_path):
+    config = _config(tmp_path)
+    hpc = config.hosts["hpc"]
+    said = slurm.BACKEND.explain({"error": "sbatch", "detail": "invalid partition"}, "r", hpc)
+    assert said is not None and said.message == "Slurm refused run r on hpc: invalid partition"
+    assert said.exit_code == 69 and "doctor" in (said.hint or "")
+    assert slurm.BACKEND.explain({"error": "gpus-taken"}, "r", hpc) is None  # the generic refusals' own
+    assert direct.BACKEND.explain({"error": "sbatch", "detail": "x"}, "r", config.hosts["box"]) is None
+
+
+def test_a_train_request_is_checked_once_before_anything_connects(tmp_path, monkeypatch):
+    """handle.train checks the request before the sessions are opened; the run's start does not again
+    (it ran twice: issue 52, "the launch path bounces")."""
+    from contextlib import contextmanager
+
+    from thrust_remote.run import handle, lifecycle, stages
+    from thrust_remote.run.vocab import NullReporter
+
+    config = _config(tmp_path)
+    checks: list[object] = []
+    real = lifecycle.check_request
+    monkeypatch.setattr(lifecycle, "check_request", lambda *a, **k: checks.append(a) or real(*a, **k))
+
+    class Stop(Exception):
+        pass
+
+    def stop(*_a: object, **_k: object) -> None:
+        raise Stop
+
+    monkeypatch.setattr(stages, "check", stop)  # the first stage that would reach the host
+
+    class _Fleet:
+        config_path = None
+
+        def __init__(self) -> None:
+            self.config = config
+
+        @contextmanager
+        def sessions(self, hosts):  # noqa: ANN001, ANN202 - the one call handle.train makes
+            yield [_Session(h.name, h) for h in hosts]
+
+    host = config.hosts["box"]
+    with pytest.raises(Stop):
+        handle.train(_Fleet(), TrainRequest(job=config.jobs["j"], host=host), [host], NullReporter())  # type: ignore[arg-type]
+    assert len(checks) == 1
+
+
+def test_a_train_reads_its_params_file_once(tmp_path, monkeypatch):
+    """The run's parameters are read once, for its arguments and for the local index alike (the file
+    was read twice: issue 52, "the launch path bounces"); every stage that would reach a host is stubbed."""
+    from types import SimpleNamespace
+
+    from thrust_remote.run import arguments, lifecycle, stages
+    from thrust_remote.run.vocab import Launched, NullReporter
+    from thrust_remote.runs import control, trees
+
+    config = _config(tmp_path)
+    host = config.hosts["box"]
+    params = tmp_path / "best.yaml"
+    params.write_text("lr: 0.5\n")
+    reads: list[Path] = []
+    monkeypatch.setattr(lifecycle, "load_params", lambda path: reads.append(path) or arguments.load_params(path))
+    session = _Session("box", host)
+    session.paths = SimpleNamespace(workdir="/w")  # type: ignore[attr-defined]
+    facts = SimpleNamespace(facts={})
+    monkeypatch.setattr(stages, "check", lambda *a, **k: SimpleNamespace(session=session, report=facts))
+    monkeypatch.setattr(stages, "set_up", lambda c, r: SimpleNamespace(session=session, host=host, report=facts,
+                                                                       local=None))
+    monkeypatch.setattr(control, "list_runs", lambda s: [])
+    monkeypatch.setattr(trees, "keep_policy", lambda *a, **k: None)
+    monkeypatch.setattr(stages, "launch_prepared", lambda prepared, *a, **k: Launched(
+        "j-1", "/w/.thrust/runs/j-1", 1, "box", "j", None, None, None, False, {}))  # type: ignore[arg-type]
+    request = TrainRequest(job=config.jobs["j"], host=host, params_file=params, detach=True, run_id="j-1")
+    lifecycle.train(config, request, [session], NullReporter())  # type: ignore[list-item]
+    assert reads == [params]
