@@ -275,7 +275,8 @@ def launch_prepared(prepared: Prepared, plan: LaunchPlan, reporter: Reporter | N
         # none sees them all; --gpus makes the account exact), else what the backend says it asked for
         GPUS_USED: gpus or (list(plan.gpus_used) if plan.gpus_used is not None
                             else host_gpus(prepared.report.facts, session.host)),
-        **({"idle_stop": dict(job.idle_stop)} if job.idle_stop else {}),
+        **({"idle_stop": job.idle_stop.as_dict()} if job.idle_stop else {}),
+        **({"max_duration": job.max_duration} if job.max_duration else {}),  # agent/agewatch.py stops it
         **(sync_result.as_meta() if sync_result else {"commit": None}),
         **meta_extra,
     }

@@ -1,5 +1,5 @@
 """The values of a job's keys that are more than a string or a path: its environment, arguments,
-module, process count, metrics, flags, objective and idle stop (jobs.py maps each key to its parser)."""
+module, process count, metrics, flags, objective, idle stop and max duration (jobs.py maps each key to its parser)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from thrust_remote.core.config.model import FLAG_NAMES, FLAG_STYLES
 from thrust_remote.core.config.reader import SECONDS_MAX, Reader, finite, kind, pytype
 from thrust_remote.core.config.sections import FlagsConfig, IdleStop, MetricsConfig, ObjectiveConfig
 from thrust_remote.core.config.values import items, name_problem, repo_path, words
+from thrust_remote.core.durations import parse_duration
 from thrust_remote.core.names import valid_env_key, valid_id
 from thrust_remote.core.patterns import check_pattern
 
@@ -127,7 +128,7 @@ def objective(reader: Reader, f: str, node: yaml.Node) -> ObjectiveConfig:
 
 
 def idle_stop_section(reader: Reader, f: str, node: yaml.Node) -> IdleStop:
-    """`idle_stop:` as its type (what JobConfig.idle_stop becomes once run/stages.py reads attributes)."""
+    """`idle_stop:` as its type (JobConfig.idle_stop)."""
     return IdleStop(**idle_stop(reader, f, node))
 
 
@@ -149,3 +150,12 @@ def idle_stop(reader: Reader, f: str, node: yaml.Node) -> dict[str, float]:
         if key not in out:
             raise reader.fail(node, f"{f}.{key}", "missing: idle_stop takes {below: PERCENT, minutes: M}")
     return out
+
+
+def max_duration(reader: Reader, f: str, node: yaml.Node) -> float:
+    """`max_duration: 8h` (or seconds): the age at which a run of the job is stopped, its TERM first."""
+    value = reader.scalar(node, f)
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise reader.fail(node, f, f"expected {exc}, got {pytype(value)}") from None

@@ -19,7 +19,7 @@ from thrust_remote.core.config.values import DATA_KEYS, argv, check_name, data_v
 JOB_KEYS = (
     "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
     "export", "env", "toolchain", "example", "crate", "artifact", "tch_version", "bypass_version_check", "notify",
-    "idle_stop", "checkpoints", "resume", "sync_every", "retry", "flags", *DATA_KEYS,
+    "idle_stop", "max_duration", "checkpoints", "resume", "sync_every", "retry", "flags", *DATA_KEYS,
 )
 # Keys only some kinds take: another kind's job names them as an error (the cargo keys stay lenient).
 KIND_ONLY = {
@@ -126,7 +126,8 @@ JOB_VALUES: Mapping[str, JobValue] = {
     "metrics": _field(job_values.metrics),
     "flags": _field(job_values.flags),
     "notify": _field(parse_notify),
-    "idle_stop": _field(job_values.idle_stop),
+    "idle_stop": _field(job_values.idle_stop_section),
+    "max_duration": _field(job_values.max_duration),
     "checkpoints": _field(repo_path),
     "resume": _field(retry.resume),
     "sync_every": _field(retry.sync_every),

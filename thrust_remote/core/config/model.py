@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from thrust_remote.core.config.discovery import CONFIG_NAME, project_root
-from thrust_remote.core.config.sections import FlagsConfig, MetricsConfig, ObjectiveConfig
+from thrust_remote.core.config.sections import FlagsConfig, IdleStop, MetricsConfig, ObjectiveConfig
 from thrust_remote.core.errors import UnknownHostError, UsageError
 from thrust_remote.core.scheduler import SlurmConfig
 
@@ -122,7 +122,9 @@ class JobConfig:
     objective: ObjectiveConfig | None = None  # `objective: {metric: NAME, mode: max|min}`; None: none written
     notify: NotifyConfig | None = None  # the job's own `notify:`; None: the top level's
     # {"below": PERCENT, "minutes": M, "every": S}: stopped when its GPUs idle that long (agent/idlewatch.py)
-    idle_stop: Mapping[str, float] | None = None
+    idle_stop: IdleStop | None = None
+    # seconds a run of the job may run before its supervisor stops it (agent/agewatch.py); None: no bound
+    max_duration: float | None = None
     # runs that outlive their host (docs/architecture.md, "Checkpoints and resume"): the glob of the job's
     # checkpoints (relative to the checkout, or $THRUST_RUN_DIR/...), the arguments that continue from one
     # ("{checkpoint}" is its path on the host), seconds between pulls while a run is followed (None: the
