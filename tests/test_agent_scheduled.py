@@ -40,9 +40,7 @@ def test_the_run_modules_name_no_scheduler_but_through_the_table():
                ("__main__.py", '"slurm-probe": ("slurmcheck", True),')}
     found = []
     for path in sorted(AGENT.glob("*.py")):
-        # agewatch.py: another part of issue 52 writes it now; its docstring's "a Slurm allocation's step"
-        # is to read "a cluster scheduler's step", and then this exception goes
-        if path.name.startswith("slurm") or path.name == "agewatch.py":
+        if path.name.startswith("slurm"):
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if re.search("slurm|sbatch", line, re.IGNORECASE) and \

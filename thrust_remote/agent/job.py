@@ -4,9 +4,9 @@ supervisor it runs in.
 
 The job starts in a process group of its own (so `stop` can signal its whole tree and still leave the
 supervisor to record the end), with its venv first on PATH. While it runs, the watches a run asked for
-go beside it: the other nodes of a run over several hosts (peerwatch.py) and its idle GPUs
-(idlewatch.py). Its end is written atomically to `exit_code`, into blocks set aside at the start when
-the job filled the disk (docs/architecture.md, "The run directory on the host").
+go beside it: the other nodes of a run over several hosts (peerwatch.py), its idle GPUs (idlewatch.py)
+and its age (agewatch.py). Its end is written atomically to `exit_code`, into blocks set aside at the
+start when the job filled the disk (docs/architecture.md, "The run directory on the host").
 """
 
 from __future__ import annotations
@@ -20,10 +20,20 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import idlewatch, peerwatch
+from . import agewatch, idlewatch, peerwatch
 from .files import write_atomic
 from .procs import kill_group
-from .protocol import END_RESERVE, END_RESERVE_BYTES, EXIT_CODE, GPUS_USED, STOPPED, RunRecord, utc_now
+from .protocol import (
+    END_RESERVE,
+    END_RESERVE_BYTES,
+    EXIT_CODE,
+    GPUS_USED,
+    MAX_DURATION,
+    MAX_DURATION_GRACE_S,
+    STOPPED,
+    RunRecord,
+    utc_now,
+)
 
 
 def write_text(path: str, data: str) -> None:
@@ -76,13 +86,17 @@ def watch(run_dir: str, meta: RunRecord, proc: subprocess.Popen,
     if meta.get("watch_peers"):  # a node of a run over several hosts (peerwatch.py)
         peerwatch.watch(run_dir, meta["watch_peers"], float(meta.get("peer_timeout") or 15), done,
                         lambda: kill_group(proc.pid, 5.0))
+
+    def stop_for(reason: str, grace: float) -> Callable[[str], None]:
+        def stop(detail: str) -> None:  # a stop the run asked for: STOPPED [reason], as `stop` would end it
+            write_text(os.path.join(run_dir, STOPPED), idlewatch.stopped_note(reason, detail, utc_now()))
+            kill_group(proc.pid, grace)
+        return stop
+
     if meta.get("idle_stop"):  # the job's idle-GPU stop (idlewatch.py)
-
-        def idle(detail: str) -> None:
-            write_text(os.path.join(run_dir, STOPPED), idlewatch.stopped_note(idlewatch.IDLE, detail, utc_now()))
-            kill_group(proc.pid, 10.0)
-
-        idlewatch.watch(meta["idle_stop"], meta.get(GPUS_USED) or [], done, idle)
+        idlewatch.watch(meta["idle_stop"], meta.get(GPUS_USED) or [], done, stop_for(idlewatch.IDLE, 10.0))
+    if meta.get("max_duration"):  # the job's max_duration: (agewatch.py), counted from the job's start
+        agewatch.watch(float(meta["max_duration"]), done, stop_for(MAX_DURATION, MAX_DURATION_GRACE_S))
     code = proc.wait()
     done.set()
     if code < 0:

@@ -176,6 +176,12 @@ def never_started_end() -> str:
     return json.dumps({"exit_code": None, "never_started": True, "ended_at": utc_now(), "ended_ts": time.time()})
 
 
+# A job's `max_duration:` (agent/agewatch.py): its STOPPED reason (never "timeout", a cluster's time limit,
+# which a retry and a cluster's self-continuation read as "continue me"), and the TERM-to-KILL grace the
+# job has to write its last checkpoint (a cluster's time limit is set past both)
+MAX_DURATION = "max-duration"
+MAX_DURATION_GRACE_S = 60.0
+
 # run.json's GPUs a run could use (GPU-hours count them): the chosen ones, else all the job could see
 GPUS_USED = "gpus_used"
 # run.json's runs that continue a cluster's run that resubmitted itself, and why one did not
@@ -209,6 +215,7 @@ class RunRecord(TypedDict, total=False):
     gpus: list  # the GPU indices the run claims (a queued `--gpus N`: chosen when it starts)
     gpus_used: list  # GPUS_USED: the GPUs GPU-hours count
     idle_stop: dict  # the job's idle-GPU stop: {below, minutes} (agent/idlewatch.py)
+    max_duration: float  # the job's `max_duration:` in seconds: stopped at that age (agent/agewatch.py)
     commit: str | None  # the synced commit (None: no git)
     sync: str  # how the code got there
     dirty: bool  # uncommitted changes came along (PATCH in the run dir)

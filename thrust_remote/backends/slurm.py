@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from thrust_remote.agent.protocol import NODES_DIR, RDZV_PENDING, StatusAnswer
+from thrust_remote.agent.protocol import MAX_DURATION_GRACE_S, NODES_DIR, RDZV_PENDING, StatusAnswer
 from thrust_remote.backends.base import Node, RunAsk, RunNodes
 from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, UsageError
@@ -62,7 +62,8 @@ class Slurm:
         assert host.slurm is not None
         trial = ask.slot is not None
         count = len(ask.slot or ()) if trial else int(request.gpus or 0)
-        options = sbatch_options(host.slurm, nodes=1 if trial else request.nodes, gpus=count)
+        options = sbatch_options(host.slurm, nodes=1 if trial else request.nodes, gpus=count,
+                                 stops_at=request.job.max_duration and request.job.max_duration + MAX_DURATION_GRACE_S)
         rdzv = (jobs.Rendezvous(request.nodes, 0, RDZV_PENDING, 0, ask.run_id or "")
                 if not trial and request.nodes > 1 else None)
         nxt = host_retry(request.job, ask.base_args, prepared.session.name) if ask.base_args is not None else None

@@ -5,6 +5,7 @@ retries); this module parses the options and renders (cli/outcome.py: how a run 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -12,7 +13,10 @@ import typer
 
 from thrust_remote.cli.common import get_config, get_fleet
 from thrust_remote.cli.outcome import CliReporter, show_outcome
+from thrust_remote.core.config import JobConfig
 from thrust_remote.core.console import err_console
+from thrust_remote.core.durations import parse_duration
+from thrust_remote.core.errors import UsageError
 from thrust_remote.run import handle
 from thrust_remote.run.vocab import TrainRequest
 
@@ -57,14 +61,29 @@ def train(
     retry: int | None = typer.Option(None, "--retry", min=0, help="Resume the run from its newest checkpoint up to "
                                      "N times when its host stops answering or it ends LOST (the job's retry: "
                                      "says more: on, hosts)."),
+    max_duration: str | None = typer.Option(None, "--max-duration", metavar="DURATION", help="Stop the run at "
+                                            "this age (8h, 90m, 3600: seconds), its TERM first so it can "
+                                            "checkpoint; it ends STOPPED [max-duration] (default: the job's "
+                                            "max_duration:)."),
 ) -> None:
     config = get_config(ctx)
     hosts = config.host_list(host)
-    request = TrainRequest(job=config.job(job), host=hosts[0], gpus=gpus, nproc=nproc, sets=sets, params_file=params,
-                           detach=detach, fetch=not no_fetch, force=force, share_gpus=share_gpus, queue=queue,
+    request = TrainRequest(job=_bounded(config.job(job), max_duration), host=hosts[0], gpus=gpus, nproc=nproc,
+                           sets=sets, params_file=params, detach=detach, fetch=not no_fetch, force=force,
+                           share_gpus=share_gpus, queue=queue,
                            sync_every=sync_every, nodes=nodes)
     started = time.monotonic()
     # --json: stdout carries the one JSON object; the progress view goes to stderr
     reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
     outcome = handle.train(get_fleet(ctx), request, hosts, reporter, max_restarts=max_restarts, retry=retry)
     show_outcome(ctx, outcome, as_json, started)
+
+
+def _bounded(job: JobConfig, max_duration: str | None) -> JobConfig:
+    """The job with `--max-duration` in place of its own `max_duration:` (64 for a value it cannot be)."""
+    if max_duration is None:
+        return job
+    try:
+        return dataclasses.replace(job, max_duration=parse_duration(max_duration))
+    except ValueError as exc:
+        raise UsageError(f"--max-duration {max_duration}: expected {exc}") from None

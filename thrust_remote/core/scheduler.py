@@ -8,6 +8,7 @@ key or flag that says it instead.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,14 +90,18 @@ def option_clash(key: str) -> tuple[str, str] | None:
     return said, refused[full]
 
 
-def sbatch_options(slurm: SlurmConfig, *, nodes: int = 1, gpus: int = 0) -> list[str]:
-    """The sbatch options of one run (the agent adds the job's name, output, directory and script)."""
+def sbatch_options(slurm: SlurmConfig, *, nodes: int = 1, gpus: int = 0, stops_at: float | None = None) -> list[str]:
+    """The sbatch options of one run (the agent adds the job's name, output, directory and script).
+    `stops_at`: seconds after which the run stops itself (its job's max_duration: and the TERM's grace);
+    with no `time:` of the host's, the time limit is set past it, by the limit warning and a minute, so
+    the scheduler's own warning (a "timeout", which the run would continue from) never comes first."""
     # --no-requeue: a node failure or a preemption ends the run (LOST, resumable from its checkpoint by
     # retry:), never restarts it from scratch over the same run directory
     out = [f"--nodes={nodes}", "--ntasks-per-node=1", "--no-requeue"]
     out += [f"--partition={slurm.partition}"] if slurm.partition else []
     out += [f"--account={slurm.account}"] if slurm.account else []
-    out += [f"--time={slurm.time}"] if slurm.time else []
+    if slurm.time or stops_at:
+        out += [f"--time={slurm.time or math.ceil((stops_at + slurm.limit_warning + 60) / 60)}"]
     out += [f"--gres=gpu:{gpus}"] if gpus else []
     # B: the warning goes to the batch step's supervisor alone, which passes it on as a TERM (agent/slurm.py)
     out += [f"--signal=B:USR1@{slurm.limit_warning}"]

@@ -71,7 +71,8 @@ LAPTOP_FIELDS: Mapping[str, str] = {
     "checkpoints": "the laptop pulls them while it follows",
     "resume": "the laptop fills it in when it resumes a run",
     "sync_every": "the laptop's pull interval",
-    "retry": "the laptop's policy while it follows (a Slurm run's own is sent in run.json)",
+    "retry": "the laptop's policy while it follows (a cluster's run's own is sent in run.json)",
+    "max_duration": "sent in the launch's run.json (each run's own, `train --max-duration`), not the spec",
 }
 
 

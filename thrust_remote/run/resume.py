@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import CHECKPOINT_FIELD, PATCH, RunState, StatusAnswer
+from thrust_remote.agent.protocol import CHECKPOINT_FIELD, MAX_DURATION, PATCH, RunState, StatusAnswer
 from thrust_remote.core.config import RETRY_ON_DEFAULT, Config, JobConfig
 from thrust_remote.core.errors import (
     ConnectionLostError,
@@ -224,10 +224,12 @@ Hint = Callable[[str, str, str], str]  # (command, run id, host) -> the exact co
 
 def event_of(status: StatusAnswer | None) -> str | None:
     """The retry event a run's end is: `lost`, `failed`, or None (finished, stopped); on a cluster
-    its time limit (`timeout`) and a preemption (`preempted`) are events of their own."""
+    its time limit (`timeout`) and a preemption (`preempted`) are events of their own, and so is a stop
+    at the job's `max_duration:` (`max-duration`, retried only when `on:` names it)."""
     state = RunState.of((status or {}).get("state"))
     reason = (status or {}).get("reason")
-    if (state, reason) in ((RunState.FAILED, "timeout"), (RunState.LOST, "preempted")):
+    if (state, reason) in ((RunState.FAILED, "timeout"), (RunState.LOST, "preempted"),
+                           (RunState.STOPPED, MAX_DURATION)):
         return str(reason)
     return {RunState.LOST: "lost", RunState.FAILED: "failed"}.get(state)
 
@@ -309,7 +311,8 @@ class Chain:
         the next of `retry: hosts`."""
         what = {"host-lost": f"{host} stopped answering", "lost": "it ended LOST (its host restarted?)",
                 "failed": "it FAILED", "timeout": "it reached its time limit",
-                "preempted": "the scheduler preempted it"}[event]
+                "preempted": "the scheduler preempted it",
+                MAX_DURATION: "it reached its max_duration"}[event]
         self.reporter.warn(f"run {run_id}: {what}; retry {n} of {self.policy.max}")
         nodes = self.hosts_of(run_id) or [host]
         if event == "host-lost":

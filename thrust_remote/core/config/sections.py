@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-# what a followed run's retry answers (docs/architecture.md); timeout and preempted: a Slurm cluster's
-RETRY_ON = ("host-lost", "lost", "failed", "timeout", "preempted")
+# what a followed run's retry answers (docs/architecture.md); timeout and preempted: a cluster scheduler's;
+# max-duration: the job's own `max_duration:` (asked for only: a run stopped at its bound stays stopped)
+RETRY_ON = ("host-lost", "lost", "failed", "timeout", "preempted", "max-duration")
 RETRY_ON_DEFAULT = ("host-lost", "lost")  # a FAILED run is retried only when asked: a bug fails again
 
 
