@@ -37,7 +37,8 @@ def test_the_new_job_keys_parse_and_a_wrong_one_names_its_line():
         "    resume: [--resume-from, '{checkpoint}']\n    sync_every: 30\n    retry: {max: 2, hosts: [b]}\n")
     job = config.jobs["own"]
     assert (job.checkpoints, job.resume, job.sync_every) == ("ckpt/*.pt", ("--resume-from", "{checkpoint}"), 30.0)
-    assert job.retry["max"] == 2 and job.retry["on"] == ("host-lost", "lost") and job.retry["hosts"] == ("b",)
+    assert job.retry is not None
+    assert job.retry.max == 2 and job.retry.on == ("host-lost", "lost") and job.retry.hosts == ("b",)
     own = "    script: t.py\n    checkpoints: ckpt/*.pt\n    resume: [--resume-from, '{checkpoint}']\n"
     bad = {
         "    script: t.py\n    checkpoints: c/*\n    resume: [--resume-from, x]\n": ":8: jobs.own.resume: expected the "

@@ -128,7 +128,7 @@ def test_a_time_limit_and_a_preemption_are_retry_events_of_their_own(tmp_path):
                                          "    checkpoints: ckpt/*\n    resume: [--from, '{checkpoint}']\n"
                                          "    retry: {max: 2, on: [timeout, preempted]}\n")
     job = parse_config_text(text, tmp_path / "thrust.yaml").jobs["j"]
-    assert job.retry is not None and tuple(job.retry["on"]) == ("timeout", "preempted")
+    assert job.retry is not None and tuple(job.retry.on) == ("timeout", "preempted")
 
 
 def test_gpu_hours_on_a_cluster_count_the_gpus_asked_of_the_scheduler():

@@ -130,13 +130,13 @@ def host_retry(job: JobConfig, base_args: Sequence[str], host: str) -> dict[str,
     laptop following (agent/slurm.py, continue_itself): the job's `retry:` answers `timeout` or
     `preempted` and it can resume. `args` are the next attempt's job arguments, "{checkpoint}" filled on
     the cluster; None: it does not."""
-    retry = job.retry or {}
-    on = [e for e in retry.get("on") or () if e in HOST_RETRY_ON]
+    retry = job.retry
+    on = [e for e in retry.on if e in HOST_RETRY_ON] if retry else []
     glob = checkpoints.checkpoint_glob(job)
     template = tuple(job.resume) or (TRAINER_TEMPLATE if job.kind == "trainer" else ())
-    if not on or not int(retry.get("max") or 0) or glob is None or not template:
+    if retry is None or not on or not retry.max or glob is None or not template:
         return None
-    return {"on": on, "max": int(retry["max"]), "attempt": 0, "checkpoints": glob, "host": host,
+    return {"on": on, "max": retry.max, "attempt": 0, "checkpoints": glob, "host": host,
             "args": [*base_args, *template]}
 
 

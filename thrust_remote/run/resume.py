@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from thrust_remote.agent.protocol import CHECKPOINT_FIELD, MAX_DURATION, PATCH, RunState, StatusAnswer
-from thrust_remote.core.config import RETRY_ON_DEFAULT, Config, JobConfig
+from thrust_remote.core.config import RETRY_ON_DEFAULT, Config, JobConfig, RetryConfig
 from thrust_remote.core.errors import (
     ConnectionLostError,
     Detached,
@@ -201,21 +201,27 @@ RETRY_POLL_S = 15.0  # how often a lost host with nowhere else to go is asked wh
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """What a Chain answers: the job's `retry:` (RetryConfig) with the laptop's defaults filled and
+    `--retry N` applied; built from the section in one place, `of`."""
+
     max: int
     on: tuple[str, ...] = RETRY_ON_DEFAULT
     hosts: tuple[str, ...] = ()
     grace: float = RETRY_GRACE_S
 
+    @classmethod
+    def of(cls, section: RetryConfig | None, count: int) -> RetryPolicy:
+        if section is None:
+            return cls(count)
+        grace = RETRY_GRACE_S if section.grace is None else float(section.grace)
+        return cls(count, section.on or RETRY_ON_DEFAULT, section.hosts, grace)  # `on: []`: the default
+
 
 def policy_for(job: JobConfig, given: int | None) -> RetryPolicy | None:
     """`--retry N` (with the job's `on:`/`hosts:`/`grace:` when it has them), else the job's `retry:`;
     None: off."""
-    cfg = job.retry or {}
-    count = given if given is not None else cfg.get("max", 0)
-    if not count:
-        return None
-    return RetryPolicy(int(count), tuple(cfg.get("on") or RETRY_ON_DEFAULT), tuple(cfg.get("hosts") or ()),
-                       float(cfg.get("grace", RETRY_GRACE_S)))
+    count = given if given is not None else (job.retry.max if job.retry else 0)
+    return RetryPolicy.of(job.retry, int(count)) if count else None
 
 
 Answers = Callable[..., "StatusAnswer | None"]  # (host, run_id=None) -> the run's status, None: no answer

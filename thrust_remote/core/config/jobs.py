@@ -131,7 +131,7 @@ JOB_VALUES: Mapping[str, JobValue] = {
     "checkpoints": _field(repo_path),
     "resume": _field(retry.resume),
     "sync_every": _field(retry.sync_every),
-    "retry": _field(retry.retry),
+    "retry": _field(retry.retry_section),
     "objective": _field(job_values.objective),
     **dict.fromkeys(DATA_KEYS, _data),
 }

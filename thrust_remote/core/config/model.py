@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from thrust_remote.core.config.discovery import CONFIG_NAME, project_root
-from thrust_remote.core.config.sections import FlagsConfig, IdleStop, MetricsConfig, ObjectiveConfig
+from thrust_remote.core.config.sections import FlagsConfig, IdleStop, MetricsConfig, ObjectiveConfig, RetryConfig
 from thrust_remote.core.errors import UnknownHostError, UsageError
 from thrust_remote.core.scheduler import SlurmConfig
 
@@ -128,11 +128,11 @@ class JobConfig:
     # runs that outlive their host (docs/architecture.md, "Checkpoints and resume"): the glob of the job's
     # checkpoints (relative to the checkout, or $THRUST_RUN_DIR/...), the arguments that continue from one
     # ("{checkpoint}" is its path on the host), seconds between pulls while a run is followed (None: the
-    # default, 0: off), and the retry policy {"max": N, "on": (...), "hosts": (...)}
+    # default, 0: off), and the retry policy (`retry: {max: N, on: [...], hosts: [...], grace: S}`; None: none)
     checkpoints: str | None = None
     resume: tuple[str, ...] = ()
     sync_every: float | None = None
-    retry: Mapping[str, Any] | None = None
+    retry: RetryConfig | None = None
     # data that is not in git (docs/architecture.md, "Trees"): laptop paths placed into each run's tree,
     # a command run in the tree before the job (once per host for the same inputs), paths of the tree
     # kept across runs on a host. None: the top level's (`Config.files`...), () none.

@@ -29,8 +29,8 @@ def sync_every(reader: Reader, f: str, node: yaml.Node) -> float:
 
 
 def retry_section(reader: Reader, f: str, node: yaml.Node) -> RetryConfig:
-    """`retry:` as its type (what JobConfig.retry becomes once run/resume.py reads attributes): the
-    stray `hosts_line` of the mapping is the section's own bookkeeping field, never one of its keys."""
+    """`retry:` as its type (JobConfig.retry): where `hosts:` was written is the section's own
+    bookkeeping field (`hosts_line`), never one of its keys."""
     return RetryConfig(**retry(reader, f, node))
 
 
@@ -81,8 +81,7 @@ def check_retry_hosts(reader: Reader, jobs: Mapping[str, JobConfig], hosts: Mapp
                       groups: Mapping[str, tuple[str, ...]]) -> None:
     """A job's `retry: {hosts: [...]}` names hosts (or groups) this config defines."""
     for job in jobs.values():
-        for name in (job.retry or {}).get("hosts", ()):
-            if name not in hosts and name not in groups:
-                at = job.retry.get("hosts_line") if job.retry else None
-                raise ConfigError(f"{reader.label}:{at}: jobs.{job.name}.retry.hosts: {name!r} is not a host "
-                                  "defined under hosts: (or a group)")
+        unknown = [n for n in (job.retry.hosts if job.retry else ()) if n not in hosts and n not in groups]
+        if job.retry and unknown:
+            raise ConfigError(f"{reader.label}:{job.retry.hosts_line}: jobs.{job.name}.retry.hosts: {unknown[0]!r} "
+                              "is not a host defined under hosts: (or a group)")
