@@ -189,7 +189,8 @@ def test_a_train_reads_its_params_file_once(tmp_path, monkeypatch):
     params = tmp_path / "best.yaml"
     params.write_text("lr: 0.5\n")
     reads: list[Path] = []
-    monkeypatch.setattr(lifecycle, "load_params", lambda path: reads.append(path) or arguments.load_params(path))
+    real = arguments.load_params  # the request's arguments are resolved in arguments.py (arguments.resolve)
+    monkeypatch.setattr(arguments, "load_params", lambda path: reads.append(path) or real(path))
     session = _Session("box", host)
     session.paths = SimpleNamespace(workdir="/w")  # type: ignore[attr-defined]
     facts = SimpleNamespace(facts={})

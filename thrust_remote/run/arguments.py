@@ -6,14 +6,36 @@ checked against its own table.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from thrust_remote.core.config import JobConfig, parse_params, text_problem
 from thrust_remote.core.errors import UsageError
 from thrust_remote.core.names import valid_id
-from thrust_remote.run import jobs
+from thrust_remote.run import flags
+from thrust_remote.run.vocab import TrainRequest
 from trainer.args import parse_flag
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """A train request's arguments, resolved once before anything connects: the words the job gets
+    (`words`), and its parameters as given (`params`: the index keeps them, so `resume` gives them again)."""
+
+    words: tuple[str, ...]
+    params: dict[str, Any]
+
+
+def resolve(request: TrainRequest) -> Arguments:
+    """The request's parameters (given as data, a resumed run's, under `--params`' file, read once),
+    then `--set`, checked against the built-in trainer's table, then written in the job's style."""
+    params = dict(request.params or {})
+    if request.params_file:
+        params.update(load_params(request.params_file))
+    sets = parse_sets(request.sets)
+    check_trainer_args(request.job, sets, params)
+    return Arguments(tuple(job_arguments(request.job, sets, params)), params)
 
 
 def parse_sets(sets: Sequence[str]) -> dict[str, str | bool]:
@@ -40,9 +62,16 @@ def load_params(path: Path) -> dict[str, Any]:
 
 
 def job_arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
-    """The job's own args, then the params file, then --set (last wins: argparse keeps the last);
-    a command job gets KEY=VALUE words (jobs.arguments, docs/architecture.md "Config")."""
-    return jobs.arguments(job, sets, params)
+    """The job's own args, then the params file, then --set; a key given twice keeps the last value.
+
+    An `args:` mapping is merged with them and written whole in the job's flag style (run/flags.py:
+    `--key value` for the trainer and a python job, `KEY=VALUE` words for a command job, or the job's
+    `flags:`); after an `args:` list (passed as is) params and --set are appended in that style
+    (docs/architecture.md "Config")."""
+    merged: dict[str, Any] = {**params, **sets}
+    if isinstance(job.args, Mapping):
+        return flags.render(job, {**dict(job.args), **merged})
+    return [*job.args, *flags.render(job, merged)]
 
 
 def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> None:

@@ -21,30 +21,14 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from thrust_remote.agent.protocol import MODEL, RUN_DIR_ENV
 from thrust_remote.core.config import CONFIG_NAME, JobConfig
 from thrust_remote.core.errors import ConfigError, UsageError
 from thrust_remote.host.session import HostSession, parse_json
-from thrust_remote.run import flags
 
 TRAINER_MODULE = "trainer.train"
 EXPORT_NAME = MODEL  # in the run directory, where fetch looks for a model
-
-
-# ------------------------------------------------------------------------------------------ arguments
-
-def arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
-    """The job's own args, then the params file, then --set; a key given twice keeps the last value.
-
-    An `args:` mapping is merged with them and written whole in the job's flag style (run/flags.py:
-    `--key value` for the trainer and a python job, `KEY=VALUE` words for a command job, or the job's
-    `flags:`); after an `args:` list (passed as is) params and --set are appended in that style."""
-    merged: dict[str, Any] = {**params, **sets}
-    if isinstance(job.args, Mapping):
-        return flags.render(job, {**dict(job.args), **merged})
-    return [*job.args, *flags.render(job, merged)]
 
 
 # ------------------------------------------------------------------------------------------ argv / env
@@ -144,6 +128,47 @@ def job_env(job: JobConfig, base: Mapping[str, str], *, run_id: str, run_dir: st
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = env["GPU_LIST"] = ",".join(str(g) for g in gpus)
     return env
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What one launch knows of a run besides its job: its interpreter (`trainer`: the built-in
+    trainer's zipapp), its id and directory, the GPUs it is given, whether it exports, the `--nproc` asked
+    (None: the job's) and its node's rendezvous when it runs over several."""
+
+    python: str
+    run_id: str
+    run_dir: str
+    gpus: tuple[int, ...] = ()
+    export: bool = True
+    trainer: str | None = None
+    nproc: int | None = None
+    rdzv: Rendezvous | None = None
+
+
+@dataclass(frozen=True)
+class Command:
+    """A run's command line and environment on its host (`argv` None: the caller has its own, a cargo
+    run's); `again`: the argv of the attempt a run that continues itself submits next."""
+
+    argv: list[str] | None
+    env: dict[str, str]
+    again: list[str] | None = None
+
+
+def command(job: JobConfig, how: Invocation, base: Mapping[str, str], args: Sequence[str] | None,
+            seen: Sequence[int], again: tuple[Sequence[str], Sequence[int]] | None = None) -> Command:
+    """The argv (`args` None: none made) and env of one launch, in one call: job_env, then job_argv with
+    process_count over the GPUs the run will see (`seen`); `again`: the next attempt's (args, seen)."""
+    env = job_env(job, base, run_id=how.run_id, run_dir=how.run_dir, python=how.python, gpus=how.gpus,
+                  export=how.export)
+
+    def argv_of(words: Sequence[str], gpus: Sequence[int]) -> list[str]:
+        return job_argv(job, how.python, words, run_dir=how.run_dir, export=how.export, trainer=how.trainer,
+                        nproc=process_count(job, how.nproc, gpus), rdzv=how.rdzv)
+
+    return Command(argv_of(args, seen) if args is not None else None, env,
+                   argv_of(*again) if again is not None else None)
 
 
 # ------------------------------------------------------------------------------------------ files

@@ -43,8 +43,7 @@ from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.fleet import Fleet, each
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import endings, fetching, following, multinode, stages, vocab
-from thrust_remote.run.arguments import check_trainer_args, job_arguments, load_params, parse_sets
+from thrust_remote.run import arguments, endings, fetching, following, multinode, stages, vocab
 from thrust_remote.run.sync import LocalState
 from thrust_remote.run.vocab import Launched, Reporter, Stage, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index, notify, pull, scalarwatch, trees
@@ -62,21 +61,6 @@ class Started:
 
 
 # ------------------------------------------------------------------------------------------ start
-
-def parameters(request: TrainRequest) -> dict[str, Any]:
-    """The run's parameters: given as data (a resumed run's), under `--params`' file, read once."""
-    params = dict(request.params or {})
-    if request.params_file:
-        params.update(load_params(request.params_file))
-    return params
-
-
-def arguments(request: TrainRequest, params: Mapping[str, Any]) -> list[str]:
-    """The job's arguments from its config, its parameters and `--set`, checked before anything connects."""
-    sets = parse_sets(request.sets)
-    check_trainer_args(request.job, sets, dict(params))
-    return job_arguments(request.job, sets, dict(params))
-
 
 def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restarts: int = 0) -> None:
     """What a run cannot be on these hosts, said before anything connects (64)."""
@@ -105,8 +89,8 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     recorded in the local index. The nodes come back in rank order (multinode.Plan.order). The request
     was checked before the sessions were opened (check_request, by the caller)."""
     many = len(sessions) > 1
-    params = parameters(request)
-    args = arguments(request, params)
+    resolved = arguments.resolve(request)  # its arguments and parameters, once: every node's
+    args = list(resolved.words)
 
     def told(session: HostSession) -> Reporter:  # the nodes speak at once: each line names its node
         return multinode.Prefixed(reporter, session.name) if many else reporter
@@ -114,8 +98,8 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     # the run id first: it names the run's tree on every node, made by the check
     run_id = control.check_run_id(request.run_id) if request.run_id else control.new_run_id(request.job.name)
     planned = multinode.PlanAhead(sessions, reporter) if many else None  # beside the check and set-up
-    checked = each(lambda s: stages.check(config, request.job, s, told(s), args_for_preflight=args,
-                                                    code_at=request.resume, tree=run_id), sessions)
+    checked = each(lambda s: stages.check(config, request.job, s, told(s), args=args, code_at=request.resume,
+                                           tree=run_id), sessions)
     if many:  # one host has nothing to compare
         multinode.agree(checked)
     for node in checked:  # what the host can never give (GPUs): 64 before any set-up
@@ -132,14 +116,15 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
             launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,
                                                       queue_order=time.time(), planned=planned)
         else:
-            ask = RunAsk(request, tuple(args), run_id, extra_env=request.extra_env, meta=stages.resume_meta(request),
+            meta = request.resume.record() if request.resume else {}  # run.json's link to the run it continues
+            ask = RunAsk(request, tuple(args), run_id, extra_env=request.extra_env, meta=meta,
                          base_args=tuple(base_args))
             launched, ranked = [backend_for(prepared[0].host).launch(prepared[0], ask, reporter)], list(sessions)
     except ThrustError as exc:  # nothing launched (a failed setup): its tree stays to look into, unleased
         if not isinstance(exc, ConnectionLostError | Detached):
             each(lambda c: _release(c.session, run_id), checked)
         raise
-    _remember(config, launched, reporter, request, prepared[0].local, params)
+    _remember(config, launched, reporter, request, prepared[0].local, resolved.params)
     fetches = Stage.FETCH in stages_of(request) and _fetches_anything(request.job)
     for p in prepared:  # each host's `keep:`: the trees of older ended runs go (never a live run's, nor this)
         _keep(p.session, config.root, told(p.session), run_id, release=not (fetches and p.session is ranked[0]))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import GPUS_USED, RESUME_DIR, RESUMED_FROM, SELF_RETRY, LaunchAnswer
+from thrust_remote.agent.protocol import RESUME_DIR, SELF_RETRY, LaunchAnswer, RunRecord, run_record
 from thrust_remote.core.config import CHECKPOINT_FIELD, Config, HostConfig, JobConfig
 from thrust_remote.core.errors import ThrustError, TransferError
 from thrust_remote.host import payload
@@ -140,14 +140,15 @@ def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Repo
     """sync (remote hosts) → envcheck preflight → setup (python deps / cargo build), each timed. The
     tree it makes (named `tree`, else a name of its own) serves every run launched from it."""
     reporter = reporter or NullReporter()
-    return set_up(check(config, job, session, reporter, args_for_preflight=args_for_preflight, tree=tree), reporter)
+    args = [*job_arguments(job, {}, {}), *args_for_preflight]
+    return set_up(check(config, job, session, reporter, args=args, tree=tree), reporter)
 
 
 def check(config: Config, job: JobConfig, session: HostSession, reporter: Reporter, *,
-          args_for_preflight: Sequence[str] = (), code_at: ResumeFrom | None = None,
-          tree: str | None = None) -> Checked:
+          args: Sequence[str] = (), code_at: ResumeFrom | None = None, tree: str | None = None) -> Checked:
     """sync (remote hosts: the objects, then the run's tree) → envcheck preflight: the host runs this
-    commit and can run the job. `tree`: the tree's name (the run id); None: one of its own."""
+    commit and can run the job with `args` (the run's arguments, resolved once by the caller: what
+    preflight reads a CUDA ask from). `tree`: the tree's name (the run id); None: one of its own."""
     check_local_python(session, job)
     spec = buildenv.job_spec(job)  # the one conversion: from here on the host's view of the job
     if job.kind == "cargo" and not session.host.is_local:
@@ -167,7 +168,7 @@ def check(config: Config, job: JobConfig, session: HostSession, reporter: Report
     t1 = time.monotonic()
     reporter.step(f"checking {session.name} (envcheck)")
     report = envcheck_report(session, spec, checkout=checkout)
-    preflight(report, spec, [*job_arguments(job, {}, {}), *args_for_preflight], session)
+    preflight(report, spec, args, session)
     if job.kind != "cargo":  # a torch pin the host cannot meet: refused before any venv is built
         root = Path(session.paths.workdir) if session.host.is_local else (local.root if local else config.root)
         line = job.lines.get("requirements")
@@ -244,46 +245,44 @@ def launch_prepared(prepared: Prepared, plan: LaunchPlan, reporter: Reporter | N
     run_id = control.check_run_id(plan.run_id) if plan.run_id else control.new_run_id(job.name)
     run_dir = session.paths.run(run_id)
     gpus = list(plan.gpus)
-    env = jobs.job_env(job, {**prepared.env, **plan.extra_env}, run_id=run_id, run_dir=run_dir,
-                       python=prepared.python, gpus=gpus, export=plan.export)
-
-    def argv_of(args: Sequence[str], seen: Sequence[int]) -> list[str]:
-        return jobs.job_argv(job, prepared.python, args, run_dir=run_dir, export=plan.export, trainer=prepared.trainer,
-                             nproc=jobs.process_count(job, plan.nproc, seen), rdzv=plan.rdzv)
-
-    if prepared.cargo is not None:
-        argv = prepared.cargo.run_argv(list(plan.args))
-    else:
-        argv = argv_of(plan.args, gpus or range(plan.queue.count if plan.queue else plan.gpu_count))
+    how = jobs.Invocation(prepared.python, run_id, run_dir, tuple(gpus), plan.export, prepared.trainer, plan.nproc,
+                          plan.rdzv)
+    again = (plan.continue_args, range(plan.gpu_count)) if plan.continues is not None else None
+    made = jobs.command(job, how, {**prepared.env, **plan.extra_env},
+                        None if prepared.cargo is not None else plan.args,
+                        gpus or range(plan.queue.count if plan.queue else plan.gpu_count), again)
+    env = made.env
+    argv = prepared.cargo.run_argv(list(plan.args)) if prepared.cargo is not None else made.argv
+    assert argv is not None
     meta_extra = dict(plan.meta)
     if plan.continues is not None:  # the next attempt's argv, made as this one's
-        meta_extra[SELF_RETRY] = {**plan.continues, "argv": argv_of(plan.continue_args, range(plan.gpu_count))}
+        meta_extra[SELF_RETRY] = {**plan.continues, "argv": made.again}
     sync_result = prepared.sync
     if job.idle_stop and not host_gpus(prepared.report.facts, session.host):
         reporter.warn(f"idle_stop: {session.name} has no GPUs that nvidia-smi lists: it watches GPUs, so it will "
                       "never stop this run")
-    meta = {
-        "argv": argv,
-        "env_keys": sorted(env),
+    # the laptop's part of run.json, typed: a misspelt field is refused here (protocol.run_record)
+    own = run_record(
+        argv=argv,
+        env_keys=sorted(env),
         # the values thrust-remote computed (CUDA_VISIBLE_DEVICES, LD_*, RUSTFLAGS...); the job's own
         # `env:` may hold secrets (API keys): only their names are recorded
-        "env": {k: v for k, v in env.items() if k not in job.env},
-        "facts": {k: prepared.report.facts.get(k)
-                  for k in ("hostname", "python", "python_path", "torch", "cuda_available")},
-        "gpus": gpus,
+        env={k: v for k, v in env.items() if k not in job.env},
+        facts={k: prepared.report.facts.get(k)
+               for k in ("hostname", "python", "python_path", "torch", "cuda_available")},
+        gpus=gpus,
         # what GPU-hours count: the GPUs chosen, else every GPU the job can see there (a job given
         # none sees them all; --gpus makes the account exact), else what the backend says it asked for
-        GPUS_USED: gpus or (list(plan.gpus_used) if plan.gpus_used is not None
-                            else host_gpus(prepared.report.facts, session.host)),
+        gpus_used=gpus or (list(plan.gpus_used) if plan.gpus_used is not None
+                           else host_gpus(prepared.report.facts, session.host)),
         **({"idle_stop": job.idle_stop.as_dict()} if job.idle_stop else {}),
         **({"max_duration": job.max_duration} if job.max_duration else {}),  # agent/agewatch.py stops it
-        **(sync_result.as_meta() if sync_result else {"commit": None}),
-        **meta_extra,
-    }
+    )
+    meta = run_record(own, sync_result.as_meta() if sync_result else {"commit": None}, meta_extra)
     reporter.step(f"launching run {run_id}")
     answer: LaunchAnswer = control.launch(
         session, run_id=run_id, job=job.name, argv=argv, cwd=prepared.cwd, env=env,
-        meta={**meta, "job": job.name}, claim_gpus=gpus if plan.exclusive_gpus else (), queue=plan.queue,
+        meta=run_record(meta, job=job.name), claim_gpus=gpus if plan.exclusive_gpus else (), queue=plan.queue,
         submit=plan.submit)
     timings = {**prepared.timings, Stage.LAUNCH: time.monotonic() - t3}
     if sync_result is not None and sync_result.dirty and prepared.local is not None:
@@ -326,9 +325,9 @@ def resume_args(resume: ResumeFrom, path: str) -> list[str]:
     return [word.replace(CHECKPOINT_FIELD, path) for word in resume.template]
 
 
-def resume_meta(request: TrainRequest) -> dict[str, Any]:
-    """run.json's link to the run a resumed run continues."""
-    return {RESUMED_FROM: request.resume.run_id} if request.resume is not None else {}
+def resume_meta(request: TrainRequest) -> RunRecord:
+    """run.json's link to the run a resumed run continues (none for a new run)."""
+    return request.resume.record() if request.resume is not None else run_record()
 
 
 def _save_patch(session: HostSession, run_dir: str, local: LocalState) -> None:

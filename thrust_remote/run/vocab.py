@@ -12,7 +12,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from thrust_remote.agent.protocol import RunState, StatusAnswer
+from thrust_remote.agent.protocol import RunRecord, RunState, StatusAnswer, run_record
 from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.core.errors import ExitCode
 from thrust_remote.fetch import artifacts, checkpoints, models
@@ -108,6 +108,10 @@ class ResumeFrom:
     local_sha256: str | None = None
     on_host: str | None = None
     label: str = ""  # the checkpoint as the messages name it
+
+    def record(self) -> RunRecord:
+        """run.json's link to the run this one continues."""
+        return run_record(resumed_from=self.run_id)
 
 
 @dataclass
