@@ -42,13 +42,20 @@ trap 'echo "stopped at step 7"; exit 143' TERM
 while :; do sleep 0.1; done
 """
 
-# One python process a node under torchrun (no torch import of its own): each rank leaves a file.
+# One python process a node under torchrun (no torch import of its own): each rank leaves a file; with
+# --hold it then runs until stopped, saying so on TERM (a job that checkpoints there).
 RANKS_PY = """\
-import os
+import os, signal, sys, time
 name = "rank-%s-of-%s" % (os.environ["RANK"], os.environ["WORLD_SIZE"])
 with open(os.path.join(os.environ["THRUST_RUN_DIR"], name), "w") as fh:
     fh.write(os.environ.get("SLURM_JOB_ID", "") + "\\n")
 print("rank %s ran" % os.environ["RANK"], flush=True)
+def term(*_):
+    print("rank %s got TERM" % os.environ["RANK"], flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, term)
+while "--hold" in sys.argv:
+    time.sleep(0.1)
 """
 
 # optimize's objective: the score is the parameter, so both trials' values are known

@@ -174,3 +174,42 @@ def test_optimize_runs_two_trials_to_completion(cli, backend_host):
         assert (st["state"], st["job"]) == ("FINISHED", "words"), st
         assert bool(st.get("scheduler_job")) == (host.name == "slurm"), st
     assert out["best"]["value"] == max(t["value"] for t in out["trials"]), out["best"]
+
+
+# ------------------------------------------------------------------------------------------ max_duration
+# A job's `max_duration:` (here `train --max-duration`): its own supervisor stops it at that age on every
+# kind of host, TERM first (the job says it got it: where a real one writes its last checkpoint), and the
+# run ends STOPPED [max-duration], never "timeout" (which a retry and a cluster read as "continue me").
+
+def test_max_duration_stops_a_run_at_its_age_term_first(cli, backend_host):
+    host = backend_host
+    run_id = _started(cli, host, "ckpt", "--max-duration", "2")
+    st = _ended(cli, host, run_id)
+    assert (st["state"], st["reason"], st["exit_code"]) == ("STOPPED", "max-duration", 143), st
+    assert st["reason_detail"] == "it ran 2s, its max_duration", st
+    assert "stopped at step 7" in _log(host, run_id)  # its TERM handler ran: it had its chance to checkpoint
+    said = cli("status", run_id, cwd=host.project).stdout
+    assert f"{run_id}: STOPPED (exit code 143) [max-duration: it ran 2s, its max_duration]" in said, said
+    listed = cli("runs", cwd=host.project).stdout  # piped: plain columns
+    assert any(run_id in line and "STOPPED [max-duration]" in line for line in listed.splitlines()), listed
+    waited = cli("wait", run_id, "--timeout", "30", cwd=host.project)
+    assert waited.returncode == 143 and "[max-duration: it ran 2s, its max_duration]" in waited.stderr, \
+        waited.stdout + waited.stderr
+
+
+def test_max_duration_stops_every_node_of_a_run_over_two(cli, backend_host):
+    host = backend_host
+    if host.two_nodes is None:
+        pytest.skip(host.why_not_two)
+    done = cli("train", "ranks", "--set", "hold", *host.two_nodes, "--max-duration", "3", "--no-fetch",
+               cwd=host.project, timeout=120)
+    run_id = launched_run(done.stderr)
+    assert "[max-duration: it ran 3s, its max_duration]" in done.stdout + done.stderr, done.stdout + done.stderr
+    st = _status(cli, host, run_id)
+    assert st["state"] == "STOPPED", st
+    assert [(n["node"], n["state"]) for n in st["nodes"]] == [(0, "STOPPED"), (1, "STOPPED")], st["nodes"]
+    # each node's rank got its TERM from its own node's supervisor (torchrun's rendezvous may give a
+    # node either rank: the ranks are counted over both logs)
+    logs = [(host.node_run_dir(node, run_id) / "log").read_text() for node in (0, 1)]
+    termed = [{r for r in (0, 1) if f"rank {r} got TERM" in log} for log in logs]
+    assert sorted(r for t in termed for r in t) == [0, 1] and all(termed), (logs, st)

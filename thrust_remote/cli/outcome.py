@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from thrust_remote.agent.protocol import MANIFEST, RunState
+from thrust_remote.agent.protocol import MANIFEST, RunState, StatusAnswer
 from thrust_remote.backends import backend_for
 from thrust_remote.cli.common import get_config, state
 from thrust_remote.cli.follow import LogReporter, reattach_command, say
@@ -19,6 +19,16 @@ from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.play import PLAYABLE_ENVS
 from thrust_remote.run import fetching, vocab
 from thrust_remote.run.vocab import TrainOutcome
+
+
+def why_ended(status: StatusAnswer, *, detail: bool = True) -> str:
+    """` [reason: detail]` of a run that did not end by itself or by `stop` (the idle-GPU stop, its
+    max_duration:, a scheduler's word on it); "" otherwise. Every line that says how a run ended says it."""
+    reason = status.get("reason")
+    if not reason or reason == "user":
+        return ""
+    said = status.get("reason_detail") if detail else ""
+    return f" [{reason}{': ' + said if said else ''}]"
 
 
 class CliReporter(LogReporter):
@@ -89,7 +99,7 @@ def show_outcome(ctx: typer.Context, outcome: TrainOutcome, as_json: bool, start
     if status["state"] != RunState.FINISHED:
         code = status.get("exit_code")
         say(f"run {launched.run_id} ended {status['state']}{'' if code is None else f' (exit code {code})'}"
-            f"{vocab.disk_note(status)}")
+            f"{why_ended(status)}{vocab.disk_note(status)}")
         if outcome.fetchable:  # it left a model behind: the user decides, nothing is placed by itself
             say("its model was not fetched")
             say_line(f"keep it (not placed): {command(ctx, 'fetch', launched.run_id, host=host_cfg.name)}")

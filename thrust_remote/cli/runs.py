@@ -16,7 +16,7 @@ from thrust_remote.agent.protocol import RunState, StatusAnswer
 from thrust_remote.backends import backend_for
 from thrust_remote.cli.common import HOST_OPT, get_config, get_fleet, plain_table
 from thrust_remote.cli.follow import say
-from thrust_remote.cli.outcome import CliReporter, say_next, show_outcome
+from thrust_remote.cli.outcome import CliReporter, say_next, show_outcome, why_ended
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import ExitCode, StillGoing, UsageError
 from thrust_remote.core.hints import command_hint
@@ -161,6 +161,8 @@ def _row(r: StatusAnswer, resumed: bool = False) -> tuple[str, ...]:
     state = f"{r['state']} ({r['position']})" if r.get("position") else r["state"]  # QUEUED (2): its place
     if r.get("unreadable"):  # its state is a guess: `status RUN` names the path
         state += " (permission denied)"
+    if RunState.of(r.get("state")).is_terminal:  # STOPPED [max-duration], FAILED [timeout]: why, not how long
+        state += why_ended(r, detail=False)
     tree = "" if "tree" not in r else trees.size_text(r.get("tree_bytes") if r.get("tree_kept") else "gone")
     row = (r.get("job") or "", state, "" if code is None else str(code), r.get("started_at") or "",
            r.get("ended_at") or "", (r.get("commit") or "")[:12], tree, r["run_id"])
@@ -237,9 +239,7 @@ def status(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID
         return
     style = STATE_STYLE.get(st["state"], "")
     code = f" (exit code {st['exit_code']})" if st.get("exit_code") is not None else ""
-    if st.get("reason") and st["reason"] != "user":  # the idle-GPU stop; a scheduler's pending reason, its end's
-        detail = st.get("reason_detail") or ""
-        code += f" [{st['reason']}{': ' + detail if detail else ''}]"
+    code += why_ended(st)  # the idle-GPU stop, max_duration:; a scheduler's pending reason, its end's
     if st.get("position"):
         code += f" (position {st['position']} in the queue since {st.get('queued_at')})"
     h = host_text  # every value below is the host's answer
@@ -316,7 +316,7 @@ def _said_ended(st: StatusAnswer) -> None:
     numbers = ", ".join(f"{k} {v:,}" if k == "step" else f"{k} {v:.4g}" for k, v in (st.get("metrics") or {}).items()
                         if isinstance(v, int | float) and not isinstance(v, bool))
     said = f" ({numbers})" if numbers else ""
-    say(f"{st['run_id']}: {st['state']}{code}{said}{vocab.disk_note(st)}{see}")
+    say(f"{st['run_id']}: {st['state']}{code}{why_ended(st)}{said}{vocab.disk_note(st)}{see}")
 
 
 def logs(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,

@@ -256,10 +256,15 @@ def stop_all(sessions: Sequence[HostSession], run_id: str, verdict: dict[str, An
 
 # ------------------------------------------------------------------------------------------ follow
 
+STOP = "stopped"  # Watch._ask: the node ended STOPPED, which stops the run, not fails it
+
+
 class Watch:
     """While the laptop follows one node's log: the other nodes' states every POLL_S seconds. The first
     node that ends other than FINISHED, or stops answering, is the verdict; every other node is stopped.
-    With one node (or nothing to watch) it does nothing. A node without a session (not reachable when
+    A node that ended STOPPED (its max_duration:, its idle GPUs, a stop of that node) is a stop, not a
+    failure: the others are stopped with no verdict, and the run ends STOPPED for its reason. With one
+    node (or nothing to watch) it does nothing. A node without a session (not reachable when
     a reattach opened it) is lost."""
 
     def __init__(self, sessions: Sequence[HostSession | None], names: Sequence[str], run_id: str,
@@ -297,13 +302,20 @@ class Watch:
             return f"lost: {exc}"
         if RunState.of(st["state"]).ended_well:
             return None
+        if st["state"] == RunState.STOPPED:
+            return STOP
         return f"{st['state']} (exit code {st.get('exit_code')})"
 
     def fail(self, rank: int, why: str) -> None:
-        """The run fails for node `rank`: every other node is stopped, FAILED naming it (one node: no other)."""
+        """The run fails for node `rank`: every other node is stopped, FAILED naming it (one node: no other).
+        `why` STOP: node `rank` was stopped, and so is the run, on the other nodes too (no verdict)."""
         if self.verdict is not None or len(self.sessions) < 2:
             return
         name = self.names[rank]
+        if why == STOP:
+            self.reporter.warn(f"node {rank} ({name}) was stopped: stopping the run on the other nodes")
+            stop_all([s for i, s in enumerate(self.sessions) if i != rank and s is not None], self.run_id, None)
+            return
         self.verdict = {"node": rank, "host": name, "why": why}
         self.reporter.warn(f"node {rank} ({name}) {why}: stopping the run on the other nodes")
         stop_all([s for i, s in enumerate(self.sessions) if i != rank and s is not None], self.run_id, self.verdict)
@@ -403,7 +415,18 @@ def aggregate(names: Sequence[str], states: Sequence[StatusAnswer | None],
     exit_code = 0 if state == RunState.FINISHED else next((c for c in codes if c), None)
     return {**{k: head.get(k) for k in ("run_id", "job", "commit", "started_at", "pid")}, "host": names[0],
             "state": state, "exit_code": exit_code, "failed_node": failed, "nodes": nodes,
+            **(_stop_reason(states) if state == RunState.STOPPED else {}),
             **({RESUMED_FROM: head[RESUMED_FROM]} if head.get(RESUMED_FROM) else {})}
+
+
+def _stop_reason(states: Sequence[StatusAnswer | None]) -> dict[str, Any]:
+    """A STOPPED run's reason over its nodes: the first node's that stopped for a reason of its own (its
+    max_duration:, idle GPUs) rather than by `stop`, else `user` when a node says so."""
+    said = [s for s in states if s and s.get("reason")]
+    own = next((s for s in said if s["reason"] != "user"), None) or next(iter(said), None)
+    if own is None:
+        return {}
+    return {"reason": own["reason"], **({"reason_detail": own["reason_detail"]} if own.get("reason_detail") else {})}
 
 
 def _overall(states: list[str], lost_a_node: bool) -> str:
