@@ -48,6 +48,13 @@ def next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, prog
     return out
 
 
+def of_run(config: Config, status: StatusAnswer, job: JobConfig, progress: RunProgress, host: HostConfig,
+           config_path: Path | str | None, sets: Sequence[str], params: Mapping[str, object] | None) -> list[str]:
+    """`next_steps` for a run that was given `sets` and `params` (its index entry's): whether thrust-remote
+    wrote it flags (`gave_flags`) is read from them here, in the one call a follow's end makes."""
+    return next_steps(config, status, job, progress, host, config_path, gave_flags=gave_flags(job, sets, params))
+
+
 def resumable(job: JobConfig) -> bool:
     """The job says where its checkpoints are and how it continues from one (the trainer's are known)."""
     return checkpoints.checkpoint_glob(job) is not None and (job.kind == "trainer" or bool(job.resume))

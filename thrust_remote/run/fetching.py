@@ -8,22 +8,88 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from thrust_remote.agent.protocol import MANIFEST, MODEL, RUN_DIR_PREFIX, RUN_JSON_MAX, RunState, StatusAnswer
 from thrust_remote.core.config import Config, HostConfig, JobConfig
-from thrust_remote.core.errors import ExitCode, ThrustError
+from thrust_remote.core.errors import DISK_FULL, DiskFullError, ExitCode, ThrustError, disk_full
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import artifacts, checkpoints, models
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import cargo
-from thrust_remote.run.vocab import ARTIFACTS_TIMING, Launched, Reporter, Stage
-from thrust_remote.runs import control
+from thrust_remote.run.vocab import ARTIFACTS_TIMING, CHECKPOINT_TIMING, Launched, Reporter, Stage
+from thrust_remote.runs import control, trees
 
 
 def fetch_command(run_id: str, host: HostConfig, config_path: Path | str | None = None) -> str:
     return command_hint("fetch", run_id, host=host, config=config_path)
+
+
+@dataclass
+class End:
+    """What a followed run's end brought: its model and artifacts (FINISHED), its newest checkpoint, and
+    whether a model is there to offer a fetch of (`fetchable`)."""
+
+    fetched: models.FetchResult | None = None
+    artifacts: artifacts.DirFetch | None = None
+    checkpoint: checkpoints.CheckpointPull | None = None
+    fetchable: bool = False
+
+
+def at_end(config: Config, session: HostSession | None, head: Launched, job: JobConfig | None, status: StatusAnswer,
+           reporter: Reporter, *, fetch: bool, force: bool, timings: dict[str, float], step: Any,
+           config_path: Path | str | None) -> End:
+    """A followed run has ended (node 0's `session`; `job` None: nothing to fetch): a FINISHED run's model
+    and artifacts, whatever the end its newest checkpoint (noted at the follow's `step`), then its tree
+    released unless a fetch did; and whether a run that did not finish left a model worth a fetch hint."""
+    end = End()
+    if status["state"] == RunState.FINISHED and fetch and job is not None and session is not None:
+        try:
+            end.fetched, end.artifacts = fetch_finished(config, session, head, job, status, reporter, force=force,
+                                                        timings=timings)
+        except (DiskFullError, OSError) as exc:  # the run is done: what to type is a fetch, never the train again
+            if isinstance(exc, OSError) and exc.errno not in DISK_FULL:
+                raise
+            full = exc if isinstance(exc, DiskFullError) else disk_full(exc)
+            full.hint = (f"the run FINISHED on {head.host}; free some space there, then fetch it: "
+                         f"{fetch_command(head.run_id, session.host, config_path)}")
+            raise full from None
+    if fetch and job is not None and session is not None:
+        end.checkpoint = last_checkpoint(config, session, head.run_id, job, reporter)
+        if end.checkpoint is not None:
+            timings[CHECKPOINT_TIMING] = end.checkpoint.seconds
+            if end.checkpoint.fetched:
+                checkpoints.note_step(config.root, head.run_id, step)
+    if fetch and session is not None and head.run_id not in trees.fetched_runs(config.root):
+        release(session, head.run_id)  # a fetch that brought something released it already
+    # a run that did not finish is worth a fetch hint only when it left a whole model (a stopped trainer
+    # exports; a killed one usually has none; a full disk leaves a model without its manifest); node 0's
+    end.fetchable = job is not None and exports_model(job) and session is not None and (
+        status["state"] == RunState.FINISHED or left_a_model(session, head.run_dir, job))
+    return end
+
+
+def last_checkpoint(config: Config, session: HostSession, run_id: str, job: JobConfig,
+                    reporter: Reporter) -> checkpoints.CheckpointPull | None:
+    """An ended run's newest checkpoint (node 0's `session`), pulled: what `resume` continues from,
+    whatever the host does next. A failure is a warning: the run's end is what the exit code tells."""
+    try:
+        return pull_checkpoint(config, session, job, session.paths.run(run_id), run_id, reporter)
+    except ThrustError as exc:
+        reporter.warn(f"run {run_id}'s newest checkpoint was not pulled ({exc.message}); "
+                      f"later: {command_hint('fetch', run_id, host=session.host)}")
+        return None
+
+
+def release(session: HostSession | None, run_id: str) -> None:
+    """This train is done with the run's tree on `session` (best effort: an unreleased lease lapses)."""
+    if session is None:
+        return
+    with suppress(ThrustError):
+        trees.release(session, run_id)
 
 
 def fetch_finished(config: Config, session: HostSession, launched: Launched, job: JobConfig, status: StatusAnswer,
@@ -91,7 +157,8 @@ def pull_checkpoint(config: Config, session: HostSession, job: JobConfig, run_di
 
 def _own_tree(session: HostSession, run_dir: str) -> bool:
     """The run ran in a tree of its own (run.json's `tree`): no other run writes there."""
-    return isinstance((control.read_run_json(session, run_dir) or {}).get("tree"), str)
+    record = control.read_run_json(session, run_dir)  # typed: a RunRecord
+    return record is not None and isinstance(record.get("tree"), str)
 
 
 def _sharing_checkpoints(session: HostSession, job: JobConfig, run_id: str, glob: str) -> list[str]:

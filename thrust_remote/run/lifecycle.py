@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,17 +25,14 @@ from thrust_remote.agent.protocol import MODEL, RunState, StatusAnswer
 from thrust_remote.backends import Backend, RunAsk, RunNodes, backend_for
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import (
-    DISK_FULL,
     ConnectionLostError,
     Detached,
-    DiskFullError,
     Interrupted,
     StillGoing,
     ThrustError,
     UnknownHostError,
     UnreachableError,
     UsageError,
-    disk_full,
 )
 from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import artifacts, checkpoints
@@ -119,7 +116,8 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
             meta = request.resume.record() if request.resume else {}  # run.json's link to the run it continues
             ask = RunAsk(request, tuple(args), run_id, extra_env=request.extra_env, meta=meta,
                          base_args=tuple(base_args))
-            launched, ranked = [backend_for(prepared[0].host).launch(prepared[0], ask, reporter)], list(sessions)
+            head = prepared[0]
+            launched, ranked = [backend_for(head.session.host).launch(head, ask, reporter)], list(sessions)
     except ThrustError as exc:  # nothing launched (a failed setup): its tree stays to look into, unleased
         if not isinstance(exc, ConnectionLostError | Detached):
             each(lambda c: _release(c.session, run_id), checked)
@@ -150,11 +148,8 @@ def _keep(session: HostSession, root: Path, reporter: Reporter, run_id: str, *, 
 
 
 def _release(session: HostSession | None, run_id: str) -> None:
-    """This train is done with the run's tree on `session` (best effort: an unreleased lease lapses)."""
-    if session is None:
-        return
-    with suppress(ThrustError):
-        trees.release(session, run_id)
+    """This train is done with the run's tree on `session` (fetching.release)."""
+    fetching.release(session, run_id)
 
 
 def _remember(config: Config, launched: Sequence[Launched], reporter: Reporter, request: TrainRequest,
@@ -249,37 +244,13 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
             raise
     status = _over_nodes_at_end(nodes, node, read.status, watch) if nodes.many else read.status
     tell_ended(config, status, reporter.warn)
-    head_session = nodes.sessions[0]
-    fetched = got = checkpoint = None
-    if status["state"] == RunState.FINISHED and fetch and job is not None and head_session is not None:
-        try:
-            fetched, got = fetching.fetch_finished(config, head_session, head, job, status, reporter, force=force,
-                                                   timings=timings)
-        except (DiskFullError, OSError) as exc:  # the run is done: what to type is a fetch, never the train again
-            if isinstance(exc, OSError) and exc.errno not in DISK_FULL:
-                raise
-            full = exc if isinstance(exc, DiskFullError) else disk_full(exc)
-            full.hint = (f"the run FINISHED on {head.host}; free some space there, then fetch it: "
-                         f"{fetching.fetch_command(head.run_id, head_session.host, config_path)}")
-            raise full from None
-    if fetch and job is not None and head_session is not None:
-        checkpoint = last_checkpoint(config, head_session, head.run_id, job, reporter)
-        if checkpoint is not None:
-            timings[vocab.CHECKPOINT_TIMING] = checkpoint.seconds
-            if checkpoint.fetched:
-                checkpoints.note_step(config.root, head.run_id, progress.metrics.get("step"))
-    if fetch and head_session is not None and head.run_id not in trees.fetched_runs(config.root):
-        _release(head_session, head.run_id)  # a fetch that brought something released it already
-    own_job = job
-    job = job if job is not None and fetching.exports_model(job) else None
-    # a run that did not finish is worth a fetch hint only when it left a whole model (a stopped trainer
-    # exports; a killed one usually has none; a full disk leaves a model without its manifest); node 0's
-    fetchable = job is not None and head_session is not None and (
-        status["state"] == RunState.FINISHED or fetching.left_a_model(head_session, head.run_dir, job))
-    return TrainOutcome(head, status, fetched, vocab.exit_code_for(status), timings, read.progress,
-                        fetchable=fetchable, artifacts=got, checkpoint=checkpoint,
+    # the run's end in one call: its model and artifacts (FINISHED), its newest checkpoint, its tree released
+    end = fetching.at_end(config, nodes.sessions[0], head, job, status, reporter, fetch=fetch, force=force,
+                          timings=timings, step=progress.metrics.get("step"), config_path=config_path)
+    return TrainOutcome(head, status, end.fetched, vocab.exit_code_for(status), timings, read.progress,
+                        fetchable=end.fetchable, artifacts=end.artifacts, checkpoint=end.checkpoint,
                         pulled=puller.last if puller is not None else None,
-                        next_steps=_next_steps(config, status, own_job, read.progress, head, config_path))
+                        next_steps=_next_steps(config, status, job, read.progress, head, config_path))
 
 
 def _next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, progress: RunProgress,
@@ -288,8 +259,8 @@ def _next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, pro
     if job is None:
         return []
     entry = index.lookup(config.root, head.run_id)
-    gave = endings.gave_flags(job, entry.sets if entry else (), entry.params if entry else None)
-    return endings.next_steps(config, status, job, progress, config.host(head.host), config_path, gave_flags=gave)
+    return endings.of_run(config, status, job, progress, config.host(head.host), config_path,
+                          entry.sets if entry else (), entry.params if entry else None)
 
 
 @contextmanager
@@ -313,14 +284,8 @@ def _pulling(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | N
 
 def last_checkpoint(config: Config, session: HostSession, run_id: str, job: JobConfig,
                     reporter: Reporter) -> checkpoints.CheckpointPull | None:
-    """An ended run's newest checkpoint (node 0's `session`), pulled: what `resume` continues from,
-    whatever the host does next. A failure is a warning: the run's end is what the exit code tells."""
-    try:
-        return fetching.pull_checkpoint(config, session, job, session.paths.run(run_id), run_id, reporter)
-    except ThrustError as exc:
-        reporter.warn(f"run {run_id}'s newest checkpoint was not pulled ({exc.message}); "
-                      f"later: {command_hint('fetch', run_id, host=session.host)}")
-        return None
+    """An ended run's newest checkpoint (node 0's `session`), pulled (fetching.last_checkpoint)."""
+    return fetching.last_checkpoint(config, session, run_id, job, reporter)
 
 
 def pull_at_end(config: Config, session: HostSession, run_id: str, job: JobConfig, reporter: Reporter) -> None:
@@ -455,8 +420,8 @@ def check_node(nodes: RunNodes, node: int | None) -> int:
 def _train_job(config: Config, session: HostSession, run_id: str, status: StatusAnswer) -> JobConfig | None:
     """The configured job a run was trained for; None for an optimize trial (run.json has `trial`:
     it exported nothing) or a job this config no longer has."""
-    meta = control.read_run_json(session, session.paths.run(run_id)) or {}
-    if "trial" in meta:
+    record = control.read_run_json(session, session.paths.run(run_id))  # typed: a RunRecord
+    if record is not None and "trial" in record:
         return None
     return config.jobs.get(str(status.get("job") or ""))
 
