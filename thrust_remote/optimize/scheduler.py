@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from thrust_remote.agent.protocol import RunState
+from thrust_remote.agent.protocol import RunState, run_record
 from thrust_remote.core.errors import ConnectionLostError, ThrustError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.optimize.fleet import Fleet
@@ -137,7 +137,7 @@ class Scheduler(Resumer):
             "THRUST_TRIAL": str(trial.number),
             "THRUST_SLOT": slot.name,
         }
-        meta = {"study": self.plan.study_name, "trial": trial.number, "slot": slot.name, "params": dict(params)}
+        meta = run_record(study=self.plan.study_name, trial=trial.number, slot=slot.name, params=dict(params))
         try:
             host.launch(run_id, self.plan.args(params), slot.gpus, env, meta)
             view.launch_timing = {"save_s": round(saved - (view.launched_at or saved), 4),

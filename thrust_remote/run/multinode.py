@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from thrust_remote.agent.protocol import LOG, RESUMED_FROM, RunState, StatusAnswer
+from thrust_remote.agent.protocol import LOG, RESUMED_FROM, RunState, StatusAnswer, run_record
 from thrust_remote.backends import RunAsk, backend_for
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
@@ -236,8 +236,8 @@ def _launch_node(prepared: Prepared, rank: int, where: Plan, run_id: str, args: 
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = str(where.ifnames[rank])
     peers = [{"node": i, "host": n["host"], "address": where.ssh[i][0], "port": where.ssh[i][1]}
              for i, n in enumerate(nodes) if i != rank]
-    meta = {"node": rank, "nodes": nodes, "rdzv": f"{where.address}:{where.port}", "watch_peers": peers,
-            "peer_timeout": PEER_TIMEOUT_S, **stages.resume_meta(request)}
+    meta = run_record(node=rank, nodes=nodes, rdzv=f"{where.address}:{where.port}", watch_peers=peers,
+                      peer_timeout=PEER_TIMEOUT_S, **stages.resume_meta(request))
     # every node is told where to export: the job's rank 0 alone writes, on the node it runs on
     ask = RunAsk(request, tuple(args), run_id, extra_env=env, meta=meta, queue_order=queue_order,
                  rdzv=where.rendezvous(rank, run_id, max_restarts, queued=request.queue))

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from thrust_remote.agent.checkout import BUNDLES, DIFF_SCOPE, WORKTREE_BEING_ADDED
+from thrust_remote.agent.protocol import RunRecord, run_record
 from thrust_remote.core.config import BEST_PARAMS_MARK, BEST_PARAMS_SUFFIX, CONFIG_NAME, parse_config_text, read_text
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
@@ -111,27 +112,14 @@ class SyncResult:
         return hashlib.sha256(json.dumps([self.patch_sha256, self.lfs_id, subs, *([empty] if empty else [])]).encode()
                               ).hexdigest()
 
-    def as_meta(self) -> dict:
-        meta = {
-            "commit": self.commit,
-            "sync": self.method,
-            "dirty": self.dirty,
-            "patch_sha256": self.patch_sha256,
-            "untracked": list(self.untracked),
-        }
-        if self.checkout:
-            meta["checkout"] = self.checkout
-        if self.shallow:
-            meta["shallow"] = True
-        if self.lfs:
-            meta["lfs"] = list(self.lfs)
-        if self.submodules:
-            meta["submodules"] = {path: sub.as_meta() for path, sub in self.submodules.items()}
-        if self.not_sent:
-            meta["submodules_not_sent"] = list(self.not_sent)
-        if self.tree:
-            meta["tree"] = self.tree
-        return meta
+    def as_meta(self) -> RunRecord:
+        """run.json's fields of the code the run got (a submodule's own, the same fields, nested in
+        `submodules`); the optional ones only when they say something."""
+        optional = {"checkout": self.checkout, "shallow": self.shallow, "lfs": list(self.lfs),
+                    "submodules": {path: sub.as_meta() for path, sub in self.submodules.items()},
+                    "submodules_not_sent": list(self.not_sent), "tree": self.tree}
+        return run_record(commit=self.commit, sync=self.method, dirty=self.dirty, patch_sha256=self.patch_sha256,
+                          untracked=list(self.untracked), **{k: v for k, v in optional.items() if v})
 
 
 def local_state(root: Path) -> LocalState:

@@ -21,9 +21,11 @@ from thrust_remote.agent.protocol import (
     RUN_JSON_MAX,
     AgentExit,
     LaunchAnswer,
+    RunRecord,
     RunState,
     StatusAnswer,
     new_run_id,
+    run_record,
 )
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ExitCode, ThrustError, TransferError, UsageError
@@ -78,7 +80,7 @@ def launch(
     argv: Sequence[str],
     cwd: str,
     env: Mapping[str, str],
-    meta: Mapping[str, object],
+    meta: Mapping[str, object],  # run.json's fields (RunRecord's): checked by name, run_record
     claim_gpus: Sequence[int] = (),
     queue: QueueAsk | None = None,
     submit: Submission | None = None,
@@ -104,8 +106,11 @@ def launch(
         "--stdin",
         "--", *argv,
     ]
-    # meta and env go on stdin: a command line is world-readable (ps), env values may be secrets
-    payload = json.dumps({"meta": {"job": job, "host": host.name, **meta}, "env": dict(env),
+    # meta and env go on stdin: a command line is world-readable (ps), env values may be secrets. The
+    # record's job and host come first, the caller's fields over them; a field RunRecord lacks is a
+    # TypeError here, never a key nobody on the host reads
+    record = run_record(**{"job": job, "host": host.name, **meta})
+    payload = json.dumps({"meta": record, "env": dict(env),
                           **(dict(submit.payload) if submit is not None else {})}).encode()
     try:
         result = session.agent(*args, timeout=LAUNCH_S, stdin=payload)
@@ -230,15 +235,17 @@ def status(session: HostSession, run_id: str) -> StatusAnswer:
     return answer
 
 
-def read_run_json(session: HostSession, run_dir: str) -> dict | None:
-    """A run's run.json as the laptop reads it: None when absent or not a JSON object; one larger than
-    RUN_JSON_MAX is a TransferError (74) naming the host and the file, never read whole."""
+def read_run_json(session: HostSession, run_dir: str) -> RunRecord | None:
+    """A run's run.json as the laptop reads it, the one reader on this side (the agent's is runjson.py's
+    `read_record`, with the same cap): None when absent or not a JSON object; one larger than
+    RUN_JSON_MAX is a TransferError (74) naming the host and the file, never read whole (the runner's
+    read_text takes RUN_JSON_MAX + 1 bytes at most, over SSH as here)."""
     text = session.runner.read_text(f"{run_dir}/{RUN_JSON}", max_bytes=RUN_JSON_MAX)
     try:
         meta = json.loads(text) if text else None
     except (ValueError, RecursionError):
         return None
-    return meta if isinstance(meta, dict) else None
+    return run_record(meta) if isinstance(meta, dict) else None
 
 
 def permission_denied(session: HostSession, run_id: str, path: str) -> ThrustError:

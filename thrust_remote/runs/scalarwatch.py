@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from thrust_remote.agent.protocol import RunRecord
 from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ConfigError, ThrustError
 from thrust_remote.host import payload
@@ -75,7 +76,7 @@ def source_for(session: HostSession, run_id: str, job: JobConfig | None) -> Scal
         return None
     run_dir = session.paths.run(run_id)
     try:
-        meta = control.read_run_json(session, run_dir) or {}
+        meta = control.read_run_json(session, run_dir) or RunRecord()
     except ThrustError:
         return None
     env = meta.get("env")

@@ -70,8 +70,8 @@ def remote_plan(session: HostSession, run_id: str, job: JobConfig | None) -> tup
         raise UsageError(f"run {run_id} is not on {session.name} (no {run_dir}/run.json)",
                          f"list the runs there with: {command_hint('runs', host=session.host)}")
     cwd = str(meta.get("cwd") or session.paths.workdir)
-    env = meta.get("env") if isinstance(meta.get("env"), dict) else {}
-    python = str(env.get("THRUST_PYTHON") or session.host.python)
+    env = meta.get("env")
+    python = str((env.get("THRUST_PYTHON") if isinstance(env, dict) else None) or session.host.python)
     sub = job.metrics.tensorboard if job else None
     logdir = f"{cwd}/{sub}" if sub else run_dir
     return tensorboard_argv(python, logdir, 0), logdir
