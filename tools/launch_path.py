@@ -11,6 +11,12 @@ the order the request's innermost holder changes (on each call and each return),
 path. Printed for each: the files entered (distinct), the returns to a file it had left (a change
 back to a file seen before on the path), and with --show the path itself.
 
+The returns count both ways back: a call into a file the path had left (a bounce: the request sent
+back to a module it was in before) and the unwinding to a caller (every call a holder makes into
+another file comes back to it once it returns, however straight the sequence). So the second figure,
+the re-entries, counts the calls alone: a change to a file seen before made by a call, not by a
+return. It is printed beside the first, never instead of it: the first is issue 52's measure.
+
 Why a tool and not a test: the figures are a design measure (docs/architecture.md, "The flow of one
 train"), read when the launch path is reshaped; a test pinning them would fail on any honest change.
 """
@@ -47,6 +53,7 @@ class RequestPath:
         self.carriers = carriers
         self.stacks: dict[int, list[int]] = {}  # thread -> ids of the frames holding the request
         self.path: list[str] = []  # the innermost holder's file, each time it changes
+        self.called: list[bool] = []  # whether that change came by a call (else by a return)
         self.lock = threading.Lock()
 
     def _holds(self, frame: FrameType) -> bool:
@@ -57,12 +64,13 @@ class RequestPath:
         names = code.co_varnames[:count]
         return any(isinstance(frame.f_locals.get(n), self.carriers) for n in names)
 
-    def _note(self, frame: FrameType | None) -> None:
+    def _note(self, frame: FrameType | None, *, called: bool) -> None:
         if frame is None:
             return
         name = os.path.relpath(frame.f_code.co_filename, ROOT)
         if not self.path or self.path[-1] != name:
             self.path.append(name)
+            self.called.append(called)
 
     def profile(self, frame: FrameType, event: str, _arg: Any) -> None:
         if event not in ("call", "return"):
@@ -71,23 +79,25 @@ class RequestPath:
         with self.lock:
             if event == "call" and self._holds(frame):
                 stack.append(id(frame))
-                self._note(frame)
+                self._note(frame, called=True)
             elif event == "return" and stack and stack[-1] == id(frame):
                 stack.pop()
                 if stack:  # back in the caller that holds the request: its file, as the path sees it
                     caller = frame.f_back
                     while caller is not None and not self._holds(caller):
                         caller = caller.f_back
-                    self._note(caller)
+                    self._note(caller, called=False)
 
-    def figures(self) -> tuple[int, int]:
+    def figures(self) -> tuple[int, int, int]:
+        """(files entered, returns to a file it had left, of those the ones made by a call)."""
         seen: set[str] = set()
-        bounces = 0
-        for name in self.path:
+        returns = reentries = 0
+        for name, called in zip(self.path, self.called, strict=True):
             if name in seen:
-                bounces += 1
+                returns += 1
+                reentries += called
             seen.add(name)
-        return len(seen), bounces
+        return len(seen), returns, reentries
 
 
 def _project(where: Path) -> Path:
@@ -140,8 +150,9 @@ def main() -> int:
     for what, tracer in tracers.items():
         if opts.show:
             print(f"{what}:", *tracer.path, sep="\n  ")
-        files, bounces = tracer.figures()
-        print(f"{what}: {files} files entered, {bounces} returns to a file it had left")
+        files, returns, reentries = tracer.figures()
+        print(f"{what}: {files} files entered, {returns} returns to a file it had left "
+              f"({reentries} of them calls into it again)")
     return 0 if code == 0 else 1
 
 
