@@ -108,11 +108,3 @@ def test_the_typed_parsers_fail_at_the_line(parse, text: str, said: str) -> None
         parse(reader, f"jobs.j.{key}", node)
     assert str(e.value).startswith(said), str(e.value)
 
-
-def test_the_checkpoint_field_is_spelled_as_the_protocol_spells_it() -> None:
-    """core/ may import no other folder (tests/test_layering.py), so config keeps its own copy of the
-    field a `resume:` template names; the agent fills the protocol's. The two may never drift apart."""
-    from thrust_remote.agent import protocol
-    from thrust_remote.core.config import CHECKPOINT_FIELD
-
-    assert CHECKPOINT_FIELD == protocol.CHECKPOINT_FIELD

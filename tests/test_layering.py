@@ -136,6 +136,22 @@ FOLDER_RULES = {
     "play": {"core", "fetch"},
     "cli": {"core", "host", "agent", "fetch", "runs", "doctor", "run", "optimize", "play", "backends"},
 }
+# single modules a folder may import outside its rule, each named whole (never its folder), and why
+MODULES_ALLOWED = {
+    # the host protocol: stdlib only and imported by both sides, so config checks thrust.yaml against
+    # the words the agent acts on (a `resume:` template's "{checkpoint}", retry's `max-duration`)
+    # instead of keeping copies of them that could drift
+    "core": {"thrust_remote.agent.protocol"},
+}
+
+
+def _imported_modules(node: ast.ImportFrom) -> list[str]:
+    """The thrust_remote modules (or folders) an absolute import names: `from thrust_remote.agent import
+    protocol` names thrust_remote.agent.protocol, `from thrust_remote.agent.protocol import X` the same."""
+    module = node.module or ""
+    if len(module.split(".")) > 2:
+        return [module]
+    return [f"{module}.{a.name}" for a in node.names]
 
 
 def test_each_folder_imports_only_the_folders_its_rule_names():
@@ -147,11 +163,35 @@ def test_each_folder_imports_only_the_folders_its_rule_names():
         folder = parts[0]
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("thrust_remote"):
-                target = (node.module or "").split(".")
-                for reached in [target[1]] if len(target) > 1 else [a.name for a in node.names]:
-                    if reached != folder and reached not in FOLDER_RULES[folder]:
-                        broken.append(f"{path.relative_to(ROOT)}:{node.lineno}: {folder}/ imports {reached}/")
+                for module in _imported_modules(node):
+                    reached = module.split(".")[1]
+                    if reached != folder and reached not in FOLDER_RULES[folder] \
+                            and module not in MODULES_ALLOWED.get(folder, set()):
+                        broken.append(f"{path.relative_to(ROOT)}:{node.lineno}: {folder}/ imports {module}")
     assert not broken, "\n".join(broken)
+
+
+def test_core_takes_the_protocol_words_it_checks_from_the_protocol():
+    """core/ may import one module outside itself, the host protocol (MODULES_ALLOWED), so it keeps no
+    copy of a word the agent acts on (a copy of "{checkpoint}" once lived in core/config with a test that
+    it equals the protocol's): a `resume:` template's field and retry's `max-duration` are imported. The
+    allowance is that module by name, never the agent's folder."""
+    from thrust_remote.agent import protocol
+
+    words = {protocol.CHECKPOINT_FIELD, protocol.MAX_DURATION}
+    found = [f"{path.relative_to(ROOT)}:{line}: {value!r}"
+             for path in sorted((ROOT / "thrust_remote/core").rglob("*.py"))
+             for line, value in _string_constants(path) if value in words]
+    assert not found, "spelled in core/ rather than imported from agent/protocol.py:\n" + "\n".join(found)
+    allowed = MODULES_ALLOWED["core"]
+    for text, ok in (("from thrust_remote.agent.protocol import RUN_JSON", True),
+                     ("from thrust_remote.agent import protocol", True),
+                     ("from thrust_remote.agent import protocol, runjson", False),
+                     ("from thrust_remote.agent.runjson import load", False),
+                     ("from thrust_remote import agent", False)):
+        node = ast.parse(text).body[0]
+        assert isinstance(node, ast.ImportFrom)
+        assert all(m in allowed for m in _imported_modules(node)) is ok, text
 
 
 def test_every_module_lives_in_a_folder_named_for_what_it_does():

@@ -13,13 +13,14 @@ jobs.py with job_values.py and retry.py, notify.py, search.py), and loader.py, w
 reads the top level. This module re-exports what the rest of thrust_remote imports.
 """
 
+# the protocol's word (a `resume:` template's field), re-exported for run/stages.py until it imports the protocol's
+from thrust_remote.agent.protocol import CHECKPOINT_FIELD
 from thrust_remote.core.config.bounded import read_text
 from thrust_remote.core.config.discovery import CONFIG_NAME, find_config, project_root
 from thrust_remote.core.config.loader import load_config, parse_config_text
 from thrust_remote.core.config.model import (
     BEST_PARAMS_MARK,
     BEST_PARAMS_SUFFIX,
-    CHECKPOINT_FIELD,
     COMMAND_STYLE,
     ENV_CONFIG,
     ENV_DEBUG,

@@ -41,8 +41,6 @@ FLAG_STYLES = ("--key value", "--key=value", "key=value", "-k value")
 FLAG_NAMES = ("as-is", "dashes")
 COMMAND_STYLE = "key=value"
 
-CHECKPOINT_FIELD = "{checkpoint}"  # in a job's `resume:` template: the checkpoint's path on the host
-
 # Environment overrides (flags still win over these): the path of thrust.yaml, the default host
 # (default_host), and tracebacks on errors (1/true).
 ENV_CONFIG, ENV_HOST, ENV_DEBUG = "THRUST_CONFIG", "THRUST_HOST", "THRUST_DEBUG"

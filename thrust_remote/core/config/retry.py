@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from thrust_remote.core.config.model import CHECKPOINT_FIELD, HostConfig, JobConfig
+from thrust_remote.agent.protocol import CHECKPOINT_FIELD  # the field the agent fills: the protocol's word
+from thrust_remote.core.config.model import HostConfig, JobConfig
 from thrust_remote.core.config.reader import Reader, line, pytype
 from thrust_remote.core.config.sections import RETRY_ON, RETRY_ON_DEFAULT, RetryConfig
 from thrust_remote.core.config.values import words
