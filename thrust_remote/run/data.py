@@ -24,7 +24,7 @@ import posixpath
 import shlex
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from thrust_remote.core.config import Config, JobConfig
@@ -51,11 +51,13 @@ class Steps:
 
 @dataclass(frozen=True)
 class JobData:
-    """A job's `files:`, `setup:` and `shared:`: its own, else the top level's."""
+    """A job's `files:`, `setup:` and `shared:`: its own, else the top level's, resolved once from the job
+    (job_data) with where each is said in thrust.yaml (`where`, by key: what a message names)."""
 
     files: tuple[str, ...]
     setup: tuple[str, ...]
     shared: tuple[str, ...]
+    where: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def any(self) -> bool:
@@ -65,7 +67,8 @@ class JobData:
 def job_data(config: Config, job: JobConfig) -> JobData:
     return JobData(config.files if job.files is None else job.files,
                    config.setup if job.setup is None else job.setup,
-                   config.shared if job.shared is None else job.shared)
+                   config.shared if job.shared is None else job.shared,
+                   {key: _where(config, job, key) for key in ("files", "setup", "shared")})
 
 
 def _where(config: Config, job: JobConfig, key: str) -> str:
@@ -89,12 +92,12 @@ class LocalFile:
     ident: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of what was hashed: it alone may be sent
 
 
-def check_local(config: Config, job: JobConfig, label: str | None = None) -> None:
+def check_local(config: Config, data: JobData) -> None:
     """Every `files:` path is on the laptop, inside the project, and so is every file under a directory
     it names once its links are resolved: 78 naming the line (and the link, and where it leads), before
     any host."""
-    where = _where(config, job, "files")
-    for rel in job_data(config, job).files:
+    where = data.where["files"]
+    for rel in data.files:
         if not os.path.lexists(config.root / rel):
             raise ConfigError(f"{where}: {rel} does not exist in {config.root}",
                               "fix the path, or make the file first (files: sends what is on this machine)")
@@ -263,11 +266,10 @@ def _free(session: HostSession) -> int | None:
 
 # ------------------------------------------------------------------------------------------ the tree
 
-def make_run_tree(config: Config, job: JobConfig, session: HostSession, local: LocalState, result: SyncResult,
+def make_run_tree(config: Config, data: JobData, session: HostSession, local: LocalState, result: SyncResult,
                   name: str, reporter: Steps) -> Tree:
     """The run's tree (`.thrust/trees/NAME`) with its `files:`, kept `setup:` outputs and `shared:` links."""
-    data = job_data(config, job)
-    files = local_files(config.root, data.files, _where(config, job, "files")) if data.files else {}
+    files = local_files(config.root, data.files, data.where["files"]) if data.files else {}
     if files:
         send_files(session, files, reporter)
     tree_data = TreeData(files={rel: (f.sha256, f.mtime_ns) for rel, f in files.items()},
@@ -277,7 +279,7 @@ def make_run_tree(config: Config, job: JobConfig, session: HostSession, local: L
         return make_tree(session, local, result, session.paths.tree(name), ref=name, data=tree_data,
                          step=reporter.step, send=lambda shas: send_files(session, files, reporter, only=shas))
     except TreeRefused as exc:
-        raise _refusal(config, job, exc.answer, session.paths.tree(name)) from None
+        raise _refusal(config, data, exc.answer, session.paths.tree(name)) from None
 
 
 # what tree-add's `what` names: the thrust.yaml key that asked for the path, or what of the commit it is
@@ -285,23 +287,23 @@ REFUSED_KEYS = {"shared": "shared", "files": "files", "setup": "setup"}
 REFUSED_KINDS = {"lfs": "a Git LFS file of the commit", "submodule": "a submodule of the commit"}
 
 
-def _refusal(config: Config, job: JobConfig, answer: Mapping[str, object], tree: str = "") -> ThrustError:
+def _refusal(config: Config, data: JobData, answer: Mapping[str, object], tree: str = "") -> ThrustError:
     if answer.get("error") == "shared-tracked":
         tracked = ", ".join(str(t) for t in answer.get("tracked") or [])  # type: ignore[union-attr]
-        return ConfigError(f"{_where(config, job, 'shared')}: {answer.get('path')} holds files of the commit "
+        return ConfigError(f"{data.where['shared']}: {answer.get('path')} holds files of the commit "
                            f"({tracked}): a shared directory would hide them",
                            "share a directory the code does not have (a subdirectory for the data, say)")
     if answer.get("error") == "outside":
-        return _outside(config, job, answer, tree)
+        return _outside(config, data, answer, tree)
     return ThrustError(f"the run's tree could not be made: {answer}")
 
 
-def _outside(config: Config, job: JobConfig, answer: Mapping[str, object], tree: str) -> ConfigError:
+def _outside(config: Config, data: JobData, answer: Mapping[str, object], tree: str) -> ConfigError:
     """tree-add's "outside": a path that would leave the run's tree, or one behind a symlink (or a file)
     of the commit (`through`, `link`): named at the thrust.yaml line that asked for it, with the link."""
     what, path, through = str(answer.get("what") or ""), answer.get("path"), answer.get("through")
     key = REFUSED_KEYS.get(what)
-    where = _where(config, job, key) if key else config_label(config.path)
+    where = data.where[key] if key else config_label(config.path)
     if not isinstance(through, str):
         return ConfigError(f"{where}: {path} leads outside the run's tree")
     shown = f"{where}: {path}" if key else f"{where}: {path} ({REFUSED_KINDS.get(what, 'a path of the commit')})"
@@ -344,18 +346,17 @@ def setup_key(local: LocalState, result: SyncResult, data: JobData, files: Mappi
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def run_setup(config: Config, job: JobConfig, session: HostSession, local: LocalState | None,
+def run_setup(config: Config, data: JobData, session: HostSession, local: LocalState | None,
               result: SyncResult | None, *, cwd: str, env: Mapping[str, str], python: str,
               reporter: Steps) -> None:
     """Run the job's `setup:` in its tree, unless the tree got that setup's kept outputs already."""
-    data = job_data(config, job)
     if not data.setup:
         return
     if result is not None and result.tree_setup == "placed":
         reporter.step("setup: its outputs for these inputs are kept on the host: placed, not run again")
         return
     key = setup_key(local, result, data,
-                    local_files(config.root, data.files, _where(config, job, "files")) if data.files else {}) \
+                    local_files(config.root, data.files, data.where["files"]) if data.files else {}) \
         if local is not None and result is not None else None
     if session.host.is_local and key and (config.root / ".thrust" / "setup" / f"{key}.done").exists():
         reporter.step("setup: ran here already for these inputs")
@@ -367,7 +368,7 @@ def run_setup(config: Config, job: JobConfig, session: HostSession, local: Local
                               stream=lambda _name, line: _keep_tail(tail, line))
     if not done.ok:
         shown = "\n".join(tail[-20:]) or (done.stderr or done.stdout).strip()[-2000:]
-        raise ThrustError(f"the setup ({_where(config, job, 'setup')}) failed on {session.name} "
+        raise ThrustError(f"the setup ({data.where['setup']}) failed on {session.name} "
                           f"(exit {done.exit_code}); nothing was launched:\n{shown}".rstrip(),
                           f"fix it and train again; try it there with: {_exec_hint(session, cwd, data.setup)}",
                           ExitCode.FAILED)

@@ -63,7 +63,7 @@ class Prepared:
 
 
 def _sync_stage(config: Config, session: HostSession, reporter: Reporter, code_at: ResumeFrom | None = None,
-                *, tree: str, job: JobConfig) -> tuple[LocalState | None, SyncResult | None]:
+                *, tree: str, own: data.JobData) -> tuple[LocalState | None, SyncResult | None]:
     """What we run: the exact local commit (its objects synced to a remote host, then a tree of its own
     named `tree` there; the project itself when local); `code_at`: a resumed run's commit and patch
     instead (the code the run it continues ran)."""
@@ -81,10 +81,10 @@ def _sync_stage(config: Config, session: HostSession, reporter: Reporter, code_a
         reporter.step(f"syncing {local.commit[:12]} to {session.name}:{session.paths.workdir}")
         local = with_lfs(local)
         # the untracked warning leaves out exactly what this job's files: sends
-        result = sync(session, local, step=reporter.step, files=data.job_data(config, job).files)
+        result = sync(session, local, step=reporter.step, files=own.files)
         for w in result.warnings:
             reporter.warn(w)
-        made = data.make_run_tree(config, job, session, local, result, tree, reporter)
+        made = data.make_run_tree(config, own, session, local, result, tree, reporter)
         result.tree, result.tree_setup = made.path, made.setup
         return local, result
     if local is None:
@@ -128,6 +128,7 @@ class Checked:
     local: LocalState | None
     sync: SyncResult | None
     timings: dict[str, float]
+    data: data.JobData  # its `files:`, `setup:`, `shared:`, resolved once (data.job_data)
 
     @property
     def checkout(self) -> str:
@@ -155,10 +156,11 @@ def check(config: Config, job: JobConfig, session: HostSession, reporter: Report
         spec = cargo.shared_target(spec, session.paths)  # builds shared by every tree of the workdir
     label = jobs.config_label(config.path)
     jobs.check_before_sync(job, session, config.root, label)  # a script that cannot be there: before syncing
-    data.check_local(config, job, label)  # files: that are not here: before anything is sent
+    own = data.job_data(config, job)  # its files:, setup:, shared: resolved once, for every stage
+    data.check_local(config, own)  # files: that are not here: before anything is sent
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    local, sync_result = _sync_stage(config, session, reporter, code_at, job=job,
+    local, sync_result = _sync_stage(config, session, reporter, code_at, own=own,
                                      tree=tree or control.new_run_id(f"{job.name}-tree"))
     checkout = sync_result.tree if sync_result is not None and sync_result.tree else session.paths.workdir
     if job.kind != "cargo":
@@ -176,7 +178,7 @@ def check(config: Config, job: JobConfig, session: HostSession, reporter: Report
                        f"{label}:{line}: jobs.{job.name}.requirements" if line else f"{label}: jobs.{job.name}",
                        label)
     timings[Stage.PREFLIGHT] = time.monotonic() - t1
-    return Checked(config, job, spec, session, report, local, sync_result, timings)
+    return Checked(config, job, spec, session, report, local, sync_result, timings, own)
 
 
 def set_up(checked: Checked, reporter: Reporter) -> Prepared:
@@ -198,7 +200,7 @@ def set_up(checked: Checked, reporter: Reporter) -> Prepared:
                             code=sync_result.code_key if sync_result else None)
         skipped, python, trainer = venv.skipped, venv.python, venv.trainer
         cwd = checked.checkout
-    data.run_setup(checked.config, job, session, checked.local, sync_result, cwd=checked.checkout, env=env,
+    data.run_setup(checked.config, checked.data, session, checked.local, sync_result, cwd=checked.checkout, env=env,
                    python=python, reporter=reporter)
     timings = {**checked.timings, Stage.SETUP: time.monotonic() - t2}
     return Prepared(checked.config, job, checked.spec, session, report, env, cwd, python=python,
