@@ -179,41 +179,56 @@ def module_paths(module: str) -> list[str]:
     return [f"{base}.py", f"{base}/__main__.py", f"{base}/__init__.py"]
 
 
-def _files(job: JobConfig) -> list[tuple[str, str]]:
-    """(key, path) of each file the job names that must be in the checkout."""
-    out = []
+@dataclass(frozen=True)
+class JobFiles:
+    """What of a job must be in the commit that runs, resolved once from it (job_files): the files it
+    names (`files`: its script, its requirements file, as (key, path)), a python job's `module`, whether
+    `requirements:` may install that module (`installs`), and where each key is said in thrust.yaml
+    (`where`: the `thrust.yaml:LINE: jobs.NAME.KEY` a message starts with)."""
+
+    files: tuple[tuple[str, str], ...]
+    module: str | None
+    installs: bool
+    where: Mapping[str, str]
+
+    def missing(self, key: str, what: str, hint: str) -> ConfigError:
+        return ConfigError(f"{self.where[key]}: {what}", hint)
+
+
+def job_files(job: JobConfig, label: str) -> JobFiles:
+    """The job's files and module, with where each is said (`label`: the config file's name)."""
+    files = []
     if job.kind == "python" and job.script:
-        out.append(("script", job.script))
+        files.append(("script", job.script))
     if job.requirements_file:
-        out.append(("requirements", job.requirements_file))
-    return out
-
-
-def _missing(label: str, job: JobConfig, key: str, what: str, hint: str) -> ConfigError:
-    line = job.lines.get(key) or job.lines.get("job")
-    where = f"{label}:{line}: " if line else f"{label}: "
-    return ConfigError(f"{where}jobs.{job.name}.{key}: {what}", hint)
+        files.append(("requirements", job.requirements_file))
+    where = {}
+    for key in ("script", "requirements", "module"):
+        line = job.lines.get(key) or job.lines.get("job")
+        where[key] = f"{label}:{line}: jobs.{job.name}.{key}" if line else f"{label}: jobs.{job.name}.{key}"
+    module = job.module if job.kind == "python" and job.module else None
+    return JobFiles(tuple(files), module, bool(job.requirements or job.requirements_file), where)
 
 
 def config_label(path: Path | None) -> str:
     return str(path) if path else CONFIG_NAME
 
 
-def check_local(job: JobConfig, root: Path, label: str, *, synced: bool) -> None:
+def check_local(files: JobFiles, root: Path, *, synced: bool) -> None:
     """Before anything is synced: each file the job names is in `root` (where it will run) and, when
     the tree is `synced` to a host, tracked by git (untracked files are not sent, docs/architecture.md)."""
-    for key, path in _files(job):
+    for key, path in files.files:
         if not (root / path).is_file():
-            raise _missing(label, job, key, f"{path} does not exist in {root}",
-                           f"paths in `{key}:` are relative to the repository root")
+            raise files.missing(key, f"{path} does not exist in {root}",
+                                f"paths in `{key}:` are relative to the repository root")
         if synced and not _tracked(root, path):
-            raise _missing(label, job, key, f"{path} is not committed, and untracked files are not synced",
-                           f"git add {path} && git commit")
-    if job.kind == "python" and job.module and synced:
-        for path in module_paths(job.module):
+            raise files.missing(key, f"{path} is not committed, and untracked files are not synced",
+                                f"git add {path} && git commit")
+    if files.module and synced:
+        for path in module_paths(files.module):
             if (root / path).is_file() and not _tracked(root, path):
-                raise _missing(label, job, "module", f"{path} (module {job.module}) is not committed, and "
-                               "untracked files are not synced", f"git add {path} && git commit")
+                raise files.missing("module", f"{path} (module {files.module}) is not committed, and "
+                                    "untracked files are not synced", f"git add {path} && git commit")
 
 
 def _tracked(root: Path, path: str) -> bool:
@@ -223,35 +238,41 @@ def _tracked(root: Path, path: str) -> bool:
 
 
 def check_on_host(session: HostSession, job: JobConfig, cwd: str, label: str) -> None:
+    """check_files_on_host of the job's files (job_files)."""
+    check_files_on_host(session, job_files(job, label), cwd)
+
+
+def check_files_on_host(session: HostSession, files: JobFiles, cwd: str) -> None:
     """After the sync, before setup and launch: the files are in the host's checkout. A module not in
     the checkout may be installed on the host (checked with its python) or come from `requirements:`."""
     runner = session.runner
-    for key, path in _files(job):
+    for key, path in files.files:
         if not runner.exists(f"{cwd}/{path}"):
-            raise _missing(label, job, key, f"{path} is not in the synced commit ({session.name}:{cwd})",
-                           "commit it (untracked files are not synced), and check the path")
-    if job.kind != "python" or not job.module:
+            raise files.missing(key, f"{path} is not in the synced commit ({session.name}:{cwd})",
+                                "commit it (untracked files are not synced), and check the path")
+    module = files.module
+    if not module:
         return
-    if any(runner.exists(f"{cwd}/{path}") for path in module_paths(job.module)):
+    if any(runner.exists(f"{cwd}/{path}") for path in module_paths(module)):
         return
-    if job.requirements or job.requirements_file:
+    if files.installs:
         return  # the job's requirements may install it; python's own error says so otherwise
     # the top-level name only: find_spec("a.b") imports a, and raises when a is missing
-    probe = session.agent("missing-modules", job.module.split(".")[0], timeout=60)
+    probe = session.agent("missing-modules", module.split(".")[0], timeout=60)
     if probe.ok and parse_json(probe, "missing-modules"):
-        raise _missing(label, job, "module", f"module {job.module} is neither in the synced commit "
-                       f"({', '.join(module_paths(job.module))}) nor installed on {session.name}",
-                       "commit it, or list the package that provides it under `requirements:`")
+        raise files.missing("module", f"module {module} is neither in the synced commit "
+                            f"({', '.join(module_paths(module))}) nor installed on {session.name}",
+                            "commit it, or list the package that provides it under `requirements:`")
 
 
-def check_before_sync(job: JobConfig, session: HostSession, config_root: Path, label: str) -> None:
+def check_before_sync(files: JobFiles, session: HostSession, config_root: Path) -> None:
     """The laptop's part of the file checks: nothing synced yet, no round trip to the host."""
-    if not _files(job) and not (job.kind == "python" and job.module):
+    if not files.files and not files.module:
         return
     if session.host.is_local:  # runs in place: the files as they are, tracked or not
-        check_local(job, Path(session.paths.workdir), label, synced=False)
+        check_local(files, Path(session.paths.workdir), synced=False)
         return
     result = subprocess.run(["git", "-C", str(config_root), "rev-parse", "--show-toplevel"],
                             capture_output=True, text=True)
     if result.returncode == 0:  # not a repository: the sync stage says so, with its hint
-        check_local(job, Path(result.stdout.strip()), label, synced=True)
+        check_local(files, Path(result.stdout.strip()), synced=True)

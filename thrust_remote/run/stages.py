@@ -155,7 +155,8 @@ def check(config: Config, job: JobConfig, session: HostSession, reporter: Report
     if job.kind == "cargo" and not session.host.is_local:
         spec = cargo.shared_target(spec, session.paths)  # builds shared by every tree of the workdir
     label = jobs.config_label(config.path)
-    jobs.check_before_sync(job, session, config.root, label)  # a script that cannot be there: before syncing
+    files = jobs.job_files(job, label)  # the files it names, resolved once: checked here and after the sync
+    jobs.check_before_sync(files, session, config.root)  # a script that cannot be there: before syncing
     own = data.job_data(config, job)  # its files:, setup:, shared: resolved once, for every stage
     data.check_local(config, own)  # files: that are not here: before anything is sent
     timings: dict[str, float] = {}
@@ -164,7 +165,7 @@ def check(config: Config, job: JobConfig, session: HostSession, reporter: Report
                                      tree=tree or control.new_run_id(f"{job.name}-tree"))
     checkout = sync_result.tree if sync_result is not None and sync_result.tree else session.paths.workdir
     if job.kind != "cargo":
-        jobs.check_on_host(session, job, checkout, label)
+        jobs.check_files_on_host(session, files, checkout)
     timings[Stage.SYNC] = time.monotonic() - t0
 
     t1 = time.monotonic()
