@@ -28,6 +28,29 @@ def fetch_command(run_id: str, host: HostConfig, config_path: Path | str | None 
     return command_hint("fetch", run_id, host=host, config=config_path)
 
 
+@dataclass(frozen=True)
+class Outputs:
+    """What a run of a job leaves to fetch, resolved once from the job (`outputs`): a model (`model`),
+    its checkpoints' glob (None: it declares none), its artifacts' globs."""
+
+    model: bool
+    checkpoints: str | None
+    artifacts: tuple[str, ...]
+
+    @property
+    def pulled(self) -> bool:
+        """What a follow pulls meanwhile (runs/pull.py): its checkpoints or its artifacts."""
+        return self.checkpoints is not None or bool(self.artifacts)
+
+    @property
+    def any(self) -> bool:
+        return self.model or self.pulled
+
+
+def outputs(job: JobConfig) -> Outputs:
+    return Outputs(exports_model(job), checkpoints.checkpoint_glob(job), artifacts.artifact_globs(job))
+
+
 @dataclass
 class End:
     """What a followed run's end brought: its model and artifacts (FINISHED), its newest checkpoint, and
@@ -41,15 +64,18 @@ class End:
 
 def at_end(config: Config, session: HostSession | None, head: Launched, job: JobConfig | None, status: StatusAnswer,
            reporter: Reporter, *, fetch: bool, force: bool, timings: dict[str, float], step: Any,
-           config_path: Path | str | None) -> End:
+           config_path: Path | str | None, outs: Outputs | None = None) -> End:
     """A followed run has ended (node 0's `session`; `job` None: nothing to fetch): a FINISHED run's model
     and artifacts, whatever the end its newest checkpoint (noted at the follow's `step`), then its tree
-    released unless a fetch did; and whether a run that did not finish left a model worth a fetch hint."""
+    released unless a fetch did; and whether a run that did not finish left a model worth a fetch hint.
+    `outs`: the job's outputs when the caller resolved them already."""
     end = End()
+    if job is not None and outs is None:
+        outs = outputs(job)
     if status["state"] == RunState.FINISHED and fetch and job is not None and session is not None:
         try:
             end.fetched, end.artifacts = fetch_finished(config, session, head, job, status, reporter, force=force,
-                                                        timings=timings)
+                                                        timings=timings, outs=outs)
         except (DiskFullError, OSError) as exc:  # the run is done: what to type is a fetch, never the train again
             if isinstance(exc, OSError) and exc.errno not in DISK_FULL:
                 raise
@@ -58,7 +84,7 @@ def at_end(config: Config, session: HostSession | None, head: Launched, job: Job
                          f"{fetch_command(head.run_id, session.host, config_path)}")
             raise full from None
     if fetch and job is not None and session is not None:
-        end.checkpoint = last_checkpoint(config, session, head.run_id, job, reporter)
+        end.checkpoint = last_checkpoint(config, session, head.run_id, job, reporter, outs)
         if end.checkpoint is not None:
             timings[CHECKPOINT_TIMING] = end.checkpoint.seconds
             if end.checkpoint.fetched:
@@ -67,17 +93,17 @@ def at_end(config: Config, session: HostSession | None, head: Launched, job: Job
         release(session, head.run_id)  # a fetch that brought something released it already
     # a run that did not finish is worth a fetch hint only when it left a whole model (a stopped trainer
     # exports; a killed one usually has none; a full disk leaves a model without its manifest); node 0's
-    end.fetchable = job is not None and exports_model(job) and session is not None and (
+    end.fetchable = job is not None and outs is not None and outs.model and session is not None and (
         status["state"] == RunState.FINISHED or left_a_model(session, head.run_dir, job))
     return end
 
 
 def last_checkpoint(config: Config, session: HostSession, run_id: str, job: JobConfig,
-                    reporter: Reporter) -> checkpoints.CheckpointPull | None:
+                    reporter: Reporter, outs: Outputs | None = None) -> checkpoints.CheckpointPull | None:
     """An ended run's newest checkpoint (node 0's `session`), pulled: what `resume` continues from,
     whatever the host does next. A failure is a warning: the run's end is what the exit code tells."""
     try:
-        return pull_checkpoint(config, session, job, session.paths.run(run_id), run_id, reporter)
+        return pull_checkpoint(config, session, job, session.paths.run(run_id), run_id, reporter, outs=outs)
     except ThrustError as exc:
         reporter.warn(f"run {run_id}'s newest checkpoint was not pulled ({exc.message}); "
                       f"later: {command_hint('fetch', run_id, host=session.host)}")
@@ -93,18 +119,18 @@ def release(session: HostSession | None, run_id: str) -> None:
 
 
 def fetch_finished(config: Config, session: HostSession, launched: Launched, job: JobConfig, status: StatusAnswer,
-                   reporter: Reporter, *, force: bool, timings: dict[str, float],
+                   reporter: Reporter, *, force: bool, timings: dict[str, float], outs: Outputs | None = None,
                    ) -> tuple[models.FetchResult | None, artifacts.DirFetch | None]:
     """A FINISHED run's model (when the job exports one) and artifacts, each timed into `timings`;
     its newest checkpoint is pulled by the caller (`pull_checkpoint`), as for any end."""
     fetched = None
     t0 = time.monotonic()
-    if exports_model(job):
+    if (outs.model if outs is not None else exports_model(job)):
         reporter.step("fetching the model")
         fetched = finish(config, session, job, launched.run_dir, run_id=launched.run_id,
                          status=status, force=force)
         timings[Stage.FETCH] = time.monotonic() - t0
-    got = fetch_artifacts(config, session, job, launched.run_dir, launched.run_id, reporter)
+    got = fetch_artifacts(config, session, job, launched.run_dir, launched.run_id, reporter, outs=outs)
     if got is not None:
         timings[ARTIFACTS_TIMING] = got.seconds
     if fetched is None and got is not None:
@@ -126,24 +152,27 @@ def check_tree_gone(session: HostSession, run_id: str, got: artifacts.DirFetch,
 
 
 def fetch_artifacts(config: Config, session: HostSession, job: JobConfig, run_dir: str, run_id: str,
-                    reporter: Reporter) -> artifacts.DirFetch | None:
+                    reporter: Reporter, *, outs: Outputs | None = None) -> artifacts.DirFetch | None:
     """The job's artifacts into .thrust/fetched/<run-id>/artifacts/, only what changed (fetch/artifacts.py);
-    None when the job has none. A glob that matches nothing is a warning."""
-    globs = artifacts.artifact_globs(job)
+    None when the job has none. A glob that matches nothing is a warning. `outs`: the job's, resolved."""
+    outs = outs if outs is not None else outputs(job)
+    globs = outs.artifacts
     if not globs:
         return None
     reporter.step("fetching the artifacts")
     got = artifacts.fetch_artifacts(session, run_dir, run_id, config.root, globs, warn=reporter.warn,
-                                    leave_out=checkpoints.checkpoint_glob(job))
+                                    leave_out=outs.checkpoints)
     reporter.step(got.summary(config.root))
     return got
 
 
 def pull_checkpoint(config: Config, session: HostSession, job: JobConfig, run_dir: str, run_id: str,
-                    reporter: Reporter, *, every: bool = False) -> checkpoints.CheckpointPull | None:
+                    reporter: Reporter, *, every: bool = False,
+                    outs: Outputs | None = None) -> checkpoints.CheckpointPull | None:
     """The run's newest checkpoint (`every`: all) into .thrust/fetched/<run-id>/checkpoints/, verified,
-    only what changed (fetch/checkpoints.py); None when the job declares no checkpoints."""
-    glob = checkpoints.checkpoint_glob(job)
+    only what changed (fetch/checkpoints.py); None when the job declares no checkpoints. `outs`: the
+    job's outputs, resolved."""
+    glob = outs.checkpoints if outs is not None else checkpoints.checkpoint_glob(job)
     if glob is None:
         return None
     got = checkpoints.pull(session, run_dir, run_id, config.root, glob, every=every)

@@ -51,6 +51,7 @@ from thrust_remote.runs.progress import RunProgress, last_metrics, pattern_of
 class Started:
     launched: list[Launched]  # rank order: the head (node 0) first
     nodes: RunNodes
+    outputs: fetching.Outputs  # what the job leaves to fetch, resolved once: the follow's pulls and end read it
 
     @property
     def head(self) -> Launched:
@@ -123,15 +124,11 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
             each(lambda c: _release(c.session, run_id), checked)
         raise
     _remember(config, launched, reporter, request, prepared[0].local, resolved.params)
-    fetches = Stage.FETCH in stages_of(request) and _fetches_anything(request.job)
+    outputs = fetching.outputs(request.job)
+    fetches = Stage.FETCH in stages_of(request) and outputs.any
     for p in prepared:  # each host's `keep:`: the trees of older ended runs go (never a live run's, nor this)
         _keep(p.session, config.root, told(p.session), run_id, release=not (fetches and p.session is ranked[0]))
-    return Started(launched, RunNodes.on_hosts(run_id, [s.name for s in ranked], list(ranked)))
-
-
-def _fetches_anything(job: JobConfig) -> bool:
-    """The job leaves something a train fetches from node 0's tree or run directory."""
-    return fetching.exports_model(job) or bool(checkpoints.checkpoint_glob(job) or artifacts.artifact_globs(job))
+    return Started(launched, RunNodes.on_hosts(run_id, [s.name for s in ranked], list(ranked)), outputs)
 
 
 def _keep(session: HostSession, root: Path, reporter: Reporter, run_id: str, *, release: bool) -> None:
@@ -194,14 +191,16 @@ def train(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
     if Stage.FOLLOW not in stages:
         return TrainOutcome(started.head, None, None, 0, dict(started.head.timings))
     return follow(config, started.nodes, started.head, request.job, reporter, fetch=Stage.FETCH in stages,
-                  force=request.force, config_path=config_path, sync_every=request.sync_every)
+                  force=request.force, config_path=config_path, sync_every=request.sync_every,
+                  outputs=started.outputs)
 
 
 # ------------------------------------------------------------------------------------------ follow
 
 def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | None, reporter: Reporter, *,
            fetch: bool = True, force: bool = False, offset: int = 0, node: int = 0,
-           config_path: Path | str | None = None, sync_every: float | None = None) -> TrainOutcome:
+           config_path: Path | str | None = None, sync_every: float | None = None,
+           outputs: fetching.Outputs | None = None) -> TrainOutcome:
     """Follow node `node`'s log (rank 0's by default) while the watch minds the other nodes and node 0's
     checkpoint and artifacts are pulled every `sync_every` s (runs/pull.py); then the run's state over
     every node and, when it FINISHED, node 0's model and artifacts; whatever the end, its newest
@@ -224,12 +223,14 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
         reporter.queued(head.host, head.position or None)
     if fetch and job is not None and nodes.sessions[0] is not None:
         nodes.sessions[0].runner.warm_transfers(1)  # the model's get at the end finds its helper started
+    # what the job leaves to fetch, resolved once (a train's start did; a reattach does here)
+    outs = outputs if outputs is not None or job is None else fetching.outputs(job)
     pattern = pattern_of(job.metrics if job is not None else None)
     progress = RunProgress(pattern)  # the follow's, read by the pulls: the step a checkpoint came at
     watched = nodes.watched()
     at = node if nodes.many else 0  # the followed node among the watched ones
     with multinode.Watch(watched.sessions, watched.names, nodes.run_id, reporter, followed=at) as watch, \
-            _pulling(config, nodes, head, job, reporter, sync_every if fetch else 0.0, progress) as puller:
+            _pulling(config, nodes, head, job, reporter, sync_every if fetch else 0.0, progress, outs) as puller:
         try:
             read = following.follow(followed_session, nodes.run_id, reporter, offset=offset, config_path=config_path,
                                     node=node if nodes.many or node else None,
@@ -246,7 +247,7 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     tell_ended(config, status, reporter.warn)
     # the run's end in one call: its model and artifacts (FINISHED), its newest checkpoint, its tree released
     end = fetching.at_end(config, nodes.sessions[0], head, job, status, reporter, fetch=fetch, force=force,
-                          timings=timings, step=progress.metrics.get("step"), config_path=config_path)
+                          timings=timings, step=progress.metrics.get("step"), config_path=config_path, outs=outs)
     return TrainOutcome(head, status, end.fetched, vocab.exit_code_for(status), timings, read.progress,
                         fetchable=end.fetchable, artifacts=end.artifacts, checkpoint=end.checkpoint,
                         pulled=puller.last if puller is not None else None,
@@ -265,10 +266,11 @@ def _next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, pro
 
 @contextmanager
 def _pulling(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | None, reporter: Reporter,
-             given: float | None, progress: RunProgress) -> Iterator[pull.Puller | None]:
+             given: float | None, progress: RunProgress, outs: fetching.Outputs | None,
+             ) -> Iterator[pull.Puller | None]:
     """Node 0's checkpoint and artifacts pulled every `sync_every` s while the run is followed; each
     checkpoint that came is noted with the step the follow had seen then (checkpoints.note_step)."""
-    every = pull.sync_every(job, given)
+    every = pull.interval(outs.pulled, job.sync_every, given) if job is not None and outs is not None else 0.0
     session = nodes.sessions[0]
     if not every or job is None or session is None:
         yield None

@@ -31,11 +31,19 @@ SYNC_EVERY_S = 300.0  # the default: a checkpoint at most five minutes old when 
 def sync_every(job: JobConfig | None, given: float | None) -> float:
     """Seconds between pulls: `--sync-every`, else the job's `sync_every:`, else SYNC_EVERY_S; 0 is off,
     and so is a job with neither checkpoints nor artifacts (nothing to pull)."""
-    if job is None or not has_files(job):
+    if job is None:
+        return 0.0
+    return interval(has_files(job), job.sync_every, given)
+
+
+def interval(pulls: bool, configured: float | None, given: float | None) -> float:
+    """sync_every of a job whose outputs are known already: `pulls` (it names checkpoints or artifacts),
+    its `sync_every:` (`configured`) and `--sync-every` (`given`)."""
+    if not pulls:
         return 0.0
     if given is not None:
         return max(0.0, given)
-    return job.sync_every if job.sync_every is not None else SYNC_EVERY_S
+    return configured if configured is not None else SYNC_EVERY_S
 
 
 def has_files(job: JobConfig) -> bool:
