@@ -27,7 +27,7 @@ def test_the_watch_fires_at_its_deadline_and_only_once():
     done = threading.Event()
     thread = agewatch.watch(0.05, done, fired.append)
     thread.join(5)
-    assert fired == ["it ran 0.05s, its max_duration"] and not thread.is_alive()
+    assert fired == ["it reached its max_duration of 0.05s"] and not thread.is_alive()
 
 
 @pytest.mark.parametrize(("seconds", "said"), [(8 * 3600, "8h"), (5400, "1h30m"), (90, "1m30s"), (45, "45s")])

@@ -186,14 +186,14 @@ def test_max_duration_stops_a_run_at_its_age_term_first(cli, backend_host):
     run_id = _started(cli, host, "ckpt", "--max-duration", "2")
     st = _ended(cli, host, run_id)
     assert (st["state"], st["reason"], st["exit_code"]) == ("STOPPED", "max-duration", 143), st
-    assert st["reason_detail"] == "it ran 2s, its max_duration", st
+    assert st["reason_detail"] == "it reached its max_duration of 2s", st
     assert "stopped at step 7" in _log(host, run_id)  # its TERM handler ran: it had its chance to checkpoint
     said = cli("status", run_id, cwd=host.project).stdout
-    assert f"{run_id}: STOPPED (exit code 143) [max-duration: it ran 2s, its max_duration]" in said, said
+    assert f"{run_id}: STOPPED (exit code 143) [max-duration: it reached its max_duration of 2s]" in said, said
     listed = cli("runs", cwd=host.project).stdout  # piped: plain columns
     assert any(run_id in line and "STOPPED [max-duration]" in line for line in listed.splitlines()), listed
     waited = cli("wait", run_id, "--timeout", "30", cwd=host.project)
-    assert waited.returncode == 143 and "[max-duration: it ran 2s, its max_duration]" in waited.stderr, \
+    assert waited.returncode == 143 and "[max-duration: it reached its max_duration of 2s]" in waited.stderr, \
         waited.stdout + waited.stderr
 
 
@@ -205,7 +205,7 @@ def test_max_duration_stops_every_node_of_a_run_over_two(cli, backend_host):
     done = cli("train", "ranks", "--set", "hold", *host.two_nodes, "--max-duration", "10", "--no-fetch",
                cwd=host.project, timeout=120)
     run_id = launched_run(done.stderr)
-    assert "[max-duration: it ran 10s, its max_duration]" in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "[max-duration: it reached its max_duration of 10s]" in done.stdout + done.stderr, done.stdout + done.stderr
     st = _status(cli, host, run_id)
     assert st["state"] == "STOPPED", st
     assert [(n["node"], n["state"]) for n in st["nodes"]] == [(0, "STOPPED"), (1, "STOPPED")], st["nodes"]

@@ -6,6 +6,7 @@ runs; a cluster's time limit is set past the stop when the host's `time:` is uns
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -39,7 +40,7 @@ def test_a_local_run_is_stopped_at_its_max_duration_term_first_and_not_retried_b
     said = done.stdout + done.stderr
     assert done.returncode == 143, said  # STOPPED: the job's exit, as a stop on request
     run_id = _run_id(done.stderr)
-    assert f"run {run_id} ended STOPPED (exit code 143) [max-duration: it ran 2s, its max_duration]" in said
+    assert f"run {run_id} ended STOPPED (exit code 143) [max-duration: it reached its max_duration of 2s]" in said
     assert "stopped at step 7" in said  # its TERM handler ran
     assert "retry" not in said  # retry's default `on:` (host-lost, lost) leaves a stop at its bound stopped
     st = cli("status", run_id, "--host", "local", "--json", cwd=proj)
@@ -62,8 +63,9 @@ def test_a_max_duration_it_cannot_be_is_refused_at_its_line_and_on_the_command_l
     proj = _project(tmp_path / "p", "  ckpt:\n" + CKPT_JOB + "    max_duration: 8 hours\n")
     bad = cli("train", "ckpt", "--host", "local", cwd=proj)
     assert bad.returncode == 78, bad.stderr
-    assert "thrust.yaml:6: jobs.ckpt.max_duration: expected a duration like 8h, 1h30m, 90m or 3600 (seconds)" \
-        in bad.stderr and "got str '8 hours'" in bad.stderr, bad.stderr
+    said = ("thrust.yaml:6: jobs.ckpt.max_duration: expected a duration like 8h, 1h30m, 90m "
+            "(whole numbers with d, h, m, s)")
+    assert said in bad.stderr and "got str '8 hours'" in bad.stderr, bad.stderr
     (proj / "thrust.yaml").write_text("jobs:\n  ckpt:\n" + CKPT_JOB)
     flag = cli("train", "ckpt", "--host", "local", "--max-duration", "-5m", cwd=proj)
     assert flag.returncode == 64 and "--max-duration -5m: expected a duration like 8h" in flag.stderr, flag.stderr
@@ -101,3 +103,33 @@ def test_a_stop_at_max_duration_is_its_own_retry_event_never_a_timeout():
     assert event_of(stopped) == "max-duration"
     assert event_of({"state": RunState.STOPPED.value, "reason": "user"}) is None
     assert event_of({"state": RunState.FAILED.value, "reason": "timeout"}) == "timeout"
+
+
+@pytest.mark.e2e
+def test_a_resumed_run_keeps_the_bound_its_run_was_given(cli, tmp_path):
+    proj = _project(tmp_path / "p", "  ckpt:\n" + CKPT_JOB)
+    first = cli("train", "ckpt", "--host", "local", "--max-duration", "2", cwd=proj)
+    assert first.returncode == 143, first.stdout + first.stderr
+    resumed = cli("resume", _run_id(first.stderr), "--host", "local", "--detach", cwd=proj)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    second = _run_id(resumed.stderr)
+    record = json.loads((proj / ".thrust" / "runs" / second / "run.json").read_text())
+    assert record["max_duration"] == 2.0, record  # train --max-duration's bound, not none
+
+
+@pytest.mark.core
+def test_a_narrow_terminal_drops_a_states_reason_before_it_cuts_a_run_id():
+    import io
+
+    from rich.console import Console
+
+    from thrust_remote.cli.runs import COLUMNS, _print_table
+
+    run_id = "ppolong-20261202-011706-eb3d"
+    row = ("ppolong", "STOPPED [max-duration]", "143", "2026-12-02T01:17:06Z", "2026-12-02T01:17:26Z",
+           "fe8d8a03aa11", "", run_id)
+    for width, state in ((50, "STOPPED"), (160, "STOPPED [max-duration]")):
+        out = io.StringIO()
+        _print_table(COLUMNS, [row], out=Console(file=out, width=width, force_terminal=True, color_system=None))
+        shown = out.getvalue()
+        assert run_id in shown and state in shown and "…" not in shown, (width, shown)

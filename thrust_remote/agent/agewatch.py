@@ -21,8 +21,11 @@ __all__ = ["MAX_DURATION", "MAX_DURATION_GRACE_S", "describe", "watch"]
 
 
 def describe(seconds: float) -> str:
-    """`8h`, `1h30m`, `90s`: a duration as max_duration: takes it, for the stop's detail."""
-    whole = int(round(seconds))
+    """`8h`, `1h30m`, `90s`: a duration as max_duration: takes it, for the stop's detail (a bound of
+    fractional seconds as given: `1.5s`)."""
+    if seconds != int(seconds):
+        return f"{seconds:g}s"
+    whole = int(seconds)
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     text = "".join(f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n)
@@ -39,7 +42,7 @@ def watch(seconds: float, done: threading.Event, on_age: Callable[[str], None],
         while not done.is_set():
             left = deadline - clock()
             if left <= 0:
-                on_age(f"it ran {describe(seconds)}, its max_duration")
+                on_age(f"it reached its max_duration of {describe(seconds)}")
                 return
             done.wait(left)
 

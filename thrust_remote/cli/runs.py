@@ -184,11 +184,16 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: S
     if not out.is_terminal:
         plain_table(headers, rows)
         return
+    state_at = list(headers).index("state") if "state" in headers else None
     keep = _columns_that_fit(headers, rows, out.width)
+    if state_at is not None and _width(headers, rows, keep) > out.width:
+        # still too wide with every droppable column gone: a state's reason ("STOPPED [max-duration]")
+        # goes before a run id is cut (`status RUN` says it whole)
+        rows = [[c.split(" [")[0] if i == state_at else c for i, c in enumerate(row)] for row in rows]
+        keep = _columns_that_fit(headers, rows, out.width)
     table = Table(*(headers[i] for i in keep))
     for column in table.columns:
         column.no_wrap = True
-    state_at = list(headers).index("state") if "state" in headers else None
     for row in rows:
         cells = [escape(c) for c in row]  # control characters escaped above; markup here
         if state_at is not None:
@@ -216,12 +221,16 @@ def _print_hosts_table(headers: Sequence[str], rows: Sequence[Sequence[str]], no
                      out)
 
 
+def _width(headers: Sequence[str], rows: Sequence[Sequence[str]], keep: Sequence[int]) -> int:
+    """The width rich's table of columns `keep` takes, every value whole (3 a column's borders and padding)."""
+    return sum(max([len(headers[i]), *(len(r[i]) for r in rows)]) + 3 for i in keep) + 1
+
+
 def _columns_that_fit(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[int]:
     """The columns shown: all when they fit whole, else without the least needed (DROP_FIRST)."""
     keep = list(range(len(headers)))
-    need = {i: max([len(headers[i]), *(len(r[i]) for r in rows)]) for i in keep}
     for name in DROP_FIRST:
-        if sum(need[i] + 3 for i in keep) + 1 <= width:
+        if _width(headers, rows, keep) <= width:
             break
         if name in headers:
             keep.remove(list(headers).index(name))
@@ -364,7 +373,7 @@ def _reattach(ctx: typer.Context, run: Run, *, node: int | None, offset: int, fe
         # would otherwise end with no word)
         st = outcome.status or {}
         code = f" (exit code {st.get('exit_code')})" if st.get("exit_code") is not None else ""
-        say(f"run {run.run_id} ended {st.get('state')}{code}")
+        say(f"run {run.run_id} ended {st.get('state')}{code}{why_ended(st)}")
         say_next(outcome)
         raise typer.Exit(outcome.exit_code)
     show_outcome(ctx, outcome, as_json, started)

@@ -11,7 +11,8 @@ import re
 DURATION_MAX = 366 * 86400
 UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _SPAN = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?\Z")
-EXPECTED = "a duration like 8h, 1h30m, 90m or 3600 (seconds), above 0 and up to 366d"
+EXPECTED = ("a duration like 8h, 1h30m, 90m (whole numbers with d, h, m, s) or 3600 (seconds), above 0 "
+            "and up to 366d")
 
 
 def parse_duration(value: object) -> float:

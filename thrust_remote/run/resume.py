@@ -16,10 +16,11 @@ each attempt is said and recorded, first attempt first.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,7 @@ def plan(fleet: Fleet, run_id: str, reporter: Reporter, *, hosts: Sequence[str] 
     if not job_name:
         raise UsageError(f"run {run_id} is not in this project's index and {head} did not say its job",
                          "give --host the host it ran on (it must answer), or resume from the project that started it")
-    job = config.job(job_name)
+    job = _bounded_as_it_ran(config.job(job_name), meta)
     template = template_of(job)
     commit = (entry.commit if entry else None) or meta.get("commit")
     want = (entry.patch_sha256 if entry else None) or meta.get("patch_sha256")
@@ -113,6 +114,16 @@ def plan(fleet: Fleet, run_id: str, reporter: Reporter, *, hosts: Sequence[str] 
         source.notes.append(f"run {run_id} is not in this project's index: the --set and --params it was given are "
                             "not known here; it continues with the job's own arguments and yours")
     return source
+
+
+def _bounded_as_it_ran(job: JobConfig, meta: Mapping[str, Any]) -> JobConfig:
+    """The job as the continuation runs it: a run given `train --max-duration` (its run.json's bound) goes
+    on with that bound unless the job now has one of its own in thrust.yaml (`resume --max-duration` is
+    applied over either by the caller)."""
+    bound = meta.get("max_duration")
+    if job.max_duration is not None or not isinstance(bound, int | float) or isinstance(bound, bool) or bound <= 0:
+        return job
+    return dataclasses.replace(job, max_duration=float(bound))
 
 
 def _ask_head(fleet: Fleet, run_id: str, head: str, reporter: Reporter, *,

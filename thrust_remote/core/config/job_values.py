@@ -152,9 +152,12 @@ def idle_stop(reader: Reader, f: str, node: yaml.Node) -> dict[str, float]:
     return out
 
 
-def max_duration(reader: Reader, f: str, node: yaml.Node) -> float:
-    """`max_duration: 8h` (or seconds): the age at which a run of the job is stopped, its TERM first."""
+def max_duration(reader: Reader, f: str, node: yaml.Node) -> float | None:
+    """`max_duration: 8h` (or seconds): the age at which a run of the job is stopped, its TERM first;
+    null: no bound, as when the key is left out."""
     value = reader.scalar(node, f)
+    if value is None:
+        return None
     try:
         return parse_duration(value)
     except ValueError as exc:
