@@ -17,6 +17,12 @@ another file comes back to it once it returns, however straight the sequence). S
 the re-entries, counts the calls alone: a change to a file seen before made by a call, not by a
 return. It is printed beside the first, never instead of it: the first is issue 52's measure.
 
+What the request is resolved into once, for the helpers that need a piece of it (arguments.Arguments:
+the job's words; data.JobData: its files:, setup:, shared:; jobs.JobFiles: the files it names;
+fetching.Outputs: what it leaves to fetch), is not a carrier: a helper handed one of those is handed that
+piece, not the request, as one handed the argv list is. Each is made from the job in one call, and that
+call is counted (it is handed the job).
+
 Why a tool and not a test: the figures are a design measure (docs/architecture.md, "The flow of one
 train"), read when the launch path is reshaped; a test pinning them would fail on any honest change.
 """
