@@ -133,3 +133,18 @@ def test_a_narrow_terminal_drops_a_states_reason_before_it_cuts_a_run_id():
         _print_table(COLUMNS, [row], out=Console(file=out, width=width, force_terminal=True, color_system=None))
         shown = out.getvalue()
         assert run_id in shown and state in shown and "…" not in shown, (width, shown)
+
+
+@pytest.mark.e2e
+def test_resume_takes_a_bound_of_its_own_and_train_json_says_why_the_run_stopped(cli, tmp_path):
+    proj = _project(tmp_path / "p", "  ckpt:\n" + CKPT_JOB)
+    first = cli("train", "ckpt", "--host", "local", "--max-duration", "1", "--json", cwd=proj)
+    out = json.loads(first.stdout)
+    assert (out["state"], out["reason"], out["reason_detail"]) == \
+        ("STOPPED", "max-duration", "it reached its max_duration of 1s"), out
+    bad = cli("resume", out["run_id"], "--host", "local", "--max-duration", "soon", cwd=proj)
+    assert bad.returncode == 64 and "--max-duration soon: expected a duration like 8h" in bad.stderr, bad.stderr
+    resumed = cli("resume", out["run_id"], "--host", "local", "--detach", "--max-duration", "90m", cwd=proj)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    record = json.loads((proj / ".thrust" / "runs" / _run_id(resumed.stderr) / "run.json").read_text())
+    assert record["max_duration"] == 5400.0, record  # resume's own bound, over the run's 1 s

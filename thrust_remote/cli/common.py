@@ -10,6 +10,8 @@ from pathlib import Path
 import typer
 
 from thrust_remote.core.config import ENV_DEBUG, Config, load_config
+from thrust_remote.core.durations import parse_duration
+from thrust_remote.core.errors import UsageError
 from thrust_remote.host.fleet import Fleet
 
 
@@ -56,3 +58,17 @@ def plain_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
     for line in (headers, *rows):
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+
+
+MAX_DURATION_HELP = ("Stop the run at this age (8h, 90m, 3600: seconds), its TERM first so it can checkpoint; it "
+                     "ends STOPPED [max-duration] (default: the job's max_duration:).")
+
+
+def max_duration_of(text: str | None) -> float | None:
+    """`--max-duration`'s seconds (None: not given); 64 for a value it cannot be, before anything connects."""
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise UsageError(f"--max-duration {text}: expected {exc}") from None

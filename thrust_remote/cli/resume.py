@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from thrust_remote.cli.common import HOST_OPT, get_config, get_fleet
+from thrust_remote.cli.common import HOST_OPT, MAX_DURATION_HELP, get_config, get_fleet, max_duration_of
 from thrust_remote.cli.outcome import CliReporter, show_outcome
 from thrust_remote.core.console import err_console
 from thrust_remote.run.handle import Run
@@ -41,13 +41,16 @@ def resume_cmd(
     force: bool = typer.Option(False, "--force", help="Resume a run that is still RUNNING (it goes on beside)."),
     sync_every: float | None = typer.Option(None, "--sync-every", min=0, help=SYNC_HELP),
     retry: int | None = typer.Option(None, "--retry", min=0, help=RETRY_HELP),
+    max_duration: str | None = typer.Option(None, "--max-duration", metavar="DURATION", help=MAX_DURATION_HELP),
 ) -> None:
     config = get_config(ctx)
+    bound = max_duration_of(max_duration)
     started = time.monotonic()
     reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
     targets = [h.name for h in config.host_list(host)] if host else []
     outcome = Run(get_fleet(ctx), run_id).resume(reporter, hosts=targets, sets=sets, params=params, detach=detach,
-                                                 force=force, sync_every=sync_every, retry=retry)
+                                                 force=force, sync_every=sync_every, retry=retry,
+                                                 max_duration=bound)
     show_outcome(ctx, outcome, as_json, started)
 
 

@@ -11,12 +11,10 @@ from pathlib import Path
 
 import typer
 
-from thrust_remote.cli.common import get_config, get_fleet
+from thrust_remote.cli.common import MAX_DURATION_HELP, get_config, get_fleet, max_duration_of
 from thrust_remote.cli.outcome import CliReporter, show_outcome
 from thrust_remote.core.config import JobConfig
 from thrust_remote.core.console import err_console
-from thrust_remote.core.durations import parse_duration
-from thrust_remote.core.errors import UsageError
 from thrust_remote.run import handle
 from thrust_remote.run.vocab import TrainRequest
 
@@ -61,10 +59,7 @@ def train(
     retry: int | None = typer.Option(None, "--retry", min=0, help="Resume the run from its newest checkpoint up to "
                                      "N times when its host stops answering or it ends LOST (the job's retry: "
                                      "says more: on, hosts)."),
-    max_duration: str | None = typer.Option(None, "--max-duration", metavar="DURATION", help="Stop the run at "
-                                            "this age (8h, 90m, 3600: seconds), its TERM first so it can "
-                                            "checkpoint; it ends STOPPED [max-duration] (default: the job's "
-                                            "max_duration:)."),
+    max_duration: str | None = typer.Option(None, "--max-duration", metavar="DURATION", help=MAX_DURATION_HELP),
 ) -> None:
     config = get_config(ctx)
     hosts = config.host_list(host)
@@ -79,11 +74,8 @@ def train(
     show_outcome(ctx, outcome, as_json, started)
 
 
+
 def _bounded(job: JobConfig, max_duration: str | None) -> JobConfig:
-    """The job with `--max-duration` in place of its own `max_duration:` (64 for a value it cannot be)."""
-    if max_duration is None:
-        return job
-    try:
-        return dataclasses.replace(job, max_duration=parse_duration(max_duration))
-    except ValueError as exc:
-        raise UsageError(f"--max-duration {max_duration}: expected {exc}") from None
+    """The job with `--max-duration` in place of its own `max_duration:`."""
+    seconds = max_duration_of(max_duration)
+    return job if seconds is None else dataclasses.replace(job, max_duration=seconds)

@@ -142,10 +142,14 @@ class Run:
 
     def resume(self, reporter: Reporter, *, hosts: Sequence[str] = (), sets: Sequence[str] = (),
                params: Path | None = None, detach: bool = False, force: bool = False,
-               sync_every: float | None = None, retry: int | None = None) -> TrainOutcome:
+               sync_every: float | None = None, retry: int | None = None,
+               max_duration: float | None = None) -> TrainOutcome:
         """A new run of its job at its code, from its newest checkpoint, on `hosts` (default: its own);
-        followed unless `detach`, and then by the job's retry policy (or `retry`) with its retries."""
+        followed unless `detach`, and then by the job's retry policy (or `retry`) with its retries.
+        `max_duration`: `resume --max-duration`, over the job's and the run's own bound."""
         source = resuming.plan(self.fleet, self.run_id, reporter, hosts=hosts, force=force)
+        if max_duration is not None:
+            source.job = dataclasses.replace(source.job, max_duration=max_duration)
         for note in source.notes:
             reporter.warn(note)
         reporter.step(f"resuming run {self.run_id} ({source.job.name}) from checkpoint "

@@ -190,6 +190,8 @@ class TrainOutcome:
             "commit": self.launched.commit, "run_dir": self.launched.run_dir,
             "state": status.get("state"), "exit_code": self.exit_code, "job_exit_code": status.get("exit_code"),
             "failed_node": status.get("failed_node"),
+            # why a run ended that did not end by itself (its max_duration:, idle GPUs, a scheduler's word)
+            **{k: status[k] for k in ("reason", "reason_detail") if status.get(k)},
             "model": str(fetched.model) if fetched else None, "manifest": str(fetched.manifest) if fetched else None,
             "sha256": fetched.sha256 if fetched else None, "bytes": fetched.bytes if fetched else None,
             "artifacts": self.artifacts.as_json() if self.artifacts else None,
