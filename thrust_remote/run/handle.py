@@ -191,7 +191,7 @@ def train(fleet: Fleet, request: TrainRequest, hosts: Sequence[HostConfig], repo
 
     if request.detach:
         return first()
-    policy = resuming.policy_for(request.job, retry)
+    policy = resuming.policy_of(request.job.retry, retry)
     if policy is None:
         return first()
     make = _attempts(fleet, reporter, sync_every=request.sync_every)

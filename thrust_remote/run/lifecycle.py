@@ -226,6 +226,7 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
     # what the job leaves to fetch, resolved once (a train's start did; a reattach does here)
     outs = outputs if outputs is not None or job is None else fetching.outputs(job)
     pattern = pattern_of(job.metrics if job is not None else None)
+    name, events = (job.name, job.metrics.tensorboard) if job is not None else ("", None)  # scalarwatch's fields
     progress = RunProgress(pattern)  # the follow's, read by the pulls: the step a checkpoint came at
     watched = nodes.watched()
     at = node if nodes.many else 0  # the followed node among the watched ones
@@ -234,7 +235,7 @@ def follow(config: Config, nodes: RunNodes, head: Launched, job: JobConfig | Non
         try:
             read = following.follow(followed_session, nodes.run_id, reporter, offset=offset, config_path=config_path,
                                     node=node if nodes.many or node else None,
-                                    scalars=scalarwatch.source_for(followed_session, nodes.run_id, job),
+                                    scalars=scalarwatch.source_for(followed_session, nodes.run_id, name, events),
                                     pattern=pattern, progress=progress, part=followed.part)
         except ConnectionLostError as exc:
             watch.fail(at, "lost: the connection to it broke while following")

@@ -231,8 +231,14 @@ class RetryPolicy:
 def policy_for(job: JobConfig, given: int | None) -> RetryPolicy | None:
     """`--retry N` (with the job's `on:`/`hosts:`/`grace:` when it has them), else the job's `retry:`;
     None: off."""
-    count = given if given is not None else (job.retry.max if job.retry else 0)
-    return RetryPolicy.of(job.retry, int(count)) if count else None
+    return policy_of(job.retry, given)
+
+
+def policy_of(section: RetryConfig | None, given: int | None) -> RetryPolicy | None:
+    """policy_for from the one field it reads (the job's `retry:`): what a caller holding a request
+    hands, rather than the request's whole job."""
+    count = given if given is not None else (section.max if section else 0)
+    return RetryPolicy.of(section, int(count)) if count else None
 
 
 Answers = Callable[..., "StatusAnswer | None"]  # (host, run_id=None) -> the run's status, None: no answer

@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from thrust_remote.agent.protocol import RunRecord
-from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ConfigError, ThrustError
 from thrust_remote.host import payload
 from thrust_remote.host.session import HostSession
@@ -68,10 +67,10 @@ class ScalarSource:
     events_dir: str
 
 
-def source_for(session: HostSession, run_id: str, job: JobConfig | None) -> ScalarSource | None:
-    """The run's scalar source when its job reads TensorBoard; None otherwise (or when run.json lacks
-    what it takes: a run started by an older thrust-remote)."""
-    events = job.metrics.tensorboard if job is not None else None
+def source_for(session: HostSession, run_id: str, job: str, events: str | None) -> ScalarSource | None:
+    """The run's scalar source when its job (named `job`) reads TensorBoard (`events`: its `metrics:
+    {tensorboard: DIR}`); None otherwise (or when run.json lacks what it takes: a run started by an
+    older thrust-remote). Handed the one field it reads, not the job."""
     if not events:
         return None
     run_dir = session.paths.run(run_id)
@@ -84,7 +83,7 @@ def source_for(session: HostSession, run_id: str, job: JobConfig | None) -> Scal
     cwd = meta.get("cwd")
     if not python or not cwd:
         return None
-    return ScalarSource(job.name, python, run_dir, events_path(cwd, events, run_id))
+    return ScalarSource(job, python, run_dir, events_path(cwd, events, run_id))
 
 
 def latest_metrics(session: HostSession, source: ScalarSource) -> dict[str, Any] | None:
