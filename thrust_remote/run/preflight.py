@@ -8,7 +8,6 @@ import json
 import sys
 from collections.abc import Sequence
 
-from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, UnreachableError
 from thrust_remote.core.hints import CPU_TORCH_INSTALL, LOCAL_EXTRA_INSTALL, command_hint
 from thrust_remote.host import payload
@@ -23,16 +22,17 @@ CRITICAL_CHECKS = ("python", "torch-import")
 LOCAL_EXTRA_MODULES = ("torch", "onnxscript", "gymnasium")
 
 
-def check_local_python(session: HostSession, job: JobConfig) -> None:
+def check_local_python(session: HostSession, spec: JobSpec) -> None:
     """The host `local` runs a job in the python thrust-remote itself runs in (unless its `python:` says
     otherwise): a plain install (no `local` extra) has no torch there. Say which modules are missing and
-    the one command that adds them, before envcheck probes torch or setup pip-installs into a venv."""
+    the one command that adds them, before envcheck probes torch or setup pip-installs into a venv.
+    `spec`: the job as the stages see it (jobspec.job_spec)."""
     host = session.host
-    if not host.is_local or job.kind in ("command", "cargo"):
+    if not host.is_local or spec.get("kind") in ("command", "cargo"):
         return
     if payload.python_of(session.runner, host) != sys.executable:
         return  # another python: envcheck's torch-import check speaks for it
-    wanted = LOCAL_EXTRA_MODULES if is_builtin_trainer(job) else ("torch",)
+    wanted = LOCAL_EXTRA_MODULES if is_builtin_trainer(spec) else ("torch",)
     missing = [name for name in wanted if importlib.util.find_spec(name) is None]
     if missing:
         python = sys.executable
@@ -41,7 +41,7 @@ def check_local_python(session: HostSession, job: JobConfig) -> None:
             "thrust-remote runs in, and the trainer's packages are the `local` extra, not in a plain install",
             f"{python} -m {LOCAL_EXTRA_INSTALL}   (on Linux without a GPU, first `{python} -m {CPU_TORCH_INSTALL}`: "
             "PyPI's torch there is the multi-GB CUDA build), or train on a GPU host: "
-            + command_hint(f"train {job.name}", host="HOST"),
+            + command_hint(f"train {spec.get('name')}", host="HOST"),
         )
 
 

@@ -150,8 +150,8 @@ def check(config: Config, job: JobConfig, session: HostSession, reporter: Report
     """sync (remote hosts: the objects, then the run's tree) → envcheck preflight: the host runs this
     commit and can run the job with `args` (the run's arguments, resolved once by the caller: what
     preflight reads a CUDA ask from). `tree`: the tree's name (the run id); None: one of its own."""
-    check_local_python(session, job)
     spec = buildenv.job_spec(job)  # the one conversion: from here on the host's view of the job
+    check_local_python(session, spec)
     if job.kind == "cargo" and not session.host.is_local:
         spec = cargo.shared_target(spec, session.paths)  # builds shared by every tree of the workdir
     label = jobs.config_label(config.path)
@@ -197,7 +197,7 @@ def set_up(checked: Checked, reporter: Reporter) -> Prepared:
         cwd = plan.crate_dir
         python = payload.python_of(session.runner, session.host)
     else:
-        venv = setup_python(session, job, report.facts, checked.local, reporter, checkout=checked.checkout,
+        venv = setup_python(session, checked.spec, report.facts, checked.local, reporter, checkout=checked.checkout,
                             code=sync_result.code_key if sync_result else None)
         skipped, python, trainer = venv.skipped, venv.python, venv.trainer
         cwd = checked.checkout

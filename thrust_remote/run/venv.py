@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.host import payload
+from thrust_remote.host.jobspec import JobSpec
 from thrust_remote.host.runner import expand_home
 from thrust_remote.host.session import HostSession, parse_json
 from thrust_remote.run.sync import LocalState
@@ -36,17 +36,18 @@ class VenvSetup:
     trainer: str | None  # the trainer zipapp on the host (kind: trainer), else None
 
 
-def is_builtin_trainer(job: JobConfig) -> bool:
+def is_builtin_trainer(spec: JobSpec) -> bool:
     """`kind: trainer`, or `kind: python` with neither `script:` nor `module:` (that kept
-    meaning the built-in trainer when `script:` and `module:` came with the other job kinds)."""
-    if job.kind == "trainer":
+    meaning the built-in trainer when `script:` and `module:` came with the other job kinds). Read from
+    the job's spec (jobspec.job_spec), as every stage reads the job."""
+    if spec.get("kind") == "trainer":
         return True
-    return job.kind == "python" and not job.script and not job.module
+    return spec.get("kind") == "python" and not spec.get("script") and not spec.get("module")
 
 
-def job_requirements(job: JobConfig) -> tuple[str, ...]:
+def job_requirements(spec: JobSpec) -> tuple[str, ...]:
     """The pip specs of the job's venv: the trainer's own for the built-in trainer, then the job's."""
-    return (*(TRAINER_REQUIREMENTS if is_builtin_trainer(job) else ()), *job.requirements)
+    return (*(TRAINER_REQUIREMENTS if is_builtin_trainer(spec) else ()), *(spec.get("requirements") or ()))
 
 
 def venv_key(session: HostSession, facts: Mapping[str, Any], specs: Sequence[str], requirements_file: str | None,
@@ -94,28 +95,29 @@ def torch_release(version: object) -> str:
     return str(version or "").split("+", 1)[0]
 
 
-def setup_python(session: HostSession, job: JobConfig, facts: Mapping[str, Any], local: LocalState | None,
+def setup_python(session: HostSession, spec: JobSpec, facts: Mapping[str, Any], local: LocalState | None,
                  reporter: Steps, *, checkout: str, code: str | None = None) -> VenvSetup:
     """The job's venv under <workdir>/.thrust/venvs/<key> (agent `venv ensure`), with its requirements
     installed: one cheap check when nothing changed. pip runs in `checkout` (the run's tree): `-e .` and
     `./pkg` are the project's, and then `code` (the run's commit and patch) keys the venv too. The host's
     torch is used as it is: the venv sees the host python's packages, and pip runs with `torch==<host
     version>` as a constraint, so it fails rather than replace it. The built-in trainer's payload is
-    uploaded when the host lacks it."""
+    uploaded when the host lacks it. `spec`: the job as the stages see it (jobspec.job_spec)."""
     runner, paths = session.runner, session.paths
-    specs = job_requirements(job)
-    requirements = os.path.join(checkout, job.requirements_file) if job.requirements_file else None
-    data = _file_bytes(local, job.requirements_file)
+    specs = job_requirements(spec)
+    requirements_file: str | None = spec.get("requirements_file")
+    requirements = os.path.join(checkout, requirements_file) if requirements_file else None
+    data = _file_bytes(local, requirements_file)
     sha = hashlib.sha256(data).hexdigest() if data is not None else None
     own_code = code if installs_local_code(specs, data.decode(errors="replace") if data else None) else None
-    key = venv_key(session, facts, specs, job.requirements_file, sha, own_code)
-    trainer = expand_home(payload.trainer().remote, runner.home()) if is_builtin_trainer(job) else None
+    key = venv_key(session, facts, specs, requirements_file, sha, own_code)
+    trainer = expand_home(payload.trainer().remote, runner.home()) if is_builtin_trainer(spec) else None
     torch_version = torch_release(facts.get("torch"))
     argv = ["venv", "ensure", "--dir", paths.venvs, "--key", key, "--cwd", checkout]
     argv += ["--constraint", f"torch=={torch_version}"] if torch_version else []
     argv += ["--requirements", requirements] if requirements else []
     argv += ["--expect", trainer] if trainer else []
-    answer = _ensure(session, job, [*argv, "--check", "--", *specs])
+    answer = _ensure(session, spec, [*argv, "--check", "--", *specs])
     if trainer and trainer in answer.get("missing", ()):
         reporter.step(f"uploading the built-in trainer ({payload.trainer().sha256[:12]})")
         payload.upload(runner, payload.trainer())
@@ -124,20 +126,21 @@ def setup_python(session: HostSession, job: JobConfig, facts: Mapping[str, Any],
         return VenvSetup(answer["python"], answer["venv"], True, trainer)
     reporter.step(f"setting up the host's python: a venv at {answer['venv']} "
                   "(first run, or its requirements, python or torch changed)")
-    wanted = [*(["-r " + job.requirements_file] if job.requirements_file else []), *specs]
+    wanted = [*(["-r " + requirements_file] if requirements_file else []), *specs]
     if wanted:
         pinned = f" (torch pinned to {torch_version})" if torch_version else ""
         reporter.step(f"installing {', '.join(wanted)} into it{pinned}")
-    answer = _ensure(session, job, [*argv, "--", *specs])
+    answer = _ensure(session, spec, [*argv, "--", *specs])
     return VenvSetup(answer["python"], answer["venv"], False, trainer)
 
 
-def _ensure(session: HostSession, job: JobConfig, argv: Sequence[str]) -> dict[str, Any]:
+def _ensure(session: HostSession, spec: JobSpec, argv: Sequence[str]) -> dict[str, Any]:
     """Agent `venv ensure`; a failure (exit 69) shows pip's last lines: nothing is launched."""
     result = session.agent(*argv, timeout=3600)
     if result.exit_code == ExitCode.UNAVAILABLE:
         doc = parse_json(result, "venv ensure", check=False)
-        where = f"jobs.{job.name}.requirements" + (f" ({job.requirements_file})" if job.requirements_file else "")
+        named = spec.get("requirements_file")
+        where = f"jobs.{spec.get('name')}.requirements" + (f" ({named})" if named else "")
         fix = (f"check that URL (the requirements' -i / --extra-index-url, or pip's own config on {session.name}: "
                f"`pip config list`) and that {session.name} reaches it" if doc.get("index")
                else f"fix the requirements ({where}) or the host's python (hosts.{session.name}.python)")
