@@ -28,12 +28,30 @@ from thrust_remote.core.errors import ConfigError, UsageError
 from thrust_remote.host.session import HostSession, parse_json
 
 TRAINER_MODULE = "trainer.train"
+
+
+@dataclass(frozen=True)
+class Runs:
+    """How a job runs: the fields of it a launch's argv and env read (process_count, job_argv,
+    job_env), made by the launch from the job (stages.launch_prepared) so `command` is handed what it
+    reads, not the job. A JobConfig has the same fields: the functions below take either."""
+
+    name: str
+    kind: str
+    command: tuple[str, ...] = ()
+    script: str | None = None
+    module: str | None = None
+    nproc: int | None = None
+    export: str | None = None
+
+
+RunsLike = JobConfig | Runs  # what process_count, job_argv, exports and job_env read of a job
 EXPORT_NAME = MODEL  # in the run directory, where fetch looks for a model
 
 
 # ------------------------------------------------------------------------------------------ argv / env
 
-def process_count(job: JobConfig, nproc: int | None, gpus: Sequence[int]) -> int:
+def process_count(job: RunsLike, nproc: int | None, gpus: Sequence[int]) -> int:
     """--nproc > the job's `nproc:` > one per selected GPU > 1. A command job starts its own processes."""
     if job.kind == "command":
         if nproc is not None and nproc > 1:
@@ -90,7 +108,7 @@ def torchrun(python: str, nproc: int, rdzv: Rendezvous | None = None) -> list[st
     return [*base, "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0"]
 
 
-def job_argv(job: JobConfig, python: str, args: Sequence[str], *, run_dir: str, nproc: int,
+def job_argv(job: RunsLike, python: str, args: Sequence[str], *, run_dir: str, nproc: int,
              export: bool = True, trainer: str | None = None, rdzv: Rendezvous | None = None) -> list[str]:
     """The argv a trainer, python or command job runs (cargo's comes from buildenv.cargo_run_argv).
     `trainer`: the built-in trainer's zipapp on the host (uploaded by setup), else `-m trainer.train`
@@ -110,12 +128,12 @@ def job_argv(job: JobConfig, python: str, args: Sequence[str], *, run_dir: str, 
     return [python, "-u", *entry]
 
 
-def exports(job: JobConfig, export: bool) -> bool:
+def exports(job: RunsLike, export: bool) -> bool:
     """Whether this run writes a model: the trainer always (unless a trial skips it), others with `export:`."""
     return export and (job.kind == "trainer" or (job.kind != "cargo" and job.export is not None))
 
 
-def job_env(job: JobConfig, base: Mapping[str, str], *, run_id: str, run_dir: str, python: str,
+def job_env(job: RunsLike, base: Mapping[str, str], *, run_id: str, run_dir: str, python: str,
             gpus: Sequence[int], export: bool) -> dict[str, str]:
     """`base` (buildenv's env + the job's `env:` + extras) plus what every job is told about its run.
 
@@ -156,7 +174,7 @@ class Command:
     again: list[str] | None = None
 
 
-def command(job: JobConfig, how: Invocation, base: Mapping[str, str], args: Sequence[str] | None,
+def command(job: Runs, how: Invocation, base: Mapping[str, str], args: Sequence[str] | None,
             seen: Sequence[int], again: tuple[Sequence[str], Sequence[int]] | None = None) -> Command:
     """The argv (`args` None: none made) and env of one launch, in one call: job_env, then job_argv with
     process_count over the GPUs the run will see (`seen`); `again`: the next attempt's (args, seen)."""
