@@ -69,9 +69,10 @@ def job_arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, 
     `flags:`); after an `args:` list (passed as is) params and --set are appended in that style
     (docs/architecture.md "Config")."""
     merged: dict[str, Any] = {**params, **sets}
+    spelling = flags.Spelling(job.kind, job.flags)  # what render reads of the job
     if isinstance(job.args, Mapping):
-        return flags.render(job, {**dict(job.args), **merged})
-    return [*job.args, *flags.render(job, merged)]
+        return flags.render(spelling, {**dict(job.args), **merged})
+    return [*job.args, *flags.render(spelling, merged)]
 
 
 def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> None:

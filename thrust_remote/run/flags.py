@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from thrust_remote.core.config import COMMAND_STYLE, FLAG_STYLES, JobConfig
+from thrust_remote.core.config import COMMAND_STYLE, FLAG_STYLES, FlagsConfig, JobConfig
 
 DASHES = "dashes"
 # the log lines of a job that refused its arguments: argparse's usage error, an assert on a flag
@@ -23,13 +24,22 @@ _REFUSED = re.compile(r"^usage: |: error: |^AssertionError|^Error: (No such opti
                       r"FATAL Flags parsing error|unrecognized arguments")
 
 
-def style_of(job: JobConfig) -> str:
+@dataclass(frozen=True)
+class Spelling:
+    """What writing a job's flags reads of it: its kind and its `flags:` (what a caller holding the
+    job hands `render`, rather than the job; a JobConfig has the same fields)."""
+
+    kind: str
+    flags: FlagsConfig
+
+
+def style_of(job: JobConfig | Spelling) -> str:
     """The job's style: its `flags: {style:}`, else its kind's default."""
     default = COMMAND_STYLE if job.kind == "command" else FLAG_STYLES[0]
     return job.flags.style or default
 
 
-def render(job: JobConfig, values: Mapping[str, Any]) -> list[str]:
+def render(job: JobConfig | Spelling, values: Mapping[str, Any]) -> list[str]:
     """`values` (name -> value; a bool a switch, None left out) as the job's argv words, in order."""
     style, dashes = style_of(job), job.flags.names == DASHES
     spelled = job.kind == "trainer"  # its switches take a value: a false overrides its env's preset
