@@ -180,14 +180,12 @@ def train(fleet: Fleet, request: TrainRequest, hosts: Sequence[HostConfig], repo
           max_restarts: int = 0, retry: int | None = None) -> TrainOutcome:
     """`train JOB`: what the run cannot be, said before anything connects; then its life (lifecycle.train)
     over a session per host and, attached, by the job's retry policy (or `retry`), each retry as one
-    chain. The reattach hints repeat the fleet's --config."""
-    lifecycle.check_request(request, hosts, max_restarts)
-    check_following(request, retry, reporter)
+    chain. The reattach hints repeat the fleet's --config. The request is checked where it starts
+    (lifecycle.train_request), once: nothing before it acts or speaks (a chain's first step is `first`)."""
 
     def first() -> TrainOutcome:
-        with fleet.sessions(hosts) as sessions:
-            return lifecycle.train(fleet.config, request, sessions, reporter, max_restarts=max_restarts,
-                                   config_path=fleet.config_path)
+        return lifecycle.train_request(fleet, request, hosts, reporter, max_restarts=max_restarts, retry=retry,
+                                       as_train=True)
 
     if request.detach:
         return first()
@@ -196,17 +194,6 @@ def train(fleet: Fleet, request: TrainRequest, hosts: Sequence[HostConfig], repo
         return first()
     make = _attempts(fleet, reporter, sync_every=request.sync_every)
     return _chain(fleet, policy, reporter, make, request.sync_every).run(first)
-
-
-def check_following(request: TrainRequest, retry: int | None, reporter: Reporter) -> None:
-    """--retry needs a job that can continue from a checkpoint (64 now, not when a host dies hours in);
-    --retry and --sync-every act while a run is followed: with --detach, nothing does (said)."""
-    if request.detach and (retry or request.sync_every is not None):
-        given = " and ".join(f for f, v in (("--retry", retry), ("--sync-every", request.sync_every)) if v is not None)
-        reporter.warn(f"{given}: acted on while a run is followed, and with --detach nothing follows it; "
-                      "`thrust-remote watch RUN` follows it with its retries (and pulls), `logs RUN -f` with pulls")
-    elif retry:
-        resuming.template_of(request.job)
 
 
 # ------------------------------------------------------------------------------------------ a chain's parts
@@ -233,9 +220,7 @@ def _attempts(fleet: Fleet, reporter: Reporter, *, sets: Sequence[str] = (), par
         hosts = fleet.config.host_list(list(source.hosts))
         request = resuming.request_for(source, hosts[0], sets=list(sets), params_file=params, detach=detach,
                                        sync_every=sync_every)
-        lifecycle.check_request(request, hosts)
-        with fleet.sessions(hosts) as sessions:
-            return lifecycle.train(fleet.config, request, sessions, reporter, config_path=fleet.config_path)
+        return lifecycle.train_request(fleet, request, hosts, reporter)
 
     return make
 

@@ -41,6 +41,7 @@ from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.fleet import Fleet, each
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import arguments, endings, fetching, following, multinode, stages, vocab
+from thrust_remote.run import resume as resuming  # the module; `resume` is a train's ResumeFrom here
 from thrust_remote.run.sync import LocalState
 from thrust_remote.run.vocab import Launched, Reporter, Stage, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index, notify, pull, scalarwatch, trees
@@ -81,11 +82,36 @@ def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restar
                          "give two or more --host (or a group), or drop --max-restarts")
 
 
+def check_following(request: TrainRequest, retry: int | None, reporter: Reporter) -> None:
+    """--retry needs a job that can continue from a checkpoint (64 now, not when a host dies hours in);
+    --retry and --sync-every act while a run is followed: with --detach, nothing does (said)."""
+    if request.detach and (retry or request.sync_every is not None):
+        given = " and ".join(f for f, v in (("--retry", retry), ("--sync-every", request.sync_every)) if v is not None)
+        reporter.warn(f"{given}: acted on while a run is followed, and with --detach nothing follows it; "
+                      "`thrust-remote watch RUN` follows it with its retries (and pulls), `logs RUN -f` with pulls")
+    elif retry:
+        resuming.template_of(request.job)
+
+
+def train_request(fleet: Fleet, request: TrainRequest, hosts: Sequence[HostConfig], reporter: Reporter, *,
+                  max_restarts: int = 0, retry: int | None = None, as_train: bool = False) -> TrainOutcome:
+    """A run's life from its request: what it cannot be, said before anything connects (check_request;
+    `as_train`: `train`'s own request, whose --retry and --detach are checked with it: check_following;
+    a resume's or a retry's is not), then `train` over a session per host (the fleet's). A train, a
+    resume and each retry of a chain start here: the request is checked once and handed on once."""
+    check_request(request, hosts, max_restarts)
+    if as_train:
+        check_following(request, retry, reporter)
+    with fleet.sessions(hosts) as sessions:
+        return train(fleet.config, request, sessions, reporter, max_restarts=max_restarts,
+                     config_path=fleet.config_path)
+
+
 def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession], reporter: Reporter, *,
           max_restarts: int = 0) -> Started:
     """Every node synced and checked, compared, set up and launched (all at once, in threads); the run
     recorded in the local index. The nodes come back in rank order (multinode.Plan.order). The request
-    was checked before the sessions were opened (check_request, by the caller)."""
+    was checked before the sessions were opened (check_request: train_request, or the caller)."""
     many = len(sessions) > 1
     resolved = arguments.resolve(request)  # its arguments and parameters, once: every node's
     args = list(resolved.words)
