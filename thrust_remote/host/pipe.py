@@ -1,5 +1,5 @@
 """The byte pipe: what the agent link (host/agentlink.py) and the stream transfer (host/streams.py) need
-from a way of reaching a host, and nothing of how it is reached (docs/architecture.md, "Transports").
+from a way of reaching a host, and nothing of how it is reached (docs/architecture.md, "Runners and the SSH layer").
 
 Both speak a line protocol to one long-lived process on the host (`agent serve`, `xfer serve`) over its
 stdin and stdout. So a transport provides two things: a `BytePipe` to such a process (the SSH transport:
