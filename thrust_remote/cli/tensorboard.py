@@ -3,7 +3,9 @@ SSH port forward (the core is tboard.py)."""
 
 from __future__ import annotations
 
-import subprocess
+import contextlib
+import os
+import signal
 import sys
 
 import typer
@@ -17,7 +19,8 @@ from thrust_remote.runs import tboard
 
 def register(app: typer.Typer) -> None:
     app.command("tensorboard", help="TensorBoard on a run's fetched artifacts (or, with --remote, on the host "
-                "through an SSH port forward); Ctrl-C stops it.")(tensorboard)
+                "through an SSH port forward); Ctrl-C stops it, and whatever ends it (SIGTERM, SIGHUP) ends "
+                "that TensorBoard too.")(tensorboard)
 
 
 def _say(text: str) -> None:
@@ -35,17 +38,35 @@ def tensorboard(
     job_name: str | None = typer.Option(None, "--job", help="The run's job, when the local index does not know "
                                         "it (its `metrics.tensorboard` names the dir)."),
 ) -> None:
+    try:
+        with tboard.ended_by_signals():
+            _serve(ctx, run_id, host, port, remote, job_name)
+    except tboard.Ended as ended:
+        _die_of(ended.signum)
+
+
+def _die_of(signum: int) -> None:
+    """Die of the signal that ended us, now that TensorBoard has ended: whoever sent it sees a death by
+    it (143 in a shell for SIGTERM), as from a process without a handler. The code is the fallback."""
+    with contextlib.suppress(OSError):  # a hung-up terminal or a closed pipe: nothing left to flush to
+        sys.stdout.flush()
+        sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    raise typer.Exit(128 + signum)
+
+
+def _serve(ctx: typer.Context, run_id: str, host: str | None, port: int, remote: bool, job_name: str | None) -> None:
     config = get_config(ctx)
     job = tboard.job_of(config, run_id, job_name)
     if not remote:
         tboard.require_tensorboard()
         logdir = tboard.local_logdir(config, run_id, job)
         _say(f"TensorBoard on {relative(logdir, config.root)}/ (Ctrl-C stops it)")
-        argv = tboard.tensorboard_argv(sys.executable, str(logdir), port)
-        try:
-            code = subprocess.run(argv).returncode  # noqa: S603 - argv, no shell; its URL is its own line
+        try:  # its URL is its own line
+            code = tboard.serve_local(tboard.tensorboard_argv(sys.executable, str(logdir), port))
         except KeyboardInterrupt:
-            code = 0  # the user stopped it: TensorBoard got the same Ctrl-C
+            code = 0  # the user stopped it (TensorBoard got the same Ctrl-C); serve_local ended it
         raise typer.Exit(code)
     with Run(get_fleet(ctx), run_id, host).session() as session:
         try:

@@ -6,14 +6,22 @@ when the job names no TensorBoard dir). `--remote`: the job's own python on the 
 THRUST_PYTHON: its venv) runs `-m tensorboard.main` bound to 127.0.0.1 on a port it picks, on a pty
 so it ends with the command; the user reaches it through a local forward over the same SSH
 connection (ssh/forward.py). Nothing here prints: `on_ready` gets the URL.
+
+Neither TensorBoard outlives the command: a SIGTERM or SIGHUP to the command alone (a process manager,
+`kill PID`) is raised as `Ended` in the main thread, as Ctrl-C is, so the local child is ended and the
+host's pty hung up on the way out (`ended_by_signals`, `serve_local`, `serve_remote`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 from thrust_remote.core.config import Config, JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, UsageError
@@ -26,6 +34,60 @@ INSTALL_HINT = "pip install 'thrust-remote[tensorboard]'"
 DEFAULT_PORT = 6006
 URL = re.compile(rb"http://127\.0\.0\.1:(\d+)/")
 START_S = 120.0  # a TensorBoard on a loaded host takes seconds to import and scan its dir
+STOP_S = 10.0  # a TensorBoard ends within a second of SIGTERM; one that does not is SIGKILLed after this
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Ended(BaseException):  # noqa: N818 - named as KeyboardInterrupt is: a way to stop, not an error
+    """A SIGTERM or SIGHUP to the command, raised in the main thread like Ctrl-C's KeyboardInterrupt, so
+    every `finally` on the way out runs (the child ended, the pty hung up) before the command dies of
+    `signum`. A BaseException: no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def ended_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `Ended` inside the block (a SIGHUP ignored by whoever started us, as
+    under nohup, stays ignored). Only the first raises: a second during the clean-up must not cut it
+    short, so from then on they are ignored until the block has been left."""
+
+    def ended(signum: int, _frame: FrameType | None) -> None:
+        for sig in handled:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Ended(signum)
+
+    handled = [sig for sig in ENDING_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, ended) for sig in handled}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def serve_local(argv: list[str]) -> int:
+    """Run this machine's TensorBoard until it ends: its exit code. Whatever stops us first (Ctrl-C,
+    `Ended`) ends it before it propagates: a TensorBoard left behind, adopted by init, would keep
+    serving the port."""
+    child = subprocess.Popen(argv)  # noqa: S603 - argv, no shell
+    try:
+        return child.wait()
+    finally:
+        _stop(child)
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (TensorBoard's own handler ends it, its data server with it), SIGKILL if it lingers."""
+    if child.poll() is None:
+        child.terminate()
+    try:
+        child.wait(STOP_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def tensorboard_argv(python: str, logdir: str, port: int) -> list[str]:
