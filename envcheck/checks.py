@@ -44,6 +44,10 @@ CHECKS = (
     ("git", "git present; workdir state"),
 )
 CHECK_IDS = tuple(cid for cid, _ in CHECKS)
+# the checks that only a tch-rs (cargo) job has anything to say about: for any other job they skip
+# (Ctx.not_cargo), and doctor leaves those skips out of its table when no job of the project is cargo
+CARGO_ONLY = ("rust-toolchain", "libtorch-use-pytorch", "ld-library-path", "ld-preload", "rustflags-no-as-needed",
+              "stale-build", "release-build", "cuda-flag", "binary-links-cuda", "build-rs-no-as-needed")
 TITLES = dict(CHECKS)
 
 GIB = 1 << 30

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -12,9 +14,10 @@ from thrust_remote.cli.common import get_config, get_fleet
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import UsageError
+from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.doctor import checkup
 from thrust_remote.doctor.checklist import FixResult
-from thrust_remote.host.report import Report
+from thrust_remote.host.report import Check, Report
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 MARK = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
@@ -35,6 +38,8 @@ def doctor(
     fix: bool = typer.Option(False, "--fix", help="Apply the safe fixes (cargo clean, build.rs lines), then recheck."),
     fresh: bool = typer.Option(False, "--fresh", help="Import torch again even if the host kept a passing probe "
                                "(kept up to 10 min while its python, packages, driver and GPUs are unchanged)."),
+    every: bool = typer.Option(False, "--all", help="Show every check: on a terminal the tch-rs (cargo) rows "
+                               "are left out unless the project has a cargo job or --job names one."),
 ) -> None:
     config = get_config(ctx)
     hosts = config.host_list(host)
@@ -42,7 +47,7 @@ def doctor(
     if len(hosts) > 1:
         if fix:
             raise UsageError("--fix works on one host at a time", "give one --host with --fix")
-        _doctor_nodes(ctx, hosts, job_cfg, as_json, fresh)
+        _doctor_nodes(ctx, hosts, job_cfg, as_json, fresh, every)
         return
     # JSON on stdout stays parseable: everything else goes to stderr in --json mode
     out = err_console if as_json else console
@@ -60,20 +65,39 @@ def doctor(
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
-        render(report)
+        render(report, _left_out(config, job_cfg, report, every), _why_left_out(config, job_cfg, hosts[0], bool(host)))
     raise typer.Exit(report.exit_code)
 
 
 def _doctor_nodes(ctx: typer.Context, hosts: list[HostConfig], job_cfg: JobConfig | None, as_json: bool,
-                  fresh: bool) -> None:
+                  fresh: bool, every: bool) -> None:
     """Every node's checklist (at once), each with its rendezvous row; exit 1 when any fails."""
+    config = get_config(ctx)
     reports = checkup.over_nodes(get_fleet(ctx), hosts, job_cfg, fresh=fresh)
     if as_json:
         typer.echo(json.dumps([r.to_json() for r in reports], indent=2))
     else:
-        for report in reports:
-            render(report)
+        for report, node in zip(reports, hosts, strict=True):
+            render(report, _left_out(config, job_cfg, report, every), _why_left_out(config, job_cfg, node, True))
     raise typer.Exit(max(r.exit_code for r in reports))
+
+
+def _left_out(config: Config, job: JobConfig | None, report: Report, every: bool) -> list[Check]:
+    """The rows a person at a terminal is spared: the tch-rs (cargo) checks' skips when no cargo job
+    concerns this doctor (ten rows that say only "for tch-rs jobs"). A pipe, a log or --json keeps every
+    check id, as scripts and `grep` expect (the ids are envcheck's contract)."""
+    if every or not console.is_terminal or checkup.wants_cargo(config, job):
+        return []
+    return checkup.cargo_skips(report)
+
+
+def _why_left_out(config: Config, job: JobConfig | None, host: HostConfig, named: bool) -> str:
+    """Why the cargo rows are left out, and `thrust-remote doctor --all` (with the host when the user named
+    one, and their --config) that shows them."""
+    why = f"{job.name!r} is a {job.kind} job" if job else f"no cargo job in {config_file(host)}"
+    every = command_hint("doctor", "--all", *(["--job", job.name] if job else []),
+                         host=host.name if named else None, config=host.config_path)
+    return f"({why}); every check: {every}"
 
 
 def _local_crate(config: Config, job) -> Path | None:
@@ -86,7 +110,11 @@ def _local_crate(config: Config, job) -> Path | None:
 NARROW = 80  # below it a table folds paths and fix commands mid-token: the plain lines instead
 
 
-def render(report: Report) -> None:
+def render(report: Report, left_out: Sequence[Check] = (), why: str = "") -> None:
+    """The checklist and its summary line; `left_out` rows are neither shown nor counted: a line says
+    how many, then `why` (and how to see them)."""
+    if left_out:
+        report = replace(report, checks=[c for c in report.checks if c not in left_out])
     if console.is_terminal and console.width >= NARROW:
         _render_table(report)
     else:
@@ -100,6 +128,9 @@ def render(report: Report) -> None:
         f"in {report.wall_s:.2f} s" + (" (envcheck uploaded)" if report.uploaded else ""),
         highlight=False, soft_wrap=True,
     )
+    if left_out:
+        console.print(f"{len(left_out)} tch-rs (cargo) checks left out {why}", style="dim", highlight=False,
+                      markup=False, soft_wrap=True)
 
 
 def _render_plain(report: Report) -> None:

@@ -23,6 +23,14 @@ hosts:
   #   known_hosts: ~/.ssh/known_hosts
   #   host_key_policy: strict    # strict | accept-new (add an unknown key once; a changed key is refused)
   #   gpus: [0, 1]               # default: every GPU nvidia-smi lists
+  # hpc:                         # a Slurm cluster: its login node; each run is one sbatch job
+  #   address: me@login.cluster.edu
+  #   workdir: ~/thrust          # on the filesystem the compute nodes share (home, /scratch...)
+  #   python: python3            # as the compute nodes see it
+  #   scheduler: slurm
+  #   partition: gpu             # sbatch --partition
+  #   account: my-lab            # sbatch --account (optional)
+  #   time: "24:00:00"           # the job's time limit (HH:MM:SS, D-HH:MM:SS; quoted)
 
 # groups:                      # one run over several hosts: `train JOB --host pair` (torchrun's rendezvous)
 #   pair: [gpu, gpu2]
@@ -43,7 +51,12 @@ jobs:                          # snake and cartpole are built in; an entry here 
   #   artifacts: ["runs/**"]     # globs under the checkout (or $THRUST_RUN_DIR/...), fetched back
   #   checkpoints: "runs/ckpt-*.pt"             # pulled while followed (sync_every: 300 s) and at the end
   #   resume: [--resume-from, "{checkpoint}"]   # how your script continues: `thrust-remote resume RUN`
-  #   retry: {max: 2, hosts: [gpu2]}            # a lost host's run resumes there from its checkpoint
+  #   retry: {max: 2, hosts: [hpc]}             # a lost host's run resumes there from its checkpoint
+  #   files: [data/input.txt, datasets/small/]   # not in git: sent once per host by content, linked into the run
+  #   setup: [python, data/prepare.py]           # run in the run's tree before the job, once per its inputs
+  #   shared: [.cache/, wandb/]                  # kept across runs on the host (one directory, linked in)
+  #   max_duration: 8h           # stop a run at that age (TERM, 60 s to checkpoint): STOPPED [max-duration]
+  #   idle_stop: {below: 5, minutes: 10}         # stop it when its GPUs stay under 5% for 10 minutes
   # snake-rs:
   #   kind: cargo                # tch-rs: cargo +TOOLCHAIN build --release --example EXAMPLE, then run it
   #   toolchain: nightly

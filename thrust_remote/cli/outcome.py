@@ -32,17 +32,20 @@ def why_ended(status: StatusAnswer, *, detail: bool = True) -> str:
 
 
 class CliReporter(LogReporter):
-    """Steps and warnings on stderr; a followed log as LogReporter renders it."""
+    """Steps and warnings on stderr; a followed log as LogReporter renders it.
+
+    The `›` stages are shown with --json as well: they go to stderr, never to the stdout that carries
+    the JSON, and a script (or its user) waiting on a long sync or set-up needs them as much as a
+    person does. `quiet` is still accepted from callers that pass `quiet=as_json`; it changes nothing."""
 
     def __init__(self, quiet: bool = False, fancy: bool | None = None, *, out: Console | None = None,
                  raw: bool = False) -> None:
         super().__init__(fancy, out=out, raw=raw)
-        self.quiet = quiet
+        del quiet  # see the docstring: --json keeps the stages on stderr
 
     def step(self, message: str) -> None:
-        if not self.quiet:
-            # soft_wrap: a path in a step stays one line to copy, whatever the width
-            err_console.print(f"[cyan]›[/] {host_text(message, lines=True)}", highlight=False, soft_wrap=True)
+        # soft_wrap: a path in a step stays one line to copy, whatever the width
+        err_console.print(f"[cyan]›[/] {host_text(message, lines=True)}", highlight=False, soft_wrap=True)
 
     def warn(self, message: str) -> None:
         err_console.print(f"[yellow]warning:[/] {host_text(message, lines=True)}", highlight=False)

@@ -46,7 +46,7 @@ def resume_cmd(
     config = get_config(ctx)
     bound = max_duration_of(max_duration)
     started = time.monotonic()
-    reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
+    reporter = CliReporter(out=err_console if as_json else None)
     targets = [h.name for h in config.host_list(host)] if host else []
     outcome = Run(get_fleet(ctx), run_id).resume(reporter, hosts=targets, sets=sets, params=params, detach=detach,
                                                  force=force, sync_every=sync_every, retry=retry,
@@ -65,6 +65,6 @@ def watch(
     """Follow RUN (as `logs -f`) and, by the job's retry policy, each run that resumes it."""
     fleet = get_fleet(ctx)
     started = time.monotonic()
-    reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
+    reporter = CliReporter(out=err_console if as_json else None)
     outcome = Run(fleet, run_id, host).watch(reporter, retry=retry, sync_every=sync_every)
     show_outcome(ctx, outcome, as_json, started)

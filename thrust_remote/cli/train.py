@@ -69,7 +69,7 @@ def train(
                            sync_every=sync_every, nodes=nodes)
     started = time.monotonic()
     # --json: stdout carries the one JSON object; the progress view goes to stderr
-    reporter = CliReporter(quiet=as_json, out=err_console if as_json else None)
+    reporter = CliReporter(out=err_console if as_json else None)
     outcome = handle.train(get_fleet(ctx), request, hosts, reporter, max_restarts=max_restarts, retry=retry)
     show_outcome(ctx, outcome, as_json, started)
 

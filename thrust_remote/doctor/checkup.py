@@ -9,12 +9,13 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from envcheck.checks import CARGO_ONLY
 from thrust_remote.backends import backend_for
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.doctor.checklist import FixResult, apply_fixes
 from thrust_remote.doctor.rdzv import rendezvous_checks
 from thrust_remote.host.fleet import Fleet, each
-from thrust_remote.host.report import Report, run_doctor
+from thrust_remote.host.report import Check, Report, run_doctor
 from thrust_remote.host.session import resolve_host
 
 
@@ -24,6 +25,19 @@ def workdir_of(config: Config, host: HostConfig) -> str:
     if host.is_local and not os.path.isabs(os.path.expanduser(host.workdir)):
         return str((config.root / host.workdir).resolve())
     return host.workdir
+
+
+def wants_cargo(config: Config, job: JobConfig | None) -> bool:
+    """Whether the tch-rs (cargo) checks concern this doctor: the job it was asked about is a cargo job,
+    or, none asked about, the project has one."""
+    if job is not None:
+        return job.kind == "cargo"
+    return any(j.kind == "cargo" for j in config.jobs.values())
+
+
+def cargo_skips(report: Report) -> list[Check]:
+    """The report's tch-rs (cargo) checks that skipped (never one that warns or fails)."""
+    return [c for c in report.checks if c.id in CARGO_ONLY and c.status == "skip"]
 
 
 def one_host(fleet: Fleet, host: HostConfig, job: JobConfig | None, *, fresh: bool = False, fix: bool = False,
