@@ -370,7 +370,8 @@ def run_setup(config: Config, data: JobData, session: HostSession, local: LocalS
         shown = "\n".join(tail[-20:]) or (done.stderr or done.stdout).strip()[-2000:]
         raise ThrustError(f"the setup ({data.where['setup']}) failed on {session.name} "
                           f"(exit {done.exit_code}); nothing was launched:\n{shown}".rstrip(),
-                          f"fix it and train again; try it there with: {_exec_hint(session, cwd, data.setup)}",
+                          f"fix it and train again; try it there with: "
+                          f"{_exec_hint(session, cwd, _as_setup_ran(session, data.setup, python, env))}",
                           ExitCode.FAILED)
     if key:
         _keep_outputs(session, key, cwd, data, reporter, config)
@@ -381,6 +382,20 @@ def _exec_hint(session: HostSession, cwd: str, argv: tuple[str, ...]) -> str:
     runs that argv there (`exec` takes every word after `--` as the command's, so --host goes before)."""
     head = command_hint("exec", "--host", session.name, "--cwd", cwd, config=session.host.config_path)
     return f"{head} -- {shlex.join(argv)}"
+
+
+def _as_setup_ran(session: HostSession, argv: tuple[str, ...], python: str,
+                  env: Mapping[str, str]) -> tuple[str, ...]:
+    """The setup's argv with its first word by its path when the setup found it in the job's venv (its
+    `python`, `pip`): `exec` runs a command without the venv on PATH, where `python` may be missing (127)
+    or another one. Any other word (`bash`, one with a slash, one the host cannot find) stays as written:
+    exec finds it as the setup did."""
+    if not argv or "/" in argv[0]:
+        return argv
+    found = session.runner.run(_with_venv(["sh", "-c", 'command -v -- "$1"', "sh", argv[0]], python),
+                               env=dict(env), timeout=30)
+    where = found.stdout.strip() if found.ok else ""
+    return (where, *argv[1:]) if where.startswith(f"{os.path.dirname(python)}/") else argv
 
 
 def _with_venv(argv: list[str], python: str) -> list[str]:

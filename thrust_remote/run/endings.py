@@ -20,8 +20,9 @@ from thrust_remote.runs.progress import RunProgress
 
 def next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, progress: RunProgress,
                host: HostConfig, config_path: Path | str | None = None, *, gave_flags: bool = False,
-               now: float | None = None) -> list[str]:
-    """The lines that say what to do after the run's end (none after FINISHED: that end says itself)."""
+               now: float | None = None, sets: Sequence[str] = ()) -> list[str]:
+    """The lines that say what to do after the run's end (none after FINISHED: that end says itself);
+    `sets`: the run's --set words, which the train command that runs it again repeats."""
     state = RunState.of(status.get("state"))
     run_id = str(status.get("run_id"))
     if state == RunState.FINISHED or job is None:
@@ -32,16 +33,16 @@ def next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, prog
         if hint:
             out.append(f"run {run_id} died of its arguments before its first metrics: {hint}")
     resume = command_hint("resume", run_id, host=host, config=config_path)
+    again = command_hint("train", job.name, *(w for s in sets for w in ("--set", s)), host=host, config=config_path)
     if resumable(job) and state in (RunState.LOST, RunState.STOPPED, RunState.FAILED):
         pulled = checkpoints.describe(config.root, run_id, now)
         if pulled:
             out.append(f"continue it from its checkpoint {pulled}: {resume} (or --host another host; the pulled "
                        "copy is used when its host does not answer)")
-        else:
-            out.append(f"no checkpoint of it was pulled here; once {host.name} answers, continue it from the one "
-                       f"there: {resume}")
+        else:  # none came at its end, where `resume` would find none either (64): the train is what works
+            out.append(f"no checkpoint of it came here at its end, so there is none to continue from; run it "
+                       f"again: {again}")
     elif state == RunState.LOST:
-        again = command_hint("train", job.name, host=host, config=config_path)
         out.append(f"nothing recorded its end (its host restarted, or its supervisor was killed); run it again: "
                    f"{again}" + ("" if job.kind == "trainer" else
                                  f"; with `checkpoints:` and `resume:` under jobs.{job.name}, a LOST run continues"))
@@ -52,7 +53,8 @@ def of_run(config: Config, status: StatusAnswer, job: JobConfig, progress: RunPr
            config_path: Path | str | None, sets: Sequence[str], params: Mapping[str, object] | None) -> list[str]:
     """`next_steps` for a run that was given `sets` and `params` (its index entry's): whether thrust-remote
     wrote it flags (`gave_flags`) is read from them here, in the one call a follow's end makes."""
-    return next_steps(config, status, job, progress, host, config_path, gave_flags=gave_flags(job, sets, params))
+    return next_steps(config, status, job, progress, host, config_path, gave_flags=gave_flags(job, sets, params),
+                      sets=sets)
 
 
 def resumable(job: JobConfig) -> bool:

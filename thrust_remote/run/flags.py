@@ -18,10 +18,16 @@ from typing import Any
 from thrust_remote.core.config import COMMAND_STYLE, FLAG_STYLES, FlagsConfig, JobConfig
 
 DASHES = "dashes"
-# the log lines of a job that refused its arguments: argparse's usage error, an assert on a flag
-# (nanoGPT's configurator), click's and absl's wording
-_REFUSED = re.compile(r"^usage: |: error: |^AssertionError|^Error: (No such option|Got unexpected)|"
-                      r"FATAL Flags parsing error|unrecognized arguments")
+# the log lines of a job that refused how its flags were spelled, not their values: argparse's and
+# Hydra's, click's and absl's wording (argparse's "invalid int value", Hydra's "could not be converted",
+# absl's "could not convert" are a value's type: the spelling was right)
+_REFUSED = re.compile(r": error: (unrecognized arguments|argument \S+: expected (one|at least one) argument|"
+                      r"ambiguous option)|^Error: (No such option|Got unexpected)|"
+                      r"FATAL Flags parsing error: Unknown command line flag|"
+                      r"Error parsing override|LexerNoViableAltException|mismatched input")
+# an assertion that looks at how an argument is written (nanoGPT's configurator: `assert
+# arg.startswith('--')`): its source line tests a quoted dash or `=`; `assert type(attempt) == ...` does not
+_ON_SPELLING = re.compile(r"""['"](--?|=)['"]""")
 
 
 @dataclass(frozen=True)
@@ -79,10 +85,27 @@ def refused_hint(job: JobConfig, log_tail: str, *, gave_flags: bool) -> str | No
     progress, the likely cause is how its flags were written: a hint naming the style, else None."""
     if job.kind == "trainer" or not gave_flags:
         return None
-    if not any(_REFUSED.search(line.strip()) for line in log_tail.splitlines()):
+    if not _refused(log_tail.splitlines(), style_of(job)):
         return None
     others = [s for s in FLAG_STYLES if s != style_of(job)]
     return (f"its flags were written {example(job)} (jobs.{job.name}.flags: style {style_of(job)!r}"
             f"{', names as-is' if job.flags.names != DASHES else ', names with dashes'}); if it takes "
             f"them otherwise, say so under jobs.{job.name}: flags: {{style: {others[0]!r}}} (or "
             f"{', '.join(repr(s) for s in others[1:])}; names: dashes for learning-rate)")
+
+
+def _refused(lines: list[str], style: str) -> bool:
+    """Whether the log's tail says the job refused the way its flags were spelled: a parser's wording, or
+    an AssertionError on an argument's spelling. One whose source line the traceback does not show (code
+    run by exec(), as nanoGPT runs its configurator) counts unless the flags were written --key=value, the
+    spelling such a configurator takes: then it asserted on a value (its type), not on how it was written."""
+    for at, line in enumerate(lines):
+        text = line.strip()
+        if _REFUSED.search(text):
+            return True
+        if text.startswith("AssertionError"):
+            source = [ln.strip() for ln in lines[:at] if ln.strip() and set(ln.strip()) - set("^~ ")]
+            shown = source[-1] if source and not source[-1].startswith(("File ", "Traceback")) else None
+            if _ON_SPELLING.search(shown) if shown else style != "--key=value":
+                return True
+    return False
