@@ -1,8 +1,9 @@
 """A next step after every ending of a followed run (docs/architecture.md, "Checkpoints and resume"):
 what to type once a run ended other than FINISHED. A LOST, STOPPED or FAILED run of a job that can
-resume names `resume RUN --host H` with the checkpoint pulled here (its step and age); a job of your own
-that died of its arguments before its first metrics names its flag style (run/flags.py); a LOST run that
-cannot resume says why it is lost and how to run it again. Library code: the lines, never printed here.
+resume names `resume RUN --host H` with the checkpoint pulled here (its step and age), and with none
+pulled the train command again (resume would find none: 64); a job of your own whose first words refused
+how its flags were spelled names its flag style (run/flags.py); a LOST run that cannot resume says why it
+is lost and how to run it again. Library code: the lines, never printed here.
 """
 
 from __future__ import annotations
