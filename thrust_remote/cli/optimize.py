@@ -141,7 +141,7 @@ def optimize(
     control = core.Control()
     fleet = get_fleet(ctx)
     runners = {h.name: fleet.runner(h) for h in hosts}
-    reporter = CliReporter(quiet=as_json)
+    reporter = CliReporter()
     previous = signal.signal(signal.SIGINT, _sigint_handler(control))
     try:
         with LiveTable(err_console.is_terminal and not as_json, f"study {study or job}") as view:

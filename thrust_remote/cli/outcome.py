@@ -36,12 +36,10 @@ class CliReporter(LogReporter):
 
     The `›` stages are shown with --json as well: they go to stderr, never to the stdout that carries
     the JSON, and a script (or its user) waiting on a long sync or set-up needs them as much as a
-    person does. `quiet` is still accepted from callers that pass `quiet=as_json`; it changes nothing."""
+    person does."""
 
-    def __init__(self, quiet: bool = False, fancy: bool | None = None, *, out: Console | None = None,
-                 raw: bool = False) -> None:
+    def __init__(self, fancy: bool | None = None, *, out: Console | None = None, raw: bool = False) -> None:
         super().__init__(fancy, out=out, raw=raw)
-        del quiet  # see the docstring: --json keeps the stages on stderr
 
     def step(self, message: str) -> None:
         # soft_wrap: a path in a step stays one line to copy, whatever the width

@@ -366,7 +366,7 @@ def _reattach(ctx: typer.Context, run: Run, *, node: int | None, offset: int, fe
     node named, a finished train run fetched), rendered as train's end is; the exit code is the job's
     (docs/architecture.md, "Exit codes")."""
     started = time.monotonic()
-    reporter = CliReporter(quiet=as_json, out=err_console if as_json else None, raw=raw)
+    reporter = CliReporter(out=err_console if as_json else None, raw=raw)
     outcome = run.follow(reporter, node=node, offset=offset, fetch=fetch, sync_every=sync_every)
     if not outcome.fetchable and not as_json and not (outcome.status or {}).get("failed_node"):
         # not a train run: nothing to fetch, only the end to tell (FINISHED too: a quiet job's follow
@@ -402,7 +402,7 @@ def fetch(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"
           ) -> None:
     """A RUNNING run brings its newest checkpoint and changed artifacts (its model once it ends)."""
     config = get_config(ctx)
-    got = Run(get_fleet(ctx), run_id, host).fetch(CliReporter(quiet=as_json), force=force,
+    got = Run(get_fleet(ctx), run_id, host).fetch(CliReporter(), force=force,
                                                   all_checkpoints=all_checkpoints)
     if as_json:
         model = got.model
