@@ -11,6 +11,10 @@ with the files still missing. What was fetched is recorded in `.thrust/fetched/<
 Paths keep their place: a glob under the run's cwd lands in `artifacts/<path>`, one under
 `$THRUST_RUN_DIR/` in `artifacts/THRUST_RUN_DIR/<path>`. A glob that matches nothing is a warning.
 
+A run's tree is a checkout of its commit: a file the globs match there whose content is still the
+commit's (its sha256 is the sha256 of the commit's blob at that path, read from the laptop's own git) is
+the project's, not the run's, and is left out, with one warning saying how many (commits_own).
+
 The host may be hostile (docs/architecture.md, "Security"): its answer is checked whole before anything
 is written (checked_entries), directories here are made without following links (_parent_dirs), each
 file is fetched only while it is the one listed (its dev/ino), keeps the host's mode less the umask,
@@ -21,11 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import hashlib
 import json
 import os
+import posixpath
 import queue
 import re
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import DEADLINE_ERROR, RUN_DIR_ENV, RUN_DIR_PREFIX, RUN_JSON_MAX, TREE_REMOVED
+from thrust_remote.agent.protocol import (
+    DEADLINE_ERROR,
+    RUN_DIR_ENV,
+    RUN_DIR_PREFIX,
+    RUN_JSON,
+    RUN_JSON_MAX,
+    TREE_REMOVED,
+)
 from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, TransferError
 from thrust_remote.core.files import write_atomic
@@ -74,6 +88,7 @@ class DirFetch:
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
     tree_removed: str | None = None  # the run's tree is gone (prune, keep:): said in these words
+    committed: int = 0  # matched, but the run's commit's own files, unchanged: left out (commits_own)
 
     @property
     def files(self) -> int:
@@ -82,11 +97,13 @@ class DirFetch:
     def as_json(self) -> dict[str, Any]:
         return {"dir": str(self.dest), "files": self.files, "fetched": len(self.fetched),
                 "unchanged": len(self.unchanged), "bytes": self.bytes, "warnings": self.warnings,
-                "tree_removed": self.tree_removed}
+                "tree_removed": self.tree_removed, "committed": self.committed}
 
     def summary(self, root: Path) -> str:
         if not self.files and self.tree_removed:
             return "artifacts: none fetched: the run's tree was removed"  # the why comes once, as the error
+        if not self.files and not self.dest.exists() and self.committed:
+            return f"artifacts: none fetched: the {self.committed} file(s) matched are the commit's own, unchanged"
         if not self.files and not self.dest.exists():
             return "artifacts: nothing matched on the host, nothing fetched"
         try:
@@ -282,6 +299,98 @@ def checked_entries(answer: dict[str, Any], host: str, dest: Path) -> list[tuple
     return out
 
 
+def commits_own(session: HostSession, run_dir: str, root: Path, todo: list[Job]) -> list[Job]:
+    """`todo` less the files under the run's cwd that are its commit's own, unchanged: the tree is a
+    checkout of the commit (run.json's `commit`, `tree`), so a tracked file whose sha256 is the sha256 of
+    the commit's blob at that path was not written by the run. The blobs are read here, from the
+    project's own git: a commit it lacks (or a run from before trees) leaves out nothing."""
+    under_cwd = [row for row in todo if row[2].get("base") == "cwd"]
+    if not under_cwd:
+        return todo  # the run directory holds nothing the commit tracks: no read of run.json
+    text = session.runner.read_text(f"{run_dir}/{RUN_JSON}", max_bytes=RUN_JSON_MAX)
+    try:
+        meta = json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        meta = None
+    if not isinstance(meta, dict):
+        return todo
+    commit, tree, cwd = meta.get("commit"), meta.get("tree"), meta.get("cwd")
+    if not (isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40,64}", commit) and isinstance(tree, str)
+            and isinstance(cwd, str) and (cwd == tree or cwd.startswith(tree.rstrip("/") + "/"))):
+        return todo
+    prefix = posixpath.relpath(cwd, tree)
+    tracked = _tracked_blobs(root, commit)
+    # only a file of the blob's size can be it: the others' blobs are never read
+    wanted = {row[2]["abs"]: tracked[path][0] for row in under_cwd
+              if (path := posixpath.normpath(posixpath.join(prefix, row[2]["path"]))) in tracked
+              and tracked[path][1] == row[2]["size"]}
+    if not wanted:
+        return todo
+    shas = _blob_sha256s(root, set(wanted.values()))
+    return [row for row in todo if row[2].get("base") != "cwd" or row[2]["abs"] not in wanted
+            or shas.get(wanted[row[2]["abs"]]) != row[2]["sha256"]]
+
+
+def own_files_warning(globs: Sequence[str], own: list[Job], host: str) -> str:
+    """The one warning for the files left out as the commit's own: how many, which globs matched them, why."""
+    named = [g for g in globs if any(glob_matches(g, entry) for _, _, entry in own)]
+    return (f"artifacts: {len(own)} file(s) {', '.join(named)} matched on {host} are the commit's own, unchanged "
+            "(the run's tree is a checkout of it): not fetched; they are in your checkout already")
+
+
+def _tracked_blobs(root: Path, commit: str) -> dict[str, tuple[str, int]]:
+    """Each regular file the commit tracks: its path from the repository's top -> (blob id, size). Empty
+    when the laptop's git has not the commit (the run came from another clone)."""
+    listed = subprocess.run(["git", "-C", str(root), "ls-tree", "-r", "-z", "--long", "--full-tree", commit],
+                            capture_output=True, check=False)
+    if listed.returncode != 0:
+        return {}
+    out: dict[str, tuple[str, int]] = {}
+    for line in listed.stdout.decode(errors="surrogateescape").split("\0"):
+        head, _, path = line.partition("\t")
+        fields = head.split()
+        if len(fields) == 4 and fields[0] in ("100644", "100755") and fields[1] == "blob" and fields[3].isdigit():
+            out[path] = (fields[2], int(fields[3]))
+    return out
+
+
+def _blob_sha256s(root: Path, blobs: set[str]) -> dict[str, str]:
+    """The sha256 of each blob's content (git cat-file --batch), read in chunks: a large committed
+    file is never held whole. The ids are written from a thread so neither pipe can fill and stall."""
+    proc = subprocess.Popen(["git", "-C", str(root), "cat-file", "--batch"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdin is not None and proc.stdout is not None
+    order = sorted(blobs)
+    stdin = proc.stdin
+
+    def feed() -> None:
+        with contextlib.suppress(OSError), stdin:
+            stdin.write("".join(f"{blob}\n" for blob in order).encode())
+
+    writer = threading.Thread(target=feed, daemon=True, name="cat-file")
+    writer.start()
+    out: dict[str, str] = {}
+    try:
+        for blob in order:
+            header = proc.stdout.readline().split()
+            if len(header) != 3 or header[1] != b"blob":
+                continue  # "<id> missing": that blob is not here, its file is fetched
+            digest, left = hashlib.sha256(), int(header[2])
+            while left > 0:
+                chunk = proc.stdout.read(min(left, 1 << 20))
+                if not chunk:
+                    return out
+                digest.update(chunk)
+                left -= len(chunk)
+            proc.stdout.read(1)  # the newline after the content
+            out[blob] = digest.hexdigest()
+    finally:
+        proc.stdout.close()
+        writer.join()
+        proc.wait()
+    return out
+
+
 def _parent_dirs(dest: Path, target: Path, host: str, made: set[Path]) -> None:
     """Make target's parents under dest (0700), never through a symlink: each one must be a real
     directory, and the whole path must stay under dest's real path. `made`: the parents already
@@ -356,6 +465,14 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     todo = checked_entries(answer, session.name, dest)
     if leave_out is not None:
         todo = [row for row in todo if not glob_matches(leave_out, row[2])]
+    kept = commits_own(session, run_dir, project_root, todo)
+    if len(kept) < len(todo):  # said once, as a warning: never a silent gap in what came
+        result.committed = len(todo) - len(kept)
+        left = {row[0] for row in kept}  # names are unique (checked_entries)
+        result.warnings.append(own_files_warning(globs, [row for row in todo if row[0] not in left], session.name))
+        if warn:
+            warn(result.warnings[-1])
+        todo = kept
     if not todo and not dest.exists():
         result.seconds = time.monotonic() - started
         return result  # nothing to bring: no empty directory beside the run's model
