@@ -14,6 +14,7 @@ from rich.table import Table
 
 from thrust_remote.agent.protocol import RunState, StatusAnswer
 from thrust_remote.backends import backend_for
+from thrust_remote.backends.base import Backend
 from thrust_remote.cli.common import HOST_OPT, get_config, get_fleet, plain_table
 from thrust_remote.cli.follow import say
 from thrust_remote.cli.outcome import CliReporter, say_next, show_outcome, why_ended
@@ -68,7 +69,7 @@ def list_runs(ctx: typer.Context,
         return
     with Fleet(get_config(ctx)).open(host) as session:
         items = control.list_runs(session, trees=True)
-        listed = session.name
+        listed, kind = session.name, backend_for(session.host)
     if as_json:
         typer.echo(json.dumps(items, indent=2))
         return
@@ -77,8 +78,9 @@ def list_runs(ctx: typer.Context,
     where = _where(ctx, listed, host)
     say(f"no {where}" if not items else where)
     if items:
-        resumed = _any_resumed(items)
-        _print_table(_columns(resumed), [_row(r, resumed) for r in items])
+        resumed, extra = _any_resumed(items), [_extra(kind, r) for r in items]
+        named = _extra_columns(extra)
+        _print_table(_columns(resumed, named), [_row(r, resumed, x, named) for r, x in zip(items, extra, strict=True)])
 
 
 def _summary(ctx: typer.Context, host: str | None, all_hosts: bool, timeout: float, since_s: float | None,
@@ -125,15 +127,18 @@ def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
     else:
         rows, notes = [], []
         resumed = _any_resumed([r for listing in listings for r in listing.runs or []])
+        extra = {id(r): _extra(backend_for(config.host(listing.host)), r)
+                 for listing in listings for r in listing.runs or []}
+        named = _extra_columns(list(extra.values()))
         for listing in listings:
             if listing.runs is None:
                 # piped: the reason in the row (one line per host for grep); on a terminal: under the table
                 why = "" if console.is_terminal else listing.error or ""
-                blank = ("",) * (len(COLUMNS) - 3)  # exit, started, ended, commit, tree: none
+                blank = ("",) * (len(COLUMNS) - 3 + len(named))  # exit, started, ended, commit, tree...: none
                 rows.append((listing.host, "", _unreachable(listing), *blank, why, *([""] if resumed else [])))
                 notes.append(f"{listing.host}: {listing.error}")
-            rows += [(listing.host, *_row(r, resumed)) for r in listing.runs or []]
-        _print_hosts_table(("host", *_columns(resumed)), rows, notes)
+            rows += [(listing.host, *_row(r, resumed, extra[id(r)], named)) for r in listing.runs or []]
+        _print_hosts_table(("host", *_columns(resumed, named)), rows, notes)
     answered = [listing for listing in listings if listing.runs is not None]
     if not answered:  # no host answered: the first one's reason is the exit code (69 for a timeout)
         raise typer.Exit(listings[0].exit_code if listings else 0)
@@ -152,20 +157,33 @@ def _any_resumed(items: Sequence[dict]) -> bool:
     return any(r.get(RESUMED) for r in items)
 
 
-def _columns(resumed: bool) -> tuple[str, ...]:
-    return (*COLUMNS, RESUMED) if resumed else COLUMNS
+def _columns(resumed: bool, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """COLUMNS with a host kind's own (`slurm_job`) before the run id, and RESUMED when a run has one."""
+    return (*COLUMNS[:-1], *extra, COLUMNS[-1], *((RESUMED,) if resumed else ()))
 
 
-def _row(r: StatusAnswer, resumed: bool = False) -> tuple[str, ...]:
+def _extra(kind: Backend, r: StatusAnswer) -> dict[str, str]:
+    """What the run's host kind adds to its line (`status` adds the same): a cluster's job id."""
+    return {k: str(v) for k, v in kind.fields(r).items() if v not in (None, "")}
+
+
+def _extra_columns(extra: Sequence[dict[str, str]]) -> list[str]:
+    return list(dict.fromkeys(k for fields in extra for k in fields))  # only when a listed run has one
+
+
+def _row(r: StatusAnswer, resumed: bool = False, extra: dict[str, str] | None = None,
+         named: Sequence[str] = ()) -> tuple[str, ...]:
     code = r.get("exit_code")
     state = f"{r['state']} ({r['position']})" if r.get("position") else r["state"]  # QUEUED (2): its place
     if r.get("unreadable"):  # its state is a guess: `status RUN` names the path
         state += " (permission denied)"
-    if RunState.of(r.get("state")).is_terminal:  # STOPPED [max-duration], FAILED [timeout]: why, not how long
+    if RunState.of(r.get("state")).is_terminal or r.get("state") == RunState.QUEUED:
+        # STOPPED [max-duration], FAILED [not-submitted]: why, not how long; QUEUED [Priority]: what it waits for
         state += why_ended(r, detail=False)
     tree = "" if "tree" not in r else trees.size_text(r.get("tree_bytes") if r.get("tree_kept") else "gone")
     row = (r.get("job") or "", state, "" if code is None else str(code), r.get("started_at") or "",
-           r.get("ended_at") or "", (r.get("commit") or "")[:12], tree, r["run_id"])
+           r.get("ended_at") or "", (r.get("commit") or "")[:12], tree,
+           *((extra or {}).get(k, "") for k in named), r["run_id"])
     return (*row, str(r.get(RESUMED) or "")) if resumed else row
 
 
@@ -229,7 +247,8 @@ def _width(headers: Sequence[str], rows: Sequence[Sequence[str]], keep: Sequence
 def _columns_that_fit(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[int]:
     """The columns shown: all when they fit whole, else without the least needed (DROP_FIRST)."""
     keep = list(range(len(headers)))
-    for name in DROP_FIRST:
+    own = [h for h in headers if h not in (*COLUMNS, *DROP_FIRST)]  # a host kind's (`slurm_job`): first
+    for name in (*own, *DROP_FIRST):
         if _width(headers, rows, keep) <= width:
             break
         if name in headers:

@@ -33,6 +33,8 @@ from thrust_remote.run import resume as resuming  # the module; `Run.resume` is 
 from thrust_remote.run.vocab import Reporter, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index
 
+LOOK_FOR_TIMEOUT_S = 10.0  # a run the index lacks: how long each host may take to list its runs
+
 
 @dataclass(frozen=True)
 class LogRead:
@@ -51,15 +53,31 @@ class Run:
         self.fleet = fleet
         self.run_id = control.check_run_id(run_id)
         self.given_host = host
+        self._host: tuple[str | None] | None = None  # host()'s answer, once found
 
     @property
     def config(self) -> Config:
         return self.fleet.config
 
     def host(self) -> str | None:
-        """Node 0's host: --host, else the one the local index recorded; None: the default host. A host
-        the index names that this config lacks is UnknownHostError (68) naming the config it came from."""
-        return index.resolve_host(self.config, self.run_id, self.given_host)
+        """Node 0's host: --host, else the one the local index recorded, else the one configured host
+        that has it when the default host does not; None: the default host. A host the index names that
+        this config lacks is UnknownHostError (68) naming the config it came from."""
+        if self._host is None:
+            self._host = (index.resolve_host(self.config, self.run_id, self.given_host) or self._look_for(),)
+        return self._host[0]
+
+    def _look_for(self) -> str | None:
+        """A run the index lacks (a launch sbatch refused after its run dir was made, a run started from
+        another checkout): asked of every configured host at once, as `runs --all` asks them, so that
+        `status RUN` does not answer "no run on <default host>" for a run another host lists. The default
+        host when it has it, or several or none do: None (its own error then says so)."""
+        hosts = list(self.config.hosts)
+        if len(hosts) < 2:
+            return None
+        listings = control.list_hosts(hosts, self.fleet.open, LOOK_FOR_TIMEOUT_S)
+        having = [h.host for h in listings if any(r.get("run_id") == self.run_id for r in h.runs or [])]
+        return having[0] if len(having) == 1 and having[0] != self.config.default_host else None
 
     def session(self) -> HostSession:
         """A new session on the run's host: the caller's to close."""
@@ -163,7 +181,7 @@ class Run:
     def watch(self, reporter: Reporter, *, retry: int | None = None, sync_every: float | None = None) -> TrainOutcome:
         """Follow it (as `follow`) and, by its job's retry policy (or `retry`), each run that resumes it."""
         config, run_id = self.config, self.run_id
-        name = index.resolve_host(config, run_id, self.given_host) or config.default_host
+        name = self.host() or config.default_host
         job = _job_of(self.fleet, run_id, name)
         follow = _reattach(self.fleet, reporter, sync_every)
         policy = resuming.policy_for(job, retry)
