@@ -158,7 +158,8 @@ def _any_resumed(items: Sequence[dict]) -> bool:
 
 
 def _columns(resumed: bool, extra: Sequence[str] = ()) -> tuple[str, ...]:
-    """COLUMNS with a host kind's own (`slurm_job`) before the run id, and RESUMED when a run has one."""
+    """COLUMNS with what a host's backend adds (its `fields`: a cluster's job id) before the run id, and
+    RESUMED when a run has one."""
     return (*COLUMNS[:-1], *extra, COLUMNS[-1], *((RESUMED,) if resumed else ()))
 
 
@@ -247,7 +248,7 @@ def _width(headers: Sequence[str], rows: Sequence[Sequence[str]], keep: Sequence
 def _columns_that_fit(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[int]:
     """The columns shown: all when they fit whole, else without the least needed (DROP_FIRST)."""
     keep = list(range(len(headers)))
-    own = [h for h in headers if h not in (*COLUMNS, *DROP_FIRST)]  # a host kind's (`slurm_job`): first
+    own = [h for h in headers if h not in (*COLUMNS, *DROP_FIRST)]  # a backend's own fields: dropped first
     for name in (*own, *DROP_FIRST):
         if _width(headers, rows, keep) <= width:
             break

@@ -68,7 +68,7 @@ class Run:
         return self._host[0]
 
     def _look_for(self) -> str | None:
-        """A run the index lacks (a launch sbatch refused after its run dir was made, a run started from
+        """A run the index lacks (a launch its scheduler refused after its run dir was made, a run started from
         another checkout): asked of every configured host at once, as `runs --all` asks them, so that
         `status RUN` does not answer "no run on <default host>" for a run another host lists. The default
         host when it has it, or several or none do: None (its own error then says so)."""
