@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WEB_STAMP := web/node_modules/.installed
 SYS_STAMP := $(VENV)/.system-deps
-APT_PACKAGES := openssh-server rsync chromium iproute2 procps git-lfs slurmctld slurmd slurm-client munge fish tcsh
+APT_PACKAGES := openssh-server rsync chromium iproute2 procps git-lfs slurmctld slurmd slurm-client munge fish tcsh \
+	postgresql
 
 .PHONY: demo test test-fast lint setup system-deps web-deps bench clean wheel
 
@@ -24,7 +25,8 @@ $(STAMP): pyproject.toml constraints.txt
 # iproute2 (`ip`: the network namespaces of the multi-host tests), procps (pkill, in those tests) and
 # g++ (torch.compile's CPU backend compiles C++: the --compile tests run it), and Slurm with munge (a
 # real cluster for the `scheduler: slurm` tests, started by tests/slurm_cluster.py), fish and tcsh (login
-# shells that are not sh: tests/test_login_shells.py). The stamp follows
+# shells that are not sh: tests/test_login_shells.py), and PostgreSQL's server (its binaries only: the
+# test starts a private cluster of its own, tests/test_optimize_postgres.py). The stamp follows
 # this Makefile: a package added here is checked for on the next `make test`, not only on a fresh venv.
 system-deps: $(SYS_STAMP)
 $(SYS_STAMP): Makefile | $(STAMP)
@@ -42,6 +44,7 @@ $(SYS_STAMP): Makefile | $(STAMP)
 	[ -x /usr/sbin/slurmd ] || missing="$$missing slurmd"; \
 	command -v sbatch >/dev/null || missing="$$missing slurm-client"; \
 	[ -x /usr/sbin/munged ] || missing="$$missing munge"; \
+	compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -355,83 +354,6 @@ def test_stop_command_stops_a_running_study(cli, tmp_path, how):
     assert out["stopped"] == "aborted" and out["counts"]["done"] == 0
     for run in runs_dir.iterdir():
         assert (run / "exit_code").exists(), f"{run.name} still running"
-
-
-# ------------------------------------------------------------------------------------------ PostgreSQL
-
-def _postgres_bin() -> Path | None:
-    for base in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
-        if (base / "initdb").exists() and (base / "pg_ctl").exists():
-            return base
-    return None
-
-
-def _postgres_scheme() -> str | None:
-    """SQLAlchemy's URL scheme for whichever PostgreSQL driver is importable."""
-    import importlib.util
-
-    if importlib.util.find_spec("psycopg2"):
-        return "postgresql+psycopg2"  # explicit: a bare postgresql:// may mean psycopg 3 in SQLAlchemy
-    if importlib.util.find_spec("psycopg"):
-        return "postgresql+psycopg"
-    return None
-
-
-@pytest.mark.e2e  # real trials of the built-in trainer
-def test_study_in_postgresql(cli, tmp_path):
-    """Two hosts' worth of drivers share one study through PostgreSQL (here: the local host, run twice)."""
-    import socket
-    import tempfile
-
-    import optuna
-
-    pg = _postgres_bin()
-    if pg is None:
-        pytest.skip("no PostgreSQL server binaries (apt-get install postgresql to run this test)")
-    scheme = _postgres_scheme()
-    if scheme is None:
-        pytest.skip("no PostgreSQL driver for SQLAlchemy (pip install psycopg2-binary or 'psycopg[binary]')")
-    as_user: list[str] = []
-    if os.getuid() == 0:  # initdb refuses to run as root
-        try:
-            import pwd
-
-            pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no postgres user for initdb")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    base = Path(tempfile.mkdtemp(prefix="thrust-pg-"))
-    base.chmod(0o755)
-    if as_user:
-        shutil.chown(base, "postgres")
-    data = base / "data"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    subprocess.run([*as_user, str(pg / "initdb"), "-D", str(data), "-U", "thrust", "--auth=trust"], check=True,
-                   capture_output=True)
-    subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-o", f"-p {port} -k {base} -h 127.0.0.1",
-                    "-w", "-l", str(base / "log"), "start"], check=True, capture_output=True)
-    try:
-        subprocess.run([str(pg / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "thrust", "studies"],
-                       check=True, capture_output=True)
-        root = local_project(tmp_path, "pg-project")
-        url = f"{scheme}://thrust@127.0.0.1:{port}/studies"
-        first = cli("optimize", "cartpole", "--trials", "2", "--parallel", "2", "--storage", url, "--study", "pg",
-                    *SMALL, "--json", cwd=root)
-        assert first.returncode == 0, first.stderr
-        # a second driver (in real use: another host) continues the same study to 3
-        second = cli("optimize", "cartpole", "--trials", "3", "--parallel", "1", "--storage", url, "--study", "pg",
-                     *SMALL, "--json", cwd=root)
-        assert second.returncode == 0, second.stderr
-        study = optuna.load_study(study_name="pg", storage=url)
-        assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in study.trials) == 3
-        assert summary(second)["storage"] == url
-        assert not (root / ".thrust" / "studies" / "pg.db").exists()  # nothing in SQLite
-    finally:
-        subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-                       capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_study_lease_is_compare_and_swap(tmp_path):

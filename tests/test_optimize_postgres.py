@@ -1,0 +1,174 @@
+"""`optimize --storage postgresql://...`: one study shared by two drivers through a real PostgreSQL
+server. `make test` installs Debian's `postgresql` (the server binaries; as root) and the dev extra's
+driver, psycopg 3 (SQLAlchemy 2.1 reads a bare `postgresql://` as psycopg); the `postgres` fixture
+starts a private cluster of its own for this module: initdb into a temporary directory, a free port
+on 127.0.0.1, password (SCRAM) logins over TCP as a user would have them, a database and a role with
+a password, the postmaster's pid recorded and stopped at teardown.
+
+The trials are runs of tests/fake_train.py (job `fake`): the subject is the shared study, not training.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_optimize import local_project
+
+# e2e: a real database server, as the browser tests have a real browser; `make test-fast` leaves it out
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("test_optimize_postgres")]
+
+EXE = str(Path(sys.executable).parent / "thrust-remote")
+SUPERUSER = "postgres"  # the cluster's own superuser; the study's role below is not one
+
+
+@dataclass(frozen=True)
+class Postgres:
+    port: int
+    database: str
+    role: str
+    password: str
+
+    def url(self, scheme: str = "postgresql") -> str:
+        return f"{scheme}://{self.role}:{self.password}@127.0.0.1:{self.port}/{self.database}"
+
+
+def server_bin() -> Path | None:
+    """Debian's server binaries (initdb, pg_ctl are not on PATH there), the newest version first."""
+    for base in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (base / "initdb").exists() and (base / "pg_ctl").exists():
+            return base
+    return None
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    pg = server_bin()
+    root = os.getuid() == 0
+    if pg is None:
+        if not root:  # `make test` installs the package only where it may (root, as on CI)
+            pytest.skip("no PostgreSQL server binaries under /usr/lib/postgresql, and not root to install "
+                        "them: sudo apt-get install postgresql (what `make test` does as root)")
+        pytest.fail("no PostgreSQL server binaries under /usr/lib/postgresql: `make system-deps` installs "
+                    "Debian's postgresql")
+    if importlib.util.find_spec("psycopg") is None:  # a dev dependency: missing is a broken set-up
+        pytest.fail("no PostgreSQL driver (psycopg): `make setup` installs the dev extra (pyproject.toml)")
+    # initdb and the postmaster refuse to run as root: as root, the package's own `postgres` user runs them
+    as_user = ["runuser", "-u", "postgres", "--"] if root else []
+    base = Path(tempfile.mkdtemp(prefix="thrust-pg-"))  # not pytest's tmp_path: mode 700, root's
+    if root:
+        shutil.chown(base, "postgres")
+    data, port = base / "data", free_port()
+    run = dict(check=True, capture_output=True, text=True)
+    subprocess.run([*as_user, str(pg / "initdb"), "-D", str(data), "-U", SUPERUSER, "-E", "UTF8", "--no-sync",
+                    "--auth-local=trust", "--auth-host=scram-sha-256"], **run)
+    # fsync off: a throwaway cluster; -k: its socket in our directory, not /var/run/postgresql
+    subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-l", str(base / "log"), "-w", "-o",
+                    f"-p {port} -h 127.0.0.1 -k {base} -c fsync=off", "start"], **run)
+    pid = int((data / "postmaster.pid").read_text().split()[0])
+    try:
+        server = Postgres(port, "studies", "optuna", secrets.token_urlsafe(18))
+        # the password goes in on stdin (a command line is public in /proc), over the trusted socket
+        sql = (f"CREATE ROLE {server.role} LOGIN PASSWORD '{server.password}';\n"
+               f"CREATE DATABASE {server.database} OWNER {server.role};\n")
+        subprocess.run([str(pg / "psql"), "-h", str(base), "-p", str(port), "-U", SUPERUSER, "-d", "postgres",
+                        "-v", "ON_ERROR_STOP=1", "-q"], input=sql, **run)
+        yield server
+    finally:
+        subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                       capture_output=True)
+        if Path(f"/proc/{pid}").exists():  # pg_ctl could not stop it: the pid we recorded at start
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def start_driver(root: Path, storage: str, out: Path) -> subprocess.Popen:
+    """`optimize fake` as its own process, the storage URL in THRUST_STUDY_STORAGE, not on its command
+    line; stdout (the JSON summary) and stderr into files under `out`."""
+    argv = [EXE, "optimize", "fake", "--study", "shared", "--trials", "4", "--parallel", "2", "--pruner", "none",
+            "--set", "seconds=0.3", "--json"]
+    with (out / "stdout").open("wb") as stdout, (out / "stderr").open("wb") as stderr:
+        return subprocess.Popen(argv, cwd=root, stdout=stdout, stderr=stderr,
+                                env={**os.environ, "NO_COLOR": "1", "THRUST_STUDY_STORAGE": storage})
+
+
+@pytest.mark.timeout(300)
+def test_two_drivers_share_one_study_in_postgresql(postgres, tmp_path):
+    """Two drivers at once (two laptops, each with its own host: here two projects on the local host),
+    one study in PostgreSQL: together they stop near N, each driver's summary counts both."""
+    import optuna
+
+    # a documented bare postgresql:// and an explicit driver name reach the same database
+    urls = {"a": postgres.url(), "b": postgres.url("postgresql+psycopg")}
+    # Optuna's tables first: two drivers that open an EMPTY database at the same moment race on
+    # creating them, and one fails (UniqueViolation on alembic_version; reported, issue 53 item 19)
+    optuna.storages.RDBStorage(postgres.url())
+    drivers = {}
+    for name, url in urls.items():
+        root = local_project(tmp_path, name, fake=True)
+        (tmp_path / f"{name}-out").mkdir()
+        drivers[name] = (root, start_driver(root, url, tmp_path / f"{name}-out"))
+    for name, (_, proc) in drivers.items():
+        proc.wait(timeout=240)
+        stderr = (tmp_path / f"{name}-out" / "stderr").read_text()
+        assert proc.returncode == 0, stderr
+    study = optuna.load_study(study_name="shared", storage=postgres.url())
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    # each driver counts both drivers' trials toward 4: past it by at most the other's two running ones
+    assert 4 <= len(done) <= 6, [t.state.name for t in study.trials]
+    assert not any(t.state.name == "RUNNING" for t in study.trials)
+    ran: dict[str, set[str]] = {}
+    for name, url in urls.items():
+        root, _ = drivers[name]
+        out = json.loads((tmp_path / f"{name}-out" / "stdout").read_text())
+        assert out["storage"] == url.replace(postgres.password, "***")
+        # it stopped on both drivers' trials: those done and the other's still running count toward N
+        assert sum(out["counts"][state] for state in ("COMPLETE", "PRUNED", "RUNNING")) >= 4, out["counts"]
+        ran[name] = {p.name for p in (root / ".thrust" / "runs").iterdir()}
+        assert not (root / ".thrust" / "studies" / "shared.db").exists()  # nothing in SQLite
+    # both drivers launched trials, none twice: the study's trials are the two projects' runs together
+    assert ran["a"] and ran["b"] and not ran["a"] & ran["b"]
+    assert {t["run_id"] for t in out["trials"]} == ran["a"] | ran["b"]
+
+
+def test_the_storage_password_is_written_nowhere(postgres, tmp_path):
+    """The URL's password reaches the database and nothing else: not the output, not a run's record
+    (a trial's command line, its environment file), not the lease."""
+    root = local_project(tmp_path, "secret", fake=True)
+    (tmp_path / "out").mkdir()
+    proc = start_driver(root, postgres.url(), tmp_path / "out")
+    proc.wait(timeout=240)
+    outputs = [(tmp_path / "out" / name).read_text() for name in ("stdout", "stderr")]
+    assert proc.returncode == 0, outputs[1]
+    assert "***" in outputs[0]  # the redacted URL is in the summary
+    secret = postgres.password.encode()
+    leaked = [p for p in (root / ".thrust").rglob("*") if p.is_file() and secret in p.read_bytes()]
+    assert not leaked and not any(postgres.password in o for o in outputs), leaked
+
+
+def test_a_wrong_password_is_a_clear_error_without_the_password(postgres, tmp_path, cli):
+    root = local_project(tmp_path, "wrong", fake=True)
+    wrong = postgres.url().replace(postgres.password, "not-the-password")
+    result = cli("optimize", "fake", "--study", "shared", "--trials", "1", cwd=root,
+                 env={"THRUST_STUDY_STORAGE": wrong})
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and "not-the-password" not in result.stderr + result.stdout
