@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "launch-outcome": ("supervisor", True),  # a launch whose answer never came: launched, else withdrawn
     "supervise": ("batchstep", True),  # a cluster's job's one step: the supervisor on its allocation
     "write-file": ("files", False),
+    "place-checkpoint": ("placing", False),  # a resumed run's checkpoint where its job reads it (resume: checkpoint_at)
     "git-state": ("checkout", True),
     "git-receive": ("checkout", True),
     "tree-add": ("trees", True),  # a run's own tree: a worktree + patch, LFS, submodules, files:, setup:, shared:

@@ -134,7 +134,7 @@ def start(config: Config, request: TrainRequest, sessions: Sequence[HostSession]
         if request.resume is not None:  # every node can read the checkpoint; the job's rank 0 does
             resume = request.resume
             reporter.step(f"placing checkpoint {resume.label} for run {run_id}")
-            paths = each(lambda p: stages.place_checkpoint(p, resume, run_id, relative=many), prepared)
+            paths = each(lambda p: resuming.place(p, resume, run_id, relative=many), prepared)
             args = [*args, *stages.resume_args(resume, paths[0])]
         if many:  # a queued run's order, the same on every node (agent/runqueue.py); one host its own clock
             launched, ranked = multinode.launch_nodes(prepared, request, args, run_id, reporter, max_restarts,

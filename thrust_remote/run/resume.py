@@ -6,7 +6,9 @@ job at the same code (the run's commit and the uncommitted patch it ran with, ke
 entry), started from the run's newest checkpoint: the one on its own host when it stays there and that
 host answers (pulled first, so a copy is here too), else the newest one pulled before, hashed again
 and uploaded verified to every node. The job's `resume:` template ("{checkpoint}" filled) is what
-tells it to continue; the built-in trainer's is known.
+tells it to continue; the built-in trainer's is known. A job that reads its checkpoint from a fixed place
+of its own tree (`resume: {args: [...], checkpoint_at: out/ckpt.pt}`) finds it copied there, verified,
+before it starts, and its arguments go as they are.
 
 `Chain` is the retry: a followed run whose host stops answering, or that ends LOST (or FAILED, when
 asked), is resumed on its host when it answers again, else on the next of the job's `retry: hosts`;
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import posixpath
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,8 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thrust_remote.agent import placing
 from thrust_remote.agent.protocol import CHECKPOINT_FIELD, MAX_DURATION, PATCH, RunState, StatusAnswer
 from thrust_remote.core.config import RETRY_ON_DEFAULT, Config, JobConfig, RetryConfig
+from thrust_remote.core.config.retry import ResumeArgs
 from thrust_remote.core.errors import (
     ConnectionLostError,
     Detached,
@@ -40,26 +45,78 @@ from thrust_remote.core.hints import command_hint
 from thrust_remote.fetch import checkpoints
 from thrust_remote.host.fleet import Fleet
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import fetching, vocab
+from thrust_remote.run import fetching, stages, vocab
 from thrust_remote.run.vocab import Reporter, ResumeFrom, TrainOutcome
 from thrust_remote.runs import control, index
 
 TRAINER_TEMPLATE = ("--resume-from", CHECKPOINT_FIELD)  # trainer/args.py: --resume-from CKPT
 
 
+RESUME_EXAMPLE = (f'`resume: [--resume-from, "{CHECKPOINT_FIELD}"]` (the arguments your code takes, '
+                  f'"{CHECKPOINT_FIELD}" where the path goes), or `resume: {{args: [--init_from=resume], '
+                  "checkpoint_at: out/ckpt.pt}` (where your code reads it)")
+
+
 def template_of(job: JobConfig) -> tuple[str, ...]:
-    """How the job continues from a checkpoint; a job that does not say cannot be resumed (64)."""
+    """How the job continues from a checkpoint (a ResumeArgs: with `checkpoint_at` when the job reads it
+    from a fixed place of its tree); a job that does not say cannot be resumed (64)."""
     if checkpoints.checkpoint_glob(job) is None:
         raise UsageError(f"job {job.name} declares no checkpoints: there is nothing to resume it from",
-                         f"add `checkpoints: GLOB` (where your code writes them) and `resume: [--resume-from, "
-                         f"\"{CHECKPOINT_FIELD}\"]` (how it continues) under jobs.{job.name} in thrust.yaml")
+                         f"add `checkpoints: GLOB` (where your code writes them) and {RESUME_EXAMPLE} "
+                         f"under jobs.{job.name} in thrust.yaml")
     if job.resume:
-        return tuple(job.resume)
+        return job.resume if isinstance(job.resume, ResumeArgs) else ResumeArgs(tuple(job.resume))
     if job.kind == "trainer":
         return TRAINER_TEMPLATE
     raise UsageError(f"job {job.name} does not say how to continue from a checkpoint (`resume:`)",
-                     f"add `resume: [--resume-from, \"{CHECKPOINT_FIELD}\"]` (the arguments your code takes, "
-                     f"\"{CHECKPOINT_FIELD}\" where the path goes) under jobs.{job.name} in thrust.yaml")
+                     f"add {RESUME_EXAMPLE} under jobs.{job.name} in thrust.yaml")
+
+
+def checkpoint_at(template: tuple[str, ...]) -> str | None:
+    """Where the job reads its checkpoint, relative to its working directory (`resume: {checkpoint_at:}`);
+    None: its arguments name it."""
+    return template.checkpoint_at if isinstance(template, ResumeArgs) else None
+
+
+def place(prepared: stages.Prepared, resume: ResumeFrom, run_id: str, *, relative: bool) -> str:
+    """The checkpoint a resumed run starts from placed on this node (stages.place_checkpoint: verified,
+    in the new run's directory), and, for a job that reads it from a fixed place of its tree, copied
+    there too before the job starts: whole (renamed into place), with the sha256 it was verified by,
+    refused when that place leaves the run's tree (links resolved on the host)."""
+    path = stages.place_checkpoint(prepared, resume, run_id, relative=relative)
+    at = checkpoint_at(resume.template)
+    if at is None:
+        return path
+    session = prepared.session
+    source = posixpath.normpath(posixpath.join(prepared.cwd, path))  # absolute already unless `relative`
+    tree = session.paths.tree(run_id)
+    root = tree if prepared.cwd == tree or prepared.cwd.startswith(f"{tree}/") else prepared.cwd
+    answer = session.agent_json("place-checkpoint", "place-checkpoint", "--src", source, "--root", root,
+                                "--cwd", prepared.cwd, "--at", at,
+                                *(("--sha256", sha) if (sha := _verified_sha(prepared, resume)) else ()))
+    if not isinstance(answer, dict) or "error" in answer or "path" not in answer:
+        why = answer.get("error") if isinstance(answer, dict) else repr(answer)
+        said = f"run {run_id}: the checkpoint {resume.label} was not placed at {at} on {session.name}: {why}"
+        if isinstance(answer, dict) and answer.get("why") == placing.OUTSIDE:
+            raise UsageError(said, f"`resume: {{checkpoint_at: {at}}}` under jobs.{prepared.job.name} in thrust.yaml "
+                                   "names where your code reads it, relative to its working directory, inside the "
+                                   "run's tree (no link out of it): fix it, then run the resume again")
+        raise TransferError(said, "nothing was placed and the run did not start: fetch the checkpoint again from the "
+                                  f"run's host, then: {command_hint('resume', resume.run_id, host=session.host)}")
+    return path
+
+
+def _verified_sha(prepared: stages.Prepared, resume: ResumeFrom) -> str | None:
+    """The sha256 the checkpoint was verified by: the pulled copy's, else the run's own file as its
+    newest pull recorded it (the pull that just ran on its host, in `plan`)."""
+    if resume.local_sha256:
+        return resume.local_sha256
+    if resume.on_host is None:
+        return None
+    files = checkpoints.read_record(prepared.config.root, resume.run_id).get("files") or {}
+    row = files.get(posixpath.basename(resume.on_host)) or {}
+    sha = row.get("sha256")
+    return sha if isinstance(sha, str) else None
 
 
 @dataclass

@@ -16,13 +16,78 @@ from thrust_remote.core.config.values import words
 from thrust_remote.core.errors import ConfigError
 
 
+class ResumeArgs(tuple[str, ...]):
+    """A job's `resume:`: the arguments that continue a run, and, in the form of a job that reads its
+    checkpoint from a fixed place of its own tree (`{args: [--init_from=resume], checkpoint_at:
+    out/ckpt.pt}`), that place: relative to the job's working directory, the verified checkpoint is put
+    there before the job starts and the arguments go as they are. A tuple still (JobConfig.resume's
+    type: every reader of the arguments reads them as before); `checkpoint_at` None: the arguments name
+    the checkpoint ("{checkpoint}")."""
+
+    checkpoint_at: str | None
+
+    def __new__(cls, args: tuple[str, ...] = (), checkpoint_at: str | None = None) -> ResumeArgs:
+        self = super().__new__(cls, args)
+        self.checkpoint_at = checkpoint_at
+        return self
+
+    def __bool__(self) -> bool:  # `{args: [], checkpoint_at: P}` (a job that continues whenever P is there) says how
+        return bool(self.checkpoint_at) or len(self) > 0
+
+
+RESUME_KEYS = ("args", "checkpoint_at")
+RESUME_FORMS = ('[--resume-from, "{checkpoint}"] (the path in the arguments), or {args: [--init_from=resume], '
+                "checkpoint_at: out/ckpt.pt} (where your code reads it, relative to its working directory)")
+
+
 def resume(reader: Reader, f: str, node: yaml.Node) -> tuple[str, ...]:
-    """The arguments that continue a run from a checkpoint, like [--resume-from, "{checkpoint}"]."""
-    argv = words(reader, f, node, 'a list of arguments like [--resume-from, "{checkpoint}"]')
+    """The arguments that continue a run from a checkpoint: a list naming it, like [--resume-from,
+    "{checkpoint}"], or `{args: [...], checkpoint_at: PATH}` for a job that reads it at PATH."""
+    if isinstance(node, yaml.MappingNode):
+        return _resume_at(reader, f, node)
+    argv = words(reader, f, node, f"either {RESUME_FORMS}")
     if not any(CHECKPOINT_FIELD in w for w in argv):
         raise reader.fail(node, f, f'expected the checkpoint\'s place in the arguments, "{CHECKPOINT_FIELD}", '
-                                   'as in [--resume-from, "{checkpoint}"]')
-    return tuple(argv)
+                                   'as in [--resume-from, "{checkpoint}"]; a job that reads it from a fixed place '
+                                   "of its tree says where: {args: [--init_from=resume], checkpoint_at: out/ckpt.pt}")
+    return ResumeArgs(tuple(argv))
+
+
+def _resume_at(reader: Reader, f: str, node: yaml.Node) -> ResumeArgs:
+    """`{args: [...], checkpoint_at: PATH}`: PATH inside the job's tree (relative, no `..`: checked again on
+    the host, links resolved), the arguments without "{checkpoint}" (the job finds it at PATH)."""
+    argv: list[str] = []
+    at: str | None = None
+    for key, key_node, value in reader.mapping(node, f):
+        if key == "args":
+            argv = words(reader, f"{f}.args", value, "a list of arguments like [--init_from=resume]")
+            if any(CHECKPOINT_FIELD in w for w in argv):
+                raise reader.fail(value, f"{f}.args", f'"{CHECKPOINT_FIELD}" has no place here: with '
+                                  "`checkpoint_at:` the checkpoint is put where your code reads it; either "
+                                  f"drop `checkpoint_at:` and write {RESUME_FORMS.split(' (')[0]}, or drop "
+                                  f'"{CHECKPOINT_FIELD}"')
+        elif key == "checkpoint_at":
+            at = _inside(reader, f"{f}.checkpoint_at", value)
+        else:
+            raise reader.unknown(key_node, f"{f}.{key}", RESUME_KEYS)
+    if at is None:
+        raise reader.fail(node, f"{f}.checkpoint_at", "missing: where your code reads the checkpoint, relative to "
+                                                      "its working directory, as in {args: [--init_from=resume], "
+                                                      "checkpoint_at: out/ckpt.pt}")
+    return ResumeArgs(tuple(argv), at)
+
+
+def _inside(reader: Reader, f: str, node: yaml.Node) -> str:
+    """A file's path relative to the job's working directory that stays inside its tree."""
+    text = reader.string(node, f) or ""
+    parts = [p for p in text.split("/") if p not in ("", ".")]
+    if text.startswith(("/", "~")) or "$" in text:
+        raise reader.fail(node, f, f"expected a path relative to the job's working directory (inside the run's "
+                                   f"own tree), like out/ckpt.pt, got {text!r}")
+    if ".." in parts or not parts or text.endswith("/"):
+        raise reader.fail(node, f, f"expected a file's path inside the run's own tree (no `..`), like out/ckpt.pt, "
+                                   f"got {text!r}")
+    return "/".join(parts)
 
 
 def sync_every(reader: Reader, f: str, node: yaml.Node) -> float:
