@@ -16,8 +16,12 @@ its `setup:` outputs and its `shared:` directories.
     agent tree-remove --workdir W --tree T [--ref NAME] [--module STORE]...
     agent tree-size --tree T [--deadline S]     -> {"bytes", "files", "complete"}
     agent tree-prune --workdir W [--keep N] [--fetched RUN]... [--spare RUN]... [--release RUN]... [--auto]
-                     [--dry-run]
-        -> {"trees": [{"name", "tree", "runs", "live", "fetched", "at", "hold", "bytes", "removed"}], "freed"}
+                     [--project ROOT]... [--dry-run]
+        -> {"trees": [{"name", "tree", "runs", "live", "fetched", "at", "hold", "bytes", "removed"}], "freed",
+            "others"}
+           --project: the root commits of the laptop's project; only the trees whose HEAD shares one (or
+           one with --spare's tree) are counted and removed: `others` is how many other projects' were
+           left alone (a host's workdir serves every project of its account)
            hold (when kept whatever N): "setup" (being set up or launched), "fetch" (--auto: its train is
            still to fetch it), "launched" (--spare: the run just launched); without --keep only the leases
            --release names are dropped
@@ -33,7 +37,8 @@ sends it again and no tree ever gets content that is not what its name says.
 tree-add takes the tree's lease (W/.thrust/leases/NAME) before the tree exists: tree-prune never removes
 a tree being set up or launched, and a launch's keep: (--auto) not one whose train is still to fetch it
 (the laptop releases it: --release, or --fetched once it fetched something). A tree removed by
-tree-prune leaves `tree-removed.json` (when, by prune or keep) in each of its runs' directories.
+tree-prune leaves `tree-removed.json` (when, by prune or keep, and keep's launch) in each of its runs'
+directories.
 
 `--ref NAME` keeps the commit reachable (refs/thrust/trees/NAME) while the tree lives: `git gc` keeps
 its objects, and the next sync's bundle leaves them out. Stdlib only; git is called with argv.
@@ -508,18 +513,24 @@ def _users(workdir: str) -> dict[str, list[dict]]:
 
 
 def prune(workdir: str, keep: int | None, fetched: list[str], dry_run: bool, *, spare: tuple[str, ...] = (),
-          release: tuple[str, ...] = (), auto: bool = False) -> dict:
+          release: tuple[str, ...] = (), auto: bool = False, project: tuple[str, ...] = ()) -> dict:
     """Remove trees beyond the newest `keep` of ended runs: never a tree a QUEUED or RUNNING run uses,
     nor one still being set up or launched (its lease, and no run yet), nor `spare` (the run just
     launched); with `auto` (a launch's keep:) neither one whose run ended and whose train is still to
     fetch it (its lease). The trees of FINISHED runs already fetched (`fetched`: the laptop's word) go
     first, then the oldest. A tree no run names and no lease holds (a set-up abandoned) counts as ended.
+    `project`: the root commits of the laptop's project: only its trees are counted and removed, every
+    other project's sharing the workdir is left alone (`others` counts them); none given: every tree.
     `release`: leases the laptop is done with, dropped first; `keep` None: only that."""
     for name in release if not dry_run else ():
         drop_lease(workdir, name)
     if keep is None:
         return {"trees": [], "freed": 0, "dry_run": dry_run}
     rows = _tree_rows(workdir, fetched, set(spare), auto)
+    others = 0
+    if project:
+        ours = _ours(rows, set(project), set(spare))
+        others, rows = len(rows) - len(ours), ours
     ended = [r for r in rows if not r["live"] and not r.get("hold")]
     # newest first; the fetched-and-finished ones count as older than every other
     ended.sort(key=lambda r: (not r["fetched"], r["at"]), reverse=True)
@@ -529,9 +540,28 @@ def prune(workdir: str, keep: int | None, fetched: list[str], dry_run: bool, *, 
         row["removed"] = not dry_run
         freed += row["bytes"]
         if not dry_run:
-            _note_removed(workdir, row, "keep" if auto else "prune")
+            launch = {"launch": spare[0], "keep": keep} if auto and spare else {}
+            _note_removed(workdir, row, "keep" if auto else "prune", launch)
             remove(workdir, row["tree"], row["name"], _module_stores(workdir))
-    return {"trees": rows, "freed": freed, "dry_run": dry_run}
+    return {"trees": rows, "freed": freed, "dry_run": dry_run, **({"others": others} if project else {})}
+
+
+def _roots(tree: str) -> frozenset[str]:
+    """The root commits of the tree's HEAD: its project, as the workdir's one store knows it (a shallow
+    sync's boundary stands for the root there). Empty when git cannot tell (a tree half made)."""
+    done = _git(tree, "rev-list", "--max-parents=0", "HEAD")
+    return frozenset(done.stdout.decode().split()) if done.returncode == 0 else frozenset()
+
+
+def _ours(rows: list[dict], project: set[str], spare: set[str]) -> list[dict]:
+    """The rows of the project whose root commits are `project` (the laptop's) or the just-launched
+    tree's, as the host's store sees them (a shallow sync's boundary): one project's keep: never counts,
+    nor removes, another's trees. A tree whose history shares no root with it is another project's; one
+    git cannot read is no project's, left for its own project's prune."""
+    roots = {row["name"]: _roots(row["tree"]) for row in rows}
+    for name in spare:
+        project |= roots.get(name, frozenset())
+    return [row for row in rows if roots[row["name"]] & project]
 
 
 def _tree_rows(workdir: str, fetched: list[str], spare: set[str], auto: bool) -> list[dict]:
@@ -577,12 +607,13 @@ def _lock_within(fd: int) -> bool:
     return lock_within(fd, LOCK_WAIT_S)
 
 
-def _note_removed(workdir: str, row: dict, by: str) -> None:
-    """Each run of a tree being removed is told in its directory (TREE_REMOVED): a fetch says so plainly."""
+def _note_removed(workdir: str, row: dict, by: str, launch: dict) -> None:
+    """Each run of a tree being removed is told in its directory (TREE_REMOVED): a fetch says so plainly,
+    with the launch whose keep: removed it (`launch`: its run id, `keep` its N)."""
     from .files import write_atomic
 
     note = json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ts": time.time(), "by": by,
-                       "tree": row["tree"]}).encode()
+                       "tree": row["tree"], **launch}).encode()
     for run_id in row["runs"]:
         run_dir = os.path.join(workdir, RUNS_DIR, run_id)
         with contextlib.suppress(OSError):
@@ -691,6 +722,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--spare", action="append", default=[])
     p.add_argument("--release", action="append", default=[])
     p.add_argument("--auto", action="store_true")
+    p.add_argument("--project", action="append", default=[])  # the laptop project's root commits
     p.add_argument("--dry-run", action="store_true")
     p = sub.add_parser("store-missing")
     p.add_argument("--workdir", required=True)
@@ -711,7 +743,7 @@ def _run(args: argparse.Namespace) -> dict:
         return size(args.tree, args.deadline)
     if args.cmd == "tree-prune":
         return prune(args.workdir, args.keep, args.fetched, args.dry_run, spare=tuple(args.spare),
-                     release=tuple(args.release), auto=args.auto)
+                     release=tuple(args.release), auto=args.auto, project=tuple(args.project))
     if args.cmd == "store-missing":
         return {"missing": missing(args.workdir, json.loads(sys.stdin.read() or "[]"))}
     return keep_setup(args.workdir, args.tree, args.key, json.loads(sys.stdin.read() or "{}").get("exclude") or [])

@@ -52,6 +52,7 @@ from thrust_remote.core.config import JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, TransferError
 from thrust_remote.core.files import write_atomic
 from thrust_remote.core.hints import command_hint
+from thrust_remote.core.names import valid_id
 from thrust_remote.fetch.models import _ensure_kept_root, kept_root
 from thrust_remote.host.runner import FileChangedError, drop_orphan_parts, sha256_file
 from thrust_remote.host.session import HostSession, parse_json
@@ -152,10 +153,12 @@ def list_remote(session: HostSession, run_dir: str, globs: Sequence[str]) -> dic
     return answer
 
 
-def tree_removed(session: HostSession, run_dir: str, run_id: str, answer: dict[str, Any]) -> str | None:
+def tree_removed(session: HostSession, run_dir: str, run_id: str, answer: dict[str, Any],
+                 local: Path | None = None) -> str | None:
     """When a glob under the run's cwd matched nothing and that cwd is gone: what removed it and when
-    (the run directory's `tree-removed.json`, agent/trees.py), in a sentence; else None. Asked only
-    then: a listing that matched costs nothing more."""
+    (the run directory's `tree-removed.json`, agent/trees.py: prune, or which launch's keep:), and
+    `local`, the copy an earlier fetch left here, when there is one, in a sentence; else None. Asked
+    only then: a listing that matched costs nothing more."""
     if not any(not g.startswith(RUN_DIR_PREFIX) for g in _strings(answer, "unmatched")):
         return None
     text = session.runner.read_text(f"{run_dir}/{TREE_REMOVED}", max_bytes=RUN_JSON_MAX)
@@ -168,12 +171,24 @@ def tree_removed(session: HostSession, run_dir: str, run_id: str, answer: dict[s
         if not isinstance(cwd, str) or session.runner.exists(cwd):
             return None
         note = {}
+    return (f"the tree of run {run_id} on {session.name} was removed {_removed_how(note)}; its files there "
+            f"({cwd}) are gone. Its run directory's files stay ({run_dir}: log, metrics, model, $THRUST_RUN_DIR/ "
+            f"files)" + (f"; its copy here (what was fetched of it): {local}/" if local is not None and local.is_dir()
+                         else "; no fetch of it left a copy here"))
+
+
+def _removed_how(note: dict[str, Any]) -> str:
+    """By what and when, from the note: `prune`, or the keep: of a launch (its run id, its N)."""
     by = note.get("by") if note.get("by") in ("prune", "keep") else None
     at = note.get("at") if isinstance(note.get("at"), str) else None
-    how = (f"by {'keep: {runs: N}' if by == 'keep' else 'prune'} at {at}" if by and at
-           else "(no record of when: by hand, or an older thrust-remote)")
-    return (f"the tree of run {run_id} on {session.name} was removed {how}; its files there ({cwd}) are gone. "
-            f"Its run directory's files stay ({run_dir}: log, metrics, model, $THRUST_RUN_DIR/ files)")
+    if not by or not at:
+        return "(no record of when: by hand, or an older thrust-remote)"
+    if by == "prune":
+        return f"by prune at {at}"
+    keep = note.get("keep") if isinstance(note.get("keep"), int) and not isinstance(note.get("keep"), bool) else "N"
+    launch = note.get("launch")
+    return (f"by keep: {{runs: {keep}}} at {at}" + (f", when run {launch} of the same project was launched"
+                                                    if isinstance(launch, str) and valid_id(launch) else ""))
 
 
 def _strings(answer: dict[str, Any], key: str) -> list[str]:
@@ -454,7 +469,7 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     result = DirFetch(dest)
     session.runner.warm_transfers(1)  # its start (a shell, a python) beside the listing's, not after it
     answer = list_remote(session, run_dir, globs)
-    result.tree_removed = tree_removed(session, run_dir, run_id, answer)
+    result.tree_removed = tree_removed(session, run_dir, run_id, answer, dest.parent)
     if result.tree_removed:  # said once, plainly (the summary, or the error when nothing came), instead of
         # a "matches nothing" per glob under the tree
         answer = {**answer, "unmatched": [g for g in _strings(answer, "unmatched") if g.startswith(RUN_DIR_PREFIX)]}

@@ -7,6 +7,7 @@ launch's keep: keeps a tree whose train is still to fetch it).
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,15 @@ def fetched_runs(root: Path) -> list[str]:
     return sorted(p.name for p in base.iterdir() if any((p / name).is_file() for name in FETCHED_RECORDS))
 
 
+def project_roots(root: Path) -> tuple[str, ...]:
+    """The project, as a host's trees are told apart by it: the root commits of its HEAD (a host's
+    workdir is one store for every project of its account; a clone elsewhere, a fork, is the same
+    history). () when git cannot tell: then nothing of the host is counted as this project's."""
+    done = subprocess.run(["git", "-C", str(root), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
+                          check=False)
+    return tuple(sorted(done.stdout.decode().split())) if done.returncode == 0 else ()
+
+
 @dataclass(frozen=True)
 class Pruned:
     """One host's `tree-prune` answer: every tree with its runs, whether it stays, what was freed."""
@@ -32,6 +42,7 @@ class Pruned:
     trees: list[dict]
     freed: int
     dry_run: bool
+    others: int = 0  # the trees of other projects in the same workdir: never counted, never removed
 
     @property
     def removed(self) -> list[dict]:
@@ -43,20 +54,28 @@ class Pruned:
         return [t for t in self.trees if t.get("hold") and "removed" not in t]
 
     def as_json(self) -> dict:
-        return {"host": self.host, "trees": self.trees, "freed": self.freed, "dry_run": self.dry_run}
+        return {"host": self.host, "trees": self.trees, "freed": self.freed, "dry_run": self.dry_run,
+                "others": self.others}
 
 
 def prune(session: HostSession, root: Path, keep: int, *, dry_run: bool = False, launched: str | None = None,
           release: bool = False) -> Pruned:
-    """Remove (or, `dry_run`, list) the trees beyond the newest `keep` of ended runs on this host; never
-    one being set up or launched. `launched`: a launch's keep: (the run just launched is spared, and so
-    is a tree whose train is still to fetch it); `release`: this train will not fetch from its tree."""
+    """Remove (or, `dry_run`, list) this project's trees beyond the newest `keep` of its ended runs on
+    this host; never one being set up or launched, never another project's (project_roots: a launch's
+    keep: and `thrust-remote prune` alike). `launched`: a launch's keep: (the run just launched is
+    spared, and so is a tree whose train is still to fetch it); `release`: this train will not fetch
+    from its tree."""
+    roots = project_roots(root)
     argv = ["tree-prune", "--workdir", session.paths.workdir, "--keep", str(keep),
             *[a for run in fetched_runs(root) for a in ("--fetched", run)], *(["--dry-run"] if dry_run else [])]
     if launched is not None:
         argv += ["--auto", "--spare", launched, *(["--release", launched] if release else [])]
+    # no roots (not a git project): a project no tree can be told to be, so none is counted; the run
+    # just launched still lends its own tree's roots (agent tree-prune --spare)
+    argv += [a for r in roots or ("-",) for a in ("--project", r)]
     answer = session.agent_json("tree-prune", *argv, timeout=600)
-    return Pruned(session.name, list(answer.get("trees") or []), int(answer.get("freed") or 0), dry_run)
+    return Pruned(session.name, list(answer.get("trees") or []), int(answer.get("freed") or 0), dry_run,
+                  int(answer.get("others") or 0))
 
 
 def keep_policy(session: HostSession, root: Path, launched: str, *, release: bool) -> Pruned | None:
@@ -92,8 +111,9 @@ def summary(pruned: Pruned) -> str:
     what = "would free" if pruned.dry_run else "freed"
     gone = len(pruned.removed)
     kept = len(pruned.trees) - gone
+    others = f"; {pruned.others} of other projects left alone" if pruned.others else ""
     return (f"{pruned.host}: {gone} tree(s) {'to remove' if pruned.dry_run else 'removed'}, {kept} kept; "
-            f"{what} {size_text(pruned.freed)}")
+            f"{what} {size_text(pruned.freed)}{others}")
 
 
 HOLDS = {"setup": "being set up or launched", "fetch": "its train is still to fetch it",
