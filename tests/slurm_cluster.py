@@ -24,6 +24,7 @@ import signal
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,3 +308,120 @@ def next_poll(workdir: Path) -> None:
         answer = json.loads(kept.read_text())
         answer["at"] = 0
         kept.write_text(json.dumps(answer))
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+# The Slurm test modules' one-node cluster and its login node, written once. A module takes them as
+# `cluster = slurm_cluster.cluster_fixture(...)`, `login = slurm_cluster.login_fixture()` (pytest
+# collects a fixture by the name it is assigned under: no import a linter reads as unused).
+
+SLURM_CLIENTS = ("sacct", "sacctmgr", "salloc", "sattach", "sbatch", "sbcast", "scancel", "scontrol", "sdiag",
+                 "sinfo", "sprio", "squeue", "sreport", "srun", "sshare", "sstat", "strigger")
+
+
+def cluster_fixture(prefix: str, **options):
+    """A module's cluster: `start(...)` with `options` (gpus=, preempt=...), stopped at the module's end."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def cluster():
+        skip_unless_runnable()
+        root = Path(tempfile.mkdtemp(prefix=prefix))
+        started = start(root / "cluster", **options)
+        try:
+            yield started
+        finally:
+            started.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+    return cluster
+
+
+def login_fixture():
+    """The cluster's login node: an sshd whose sessions see the cluster (SLURM_CONF), as root."""
+    import pytest
+    from conftest import _start_sshd
+
+    @pytest.fixture(scope="module")
+    def login(cluster, tmp_path_factory):
+        server = _start_sshd(tmp_path_factory.mktemp("login-sshd"),
+                             extra_config=f"SetEnv SLURM_CONF={cluster.conf}\n")
+        try:
+            yield server
+        finally:
+            server.stop()
+
+    return login
+
+
+def slurm_keys(cluster: Cluster, indent: str = "    ") -> str:
+    """A thrust.yaml host's Slurm keys: the cluster's partition, 10 minutes, the whole node (2 CPUs), so a
+    second run waits for the first."""
+    return (f"{indent}scheduler: slurm\n{indent}partition: {cluster.partition}\n{indent}time: \"10:00\"\n"
+            f"{indent}sbatch: {{cpus-per-task: 2}}\n")
+
+
+@dataclass
+class LoginNode:
+    """A login node as real clusters have them: an account whose shell is /bin/sh, whose plain `sh -c`
+    (what sshd runs a command with) has no Slurm: its PATH (sshd's SetEnv) holds every program but Slurm's
+    clients, and no SLURM_CONF. `~/.profile` loads a `module load`-like script (`modules/slurm`) that
+    puts Slurm's commands on PATH and names the cluster: only a login shell's environment has them."""
+
+    server: object  # conftest.SSHServer
+    account: str
+    home: Path
+    keys: str  # the host's Slurm keys (slurm_keys)
+
+    def project(self, path: Path, jobs: str, *, login_shell: bool) -> Path:
+        """A project whose host `sandbox` is this login node (workdir in the account's home; the system
+        python, which the account can read), Slurm's keys, and `login_shell: true` when asked."""
+        from helpers import new_project
+
+        proj = new_project(path, self.server, self.home / "unused", jobs=jobs, python=Path("/usr/bin/python3"))
+        cfg = proj / "thrust.yaml"
+        text = re.sub(r"address: \w+@", f"address: {self.account}@", cfg.read_text())
+        text = re.sub(r"workdir: .*", f"workdir: {self.home / 'thrust'}", text, count=1)
+        keys = self.keys + ("    login_shell: true\n" if login_shell else "")
+        cfg.write_text(text.replace("    connect_timeout: 5\n", f"    connect_timeout: 5\n{keys}", 1))
+        return proj
+
+
+def login_node_fixture():
+    """The cluster's login node whose Slurm is reachable only through the login environment (LoginNode)."""
+    import pytest
+    from conftest import _start_sshd
+    from helpers import throwaway_account
+
+    @pytest.fixture(scope="module")
+    def login_node(cluster):
+        # not under pytest's 0700 base directory: the account must reach the sshd's keys and these programs
+        root = Path(tempfile.mkdtemp(prefix="thrust-login-node-"))
+        plain, slurm = root / "bin", root / "slurm" / "bin"
+        plain.mkdir()
+        slurm.mkdir(parents=True)
+        for folder in ("/usr/local/bin", "/usr/bin", "/bin"):
+            for program in Path(folder).iterdir():
+                target = (slurm if program.name in SLURM_CLIENTS else plain) / program.name
+                if not target.exists() and not target.is_symlink():
+                    target.symlink_to(program)
+        module = root / "modules" / "slurm"
+        module.parent.mkdir()
+        module.write_text(f'PATH="{slurm}:$PATH"\nSLURM_CONF={cluster.conf}\nexport PATH SLURM_CONF\n')
+        root.chmod(0o755)
+        # the account's clients reach the cluster as a login node's do: its slurm.conf and munge's socket
+        # (the key stays root's: 0400); a directory only passed through, as /run/munge on a real node
+        for folder in (cluster.root.parent, cluster.root, cluster.root / "munge"):
+            folder.chmod(folder.stat().st_mode | 0o011)
+        server = _start_sshd(root / "sshd", extra_config=f"SetEnv PATH={plain}\n")
+        try:
+            with throwaway_account(server) as (account, home):
+                profile = home / ".profile"
+                profile.write_text(f"# what `module load slurm` does on a real cluster\n. {module}\n")
+                shutil.chown(profile, account, account)
+                yield LoginNode(server, account, home, slurm_keys(cluster))
+        finally:
+            server.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+    return login_node

@@ -6,13 +6,10 @@ Against the suite's real cluster (tests/slurm_cluster.py), as tests/test_slurm.p
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 import slurm_cluster
-from conftest import _start_sshd
 from helpers import new_project, remote_tempdir, wait_until
 from slurm_cluster import GATED, launched_run, next_poll, run_status
 
@@ -21,24 +18,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_slurm")]
 slurm_cluster.skip_unless_runnable()
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    root = Path(tempfile.mkdtemp(prefix="thrust-slurm-cols-"))
-    started = slurm_cluster.start(root / "cluster", gpus=2)
-    try:
-        yield started
-    finally:
-        started.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def login(cluster, tmp_path_factory):
-    server = _start_sshd(tmp_path_factory.mktemp("login-sshd"), extra_config=f"SetEnv SLURM_CONF={cluster.conf}\n")
-    try:
-        yield server
-    finally:
-        server.stop()
+cluster = slurm_cluster.cluster_fixture("thrust-slurm-cols-", gpus=2)
+login = slurm_cluster.login_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +31,7 @@ def hpc(login, cluster, tmp_path_factory) -> tuple[Path, Path]:
     text = (proj / "thrust.yaml").read_text()
     box = text.split("hosts:\n", 1)[1].split("jobs:\n", 1)[0].replace("  sandbox:\n", "  box:\n", 1)
     box = box.replace(f"workdir: {workdir}", f"workdir: {workdir}-box")
-    text = text.replace("    connect_timeout: 5\n", f"    connect_timeout: 5\n    scheduler: slurm\n"
-                        f"    partition: {cluster.partition}\n    time: \"10:00\"\n"
-                        "    sbatch: {cpus-per-task: 2}\n", 1)
+    text = text.replace("    connect_timeout: 5\n", f"    connect_timeout: 5\n{slurm_cluster.slurm_keys(cluster)}", 1)
     text = text.replace("default_host: sandbox", "default_host: box").replace("jobs:\n", box + "jobs:\n", 1)
     (proj / "thrust.yaml").write_text(text)
     return proj, workdir

@@ -15,9 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,25 +29,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_slurm")]
 
 slurm_cluster.skip_unless_runnable()
 
-@pytest.fixture(scope="session")
-def cluster():
-    root = Path(tempfile.mkdtemp(prefix="thrust-slurm-"))
-    started = slurm_cluster.start(root / "cluster", gpus=2, preempt=True)
-    try:
-        yield started
-    finally:
-        started.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def login(cluster, tmp_path_factory):
-    """The cluster's login node: an sshd whose sessions see the cluster (SLURM_CONF)."""
-    server = _start_sshd(tmp_path_factory.mktemp("login-sshd"), extra_config=f"SetEnv SLURM_CONF={cluster.conf}\n")
-    try:
-        yield server
-    finally:
-        server.stop()
+cluster = slurm_cluster.cluster_fixture("thrust-slurm-", gpus=2, preempt=True)
+login = slurm_cluster.login_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +42,7 @@ def hpc(login, cluster, tmp_path_factory) -> tuple[Path, Path]:
     text = (proj / "thrust.yaml").read_text()
     # the sshd fixture's host, made a Slurm login node; every run asks the whole node (2 CPUs), so a
     # second one waits for the first
-    text = text.replace("    connect_timeout: 5\n", f"    connect_timeout: 5\n    scheduler: slurm\n"
-                        f"    partition: {cluster.partition}\n    time: \"10:00\"\n"
-                        "    sbatch: {cpus-per-task: 2}\n")
+    text = text.replace("    connect_timeout: 5\n", f"    connect_timeout: 5\n{slurm_cluster.slurm_keys(cluster)}")
     (proj / "thrust.yaml").write_text(text)
     return proj, workdir
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -71,26 +69,8 @@ def test_options_that_only_begin_like_one_of_ours_pass_through(tmp_path):
 
 # ------------------------------------------------------------------------------------------ on the cluster
 
-@pytest.fixture(scope="module")
-def cluster():
-    slurm_cluster.skip_unless_runnable()
-    root = Path(tempfile.mkdtemp(prefix="thrust-slurm-hostile-"))
-    started = slurm_cluster.start(root / "cluster")
-    try:
-        yield started
-    finally:
-        started.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def login(cluster, tmp_path_factory):
-    """The cluster's login node: an sshd whose sessions see the cluster (SLURM_CONF)."""
-    server = _start_sshd(tmp_path_factory.mktemp("login-sshd"), extra_config=f"SetEnv SLURM_CONF={cluster.conf}\n")
-    try:
-        yield server
-    finally:
-        server.stop()
+cluster = slurm_cluster.cluster_fixture("thrust-slurm-hostile-")
+login = slurm_cluster.login_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +96,7 @@ def hpc(login, broken_login, cluster, tmp_path_factory) -> tuple[Path, Path]:
                        files={"tiny.py": "print('tiny ran')\n"},
                        jobs=f"jobs:\n  gated:\n    {GATED}\n    env: {{THRUST_TEST_SECRET: {SECRET}}}\n"
                             "  tiny:\n    script: tiny.py\n")
-    slurm_keys = (f"    scheduler: slurm\n    partition: {cluster.partition}\n    time: \"10:00\"\n"
-                  "    sbatch: {cpus-per-task: 2}\n")
+    slurm_keys = slurm_cluster.slurm_keys(cluster)
     text = (proj / "thrust.yaml").read_text()
     text = text.replace("    connect_timeout: 5\n", f"    connect_timeout: 5\n{slurm_keys}")
     bad = broken_login.host_config("broken", workdir=str(workdir))
