@@ -23,6 +23,8 @@ import secrets
 import subprocess
 import sys
 
+from .loginenv import LOGIN_ENV
+
 CALL_S = 30.0
 JOB_FRAMEWORK = "torch"
 SRUN_WAIT_S = 20  # srun --immediate: a cluster with no free node now says so rather than queue the check
@@ -57,12 +59,31 @@ def minutes(text: str) -> float | None:
     return float(a)
 
 
+SINFO = ["sinfo", "--noheader", "--format=%P|%a|%l|%D|%G"]
+COMMANDS_ROW = "slurm-commands"  # Slurm's own commands fail: every other row would only repeat it
+# where the laptop puts the key doctor names (it knows the host's name and its thrust.yaml)
+LOGIN_SHELL_FIX = "login_shell"
+
+
+def commands_row(said: str) -> dict:
+    """sinfo failed in the agent's environment: is Slurm there in the login environment (/etc/profile,
+    ~/.profile), where a plain `sh -c` never looks? Then the fix is the host's `login_shell: true`."""
+    code, out = _run(["sh", "-c", LOGIN_ENV + 'exec "$@"', "sh", *SINFO])
+    if code == 0:
+        return _row(COMMANDS_ROW, "Slurm's commands", "fail",
+                    f"sinfo fails in the plain `sh -c` that commands over SSH get ({said[-200:]}), but works in "
+                    "a login shell (/etc/profile, ~/.profile): Slurm is set up only by the login environment",
+                    LOGIN_SHELL_FIX)
+    return _row(COMMANDS_ROW, "Slurm's commands", "fail", f"sinfo failed: {said[-300:]}; in a login shell: "
+                f"{out[-200:]}", "make `sinfo` work on this host over SSH (SLURM_CONF, the munge daemon); in "
+                "a login shell it fails too, so ask the cluster's admins how Slurm is set up")
+
+
 def partition_rows(partition: str | None, time_limit: str | None) -> tuple[list[dict], bool]:
     """The partition's rows, and whether it has GPUs."""
-    code, out = _run(["sinfo", "--noheader", "--format=%P|%a|%l|%D|%G"])
+    code, out = _run(SINFO)
     if code != 0:
-        return [_row("slurm-partition", "Slurm partition", "fail", f"sinfo failed: {out[-300:]}",
-                     "check that Slurm's commands work in a login shell on this host (SLURM_CONF, module load)")], False
+        return [commands_row(out)], False
     parts = {}
     for line in out.splitlines():
         name, avail, limit, nodes, gres = (line.split("|") + [""] * 5)[:5]
@@ -182,6 +203,11 @@ def main(argv: list[str]) -> int:
         print(json.dumps(probe(args.file)))
         return 0
     rows, gpus = partition_rows(args.partition or None, args.time or None)
+    if rows[0]["id"] == COMMANDS_ROW:  # sbatch would fail alike: not for the reason its row names
+        print(json.dumps([*rows, *(_row(cid, title, "skip", "needs Slurm's commands (the row above)") for cid, title in
+                                   (("slurm-submit", "sbatch accepts the job"),
+                                    ("slurm-node", "a compute node runs the job's python")))]))
+        return 0
     rows.append(submit_row(args.option))
     # the check's own srun: two minutes, no warning signal; the job's other options as given
     # (sbatch's own --signal and --no-requeue, which srun does not take, left out)

@@ -68,6 +68,9 @@ class SlurmConfig:
     time: str | None = None  # the job's time limit, Slurm's format
     limit_warning: int = LIMIT_WARNING_S  # seconds before the limit the job gets its TERM
     sbatch: tuple[tuple[str, str | None], ...] = field(default_factory=tuple)  # (option, value or None: a flag)
+    # `login_shell: true`: every command on the login node runs in the login environment (/etc/profile,
+    # ~/.profile: where clusters put Slurm on PATH, or `module load slurm`), not in sshd's plain `sh -c`
+    login_shell: bool = False
 
 
 def option_clash(key: str) -> tuple[str, str] | None:

@@ -3,8 +3,10 @@ give (agent/slurmcheck.py), after the login node's own checklist (docs/architect
 
 from __future__ import annotations
 
+from thrust_remote.agent.slurmcheck import LOGIN_SHELL_FIX
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ThrustError
+from thrust_remote.core.hints import config_file
 from thrust_remote.core.scheduler import sbatch_options
 from thrust_remote.host.fleet import Fleet
 from thrust_remote.host.report import Check
@@ -24,5 +26,13 @@ def slurm_checks(fleet: Fleet, host: HostConfig, workdir: str) -> list[Check]:
             rows = session.agent_json("the Slurm checks", *args, timeout=CHECK_S)
     except ThrustError as exc:
         return [Check("slurm", "Slurm checks", "fail", exc.message, exc.hint)]
-    return [Check(str(r.get("id")), str(r.get("title")), str(r.get("status")), str(r.get("detail")), r.get("fix"))
-            for r in rows if isinstance(r, dict)]
+    return [Check(str(r.get("id")), str(r.get("title")), str(r.get("status")), str(r.get("detail")),
+                  _fix(r.get("fix"), host)) for r in rows if isinstance(r, dict)]
+
+
+def _fix(fix: object, host: HostConfig) -> str | None:
+    """A row's fix as the user acts on it: the agent's LOGIN_SHELL_FIX made the exact line, host and file."""
+    if fix == LOGIN_SHELL_FIX:
+        return (f"set `login_shell: true` under hosts.{host.name} in {config_file(host)}: thrust-remote then runs "
+                "its commands there in the login environment, as your own ssh session does")
+    return None if fix is None else str(fix)

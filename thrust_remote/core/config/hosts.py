@@ -27,7 +27,7 @@ from thrust_remote.core.scheduler import (
 )
 
 # a Slurm login node's keys (core/scheduler.py)
-SLURM_KEYS = ("scheduler", "partition", "account", "time", "limit_warning", "sbatch")
+SLURM_KEYS = ("scheduler", "partition", "account", "time", "limit_warning", "sbatch", "login_shell")
 HOST_KEYS = (
     "address", "workdir", "python", "identity", "known_hosts", "host_key_policy", "gpus", "connect_timeout",
     "cpu_slots", "rdzv_address", "rdzv_port", "ifname", "keep", *SLURM_KEYS,
@@ -172,6 +172,11 @@ def _slurm_value(reader: Reader, f: str, key: str, value: yaml.Node) -> Any:
             raise reader.fail(value, f, f"expected seconds before the time limit the job is told (1-65535), "
                                         f"got {seconds!r}")
         return seconds
+    if key == "login_shell":
+        given = reader.scalar(value, f)
+        if not isinstance(given, bool):
+            raise reader.fail(value, f, f"expected true or false, got {given!r}")
+        return given
     if key in ("partition", "account"):
         text = reader.string(value, f) or ""
         if not NAME_RE.match(text):
@@ -213,4 +218,5 @@ def _slurm_host(reader: Reader, name: str, values: Mapping[str, Any], nodes: Map
         raise reader.fail(nodes["scheduler"], "hosts.local.scheduler", "the host 'local' is this machine; a Slurm "
                                                                        "cluster is reached at its login node's address")
     return SlurmConfig(partition=values.get("partition"), account=values.get("account"), time=values.get("time"),
-                       sbatch=values.get("sbatch", ()), limit_warning=values.get("limit_warning", LIMIT_WARNING_S))
+                       sbatch=values.get("sbatch", ()), limit_warning=values.get("limit_warning", LIMIT_WARNING_S),
+                       login_shell=values.get("login_shell", False))

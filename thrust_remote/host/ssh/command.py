@@ -27,6 +27,7 @@ import paramiko
 from paramiko.ssh_exception import SSHException
 
 from thrust_remote.agent import envexec
+from thrust_remote.agent.loginenv import LOGIN_ENV
 from thrust_remote.core.errors import UsageError
 from thrust_remote.host.runner import LinkLost, check_argv, check_env
 
@@ -64,11 +65,13 @@ def build_remote_command(
     timeout: float | None = None,
     *,
     wrapper: int = 0,
+    login: bool = False,
 ) -> str:
     """The one string sent to the server. Every user value is a separately quoted word; env values are
     never among them (`with_env`). The first `wrapper` words of argv (envexec's watch) are left out
     when their program is not on the host, the command's stdin then /dev/null: a wrong `python:`
-    must not stop `exec` from running the command that finds the right one."""
+    must not stop `exec` from running the command that finds the right one. `login`: run in the host's
+    login environment (agent/loginenv.py; a Slurm host's `login_shell: true`)."""
     args = check_argv(argv)
     for word in {args[0], args[min(wrapper, len(args) - 1)]}:
         if "=" in word:
@@ -94,7 +97,7 @@ def build_remote_command(
             target = shlex.quote(cwd)
         script = f"cd -- {target} && {script}"
     # `; exit $?` keeps sh as the parent (no exec optimisation), so a signal death becomes 128+N.
-    return for_login_shell(f"{choose}{script}; exit $?")
+    return for_login_shell(f"{LOGIN_ENV if login else ''}{choose}{script}; exit $?")
 
 
 # ------------------------------------------------------------------------------------------ login shells

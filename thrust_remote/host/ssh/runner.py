@@ -75,6 +75,7 @@ class SSHRunner(FileOps):
         python: str = "python3",
         connect_timeout: float = 10.0,
         liveness_timeout: float = 10.0,
+        login: bool = False,
     ) -> None:
         self.target = Target(
             name=name,
@@ -90,6 +91,7 @@ class SSHRunner(FileOps):
         self.address = address
         self._python = python
         self.connect_timeout = connect_timeout
+        self.login = login  # every command in the host's login environment (build_remote_command)
         # a silent command is probed after this many seconds, and declared lost after as many more
         self.liveness_timeout = liveness_timeout
         self._conn: Connection | None = None
@@ -113,6 +115,7 @@ class SSHRunner(FileOps):
             host_key_policy=host.host_key_policy,
             python=host.python,
             connect_timeout=host.connect_timeout,
+            login=bool(host.slurm and host.slurm.login_shell),
         )
 
     @property
@@ -193,7 +196,7 @@ class SSHRunner(FileOps):
         """PipeHost.open_pipe: argv on an exec channel of this connection (open_channel), paramiko's errors
         as the pipe's (ConnectionError)."""
         try:
-            chan = self.open_channel(build_remote_command(list(argv)), reconnect=reconnect)
+            chan = self.open_channel(build_remote_command(list(argv), login=self.login), reconnect=reconnect)
             if stderr_too:
                 chan.set_combine_stderr(True)  # what came on stderr so far moves over too
         except SSHException as exc:
@@ -227,7 +230,7 @@ class SSHRunner(FileOps):
         args = check_argv(argv)
         watch = watched(timeout, stdin, stream, on_bytes)
         remote_argv, stdin, wrapper = with_env(self.python, args, env, stdin, watch=watch)
-        command = build_remote_command(remote_argv, cwd, timeout, wrapper=wrapper)
+        command = build_remote_command(remote_argv, cwd, timeout, wrapper=wrapper, login=self.login)
         started = time.monotonic()
         process = ChannelProcess(self._start(command, stdin, keep_open=watch), self.alive, self.drop)
         return drive(process, args, name=self.name, started=started, timeout=timeout, stream=stream,
