@@ -10,8 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from thrust_remote.core.config import JobConfig, parse_params, text_problem
-from thrust_remote.core.errors import UsageError
+from thrust_remote.core.config.bounded import compose_yaml
+from thrust_remote.core.config.job_values import SEPARATE_STYLES, with_word, word_key, word_positions
+from thrust_remote.core.errors import ConfigError, UsageError
 from thrust_remote.core.names import valid_id
 from thrust_remote.run import flags
 from thrust_remote.run.vocab import TrainRequest
@@ -40,7 +44,8 @@ def resolve(request: TrainRequest) -> Arguments:
 
 def parse_sets(sets: Sequence[str]) -> dict[str, str | bool]:
     """`--set KEY=VALUE` as thrust.yaml's `args:` mapping takes it: `KEY` alone or `KEY=true` is a bare
-    flag (`--KEY`, as `{KEY: true}`), `KEY=false` leaves the flag out; any other value is a string."""
+    flag (`--KEY`, as `{KEY: true}`), `KEY=false` leaves the flag out; any other value is a string (a
+    list `[a, b]` for a job that takes a flag of several words: `set_value`, once the job is known)."""
     out: dict[str, str | bool] = {}
     for item in sets:
         key, sep, value = item.partition("=")
@@ -67,12 +72,59 @@ def job_arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, 
     An `args:` mapping is merged with them and written whole in the job's flag style (run/flags.py:
     `--key value` for the trainer and a python job, `KEY=VALUE` words for a command job, or the job's
     `flags:`); after an `args:` list (passed as is) params and --set are appended in that style
-    (docs/architecture.md "Config")."""
-    merged: dict[str, Any] = {**params, **sets}
+    (docs/architecture.md "Config"). A list is a flag of several words, and a key `FLAG.WORD` sets that
+    word of it (`with_words`): how `--hyperparams n_envs:4 learning_rate:0.001` is given and searched."""
     spelling = flags.Spelling(job.kind, job.flags)  # what render reads of the job
+    several = job.kind != "trainer" and flags.style_of(spelling) in SEPARATE_STYLES
+    given = {**params, **{key: set_value(key, value) if several else value for key, value in sets.items()}}
     if isinstance(job.args, Mapping):
-        return flags.render(spelling, {**dict(job.args), **merged})
-    return [*job.args, *flags.render(spelling, merged)]
+        return flags.render(spelling, with_words(job.name, {**dict(job.args), **given}))
+    return [*job.args, *flags.render(spelling, with_words(job.name, given))]
+
+
+def set_value(key: str, value: Any) -> Any:
+    """A `--set` value for a job that takes a flag of several words: `[a, b]` is that list as in thrust.yaml
+    (a YAML flow list, one word per item as written); `'[a]'` (YAML-quoted) the text `[a]`; else as given."""
+    text = value.strip() if isinstance(value, str) else ""
+    if not (text.startswith("[") or (text[:1] in ("'", '"') and text[1:2] == "[")):
+        return value
+    quote = f"for the text itself, quote it: --set \"{key}='{text.strip(chr(39) + chr(34))}'\""
+    try:
+        node = compose_yaml(text, f"--set {key}")
+    except ConfigError as exc:
+        why = exc.message.replace(f"--set {key}:1:", f"--set {key}:", 1)  # one line: no line number
+        raise UsageError(f"{why} (a value that starts with [ is a list, as in thrust.yaml)",
+                         f"write it like --set '{key}=[n_envs:4, learning_rate:0.001]', or {quote}") from None
+    if isinstance(node, yaml.ScalarNode):
+        return node.value
+    if not isinstance(node, yaml.SequenceNode) or not all(isinstance(i, yaml.ScalarNode) for i in node.value):
+        raise UsageError(f"--set {key}: expected a list of words like [n_envs:4, learning_rate:0.001] (a word "
+                         "'key: value' with a space is a mapping: write key:value)", quote)
+    return tuple(item.value for item in node.value)
+
+
+def with_words(job: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with each key that names one word of a flag of several words (`hyperparams.lr`, its flag
+    a list in the values as finally given) set in that word, after the word's own `:` or `=`; the other
+    keys as they are (a dotted flag name like `config.lr` included)."""
+    out = {key: value for key, value in values.items() if word_key(key, values) is None}
+    for key, value in values.items():
+        named = word_key(key, values)
+        if named is None:
+            continue
+        flag, word = named
+        if not word_positions(out[flag], word):
+            raise UsageError(f"{key}: jobs.{job}.args.{flag} has no word {word}:VALUE or {word}=VALUE to set",
+                             f"add it to that list in thrust.yaml, or give the whole list: --set "
+                             f"'{flag}=[{', '.join((*out[flag], f'{word}:VALUE'))}]'")
+        out[flag] = with_word(out[flag], word, word_text(value))
+    return out
+
+
+def word_text(value: Any) -> str:
+    """A value in a word (`learning_rate:0.003`): what the job's own parser of such words reads, Python's
+    spelling (rl-zoo's --hyperparams evaluates each value)."""
+    return str(value)
 
 
 def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> None:

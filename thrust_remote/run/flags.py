@@ -6,6 +6,9 @@ style when a job dies of its arguments right after it started.
     --key=value   --lr=0.1, booleans as True/False (what a literal_eval configurator like nanoGPT's takes)
     key=value     lr=0.1, booleans as true/false (Hydra; a command job's default)
     -k value      -lr 0.1, switches as for --key value (single-dash programs)
+
+A list value is a flag of several words (`--hyperparams n_envs:4 lr:0.001`): the styles that write a flag
+and its value as separate words only.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from thrust_remote.core.config import COMMAND_STYLE, FLAG_STYLES, FlagsConfig, JobConfig
+from thrust_remote.core.config.job_values import SEPARATE_STYLES
+from thrust_remote.core.errors import UsageError
 
 DASHES = "dashes"
 # the log lines of a job that refused how its flags were spelled, not their values: argparse's and
@@ -59,6 +64,13 @@ def render(job: JobConfig | Spelling, values: Mapping[str, Any]) -> list[str]:
 def _words(style: str, name: str, value: Any, *, spelled: bool) -> list[str]:
     if value is None:
         return []
+    if isinstance(value, tuple | list):  # a flag of several words: argparse's nargs='+' (or '*': none)
+        if style not in SEPARATE_STYLES:
+            raise UsageError(f"--{name}: {len(value)} words for one flag, but the job's flags are written "
+                             f"{style!r} (one word each)", f"give it one value, or set the job's flags: "
+                             f"{{style: {SEPARATE_STYLES[0]!r}}} if its code takes --{name} a b")
+        flag = f"-{name}" if style == "-k value" else f"--{name}"
+        return [flag, *(_text(word, python=False) for word in value)]
     if style == "key=value":
         return [f"{name}={_text(value, python=False)}"]
     if style == "--key=value":

@@ -9,15 +9,18 @@ from typing import Any
 
 import yaml
 
-from thrust_remote.core.config.model import FLAG_NAMES, FLAG_STYLES
+from thrust_remote.core.config.model import FLAG_NAMES, FLAG_STYLES, JobConfig
 from thrust_remote.core.config.reader import SECONDS_MAX, Reader, finite, kind, pytype
 from thrust_remote.core.config.sections import FlagsConfig, IdleStop, MetricsConfig, ObjectiveConfig
 from thrust_remote.core.config.values import items, name_problem, repo_path, words
 from thrust_remote.core.durations import parse_duration
+from thrust_remote.core.errors import ConfigError
 from thrust_remote.core.names import valid_env_key, valid_id
 from thrust_remote.core.patterns import check_pattern
 
 _MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+# the flag styles that write a flag and its value as separate words: a flag of several words needs one
+SEPARATE_STYLES = tuple(s for s in FLAG_STYLES if "=" not in s)
 _IDLE_KEYS = {"below": (0.0, 100.0), "minutes": (0.0, None), "every": (0.0, None)}
 
 
@@ -47,12 +50,68 @@ def args(reader: Reader, job_kind: str, f: str, node: yaml.Node) -> Mapping[str,
     if job_kind == "python" and not isinstance(node, yaml.MappingNode):
         raise reader.fail(node, f, f"expected a list of arguments like [--lr, '0.1'] or a mapping of flags like "
                                    f"{{lr: 0.1}}, got {kind(node)}")
-    out = {}
+    out: dict[str, Any] = {}
     for k, k_node, v in reader.mapping(node, f):
         if not valid_id(k) or k.startswith("-"):
             raise reader.fail(k_node, f"{f}.{k}", name_problem(k, "flag"))
-        out[k] = reader.scalar(v, f"{f}.{k}")
+        if isinstance(v, yaml.SequenceNode) and job_kind == "trainer":
+            raise reader.fail(v, f"{f}.{k}", "the built-in trainer's flags take one value each, got a list")
+        if isinstance(v, yaml.SequenceNode):
+            out[k] = several(reader, f"{f}.{k}", v)
+        else:
+            out[k] = reader.scalar(v, f"{f}.{k}")
     return out
+
+
+def several(reader: Reader, f: str, node: yaml.SequenceNode) -> tuple[str, ...]:
+    """A flag that takes several words (argparse's nargs='+'): `{hyperparams: [n_envs:4, lr:0.001]}` is
+    `--hyperparams n_envs:4 lr:0.001`, each item one word as written ([]: the flag alone); flat."""
+    for item in node.value:
+        if not isinstance(item, yaml.ScalarNode):
+            raise reader.fail(item, f, f"expected one word per item, like [n_envs:4, learning_rate:0.001], got "
+                                       f"{kind(item)} (a word 'key: value' with a space is a mapping: write "
+                                       "key:value, or quote it)")
+        reader.scalar(item, f)  # a NUL or a lone surrogate: no command line carries it
+    return tuple(item.value for item in node.value)  # each word as written: 1.0e-3 stays 1.0e-3
+
+
+def word_positions(words_: tuple[str, ...] | list[str], name: str) -> list[int]:
+    """Where `name` is in a flag's several words: each word `name:VALUE` or `name=VALUE`."""
+    return [i for i, w in enumerate(words_) if w.startswith(name) and w[len(name):len(name) + 1] in (":", "=")]
+
+
+def with_word(words_: tuple[str, ...] | list[str], name: str, value: str) -> tuple[str, ...]:
+    """The words with `name`'s value (after its own separator, `:` or `=` as written) replaced."""
+    out = list(words_)
+    for i in word_positions(words_, name):
+        out[i] = f"{name}{out[i][len(name)]}{value}"
+    return tuple(out)
+
+
+def word_key(key: str, values: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(flag, word) when `key` names one word of a flag of several words in `values` (`hyperparams.lr`
+    with `hyperparams` a list); None: `key` is a flag's own name (a dotted one like `config.lr` too)."""
+    for at, char in enumerate(key):
+        if char == "." and isinstance(values.get(key[:at]), tuple | list) and key[at + 1:]:
+            return key[:at], key[at + 1:]
+    return None
+
+
+def check_several_words(label: str, jobs: Mapping[str, JobConfig]) -> None:
+    """A flag of several words (a list in an `args:` mapping) needs a style where a flag and its value are
+    separate words: `--key=value` or `key=value` would hand the job the first word only (argparse takes
+    `--hyperparams=a b` as --hyperparams a, then a stray b). Checked once every job's keys are read."""
+    for job in jobs.values():
+        style = job.flags.style or FLAG_STYLES[0]  # args: is a python's or the trainer's: "--key value"
+        if style in SEPARATE_STYLES or not isinstance(job.args, Mapping):
+            continue
+        several = next((k for k, v in job.args.items() if isinstance(v, tuple)), None)
+        if several is not None:
+            raise ConfigError(f"{label}:{job.lines.get('args', job.lines.get('job', 0))}: jobs.{job.name}.args."
+                              f"{several}: a list is several words after one flag, but this job's flags are "
+                              f"written {style!r} (one word each)",
+                              f"give it one value (a string), or set jobs.{job.name}.flags: "
+                              f"{{style: {SEPARATE_STYLES[0]!r}}} if its code takes --{several} a b")
 
 
 def module(reader: Reader, f: str, node: yaml.Node) -> str:

@@ -16,6 +16,7 @@ import yaml
 from thrust_remote.core.config.bounded import compose_yaml, read_text
 from thrust_remote.core.config.discovery import find_config
 from thrust_remote.core.config.hosts import parse_hosts
+from thrust_remote.core.config.job_values import check_several_words
 from thrust_remote.core.config.jobs import parse_jobs
 from thrust_remote.core.config.model import (
     ENV_CONFIG,
@@ -30,7 +31,7 @@ from thrust_remote.core.config.model import (
 from thrust_remote.core.config.notify import parse_notify
 from thrust_remote.core.config.reader import Reader, line, shape
 from thrust_remote.core.config.retry import check_retry_hosts
-from thrust_remote.core.config.search import parse_searches
+from thrust_remote.core.config.search import check_search_words, parse_searches
 from thrust_remote.core.config.values import DATA_KEYS, check_name, data_value, words
 from thrust_remote.core.errors import ConfigError
 from thrust_remote.core.names import bad_name_reason
@@ -142,6 +143,8 @@ def parse_config_text(text: str, path: Path | None = None) -> Config:
         )
     _check_groups(reader, draft.groups, draft.group_nodes, draft.hosts)
     check_retry_hosts(reader, draft.jobs, draft.hosts, draft.groups)
+    check_several_words(reader.label, draft.jobs)
+    check_search_words(reader.label, draft.search, draft.search_lines, draft.jobs)
     return Config(path=path, default_host=draft.default_host, hosts=draft.hosts, jobs=draft.jobs,
                   search=draft.search, groups=draft.groups, notify=draft.notify, search_lines=draft.search_lines,
                   data_lines=draft.data_lines, **draft.data)

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from thrust_remote.core.config.bounded import compose_yaml, read_text
+from thrust_remote.core.config.job_values import several, word_key, word_positions
+from thrust_remote.core.config.model import JobConfig
 from thrust_remote.core.config.reader import Reader, line, shape
 from thrust_remote.core.config.values import check_name, name_problem
 from thrust_remote.core.errors import ConfigError
@@ -23,6 +26,38 @@ def parse_searches(reader: Reader, node: yaml.Node, search: dict[str, dict[str, 
         search[name] = parse_search(reader, name, spec_node)
         lines.update({f"{name}.{param}": line(p_node)
                       for param, p_node, _spec in reader.mapping(spec_node, f"search.{name}")})
+
+
+def check_search_words(label: str, search: Mapping[str, Mapping[str, Any]], lines: Mapping[str, int],
+                       jobs: Mapping[str, JobConfig]) -> None:
+    """A `search:` key naming one word of a flag of several words (`hyperparams.learning_rate` with
+    `args: {hyperparams: [n_envs:4, learning_rate:0.001]}`) names a word the list has: a trial sets the
+    value after that word's separator, so a word that is not there has no place to go (and appending
+    one would guess its separator). Checked once every section is read: `search:` may come first."""
+    for job_name, params in search.items():
+        job = jobs.get(job_name)
+        if job is None or not isinstance(job.args, Mapping):
+            continue
+        for param in params:
+            named = word_key(param, job.args)
+            if named is None or word_positions(job.args[named[0]], named[1]):
+                continue
+            flag, word = named
+            sep = _separator(job.args[flag])
+            raise ConfigError(f"{label}:{lines.get(f'{job_name}.{param}', 0)}: search.{job_name}.{param}: "
+                              f"jobs.{job_name}.args.{flag} has no word {word}{sep}VALUE for a trial to set",
+                              f"add it to jobs.{job_name}.args.{flag} ({label}:{job.lines.get('args', 0)}), "
+                              f"like {flag}: "
+                              f"[{', '.join((*job.args[flag], f'{word}{sep}VALUE'))}]")
+
+
+def _separator(words: tuple[str, ...]) -> str:
+    """The separator the list's words use (`n_envs:4`: `:`), for the word a hint asks to add."""
+    for word in words:
+        at = min((word.find(c) for c in ":=" if c in word), default=-1)
+        if at > 0:
+            return word[at]
+    return ":"
 
 
 def parse_search(reader: Reader, job: str, node: yaml.Node) -> dict[str, dict[str, Any]]:
@@ -67,9 +102,10 @@ def _range(reader: Reader, f: str, spec: yaml.Node, keys: dict[str, tuple[yaml.N
 
 
 def parse_params(path: Path) -> dict[str, Any]:
-    """A `--params` file: a mapping of parameter -> a single value, or optimize's best-params file (that
+    """A `--params` file: a mapping of parameter -> value, or optimize's best-params file (that
     mapping under `params:`). Read as thrust.yaml is (`compose_yaml`: file:line errors, nesting and alias
-    bounds), and each value a single one as in a job's `args:` mapping: a list would become its text."""
+    bounds), and each value as in a job's `args:` mapping: a single one, or a flat list of words for a flag
+    that takes several."""
     reader = Reader(path)
     root = compose_yaml(read_text(path), reader.label)
     if not isinstance(root, yaml.MappingNode):
@@ -84,5 +120,8 @@ def parse_params(path: Path) -> dict[str, Any]:
     for key, key_node, value in entries:
         if not valid_id(key) or key.startswith("-"):
             raise reader.fail(key_node, f"{prefix}{key}", name_problem(key, "parameter"))
-        out[key] = reader.scalar(value, f"{prefix}{key}")
+        if isinstance(value, yaml.SequenceNode):  # a flag of several words, as in `args:`
+            out[key] = several(reader, f"{prefix}{key}", value)
+        else:
+            out[key] = reader.scalar(value, f"{prefix}{key}")
     return out
