@@ -70,11 +70,13 @@ class Optimizer:
             job_args = dict(self.job.args)  # type: ignore[arg-type]
             if "log-interval" not in self.fixed and "log-interval" not in job_args:
                 self.injected["log-interval"] = DEFAULT_LOG_INTERVAL
-        self._check_shared_events(request.parallel or 1)
+        if self.job.kind == "cargo" or any(h.is_local for h in request.all_hosts):  # before any host is touched
+            self._check_shared_events(request.parallel or 1)
 
     def _check_shared_events(self, slots: int) -> None:
-        """Event files in one DIR of the shared checkout cannot be told apart between trials that run
-        at the same time: with several slots, DIR must name the run (docs/optimize.md, "Objective and pruning")."""
+        """Event files in one DIR of a checkout trials share (the local host's) cannot be told apart between
+        trials that run at the same time: with several slots there, DIR must name the run (docs/optimize.md,
+        "Objective and pruning"). A remote host's trials each write into their own tree."""
         o = self.objective
         if o.source == "tensorboard" and slots > 1 and not o.per_run_dir:
             raise UsageError(
@@ -91,7 +93,9 @@ class Optimizer:
         started = time.monotonic()
         r = self.request
         fleet, pool = self._prepare_hosts()
-        self._check_shared_events(max(sum(s.host == n for s in pool.slots) for n in fleet.names))
+        # trials side by side in one checkout: the local host's, a cargo job's (each remote trial has its own tree)
+        self._check_shared_events(max((sum(s.host == h.host.name for s in pool.slots) for h in fleet.live
+                                       if not h.own_trees), default=1))
         store = self._open_store(fleet)
         store.acquire()  # before anything is touched: a refused second driver must change nothing
         for name, exc in fleet.clear_stop().items():

@@ -16,6 +16,7 @@ from typing import Any
 from thrust_remote.agent.protocol import RunState
 from thrust_remote.core.errors import ThrustError
 from thrust_remote.optimize.fleet import Fleet
+from thrust_remote.optimize.hostops import StudyHost
 from thrust_remote.optimize.model import RUNGS
 from thrust_remote.optimize.monitor import ActiveTrial, Monitor
 from thrust_remote.optimize.objective import Objective, missing_metric
@@ -64,13 +65,17 @@ class OwnMonitor(Monitor):
         got: dict[str, Any] = {}
         for name in dict.fromkeys(a.slot.host for a in acts):  # each host's checkout, by its own python
             host = self.hosts[name]
-            request = [(self.run_dir(a), self.objective.events_under(host.prepared.cwd, a.view.run_id or ""),
-                        a.series[-1][0] if a.series else -1) for a in acts if a.slot.host == name]
+            request = [(self.run_dir(a), self._events(host, a.view.run_id or ""), a.series[-1][0] if a.series else -1)
+                       for a in acts if a.slot.host == name]
             got.update(host.scalars(request, self.objective.metric))
         for act in acts:
             one = got.get(self.run_dir(act)) or {}
             act.names.update(one.get("tags") or [])
             act.series += [(int(s), float(v)) for s, v in one.get("points") or []]
+
+    def _events(self, host: StudyHost, run_id: str) -> str:
+        """The trial's events directory: under its own tree (or the checkout the trials share)."""
+        return self.objective.events_under(host.cwd_of(run_id) if run_id else host.prepared.cwd, run_id)
 
     def objects(self, data: str) -> Iterator[dict[str, Any]]:
         """The metrics in a poll's data: JSON lines (source "log"), or whole log lines (source "raw", the
