@@ -68,6 +68,7 @@ class LinePattern:
         self.block = compile_pattern(pattern.encode(), block=True)
         # in the pattern's order (RE2 gives its groups by name): the numbers read as the job wrote them
         self.names = tuple(sorted(self.regex.groupindex, key=self.regex.groupindex.__getitem__))
+        self.keys = tuple(dict.fromkeys(metric_name(n) for n in self.names))  # as the metrics object names them
         # \A and \z mean the text's ends: within a block of lines they would be the block's, so such a
         # pattern is searched line by line
         self.per_line = "\\A" in pattern or "\\z" in pattern
@@ -90,7 +91,7 @@ class LinePattern:
             return merged or None
         out: dict[str, Any] = {}
         end, taken = len(data), 0
-        while end > 0 and taken < limit and len(out) < len(self.names):
+        while end > 0 and taken < limit and len(out) < len(self.keys):
             start = data.rfind(b"\n", 0, max(0, end - 8192)) + 1  # a segment of whole lines, the last first
             if self.block.search(data, start, end) is not None:
                 for found in reversed(self._firsts(data, start, end)):
@@ -98,7 +99,7 @@ class LinePattern:
                         out.setdefault(name, value)
                     taken += 1
             end = start
-        return {name: out[name] for name in self.names if name in out} or None
+        return {key: out[key] for key in self.keys if key in out} or None
 
     def _firsts(self, data: bytes, start: int, end: int) -> list[dict[str, Any]]:
         """The numbers of each line's first match between `start` and `end` (line starts), in order."""
@@ -120,8 +121,21 @@ class LinePattern:
         for name in self.names:
             number = _number(groups.get(name))
             if number is not None:
-                out[name] = int(number) if name == "step" else number
+                key = metric_name(name)
+                out[key] = int(number) if key in COUNTS else number
         return out or None
+
+
+# A pattern's group for the run's length: `total` (or `total_steps`, the trainer's name) is the total the
+# progress line draws its bar, % and ETA against, e.g. `(?P<step>\d+)/(?P<total>\d+)` for "1200/50000".
+TOTAL_GROUPS = ("total", "total_steps")
+COUNTS = ("step", "total_steps")  # read as ints: "step 1,200/50,000", never "1.2e+03"
+
+
+def metric_name(group: str) -> str:
+    """The metrics object's key for a pattern's named group: a total is `total_steps`, as THRUST_METRICS
+    says it (docs/architecture.md, "JSON shapes"), the others their own names."""
+    return "total_steps" if group in TOTAL_GROUPS else group
 
 
 def _number(text: str | bytes | None) -> float | None:
