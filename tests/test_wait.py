@@ -141,7 +141,8 @@ def test_wait_blocks_until_every_run_has_ended_and_exits_as_train_would(cli, gat
     assert f"{failing}: FAILED (exit code 3); its log: thrust-remote logs {failing} --host sandbox" in err
     alone = cli("wait", going, cwd=proj)
     assert alone.returncode == 0 and f"{going}: FINISHED" in alone.stderr
-    followed = cli("logs", going, "--follow", cwd=proj)  # a command job's follow ends with a word, FINISHED too
-    assert followed.returncode == 0 and f"run {going} ended FINISHED" in followed.stderr, followed.stderr
+    # a command job's follow ends with a word, FINISHED too: train's own end line (issue 53, item 14)
+    followed = cli("logs", going, "--follow", cwd=proj)
+    assert followed.returncode == 0 and f"FINISHED: run {going} on sandbox, done in" in followed.stderr, followed.stderr
     unknown = cli("wait", going, "gated-20200101-000000-abcd", cwd=proj)
     assert unknown.returncode == ExitCode.USAGE and "Traceback" not in unknown.stderr

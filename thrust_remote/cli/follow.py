@@ -33,7 +33,7 @@ from thrust_remote.run.vocab import exit_code_for
 from thrust_remote.runs.progress import LineSplitter, RunProgress, own_metrics
 from thrust_remote.runs.pull import Pulled
 
-__all__ = ["LogReporter", "LogView", "exit_code_for", "progress_line", "reattach_command", "say"]
+__all__ = ["LogReporter", "LogView", "duration", "exit_code_for", "progress_line", "reattach_command", "say"]
 
 MIN_BAR, COMFY_BAR, MAX_BAR = 10, 20, 40
 FILLED, EMPTY = "━", "─"
@@ -48,7 +48,8 @@ def _si(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """12s, 3m05s, 2h01m: how long, as the progress line and `wait` say it."""
     s = max(0, int(round(seconds)))
     if s < 60:
         return f"{s}s"
@@ -57,8 +58,10 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _fields(m: Mapping[str, Any], elapsed: float | None, pulled: float | None = None) -> tuple[str, list[list[str]]]:
-    """(the % field, the optional fields most important first, each as its variants widest first)."""
+def _fields(m: Mapping[str, Any], elapsed: float | None, pulled: float | None = None,
+            eta: float | None = None) -> tuple[str, list[list[str]]]:
+    """(the % field, the optional fields most important first, each as its variants widest first); `eta`:
+    seconds left as the view measured the steps' pace, for metrics without their own `sps`."""
     step, total = m.get("step") or 0, m.get("total_steps")
     pct = f"{min(100.0, 100.0 * step / total):3.0f}%" if total else ""
     alone = f"{step:,} step{'' if step == 1 else 's'}"
@@ -71,7 +74,9 @@ def _fields(m: Mapping[str, Any], elapsed: float | None, pulled: float | None = 
         optional.append(ret)
     sps = m.get("sps")
     if sps and total and total > step:
-        optional.append([f"eta {_duration((total - step) / sps)}"])
+        optional.append([f"eta {duration((total - step) / sps)}"])
+    elif eta is not None and total and total > step:
+        optional.append([f"eta {duration(eta)}"])
     if sps is not None:
         optional.append([f"{sps:,.0f} sps", f"{_si(sps)} sps"])
     if ret and m.get("score_mean") is not None:
@@ -81,24 +86,38 @@ def _fields(m: Mapping[str, Any], elapsed: float | None, pulled: float | None = 
     if m.get("gpu_util") is not None:
         optional.append([f"GPU {m['gpu_util']:.0f}%"])
     if elapsed is not None:
-        optional.append([f"elapsed {_duration(elapsed)}"])
+        optional.append([f"elapsed {duration(elapsed)}"])
     if pulled is not None:  # the last pull of its checkpoint (runs/pull.py): how old the copy here is
-        optional.append([f"pulled {_duration(pulled)} ago", f"pulled {_duration(pulled)}"])
+        optional.append([f"pulled {duration(pulled)} ago", f"pulled {duration(pulled)}"])
     return pct, optional
 
 
 WAITING = "running, no metrics yet"
 IDLE_EVERY_S = 30.0  # piped, a run without metrics: how often a line says it still goes
+# A run whose log has not grown and whose metrics have not moved for this long is said to be maybe stuck.
+# Ten minutes: a job's slow stretches that print nothing (the first CUDA compile, a dataset download, a
+# long eval or checkpoint save) take minutes, and a warning then would teach people to ignore it; a job
+# hung on a rendezvous (its own workers, under torchrun on one port) says nothing ever again, and ten
+# minutes is well before a person gives up and looks.
+STUCK_AFTER_S = 600.0
+
+
+def stuck_line(quiet: float, logs: str, width: int | None = None) -> str:
+    """The live line of a run quiet for `quiet` s: what it may be and the command that shows its log."""
+    forms = [f"no log or metrics for {duration(quiet)} — the job may be stuck; {logs}",
+             f"no log or metrics for {duration(quiet)}: stuck? {logs}",
+             f"no log/metrics for {duration(quiet)}: stuck?"]
+    return forms[0] if width is None else next((f for f in forms if len(f) <= width), forms[-1][:width])
 
 
 def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar: bool,
-            waiting: str = WAITING, pulled: float | None = None) -> tuple[str, int]:
+            waiting: str = WAITING, pulled: float | None = None, eta: float | None = None) -> tuple[str, int]:
     """(the line, how many of its first characters are the bar's filled part); `waiting` while no metrics;
-    `pulled`: seconds since the last pull of the run's checkpoint."""
+    `pulled`: seconds since the last pull of the run's checkpoint; `eta`: as _fields takes it."""
     if not m:
         text = waiting
         return (text if width is None else text[:width]), 0
-    pct, optional = _fields(m, elapsed, pulled)
+    pct, optional = _fields(m, elapsed, pulled, eta)
     step, total = m.get("step") or 0, m.get("total_steps")
     if not total and width is not None:
         # no total, no progress to draw: the bar would be all empty, taking the metrics' room
@@ -151,8 +170,14 @@ class _LiveLine:
     def __rich_console__(self, _console: Console, options: ConsoleOptions) -> RenderResult:
         if self.view.closed and not self.view.progress.metrics:
             return  # a job that never reported metrics: no "waiting for the first metrics" left behind
-        line, filled = _layout(self.view.progress.metrics, options.max_width, self.view.elapsed(), True,
-                               self.view.waiting_line(), self.view.pulled_ago())
+        view = self.view
+        quiet = None if view.closed else view.stuck_for()
+        if quiet is not None:
+            yield Text(stuck_line(quiet, view.logs_hint, options.max_width), style="yellow", no_wrap=True,
+                       overflow="crop")
+            return
+        line, filled = _layout(view.progress.metrics, options.max_width, view.elapsed(), True,
+                               view.waiting_line(), view.pulled_ago(), view.eta())
         text = Text(line, no_wrap=True, overflow="crop")
         text.stylize("cyan", 0, filled)
         yield text
@@ -208,7 +233,8 @@ class LogView:
     """Consumes log bytes and shows them in one of the three modes (see the module's docstring)."""
 
     def __init__(self, run_id: str, mode: str = "lines", *, out: Console | None = None,
-                 clock: Callable[[], float] = time.monotonic, interval: float = 5.0, queued: str | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, interval: float = 5.0, queued: str | None = None,
+                 stuck_after: float | None = None, logs_hint: str | None = None) -> None:
         if mode not in ("live", "lines", "raw"):
             raise ValueError(f"mode {mode!r}")
         self.run_id, self.mode, self.out = run_id, mode, out or console
@@ -229,18 +255,54 @@ class LogView:
         self.grew_at: float | None = None  # when the log last grew: a run without metrics is not hung
         self.ticking = threading.Event()  # set: the piped view's idle line stops
         self.writer: _Writer | None = None  # the log text's writer, from __enter__ to __exit__
+        self.stuck_after = STUCK_AFTER_S if stuck_after is None else stuck_after
+        self.logs_hint = logs_hint or f"thrust-remote logs {run_id}"  # what a quiet run's line says to type
+        self.moved_at = self.started  # when the log last grew or the metrics last moved
+        self.stuck_said: float | None = None  # piped: when the quiet run's line was last printed
+        self.pace: tuple[int, float] | None = None  # (the first step seen, our clock then): the steps' pace
+
+    def stuck_for(self) -> float | None:
+        """How long the run has been quiet (no log, no metrics), once past `stuck_after`; else None. A
+        queued run is not quiet: it waits, and its line says where."""
+        quiet = self.clock() - self.moved_at
+        return quiet if quiet >= self.stuck_after and self.waiting == WAITING else None
+
+    def eta(self) -> float | None:
+        """Seconds left at the pace the steps went since the first seen, for metrics that have a total
+        but no `sps` of their own (a job's `metrics: {pattern:}` with a `total` group)."""
+        m = self.progress.metrics
+        step, total = m.get("step"), m.get("total_steps")
+        if self.pace is None or m.get("sps") or not isinstance(step, int) or not total:
+            return None
+        first, at = self.pace
+        spent = self.clock() - at
+        return (total - step) * spent / (step - first) if step > first and spent > 0 else None
+
+    def _moved(self) -> None:
+        """The run showed a sign of life: new log bytes or metrics; the steps' pace starts at the first."""
+        self.moved_at = self.clock()
+        step = self.progress.metrics.get("step")
+        if self.pace is None and isinstance(step, int):
+            self.pace = (step, self.clock())
 
     def waiting_line(self) -> str:
         """What the line says before any metrics: where a queued run waits; else that the run goes, how
         long it has, and how long ago its log last grew (so a job without metrics does not look hung)."""
         if self.waiting != WAITING:
             return self.waiting
-        grew = "no log yet" if self.grew_at is None else f"log grew {_duration(self.clock() - self.grew_at)} ago"
-        return f"{WAITING}  elapsed {_duration(self.elapsed())}  {grew}"
+        grew = "no log yet" if self.grew_at is None else f"log grew {duration(self.clock() - self.grew_at)} ago"
+        return f"{WAITING}  elapsed {duration(self.elapsed())}  {grew}"
 
     def tick(self) -> None:
-        """Piped, a run without metrics: its idle line, at most every IDLE_EVERY_S."""
+        """Piped, a run without metrics: its idle line, at most every IDLE_EVERY_S; a quiet run (stuck_for)
+        its line, once each `stuck_after`."""
         with self.lock:
+            stuck = self.stuck_for() if self.mode == "lines" else None
+            if stuck is not None and (self.stuck_said is None or self.clock() - self.stuck_said >= self.stuck_after):
+                self.stuck_said = self.clock()
+                self.out.print(f"{self.run_id}: {stuck_line(stuck, self.logs_hint)}", markup=False, highlight=False,
+                               emoji=False, soft_wrap=True)
+                return
             quiet = self.printed_at is None or self.clock() - self.printed_at >= IDLE_EVERY_S
             if self.mode == "lines" and not self.progress.metrics and quiet and self.waiting == WAITING:
                 self.printed_at = self.clock()
@@ -310,6 +372,7 @@ class LogView:
         """Metrics from elsewhere than the log (a job's TensorBoard scalars): shown like its lines'."""
         with self.lock:
             self.progress.take_metrics(obj)
+            self._moved()
             if self.mode == "lines" and self._due():  # a pattern's lines may come many a second
                 self._print_progress()
 
@@ -323,6 +386,8 @@ class LogView:
             sys.stdout.buffer.write(chunk)  # byte for byte: a transcript equals the host's log
             sys.stdout.buffer.flush()
         self._block(self.lines.feed_block(chunk))
+        if chunk:
+            self._moved()
         if self.mode == "lines" and self.progress.updates > self.printed_updates and self._due():
             self._print_progress()
 
@@ -354,7 +419,7 @@ class LogView:
 
     def _print_progress(self) -> None:
         self.printed_at, self.printed_updates = self.clock(), self.progress.updates
-        line = f"{self.run_id}: " + progress_line(self.progress.metrics, None, elapsed=self.elapsed(), bar=False)
+        line = f"{self.run_id}: " + _layout(self.progress.metrics, None, self.elapsed(), False, eta=self.eta())[0]
         self._write(lambda: self.out.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True))
 
 
@@ -368,6 +433,8 @@ class LogReporter(vocab.NullReporter):
         self.mode = "raw" if raw else "live" if self.fancy else "lines"
         self.view: LogView | None = None
         self.waits: str | None = None  # where the followed run is queued, if it is
+        self.age: float | None = None  # how long the followed run had gone when its follow began
+        self.logs: str | None = None  # the command that shows its log
 
     def queued(self, host: str, position: int | None) -> None:
         where = f" (position {position})" if position else ""
@@ -378,8 +445,14 @@ class LogReporter(vocab.NullReporter):
         if view is not None:
             view.take_pull(pulled)
 
+    def running(self, age_s: float | None, logs: str) -> None:
+        self.age, self.logs = age_s, logs
+
     def following(self, run_id: str, offset: int) -> None:
-        self.view = LogView(run_id, self.mode, out=self.out, queued=self.waits).__enter__()
+        view = LogView(run_id, self.mode, out=self.out, queued=self.waits, logs_hint=self.logs)
+        if self.age is not None and self.waits is None:  # a reattach: the run's time, not ours
+            view.started = view.clock() - self.age
+        self.view = view.__enter__()
 
     def log(self, chunk: bytes) -> None:
         if self.view is not None:

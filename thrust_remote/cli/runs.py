@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import typer
 from rich.console import Console
@@ -16,8 +16,8 @@ from thrust_remote.agent.protocol import RunState, StatusAnswer
 from thrust_remote.backends import backend_for
 from thrust_remote.backends.base import Backend
 from thrust_remote.cli.common import HOST_OPT, get_config, get_fleet, plain_table
-from thrust_remote.cli.follow import say
-from thrust_remote.cli.outcome import CliReporter, say_next, show_outcome, why_ended
+from thrust_remote.cli.follow import duration, say
+from thrust_remote.cli.outcome import CliReporter, show_outcome, why_ended
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.core.errors import ExitCode, StillGoing, UsageError
 from thrust_remote.core.hints import command_hint
@@ -323,9 +323,19 @@ def wait(ctx: typer.Context, run_ids: list[str] = typer.Argument(..., metavar="R
     raise typer.Exit(lifecycle.wait_code(statuses))
 
 
+# How often `wait` says the runs it waits for (a line each, on stderr; the first at once): a wait in a
+# pipe or a CI log is not silent for the hours a run takes, and a minute's lines stay few.
+WAIT_SAY_EVERY_S = 60.0
+
+
 class _WaitShown:
     """`wait`'s view: each run's end and each pull with something new as a line on stderr, warnings as
-    warnings."""
+    warnings, and the runs still going now and then (their state, time and last metrics)."""
+
+    def __init__(self, every: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every = WAIT_SAY_EVERY_S if every is None else every
+        self.clock = clock
+        self.said_at: float | None = None
 
     def warn(self, message: str) -> None:
         CliReporter().warn(message)
@@ -337,15 +347,38 @@ class _WaitShown:
         if pulled.files:
             say(f"{run_id}: {pulled.text()}")
 
+    def said(self, run_id: str, message: str) -> None:
+        say(f"{run_id}: {message}")
+
+    def going(self, runs: Sequence[StatusAnswer], metrics: Callable[[str], dict[str, object]]) -> None:
+        if self.said_at is not None and self.clock() - self.said_at < self.every:
+            return
+        self.said_at = self.clock()
+        for st in runs:
+            hours = st.get("wall_hours")
+            ran = f" {duration(float(hours) * 3600)}" if isinstance(hours, int | float) else ""
+            numbers = _numbers(metrics(str(st["run_id"]))) if st.get("state") == RunState.RUNNING else ""
+            say(f"{st['run_id']}: {st['state']}{ran}{f' ({numbers})' if numbers else ''}{why_ended(st)}")
+
 
 def _said_ended(st: StatusAnswer) -> None:
     code = "" if st.get("exit_code") is None else f" (exit code {st['exit_code']})"
     see = "" if st.get("state") == RunState.FINISHED else \
         f"; its log: {command_hint('logs', st['run_id'], host=st.get('host') or None)}"
-    numbers = ", ".join(f"{k} {v:,}" if k == "step" else f"{k} {v:.4g}" for k, v in (st.get("metrics") or {}).items()
-                        if isinstance(v, int | float) and not isinstance(v, bool))
+    numbers = _numbers(st.get("metrics") or {})
     said = f" ({numbers})" if numbers else ""
     say(f"{st['run_id']}: {st['state']}{code}{why_ended(st)}{said}{vocab.disk_note(st)}{see}")
+
+
+def _numbers(metrics: Mapping[str, object]) -> str:
+    """A run's last metrics as `wait` says them: step 1,200/50,000, loss 0.3124."""
+    total = metrics.get("total_steps")
+    out = []
+    for k, v in metrics.items():
+        if not isinstance(v, int | float) or isinstance(v, bool) or k == "total_steps" and "step" in metrics:
+            continue
+        out.append(f"{k} {v:,}" + (f"/{total:,}" if isinstance(total, int) else "") if k == "step" else f"{k} {v:.4g}")
+    return ", ".join(out)
 
 
 def logs(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,
@@ -385,18 +418,13 @@ def _reattach(ctx: typer.Context, run: Run, *, node: int | None, offset: int, fe
     """`logs -f`: the run's follow and end as `train` has them, over every node of the run (a failed
     node named, a finished train run fetched), rendered as train's end is; the exit code is the job's
     (docs/architecture.md, "Exit codes")."""
-    started = time.monotonic()
     reporter = CliReporter(out=err_console if as_json else None, raw=raw)
     outcome = run.follow(reporter, node=node, offset=offset, fetch=fetch, sync_every=sync_every)
-    if not outcome.fetchable and not as_json and not (outcome.status or {}).get("failed_node"):
-        # not a train run: nothing to fetch, only the end to tell (FINISHED too: a quiet job's follow
-        # would otherwise end with no word)
-        st = outcome.status or {}
-        code = f" (exit code {st.get('exit_code')})" if st.get("exit_code") is not None else ""
-        say(f"run {run.run_id} ended {st.get('state')}{code}{why_ended(st)}")
-        say_next(outcome)
-        raise typer.Exit(outcome.exit_code)
-    show_outcome(ctx, outcome, as_json, started)
+    # ended as `train` ends, whatever the job (a quiet job's follow must not end with no word), its time
+    # the run's own (its status's wall time), not how long this reattach watched it
+    hours = (outcome.status or {}).get("wall_hours")
+    show_outcome(ctx, outcome, as_json, time.monotonic() - (float(hours) * 3600 if isinstance(hours, int | float)
+                                                             else 0.0))
 
 
 def stop(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN_ID"), host: str | None = HOST_OPT,

@@ -162,7 +162,13 @@ def fetch_artifacts(config: Config, session: HostSession, job: JobConfig, run_di
     reporter.step("fetching the artifacts")
     got = artifacts.fetch_artifacts(session, run_dir, run_id, config.root, globs, warn=reporter.warn,
                                     leave_out=outs.checkpoints)
-    reporter.step(got.summary(config.root))
+    said = got.summary(config.root)
+    if outs.checkpoints and not got.files and not got.tree_removed and not got.committed and not got.dest.exists():
+        # the checkpoints are left out of the artifacts (they come as checkpoints): "nothing matched" would
+        # read as if the job left nothing
+        said = (f"artifacts: nothing matched on the host besides the checkpoints ({outs.checkpoints}), which "
+                "come as its checkpoint")
+    reporter.step(said)
     return got
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from thrust_remote.agent.protocol import StatusAnswer
 from thrust_remote.core.config import HostConfig
-from thrust_remote.core.errors import ConnectionLostError, Detached
+from thrust_remote.core.errors import ConnectionLostError, Detached, ThrustError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.session import HostSession
 from thrust_remote.run.vocab import Reporter
@@ -75,6 +75,7 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
         progress.take_metrics(obj)
         reporter.metrics(obj)
 
+    reporter.running(_age(session, run_id), command_hint("logs", run_id, host=host, config=config_path))
     reporter.following(run_id, offset)
     try:
         try:
@@ -99,6 +100,17 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
         ) from None
     progress.take_block(lines.close_block())
     return Followed(control.status(session, run_id), position, progress)
+
+
+def _age(session: HostSession, run_id: str) -> float | None:
+    """How long the run has gone (its status's wall time), None before it started or when unknown: a
+    reattach's elapsed time goes on from the run's start, not from zero."""
+    try:
+        st = control.status(session, run_id)
+    except ThrustError:
+        return None
+    hours = st.get("wall_hours")
+    return float(hours) * 3600 if isinstance(hours, int | float) and st.get("started_at") else None
 
 
 def _watching(session: HostSession, source: ScalarSource | None, on_metrics: Callable[[dict[str, Any]], None],

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from thrust_remote.agent.protocol import StatusAnswer
+from thrust_remote.agent.protocol import RunState, StatusAnswer
 from thrust_remote.core.config import Config
 from thrust_remote.core.errors import ThrustError
 from thrust_remote.core.hints import command_hint
@@ -21,27 +22,35 @@ from thrust_remote.host.fleet import Fleet
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import lifecycle
 from thrust_remote.run.vocab import NullReporter
-from thrust_remote.runs import index, pull
+from thrust_remote.runs import index, pull, scalarwatch
 
 
 class WaitView(Protocol):
     """What a wait tells its caller: a warning, a run that ended (its last status), a pull of a run's
-    checkpoint and artifacts (from the puller's thread)."""
+    checkpoint and artifacts (from the puller's thread), what the pull at a run's end brought (`said`),
+    and after each round the runs still going with their last status and metrics (`going`: the view
+    says them now and then, so a wait in a pipe is not silent for hours)."""
 
     def warn(self, message: str) -> None: ...
     def ended(self, status: StatusAnswer) -> None: ...
     def pulled(self, run_id: str, pulled: pull.Pulled) -> None: ...
+    def said(self, run_id: str, message: str) -> None: ...
+    def going(self, runs: Sequence[StatusAnswer], metrics: Callable[[str], dict[str, object]]) -> None: ...
 
 
-class _WarningsOnly(NullReporter):
-    """A run's last checkpoint pulled at its end: its warnings shown, its steps not (the view has
-    said the run ended)."""
+class _EndPull(NullReporter):
+    """A run's last checkpoint and artifacts pulled at its end: its warnings and what came shown (a run
+    that ended before its first pull, as a cluster's short run does, has no other line saying so)."""
 
-    def __init__(self, view: WaitView) -> None:
-        self.view = view
+    def __init__(self, view: WaitView, run_id: str) -> None:
+        self.view, self.run_id = view, run_id
 
     def warn(self, message: str) -> None:
         self.view.warn(message)
+
+    def step(self, message: str) -> None:
+        if not message.startswith("fetching "):  # what came, not that it is coming
+            self.view.said(self.run_id, message)
 
 
 def wait(fleet: Fleet, run_ids: Sequence[str], view: WaitView, *, host: str | None = None,
@@ -60,7 +69,19 @@ def wait(fleet: Fleet, run_ids: Sequence[str], view: WaitView, *, host: str | No
                 sessions[name] = stack.enter_context(fleet.open(name))
             return sessions[name]
 
-        asks = [(r, functools.partial(lifecycle.status, session_for(r), r, fleet)) for r in run_ids]
+        last: dict[str, StatusAnswer] = {}
+
+        def asked(run_id: str) -> StatusAnswer:
+            last[run_id] = st = lifecycle.status(session_for(run_id), run_id, fleet)
+            return st
+
+        def slept(seconds: float) -> None:  # a round's end: the runs still going, as last asked
+            going = [st for st in last.values() if not RunState.of(st.get("state")).is_terminal]
+            if going:
+                view.going(going, lambda r: _metrics(config, session_for(r), r))
+            time.sleep(seconds)
+
+        asks = [(r, functools.partial(asked, r)) for r in run_ids]
         pullers = _pullers(config, stack, run_ids, session_for, sync_every, view)
 
         def ended(st: StatusAnswer) -> None:
@@ -73,7 +94,7 @@ def wait(fleet: Fleet, run_ids: Sequence[str], view: WaitView, *, host: str | No
             puller = pullers.pop(run_id, None)
             if puller is not None:  # its last checkpoint and artifacts, whatever its host does next
                 puller.__exit__(None)
-                lifecycle.pull_at_end(config, puller.session, run_id, puller.job, _WarningsOnly(view))
+                lifecycle.pull_at_end(config, puller.session, run_id, puller.job, _EndPull(view, run_id))
 
         told: set[str] = set()
 
@@ -82,7 +103,7 @@ def wait(fleet: Fleet, run_ids: Sequence[str], view: WaitView, *, host: str | No
                 told.add(run_id)
                 view.warn(f"{run_id}: its host does not answer now ({exc.message}); it goes on there: asking again")
 
-        return lifecycle.wait(asks, timeout=timeout, on_end=ended, on_trouble=trouble,
+        return lifecycle.wait(asks, timeout=timeout, on_end=ended, on_trouble=trouble, sleep=slept,
                               again=lambda going: command_hint("wait", *going, host=host, config=config.given_path))
 
 
@@ -90,7 +111,11 @@ def _metrics(config: Config, session: HostSession, run_id: str) -> dict[str, obj
     entry = index.lookup(config.root, run_id)
     job = config.jobs.get(entry.job) if entry else None
     try:
-        return lifecycle.ended_metrics(session, run_id, job)
+        got = lifecycle.ended_metrics(session, run_id, job)
+        if not got and job is not None and job.metrics.tensorboard:  # its numbers are its scalars
+            source = scalarwatch.source_for(session, run_id, job.name, job.metrics.tensorboard)
+            got = (scalarwatch.latest_metrics(session, source) or {}) if source is not None else {}
+        return got
     except ThrustError:
         return {}  # the numbers are a courtesy: the run's end is what wait tells
 

@@ -61,10 +61,13 @@ class Pulled:
     bytes: int
     seconds: float
     fresh: bool = False  # the checkpoint itself came in this pull (not only artifacts)
+    checkpoints: bool = True  # the job names checkpoints (else only its artifacts are pulled)
 
     def text(self) -> str:
-        what = f"checkpoint {self.checkpoint}" if self.checkpoint else "no checkpoint yet"
         moved = f"{self.files} file(s), {self.bytes:,} bytes" if self.files else "nothing new"
+        if not self.checkpoints:  # "no checkpoint yet" would read as if nothing came
+            return f"pulled {moved} of its artifacts ({self.seconds:.1f} s; the job names no checkpoints:)"
+        what = f"checkpoint {self.checkpoint}" if self.checkpoint else "no checkpoint yet"
         return f"pulled {what} ({moved}, {self.seconds:.1f} s)"
 
     def as_json(self) -> dict[str, Any]:
@@ -85,7 +88,7 @@ def pull_once(session: HostSession, job: JobConfig, run_dir: str, run_id: str, r
     if globs:
         more = artifacts.fetch_artifacts(session, run_dir, run_id, root, globs, leave_out=glob)
         files, size = files + len(more.fetched), size + more.bytes
-    return Pulled(time.time(), newest, files, size, time.monotonic() - started, fresh)
+    return Pulled(time.time(), newest, files, size, time.monotonic() - started, fresh, glob is not None)
 
 
 class Puller:
