@@ -224,13 +224,18 @@ def test_a_cancel_from_outside_reads_stopped_with_its_reason_and_a_refused_sbatc
 
     st = wait_until(cancelled, 30, "the cancel seen", interval=0.5)
     assert st["reason"] == "cancelled" and "scancel" in st["reason_detail"]
-    # a partition the cluster does not have: sbatch refuses, the error is Slurm's own words, 69
+    # a partition the cluster does not have: refused before the sync (sinfo), 78 naming those there are
     text = (proj / "thrust.yaml").read_text()
     bad = proj.parent / "bad.yaml"
     bad.write_text(text.replace(f"partition: {cluster.partition}", "partition: nosuch"))
     refused = cli("--config", str(bad), "train", "hello", "--detach", cwd=proj)
+    assert refused.returncode == 78, refused.stdout + refused.stderr
+    assert "no partition 'nosuch'" in refused.stderr and cluster.partition in refused.stderr
+    # an option sbatch itself refuses (a feature no node has): the error is Slurm's own words, 69
+    bad.write_text(text.replace("sbatch: {cpus-per-task: 2}", "sbatch: {cpus-per-task: 2, constraint: nosuchfeature}"))
+    refused = cli("--config", str(bad), "train", "hello", "--detach", cwd=proj)
     assert refused.returncode == 69, refused.stdout + refused.stderr
-    assert "Slurm refused run" in refused.stderr and "partition" in refused.stderr.lower()
+    assert "Slurm refused run" in refused.stderr and "feature" in refused.stderr.lower(), refused.stderr
     assert "Traceback" not in refused.stderr
 
 

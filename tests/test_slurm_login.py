@@ -49,6 +49,10 @@ def test_doctor_without_login_shell_names_the_key_and_blames_neither_account_nor
     assert rows["slurm-node"]["status"] == "skip"
     assert not any("account:" in (r.get("fix") or "") for r in rows.values()), rows
     assert done.returncode != 0
+    # a train says the same before anything is sent (not sbatch's "not found" after the sync and setup)
+    train = cli("train", "hello", cwd=proj)
+    assert train.returncode == 69 and "`login_shell: true` under hosts.sandbox" in train.stderr, train.stderr
+    assert "syncing" not in train.stderr and not (login_node.home / "thrust" / ".thrust" / "trees").exists()
 
 
 def test_with_login_shell_doctor_is_ok_and_a_train_finishes(cli, login_node, tmp_path):

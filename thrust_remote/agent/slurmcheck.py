@@ -61,6 +61,7 @@ def minutes(text: str) -> float | None:
 
 SINFO = ["sinfo", "--noheader", "--format=%P|%a|%l|%D|%G"]
 COMMANDS_ROW = "slurm-commands"  # Slurm's own commands fail: every other row would only repeat it
+NO_PARTITION = "partitions"  # a row's key when the partition asked is not the cluster's: the ones it has
 # where the laptop puts the key doctor names (it knows the host's name and its thrust.yaml)
 LOGIN_SHELL_FIX = "login_shell"
 
@@ -90,9 +91,10 @@ def partition_rows(partition: str | None, time_limit: str | None) -> tuple[list[
         parts[name.rstrip("*")] = (name.endswith("*"), avail, limit, nodes, gres)
     chosen = partition or next((n for n, p in parts.items() if p[0]), None)
     if chosen not in parts:
-        return [_row("slurm-partition", "Slurm partition", "fail",
-                     f"no partition {chosen!r}; this cluster has {', '.join(sorted(parts)) or 'none'}",
-                     "set partition: to one of them")], False
+        row = _row("slurm-partition", "Slurm partition", "fail",
+                   f"no partition {chosen!r}; this cluster has {', '.join(sorted(parts)) or 'none'}",
+                   "set partition: to one of them")
+        return [{**row, NO_PARTITION: sorted(parts)}], False
     _, avail, limit, nodes, gres = parts[chosen]
     gpus = "gpu" in gres
     rows = [_row("slurm-partition", "Slurm partition", "ok" if avail == "up" else "fail",
@@ -196,6 +198,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--partition", default="")
     p.add_argument("--time", default="")
     p.add_argument("--option", action="append", default=[], help="an sbatch option of the job (repeated)")
+    p.add_argument("--partition-only", action="store_true", help="sinfo's rows only: train's check before the sync")
     p = sub.add_parser("slurm-probe")
     p.add_argument("--file", required=True)
     args = parser.parse_args(argv)
@@ -203,6 +206,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps(probe(args.file)))
         return 0
     rows, gpus = partition_rows(args.partition or None, args.time or None)
+    if args.partition_only:
+        print(json.dumps(rows))
+        return 0
     if rows[0]["id"] == COMMANDS_ROW:  # sbatch would fail alike: not for the reason its row names
         print(json.dumps([*rows, *(_row(cid, title, "skip", "needs Slurm's commands (the row above)") for cid, title in
                                    (("slurm-submit", "sbatch accepts the job"),

@@ -73,6 +73,12 @@ class SlurmConfig:
     login_shell: bool = False
 
 
+def login_shell_fix(host: str, config: str) -> str:
+    """What to set when Slurm's commands work only in the login node's login shell."""
+    return (f"set `login_shell: true` under hosts.{host} in {config}: thrust-remote then runs its commands "
+            "there in the login environment, as your own ssh session does")
+
+
 def option_clash(key: str) -> tuple[str, str] | None:
     """(what the config error says, its hint) when sbatch would read `key` (an `sbatch:` key, dashes
     dropped) as an option thrust-remote sets itself or one of NOT_PASSED; None when it may pass. sbatch

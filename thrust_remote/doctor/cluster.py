@@ -7,7 +7,7 @@ from thrust_remote.agent.slurmcheck import LOGIN_SHELL_FIX
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ThrustError
 from thrust_remote.core.hints import config_file
-from thrust_remote.core.scheduler import sbatch_options
+from thrust_remote.core.scheduler import login_shell_fix, sbatch_options
 from thrust_remote.host.fleet import Fleet
 from thrust_remote.host.report import Check
 
@@ -33,6 +33,5 @@ def slurm_checks(fleet: Fleet, host: HostConfig, workdir: str) -> list[Check]:
 def _fix(fix: object, host: HostConfig) -> str | None:
     """A row's fix as the user acts on it: the agent's LOGIN_SHELL_FIX made the exact line, host and file."""
     if fix == LOGIN_SHELL_FIX:
-        return (f"set `login_shell: true` under hosts.{host.name} in {config_file(host)}: thrust-remote then runs "
-                "its commands there in the login environment, as your own ssh session does")
+        return login_shell_fix(host.name, config_file(host))
     return None if fix is None else str(fix)

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import shlex
 import stat
 from collections.abc import Mapping
@@ -102,6 +103,48 @@ def check_local(config: Config, data: JobData) -> None:
             raise ConfigError(f"{where}: {rel} does not exist in {config.root}",
                               "fix the path, or make the file first (files: sends what is on this machine)")
         _files_of(config.root, rel, where)
+    _check_setup_script(config, data)
+
+
+# a setup's word that names a script of the repository: what an interpreter runs, by its suffix
+SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".pl", ".rb", ".R", ".jl", ".js")
+INTERPRETER = re.compile(r"^(python[0-9.]*|sh|bash|dash|zsh|perl|ruby|Rscript|julia|node)\Z")
+INLINE = ("-c", "-m", "-e", "-E")  # code or a module on the command line: no script file follows
+
+
+def setup_script(argv: tuple[str, ...]) -> str | None:
+    """The repository file a `setup:` runs, when it clearly names one: its program given as a relative
+    path (`scripts/prepare.sh`), or an interpreter's first argument with a script's suffix
+    (`python data/prepare.py`); None for anything else (a command on PATH, `sh -c '...'`, `python -m`)."""
+    if not argv:
+        return None
+    word = argv[0] if "/" in argv[0] and not argv[0].startswith(("/", "~", "$")) else None
+    if word is None and INTERPRETER.match(posixpath.basename(argv[0])):
+        for arg in argv[1:]:
+            if arg in INLINE:
+                return None
+            if not arg.startswith("-"):
+                word = arg if arg.endswith(SCRIPT_SUFFIXES) else None
+                break
+    if word is None or word.startswith(("/", "~", "$")) or re.search(r"[*?\[\]$`'\"\\\s]", word):
+        return None
+    path = posixpath.normpath(word)
+    return None if path.startswith("..") or path == "." else path
+
+
+def _check_setup_script(config: Config, data: JobData) -> None:
+    """A `setup:` that runs a script the repository lacks fails on the host after the sync and the venv
+    (minutes on a cluster): 78 here, naming the line, as for `script:`. The tree it runs in is the
+    repository's root; a file found at neither the root nor beside thrust.yaml is refused."""
+    path = setup_script(data.setup)
+    if path is None:
+        return
+    top = _git(config.root, "rev-parse", "--show-toplevel", check=False)
+    roots = [config.root, *([Path(top.stdout.decode().strip())] if top.returncode == 0 else [])]
+    if not any((root / path).is_file() for root in roots):
+        raise ConfigError(f"{data.where['setup']}: {path} does not exist in {roots[-1]}",
+                          f"setup: runs in the run's tree, the repository's root: fix the path, or add the script "
+                          f"and commit it (git add {path} && git commit)")
 
 
 def _files_of(root: Path, rel: str, where: str) -> list[tuple[str, Path, os.stat_result]]:

@@ -8,8 +8,10 @@ import json
 import sys
 from collections.abc import Sequence
 
-from thrust_remote.core.errors import ExitCode, ThrustError, UnreachableError
-from thrust_remote.core.hints import CPU_TORCH_INSTALL, LOCAL_EXTRA_INSTALL, command_hint
+from thrust_remote.agent.slurmcheck import COMMANDS_ROW, LOGIN_SHELL_FIX, NO_PARTITION
+from thrust_remote.core.errors import ConfigError, ExitCode, ThrustError, UnreachableError
+from thrust_remote.core.hints import CPU_TORCH_INSTALL, LOCAL_EXTRA_INSTALL, command_hint, config_file
+from thrust_remote.core.scheduler import login_shell_fix
 from thrust_remote.host import payload
 from thrust_remote.host import report as envcheck
 from thrust_remote.host.jobspec import JobSpec
@@ -20,13 +22,16 @@ from thrust_remote.run.venv import is_builtin_trainer
 CRITICAL_CHECKS = ("python", "torch-import")
 # pyproject's `local` extra: what the built-in trainer imports that a plain install leaves out
 LOCAL_EXTRA_MODULES = ("torch", "onnxscript", "gymnasium")
+PARTITION_S = 60.0  # sinfo alone (agent/slurmcheck.py gives it 30 s, in a login shell as many more)
 
 
 def check_local_python(session: HostSession, spec: JobSpec) -> None:
     """The host `local` runs a job in the python thrust-remote itself runs in (unless its `python:` says
     otherwise): a plain install (no `local` extra) has no torch there. Say which modules are missing and
     the one command that adds them, before envcheck probes torch or setup pip-installs into a venv.
-    `spec`: the job as the stages see it (jobspec.job_spec)."""
+    `spec`: the job as the stages see it (jobspec.job_spec). First of all (the first check of a run on a
+    host): a cluster's partition, before the sync, the venv and `setup:` (check_partition)."""
+    check_partition(session)
     host = session.host
     if not host.is_local or spec.get("kind") in ("command", "cargo"):
         return
@@ -43,6 +48,29 @@ def check_local_python(session: HostSession, spec: JobSpec) -> None:
             "PyPI's torch there is the multi-GB CUDA build), or train on a GPU host: "
             + command_hint(f"train {spec.get('name')}", host="HOST"),
         )
+
+
+def check_partition(session: HostSession) -> None:
+    """Before a run's sync, venv and setup (seconds here, minutes on a cluster): Slurm's commands work on
+    the login node and the host's partition is one the cluster has; else the error says which it has, or
+    the key that makes Slurm's commands found. Anything else sinfo says is doctor's to show."""
+    host = session.host
+    if host.slurm is None:
+        return
+    asked = ["--partition", host.slurm.partition] if host.slurm.partition else []
+    rows = session.agent_json("the cluster's partitions", "slurm-check", "--workdir", session.paths.workdir,
+                              "--partition-only", *asked, timeout=PARTITION_S)
+    first = rows[0] if isinstance(rows, list) and rows and isinstance(rows[0], dict) else {}
+    doctor = command_hint("doctor", host=host)
+    if first.get("id") == COMMANDS_ROW:
+        fix = login_shell_fix(host.name, config_file(host)) if first.get("fix") == LOGIN_SHELL_FIX else doctor
+        raise ThrustError(f"{host.name}: {first.get('detail')}", fix, ExitCode.UNAVAILABLE)
+    if NO_PARTITION in first:
+        have = ", ".join(first[NO_PARTITION]) or "none"
+        asked = f"no partition {host.slurm.partition!r}" if host.slurm.partition else "no default partition"
+        raise ConfigError(f"{config_file(host)}: hosts.{host.name}.partition: {host.name} has {asked}; its "
+                          f"partitions: {have}",
+                          f"set partition: under hosts.{host.name} to one of them ({have}); see {doctor}")
 
 
 def preflight(report: envcheck.Report, spec: JobSpec, args: Sequence[str], session: HostSession) -> None:
