@@ -353,7 +353,10 @@ def test_a_missing_python_is_exit_69_naming_it(tmp_path: Path) -> None:
         payload.run_pyz(runner, host, payload.agent(), ["list", "--runs-dir", str(tmp_path)])
     assert err.value.exit_code == ExitCode.UNAVAILABLE
     assert "python '/nonexistent/bin/python3' not found" in err.value.message
-    assert "hosts.local" in (err.value.hint or "") and "doctor" in (err.value.hint or "")
+    # the hint offers what doctor would find there (item 12 of issue 53), never doctor itself, which
+    # stops at the same python: the python with torch, or how to list the host's
+    hint = err.value.hint or ""
+    assert "hosts.local" in hint and "set `python:" in hint and "doctor" not in hint, hint
 
 
 def test_host_session_agent_argv_and_json(tmp_path: Path) -> None:

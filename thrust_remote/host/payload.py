@@ -18,14 +18,16 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
+import json
 import os
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
+from envcheck.checks import choose_python
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, UnreachableError
 from thrust_remote.core.hints import command_hint, config_file
@@ -172,9 +174,46 @@ def run_pyz(runner: Runner, host: HostConfig, payload: Payload, args: Sequence[s
 
 def missing_python(runner: Runner, host: HostConfig) -> UnreachableError:
     path = runner.run(["printenv", "PATH"], timeout=30)
-    return UnreachableError(
-        f"{runner.name}: python '{python_of(runner, host)}' not found (PATH={path.stdout.strip()})",
-        f"install python3 on {runner.name}, or set `python:` under hosts.{host.name} in {config_file(host)} "
-        "to an interpreter that exists there (ideally the one with torch); check with: "
-        + command_hint("doctor", host=host),
-    )
+    return UnreachableError(f"{runner.name}: python '{python_of(runner, host)}' not found (PATH={path.stdout.strip()})",
+                            python_hint(runner, host))
+
+
+# what runs envcheck when `python:` cannot: the host's own python3, as a plain ssh session finds it
+FALLBACK_PYTHONS = ("python3", "/usr/bin/python3")
+
+
+def python_hint(runner: Runner, host: HostConfig) -> str:
+    """The hint for a `python:` that cannot run thrust-remote there: the interpreter doctor finds with
+    torch (offered_python) and a command that shows it works, else how to list the host's pythons. Never
+    "check with doctor": doctor itself stops at the same `python:`."""
+    where = f"under hosts.{host.name} in {config_file(host)}"
+    offer = offered_python(runner, host)
+    if offer:
+        check = command_hint("exec", "--", offer, "-c", "import torch; print(torch.__version__)", host=host)
+        return f"set `python: {offer}` {where} (it has torch there: {check} prints its version)"
+    script = "which -a python3 python; ls -d ~/*/bin/python ~/.*/bin/python 2>/dev/null; true"
+    listing = command_hint("exec", "--", "sh", "-c", script, host=host)
+    return (f"set `python:` {where} to a Python 3.10+ with torch there (e.g. python: ~/venv/bin/python); "
+            f"none with torch was found; the host's pythons: {listing}")
+
+
+def offered_python(runner: Runner, host: HostConfig) -> str | None:
+    """What doctor finds on the host: envcheck run by the first of FALLBACK_PYTHONS there; that python
+    when it has torch, else the first other interpreter with torch it probed (the workdir's .venv, the
+    venvs and conda envs under home...: envcheck.probe.python_candidates), as an absolute path."""
+    for fallback in FALLBACK_PYTHONS:
+        if fallback == python_of(runner, host) or not runner.run([fallback, "--version"], timeout=30).ok:
+            continue
+        try:
+            result, _ = run_pyz(runner, replace(host, python=fallback), envcheck(),
+                                ["--json", "--workdir", expand_home(host.workdir, runner.home()), "--host", host.name],
+                                timeout=120)
+            facts = json.loads(result.stdout.strip().splitlines()[-1])["facts"] if result.ok else None
+        except (ThrustError, ValueError, IndexError, KeyError, TypeError):
+            facts = None
+        if not isinstance(facts, dict):
+            continue
+        if facts.get("torch"):
+            return str(facts.get("python_path"))
+        return choose_python(facts.get("other_pythons") or [], None)
+    return None

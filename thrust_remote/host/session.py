@@ -22,7 +22,6 @@ from typing import Any, cast
 from thrust_remote.agent.protocol import IDEMPOTENT_COMMANDS, SITE_COMMANDS
 from thrust_remote.core.config import Config, HostConfig
 from thrust_remote.core.errors import ThrustError, UnreachableError, UsageError
-from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.core.names import valid_id
 from thrust_remote.host import payload
 from thrust_remote.host.agentlink import AgentLink
@@ -150,11 +149,7 @@ def python_problem(runner: Runner, host: HostConfig) -> str | None:
 
 def bad_python(runner: Runner, host: HostConfig, reason: str) -> UnreachableError:
     """The one error for a `python:` that cannot run the agent: exit 69 with doctor's hint."""
-    return UnreachableError(
-        f"{runner.name}: hosts.{host.name}.python: {reason}",
-        f"set `python:` under hosts.{host.name} in {config_file(host)} to a Python 3.10+ with torch on that host "
-        f"(e.g. python: ~/venv/bin/python); check with: {command_hint('doctor', host=host)}",
-    )
+    return UnreachableError(f"{runner.name}: hosts.{host.name}.python: {reason}", payload.python_hint(runner, host))
 
 
 # THRUST_AGENT_LINK=0: every agent subcommand as a command of its own (a host where `agent serve`
