@@ -44,6 +44,17 @@ with open("out/result.txt", "w") as fh:
     fh.write("done")
 '''
 
+# a job whose numbers are TensorBoard scalars only (no THRUST_METRICS, nothing a pattern reads)
+TB_PY = '''\
+from torch.utils.tensorboard import SummaryWriter
+
+writer = SummaryWriter("tbruns")
+for step in (10, 20, 30):
+    writer.add_scalar("charts/score", step / 10, step)
+writer.close()
+print("wrote", flush=True)
+'''
+
 PATTERN = "it (?P<step>\\\\d+)/(?P<total>\\\\d+) loss (?P<loss>[\\\\d.]+)"
 JOBS = f"""\
 jobs:
@@ -59,6 +70,9 @@ jobs:
     script: counted.py
     checkpoints: out/ckpt-*.pt
     artifacts: ["out/ckpt-*.pt"]
+  tb:
+    script: tb.py
+    metrics: {{tensorboard: tbruns}}
 """
 
 
@@ -66,7 +80,7 @@ jobs:
 def project(sshd, tmp_path_factory) -> Path:
     workdir = remote_tempdir(sshd) / "quiet"
     return new_project(tmp_path_factory.mktemp("quiet") / "project", sshd, workdir,
-                       files={"counted.py": COUNTED_PY}, jobs=JOBS, message="a job that counts to 4")
+                       files={"counted.py": COUNTED_PY, "tb.py": TB_PY}, jobs=JOBS, message="a job that counts to 4")
 
 
 def _run_id(text: str) -> str:
@@ -88,7 +102,7 @@ def test_a_reattach_shows_the_runs_time_its_pattern_total_a_quiet_stretch_and_tr
     monkeypatch.setattr(follow, "IDLE_EVERY_S", 0.1)
     run_id = _detached(cli, project, "counted")
     wait_until(lambda: "it 1/4" in cli("logs", run_id, cwd=project).stdout, 60, "the run's first line")
-    got = cli("logs", run_id, "--follow", cwd=project)
+    got = cli("logs", run_id, "--follow", cwd=project, env={"COLUMNS": "60"})  # narrow, and a pipe
     assert got.returncode == 0, got.stderr
     out = got.stdout
     assert f"{run_id}: 100%  4/4 steps" in out, out
@@ -103,7 +117,7 @@ def test_wait_in_a_pipe_says_the_runs_and_what_the_pull_brought_for_a_job_withou
     """`wait` (stderr a pipe) says the run going at once, the pull of a job without `checkpoints:` says
     the files that came (never "no checkpoint yet"), and the pull at its end says what it brought."""
     run_id = _detached(cli, project, "artifacts_only")
-    got = cli("wait", run_id, "--sync-every", "1", cwd=project)
+    got = cli("wait", run_id, "--sync-every", "1", cwd=project, env={"COLUMNS": "60"})
     assert got.returncode == 0, got.stderr
     err = " ".join(got.stderr.split())
     assert f"{run_id}: RUNNING" in err or f"{run_id}: QUEUED" in err, err
@@ -121,6 +135,14 @@ def test_artifacts_that_are_the_checkpoints_are_not_said_to_match_nothing(cli, p
     err = " ".join(got.stderr.split())
     assert "nothing matched on the host, nothing fetched" not in err, err
     assert "besides the checkpoints (out/ckpt-*.pt), which come as its checkpoint" in err, err
+
+
+def test_waits_end_line_has_a_tensorboard_jobs_last_scalars(cli, project):
+    """A job whose metrics are TensorBoard scalars: `wait`'s end line has them, as for THRUST_METRICS."""
+    run_id = _detached(cli, project, "tb")
+    got = cli("wait", run_id, cwd=project)
+    assert got.returncode == 0, got.stderr
+    assert f"{run_id}: FINISHED (exit code 0) (step 30, charts/score 3)" in got.stderr, got.stderr
 
 
 # ------------------------------------------------------------------------------------ the rendering
