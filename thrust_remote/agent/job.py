@@ -22,11 +22,13 @@ from collections.abc import Callable
 
 from . import agewatch, idlewatch, peerwatch
 from .files import write_atomic
+from .netinfo import free_port
 from .procs import kill_group
 from .protocol import (
     END_RESERVE,
     END_RESERVE_BYTES,
     EXIT_CODE,
+    FREE_PORT,
     GPUS_USED,
     MAX_DURATION,
     MAX_DURATION_GRACE_S,
@@ -63,6 +65,9 @@ def start(run_dir: str, cwd: str, argv: list[str], env: dict, devnull: int, log_
           report_fd: int) -> subprocess.Popen | None:
     """The job in a session of its own, its streams the run's log; None when it cannot start (its end,
     127, recorded and the launch's report told)."""
+    if FREE_PORT in argv:  # a job that starts its own workers: their port, free here now (protocol.FREE_PORT)
+        port = free_port("0.0.0.0").get("port")
+        argv = [str(port) if word == FREE_PORT and port else word for word in argv]
     try:
         return subprocess.Popen(
             argv, cwd=cwd, env=env, stdin=devnull, stdout=log_fd, stderr=log_fd, start_new_session=True

@@ -153,6 +153,10 @@ SCHEDULER = "scheduler"
 # `rdzv.json` in the shared run directory; each node's own --local-addr and --rdzv-conf is_host)
 RDZV_PENDING = "thrust-rdzv-pending"
 RDZV_FILE = "rdzv.json"
+# A job that starts its own workers (`workers: {port: FLAG}`): the argv word after FLAG, replaced by the
+# job's supervisor with a TCP port free on its node as the job starts (a queued run may start hours
+# after the laptop built its argv, a cluster's job on a node the laptop never sees)
+FREE_PORT = "thrust-free-port"
 NODES_DIR = "nodes"  # a run over several nodes: node I's log, run.json and exit_code in nodes/I/ (I >= 1)
 
 

@@ -36,7 +36,7 @@ class Direct:
 
     def check_facts(self, request: TrainRequest, facts: Mapping[str, Any], host: HostConfig) -> None:
         if request.gpus:  # GPUs a host can never give: 64 before any set-up
-            select_gpus(request.gpus, facts, host)
+            select_gpus(request.gpus, facts, host, request.job)
 
     def launch(self, prepared: Prepared, ask: RunAsk, reporter: Reporter) -> Launched:
         """A trial on its slot's GPUs as they are; with --queue, what the run waits for on the host when

@@ -71,6 +71,7 @@ LAPTOP_FIELDS: Mapping[str, str] = {
     "checkpoints": "the laptop pulls them while it follows",
     "resume": "the laptop fills it in when it resumes a run",
     "sync_every": "the laptop's pull interval",
+    "workers": "the laptop writes its count and port flags into the argv it sends",
     "retry": "the laptop's policy while it follows (a cluster's run's own is sent in run.json)",
     "max_duration": "sent in the launch's run.json (each run's own, `train --max-duration`), not the spec",
 }

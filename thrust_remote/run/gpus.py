@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from thrust_remote.core.config import HostConfig
+from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.core.errors import UsageError
 
 
@@ -23,14 +23,27 @@ def _load(gpu: Mapping[str, Any]) -> float:
     return float(gpu.get("utilization_pct") or 0) + float(gpu.get("memory_used_mib") or 0) / 1024
 
 
-def select_gpus(spec: str | None, facts: Mapping[str, Any], host: HostConfig) -> list[int]:
-    """`--gpus 2` → the first two free; `--gpus 0,2` → those (checked against the host's list)."""
+def cpu_hint(job: JobConfig | None) -> str:
+    """What runs `job` on a host without GPUs: --nproc means what the job's kind makes of it."""
+    if job is not None and job.workers is not None:
+        return f"leave --gpus out to run on the CPU: --nproc N passes N by the job's {job.workers.count}"
+    if job is not None and job.kind == "command":
+        return "leave --gpus out to run on the CPU (a command job starts its own processes)"
+    if job is not None and job.kind == "python":
+        return ("leave --gpus out to run on the CPU, with --nproc N for N processes under torchrun (a script "
+                f"that starts its own workers: add `workers: {{count: FLAG}}` to jobs.{job.name}, its flag for N)")
+    return "leave --gpus out to train on the CPU, or use --nproc N for several CPU processes"
+
+
+def select_gpus(spec: str | None, facts: Mapping[str, Any], host: HostConfig,
+                job: JobConfig | None = None) -> list[int]:
+    """`--gpus 2` → the first two free; `--gpus 0,2` → those (checked against the host's list); `job`
+    names what runs on the CPU instead when the host has no GPU."""
     if not spec:
         return []
     have = host_gpus(facts, host)
     if not have:
-        raise UsageError(f"--gpus {spec}: {host.name} has no GPUs that nvidia-smi lists",
-                         "leave --gpus out to train on the CPU, or use --nproc N for several CPU processes")
+        raise UsageError(f"--gpus {spec}: {host.name} has no GPUs that nvidia-smi lists", cpu_hint(job))
     if spec.isdigit():
         want = int(spec)
         if want < 1 or want > len(have):

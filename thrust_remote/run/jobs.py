@@ -6,6 +6,10 @@ runs (docs/architecture.md, "Config (thrust.yaml)": the job kinds).
     python    PYTHON -u SCRIPT ARGS...        or   PYTHON -u -m MODULE ARGS...
     command   COMMAND... [KEY=VALUE...]       (as is: no shell, no interpreter added)
 
+A job with `workers: {count: FLAG, port: FLAG}` starts its own workers (torch.multiprocessing.spawn):
+it runs once, never under torchrun, with `FLAG N` (the process count) and `FLAG P` (a port free on its
+node as it starts: FREE_PORT, filled in by its supervisor) after its arguments.
+
 With several processes a trainer or python job runs under `PYTHON -u -m torch.distributed.run
 --standalone --nproc-per-node=N --max-restarts=0` (the same SCRIPT or `-m MODULE` after it); on
 several hosts under `--nnodes=N --rdzv-backend=c10d --rdzv-endpoint=ADDR:PORT --rdzv-id=RUN_ID
@@ -22,8 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from thrust_remote.agent.protocol import MODEL, RUN_DIR_ENV
+from thrust_remote.agent.protocol import FREE_PORT, MODEL, RUN_DIR_ENV
 from thrust_remote.core.config import CONFIG_NAME, JobConfig
+from thrust_remote.core.config.model import Workers
 from thrust_remote.core.errors import ConfigError, UsageError
 from thrust_remote.host.session import HostSession, parse_json
 
@@ -43,6 +48,7 @@ class Runs:
     module: str | None = None
     nproc: int | None = None
     export: str | None = None
+    workers: Workers | None = None
 
 
 RunsLike = JobConfig | Runs  # what process_count, job_argv, exports and job_env read of a job
@@ -52,11 +58,13 @@ EXPORT_NAME = MODEL  # in the run directory, where fetch looks for a model
 # ------------------------------------------------------------------------------------------ argv / env
 
 def process_count(job: RunsLike, nproc: int | None, gpus: Sequence[int]) -> int:
-    """--nproc > the job's `nproc:` > one per selected GPU > 1. A command job starts its own processes."""
-    if job.kind == "command":
+    """--nproc > the job's `nproc:` > one per selected GPU > 1. A command job starts its own processes;
+    so does a job with `workers:`, which is told the count by its flag."""
+    if job.kind == "command" and job.workers is None:
         if nproc is not None and nproc > 1:
             raise UsageError(f"--nproc {nproc}: job {job.name!r} is a command job, which starts its own processes",
-                             "drop --nproc, or pass the count in the job's `command:`")
+                             "drop --nproc, or say the flag it takes the count by, under the job: "
+                             "`workers: {count: --num-gpus}` (then --nproc N passes N by it)")
         return 1
     if nproc is not None:
         return nproc
@@ -113,6 +121,8 @@ def job_argv(job: RunsLike, python: str, args: Sequence[str], *, run_dir: str, n
     """The argv a trainer, python or command job runs (cargo's comes from buildenv.cargo_run_argv).
     `trainer`: the built-in trainer's zipapp on the host (uploaded by setup), else `-m trainer.train`
     from the checkout."""
+    if job.workers is not None:
+        return own_workers_argv(job, job.workers, python, args, nproc, rdzv)
     if job.kind == "command":
         return [*job.command, *args]
     if job.kind == "python":
@@ -126,6 +136,20 @@ def job_argv(job: RunsLike, python: str, args: Sequence[str], *, run_dir: str, n
     if nproc > 1 or rdzv is not None:
         return [*torchrun(python, nproc, rdzv), *entry]  # torchrun takes `-m MODULE` and a script path alike
     return [python, "-u", *entry]
+
+
+def own_workers_argv(job: RunsLike, workers: Workers, python: str, args: Sequence[str], nproc: int,
+                     rdzv: Rendezvous | None) -> list[str]:
+    """A job that starts its own workers: once, its count and port by its own flags, last so that they
+    win over the same flags in its `args:` (argparse keeps the last)."""
+    if rdzv is not None:
+        raise UsageError(f"job {job.name!r} starts its own workers (workers:), on one host: a run over several "
+                         "hosts or nodes starts torchrun on each", "give one --host and no --nodes")
+    told = [workers.count, str(nproc), *([workers.port, FREE_PORT] if workers.port else [])]
+    if job.kind == "command":
+        return [*job.command, *args, *told]
+    entry = [job.script] if job.script else ["-m", str(job.module)]
+    return [python, "-u", *entry, *args, *told]
 
 
 def exports(job: RunsLike, export: bool) -> bool:

@@ -40,7 +40,7 @@ from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
 from thrust_remote.host.fleet import Fleet, each
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import arguments, endings, fetching, following, multinode, stages, vocab
+from thrust_remote.run import arguments, endings, fetching, following, multinode, stages, vocab, workers
 from thrust_remote.run import resume as resuming  # the module; `resume` is a train's ResumeFrom here
 from thrust_remote.run.sync import LocalState
 from thrust_remote.run.vocab import Launched, Reporter, Stage, TrainOutcome, TrainRequest
@@ -100,6 +100,8 @@ def train_request(fleet: Fleet, request: TrainRequest, hosts: Sequence[HostConfi
     a resume's or a retry's is not), then `train` over a session per host (the fleet's). A train, a
     resume and each retry of a chain start here: the request is checked once and handed on once."""
     check_request(request, hosts, max_restarts)
+    # a script that spawns its own workers, asked for several processes without `workers:`: 64 now
+    workers.check_request(request.job, request.nproc, request.gpus, fleet.config.root)
     if as_train:
         check_following(request, retry, reporter)
     with fleet.sessions(hosts) as sessions:

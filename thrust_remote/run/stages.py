@@ -251,7 +251,8 @@ def launch_prepared(prepared: Prepared, plan: LaunchPlan, reporter: Reporter | N
     how = jobs.Invocation(prepared.python, run_id, run_dir, tuple(gpus), plan.export, prepared.trainer, plan.nproc,
                           plan.rdzv)
     again = (plan.continue_args, range(plan.gpu_count)) if plan.continues is not None else None
-    runs = jobs.Runs(job.name, job.kind, job.command, job.script, job.module, job.nproc, job.export)  # what it reads
+    runs = jobs.Runs(job.name, job.kind, job.command, job.script, job.module, job.nproc, job.export,  # what it reads
+                     job.workers)
     made = jobs.command(runs, how, {**prepared.env, **plan.extra_env},
                         None if prepared.cargo is not None else plan.args,
                         gpus or range(plan.queue.count if plan.queue else plan.gpu_count), again)

@@ -11,15 +11,15 @@ from typing import Any
 import yaml
 
 from thrust_remote.core.config import job_values, retry
-from thrust_remote.core.config.model import JOB_KINDS, JobConfig
+from thrust_remote.core.config.model import JOB_KINDS, JobConfig, Workers
 from thrust_remote.core.config.notify import parse_notify
 from thrust_remote.core.config.reader import Reader, line
 from thrust_remote.core.config.values import DATA_KEYS, argv, check_name, data_value, repo_path, words
 
 JOB_KEYS = (
-    "kind", "script", "module", "command", "args", "requirements", "nproc", "artifacts", "metrics", "objective",
-    "export", "env", "toolchain", "example", "crate", "artifact", "tch_version", "bypass_version_check", "notify",
-    "idle_stop", "max_duration", "checkpoints", "resume", "sync_every", "retry", "flags", *DATA_KEYS,
+    "kind", "script", "module", "command", "args", "requirements", "nproc", "workers", "artifacts", "metrics",
+    "objective", "export", "env", "toolchain", "example", "crate", "artifact", "tch_version", "bypass_version_check",
+    "notify", "idle_stop", "max_duration", "checkpoints", "resume", "sync_every", "retry", "flags", *DATA_KEYS,
 )
 # Keys only some kinds take: another kind's job names them as an error (the cargo keys stay lenient).
 KIND_ONLY = {
@@ -29,6 +29,7 @@ KIND_ONLY = {
     "args": ("trainer", "python", "cargo"),
     "requirements": ("trainer", "python"),
     "nproc": ("trainer", "python"),
+    "workers": ("python", "command"),  # the built-in trainer runs under torchrun
     "flags": ("python", "command", "cargo"),  # the built-in trainer's flags are its own (trainer/args.py)
 }
 
@@ -107,6 +108,32 @@ def _requirements(reader: Reader, kind: str, key: str, f: str, value: yaml.Node)
     return {key: tuple(words(reader, f, value, expected, pip=True))}
 
 
+WORKERS_KEYS = ("count", "port")
+WORKERS_EXAMPLE = "workers: {count: --num-gpus, port: --master-port}"
+
+
+def _workers(reader: Reader, kind: str, key: str, f: str, value: yaml.Node) -> dict[str, Any]:
+    """`workers: {count: FLAG, port: FLAG}`: the flags a script that starts its own workers takes its
+    process count and its rendezvous port by (model.Workers)."""
+    if not isinstance(value, yaml.MappingNode):
+        raise reader.fail(value, f, f"expected the flags the job takes its workers by, like `{WORKERS_EXAMPLE}`")
+    flags: dict[str, str] = {}
+    for name, name_node, flag_node in reader.mapping(value, f):
+        if name not in WORKERS_KEYS:
+            raise reader.unknown(name_node, f"{f}.{name}", WORKERS_KEYS)
+        flag = reader.string(flag_node, f"{f}.{name}")
+        if not flag or not flag.startswith("-") or not flag.strip("-") or any(c.isspace() or c == "=" for c in flag):
+            raise reader.fail(flag_node, f"{f}.{name}",
+                              f"expected a flag of the job's own like --num-gpus, got {flag!r}")
+        flags[name] = flag
+    if "count" not in flags:
+        raise reader.fail(value, f"{f}.count", "say the flag the job takes its process count by, like "
+                          "`count: --num-gpus` (and `port: --master-port` if it takes a port)")
+    if flags.get("port") == flags["count"]:
+        raise reader.fail(value, f"{f}.port", f"count and port are one flag ({flags['count']})")
+    return {key: Workers(flags["count"], flags.get("port"))}
+
+
 def _data(reader: Reader, kind: str, key: str, f: str, value: yaml.Node) -> dict[str, Any]:
     """files:, setup:, shared: (the job's own: they replace the top level's)."""
     return {key: data_value(reader, key, f, value)}
@@ -122,6 +149,7 @@ JOB_VALUES: Mapping[str, JobValue] = {
     "command": _field(argv),
     "requirements": _requirements,
     "nproc": _field(job_values.nproc),
+    "workers": _workers,
     "artifacts": _field(job_values.artifacts),
     "metrics": _field(job_values.metrics),
     "flags": _field(job_values.flags),

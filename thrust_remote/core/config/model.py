@@ -96,6 +96,16 @@ class NotifyConfig:
 
 
 @dataclass(frozen=True)
+class Workers:
+    """`workers: {count: FLAG, port: FLAG}`: the job starts its own worker processes (e.g. with
+    torch.multiprocessing.spawn), so it is started once, never under torchrun: the process count
+    (--nproc, else one per GPU) reaches it as `COUNT_FLAG N`, and a port free on its node as `PORT_FLAG P`."""
+
+    count: str
+    port: str | None = None
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """One job of thrust.yaml (docs/architecture.md, "Config (thrust.yaml)": the job kinds)."""
 
@@ -112,6 +122,7 @@ class JobConfig:
     module: str | None = None  # python: run as `PYTHON -m MODULE ARGS...`
     nproc: int | None = None  # processes under torchrun (None: one, or one per GPU with --gpus)
     command: tuple[str, ...] = ()  # command: the argv, run as is in the checkout
+    workers: Workers | None = None  # python, command: it starts its own workers (never under torchrun)
     artifacts: tuple[str, ...] = ()  # globs under the job's working directory on the host
     # `metrics: {tensorboard: DIR, pattern: REGEX}` (named groups read from the job's own log lines);
     # neither: THRUST_METRICS lines only
