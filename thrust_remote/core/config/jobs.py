@@ -27,7 +27,8 @@ KIND_ONLY = {
     "module": ("python",),
     "command": ("command",),
     "args": ("trainer", "python", "cargo"),
-    "requirements": ("trainer", "python"),
+    # a command job's venv is made as a python job's, its bin first on the command's PATH (agent/job.py)
+    "requirements": ("trainer", "python", "command"),
     "nproc": ("trainer", "python"),
     "workers": ("python", "command"),  # the built-in trainer runs under torchrun
     "flags": ("python", "command", "cargo"),  # the built-in trainer's flags are its own (trainer/args.py)

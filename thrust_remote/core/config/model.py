@@ -116,7 +116,7 @@ class JobConfig:
     args: Mapping[str, Any] | tuple[str, ...] = field(default_factory=dict)
     export: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    requirements: tuple[str, ...] = ()  # pip specs for the job's venv (python jobs)
+    requirements: tuple[str, ...] = ()  # pip specs for the job's venv (python and command jobs)
     requirements_file: str | None = None  # a requirements file in the repo
     script: str | None = None  # python: a path in the repo, run as `PYTHON SCRIPT ARGS...`
     module: str | None = None  # python: run as `PYTHON -m MODULE ARGS...`
