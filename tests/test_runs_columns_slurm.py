@@ -65,7 +65,8 @@ def test_runs_says_why_a_run_waits_or_failed_and_status_finds_its_host_in_the_in
     assert f" {queued['scheduler_job']} " in _line(everywhere, second), everywhere
     # a refused sbatch: FAILED [not-submitted]
     bad = proj.parent / "bad.yaml"
-    bad.write_text((proj / "thrust.yaml").read_text().replace("partition: debug", "partition: nosuch"))
+    bad.write_text((proj / "thrust.yaml").read_text().replace("sbatch: {cpus-per-task: 2}",
+                                                              "sbatch: {cpus-per-task: 2, constraint: nosuchfeature}"))
     refused = cli("--config", str(bad), "train", "three", "--detach", *on, cwd=proj)
     assert refused.returncode == 69, refused.stdout + refused.stderr
     never = launched_run(refused.stderr)

@@ -147,22 +147,22 @@ def _ended(cli, proj: Path, workdir: Path, run_id: str, timeout: float = 30) -> 
 def test_a_run_sbatch_refuses_or_cannot_reach_slurm_for_leaves_no_env_behind(cli, project, cluster):
     proj, workdir = project
     _runs(workdir).mkdir(parents=True, exist_ok=True)
-    # sbatch refuses (a partition the cluster lacks)
+    # sbatch refuses (a feature no node has; a partition the cluster lacks is refused before the sync)
     bad = proj.parent / "nosuch.yaml"
     text = (proj / "thrust.yaml").read_text()
-    bad.write_text(text.replace(f"partition: {cluster.partition}", "partition: nosuch", 1))
+    bad.write_text(text.replace("sbatch: {cpus-per-task: 2}", "sbatch: {cpus-per-task: 2, constraint: nosuchfeature}",
+                                1))
     before = {p.name for p in _runs(workdir).iterdir()}
     refused = cli("--config", str(bad), "train", "gated", "--detach", cwd=proj)
     assert refused.returncode == 69, refused.stdout + refused.stderr
     run_dir = _runs(workdir) / _new_run(workdir, before)
     assert (run_dir / "exit_code").exists() and not (run_dir / ".env.json").exists()
-    # sbatch cannot authenticate (munge down on the login node): it fails, the env goes with the run
+    # Slurm cannot authenticate (munge down on the login node): said before anything is sent, no run made
     before = {p.name for p in _runs(workdir).iterdir()}
     failed = cli("train", "gated", "--host", "broken", "--detach", cwd=proj)
     assert failed.returncode == 69, failed.stdout + failed.stderr
     assert "munge" in failed.stderr.lower(), failed.stderr
-    run_dir = _runs(workdir) / _new_run(workdir, before)
-    assert not (run_dir / ".env.json").exists()
+    assert {p.name for p in _runs(workdir).iterdir()} == before
     assert not list(_runs(workdir).glob("*/.env.json"))  # nor in any other run dir: none is live
 
 
