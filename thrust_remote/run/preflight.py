@@ -29,9 +29,7 @@ def check_local_python(session: HostSession, spec: JobSpec) -> None:
     """The host `local` runs a job in the python thrust-remote itself runs in (unless its `python:` says
     otherwise): a plain install (no `local` extra) has no torch there. Say which modules are missing and
     the one command that adds them, before envcheck probes torch or setup pip-installs into a venv.
-    `spec`: the job as the stages see it (jobspec.job_spec). First of all (the first check of a run on a
-    host): a cluster's partition, before the sync, the venv and `setup:` (check_partition)."""
-    check_partition(session)
+    `spec`: the job as the stages see it (jobspec.job_spec)."""
     host = session.host
     if not host.is_local or spec.get("kind") in ("command", "cargo"):
         return
@@ -51,9 +49,10 @@ def check_local_python(session: HostSession, spec: JobSpec) -> None:
 
 
 def check_partition(session: HostSession) -> None:
-    """Before a run's sync, venv and setup (seconds here, minutes on a cluster): Slurm's commands work on
-    the login node and the host's partition is one the cluster has; else the error says which it has, or
-    the key that makes Slurm's commands found. Anything else sinfo says is doctor's to show."""
+    """The first step of a run's check on a host (stages.check), before its sync, venv and `setup:`
+    (seconds here, minutes on a cluster): Slurm's commands work on the login node and the host's
+    partition is one the cluster has; else the error says which it has, or the key that makes Slurm's
+    commands found. Anything else sinfo says is doctor's to show."""
     host = session.host
     if host.slurm is None:
         return

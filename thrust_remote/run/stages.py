@@ -27,7 +27,7 @@ from thrust_remote.run import buildenv, cargo, data, jobs, pins
 from thrust_remote.run.arguments import job_arguments
 from thrust_remote.run.cargo import CargoPlan
 from thrust_remote.run.gpus import host_gpus
-from thrust_remote.run.preflight import check_local_python, envcheck_report, preflight
+from thrust_remote.run.preflight import check_local_python, check_partition, envcheck_report, preflight
 from thrust_remote.run.sync import LocalState, SyncResult, local_state, sync, with_lfs
 from thrust_remote.run.venv import setup_python
 from thrust_remote.run.vocab import Launched, NullReporter, Reporter, ResumeFrom, Stage, TrainRequest
@@ -147,9 +147,11 @@ def prepare(config: Config, job: JobConfig, session: HostSession, reporter: Repo
 
 def check(config: Config, job: JobConfig, session: HostSession, reporter: Reporter, *,
           args: Sequence[str] = (), code_at: ResumeFrom | None = None, tree: str | None = None) -> Checked:
-    """sync (remote hosts: the objects, then the run's tree) → envcheck preflight: the host runs this
-    commit and can run the job with `args` (the run's arguments, resolved once by the caller: what
-    preflight reads a CUDA ask from). `tree`: the tree's name (the run id); None: one of its own."""
+    """a cluster's partition (check_partition) → sync (remote hosts: the objects, then the run's tree) →
+    envcheck preflight: the host runs this commit and can run the job with `args` (the run's arguments,
+    resolved once by the caller: what preflight reads a CUDA ask from). `tree`: the tree's name (the
+    run id); None: one of its own."""
+    check_partition(session)  # a cluster's partition first: seconds here, before minutes of sync and setup
     spec = buildenv.job_spec(job)  # the one conversion: from here on the host's view of the job
     check_local_python(session, spec)
     if job.kind == "cargo" and not session.host.is_local:
