@@ -50,6 +50,10 @@ class Slurm:
         if request.nodes > 1 and request.job.kind not in ("trainer", "python"):
             raise UsageError(f"--nodes {request.nodes}: job {request.job.name!r} is a {request.job.kind} job; "
                              "torchrun starts the built-in trainer or a python job on every node", "drop --nodes")
+        if request.nodes > 1 and request.job.workers is not None:  # before the sync, not at launch
+            raise UsageError(f"--nodes {request.nodes}: job {request.job.name!r} starts its own workers (workers:), "
+                             "so it runs once on one node; over several nodes torchrun starts it on each",
+                             f"drop --nodes; --nproc N passes N by the job's {request.job.workers.count}")
 
     def check_facts(self, request: TrainRequest, facts: Mapping[str, Any], host: HostConfig) -> None:
         """The scheduler picks the GPUs: the login node's own say nothing of what a run gets."""

@@ -90,6 +90,10 @@ def check_request(request: TrainRequest, hosts: Sequence[HostConfig]) -> None:
     if job.kind not in ("trainer", "python"):
         raise UsageError(f"job {job.name!r} is a {job.kind} job: a run over several hosts starts torchrun, so it "
                          "takes the built-in trainer or a python job", "give one --host")
+    if job.workers is not None:  # refused here, not at launch on each node after every node's sync
+        raise UsageError(f"job {job.name!r} starts its own workers (workers:): it runs once on one host, and a run "
+                         "over several hosts starts torchrun on each",
+                         f"give one --host; --nproc N there passes N by the job's {job.workers.count}")
     if any(h.is_local for h in hosts):
         raise UsageError("host 'local' cannot be a node of a run over several hosts: its runs live in the project "
                          "directory, not in a workdir of their own",
