@@ -6,10 +6,11 @@ same way: the study stops after it with a config error (78) naming the flag and 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from thrust_remote.core.config import Config, JobConfig
+from thrust_remote.core.config.job_values import word_key
 from thrust_remote.core.errors import ConfigError
 from thrust_remote.run import flags as flag_styles
 from thrust_remote.run.jobs import config_label
@@ -33,6 +34,19 @@ class UsageSources:
         name = flag.lstrip("-").split("=", 1)[0]
         return name or None
 
+    def word_of(self, flag: str, keys: Iterable[str]) -> str | None:
+        """The key among `keys` that set one word of a flag of several words (`hyperparams.learning_rate`):
+        a word of `flag` (`--hyperparams`, whose words the job refused), or, `flag` a bare word
+        (`learning_rate:0.003`, one the job took for an argument of its own), that word. None: none did."""
+        lists = {**(dict(self.job.args) if isinstance(self.job.args, Mapping) else {}), **self.fixed}
+        name = self.key_of(flag) or ""
+        word = None if flag.startswith("-") else re.split("[:=]", flag, maxsplit=1)[0]
+        for key in keys:
+            named = word_key(key, lists)
+            if named is not None and (named[0] in (name, name.replace("-", "_")) or named[1] == word):
+                return key
+        return None
+
     def origin(self, flag: str) -> str:
         """`thrust.yaml:LINE: search.JOB.KEY`, `--set KEY`, or the job's args, for the flag."""
         label = config_label(self.config.path)
@@ -40,9 +54,13 @@ class UsageSources:
         searched = self.config.search.get(self.job.name, {})
         if key is not None and key not in searched and key.replace("-", "_") in searched:
             key = key.replace("-", "_")  # `flags: {names: dashes}` wrote learning_rate as --learning-rate
+        if key is not None and key not in searched:
+            key = self.word_of(flag, searched) or key  # `hyperparams.learning_rate` set a word of --hyperparams
         if key is not None and key in searched:
             line = self.config.search_lines.get(f"{self.job.name}.{key}")
             return f"{label}:{line}: search.{self.job.name}.{key}" if line else f"{label}: search.{self.job.name}.{key}"
+        if key is not None and key not in self.fixed:
+            key = self.word_of(flag, self.fixed) or key
         if key is not None and key in self.fixed:
             return f"--set {key}"
         line = self.job.lines.get("args") or self.job.lines.get("job")
