@@ -4,32 +4,16 @@ kind's modules are imported only for a run of that kind."""
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from import_graph import AGENT, ROOT, agent_imports, import_circle
+
 from thrust_remote.agent import scheduled, slurm
 from thrust_remote.agent.__main__ import main as agent_main
-
-ROOT = Path(__file__).resolve().parents[1]
-AGENT = ROOT / "thrust_remote" / "agent"
-
-
-def _agent_imports() -> dict[str, set[str]]:
-    """Each agent module -> the agent modules it imports by a `from .x import` / `from . import x`, at its
-    top or in a function (tests/test_layering.py's graph, the relative imports the agent uses)."""
-    own = {p.stem for p in AGENT.glob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for path in sorted(AGENT.glob("*.py")):
-        reached: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                reached |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-        graph[path.stem] = (reached & own) - {path.stem}
-    return graph
 
 
 def test_the_run_modules_name_no_scheduler_but_through_the_table():
@@ -52,20 +36,11 @@ def test_the_run_modules_name_no_scheduler_but_through_the_table():
 def test_no_import_circle_through_the_table():
     """The table's modules are imported by name (importlib), which the agent's import graph cannot see:
     added here, the graph still has no circle (a kind's step imports supervisor.py, which asks the table)."""
-    graph = _agent_imports()
+    graph = agent_imports()
     graph["scheduled"] = graph["scheduled"] | {k.module for k in scheduled.KINDS.values()}
     graph["batchstep"] = graph["batchstep"] | {k.step for k in scheduled.KINDS.values()}
-    done: set[str] = set()
-
-    def visit(module: str, path: list[str]) -> None:
-        assert module not in path, "agent import circle: " + " -> ".join([*path[path.index(module):], module])
-        if module not in done:
-            for reached in sorted(graph[module]):
-                visit(reached, [*path, module])
-            done.add(module)
-
-    for module in sorted(graph):
-        visit(module, [])
+    circle = import_circle(sorted(graph), graph.__getitem__)
+    assert circle is None, "agent import circle: " + " -> ".join(circle or ())
 
 
 def test_the_lookup():

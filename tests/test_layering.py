@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from import_graph import ROOT, agent_imports, import_circle, module_imports
+
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 # envcheck's torch probe: the one module that imports torch on purpose, in a child process with a
 # timeout, so a broken torch becomes a fact in the report instead of a crash
@@ -201,45 +202,14 @@ def test_every_module_lives_in_a_folder_named_for_what_it_does():
     assert len(loose) <= 6, loose
 
 
-def _agent_imports() -> dict[str, set[str]]:
-    """thrust_remote/agent's modules -> the agent modules each imports, at its top or inside a function
-    (`from . import x`, `from .x import y`, `from thrust_remote.agent.x import y`): a function-level
-    import hides a cycle from Python's start-up, not from this graph."""
-    agent = ROOT / "thrust_remote" / "agent"
-    own = {p.stem for p in agent.glob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for path in sorted(agent.glob("*.py")):
-        reached: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                reached |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("thrust_remote.agent"):
-                rest = (node.module or "").split(".")[2:]
-                reached |= {rest[0]} if rest else {a.name for a in node.names}
-            elif isinstance(node, ast.Import):
-                reached |= {a.name.split(".")[2] for a in node.names if a.name.startswith("thrust_remote.agent.")}
-        graph[path.stem] = (reached & own) - {path.stem}
-    return graph
-
-
 def test_the_agent_has_no_import_circle():
     """Each agent module imports only modules below it (docs/architecture.md, "The host agent"): a circle,
     even through imports inside functions, is two modules that cannot be read, tested or changed apart
     (agent/slurm.py had grown a reader of run.json of its own, without RUN_JSON_MAX, to avoid one)."""
-    graph = _agent_imports()
+    graph = agent_imports()
     assert graph["runs"] >= {"supervisor"} and "protocol" in graph["supervisor"]  # the graph sees imports
-    done: set[str] = set()
-
-    def visit(module: str, path: list[str]) -> None:
-        if module in path:
-            raise AssertionError("agent import circle: " + " -> ".join([*path[path.index(module):], module]))
-        if module not in done:
-            for reached in sorted(graph[module]):
-                visit(reached, [*path, module])
-            done.add(module)
-
-    for module in sorted(graph):
-        visit(module, [])
+    circle = import_circle(sorted(graph), graph.__getitem__)
+    assert circle is None, "agent import circle: " + " -> ".join(circle or ())
 
 
 def test_a_status_imports_none_of_what_tree_add_needs(tmp_path):
@@ -259,37 +229,15 @@ def test_a_status_imports_none_of_what_tree_add_needs(tmp_path):
                          "thrust_remote.agent.listing"}, sorted(loaded)
 
 
-def _module_imports(module: str) -> set[str]:
-    """The thrust_remote modules `module` (dotted) imports, at its top or inside a function."""
-    path = ROOT / (module.replace(".", "/") + ".py")
-    if not path.exists():
-        path = ROOT / module.replace(".", "/") / "__init__.py"
-    reached: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("thrust_remote"):
-            for a in node.names:  # `from thrust_remote.run import stages` reaches the module run.stages
-                full = f"{node.module}.{a.name}"
-                reached.add(full if (ROOT / (full.replace(".", "/") + ".py")).exists() else str(node.module))
-        elif isinstance(node, ast.Import):
-            reached |= {a.name for a in node.names if a.name.startswith("thrust_remote")}
-    return reached
-
-
 def test_backends_and_the_modules_they_use_import_no_circle():
     """backends/ and run/ (and doctor/) import each other as folders, never as modules: what a backend
     takes from run/ (stages, jobs, gpus, vocab) and doctor/ (cluster) never reaches backends back, so
     each can be read and changed without the other's caller (docs/architecture.md, "Backends")."""
-    done: set[str] = set()
+    def followed(module: str) -> set[str]:
+        return {m for m in module_imports(module)
+                if m.startswith(("thrust_remote.backends", "thrust_remote.run", "thrust_remote.doctor"))}
 
-    def visit(module: str, path: list[str]) -> None:
-        if module in path:
-            raise AssertionError("import circle: " + " -> ".join([*path[path.index(module):], module]))
-        if module in done:
-            return
-        for reached in sorted(_module_imports(module)):
-            if reached.startswith(("thrust_remote.backends", "thrust_remote.run", "thrust_remote.doctor")):
-                visit(reached, [*path, module])
-        done.add(module)
-
-    for path in sorted((ROOT / "thrust_remote" / "backends").glob("*.py")):
-        visit(f"thrust_remote.backends.{path.stem}".removesuffix(".__init__"), [])
+    backends = [f"thrust_remote.backends.{p.stem}".removesuffix(".__init__")
+                for p in sorted((ROOT / "thrust_remote" / "backends").glob("*.py"))]
+    circle = import_circle(backends, followed)
+    assert circle is None, "import circle: " + " -> ".join(circle or ())
