@@ -19,9 +19,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_optimize import local_project
@@ -39,9 +41,19 @@ class Postgres:
     database: str
     role: str
     password: str
+    psql: tuple[str, ...]  # the superuser's psql over the cluster's own socket (trusted, no password)
 
-    def url(self, scheme: str = "postgresql") -> str:
-        return f"{scheme}://{self.role}:{self.password}@127.0.0.1:{self.port}/{self.database}"
+    def url(self, scheme: str = "postgresql", database: str | None = None) -> str:
+        return f"{scheme}://{self.role}:{self.password}@127.0.0.1:{self.port}/{database or self.database}"
+
+    def sql(self, text: str) -> None:
+        subprocess.run([*self.psql, "-v", "ON_ERROR_STOP=1", "-q"], input=text, check=True, capture_output=True,
+                       text=True)
+
+    def empty_database(self, name: str) -> str:
+        """A new database of the study's role, without Optuna's tables: its URL."""
+        self.sql(f"CREATE DATABASE {name} OWNER {self.role};\n")
+        return self.url(database=name)
 
 
 def server_bin() -> Path | None:
@@ -86,12 +98,11 @@ def postgres() -> Iterator[Postgres]:
                     f"-p {port} -h 127.0.0.1 -k {base} -c fsync=off", "start"], **run)
     pid = int((data / "postmaster.pid").read_text().split()[0])
     try:
-        server = Postgres(port, "studies", "optuna", secrets.token_urlsafe(18))
+        psql = (str(pg / "psql"), "-h", str(base), "-p", str(port), "-U", SUPERUSER, "-d", "postgres")
+        server = Postgres(port, "studies", "optuna", secrets.token_urlsafe(18), psql)
         # the password goes in on stdin (a command line is public in /proc), over the trusted socket
-        sql = (f"CREATE ROLE {server.role} LOGIN PASSWORD '{server.password}';\n"
-               f"CREATE DATABASE {server.database} OWNER {server.role};\n")
-        subprocess.run([str(pg / "psql"), "-h", str(base), "-p", str(port), "-U", SUPERUSER, "-d", "postgres",
-                        "-v", "ON_ERROR_STOP=1", "-q"], input=sql, **run)
+        server.sql(f"CREATE ROLE {server.role} LOGIN PASSWORD '{server.password}';\n"
+                   f"CREATE DATABASE {server.database} OWNER {server.role};\n")
         yield server
     finally:
         subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
@@ -117,11 +128,9 @@ def test_two_drivers_share_one_study_in_postgresql(postgres, tmp_path):
     one study in PostgreSQL: together they stop near N, each driver's summary counts both."""
     import optuna
 
-    # a documented bare postgresql:// and an explicit driver name reach the same database
+    # a documented bare postgresql:// and an explicit driver name reach the same database, EMPTY: the
+    # two drivers make Optuna's tables at the same moment (one at a time, under an advisory lock)
     urls = {"a": postgres.url(), "b": postgres.url("postgresql+psycopg")}
-    # Optuna's tables first: two drivers that open an EMPTY database at the same moment race on
-    # creating them, and one fails (UniqueViolation on alembic_version; reported, issue 53 item 19)
-    optuna.storages.RDBStorage(postgres.url())
     drivers = {}
     for name, url in urls.items():
         root = local_project(tmp_path, name, fake=True)
@@ -163,6 +172,38 @@ def test_the_storage_password_is_written_nowhere(postgres, tmp_path):
     secret = postgres.password.encode()
     leaked = [p for p in (root / ".thrust").rglob("*") if p.is_file() and secret in p.read_bytes()]
     assert not leaked and not any(postgres.password in o for o in outputs), leaked
+
+
+def open_at_once(url: str, drivers: int) -> tuple[list[str], list[str]]:
+    """`drivers` threads open the study at `url` at the same moment (a barrier): the studies' names they
+    got, and their errors."""
+    from thrust_remote.optimize.store import HostsStore, open_study
+
+    request = SimpleNamespace(seed=1, trials=4, pruner="none", prune_startup=2, prune_warmup=4)
+    barrier, errors, names = threading.Barrier(drivers), [], []
+
+    def open_one() -> None:
+        barrier.wait(timeout=60)
+        try:
+            names.append(open_study(HostsStore(url, "race", {}, exclusive=False), "shared", request).study_name)
+        except Exception as exc:  # the race's IntegrityError / ProgrammingError, kept to assert on
+            errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+    threads = [threading.Thread(target=open_one) for _ in range(drivers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return names, errors
+
+
+def test_drivers_opening_an_empty_database_at_once_all_get_the_study(postgres):
+    """Six drivers open one EMPTY database at the same moment (Optuna makes its tables on first use),
+    three times over: each gets the study, none fails on a table another one made."""
+    for attempt in range(3):
+        names, errors = open_at_once(postgres.empty_database(f"race{attempt}"), 6)
+        assert not errors, errors
+        assert names == ["shared"] * 6
 
 
 def test_a_wrong_password_is_a_clear_error_without_the_password(postgres, tmp_path, cli):

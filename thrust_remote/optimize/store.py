@@ -237,13 +237,15 @@ class HostsStore:
 
 # ------------------------------------------------------------------------------- the Optuna study
 
-def open_study(store: StudyStore | HostsStore, name: str, request: OptimizeRequest, direction: str = "maximize") -> Any:
+def open_study(store: StudyStore | HostsStore, name: str, request: OptimizeRequest, direction: str = "maximize",
+               storage: Any = None) -> Any:
     """The study (created, or loaded to continue it): TPE with the constant liar, so parallel trials
-    asked before any tells spread out instead of sampling the same point."""
+    asked before any tells spread out instead of sampling the same point. `storage`: the --storage
+    one already opened by `open_storage` (else it is opened here from the store's URL)."""
     import optuna
 
     return optuna.create_study(
-        study_name=name, storage=_storage(store), direction=direction, load_if_exists=True,
+        study_name=name, storage=storage or _storage(store), direction=direction, load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=request.seed, constant_liar=True,
                                            n_startup_trials=min(10, max(2, request.trials // 3))),
         pruner=make_pruner(request),
@@ -251,14 +253,52 @@ def open_study(store: StudyStore | HostsStore, name: str, request: OptimizeReque
 
 
 def _storage(store: StudyStore | HostsStore) -> Any:
+    return open_storage(store.url)
+
+
+def open_storage(url: str) -> Any:
+    """The storage at `url` opened, Optuna's tables made on first use."""
+    if url.startswith(JOURNAL):
+        return journal_storage(url)
     import optuna
+    import sqlalchemy
 
-    if store.url.startswith(JOURNAL):
-        return journal_storage(store.url)
-    path = store.sqlite_path
-    if path is None:
-        return store.url
+    parsed = sqlalchemy.engine.make_url(url)
+    engine_kwargs: dict[str, Any] = {}
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        engine_kwargs["creator"] = _sqlite_connect(parsed.database)
+    with _creation_lock(parsed, engine_kwargs):
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
 
+
+# pg_advisory_lock's key while Optuna makes its tables: two drivers opening an empty database at once
+# would both create them, and one fail on a duplicate key (alembic_version, pg_type)
+TABLES_LOCK = 0x7468727573740001
+
+
+@contextlib.contextmanager
+def _creation_lock(url: Any, engine_kwargs: dict[str, Any]) -> Any:
+    """On PostgreSQL, one driver at a time makes (or finds) Optuna's tables: a session-level advisory
+    lock of this database on a connection of its own, released when it closes even if we die."""
+    if url.get_backend_name() != "postgresql":
+        yield
+        return
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool, **engine_kwargs)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": TABLES_LOCK})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": TABLES_LOCK})
+    finally:
+        engine.dispose()
+
+
+def _sqlite_connect(path: str) -> Any:
     def connect() -> sqlite3.Connection:
         # WAL + synchronous=NORMAL: a commit without an fsync (~5 ms instead of ~30 ms; a launch
         # writes several), still safe against corruption; readers (optuna-dashboard) never block us
@@ -267,7 +307,7 @@ def _storage(store: StudyStore | HostsStore) -> Any:
         conn.execute("PRAGMA synchronous=NORMAL")
         return conn
 
-    return optuna.storages.RDBStorage(store.url, engine_kwargs={"creator": connect})
+    return connect
 
 
 def journal_storage(url: str) -> Any:
