@@ -175,7 +175,7 @@ def serve_remote(session: HostSession, argv: list[str], local_port: int, on_read
         raise UsageError("--remote is for an SSH host: a run on host `local` is on this machine already",
                          "run it without --remote after a fetch")
     transport = session.runner.transport  # type: ignore[attr-defined] - an SSHRunner (not local)
-    chan = open_pty_command(transport(), argv)
+    chan = open_pty_command(transport(), argv, login=session.runner.login)  # type: ignore[attr-defined]
     output = ChannelReader(chan)
     try:
         port, said = wait_for_url(output.read)

@@ -150,10 +150,12 @@ def hang_up(chan: paramiko.Channel) -> None:
 
 
 def open_pty_command(transport: paramiko.Transport, argv: Sequence[str], *, cwd: str | None = None,
-                     timeout: float = 15) -> paramiko.Channel:
+                     timeout: float = 15, login: bool = False) -> paramiko.Channel:
     """`argv` on the host on a channel with a pty (merged output): closing the channel hangs it up. No env:
-    a pty echoes its input, so envexec's stdin line would be shown (SSHRunner.run takes env)."""
+    a pty echoes its input, so envexec's stdin line would be shown (SSHRunner.run takes env). `login`:
+    in the host's login environment, as the runner's every other command (SSHRunner.login: a cluster
+    whose modules put python or the job's tools on PATH only there)."""
     chan = transport.open_session(timeout=timeout)
     chan.get_pty(width=200)
-    chan.exec_command(build_remote_command(argv, cwd))
+    chan.exec_command(build_remote_command(argv, cwd, login=login))
     return chan
