@@ -42,7 +42,8 @@ def train(
                                "they free (refused otherwise)."),
     sets: list[str] = typer.Option([], "--set", help="KEY=VALUE: a job argument, --KEY VALUE (a command job: "
                                    "the word KEY=VALUE); KEY alone or KEY=true: a bare --KEY; KEY=false: left "
-                                   "out; repeatable."),
+                                   "out; a word that starts with - (--set=-m, Hydra's multirun): passed as it "
+                                   "is, first; repeatable."),
     params: Path | None = typer.Option(None, "--params", help="YAML of parameters (e.g. optimize's best)."),
     detach: bool = typer.Option(False, "--detach", help="Return once the run has started."),
     no_fetch: bool = typer.Option(False, "--no-fetch", help="Do not fetch the model when the run finishes."),

@@ -37,27 +37,52 @@ def resolve(request: TrainRequest) -> Arguments:
     params = dict(request.params or {})
     if request.params_file:
         params.update(load_params(request.params_file))
-    sets = parse_sets(request.sets)
+    sets = parse_sets(request.sets, request.job)
     check_trainer_args(request.job, sets, params)
     return Arguments(tuple(job_arguments(request.job, sets, params)), params)
 
 
-def parse_sets(sets: Sequence[str]) -> dict[str, str | bool]:
+def parse_sets(sets: Sequence[str], job: JobConfig | None = None) -> dict[str, str | bool]:
     """`--set KEY=VALUE` as thrust.yaml's `args:` mapping takes it: `KEY` alone or `KEY=true` is a bare
     flag (`--KEY`, as `{KEY: true}`), `KEY=false` leaves the flag out; any other value is a string (a
-    list `[a, b]` for a job that takes a flag of several words: `set_value`, once the job is known)."""
+    list `[a, b]` for a job that takes a flag of several words: `set_value`, once the job is known).
+
+    A word that starts with `-` and has no `=` (`--set=-m`, `--set --multirun`) is a bare word: kept under
+    its own text (no KEY starts with `-`) and passed to a job of your own as it is, before its other
+    arguments, whatever its flags' style (`bare_words`): how Hydra's `-m` reaches a `key=value` job, whose
+    KEY alone would be `m=true`. `job`: the job the refusal's example is written for (None: the trainer's)."""
     out: dict[str, str | bool] = {}
     for item in sets:
         key, sep, value = item.partition("=")
+        if not sep and item.startswith("-") and valid_id(item.lstrip("-")):
+            out[item] = True
+            continue
         key = key.strip().removeprefix("--")
         if not valid_id(key) or key.startswith("-"):
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE (or KEY alone, a bare --KEY) with KEY like "
-                             "total-steps")
+            raise set_refusal(item, job)
         problem = text_problem(value)  # a NUL, or undecodable bytes on the command line: no host can take it
         if problem:
             raise UsageError(f"--set {key}: a value that {problem}")
         out[key] = True if not sep else {"true": True, "false": False}.get(value.strip().lower(), value)
     return out
+
+
+def set_refusal(item: str, job: JobConfig | None) -> UsageError:
+    """A `--set` that is no KEY=VALUE, KEY or bare word, with an example written as the job takes it."""
+    if job is None or job.kind == "trainer":
+        return UsageError(f"--set {item!r}: expected KEY=VALUE (or KEY alone, a bare --KEY) with KEY like "
+                          "total-steps")
+    switch = " ".join(flags.render(job, {"verbose": True}))
+    return UsageError(f"--set {item!r}: expected KEY=VALUE (--set learning_rate=0.1: the job gets "
+                      f"{flags.example(job)}), KEY alone for a switch (--set verbose: {switch}), or a word that "
+                      "starts with - to pass as it is (--set=-m: -m)",
+                      f"jobs.{job.name} writes its flags {flags.style_of(job)!r} (jobs.{job.name}.flags: {{style:}} in "
+                      "thrust.yaml)")
+
+
+def bare_words(values: Mapping[str, Any]) -> list[str]:
+    """The bare words among parsed `--set`s (parse_sets: the keys that start with `-`), in order."""
+    return [key for key in values if key.startswith("-")]
 
 
 def load_params(path: Path) -> dict[str, Any]:
@@ -73,13 +98,21 @@ def job_arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, 
     `--key value` for the trainer and a python job, `KEY=VALUE` words for a command job, or the job's
     `flags:`); after an `args:` list (passed as is) params and --set are appended in that style
     (docs/architecture.md "Config"). A list is a flag of several words, and a key `FLAG.WORD` sets that
-    word of it (`with_words`): how `--hyperparams n_envs:4 learning_rate:0.001` is given and searched."""
+    word of it (`with_words`): how `--hyperparams n_envs:4 learning_rate:0.001` is given and searched.
+    A `--set` bare word (parse_sets: `-m`) comes first, as it is, for a job of your own."""
     spelling = flags.Spelling(job.kind, job.flags)  # what render reads of the job
     several = job.kind != "trainer" and flags.style_of(spelling) in SEPARATE_STYLES
+    bare = bare_words(sets) if job.kind != "trainer" else []  # the trainer's `--set --x`: its switch x
+    sets = {_trainer_key(key): value for key, value in sets.items() if key not in bare}
     given = {**params, **{key: set_value(key, value) if several else value for key, value in sets.items()}}
     if isinstance(job.args, Mapping):
-        return flags.render(spelling, with_words(job.name, {**dict(job.args), **given}))
-    return [*job.args, *flags.render(spelling, with_words(job.name, given))]
+        return [*bare, *flags.render(spelling, with_words(job.name, {**dict(job.args), **given}))]
+    return [*bare, *job.args, *flags.render(spelling, with_words(job.name, given))]
+
+
+def _trainer_key(key: str) -> str:
+    """A `--set` key as the trainer's table names it: a bare word `--tensorboard` is its switch."""
+    return key.lstrip("-")
 
 
 def set_value(key: str, value: Any) -> Any:
@@ -139,7 +172,7 @@ def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[
             if value is None or value is False:
                 continue
             try:
-                parse_flag(str(key), "true" if value is True else str(value))
+                parse_flag(_trainer_key(str(key)), "true" if value is True else str(value))
             except ValueError as exc:
                 raise UsageError(f"{where}: {exc}",
                                  "python -m trainer.train --help lists every flag with its range") from None
