@@ -7,7 +7,8 @@ that start with a dot too (`out/**` lists `out/.hidden`, `out/..foo`): an artifa
 wrote. Only regular files are listed, each once.
 
 A run with a tree of its own (run.json's `tree`; docs/architecture.md, "Trees") has every file there
-listed. Under a cwd that runs share (the workdir of the layout before trees, a study's trials) only
+listed. Under a cwd that runs share (the workdir of the layout before trees, a study's trials in the
+tree the study was prepared in, as a cargo job's are; a trial's own tree is named as its run) only
 files modified while the run went are this run's: since it started (run.json's `started_ts`) and,
 once it has ended, not after its end (the exit record's `ended_ts`). Older ones were left by an
 earlier run or came with the checkout ("older"), newer ones by a later run ("newer"); both are
@@ -49,6 +50,14 @@ def _ended_ts(run_dir: str, meta: dict) -> float | None:
         return None
 
 
+def _trial_shares(run_dir: str, meta: dict) -> bool:
+    """A study's trial in a checkout other trials run in too: the tree the study was prepared in (a
+    cargo job's one build, a study launched before trials had trees of their own). A trial's own tree
+    is named as its run, as a train's is: everything in it is its own, as for any run with a tree."""
+    tree = meta.get("tree")
+    return "trial" in meta and not (isinstance(tree, str) and os.path.basename(tree) == os.path.basename(run_dir))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agent list-files")
     parser.add_argument("--run-dir", required=True)
@@ -62,9 +71,7 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         print(json.dumps({"error": f"{run_dir}/{RUN_JSON}: {exc}"}))
         return AgentExit.MISSING
-    # a tree of the run's own holds no other run's files: everything in it is this run's; the window is
-    # for a checkout runs share (the workdir of an older layout, a study's trials)
-    own_tree = isinstance(meta.get("tree"), str) and "trial" not in meta
+    own_tree = isinstance(meta.get("tree"), str) and not _trial_shares(run_dir, meta)
     try:
         answer = list_files(os.path.abspath(cwd), run_dir, args.globs,
                             None if own_tree or not since else float(since),
