@@ -206,10 +206,51 @@ def test_drivers_opening_an_empty_database_at_once_all_get_the_study(postgres):
         assert names == ["shared"] * 6
 
 
-def test_a_wrong_password_is_a_clear_error_without_the_password(postgres, tmp_path, cli):
+def optimize_on(cli, root: Path, storage: str, *flags: str):
+    return cli(*flags, "optimize", "fake", "--study", "shared", "--trials", "1", cwd=root,
+               env={"THRUST_STUDY_STORAGE": storage})
+
+
+def assert_user_error(result, code: int, *words: str) -> None:
+    """`code`, no traceback, no internal error, every word in stderr."""
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr, result.stderr
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+def test_a_wrong_password_is_77_without_the_password(postgres, tmp_path, cli):
     root = local_project(tmp_path, "wrong", fake=True)
     wrong = postgres.url().replace(postgres.password, "not-the-password")
-    result = cli("optimize", "fake", "--study", "shared", "--trials", "1", cwd=root,
-                 env={"THRUST_STUDY_STORAGE": wrong})
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr and "not-the-password" not in result.stderr + result.stdout
+    result = optimize_on(cli, root, wrong)
+    assert_user_error(result, 77, "password authentication failed", "optuna:***@",
+                      "hint: check the user and password in the URL")
+    assert "not-the-password" not in result.stderr + result.stdout
+    debug = optimize_on(cli, root, wrong, "--debug")  # the traceback, still without the password
+    assert debug.returncode == 77 and "not-the-password" not in debug.stderr + debug.stdout
+
+
+def test_a_missing_database_is_69_naming_it(postgres, tmp_path, cli):
+    result = optimize_on(cli, local_project(tmp_path, "nodb", fake=True), postgres.url(database="nosuch"))
+    assert_user_error(result, 69, 'database "nosuch" does not exist', "hint: create the database nosuch")
+    assert postgres.password not in result.stderr
+
+
+def test_a_server_not_listening_is_69(postgres, tmp_path, cli):
+    closed = postgres.url().replace(f":{postgres.port}/", f":{free_port()}/")
+    result = optimize_on(cli, local_project(tmp_path, "closed", fake=True), closed)
+    assert_user_error(result, 69, "Connection refused", "hint: check that the database server is up")
+
+
+def test_a_missing_driver_names_the_package_to_install(postgres, tmp_path, cli):
+    # pg8000: a PostgreSQL driver SQLAlchemy knows, not installed here (asserted: else this proves nothing)
+    assert importlib.util.find_spec("pg8000") is None
+    result = optimize_on(cli, local_project(tmp_path, "nodriver", fake=True), postgres.url("postgresql+pg8000"))
+    assert_user_error(result, 69, "no pg8000 module", f"{sys.executable} -m pip install pg8000")
+
+
+@pytest.mark.parametrize("url", ["postgresql+nosuch://u:secret@127.0.0.1/x", "postgres ql://u:secret@x/y"])
+def test_a_url_that_is_none_is_64(tmp_path, cli, url):
+    result = optimize_on(cli, local_project(tmp_path, "badurl", fake=True), url)
+    assert_user_error(result, 64, "--storage ")
+    assert "secret" not in result.stderr

@@ -8,15 +8,17 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import socket
 import sqlite3
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from thrust_remote.core.config import Config, HostConfig, JobConfig
-from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
+from thrust_remote.core.errors import AuthError, ConnectionLostError, ThrustError, UnreachableError, UsageError
 from thrust_remote.host.runner import pid_alive
 from thrust_remote.host.session import HostSession
 from thrust_remote.optimize import hostops
@@ -257,20 +259,40 @@ def _storage(store: StudyStore | HostsStore) -> Any:
 
 
 def open_storage(url: str) -> Any:
-    """The storage at `url` opened, Optuna's tables made on first use."""
+    """The storage at `url` opened, Optuna's tables made on first use: an unusable URL, server or
+    driver raises a ThrustError saying which, the password never in it. The driver calls it before any
+    host is touched, so a --storage that cannot work costs no sync nor venv."""
     if url.startswith(JOURNAL):
         return journal_storage(url)
     import optuna
     import sqlalchemy
+    from sqlalchemy import exc as sa_exc
 
-    parsed = sqlalchemy.engine.make_url(url)
+    label = _redact(url)
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except sa_exc.ArgumentError:
+        raise UsageError(f"--storage {label}: not a database URL",
+                         "give one like postgresql://USER:PASSWORD@HOST:PORT/DATABASE, or journal:FILE") from None
     engine_kwargs: dict[str, Any] = {}
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         engine_kwargs["creator"] = _sqlite_connect(parsed.database)
-    with _creation_lock(parsed, engine_kwargs):
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    elif parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        # libpq waits without end on a host that drops packets; a URL's own connect_timeout wins
+        engine_kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    try:
+        with _creation_lock(parsed, engine_kwargs):
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except ImportError as exc:
+        raise _missing_driver(label, exc) from None
+    except sa_exc.ArgumentError as exc:  # NoSuchModuleError: a dialect or driver name SQLAlchemy has not
+        raise UsageError(f"--storage {label}: {exc}",
+                         "the scheme is DIALECT[+DRIVER], e.g. postgresql:// or postgresql+psycopg://") from None
+    except sa_exc.DBAPIError as exc:
+        raise _server_error(label, parsed, exc) from None
 
 
+CONNECT_TIMEOUT_S = 10
 # pg_advisory_lock's key while Optuna makes its tables: two drivers opening an empty database at once
 # would both create them, and one fail on a duplicate key (alembic_version, pg_type)
 TABLES_LOCK = 0x7468727573740001
@@ -296,6 +318,38 @@ def _creation_lock(url: Any, engine_kwargs: dict[str, Any]) -> Any:
                 conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": TABLES_LOCK})
     finally:
         engine.dispose()
+
+
+# the package that brings a DB-API module SQLAlchemy imports, where its name is not the module's
+DRIVER_PACKAGES = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient",
+                   "pymysql": "PyMySQL", "mysql": "mysql-connector-python", "cx_Oracle": "cx-Oracle"}
+
+
+def _missing_driver(label: str, exc: ImportError) -> ThrustError:
+    cause = exc.__cause__ if isinstance(exc.__cause__, ImportError) else exc
+    module = (cause.name or "").split(".")[0]
+    package = DRIVER_PACKAGES.get(module, module) or "the database driver its scheme names"
+    return UnreachableError(
+        f"--storage {label}: thrust-remote's python has no {module or 'driver'} module to talk to this database",
+        f"install it there: {shlex.quote(sys.executable)} -m pip install {shlex.quote(package)}")
+
+
+def _server_error(label: str, url: Any, exc: Any) -> ThrustError:
+    """The server's own words (the DB-API's first lines, never the statement nor the password), with
+    the exit code of what went wrong: 77 a refused login, 69 anything else that keeps it closed."""
+    words = str(getattr(exc, "orig", None) or exc).strip()
+    if url.password:
+        words = words.replace(str(url.password), "***")
+    words = " ".join(line.strip() for line in words.splitlines()[:2] if line.strip())
+    where = f"{url.host or 'localhost'}:{url.port or 'default port'}"
+    message = f"the study storage {label} cannot be opened: {words}"
+    if "authentication failed" in words or "password" in words:
+        return AuthError(message, "check the user and password in the URL (--storage or THRUST_STUDY_STORAGE)")
+    if "does not exist" in words and url.database and f'"{url.database}"' in words:
+        return UnreachableError(message, f"create the database {url.database} on {where} (e.g. createdb -h "
+                                         f"{url.host or 'localhost'} -p {url.port or 5432} -U {url.username} "
+                                         f"{url.database}, as a role that may), or fix its name in the URL")
+    return UnreachableError(message, f"check that the database server is up and accepts connections at {where}")
 
 
 def _sqlite_connect(path: str) -> Any:
