@@ -128,13 +128,13 @@ def test_wait_in_a_pipe_says_the_runs_and_what_the_pull_brought_for_a_job_withou
 
 
 def test_artifacts_that_are_the_checkpoints_are_not_said_to_match_nothing(cli, project):
-    """The artifacts glob matches only the checkpoint (which comes as the checkpoint): the end says what
-    matched where, never "nothing matched"."""
+    """The artifacts glob matches only the checkpoint: it comes as an artifact and as the checkpoint (one
+    file, linked: issue 56 item 3), and the end says so, never "nothing matched"."""
     got = cli("train", "checkpointed", cwd=project)
     assert got.returncode == 0, got.stderr
     err = " ".join(got.stderr.split())
     assert "nothing matched on the host, nothing fetched" not in err, err
-    assert "besides the checkpoints (out/ckpt-*.pt), which come as its checkpoint" in err, err
+    assert "ckpt-4.pt is also artifacts/out/ckpt-4.pt (a hard link)" in err, err
 
 
 def test_waits_end_line_has_a_tensorboard_jobs_last_scalars(cli, project):

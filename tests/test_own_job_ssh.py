@@ -142,7 +142,7 @@ def test_a_run_killed_to_lost_names_resume_with_its_pulled_checkpoint(cli, nano)
     """The host loses the run (its supervisor and job killed: what a reboot leaves): following it ends
     LOST, and the next step is `resume RUN --host sandbox` with the checkpoint pulled here, its step and
     age; `wait` on a finished run brings its artifacts and says the numbers it ended with, and a file
-    under both `artifacts:` and `checkpoints:` comes once, as the checkpoint."""
+    under both `artifacts:` and `checkpoints:` is in both places (issue 56 item 3)."""
     proj, workdir = nano
     started = cli("train", "lasting", "--detach", cwd=proj)
     assert started.returncode == 0, started.stderr
@@ -161,7 +161,8 @@ def test_a_run_killed_to_lost_names_resume_with_its_pulled_checkpoint(cli, nano)
     assert re.search(r"next: continue it from its checkpoint ckpt-\d+\.pt \(step \d+, written \d+s ago on "
                      r"sandbox, pulled \d+s ago[^)]*\): thrust-remote resume " + run_id + " --host sandbox", err), err
     kept = proj / ".thrust" / "fetched" / run_id
-    assert list((kept / "checkpoints").glob("ckpt-*.pt")) and not list((kept / "artifacts").rglob("ckpt-*.pt"))
+    pulled = list((kept / "checkpoints").glob("ckpt-*.pt"))
+    assert pulled and list((kept / "artifacts" / "out").glob("ckpt-*.pt"))  # a fetch while it ran brought them
     # resumed elsewhere (this machine: the pulled copy goes there), it says how old that copy is
     again = cli("resume", run_id, "--host", "local", "--set", "sleep=0.0", "--set", "max_iters=40", "--detach",
                 cwd=proj)

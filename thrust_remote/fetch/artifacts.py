@@ -11,6 +11,10 @@ with the files still missing. What was fetched is recorded in `.thrust/fetched/<
 Paths keep their place: a glob under the run's cwd lands in `artifacts/<path>`, one under
 `$THRUST_RUN_DIR/` in `artifacts/THRUST_RUN_DIR/<path>`. A glob that matches nothing is a warning.
 
+A file the run's `checkpoints:` names too is in both places: the pull that comes second finds the
+same content (sha256) here already, in the other place, and hard-links it (a copy where the filesystem
+refuses a link), verified, instead of moving its bytes again (`twins`, `fetch_changed`).
+
 A run's tree is a checkout of its commit: a file the globs match there whose content is still the
 commit's (its sha256 is the sha256 of the commit's blob at that path, read from the laptop's own git) is
 the project's, not the run's, and is left out, with one warning saying how many (commits_own).
@@ -41,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from thrust_remote.agent.protocol import (
+    CHECKPOINTS,
     DEADLINE_ERROR,
     RUN_DIR_ENV,
     RUN_DIR_PREFIX,
@@ -54,7 +59,7 @@ from thrust_remote.core.files import write_atomic
 from thrust_remote.core.hints import command_hint
 from thrust_remote.core.names import valid_id
 from thrust_remote.fetch.models import _ensure_kept_root, kept_root
-from thrust_remote.host.runner import FileChangedError, drop_orphan_parts, sha256_file
+from thrust_remote.host.runner import FileChangedError, drop_orphan_parts, open_part, sha256_file
 from thrust_remote.host.session import HostSession, parse_json
 
 ARTIFACTS_DIR = "artifacts"
@@ -69,6 +74,9 @@ RUN_LOCAL = RUN_DIR_ENV  # where the run dir's files land under artifacts/
 STREAMS = 2
 SECOND_STREAM_BYTES = 64 << 20
 Job = tuple[str, Path, dict[str, Any]]  # a file to fetch: its name under artifacts/, where it goes, its listing
+# A verified file here already, by its host sha256: where it is, what its record says, its name for what is said.
+Twin = tuple[Path, dict[str, Any], str]
+HARD_LINK, COPY = "hard link", "copy"  # how a twin came
 # How long the host's walk of the globs may take (agent list-files --deadline), and the grace past it
 # for the command itself: a listing always ends, with an error naming the glob it was on.
 LIST_DEADLINE_S = 300.0
@@ -90,15 +98,20 @@ class DirFetch:
     seconds: float = 0.0
     tree_removed: str | None = None  # the run's tree is gone (prune, keep:): said in these words
     committed: int = 0  # matched, but the run's commit's own files, unchanged: left out (commits_own)
+    linked: list[str] = field(default_factory=list)  # came from a twin here (the checkpoint), not over the link
+    # each file that is also in the other place (a checkpoint): its name -> the other's name and how
+    # (HARD_LINK, COPY); said at the end, whichever pull brought it
+    shared: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def files(self) -> int:
-        return len(self.fetched) + len(self.unchanged)
+        return len(self.fetched) + len(self.unchanged) + len(self.linked)
 
     def as_json(self) -> dict[str, Any]:
         return {"dir": str(self.dest), "files": self.files, "fetched": len(self.fetched),
-                "unchanged": len(self.unchanged), "bytes": self.bytes, "warnings": self.warnings,
-                "tree_removed": self.tree_removed, "committed": self.committed}
+                "unchanged": len(self.unchanged), "linked": len(self.linked), "bytes": self.bytes,
+                "warnings": self.warnings, "tree_removed": self.tree_removed, "committed": self.committed,
+                "also_checkpoints": {name: other for name, (other, _how) in self.shared.items()}}
 
     def summary(self, root: Path) -> str:
         if not self.files and self.tree_removed:
@@ -111,9 +124,80 @@ class DirFetch:
             where = f"{self.dest.relative_to(root)}/"
         except ValueError:
             where = f"{self.dest}/"
+        linked = f"; {len(self.linked)} from the checkpoints here" if self.linked else ""
         return (f"artifacts: {self.files} file(s) in {where} ({len(self.fetched)} fetched, {self.bytes:,} bytes; "
-                f"{len(self.unchanged)} unchanged), verified by sha256"
+                f"{len(self.unchanged)} unchanged{linked}), verified by sha256" + shared_text(self.shared, CHECKPOINTS)
                 + (f"; nothing of its tree: {self.tree_removed}" if self.tree_removed else ""))
+
+
+def shared_text(shared: dict[str, tuple[str, str]], other: str) -> str:
+    """What a summary adds for the files that are in both places: each named with the other's name."""
+    if not shared:
+        return ""
+    named = [f"{name} is also {other}/{twin} (a {how})" for name, (twin, how) in sorted(shared.items())[:MAX_NAMED]]
+    more = f" and {len(shared) - MAX_NAMED} more are in {other}/ too" if len(shared) > MAX_NAMED else ""
+    return f"; {', '.join(named)}{more}"
+
+
+def twins(dest: Path, files: dict[str, dict[str, Any]]) -> dict[str, Twin]:
+    """The files a record (artifacts.json, checkpoints.json) says are in `dest`, by their host sha256:
+    what a pull into the other place links instead of fetching (`fetch_changed`)."""
+    out: dict[str, Twin] = {}
+    for name, row in files.items():
+        sha = row.get("sha256") if isinstance(row, dict) else None
+        path = _target(dest, name)
+        if isinstance(sha, str) and path is not None:
+            out[sha] = (path, row, name)
+    return out
+
+
+def kept_twins(project_root: Path, run_id: str) -> dict[str, Twin]:
+    """The run's artifacts here, by sha256 (for its checkpoints' pull)."""
+    return twins(artifacts_dir(project_root, run_id), _read_record(kept_root(project_root) / run_id / RECORD))
+
+
+def note_shared(result_shared: dict[str, tuple[str, str]], done: list[tuple[str, Path, str]],
+                others: dict[str, Twin]) -> None:
+    """Each file here now (name, path, sha256) that is in the other place too: its other name, and
+    whether the two are one file (a hard link) or a copy."""
+    for name, path, sha in done:
+        twin = others.get(sha)
+        if twin is None or not twin[0].is_file():
+            continue
+        with contextlib.suppress(OSError):
+            result_shared[name] = (twin[2], HARD_LINK if os.path.samefile(path, twin[0]) else COPY)
+
+
+def from_twin(twin: Twin, target: Path, sha: str, umask: int, mode: int) -> str | None:
+    """`target` made the same file as `twin` (a hard link; a copy where the filesystem refuses one),
+    only while the twin is still the verified file its record says (`local_sha256`); a copy is hashed
+    as it is written and must match. How it came (HARD_LINK, COPY), or None: it is fetched instead."""
+    source, row, _name = twin
+    if local_sha256(source, row) != sha:
+        return None
+    fh, part = open_part(target)
+    try:
+        fh.close()
+        os.unlink(part)
+        try:
+            os.link(source, part, follow_symlinks=False)
+            how = HARD_LINK
+        except OSError:  # another filesystem, or one without hard links: a verified copy
+            how = COPY
+            fh, part = open_part(target)
+            with fh, open(source, "rb") as src:
+                digest = hashlib.sha256()
+                while block := src.read(1 << 20):
+                    digest.update(block)
+                    fh.write(block)
+            if digest.hexdigest() != sha:
+                return None
+            _keep_mode(part, mode, umask)
+        os.replace(part, target)
+        return how
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(part)
 
 
 def artifact_globs(job: JobConfig) -> tuple[str, ...]:
@@ -461,9 +545,10 @@ def _segments_match(pattern: list[str], parts: list[str]) -> bool:
 
 
 def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_root: Path, globs: Sequence[str], *,
-                    warn: Callable[[str], None] | None = None, leave_out: str | None = None) -> DirFetch:
+                    warn: Callable[[str], None] | None = None, others: dict[str, Twin] | None = None) -> DirFetch:
     """Fetch what `globs` match for the run into .thrust/fetched/<run-id>/artifacts/, only what changed.
-    `leave_out`: the job's `checkpoints:` glob; a file both name comes once, as a checkpoint."""
+    `others`: the run's checkpoints here (checkpoints.kept_twins): a file that is one of them is linked
+    from there, not fetched again, and each file in both places is named in the summary."""
     started = time.monotonic()
     dest = artifacts_dir(project_root, run_id)
     result = DirFetch(dest)
@@ -478,8 +563,6 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
         if warn:
             warn(text)
     todo = checked_entries(answer, session.name, dest)
-    if leave_out is not None:
-        todo = [row for row in todo if not glob_matches(leave_out, row[2])]
     kept = commits_own(session, run_dir, project_root, todo)
     if len(kept) < len(todo):  # said once, as a warning: never a silent gap in what came
         result.committed = len(todo) - len(kept)
@@ -497,7 +580,7 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
     record = _read_record(record_path)
     said = len(result.warnings)
     try:
-        fetch_changed(session, dest, todo, record, result)
+        fetch_changed(session, dest, todo, record, result, others)
     except KeyboardInterrupt:  # what completed is kept and recorded: the next fetch brings only the rest
         left = len(todo) - len(result.fetched) - len(result.unchanged)
         raise ThrustError(f"fetch of run {run_id}'s artifacts interrupted: {len(result.fetched)} file(s) fetched, "
@@ -510,21 +593,28 @@ def fetch_artifacts(session: HostSession, run_dir: str, run_id: str, project_roo
         for text in result.warnings[said:]:
             if warn:
                 warn(text)
+    here = [(name, target, str(record[name]["sha256"])) for name, target, _ in todo if name in record]
+    note_shared(result.shared, here, others or {})
     return result
 
 
 def fetch_changed(session: HostSession, dest: Path, todo: list[tuple[str, Path, dict[str, Any]]],
-                   record: dict[str, dict[str, Any]], result: DirFetch) -> None:
-    """Skip the files whose local sha256 is the host's; get the others over pipelined streams
+                   record: dict[str, dict[str, Any]], result: DirFetch, others: dict[str, Twin] | None = None) -> None:
+    """Skip the files whose local sha256 is the host's; link those verified here already in the other
+    place (`others`: the checkpoints for the artifacts, and back); get the rest over pipelined streams
     (Runner.get_many). Every file that completed is recorded even when another one fails or Ctrl-C stops
     the fetch (the next fetch skips it). Ctrl-C cuts the transfers in flight (their temporary files go
     with them) at once."""
     changed: list[tuple[str, Path, dict[str, Any]]] = []
     made: set[Path] = set()
+    umask = _umask()
     for name, target, entry in todo:
         _parent_dirs(dest, target, session.name, made)
         if local_sha256(target, record.get(name)) == entry["sha256"]:
             result.unchanged.append(name)
+            _remember(record, name, target, entry, entry["sha256"])
+        elif _linked(others, name, target, entry, umask):
+            result.linked.append(name)
             _remember(record, name, target, entry, entry["sha256"])
         else:
             changed.append((name, target, entry))
@@ -533,7 +623,6 @@ def fetch_changed(session: HostSession, dest: Path, todo: list[tuple[str, Path, 
         drop_orphan_parts(directory, keep=listed)
     if not changed:
         return
-    umask = _umask()
     stop = threading.Event()
     outcomes: queue.Queue[tuple[Job | None, str | BaseException | None]] = queue.Queue()
     count = STREAMS if sum(int(entry["size"]) for _, _, entry in changed) >= SECOND_STREAM_BYTES else 1
@@ -567,6 +656,17 @@ def fetch_changed(session: HostSession, dest: Path, todo: list[tuple[str, Path, 
         raise
     if failed is not None:
         raise failed
+
+
+def _linked(others: dict[str, Twin] | None, name: str, target: Path, entry: dict[str, Any], umask: int) -> bool:
+    """Whether the file came from its twin here (`from_twin`); any failure leaves it to the fetch."""
+    twin = (others or {}).get(entry["sha256"])
+    if twin is None:
+        return False
+    try:
+        return from_twin(twin, target, entry["sha256"], umask, entry["mode"]) is not None
+    except OSError:
+        return False
 
 
 def _stream(session: HostSession, jobs: list[Job], stop: threading.Event,

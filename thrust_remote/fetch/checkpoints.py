@@ -8,7 +8,9 @@ transfer (a temporary file, sha256 on both ends, renamed only when they agree): 
 partial file under a final name, and a second pull of an unchanged checkpoint moves no byte. A
 checkpoint that changed while it came (a job that writes in place) is dropped, never kept as the
 newest. `checkpoints.json` beside the directory records each file's host sha256 and which one is the
-newest; `newest_verified` hashes that file again before anything resumes from it.
+newest; `newest_verified` hashes that file again before anything resumes from it. A checkpoint the
+job's `artifacts:` name too is in both places: one pull links what the other brought (`kept_twins`,
+fetch/artifacts.py `fetch_changed`), and the summary names the other.
 """
 
 from __future__ import annotations
@@ -61,11 +63,14 @@ class CheckpointPull:
     seconds: float = 0.0
     on_host: int = 0  # checkpoints the host listed
     newest_on_host: str | None = None  # the newest one's path on the host (when it came or was here)
+    linked: list[str] = field(default_factory=list)  # came from the artifacts here, not over the link
+    shared: dict[str, tuple[str, str]] = field(default_factory=dict)  # also an artifact: its name there, how
 
     def as_json(self) -> dict[str, Any]:
         return {"dir": str(self.dest), "newest": self.newest, "fetched": len(self.fetched),
-                "unchanged": len(self.unchanged), "bytes": self.bytes, "on_host": self.on_host,
-                "warnings": self.warnings}
+                "unchanged": len(self.unchanged), "linked": len(self.linked), "bytes": self.bytes,
+                "on_host": self.on_host, "warnings": self.warnings,
+                "also_artifacts": {name: other for name, (other, _how) in self.shared.items()}}
 
     def summary(self, root: Path) -> str:
         if self.newest is None:
@@ -74,12 +79,20 @@ class CheckpointPull:
             where = f"{self.dest.relative_to(root)}/"
         except ValueError:
             where = f"{self.dest}/"
-        many = len(self.fetched) + len(self.unchanged)
+        many = len(self.fetched) + len(self.unchanged) + len(self.linked)
+        also = artifacts.shared_text(self.shared, artifacts.ARTIFACTS_DIR)
         if many > 1:  # --all-checkpoints
+            linked = f"; {len(self.linked)} from the artifacts here" if self.linked else ""
             return (f"checkpoints: {many} in {where} ({len(self.fetched)} fetched, {self.bytes:,} bytes; "
-                    f"{len(self.unchanged)} unchanged; newest {self.newest}), verified by sha256")
-        how = f"fetched, {self.bytes:,} bytes" if self.fetched else "unchanged"
-        return f"checkpoint: {where}{self.newest} ({how}), verified by sha256"
+                    f"{len(self.unchanged)} unchanged{linked}; newest {self.newest}), verified by sha256{also}")
+        how = (f"fetched, {self.bytes:,} bytes" if self.fetched else
+               "from the artifacts here" if self.linked else "unchanged")
+        return f"checkpoint: {where}{self.newest} ({how}), verified by sha256{also}"
+
+
+def kept_twins(project_root: Path, run_id: str) -> dict[str, artifacts.Twin]:
+    """The run's checkpoints here, by sha256 (for its artifacts' fetch)."""
+    return artifacts.twins(checkpoints_dir(project_root, run_id), read_record(project_root, run_id).get("files") or {})
 
 
 def read_record(project_root: Path, run_id: str) -> dict[str, Any]:
@@ -120,6 +133,7 @@ def pull(session: HostSession, run_dir: str, run_id: str, project_root: Path, gl
     result.newest_on_host = str(good[-1][1]["abs"]) if good else None
     if not every and newest is not None:
         _prune(result.dest, files, keep=newest)
+    result.shared = {name: twin for name, twin in result.shared.items() if name in files}  # the pruned went
     result.newest = newest
     # the step noted for the newest checkpoint stays with it while it stays the newest
     seen = record.get(STEP_SEEN) if newest == record.get("newest") else None
@@ -134,8 +148,9 @@ def _bring(session: HostSession, result: CheckpointPull, chosen: list[tuple[str,
     _ensure_kept_root(project_root)
     artifacts.safe_dir(result.dest, "checkpoints")
     got = artifacts.DirFetch(result.dest)
+    others = artifacts.kept_twins(project_root, run_id)
     try:
-        artifacts.fetch_changed(session, result.dest, chosen, files, got)
+        artifacts.fetch_changed(session, result.dest, chosen, files, got, others)
     except KeyboardInterrupt:
         _write(project_root, run_id, files, record.get("newest"), session.name)
         raise ThrustError(f"pulling run {run_id}'s checkpoint interrupted: nothing partial was kept",
@@ -143,8 +158,11 @@ def _bring(session: HostSession, result: CheckpointPull, chosen: list[tuple[str,
                           ExitCode.INTERRUPTED) from None
     result.fetched += got.fetched
     result.unchanged += got.unchanged
+    result.linked += got.linked
     result.bytes += got.bytes
     result.warnings += _drop_torn(chosen, files, session.name)
+    artifacts.note_shared(result.shared, [(name, target, files[name]["sha256"]) for name, target, _ in chosen
+                                          if name in files], others)
 
 
 def _choose(listed: list[tuple[str, Path, dict[str, Any]]], dest: Path, every: bool, host: str,

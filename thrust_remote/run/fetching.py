@@ -153,22 +153,17 @@ def check_tree_gone(session: HostSession, run_id: str, got: artifacts.DirFetch,
 
 def fetch_artifacts(config: Config, session: HostSession, job: JobConfig, run_dir: str, run_id: str,
                     reporter: Reporter, *, outs: Outputs | None = None) -> artifacts.DirFetch | None:
-    """The job's artifacts into .thrust/fetched/<run-id>/artifacts/, only what changed (fetch/artifacts.py);
-    None when the job has none. A glob that matches nothing is a warning. `outs`: the job's, resolved."""
+    """The job's artifacts into .thrust/fetched/<run-id>/artifacts/, only what changed (fetch/artifacts.py),
+    a checkpoint among them linked from the one pulled here already; None when the job has none. A glob
+    that matches nothing is a warning. `outs`: the job's, resolved."""
     outs = outs if outs is not None else outputs(job)
     globs = outs.artifacts
     if not globs:
         return None
     reporter.step("fetching the artifacts")
     got = artifacts.fetch_artifacts(session, run_dir, run_id, config.root, globs, warn=reporter.warn,
-                                    leave_out=outs.checkpoints)
-    said = got.summary(config.root)
-    if outs.checkpoints and not got.files and not got.tree_removed and not got.committed and not got.dest.exists():
-        # the checkpoints are left out of the artifacts (they come as checkpoints): "nothing matched" would
-        # read as if the job left nothing
-        said = (f"artifacts: nothing matched on the host besides the checkpoints ({outs.checkpoints}), which "
-                "come as its checkpoint")
-    reporter.step(said)
+                                    others=checkpoints.kept_twins(config.root, run_id))
+    reporter.step(got.summary(config.root))
     return got
 
 

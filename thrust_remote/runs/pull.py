@@ -86,8 +86,10 @@ def pull_once(session: HostSession, job: JobConfig, run_dir: str, run_id: str, r
         newest, files, size, fresh = got.newest, len(got.fetched), got.bytes, bool(got.fetched)
     globs = artifacts.artifact_globs(job)
     if globs:
-        more = artifacts.fetch_artifacts(session, run_dir, run_id, root, globs, leave_out=glob)
-        files, size = files + len(more.fetched), size + more.bytes
+        # a checkpoint the globs match too is linked from the one just pulled, not fetched twice
+        more = artifacts.fetch_artifacts(session, run_dir, run_id, root, globs,
+                                         others=checkpoints.kept_twins(root, run_id))
+        files, size = files + len(more.fetched) + len(more.linked), size + more.bytes
     return Pulled(time.time(), newest, files, size, time.monotonic() - started, fresh, glob is not None)
 
 
