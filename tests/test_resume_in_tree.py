@@ -75,12 +75,12 @@ def test_the_form_with_checkpoint_at_parses_and_its_mistakes_name_their_line():
     head = "jobs:\n  own:\n    script: t.py\n    checkpoints: out/ckpt.pt\n"
     given = "    resume: {args: [--init_from=resume], checkpoint_at: ./out/ckpt.pt}\n"
     job = parse_config_text(head + given).jobs["own"]
-    assert tuple(job.resume) == ("--init_from=resume",) and job.resume.checkpoint_at == "out/ckpt.pt"
+    assert job.resume == ("--init_from=resume",) and job.resume_at == "out/ckpt.pt"
     # a job that continues whenever its checkpoint is there needs no argument at all
     bare = parse_config_text(head + "    resume: {checkpoint_at: out/ckpt.pt}\n").jobs["own"]
-    assert tuple(bare.resume) == () and bare.resume and bare.resume.checkpoint_at == "out/ckpt.pt"
+    assert bare.resume == () and bare.resume_at == "out/ckpt.pt"
     listed = parse_config_text(head + "    resume: [--resume-from, '{checkpoint}']\n").jobs["own"]
-    assert tuple(listed.resume) == ("--resume-from", "{checkpoint}") and listed.resume.checkpoint_at is None
+    assert listed.resume == ("--resume-from", "{checkpoint}") and listed.resume_at is None
     bad = {
         "    resume: {args: [--init_from=resume], checkpoint_at: /tmp/ckpt.pt}\n":
             ":5: jobs.own.resume.checkpoint_at: expected a path relative to the job's working directory",

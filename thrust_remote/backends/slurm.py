@@ -137,8 +137,11 @@ def host_retry(job: JobConfig, base_args: Sequence[str], host: str) -> dict[str,
     retry = job.retry
     on = [e for e in retry.on if e in HOST_RETRY_ON] if retry else []
     glob = checkpoints.checkpoint_glob(job)
-    template = tuple(job.resume) or (TRAINER_TEMPLATE if job.kind == "trainer" else ())
-    if retry is None or not on or not retry.max or glob is None or not template:
+    # `resume: {checkpoint_at: P}` alone continues with no arguments of its own: the next attempt runs in
+    # the same tree (agent/slurm.py), where the job finds at P the checkpoint it last wrote there
+    says = bool(job.resume or job.resume_at)
+    template = job.resume if says else TRAINER_TEMPLATE if job.kind == "trainer" else None
+    if retry is None or not on or not retry.max or glob is None or template is None:
         return None
     return {"on": on, "max": retry.max, "attempt": 0, "checkpoints": glob, "host": host,
             "args": [*base_args, *template]}

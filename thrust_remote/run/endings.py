@@ -60,7 +60,8 @@ def of_run(config: Config, status: StatusAnswer, job: JobConfig, progress: RunPr
 
 def resumable(job: JobConfig) -> bool:
     """The job says where its checkpoints are and how it continues from one (the trainer's are known)."""
-    return checkpoints.checkpoint_glob(job) is not None and (job.kind == "trainer" or bool(job.resume))
+    says = bool(job.resume or job.resume_at)  # `resume: {checkpoint_at: P}` alone says how, with no arguments
+    return checkpoints.checkpoint_glob(job) is not None and (job.kind == "trainer" or says)
 
 
 def gave_flags(job: JobConfig, entry_sets: Sequence[str], params: Mapping[str, object] | None) -> bool:

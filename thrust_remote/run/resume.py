@@ -31,7 +31,6 @@ from typing import Any
 from thrust_remote.agent import placing
 from thrust_remote.agent.protocol import CHECKPOINT_FIELD, MAX_DURATION, PATCH, RunState, StatusAnswer
 from thrust_remote.core.config import RETRY_ON_DEFAULT, Config, JobConfig, RetryConfig
-from thrust_remote.core.config.retry import ResumeArgs
 from thrust_remote.core.errors import (
     ConnectionLostError,
     Detached,
@@ -58,24 +57,19 @@ RESUME_EXAMPLE = (f'`resume: [--resume-from, "{CHECKPOINT_FIELD}"]` (the argumen
 
 
 def template_of(job: JobConfig) -> tuple[str, ...]:
-    """How the job continues from a checkpoint (a ResumeArgs: with `checkpoint_at` when the job reads it
-    from a fixed place of its tree); a job that does not say cannot be resumed (64)."""
+    """The arguments that continue the job from a checkpoint (none, or none naming it, for a job that
+    reads it from a fixed place of its tree: its `resume_at`, where `place` puts it); a job that does not
+    say how it continues cannot be resumed (64)."""
     if checkpoints.checkpoint_glob(job) is None:
         raise UsageError(f"job {job.name} declares no checkpoints: there is nothing to resume it from",
                          f"add `checkpoints: GLOB` (where your code writes them) and {RESUME_EXAMPLE} "
                          f"under jobs.{job.name} in thrust.yaml")
-    if job.resume:
-        return job.resume if isinstance(job.resume, ResumeArgs) else ResumeArgs(tuple(job.resume))
+    if job.resume or job.resume_at:
+        return job.resume
     if job.kind == "trainer":
         return TRAINER_TEMPLATE
     raise UsageError(f"job {job.name} does not say how to continue from a checkpoint (`resume:`)",
                      f"add {RESUME_EXAMPLE} under jobs.{job.name} in thrust.yaml")
-
-
-def checkpoint_at(template: tuple[str, ...]) -> str | None:
-    """Where the job reads its checkpoint, relative to its working directory (`resume: {checkpoint_at:}`);
-    None: its arguments name it."""
-    return template.checkpoint_at if isinstance(template, ResumeArgs) else None
 
 
 def place(prepared: stages.Prepared, resume: ResumeFrom, run_id: str, *, relative: bool) -> str:
@@ -84,7 +78,7 @@ def place(prepared: stages.Prepared, resume: ResumeFrom, run_id: str, *, relativ
     there too before the job starts: whole (renamed into place), with the sha256 it was verified by,
     refused when that place leaves the run's tree (links resolved on the host)."""
     path = stages.place_checkpoint(prepared, resume, run_id, relative=relative)
-    at = checkpoint_at(resume.template)
+    at = prepared.job.resume_at  # the job's (template_of made resume.template from the same job)
     if at is None:
         return path
     session = prepared.session

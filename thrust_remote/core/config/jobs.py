@@ -158,7 +158,7 @@ JOB_VALUES: Mapping[str, JobValue] = {
     "idle_stop": _field(job_values.idle_stop_section),
     "max_duration": _field(job_values.max_duration),
     "checkpoints": _field(repo_path),
-    "resume": _field(retry.resume),
+    "resume": retry.resume_fields,
     "sync_every": _field(retry.sync_every),
     "retry": _field(retry.retry_section),
     "objective": _field(job_values.objective),

@@ -136,10 +136,13 @@ class JobConfig:
     max_duration: float | None = None
     # runs that outlive their host (docs/architecture.md, "Checkpoints and resume"): the glob of the job's
     # checkpoints (relative to the checkout, or $THRUST_RUN_DIR/...), the arguments that continue from one
-    # ("{checkpoint}" is its path on the host), seconds between pulls while a run is followed (None: the
-    # default, 0: off), and the retry policy (`retry: {max: N, on: [...], hosts: [...], grace: S}`; None: none)
+    # ("{checkpoint}" is its path on the host), where the job reads it instead (`resume: {args: [...],
+    # checkpoint_at: PATH}`: relative to its working directory, the checkpoint is put there; None: the
+    # arguments name it), seconds between pulls while a run is followed (None: the default, 0: off), and
+    # the retry policy (`retry: {max: N, on: [...], hosts: [...], grace: S}`; None: none)
     checkpoints: str | None = None
     resume: tuple[str, ...] = ()
+    resume_at: str | None = None
     sync_every: float | None = None
     retry: RetryConfig | None = None
     # data that is not in git (docs/architecture.md, "Trees"): laptop paths placed into each run's tree,

@@ -15,47 +15,36 @@ from thrust_remote.core.config.sections import RETRY_ON, RETRY_ON_DEFAULT, Retry
 from thrust_remote.core.config.values import words
 from thrust_remote.core.errors import ConfigError
 
-
-class ResumeArgs(tuple[str, ...]):
-    """A job's `resume:`: the arguments that continue a run, and, in the form of a job that reads its
-    checkpoint from a fixed place of its own tree (`{args: [--init_from=resume], checkpoint_at:
-    out/ckpt.pt}`), that place: relative to the job's working directory, the verified checkpoint is put
-    there before the job starts and the arguments go as they are. A tuple still (JobConfig.resume's
-    type: every reader of the arguments reads them as before); `checkpoint_at` None: the arguments name
-    the checkpoint ("{checkpoint}")."""
-
-    checkpoint_at: str | None
-
-    def __new__(cls, args: tuple[str, ...] = (), checkpoint_at: str | None = None) -> ResumeArgs:
-        self = super().__new__(cls, args)
-        self.checkpoint_at = checkpoint_at
-        return self
-
-    def __bool__(self) -> bool:  # `{args: [], checkpoint_at: P}` (a job that continues whenever P is there) says how
-        return bool(self.checkpoint_at) or len(self) > 0
-
-
 RESUME_KEYS = ("args", "checkpoint_at")
 RESUME_FORMS = ('[--resume-from, "{checkpoint}"] (the path in the arguments), or {args: [--init_from=resume], '
                 "checkpoint_at: out/ckpt.pt} (where your code reads it, relative to its working directory)")
 
 
-def resume(reader: Reader, f: str, node: yaml.Node) -> tuple[str, ...]:
-    """The arguments that continue a run from a checkpoint: a list naming it, like [--resume-from,
-    "{checkpoint}"], or `{args: [...], checkpoint_at: PATH}` for a job that reads it at PATH."""
+def resume_fields(reader: Reader, kind: str, key: str, f: str, node: yaml.Node) -> dict[str, Any]:
+    """A job's `resume:` as JobConfig's two fields: `resume` (the arguments that continue a run) and
+    `resume_at` (where the job reads its checkpoint, relative to its working directory; None: the
+    arguments name it, "{checkpoint}"). Both set, so a job's `resume:` replaces a built-in's whole."""
     if isinstance(node, yaml.MappingNode):
-        return _resume_at(reader, f, node)
+        args, at = _resume_at(reader, f, node)
+        return {"resume": args, "resume_at": at}
+    return {"resume": resume(reader, f, node), "resume_at": None}
+
+
+def resume(reader: Reader, f: str, node: yaml.Node) -> tuple[str, ...]:
+    """The list form of `resume:`: the arguments that continue a run from a checkpoint, naming it, like
+    [--resume-from, "{checkpoint}"]."""
     argv = words(reader, f, node, f"either {RESUME_FORMS}")
     if not any(CHECKPOINT_FIELD in w for w in argv):
         raise reader.fail(node, f, f'expected the checkpoint\'s place in the arguments, "{CHECKPOINT_FIELD}", '
                                    'as in [--resume-from, "{checkpoint}"]; a job that reads it from a fixed place '
                                    "of its tree says where: {args: [--init_from=resume], checkpoint_at: out/ckpt.pt}")
-    return ResumeArgs(tuple(argv))
+    return tuple(argv)
 
 
-def _resume_at(reader: Reader, f: str, node: yaml.Node) -> ResumeArgs:
-    """`{args: [...], checkpoint_at: PATH}`: PATH inside the job's tree (relative, no `..`: checked again on
-    the host, links resolved), the arguments without "{checkpoint}" (the job finds it at PATH)."""
+def _resume_at(reader: Reader, f: str, node: yaml.Node) -> tuple[tuple[str, ...], str]:
+    """`{args: [...], checkpoint_at: PATH}` as (the arguments, PATH): PATH inside the job's tree (relative,
+    no `..`: checked again on the host, links resolved), the arguments without "{checkpoint}" (the job
+    finds it at PATH; `{checkpoint_at: P}` alone: none, a job that continues whenever P is there)."""
     argv: list[str] = []
     at: str | None = None
     for key, key_node, value in reader.mapping(node, f):
@@ -74,7 +63,7 @@ def _resume_at(reader: Reader, f: str, node: yaml.Node) -> ResumeArgs:
         raise reader.fail(node, f"{f}.checkpoint_at", "missing: where your code reads the checkpoint, relative to "
                                                       "its working directory, as in {args: [--init_from=resume], "
                                                       "checkpoint_at: out/ckpt.pt}")
-    return ResumeArgs(tuple(argv), at)
+    return tuple(argv), at
 
 
 def _inside(reader: Reader, f: str, node: yaml.Node) -> str:
@@ -134,7 +123,9 @@ def check_resumable(reader: Reader, name: str, kind: str, keys: Mapping[str, tup
     either says where its checkpoints are and how it continues (the built-in trainer's are known)."""
     if kind == "trainer":
         return
-    has = {k: values.get(k, getattr(base, k, None) if base is not None else None) for k in ("checkpoints", "resume")}
+    has = {k: values.get(k, getattr(base, k, None) if base is not None else None)
+           for k in ("checkpoints", "resume", "resume_at")}
+    has["resume"] = has["resume"] or has["resume_at"]  # `{checkpoint_at: P}` alone says how it continues
     for key, needs in (("retry", ("checkpoints", "resume")), ("resume", ("checkpoints",))):
         missing = [n for n in needs if not has[n]]
         if key in keys and missing:
