@@ -21,10 +21,23 @@ class AppState:
     debug: bool = False
     _config: Config | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        global _current
+        _current = self  # one command runs per process (a test's in-process call too): its state
+
     def config(self) -> Config:
         if self._config is None:
             self._config = load_config(self.config_path)
         return self._config
+
+
+_current: AppState | None = None
+
+
+def loaded_config() -> Config | None:
+    """The config the running command has loaded, None before it did: for what renders a run deep in a
+    call (the live line's objective: cli/outcome.py), where no typer.Context is handed down. Never loads."""
+    return _current._config if _current is not None else None
 
 
 HOST_OPT = typer.Option(None, "--host", "-H", help="Host name from thrust.yaml (default: the run's host from the "

@@ -58,15 +58,30 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+OTHERS_PIPED, OTHERS_LIVE = 3, 8  # a job's own metrics beside its objective: a plain line's few; what fits
+
+
+def _objective(m: Mapping[str, Any], objective: str | None) -> list[list[str]]:
+    """The job's objective (`objective: {metric:}`) as the line's first field, its whole name in both
+    forms (`val/acc` and `train/acc` are told apart by it); none while the metrics lack it."""
+    value = m.get(objective) if objective else None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return []
+    return [[f"{objective} {value:.4g}", f"{objective} {value:.3g}"]]
+
+
 def _fields(m: Mapping[str, Any], elapsed: float | None, pulled: float | None = None,
-            eta: float | None = None) -> tuple[str, list[list[str]]]:
+            eta: float | None = None, objective: str | None = None,
+            others: int = OTHERS_PIPED) -> tuple[str, list[list[str]]]:
     """(the % field, the optional fields most important first, each as its variants widest first); `eta`:
-    seconds left as the view measured the steps' pace, for metrics without their own `sps`."""
+    seconds left as the view measured the steps' pace, for metrics without their own `sps`; `objective`:
+    the metric that leads (the job's `objective: {metric:}`), then steps and the rest, `others` of a job's
+    own metrics at most."""
     step, total = m.get("step") or 0, m.get("total_steps")
     pct = f"{min(100.0, 100.0 * step / total):3.0f}%" if total else ""
     alone = f"{step:,} step{'' if step == 1 else 's'}"
     steps = [f"{step:,}/{total:,} steps", f"{_si(step)}/{_si(total)}"] if total else [alone, _si(step)]
-    optional = [steps]
+    optional = [*_objective(m, objective), steps]
     ret = [f"return {m['return_mean']:.2f}", f"ret {m['return_mean']:.1f}"] if m.get("return_mean") is not None else []
     if m.get("score_mean") is not None:  # an env's own score (snake: apples) before its return
         optional.append([f"score {m['score_mean']:.2f}"])
@@ -81,7 +96,8 @@ def _fields(m: Mapping[str, Any], elapsed: float | None, pulled: float | None = 
         optional.append([f"{sps:,.0f} sps", f"{_si(sps)} sps"])
     if ret and m.get("score_mean") is not None:
         optional.append(ret)
-    for name, value in own_metrics(dict(m)):  # a job of your own: its first numeric metrics, by name
+    shown = {k: v for k, v in m.items() if k != objective}
+    for name, value in own_metrics(shown, others):  # a job of your own: its first numeric metrics, by name
         optional.append([f"{name} {value:.4g}", f"{name.rsplit('/', 1)[-1]} {value:.3g}"])
     if m.get("gpu_util") is not None:
         optional.append([f"GPU {m['gpu_util']:.0f}%"])
@@ -111,13 +127,16 @@ def stuck_line(quiet: float, logs: str, width: int | None = None) -> str:
 
 
 def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar: bool,
-            waiting: str = WAITING, pulled: float | None = None, eta: float | None = None) -> tuple[str, int]:
+            waiting: str = WAITING, pulled: float | None = None, eta: float | None = None,
+            objective: str | None = None) -> tuple[str, int]:
     """(the line, how many of its first characters are the bar's filled part); `waiting` while no metrics;
-    `pulled`: seconds since the last pull of the run's checkpoint; `eta`: as _fields takes it."""
+    `pulled`: seconds since the last pull of the run's checkpoint; `eta`, `objective`: as _fields takes
+    them. The objective is kept at every width: narrower than a bar beside it, the line is % and it."""
     if not m:
         text = waiting
         return (text if width is None else text[:width]), 0
-    pct, optional = _fields(m, elapsed, pulled, eta)
+    pct, optional = _fields(m, elapsed, pulled, eta, objective, OTHERS_PIPED if width is None else OTHERS_LIVE)
+    lead = optional[0] if _objective(m, objective) else None
     step, total = m.get("step") or 0, m.get("total_steps")
     if not total and width is not None:
         # no total, no progress to draw: the bar would be all empty, taking the metrics' room
@@ -126,7 +145,7 @@ def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar:
         return "  ".join(([pct.strip()] if pct else []) + [v[0] for v in optional]), 0
     # first every field in its wide form beside a comfortable bar, dropping the least important; when
     # not even steps and the score fit so, the narrow forms beside a shorter bar (docs/architecture.md)
-    for variant, min_bar, min_keep in ((0, COMFY_BAR, min(2, len(optional))), (1, MIN_BAR, 0)):
+    for variant, min_bar, min_keep in ((0, COMFY_BAR, min(2, len(optional))), (1, MIN_BAR, int(lead is not None))):
         for keep in range(len(optional), min_keep - 1, -1):
             parts = ([pct] if pct else []) + [f[min(variant, len(f) - 1)] for f in optional[:keep]]
             text = "  ".join(parts)
@@ -135,6 +154,9 @@ def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar:
                 n = min(room, MAX_BAR)
                 filled = int(n * min(1.0, step / total)) if total else 0
                 return f"{FILLED * filled}{EMPTY * (n - filled)} {text}", filled
+    if lead is not None:  # no room for a bar beside the objective: the objective, not the bar
+        forms = [f"{pct.strip()} {lead[0]}", f"{pct.strip()} {lead[-1]}", lead[0], lead[-1]]
+        return next((f for f in forms if len(f) <= width), forms[-1][:width]), 0
     n = max(0, width - len(pct) - 1)  # narrower than a bar and its %: what fits of them
     filled = int(n * min(1.0, step / total)) if total else 0
     return f"{FILLED * filled}{EMPTY * (n - filled)} {pct}"[:width], min(filled, width)
@@ -151,12 +173,12 @@ def _fitted(wide: list[str], narrow: list[str], width: int) -> str:
 
 
 def progress_line(m: Mapping[str, Any], width: int | None = None, *, elapsed: float | None = None,
-                  bar: bool = True) -> str:
+                  bar: bool = True, objective: str | None = None) -> str:
     """One progress line from a THRUST_METRICS object, at most `width` characters: a bar (kept, 10-40
-    wide), %, steps, score (else return), eta, sps, return, GPU, elapsed. What does not fit is dropped
-    from the end, wide forms first, then narrow forms beside a shorter bar. `width=None` or
-    `bar=False`: every field, no bar (the plain `lines` mode)."""
-    return _layout(m, width, elapsed, bar)[0]
+    wide), %, the job's `objective` metric, steps, score (else return), eta, sps, return, a job's own
+    metrics, GPU, elapsed. What does not fit is dropped from the end, wide forms first, then narrow forms
+    beside a shorter bar. `width=None` or `bar=False`: every field, no bar (the plain `lines` mode)."""
+    return _layout(m, width, elapsed, bar, objective=objective)[0]
 
 
 # ------------------------------------------------------------------------------------------ the view
@@ -168,16 +190,19 @@ class _LiveLine:
         self.view = view
 
     def __rich_console__(self, _console: Console, options: ConsoleOptions) -> RenderResult:
-        if self.view.closed and not self.view.progress.metrics:
-            return  # a job that never reported metrics: no "waiting for the first metrics" left behind
         view = self.view
+        if view.closed and not view.progress.metrics:
+            unmatched = view.unmatched()  # a pattern that read nothing: said to the end, the rest not left
+            if unmatched:
+                yield Text(unmatched, style="yellow", no_wrap=True, overflow="crop")
+            return
         quiet = None if view.closed else view.stuck_for()
         if quiet is not None:
             yield Text(stuck_line(quiet, view.logs_hint, options.max_width), style="yellow", no_wrap=True,
                        overflow="crop")
             return
         line, filled = _layout(view.progress.metrics, options.max_width, view.elapsed(), True,
-                               view.waiting_line(), view.pulled_ago(), view.eta())
+                               view.waiting_line(), view.pulled_ago(), view.eta(), view.objective)
         text = Text(line, no_wrap=True, overflow="crop")
         text.stylize("cyan", 0, filled)
         yield text
@@ -234,7 +259,8 @@ class LogView:
 
     def __init__(self, run_id: str, mode: str = "lines", *, out: Console | None = None,
                  clock: Callable[[], float] = time.monotonic, interval: float = 5.0, queued: str | None = None,
-                 stuck_after: float | None = None, logs_hint: str | None = None) -> None:
+                 stuck_after: float | None = None, logs_hint: str | None = None, objective: str | None = None,
+                 pattern: bool = False) -> None:
         if mode not in ("live", "lines", "raw"):
             raise ValueError(f"mode {mode!r}")
         self.run_id, self.mode, self.out = run_id, mode, out or console
@@ -260,6 +286,10 @@ class LogView:
         self.moved_at = self.started  # when the log last grew or the metrics last moved
         self.stuck_said: float | None = None  # piped: when the quiet run's line was last printed
         self.pace: tuple[int, float] | None = None  # (the first step seen, our clock then): the steps' pace
+        self.objective = objective  # the job's `objective: {metric:}`: the line's first metric
+        self.pattern = pattern  # the job reads its metrics with a `metrics: {pattern:}`
+        self.lines_seen = 0  # the log's lines so far: what a pattern that matched none of them was tried on
+        self.ended_at: float | None = None  # our clock when the run ended: its last line's elapsed
 
     def stuck_for(self) -> float | None:
         """How long the run has been quiet (no log, no metrics), once past `stuck_after`; else None. A
@@ -272,7 +302,7 @@ class LogView:
         but no `sps` of their own (a job's `metrics: {pattern:}` with a `total` group)."""
         m = self.progress.metrics
         step, total = m.get("step"), m.get("total_steps")
-        if self.pace is None or m.get("sps") or not isinstance(step, int) or not total:
+        if self.pace is None or self.closed or m.get("sps") or not isinstance(step, int) or not total:
             return None
         first, at = self.pace
         spent = self.clock() - at
@@ -287,11 +317,19 @@ class LogView:
 
     def waiting_line(self) -> str:
         """What the line says before any metrics: where a queued run waits; else that the run goes, how
-        long it has, and how long ago its log last grew (so a job without metrics does not look hung)."""
+        long it has, and how long ago its log last grew (so a job without metrics does not look hung); a
+        pattern that matched none of the job's lines says so first (what a narrow terminal keeps)."""
         if self.waiting != WAITING:
             return self.waiting
         grew = "no log yet" if self.grew_at is None else f"log grew {duration(self.clock() - self.grew_at)} ago"
-        return f"{WAITING}  elapsed {duration(self.elapsed())}  {grew}"
+        return f"{self.unmatched() or WAITING}  elapsed {duration(self.elapsed())}  {grew}"
+
+    def unmatched(self) -> str | None:
+        """The job's metrics pattern has read nothing of the lines it printed: said on the line, so a
+        progress bar that prints nothing in a pipe (Rich's) or a pattern that misses is seen at once."""
+        if not self.pattern or self.progress.metrics or not self.lines_seen:
+            return None
+        return f"metrics pattern matched none of {self.lines_seen:,} line{'' if self.lines_seen == 1 else 's'}"
 
     def tick(self) -> None:
         """Piped, a run without metrics: its idle line, at most every IDLE_EVERY_S; a quiet run (stuck_for)
@@ -331,10 +369,12 @@ class LogView:
 
     def elapsed(self) -> float:
         """The run's time: its own `wall_s` (the trainer's, since its start) carried on by our clock, so a
-        reattach shows how long the run has gone, not how long we have watched; else since we began."""
+        reattach shows how long the run has gone, not how long we have watched; else since we began. Once
+        the run ended, its time at the end: the last line stays as it was then."""
+        now = self.clock() if self.ended_at is None else self.ended_at
         if self.wall is not None:
-            return self.wall[0] + self.clock() - self.wall[1]
-        return self.clock() - self.started
+            return self.wall[0] + now - self.wall[1]
+        return now - self.started
 
     def __enter__(self) -> LogView:
         self.writer = _Writer() if self.mode != "raw" else None
@@ -356,13 +396,17 @@ class LogView:
             self._end()
 
     def _end(self) -> None:
+        with self.lock:  # a last read of the scalars may still be handed over: the line drawn after it
+            self.closed, self.ended_at = True, self.clock()
         if self.live is not None:
-            self.closed = True
-            self.live.refresh()
+            self.live.refresh()  # the run's last metrics, no eta, no quiet-run warning: final
             self.live.stop()
             self.live = None
         if self.mode == "lines" and self.progress.updates > self.printed_updates:
             self._print_progress()  # the end: the last metrics, whatever the interval
+        elif self.mode == "lines" and self.unmatched():
+            self.out.print(f"{self.run_id}: {self.unmatched()}", markup=False, highlight=False, emoji=False,
+                           soft_wrap=True)
 
     def feed(self, chunk: bytes) -> None:
         with self.lock:
@@ -399,6 +443,7 @@ class LogView:
         if not data:
             return
         updates = self.progress.updates
+        self.lines_seen += data.count(b"\n")  # whole lines, each ending in one
         text = self.progress.take_block(data)
         if self.progress.updates != updates:
             wall = self.progress.metrics.get("wall_s")
@@ -419,7 +464,8 @@ class LogView:
 
     def _print_progress(self) -> None:
         self.printed_at, self.printed_updates = self.clock(), self.progress.updates
-        line = f"{self.run_id}: " + _layout(self.progress.metrics, None, self.elapsed(), False, eta=self.eta())[0]
+        line = f"{self.run_id}: " + _layout(self.progress.metrics, None, self.elapsed(), False, eta=self.eta(),
+                                            objective=self.objective)[0]
         self._write(lambda: self.out.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True))
 
 
@@ -435,6 +481,8 @@ class LogReporter(vocab.NullReporter):
         self.waits: str | None = None  # where the followed run is queued, if it is
         self.age: float | None = None  # how long the followed run had gone when its follow began
         self.logs: str | None = None  # the command that shows its log
+        self.objective: str | None = None  # the followed job's objective metric: the line's first
+        self.pattern = False  # the followed job reads its metrics with a pattern
 
     def queued(self, host: str, position: int | None) -> None:
         where = f" (position {position})" if position else ""
@@ -449,7 +497,8 @@ class LogReporter(vocab.NullReporter):
         self.age, self.logs = age_s, logs
 
     def following(self, run_id: str, offset: int) -> None:
-        view = LogView(run_id, self.mode, out=self.out, queued=self.waits, logs_hint=self.logs)
+        view = LogView(run_id, self.mode, out=self.out, queued=self.waits, logs_hint=self.logs,
+                       objective=self.objective, pattern=self.pattern)
         if self.age is not None and self.waits is None:  # a reattach: the run's time, not ours
             view.started = view.clock() - self.age
         self.view = view.__enter__()

@@ -12,13 +12,15 @@ from rich.console import Console
 
 from thrust_remote.agent.protocol import MANIFEST, RunState, StatusAnswer
 from thrust_remote.backends import backend_for
-from thrust_remote.cli.common import get_config, state
+from thrust_remote.cli.common import get_config, loaded_config, state
 from thrust_remote.cli.follow import LogReporter, reattach_command, say
 from thrust_remote.cli.kept import command, render_fetched, say_line
+from thrust_remote.core.config import JobConfig
 from thrust_remote.core.console import console, err_console, host_text
 from thrust_remote.play import PLAYABLE_ENVS
 from thrust_remote.run import fetching, vocab
 from thrust_remote.run.vocab import TrainOutcome
+from thrust_remote.runs import index
 
 
 def why_ended(status: StatusAnswer, *, detail: bool = True) -> str:
@@ -53,7 +55,22 @@ class CliReporter(LogReporter):
 
     def following(self, run_id: str, offset: int) -> None:
         say(f"following {run_id} (Ctrl-C detaches; the run goes on)")
+        job = followed_job(run_id)
+        if job is not None:  # what the live line leads with, and whether a pattern reads its metrics
+            self.objective = job.objective.metric if job.objective is not None else None
+            self.pattern = bool(job.metrics.pattern)
         super().following(run_id, offset)
+
+
+def followed_job(run_id: str) -> JobConfig | None:
+    """The job of a followed run, as this project's thrust.yaml has it (the local index names it): what
+    every command that follows a run (train, logs -f, resume, watch, optimize) shows its progress by,
+    without each handing it over; None outside a command or for a run or job this config lacks."""
+    config = loaded_config()
+    if config is None:
+        return None
+    entry = index.lookup(config.root, run_id)
+    return config.jobs.get(entry.job) if entry is not None else None
 
 
 def show_outcome(ctx: typer.Context, outcome: TrainOutcome, as_json: bool, started: float) -> None:
