@@ -7,7 +7,9 @@ rendering alone beside them (a driven clock: nothing here sleeps to pass)."""
 from __future__ import annotations
 
 import io
+import json
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,9 +23,11 @@ from thrust_remote.runs.pull import Pulled
 
 pytestmark = pytest.mark.xdist_group("test_follow_quiet")
 
-# silent 4 s (the reattach comes after, so the run is older than its follow), a line, silent 2.5 s (a
-# quiet stretch past the threshold the test sets), the rest; an artifact (from the start, rewritten
-# at the end) and a checkpoint in out/
+# silent 4 s (the reattach comes after, so the run is older than its follow), a line, silent 6 s (a
+# quiet stretch past the threshold the test sets) or, given "gate", silent until a file `go` appears in
+# its cwd (the test makes it once the follow has said the run is quiet: a busy machine may attach the
+# follow after a fixed stretch is over), the rest; an artifact (from the start, rewritten at the end)
+# and a checkpoint in out/
 COUNTED_PY = '''\
 import os
 import sys
@@ -35,7 +39,13 @@ with open("out/result.txt", "w") as fh:
     fh.write("started")
 time.sleep(quiet)
 print("it 1/4 loss 0.9", flush=True)
-time.sleep(quiet * 1.5)
+if sys.argv[2:] == ["gate"]:
+    waited = 0.0
+    while not os.path.exists("go") and waited < 300:
+        time.sleep(0.1)
+        waited += 0.1
+else:
+    time.sleep(quiet * 1.5)
 for i in range(2, 5):
     print(f"it {i}/4 loss {1.0 / i:.3f}", flush=True)
 with open("out/ckpt-4.pt", "w") as fh:
@@ -60,7 +70,7 @@ JOBS = f"""\
 jobs:
   counted:
     script: counted.py
-    args: ["4"]
+    args: ["4", "gate"]
     metrics: {{pattern: "{PATTERN}"}}
   artifacts_only:
     script: counted.py
@@ -96,13 +106,30 @@ def _detached(cli, project: Path, job: str) -> str:
 def test_a_reattach_shows_the_runs_time_its_pattern_total_a_quiet_stretch_and_trains_end_line(
         cli, project, monkeypatch):
     """`logs RUN -f` (a pipe) after the run has gone 4 s: elapsed from the run's start, not from zero;
-    the pattern's `total` gives 100% and 4/4 steps; the 6 s without a byte (threshold set to 1 s)
+    the pattern's `total` gives 100% and 4/4 steps; the quiet stretch after the first line (threshold set to 1 s; it lasts until the view said so)
     says the job may be stuck with the command that shows its log; the end line is train's."""
     monkeypatch.setattr(follow, "STUCK_AFTER_S", 1.0)
     monkeypatch.setattr(follow, "IDLE_EVERY_S", 0.1)
+    said = threading.Event()
+    real_line = follow.stuck_line
+
+    def stuck_line(*args, **kwargs):  # the real line, and a word to the gate below that it was said
+        said.set()
+        return real_line(*args, **kwargs)
+
+    monkeypatch.setattr(follow, "stuck_line", stuck_line)
     run_id = _detached(cli, project, "counted")
     wait_until(lambda: "it 1/4" in cli("logs", run_id, cwd=project).stdout, 60, "the run's first line")
+    cwd = json.loads(cli("status", run_id, "--json", cwd=project).stdout)["cwd"]
+
+    def open_gate() -> None:  # the job's quiet stretch lasts until the follow has said it is quiet
+        said.wait(120)
+        Path(cwd, "go").write_text("go")
+
+    gate = threading.Thread(target=open_gate, daemon=True)
+    gate.start()
     got = cli("logs", run_id, "--follow", cwd=project, env={"COLUMNS": "60"})  # narrow, and a pipe
+    gate.join(5)
     assert got.returncode == 0, got.stderr
     out = got.stdout
     assert f"{run_id}: 100%  4/4 steps" in out, out
