@@ -106,8 +106,9 @@ def _detached(cli, project: Path, job: str) -> str:
 def test_a_reattach_shows_the_runs_time_its_pattern_total_a_quiet_stretch_and_trains_end_line(
         cli, project, monkeypatch):
     """`logs RUN -f` (a pipe) after the run has gone 4 s: elapsed from the run's start, not from zero;
-    the pattern's `total` gives 100% and 4/4 steps; the quiet stretch after the first line (threshold set to 1 s; it lasts until the view said so)
-    says the job may be stuck with the command that shows its log; the end line is train's."""
+    the pattern's `total` gives 100% and 4/4 steps; the quiet stretch after the first line (threshold
+    set to 1 s; it lasts until the view said so) says the job may be stuck with the command that shows
+    its log; the end line is train's."""
     monkeypatch.setattr(follow, "STUCK_AFTER_S", 1.0)
     monkeypatch.setattr(follow, "IDLE_EVERY_S", 0.1)
     said = threading.Event()
