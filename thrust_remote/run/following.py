@@ -76,9 +76,11 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
         reporter.metrics(obj)
 
     reporter.running(_age(session, run_id), command_hint("logs", run_id, host=host, config=config_path))
-    reporter.following(run_id, offset)
     try:
         try:
+            # inside the try: a Ctrl-C just after the line that says it detaches does detach (75, how to
+            # reattach), never "interrupted" (130) with the run going on unsaid
+            reporter.following(run_id, offset)
             with _watching(session, scalars, on_metrics, reporter.warn):
                 position = control.follow_log(session, run_id, offset=offset, follow=True, on_bytes=on_bytes,
                                               part=part)
