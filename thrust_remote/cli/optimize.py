@@ -85,6 +85,15 @@ class LiveTable:
         self.live.update(table)
 
 
+def _name_the_job(config: Config, names: Sequence[str], trials: int | None, host: Sequence[str] | None) -> str:
+    """The usage error of an optimize without a job: its example is the command the user typed with one of
+    the project's `search:` jobs (else the trainer's cartpole, whose space is built in), so pasted it
+    runs what they asked: their --trials, not twenty trials of a job they may not have meant."""
+    example = command_hint("optimize", names[0] if names else "cartpole", "--trials", str(trials or 20),
+                           host=host[0] if host else None, config=config.given_path)
+    return f"name the job to optimize{', one of ' + ', '.join(names) if names else ''} (e.g. {example})"
+
+
 def optimize(
     ctx: typer.Context,
     job: str | None = typer.Argument(None, metavar="JOB",
@@ -119,9 +128,7 @@ def optimize(
     if job is None:
         names = sorted(config.search)
         if len(names) != 1:
-            example = command_hint("optimize", "cartpole", "--trials", "20", host=host[0] if host else None,
-                                   config=config.given_path)
-            raise UsageError(f"name the job to optimize (e.g. {example})")
+            raise UsageError(_name_the_job(config, names, trials, host))
         job = names[0]
     job_cfg = config.job(job)
     hosts = config.host_list(host)  # a group stands for its hosts; a host named twice is refused (64)
