@@ -1,12 +1,16 @@
 """The job's virtualenv on the host: made once per set of requirements, python and torch.
 
     agent venv ensure --dir D --key K [--constraint SPEC]... [--requirements FILE] [--expect PATH]...
-                      [--cwd CHECKOUT] [--check] -- [SPEC...]
+                      [--cwd CHECKOUT] [--torch VERSION [--torch-index URL]] [--check] -- [SPEC...]
         {"python": "D/K/bin/python", "venv": "D/K", "created": bool, "installed": [...], "skipped": bool,
          "missing": [each --expect PATH that does not exist]}
-        exit 69 with {"error", "exit_code", "tail", "index"} when the venv cannot be made or pip fails
-        (`index`: the package index pip could not connect to, when that is why; pip runs with
-        `--retries 1 --timeout 10`, so an unreachable index fails in seconds)
+        exit 69 with {"error", "exit_code", "tail", "index", "companion"} when the venv cannot be made or
+        pip fails (`index`: the package index pip could not connect to, when that is why; pip runs with
+        `--retries 1 --timeout 10`, so an unreachable index fails in seconds); exit 78 when a torch
+        companion (`companion`: torchvision...) cannot have a build that loads beside the host's torch
+        VERSION, though its index answered (see fit_companions)
+    agent venv probe '[[DIST, MODULE], ...]'   (run by the venv's python)
+        {DIST: "Error: message"} for each module that cannot load there
 
 The venv is D/K (K: the caller's hash of the requirements and the python/torch versions), made with
 `--system-site-packages` by the python that runs the agent (the host's `python:`), so the host's own
@@ -40,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from .files import write_atomic
 
 UNAVAILABLE = 69  # docs/architecture.md, "Exit codes": a failed setup
+CONFIG = 78  # docs/architecture.md, "Exit codes": a requirement this host's torch cannot have
 STAMP = ".thrust-venv.json"
 PTH = "_thrust_host_site.pth"
 TAIL_LINES = 15
@@ -54,8 +59,10 @@ _FETCH = re.compile(r"Could not fetch URL (?P<url>\S+?): (?P<why>.*?)(?: - skipp
 
 
 class SetupFailed(Exception):
-    def __init__(self, message: str, exit_code: int, output: str, index: str | None = None) -> None:
+    def __init__(self, message: str, exit_code: int, output: str, index: str | None = None,
+                 companion: dict | None = None) -> None:
         super().__init__(message)
+        self.companion = companion  # {"name", "version", "torch", "why", "variant"}: a companion that does not fit
         self.exit_code = exit_code
         self.output = output
         self.tail = "\n".join(output.strip().splitlines()[-TAIL_LINES:])
@@ -172,25 +179,180 @@ def _install(python: str, venv: str, constraints: Sequence[str], requirements: s
     wanted = ([f"-r {requirements}"] if requirements else []) + list(specs)
     if not wanted:
         return []
-    constraint_file = os.path.join(venv, "constraints.txt")
-    write_atomic(constraint_file, "".join(f"{c}\n" for c in constraints).encode(), 0o644)
+    write_atomic(os.path.join(venv, "constraints.txt"), "".join(f"{c}\n" for c in constraints).encode(), 0o644)
+    _pip(python, [*(["-r", requirements] if requirements else []), "--", *specs], venv, cwd)
+    return wanted
+
+
+def _pip(python: str, args: Sequence[str], venv: str, cwd: str | None = None) -> None:
+    """`pip install ARGS` with the venv's constraints (torch pinned to the host's), failing in seconds
+    on an index it cannot reach, which it then names."""
     argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--retries",
-            str(PIP_RETRIES), "--timeout", str(PIP_TIMEOUT_S), "-c", constraint_file]
-    if requirements:
-        argv += ["-r", requirements]
+            str(PIP_RETRIES), "--timeout", str(PIP_TIMEOUT_S), "-c", os.path.join(venv, "constraints.txt")]
     try:
-        _run([*argv, "--", *specs], "pip install", cwd=cwd)  # `--`: a spec is never an option
+        _run([*argv, *args], "pip install", cwd=cwd)  # the caller's `--`: a spec is never an option
     except SetupFailed as exc:
         found = unreachable_index(exc.output)
         if found is None:
             raise
         raise SetupFailed(f"pip could not reach the package index {found[0]} ({found[1]})", exc.exit_code,
                           exc.output, found[0]) from None
-    return wanted
+
+
+# ------------------------------------------------------------------ torch's companions (issue 56)
+# torchvision / torchaudio, and any wheel whose native code links libtorch, are built for one torch
+# release AND variant: PyPI's Linux torchvision is a CUDA build, whose _C.so needs libtorch_cuda.so,
+# so beside a `+cpu` torch it dies at import ("operator torchvision::nms does not exist"). pip sees
+# only versions, so it picks the right release (the companion's `Requires-Dist: torch==X` against the
+# venv's torch constraint) and maybe the wrong build. Each one the venv got is imported in it; one
+# that fails is replaced by the build of the same release for the host torch's variant, from that
+# variant's index (`--torch-index`, as PyTorch's install instructions do), or the setup is refused.
+COMPANIONS = ("torchvision", "torchaudio")
+_LIBTORCH = re.compile(rb"(?:libtorch|libc10)\w*\.so")
+
+
+def _metadata(dist_info: str) -> tuple[str, str, list[str]]:
+    """(Name, Version, Requires-Dist lines) of a .dist-info directory."""
+    name = version = ""
+    requires: list[str] = []
+    with open(os.path.join(dist_info, "METADATA"), errors="replace") as fh:
+        for line in fh:
+            if not line.strip():
+                break  # the body (the description) follows the headers
+            key, _, value = line.partition(":")
+            value = value.strip()
+            if key == "Name":
+                name = value
+            elif key == "Version":
+                version = value
+            elif key == "Requires-Dist":
+                requires.append(value)
+    return name, version, requires
+
+
+def _files(site: str, dist_info: str) -> list[str]:
+    """The paths (relative to site-packages) a dist installed, from its RECORD."""
+    try:
+        with open(os.path.join(site, dist_info, "RECORD"), errors="replace") as fh:
+            return [line.split(",", 1)[0] for line in fh if line.strip()]
+    except OSError:
+        return []
+
+
+def _links_libtorch(site: str, files: Sequence[str]) -> list[str]:
+    """The libtorch / libc10 libraries the dist's native code names (what the dynamic linker needs)."""
+    found: set[str] = set()
+    for rel in files:
+        if rel.endswith(".so") or ".so." in os.path.basename(rel):
+            try:
+                with open(os.path.join(site, rel), "rb") as fh:
+                    found.update(m.decode() for m in _LIBTORCH.findall(fh.read()))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def companions(venv: str) -> list[dict]:
+    """The torch companions the venv itself holds: {"name", "version", "module", "torch" (its torch
+    pin), "libs" (the libtorch libraries its native code names)}."""
+    site = _site_packages(venv)
+    out = []
+    for entry in sorted(os.listdir(site)) if os.path.isdir(site) else []:
+        if not entry.endswith(".dist-info"):
+            continue
+        try:
+            name, version, requires = _metadata(os.path.join(site, entry))
+        except OSError:
+            continue
+        pin = next((r for r in requires if re.match(r"torch\s*\(?\s*==", r)), None)
+        wants_torch = any(re.match(r"torch\b(?![-_.\w])", r) for r in requires)
+        if not wants_torch and name.lower() not in COMPANIONS:
+            continue
+        files = _files(site, entry)
+        libs = _links_libtorch(site, files)
+        if name.lower() not in COMPANIONS and not libs:
+            continue  # pure python on top of torch: nothing built for one torch
+        tops = [f.split("/", 1)[0] for f in files if f.count("/") == 1 and f.endswith("/__init__.py")]
+        out.append({"name": name, "version": version, "module": tops[0] if tops else name.lower(),
+                    "torch": re.sub(r"^torch\s*\(?\s*==\s*([^\s;)]+).*$", r"\1", pin) if pin else None,
+                    "libs": libs})
+    return out
+
+
+def _unfit(python: str, found: Sequence[dict]) -> dict[str, str]:
+    """{name: why} of each companion that cannot load beside the host's torch: `venv probe`, run by the
+    venv's python (this agent's own code on its path, wherever it lies: the zipapp, or a checkout)."""
+    root = os.path.abspath(__file__)
+    for _ in range(len(__package__.split(".")) + 1):
+        root = os.path.dirname(root)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    pairs = json.dumps([[c["name"], c["module"]] for c in found])
+    proc = subprocess.run([python, "-m", __package__, "venv", "probe", pairs], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=600, check=False, env=env)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
+        raise SetupFailed(f"the companions' import check failed (exit {proc.returncode})", proc.returncode,
+                          proc.stdout)
+    return json.loads(lines[-1])
+
+
+def probe(pairs: Sequence[Sequence[str]]) -> dict[str, str]:
+    """{dist: "Error: message"} of each (dist, module) that cannot load here, torch imported once. A
+    torchvision built for another torch may even import; one of its C++ ops on a tiny tensor cannot run."""
+    import importlib
+
+    bad = {}
+    for dist, module in pairs:
+        try:
+            loaded = importlib.import_module(module)
+            if module == "torchvision":
+                torch = sys.modules["torch"]  # torchvision imported it: only the venv's python has torch
+                loaded.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)
+        except BaseException as exc:  # noqa: BLE001 - whatever a broken native module raises is the answer
+            bad[dist] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    return bad
+
+
+def fit_companions(python: str, venv: str, torch: str | None, index: str | None) -> list[str]:
+    """Each companion in the venv loads beside the host's torch, or is replaced by the build for its
+    variant from `index` (returned: `torchvision 0.28.0 -> torchvision==0.28.0+cpu`); else SetupFailed
+    with `companion` (the package, its build, the host's torch)."""
+    found = companions(venv)
+    bad = _unfit(python, found) if found else {}
+    if not bad:
+        return []
+    replaced = []
+    variant = (torch or "").partition("+")[2]
+    for comp in found:
+        why = bad.get(comp["name"])
+        if why is None:
+            continue
+        doc = {**comp, "why": why, "host_torch": torch, "variant": variant, "index": index}
+        if not (variant and index) or comp["name"].lower() not in COMPANIONS:  # only PyTorch's own have variants
+            raise SetupFailed(f"{comp['name']} {comp['version']} does not load beside the host's torch {torch}: "
+                              f"{why}", CONFIG, "", companion=doc)
+        public = comp["version"].partition("+")[0]
+        want = f"{comp['name']}=={public}+{variant}"
+        try:  # --no-deps: its dependencies are in already, and torch is never to be pulled in
+            _pip(python, ["--no-deps", "--force-reinstall", "--index-url", index, "--", want], venv)
+        except SetupFailed as exc:
+            raise SetupFailed(f"{comp['name']} {comp['version']} does not load beside the host's torch {torch} "
+                              f"({why}), and {want} could not be installed from {index}: {exc}", exc.exit_code,
+                              exc.output, exc.index, {**doc, "wanted": want}) from None
+        replaced.append(f"{comp['name']} {comp['version']} -> {want}")
+    still = _unfit(python, found)
+    if still:
+        name, why = next(iter(still.items()))
+        comp = next(c for c in found if c["name"] == name)
+        raise SetupFailed(f"{name} from {index} still does not load beside the host's torch {torch}: {why}",
+                          CONFIG, "", companion={**comp, "why": why, "host_torch": torch, "variant": variant,
+                                                 "index": index, "replaced": True})
+    return replaced
 
 
 def ensure(root: str, key: str, constraints: Sequence[str], requirements: str | None, specs: Sequence[str],
-           check: bool = False, cwd: str | None = None) -> dict:
+           check: bool = False, cwd: str | None = None, torch: str | None = None,
+           torch_index: str | None = None) -> dict:
     venv = os.path.join(root, key)
     answer = {"python": os.path.join(venv, "bin", "python"), "venv": venv, "created": False, "installed": [],
               "skipped": True}
@@ -207,10 +369,11 @@ def ensure(root: str, key: str, constraints: Sequence[str], requirements: str | 
             shutil.rmtree(venv)
         python = _make(venv)
         installed = _install(python, venv, constraints, requirements, specs, cwd)
+        replaced = fit_companions(python, venv, torch, torch_index)
         stamp = {"key": key, "constraints": list(constraints), "requirements": requirements, "specs": list(specs),
                  "base": sys.executable}
         write_atomic(os.path.join(venv, STAMP), json.dumps(stamp).encode(), 0o644)
-    return {**answer, "python": python, "created": True, "installed": installed}
+    return {**answer, "python": python, "created": True, "installed": installed, "replaced": replaced}
 
 
 def main(argv: list[str]) -> int:
@@ -224,19 +387,29 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cwd", help="where pip runs: the job's checkout (relative paths in requirements)")
     p.add_argument("--expect", action="append", default=[], help="a path to report in `missing` when absent")
     p.add_argument("--check", action="store_true", help="only say whether the venv is ready")
+    p.add_argument("--torch", help="the host torch's version as it says (2.13.0+cpu): its companions must fit it")
+    p.add_argument("--torch-index", help="the index of the companions built for that torch's variant")
     p.add_argument("specs", nargs="*")
+    q = sub.add_parser("probe", help="(run by a job's venv python) which of these companions cannot load")
+    q.add_argument("pairs", help='JSON [[dist, module], ...]')
     args = parser.parse_args(argv)
+    if args.cmd == "probe":
+        print(json.dumps(probe(json.loads(args.pairs))))
+        return 0
     if "/" in args.key or args.key in ("", ".", ".."):
         parser.error(f"--key {args.key!r}: expected a plain name")
     missing = [path for path in args.expect if not os.path.exists(path)]
     try:
         answer = ensure(args.dir, args.key, args.constraint, args.requirements, args.specs, check=args.check,
-                        cwd=args.cwd)
+                        cwd=args.cwd, torch=args.torch, torch_index=args.torch_index)
     except (SetupFailed, OSError, subprocess.TimeoutExpired) as exc:
         tail = exc.tail if isinstance(exc, SetupFailed) else ""
+        companion = getattr(exc, "companion", None)
         print(json.dumps({"error": str(exc), "exit_code": getattr(exc, "exit_code", None), "tail": tail,
-                          "index": getattr(exc, "index", None), "missing": missing}))
+                          "index": getattr(exc, "index", None), "missing": missing, "companion": companion}))
         sys.stderr.write(f"venv ensure: {exc}\n{tail}\n")
-        return UNAVAILABLE
+        # a companion the index cannot serve for this torch is the requirement's to change (78); an
+        # index that cannot be reached, like every other failed setup, is 69
+        return CONFIG if companion and not getattr(exc, "index", None) else UNAVAILABLE
     print(json.dumps({**answer, "missing": missing}))
     return 0

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from thrust_remote.agent.venv import COMPANIONS
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.host import payload
 from thrust_remote.host.jobspec import JobSpec
@@ -56,11 +57,12 @@ def venv_key(session: HostSession, facts: Mapping[str, Any], specs: Sequence[str
     the run's code (commit and patch) when the requirements install the project itself (`-e .`,
     `./pkg`): such a venv holds that code, or points into the tree it was built in, so it is that code's."""
     spec = {
-        "layout": 1,  # how the venv is made (agent/venv.py); bumped when that changes
+        "layout": 2,  # how the venv is made (agent/venv.py); bumped when that changes (2: companions fit torch)
         "python": session.host.python,
         "python_path": facts.get("python_path"),
         "python_version": facts.get("python"),
         "torch": facts.get("torch"),
+        "torch_index": torch_index(session.host.torch_index, facts.get("torch")),
         "requirements": list(specs),
         "requirements_file": [requirements_file, file_sha256],
         **({"code": code} if code else {}),
@@ -95,13 +97,26 @@ def torch_release(version: object) -> str:
     return str(version or "").split("+", 1)[0]
 
 
+TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"  # PyTorch's install instructions' index per variant
+
+
+def torch_index(configured: str | None, torch: object) -> str | None:
+    """The index of torchvision / torchaudio built for the host torch's variant (`2.13.0+cpu`: cpu):
+    `hosts.H.torch_index` (a mirror) or PyTorch's, `{variant}` filled in; None for a torch without a
+    label (PyPI's own build, whose companions PyPI serves)."""
+    variant = str(torch or "").partition("+")[2]
+    return (configured or TORCH_INDEX).replace("{variant}", variant) if variant else None
+
+
 def setup_python(session: HostSession, spec: JobSpec, facts: Mapping[str, Any], local: LocalState | None,
                  reporter: Steps, *, checkout: str, code: str | None = None) -> VenvSetup:
     """The job's venv under <workdir>/.thrust/venvs/<key> (agent `venv ensure`), with its requirements
     installed: one cheap check when nothing changed. pip runs in `checkout` (the run's tree): `-e .` and
     `./pkg` are the project's, and then `code` (the run's commit and patch) keys the venv too. The host's
     torch is used as it is: the venv sees the host python's packages, and pip runs with `torch==<host
-    version>` as a constraint, so it fails rather than replace it. The built-in trainer's payload is
+    version>` as a constraint, so it fails rather than replace it. torch's companions the venv got
+    (torchvision...) must load beside it: one that does not is replaced by the build for its variant
+    from `torch_index(...)`, or the setup is refused (companion_error). The built-in trainer's payload is
     uploaded when the host lacks it. `spec`: the job as the stages see it (jobspec.job_spec)."""
     runner, paths = session.runner, session.paths
     specs = job_requirements(spec)
@@ -115,6 +130,9 @@ def setup_python(session: HostSession, spec: JobSpec, facts: Mapping[str, Any], 
     torch_version = torch_release(facts.get("torch"))
     argv = ["venv", "ensure", "--dir", paths.venvs, "--key", key, "--cwd", checkout]
     argv += ["--constraint", f"torch=={torch_version}"] if torch_version else []
+    argv += ["--torch", str(facts["torch"])] if facts.get("torch") else []
+    index = torch_index(session.host.torch_index, facts.get("torch"))
+    argv += ["--torch-index", index] if index else []
     argv += ["--requirements", requirements] if requirements else []
     argv += ["--expect", trainer] if trainer else []
     answer = _ensure(session, spec, [*argv, "--check", "--", *specs])
@@ -131,14 +149,18 @@ def setup_python(session: HostSession, spec: JobSpec, facts: Mapping[str, Any], 
         pinned = f" (torch pinned to {torch_version})" if torch_version else ""
         reporter.step(f"installing {', '.join(wanted)} into it{pinned}")
     answer = _ensure(session, spec, [*argv, "--", *specs])
+    for change in answer.get("replaced") or ():
+        reporter.step(f"{change} from {index}: the build for {session.name}'s torch {facts.get('torch')}")
     return VenvSetup(answer["python"], answer["venv"], False, trainer)
 
 
 def _ensure(session: HostSession, spec: JobSpec, argv: Sequence[str]) -> dict[str, Any]:
     """Agent `venv ensure`; a failure (exit 69) shows pip's last lines: nothing is launched."""
     result = session.agent(*argv, timeout=3600)
-    if result.exit_code == ExitCode.UNAVAILABLE:
+    if result.exit_code in (ExitCode.UNAVAILABLE, ExitCode.CONFIG):
         doc = parse_json(result, "venv ensure", check=False)
+        if doc.get("companion"):
+            raise companion_error(session.name, spec, doc, result.exit_code)
         named = spec.get("requirements_file")
         where = f"jobs.{spec.get('name')}.requirements" + (f" ({named})" if named else "")
         fix = (f"check that URL (the requirements' -i / --extra-index-url, or pip's own config on {session.name}: "
@@ -150,3 +172,39 @@ def _ensure(session: HostSession, spec: JobSpec, argv: Sequence[str]) -> dict[st
             ExitCode.UNAVAILABLE,
         )
     return parse_json(result, "venv ensure")
+
+
+def companion_error(host: str, spec: JobSpec, doc: Mapping[str, Any], code: int) -> ThrustError:
+    """A torch companion the venv could not have in the build for the host's torch (agent/venv.py
+    fit_companions): the package, its build and the host's torch, and what makes it fit."""
+    comp = doc["companion"]
+    name, variant, index = comp["name"], comp.get("variant"), comp.get("index")
+    built = f"{name} {comp['version']}" + (f" (built for torch {comp['torch']})" if comp.get("torch") else "")
+    needs = [lib for lib in comp.get("libs") or () if "cuda" in lib]
+    if needs and variant and not variant.startswith("cu"):
+        built += f", a CUDA build (its native code needs {', '.join(needs)})"
+    where = f"jobs.{spec.get('name')}.requirements"
+    wanted = comp.get("wanted") or f"{name} built for torch {comp.get('host_torch')}"
+    if name.lower() not in COMPANIONS:
+        why = f"{name} is not one of PyTorch's own packages, which its index builds per variant"
+        fix = f"pin a release of {name} built for torch {comp.get('host_torch')} (its install notes say which)"
+    elif doc.get("index"):
+        why = f"{wanted} comes from {index}, which {host} cannot reach"
+        fix = (f"let {host} reach {index}, or set `torch_index:` under hosts.{host} to a mirror of it "
+               f"(`{{variant}}` stands for {variant})")
+    elif index and comp.get("replaced"):
+        why = f"neither does the build {index} served"
+        fix = f"set `torch_index:` under hosts.{host} to the index {host}'s torch came from"
+    elif index:
+        said = [line for line in str(doc.get("tail") or "").splitlines() if line.startswith("ERROR:")]
+        why = f"{index} could not serve {wanted}" + (f" ({said[0]})" if said else "")
+        fix = f"set `torch_index:` under hosts.{host} to an index that has it"
+    else:
+        why = f"{host}'s torch {comp.get('host_torch')} has no variant label, so no index of builds for it is known"
+        fix = f"set `torch_index:` under hosts.{host} to the index {host}'s torch came from"
+    return ThrustError(
+        f"{built} does not fit {host}'s torch {comp.get('host_torch')}: {comp.get('why')}; {why}",
+        f"nothing was launched; {fix}, or drop {name} from {where} (or what pulls it in); "
+        "the venv is made afresh on the next run",
+        code,
+    )

@@ -30,7 +30,7 @@ from thrust_remote.core.scheduler import (
 SLURM_KEYS = ("scheduler", "partition", "account", "time", "limit_warning", "sbatch", "login_shell")
 HOST_KEYS = (
     "address", "workdir", "python", "identity", "known_hosts", "host_key_policy", "gpus", "connect_timeout",
-    "cpu_slots", "rdzv_address", "rdzv_port", "ifname", "keep", *SLURM_KEYS,
+    "cpu_slots", "rdzv_address", "rdzv_port", "ifname", "keep", "torch_index", *SLURM_KEYS,
 )
 _IFNAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}\Z")  # Linux: at most 15 bytes
 
@@ -137,6 +137,16 @@ def _keep(reader: Reader, f: str, key: str, node: yaml.Node) -> dict[str, Any]:
     raise reader.fail(node, f, "expected {runs: N}")
 
 
+def _torch_index(reader: Reader, f: str, key: str, value: yaml.Node) -> dict[str, Any]:
+    """A package index URL, `{variant}` standing for the host torch's label (`cpu`, `cu128`): what pip
+    is given as `--index-url` for torchvision / torchaudio built for that torch (run/venv.py)."""
+    url = reader.string(value, f, nullable=True)
+    if url is not None and not url.startswith(("http://", "https://", "file://")):
+        raise reader.fail(value, f, f"expected a package index URL (http://, https:// or file://), got {url!r}; "
+                                    "e.g. https://download.pytorch.org/whl/{variant}")
+    return {key: url}
+
+
 HOST_VALUES: Mapping[str, HostValue] = {
     "address": _address,
     "workdir": _path,
@@ -150,6 +160,7 @@ HOST_VALUES: Mapping[str, HostValue] = {
     "rdzv_port": _rdzv_port,
     "cpu_slots": _cpu_slots,
     "keep": _keep,
+    "torch_index": _torch_index,
     "connect_timeout": lambda reader, f, key, value: {key: reader.seconds(value, f, "seconds")},
 }
 

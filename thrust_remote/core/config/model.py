@@ -65,6 +65,9 @@ class HostConfig:
     rdzv_port: int | None = None
     ifname: str | None = None
     keep_runs: int = DEFAULT_KEEP_RUNS  # `keep: {runs: N}`: the trees of the newest N ended runs stay
+    # where torchvision / torchaudio built for the host's torch variant (`+cpu`, `+cu128`) come from:
+    # `{variant}` is that label (None: PyTorch's own index, run/venv.py TORCH_INDEX); a mirror's URL
+    torch_index: str | None = None
     # `scheduler: slurm`: a cluster's login node; runs are submitted with sbatch (core/scheduler.py)
     slurm: SlurmConfig | None = None
     # not a thrust.yaml key: the config file the user named (--config / THRUST_CONFIG), absolute, so

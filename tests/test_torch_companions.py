@@ -1,0 +1,171 @@
+"""torch's companions (torchvision, torchaudio, a wheel whose native code links libtorch) in the job's
+venv are the builds for the host's torch (issue 56 item 1; agent/venv.py fit_companions).
+
+For real: this machine's torch is 2.13.0+cpu and the torchvision pip finds (PyPI's, or the local copy
+of it) is 0.28.0 built for CUDA, whose import beside a CPU torch fails ('operator torchvision::nms does
+not exist'). That build is replaced by the `+cpu` one from the variant's index, or the run is refused
+before launch, naming the package, the two builds and the fix.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import socket
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers import commit, new_project
+
+from thrust_remote.core.config import load_config
+from thrust_remote.core.errors import ConfigError, ExitCode
+from thrust_remote.run.venv import TORCH_INDEX, torch_index
+
+MARKER = "vision-job-ran"
+TRAIN = f"""\
+import pathlib, torch, torchvision
+keep = torchvision.ops.nms(torch.tensor([[0., 0., 1., 1.]]), torch.tensor([1.]), 0.5)
+print("torchvision", torchvision.__version__, "kept", keep.tolist())
+pathlib.Path({MARKER!r}).write_text(torchvision.__version__)
+"""
+
+
+def _project(tmp_path: Path, sshd, remote_dir: Path, index: str | None) -> Path:
+    jobs = "jobs:\n  vision:\n    script: train.py\n    requirements: [torchvision]\n"
+    project = new_project(tmp_path / "project", sshd, remote_dir / "thrust", jobs=jobs, files={"train.py": TRAIN})
+    if index is not None:
+        config = project / "thrust.yaml"
+        config.write_text(config.read_text().replace("    connect_timeout: 5\n",
+                                                     f"    connect_timeout: 5\n    torch_index: {index}\n"))
+        commit(project, "a mirror of PyTorch's index")
+    return project
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ran(remote_dir: Path) -> list[Path]:
+    return list(remote_dir.rglob(MARKER))
+
+
+@pytest.mark.slow
+def test_a_cuda_torchvision_beside_the_cpu_torch_is_refused_before_launch_naming_both_builds(
+        tmp_path, sshd, remote_dir, cli):
+    import torch
+
+    index = f"http://127.0.0.1:{_closed_port()}/whl/{{variant}}"  # a mirror that is down
+    project = _project(tmp_path, sshd, remote_dir, index)
+    started = time.monotonic()
+    result = cli("train", "vision", cwd=project)
+    took = time.monotonic() - started
+    err = " ".join(result.stderr.split())
+    assert result.returncode == ExitCode.UNAVAILABLE, result.stderr
+    url = index.replace("{variant}", "cpu")
+    assert f"torchvision 0.28.0 (built for torch 2.13.0), a CUDA build (its native code needs libc10_cuda.so, " \
+           f"libtorch_cuda.so) does not fit sandbox's torch {torch.__version__}" in err
+    assert "operator torchvision::nms does not exist" in err
+    assert f"torchvision==0.28.0+cpu comes from {url}, which sandbox cannot reach" in err
+    assert f"let sandbox reach {url}, or set `torch_index:` under hosts.sandbox to a mirror of it" in err
+    assert "drop torchvision from jobs.vision.requirements" in err and "nothing was launched" in err
+    assert "Traceback" not in result.stderr and not _ran(remote_dir)
+    # the venv's own build (a local wheel) and one import of torch: never the run's 45 s, even on 2 busy cores
+    assert took < 120, took
+
+
+@pytest.mark.slow
+def test_an_index_without_the_variants_build_is_78(tmp_path, sshd, remote_dir, cli):
+    empty = tmp_path / "index"
+    (empty / "cpu").mkdir(parents=True)  # reachable, and serves nothing
+    project = _project(tmp_path, sshd, remote_dir, f"file://{empty}/{{variant}}")
+    result = cli("train", "vision", cwd=project)
+    err = " ".join(result.stderr.split())
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    assert f"file://{empty}/cpu could not serve torchvision==0.28.0+cpu" in err
+    assert "set `torch_index:` under hosts.sandbox to an index that has it" in err
+    assert "Traceback" not in result.stderr and not _ran(remote_dir)
+
+
+def _cpu_torchvision(index: Path) -> None:
+    """A stand-in for PyTorch's `torchvision 0.28.0+cpu` wheel (pure python; its nms runs on the CPU
+    torch), in a local index laid out as PyTorch's: INDEX/cpu/torchvision/<wheel>."""
+    name, version = "torchvision", "0.28.0+cpu"
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"import torch\n__version__ = {version!r}\nfrom . import ops\n".encode(),
+        f"{name}/ops.py": b"import torch\ndef nms(boxes, scores, iou):\n    return torch.zeros(1, dtype=torch.long)\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                            "Requires-Dist: torch==2.13.0\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for path, data in files.items()) + f"{info}/RECORD,,\n"
+    files[f"{info}/RECORD"] = record.encode()
+    where = index / "cpu" / name
+    where.mkdir(parents=True)
+    wheel = f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(where / wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    (where / "index.html").write_text(f'<html><body><a href="{wheel}">{wheel}</a></body></html>\n')
+
+
+@pytest.mark.slow
+def test_the_cuda_build_is_replaced_by_the_variants_from_the_hosts_mirror_and_the_job_runs(
+        tmp_path, sshd, remote_dir, cli):
+    import torch
+
+    mirror = tmp_path / "mirror"
+    _cpu_torchvision(mirror)
+    project = _project(tmp_path, sshd, remote_dir, f"file://{mirror}/{{variant}}")
+    result = cli("train", "vision", cwd=project)
+    assert result.returncode == 0, result.stderr
+    err = " ".join(result.stderr.split())
+    assert f"torchvision 0.28.0 -> torchvision==0.28.0+cpu from file://{mirror}/cpu: the build for sandbox's " \
+           f"torch {torch.__version__}" in err
+    assert [p.read_text() for p in _ran(remote_dir)] == ["0.28.0+cpu"]
+    venv = next((remote_dir / "thrust" / ".thrust" / "venvs").glob("*/lib/python*/site-packages"))
+    assert not list(venv.glob("torch-*.dist-info"))  # the host's torch, never one pulled into the venv
+
+
+def _reachable(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_pytorchs_own_index_serves_the_cpu_torchvision_and_the_job_runs_with_it(tmp_path, sshd, remote_dir, cli):
+    url = TORCH_INDEX.replace("{variant}", "cpu")
+    if not _reachable(url + "/torchvision/"):
+        pytest.skip(f"{url} cannot be reached from this machine (only PyPI can): the refusal is tested above")
+    project = _project(tmp_path, sshd, remote_dir, None)
+    result = cli("train", "vision", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert [p.read_text() for p in _ran(remote_dir)] == ["0.28.0+cpu"]
+
+
+def test_the_variants_index_is_the_hosts_mirror_or_pytorchs():
+    assert torch_index(None, "2.13.0+cpu") == "https://download.pytorch.org/whl/cpu"
+    assert torch_index(None, "2.13.0+cu128") == "https://download.pytorch.org/whl/cu128"
+    assert torch_index("https://mirror.lab/pytorch/{variant}/", "2.13.0+rocm6.4") == \
+        "https://mirror.lab/pytorch/rocm6.4/"
+    assert torch_index("https://mirror.lab/whl/cpu", "2.13.0+cpu") == "https://mirror.lab/whl/cpu"
+    assert torch_index("https://mirror.lab/{variant}", "2.13.0") is None  # PyPI's own build: PyPI's companions
+    assert torch_index(None, None) is None
+
+
+def test_a_torch_index_that_is_not_a_url_is_refused_at_its_line(tmp_path):
+    config = tmp_path / "thrust.yaml"
+    config.write_text("hosts:\n  box:\n    address: box\n    torch_index: download.pytorch.org/whl/cpu\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    assert f"{config.name}:4: hosts.box.torch_index: expected a package index URL" in str(caught.value)
+    assert "https://download.pytorch.org/whl/{variant}" in str(caught.value)
