@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import new_project, remote_tempdir
+from helpers import new_project, remote_tempdir, wait_until
 
 from thrust_remote.fetch import artifacts
 from thrust_remote.host.runner import sha256_file
@@ -98,6 +99,44 @@ def test_a_finished_runs_checkpoint_is_in_its_artifacts_too(cli, project):
     got = cli("train", "finishing", cwd=project)
     assert got.returncode == 0, got.stderr
     _brought_all(project, _run_id(got.stderr), got.stderr)
+
+
+def test_a_failed_runs_artifacts_come_back_with_its_checkpoint_in_both_places(cli, project):
+    """train (followed) of a job that exits 3: FAILED with its own code, and its metrics.csv, .hydra/
+    config, logs dir and checkpoint all here, the checkpoint also under checkpoints/, said at the end."""
+    got = cli("train", "dying", cwd=project)
+    assert got.returncode == 3, got.stderr
+    run_id = _run_id(got.stderr)
+    assert f"run {run_id} ended FAILED (exit code 3)" in got.stderr, got.stderr
+    _brought_all(project, run_id, got.stderr)
+    again = cli("fetch", run_id, cwd=project)  # nothing moves again: each place unchanged, still one file
+    assert again.returncode == 0, again.stderr
+    said = " ".join(again.stderr.split())
+    assert "(0 fetched, 0 bytes; 4 unchanged), verified by sha256; runs/2026-12-02/checkpoints/last.ckpt is also " \
+           "checkpoints/last.ckpt (a hard link)" in said, said
+
+
+def test_no_fetch_brings_nothing_of_a_failed_run(cli, project):
+    got = cli("train", "dying", "--no-fetch", cwd=project)
+    assert got.returncode == 3, got.stderr
+    run_id = _run_id(got.stderr)
+    assert not (project / ".thrust" / "fetched" / run_id).exists(), got.stderr
+    assert "artifacts:" not in got.stderr, got.stderr
+
+
+def test_a_stopped_runs_artifacts_come_back_at_the_end_of_its_follow(cli, project):
+    """train --detach, then `logs -f` follows it while `stop` ends it: STOPPED, and its files come back
+    as a finished run's do."""
+    started = cli("train", "held", "--detach", cwd=project)
+    assert started.returncode == 0, started.stderr
+    run_id = _run_id(started.stdout + started.stderr)
+    wait_until(lambda: "ready" in cli("logs", run_id, cwd=project).stdout, 120, "the job's files written")
+    with ThreadPoolExecutor(1) as pool:
+        followed = pool.submit(cli, "logs", run_id, "--follow", cwd=project, timeout=300)
+        assert cli("stop", run_id, cwd=project).returncode == 0
+        got = followed.result()
+    assert f"run {run_id} ended STOPPED" in " ".join(got.stderr.split()), got.stderr
+    _brought_all(project, run_id, got.stderr)
 
 
 def test_a_twin_on_another_filesystem_comes_as_a_verified_copy(tmp_path):

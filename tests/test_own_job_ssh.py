@@ -162,7 +162,8 @@ def test_a_run_killed_to_lost_names_resume_with_its_pulled_checkpoint(cli, nano)
                      r"sandbox, pulled \d+s ago[^)]*\): thrust-remote resume " + run_id + " --host sandbox", err), err
     kept = proj / ".thrust" / "fetched" / run_id
     pulled = list((kept / "checkpoints").glob("ckpt-*.pt"))
-    assert pulled and list((kept / "artifacts" / "out").glob("ckpt-*.pt"))  # a fetch while it ran brought them
+    # the LOST end brought its artifacts too (issue 56 item 2): the newest checkpoint is among them
+    assert pulled and (kept / "artifacts" / "out" / pulled[0].name).read_bytes() == pulled[0].read_bytes()
     # resumed elsewhere (this machine: the pulled copy goes there), it says how old that copy is
     again = cli("resume", run_id, "--host", "local", "--set", "sleep=0.0", "--set", "max_iters=40", "--detach",
                 cwd=proj)

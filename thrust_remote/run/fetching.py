@@ -1,6 +1,7 @@
 """What a run leaves, brought here at its end (docs/architecture.md, "Kept models", "Artifacts",
-"Checkpoints and resume"): a FINISHED run's model (verified, kept, placed by the rules) and its
-artifacts, its newest checkpoint whatever the end; and where the model lands.
+"Checkpoints and resume"): a FINISHED run's model (verified, kept, placed by the rules), its artifacts
+and its newest checkpoint whatever the end (a failed run's logs and metrics are what says why); and
+where the model lands.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def outputs(job: JobConfig) -> Outputs:
 
 @dataclass
 class End:
-    """What a followed run's end brought: its model and artifacts (FINISHED), its newest checkpoint, and
-    whether a model is there to offer a fetch of (`fetchable`)."""
+    """What a followed run's end brought: its model (FINISHED), its artifacts and newest checkpoint
+    (whatever the end), and whether a model is there to offer a fetch of (`fetchable`)."""
 
     fetched: models.FetchResult | None = None
     artifacts: artifacts.DirFetch | None = None
@@ -65,13 +66,15 @@ class End:
 def at_end(config: Config, session: HostSession | None, head: Launched, job: JobConfig | None, status: StatusAnswer,
            reporter: Reporter, *, fetch: bool, force: bool, timings: dict[str, float], step: Any,
            config_path: Path | str | None, outs: Outputs | None = None) -> End:
-    """A followed run has ended (node 0's `session`; `job` None: nothing to fetch): a FINISHED run's model
-    and artifacts, whatever the end its newest checkpoint (noted at the follow's `step`), then its tree
+    """A followed run has ended (node 0's `session`; `job` None: nothing to fetch): a FINISHED run's model,
+    whatever the end its artifacts and newest checkpoint (noted at the follow's `step`), then its tree
     released unless a fetch did; and whether a run that did not finish left a model worth a fetch hint.
     `outs`: the job's outputs when the caller resolved them already."""
     end = End()
     if job is not None and outs is None:
         outs = outputs(job)
+    if status["state"] != RunState.FINISHED and fetch and job is not None and session is not None:
+        end.artifacts = ended_artifacts(config, session, head, job, reporter, timings, outs)
     if status["state"] == RunState.FINISHED and fetch and job is not None and session is not None:
         try:
             end.fetched, end.artifacts = fetch_finished(config, session, head, job, status, reporter, force=force,
@@ -96,6 +99,28 @@ def at_end(config: Config, session: HostSession | None, head: Launched, job: Job
     end.fetchable = job is not None and outs is not None and outs.model and session is not None and (
         status["state"] == RunState.FINISHED or left_a_model(session, head.run_dir, job))
     return end
+
+
+def ended_artifacts(config: Config, session: HostSession, head: Launched, job: JobConfig, reporter: Reporter,
+                    timings: dict[str, float], outs: Outputs | None) -> artifacts.DirFetch | None:
+    """The artifacts of a run that ended other than FINISHED (its logs, metrics and config are what says
+    why), as a FINISHED run's come. A failure is a warning naming the `fetch` that tries again: the run's
+    end is what the exit code tells; Ctrl-C still stops it (130)."""
+    try:
+        got = fetch_artifacts(config, session, job, head.run_dir, head.run_id, reporter, outs=outs)
+    except ThrustError as exc:
+        if exc.exit_code == ExitCode.INTERRUPTED:
+            raise
+        reporter.warn(f"run {head.run_id}'s artifacts were not fetched ({exc.message}); "
+                      f"later: {command_hint('fetch', head.run_id, host=session.host)}")
+        return None
+    except OSError as exc:  # a full disk here, say: the same words, the same way on
+        reporter.warn(f"run {head.run_id}'s artifacts were not fetched ({exc}); "
+                      f"later: {command_hint('fetch', head.run_id, host=session.host)}")
+        return None
+    if got is not None:
+        timings[ARTIFACTS_TIMING] = got.seconds
+    return got
 
 
 def last_checkpoint(config: Config, session: HostSession, run_id: str, job: JobConfig,
