@@ -254,9 +254,12 @@ ROWS: dict[str, Row] = {
                                      also=_runs_one_own_trial, slow=True),
     "wait-timeout:wait-again": Row(_wait_timeout, 75, slow=True),
     "STOPPED-with-a-checkpoint:resume": Row(_stopped, 143, slow=True),
-    "resume-without-a-checkpoint": Row(lambda w: w("resume", _ended(w, "broken")), 64),
+    # the job fails again (1) when its hint is to run it again; a fetch's is 0
+    "resume-without-a-checkpoint": Row(lambda w: w("resume", _ended(w, "broken")), 64, {"train": 1}),
     "missing-python": Row(lambda w: w("--config", str(_other_config(w, "nopy.yaml", python="/no/such/python3")),
-                                      "train", "nap"), 69, {"doctor": 1}),
+                                      "train", "nap"), 69, {"doctor": 1}),  # doctor finds it wrong
+    "doctor-of-a-missing-python": Row(
+        lambda w: w("--config", str(_other_config(w, "nopy.yaml", python="/no/such/python3")), "doctor"), 69),
     "local-FAILED-at-import:train-again": Row(_train("broken", "--host", "local"), 1, {"train": 1}, slow=True),
     "resume-of-a-running-run:stop-it-first": Row(_resume_while_running, 64),
     "tensorboard-of-an-unfetched-run-on-local:fetch": Row(_unfetched_board, 64),
