@@ -150,9 +150,7 @@ def plan(fleet: Fleet, run_id: str, reporter: Reporter, *, hosts: Sequence[str] 
     local = None if on_host else checkpoints.newest_verified(config.root, run_id)
     if local is None and on_host is None:
         raise ThrustError(f"run {run_id} has no checkpoint to resume from here: {_why_none(meta, head)}",
-                          "a followed run pulls its newest checkpoint every --sync-every seconds and when it ends; "
-                          f"pull one by hand with: {command_hint('fetch', run_id, host=config.hosts.get(head))}",
-                          ExitCode.USAGE)
+                          _none_hint(config, run_id, job, head, meta, entry.sets if entry else ()), ExitCode.USAGE)
     label = Path(on_host).name if on_host else local.path.name  # type: ignore[union-attr]
     resume = ResumeFrom(run_id, commit, patch, template, local=local.path if local else None,
                         local_sha256=local.sha256 if local else None, on_host=on_host, label=label)
@@ -214,7 +212,7 @@ def _asked(config: Config, session: HostSession, run_id: str, reporter: Reporter
         got = fetching.pull_checkpoint(config, session, job, run_dir, run_id, reporter)
         on_host = got.newest_on_host if (same_host and got is not None) else None
     patch = _host_patch(session, run_dir) if meta.get("dirty") else None
-    return {**meta, "answered": True}, on_host, patch
+    return {**meta, "answered": True, "live": state.is_live}, on_host, patch
 
 
 def _host_patch(session: HostSession, run_dir: str) -> bytes | None:
@@ -238,6 +236,22 @@ def _patch(config: Config, run_id: str, want: str | None, from_host: bytes | Non
     raise TransferError(f"run {run_id} ran with uncommitted changes (patch {want[:12]}), and neither this project "
                         "nor its host has that patch now: its code cannot be rebuilt",
                         "commit the changes you want and start a new run: thrust-remote train JOB")
+
+
+def _none_hint(config: Config, run_id: str, job: JobConfig, head: str, meta: dict[str, Any],
+               sets: Sequence[str]) -> str:
+    """What works when there is nothing to continue from. A host that answered has none of it, so a `fetch`
+    brings none either: an ended run is run again (its --set words, as a followed run's end says), a live
+    one (--force) waits for its first; a host that did not answer may hold one a fetch brings later."""
+    host = config.hosts.get(head)
+    if not meta.get("answered"):
+        return ("a followed run pulls its newest checkpoint every --sync-every seconds and when it ends; once "
+                f"{head} answers, pull one by hand with: {command_hint('fetch', run_id, host=host)}")
+    if meta.get("live"):
+        return (f"it has written none yet (its checkpoints: glob, {checkpoints.checkpoint_glob(job)}); resume it once "
+                f"it has: {command_hint('resume', run_id, '--force', host=host)}")
+    again = command_hint("train", job.name, *(w for s in sets for w in ("--set", s)), host=host)
+    return f"there is none to continue from, here or on {head}; run it again: {again}"
 
 
 def _why_none(meta: dict[str, Any], head: str) -> str:
