@@ -61,10 +61,15 @@ def duration(seconds: float) -> str:
 OTHERS_PIPED, OTHERS_LIVE = 3, 8  # a job's own metrics beside its objective: a plain line's few; what fits
 
 
+# the metrics the line lays out by a name of its own (the built-in trainer's): an objective among them
+# keeps its own place and name (`return 2.50`), never shown twice
+LAID_OUT = ("step", "total_steps", "return_mean", "score_mean", "sps", "gpu_util")
+
+
 def _objective(m: Mapping[str, Any], objective: str | None) -> list[list[str]]:
     """The job's objective (`objective: {metric:}`) as the line's first field, its whole name in both
     forms (`val/acc` and `train/acc` are told apart by it); none while the metrics lack it."""
-    value = m.get(objective) if objective else None
+    value = m.get(objective) if objective and objective not in LAID_OUT else None
     if not isinstance(value, int | float) or isinstance(value, bool):
         return []
     return [[f"{objective} {value:.4g}", f"{objective} {value:.3g}"]]
