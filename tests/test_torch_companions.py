@@ -21,8 +21,8 @@ import pytest
 from helpers import commit, new_project
 
 from thrust_remote.core.config import load_config
+from thrust_remote.core.config.hosts import TORCH_INDEX, torch_index
 from thrust_remote.core.errors import ConfigError, ExitCode
-from thrust_remote.run.venv import TORCH_INDEX, torch_index
 
 MARKER = "vision-job-ran"
 TRAIN = f"""\
@@ -169,3 +169,27 @@ def test_a_torch_index_that_is_not_a_url_is_refused_at_its_line(tmp_path):
         load_config(config)
     assert f"{config.name}:4: hosts.box.torch_index: expected a package index URL" in str(caught.value)
     assert "https://download.pytorch.org/whl/{variant}" in str(caught.value)
+
+
+@pytest.mark.slow
+def test_doctor_job_fails_when_the_cpu_variants_index_cannot_be_reached(tmp_path, sshd, remote_dir, cli):
+    import json
+
+    import torch
+
+    index = f"http://127.0.0.1:{_closed_port()}/whl/{{variant}}"
+    project = _project(tmp_path, sshd, remote_dir, index)
+    started = time.monotonic()
+    result = cli("doctor", "--job", "vision", "--json", cwd=project)
+    assert time.monotonic() - started < 60
+    assert result.returncode == ExitCode.FAILED, result.stderr
+    row = next(c for c in json.loads(result.stdout)["checks"] if c["id"] == "torch-companions")
+    url = index.replace("{variant}", "cpu")
+    assert row["status"] == "fail"
+    assert row["detail"] == f"torchvision for torch {torch.__version__} come from {url}, which sandbox cannot " \
+                            "reach (connection refused); PyPI's builds are CUDA ones: a run of this job is " \
+                            "refused at its setup"
+    assert "set `torch_index:` under hosts.sandbox to a mirror of it (`{variant}` stands for cpu)" in row["fix"]
+    # a job without a companion has no such row
+    result = cli("doctor", "--json", cwd=project)
+    assert "torch-companions" not in {c["id"] for c in json.loads(result.stdout)["checks"]}

@@ -5,17 +5,24 @@ meanwhile (a fix's diff before it is written, the fixes tried) goes to the calle
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
+import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from envcheck.checks import CARGO_ONLY
 from thrust_remote.backends import backend_for
 from thrust_remote.core.config import Config, HostConfig, JobConfig
+from thrust_remote.core.config.hosts import torch_index
 from thrust_remote.doctor.checklist import FixResult, apply_fixes
 from thrust_remote.doctor.rdzv import rendezvous_checks
+from thrust_remote.host import payload
 from thrust_remote.host.fleet import Fleet, each
 from thrust_remote.host.report import Check, Report, run_doctor
+from thrust_remote.host.runner import Runner
 from thrust_remote.host.session import resolve_host
 
 
@@ -53,6 +60,8 @@ def one_host(fleet: Fleet, host: HostConfig, job: JobConfig | None, *, fresh: bo
         report = run_doctor(runner, host, job, workdir=workdir, fresh=fresh)
         # what the host's kind adds (a cluster's login node: the scheduler's and a compute node's rows)
         report.checks += backend_for(host).doctor_checks(fleet, host, workdir)
+        row = companion_row(runner, host, job, report.facts, fleet.config.root)
+        report.checks += [row] if row else []
         if fix:
             results = apply_fixes(runner, report, job, local_crate=local_crate, show=show)
             fixed(results)
@@ -72,3 +81,45 @@ def over_nodes(fleet: Fleet, hosts: Sequence[HostConfig], job: JobConfig | None,
         for report, row in zip(reports, rendezvous_checks(sessions), strict=True):
             report.checks.append(row)
     return reports
+
+
+# a requirement line naming one of PyTorch's companions (what pip reads: the name first)
+_COMPANION = re.compile(r"^\s*(torchvision|torchaudio)(?![\w.-])", re.IGNORECASE | re.MULTILINE)
+REACH_S = 5
+
+
+def companion_row(runner: Runner, host: HostConfig, job: JobConfig | None, facts: dict, root: Path) -> Check | None:
+    """`doctor --job`: a job whose requirements name torchvision / torchaudio, on a host whose torch is
+    a variant build (`+cpu`, `+cu128`), gets those from the variant's index (run/venv.py): can the host
+    reach it? A `+cpu` torch has no other source (PyPI's Linux builds are CUDA ones): a fail, as the
+    run's setup would refuse; for a CUDA torch PyPI's build may fit: a warning."""
+    if job is None or job.kind == "cargo":
+        return None
+    text = "\n".join(job.requirements)
+    if job.requirements_file:
+        with contextlib.suppress(OSError):  # a missing file: the preflight names it
+            text += "\n" + (root / job.requirements_file).read_text(errors="replace")
+    named = sorted({m.lower() for m in _COMPANION.findall(text)})
+    torch = facts.get("torch")
+    index = torch_index(host.torch_index, torch)
+    url = urllib.parse.urlsplit(index or "")
+    if not named or not index or url.scheme not in ("http", "https") or not url.hostname:
+        return None
+    port = url.port or (443 if url.scheme == "https" else 80)
+    result, _ = payload.run_pyz(runner, host, payload.agent(), ["reach", url.hostname, str(port), "--timeout",
+                                                                str(REACH_S)], timeout=REACH_S + 30, flags=("-S",))
+    try:
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        answer = {"ok": False, "error": (result.stderr or result.stdout).strip()[-200:]}
+    what = f"{', '.join(named)} for torch {torch} come from {index}"
+    title = "torch's companions for the host's torch"
+    if answer.get("ok"):
+        return Check("torch-companions", title, "ok", f"{what}, which {host.name} reaches")
+    variant = str(torch).partition("+")[2]
+    return Check("torch-companions", title, "fail" if variant == "cpu" else "warn",
+                 f"{what}, which {host.name} cannot reach ({answer.get('error')}); "
+                 + ("PyPI's builds are CUDA ones: a run of this job is refused at its setup" if variant == "cpu"
+                    else "a run uses PyPI's build only if it loads beside that torch"),
+                 f"let {host.name} reach {url.hostname}:{port}, or set `torch_index:` under hosts.{host.name} "
+                 f"to a mirror of it (`{{variant}}` stands for {variant})")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from thrust_remote.agent.venv import COMPANIONS
+from thrust_remote.core.config.hosts import torch_index
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.host import payload
 from thrust_remote.host.jobspec import JobSpec
@@ -95,17 +96,6 @@ def torch_release(version: object) -> str:
     (`2.15.0+cu132`) that a PyPI wheel's own metadata lacks (`2.15.0`), so `==2.15.0+cu132` would
     make pip fail on the torch it already has; `==2.15.0` matches both (PEP 440 ignores the label)."""
     return str(version or "").split("+", 1)[0]
-
-
-TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"  # PyTorch's install instructions' index per variant
-
-
-def torch_index(configured: str | None, torch: object) -> str | None:
-    """The index of torchvision / torchaudio built for the host torch's variant (`2.13.0+cpu`: cpu):
-    `hosts.H.torch_index` (a mirror) or PyTorch's, `{variant}` filled in; None for a torch without a
-    label (PyPI's own build, whose companions PyPI serves)."""
-    variant = str(torch or "").partition("+")[2]
-    return (configured or TORCH_INDEX).replace("{variant}", variant) if variant else None
 
 
 def setup_python(session: HostSession, spec: JobSpec, facts: Mapping[str, Any], local: LocalState | None,

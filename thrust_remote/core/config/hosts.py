@@ -137,6 +137,17 @@ def _keep(reader: Reader, f: str, key: str, node: yaml.Node) -> dict[str, Any]:
     raise reader.fail(node, f, "expected {runs: N}")
 
 
+TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"  # PyTorch's install instructions' index per variant
+
+
+def torch_index(configured: str | None, torch: object) -> str | None:
+    """The index of torchvision / torchaudio built for the host torch's variant (`2.13.0+cpu`: cpu):
+    `hosts.H.torch_index` (a mirror) or PyTorch's, `{variant}` filled in; None for a torch without a
+    label (PyPI's own build, whose companions PyPI serves)."""
+    variant = str(torch or "").partition("+")[2]
+    return (configured or TORCH_INDEX).replace("{variant}", variant) if variant else None
+
+
 def _torch_index(reader: Reader, f: str, key: str, value: yaml.Node) -> dict[str, Any]:
     """A package index URL, `{variant}` standing for the host torch's label (`cpu`, `cu128`): what pip
     is given as `--index-url` for torchvision / torchaudio built for that torch (run/venv.py)."""
