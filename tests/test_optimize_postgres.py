@@ -254,3 +254,18 @@ def test_a_url_that_is_none_is_64(tmp_path, cli, url):
     result = optimize_on(cli, local_project(tmp_path, "badurl", fake=True), url)
     assert_user_error(result, 64, "--storage ")
     assert "secret" not in result.stderr
+
+
+def dead_host_project(tmp_path: Path) -> Path:
+    """Job `fake` on a host whose port is closed: whatever reaches the host first fails naming it."""
+    return local_project(tmp_path, "dead", "default_host: dead\nhosts:\n  dead:\n    address: someone@127.0.0.1:1\n"
+                                           "    connect_timeout: 3\n", fake=True)
+
+
+@pytest.mark.parametrize("bad", ["password", "journal"])
+def test_a_storage_that_cannot_work_fails_before_any_host_is_touched(postgres, tmp_path, cli, bad):
+    """The storage is opened first: its own error, never the host's (which the command never reached)."""
+    storage = postgres.url().replace(postgres.password, "not-the-password") if bad == "password" else "journal:"
+    result = optimize_on(cli, dead_host_project(tmp_path), storage)
+    assert_user_error(result, 77 if bad == "password" else 64, "--storage" if bad == "journal" else "storage")
+    assert "127.0.0.1:1" not in result.stderr and "cannot connect" not in result.stderr, result.stderr

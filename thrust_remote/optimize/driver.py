@@ -30,7 +30,14 @@ from thrust_remote.optimize.ownmonitor import OwnMonitor
 from thrust_remote.optimize.scheduler import Plan, Scheduler
 from thrust_remote.optimize.slots import Slot, SlotPool, plan_slots, union
 from thrust_remote.optimize.space import distributions, search_space
-from thrust_remote.optimize.store import HostsStore, StudyStore, default_study_name, open_study, remember_settings
+from thrust_remote.optimize.store import (
+    HostsStore,
+    StudyStore,
+    default_study_name,
+    open_storage,
+    open_study,
+    remember_settings,
+)
 from thrust_remote.optimize.summary import Summary, build_summary
 from thrust_remote.optimize.usage import UsageSources
 
@@ -92,6 +99,8 @@ class Optimizer:
     def run(self) -> Summary:
         started = time.monotonic()
         r = self.request
+        # --storage first: a URL, password or driver that cannot work must not cost a sync and a venv
+        storage = open_storage(r.storage) if r.storage else None
         fleet, pool = self._prepare_hosts()
         # trials side by side in one checkout: the local host's, a cargo job's (each remote trial has its own tree)
         self._check_shared_events(max((sum(s.host == h.host.name for s in pool.slots) for h in fleet.live
@@ -105,7 +114,7 @@ class Optimizer:
         self.reporter.step(f"study {self.study_name} in {store.label}; slots: "
                            + ", ".join(f"{fleet.where(s)} (CUDA_VISIBLE_DEVICES={s.cuda_visible_devices!r})"
                                        for s in pool.slots))
-        study = open_study(store, self.study_name, r, self.objective.direction)
+        study = open_study(store, self.study_name, r, self.objective.direction, storage)
         o = self.objective
         settings = {"job": self.job.name, "space": self.space, "fixed": self.fixed, "metric": o.metric}
         if o.own:

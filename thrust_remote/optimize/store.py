@@ -246,8 +246,10 @@ def open_study(store: StudyStore | HostsStore, name: str, request: OptimizeReque
     one already opened by `open_storage` (else it is opened here from the store's URL)."""
     import optuna
 
+    if storage is None:
+        storage = _storage(store)
     return optuna.create_study(
-        study_name=name, storage=storage or _storage(store), direction=direction, load_if_exists=True,
+        study_name=name, storage=storage, direction=direction, load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=request.seed, constant_liar=True,
                                            n_startup_trials=min(10, max(2, request.trials // 3))),
         pruner=make_pruner(request),
