@@ -65,14 +65,22 @@ class CheckpointPull:
     newest_on_host: str | None = None  # the newest one's path on the host (when it came or was here)
     linked: list[str] = field(default_factory=list)  # came from the artifacts here, not over the link
     shared: dict[str, tuple[str, str]] = field(default_factory=dict)  # also an artifact: its name there, how
+    tree_removed: str | None = None  # the glob's tree is gone (prune, keep:): said in these words
+
+    @property
+    def came(self) -> bool:
+        """Something of the host's was brought or found the same here by this pull (not only an earlier copy)."""
+        return bool(self.fetched or self.unchanged or self.linked)
 
     def as_json(self) -> dict[str, Any]:
         return {"dir": str(self.dest), "newest": self.newest, "fetched": len(self.fetched),
                 "unchanged": len(self.unchanged), "linked": len(self.linked), "bytes": self.bytes,
-                "on_host": self.on_host, "warnings": self.warnings,
+                "on_host": self.on_host, "warnings": self.warnings, "tree_removed": self.tree_removed,
                 "also_artifacts": {name: other for name, (other, _how) in self.shared.items()}}
 
     def summary(self, root: Path) -> str:
+        if self.tree_removed and not self.came:  # the why comes once, as the error (run/fetching.py)
+            return "checkpoints: none fetched: the run's tree was removed"
         if self.newest is None:
             return "checkpoints: none on the host yet"
         try:
@@ -120,6 +128,8 @@ def pull(session: HostSession, run_dir: str, run_id: str, project_root: Path, gl
         listed = artifacts.checked_entries(answer, session.name, result.dest)  # the whole answer checked first
         if attempt == 0:  # a checkpoint linked to outside the run's directories: said, as the artifacts' are
             result.warnings += artifacts.left_out(answer, session.name, "checkpoints")
+            if not listed:  # none because the tree they were in is gone (prune, keep:), never "none yet"
+                result.tree_removed = artifacts.tree_removed(session, run_dir, run_id, answer, result.dest.parent)
         result.on_host = len(listed)
         chosen = _choose(listed, result.dest, every, session.name, result.warnings)
         if not chosen:

@@ -163,14 +163,16 @@ def fetch_finished(config: Config, session: HostSession, launched: Launched, job
     return fetched, got
 
 
-def check_tree_gone(session: HostSession, run_id: str, got: artifacts.DirFetch,
+def check_tree_gone(session: HostSession, run_id: str, got: artifacts.DirFetch | None,
                     checkpoint: checkpoints.CheckpointPull | None = None) -> None:
     """Nothing could be fetched because the run's tree was removed (prune, keep:): 69, saying so plainly,
-    never a quiet "matches nothing" with exit 0."""
-    if not got.tree_removed or got.files or (checkpoint is not None and checkpoint.newest):
+    never a quiet "matches nothing" or "no checkpoint yet" with exit 0. A job with `artifacts:` or
+    `checkpoints:` alone (None for the other) is judged on what it has."""
+    removed = (got.tree_removed if got is not None else None) or (checkpoint.tree_removed if checkpoint else None)
+    if not removed or (got is not None and got.files) or (checkpoint is not None and checkpoint.came):
         return
     logs, dry = command_hint("logs", run_id, host=session.host), command_hint("prune", "--dry-run", host=session.host)
-    raise ThrustError(f"nothing fetched of run {run_id}: {got.tree_removed}",
+    raise ThrustError(f"nothing fetched of run {run_id}: {removed}",
                       f"its log: {logs}; to keep the trees of more ended runs, raise keep: {{runs: N}} under "
                       f"hosts.{session.name} in thrust.yaml ({dry} lists what a prune would remove)",
                       ExitCode.UNAVAILABLE)

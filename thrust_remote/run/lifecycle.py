@@ -518,7 +518,7 @@ def fetch(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter, *
         model = _fetch_model(config, head, job, run_dir, run_id, st, reporter, force=force, others=bool(glob))
         pulled = fetching.pull_checkpoint(config, head, job, run_dir, run_id, reporter, every=all_checkpoints)
         got = fetching.fetch_artifacts(config, head, job, run_dir, run_id, reporter)
-        if model is None and got is not None:
+        if model is None:  # the tree they were in is gone: said, 69
             fetching.check_tree_gone(head, run_id, got, pulled)
         return Fetched(head.name, model, got, pulled, str(st.get("state")))
 
