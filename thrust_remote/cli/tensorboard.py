@@ -61,7 +61,7 @@ def _serve(ctx: typer.Context, run_id: str, host: str | None, port: int, remote:
     job = tboard.job_of(config, run_id, job_name)
     if not remote:
         tboard.require_tensorboard()
-        logdir = tboard.local_logdir(config, run_id, job)
+        logdir = tboard.local_logdir(config, run_id, job, host)
         _say(f"TensorBoard on {relative(logdir, config.root)}/ (Ctrl-C stops it)")
         try:  # its URL is its own line
             code = tboard.serve_local(tboard.tensorboard_argv(sys.executable, str(logdir), port))

@@ -113,12 +113,14 @@ def job_of(config: Config, run_id: str, job_name: str | None = None) -> JobConfi
     return config.jobs.get(name) if name else None
 
 
-def local_logdir(config: Config, run_id: str, job: JobConfig | None) -> Path:
-    """The fetched artifacts' TensorBoard dir (or all of them); a usage error when nothing was fetched."""
+def local_logdir(config: Config, run_id: str, job: JobConfig | None, host: str | None = None) -> Path:
+    """The fetched artifacts' TensorBoard dir (or all of them); a usage error when nothing was fetched,
+    whose fetch names the host (`host`: the --host given) and the --config this command was given."""
     dest = artifacts.artifacts_dir(config.root, run_id)
     if not dest.is_dir():
+        fetch = command_hint("fetch", run_id, host=host, config=config.given_path)
         raise UsageError(f"run {run_id} has no fetched artifacts in {dest}",
-                         f"fetch them with: {command_hint('fetch', run_id)}, or see the host's with --remote")
+                         f"fetch them with: {fetch}, or see the host's with --remote")
     sub = job.metrics.tensorboard if job else None
     return dest / sub if sub and (dest / sub).is_dir() else dest
 
