@@ -69,7 +69,7 @@ class Optimizer:
         if not valid_id(self.study_name):
             raise UsageError(f"--study {self.study_name!r}: use letters, digits, '_', '-', '.'")
         self.objective = objective_for(config, self.job, request.metric)
-        self.fixed = hostops.parse_sets(request.sets)
+        self.fixed = hostops.parse_sets(request.sets, self.job)
         self.space = search_space(config, self.job, self.fixed)
         self.dists = distributions(self.space)
         self.injected: dict[str, str] = {}

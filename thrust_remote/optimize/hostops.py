@@ -114,8 +114,9 @@ def open_session(runner: Runner, host: HostConfig, config: Config) -> HostSessio
     return HostSession.open(runner, host, config)
 
 
-def parse_sets(sets: Sequence[str]) -> dict[str, str]:
-    return arguments.parse_sets(sets)
+def parse_sets(sets: Sequence[str], job: JobConfig) -> dict[str, str | bool]:
+    """`--set` as `train` reads it for `job` (bare words too); a refusal's example in the job's own style."""
+    return arguments.parse_sets(sets, job)
 
 
 def trial_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
