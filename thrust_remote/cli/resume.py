@@ -34,7 +34,9 @@ def resume_cmd(
     host: list[str] = typer.Option([], "--host", "-H", help="Where the new run goes (repeat it, or name a group, "
                                    "for several hosts; node 0 gets the checkpoint). Default: the run's own."),
     sets: list[str] = typer.Option([], "--set", help="KEY=VALUE: change a job argument for the continuation "
-                                   "(as train --set); repeatable."),
+                                   "(as train --set: KEY alone or KEY=true: a bare --KEY; KEY=false: left out); a "
+                                   "word that starts with - (--set=-m, Hydra's multirun): passed as it is, first; "
+                                   "repeatable."),
     params: Path | None = typer.Option(None, "--params", help="YAML of parameters for the continuation."),
     detach: bool = typer.Option(False, "--detach", help="Return once the new run has started."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as train --json does."),
