@@ -143,6 +143,8 @@ QUEUE = "queue"
 # run.json's (and status's) run id of the run this one continues (`thrust-remote resume`)
 RESUMED_FROM = "resumed_from"
 SELF_RETRY = "self_retry"  # run.json: a cluster's run continues itself at its time limit (its scheduler's module)
+# SELF_RETRY's key for the job's `resume: {checkpoint_at: P}`: where the next attempt's checkpoint is placed
+CHECKPOINT_AT = "checkpoint_at"
 
 # run.json's `scheduler` of a run submitted to a cluster's scheduler (a host with `scheduler:`):
 # SchedulerRecord, whose `kind` names the agent module that speaks to it (agent/scheduled.py); its state

@@ -38,8 +38,10 @@ import sys
 import time
 from typing import TypedDict
 
+from . import placing
 from .files import write_atomic
 from .protocol import (
+    CHECKPOINT_AT,
     CHECKPOINT_FIELD,
     CONTINUE_ERROR,
     CONTINUED_BY,
@@ -654,7 +656,8 @@ def continue_itself(run_dir: str, meta: RunRecord, env: dict) -> dict | None:
     its time limit, or preempted (`note_preempted`), whose launch asked for it (run.json's `self_retry`,
     written by the laptop when the job's `retry: on:` has `timeout` or `preempted` and it can resume)
     submits its next attempt itself, so no laptop need be following it. The same tree and venv, a new
-    run id and directory with `resumed_from`, the newest checkpoint linked in (as `resume` does),
+    run id and directory with `resumed_from`, the newest checkpoint linked in (as `resume` does) and
+    copied where the job reads it (`resume: {checkpoint_at: P}`, `place_for_next`),
     `self_retry.attempt` counted against `max`. The new run is recorded in this run's `continued_by`
     before its end is: whoever sees the end sees where it went on (a follower follows it instead of
     submitting one of its own). None when it does not continue."""
@@ -676,6 +679,9 @@ def continue_itself(run_dir: str, meta: RunRecord, env: dict) -> dict | None:
     if not found:
         return _not_continued(run_dir, f"no checkpoint matches {plan.get('checkpoints')!r}")
     newest = max(found, key=lambda f: (f["mtime"], f["path"]))
+    unplaced = place_for_next(plan, meta, cwd, newest)
+    if unplaced:
+        return _not_continued(run_dir, unplaced)
     old_id = os.path.basename(run_dir)
     new_id = new_run_id(str(meta.get("job") or "run"))
     new_dir = os.path.join(os.path.dirname(run_dir), new_id)
@@ -706,6 +712,25 @@ def continue_itself(run_dir: str, meta: RunRecord, env: dict) -> dict | None:
     went_on = {"run_id": new_id, "host": plan.get("host"), "scheduler_job": answer["scheduler_job"]}
     update_meta(run_dir, {CONTINUED_BY: [*(meta.get(CONTINUED_BY) or []), went_on]})
     return went_on
+
+
+def place_for_next(plan: dict, meta: RunRecord, cwd: str, newest: dict) -> str | None:
+    """The newest checkpoint put where the job reads it (`resume: {checkpoint_at: P}`, the plan's
+    CHECKPOINT_AT) before its next attempt is submitted, as `resume` puts it (placing.place: a copy,
+    hashed against the listing's sha256, inside the run's tree, renamed into place): the next attempt
+    runs in the same tree, but its checkpoints glob need not be P. Why it could not, else None."""
+    at = plan.get(CHECKPOINT_AT)
+    if not isinstance(at, str) or not at:
+        return None
+    if os.path.realpath(os.path.join(cwd, at)) == os.path.realpath(newest["abs"]):
+        return None  # the job's own newest checkpoint is where it reads it already
+    tree = meta.get("tree")
+    root = tree if isinstance(tree, str) and (cwd == tree or cwd.startswith(f"{tree}/")) else cwd
+    try:
+        answer = placing.place(newest["abs"], root, cwd, at, newest.get("sha256"))
+    except OSError as exc:
+        return f"its checkpoint {newest['abs']} could not be placed at {at}: {type(exc).__name__}: {exc}"
+    return f"its checkpoint was not placed at {at}: {answer['error']}" if "error" in answer else None
 
 
 def _not_continued(run_dir: str, why: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from thrust_remote.agent.protocol import MAX_DURATION_GRACE_S, NODES_DIR, RDZV_PENDING, StatusAnswer
+from thrust_remote.agent.protocol import CHECKPOINT_AT, MAX_DURATION_GRACE_S, NODES_DIR, RDZV_PENDING, StatusAnswer
 from thrust_remote.backends.base import Node, RunAsk, RunNodes
 from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, UsageError
@@ -144,7 +144,7 @@ def host_retry(job: JobConfig, base_args: Sequence[str], host: str) -> dict[str,
     if retry is None or not on or not retry.max or glob is None or template is None:
         return None
     return {"on": on, "max": retry.max, "attempt": 0, "checkpoints": glob, "host": host,
-            "args": [*base_args, *template]}
+            "args": [*base_args, *template], **({CHECKPOINT_AT: job.resume_at} if job.resume_at else {})}
 
 
 def scheduled_gpus(options: Sequence[str], per_node: int) -> list[int]:
