@@ -79,6 +79,13 @@ jobs:
   tune_b:
     script: score.py
     objective: {metric: score, mode: max}
+  shakespeare:
+    script: nano.py
+    flags: {style: "--key=value"}
+    checkpoints: out/ckpt.pt
+    resume: {args: [--init_from=resume], checkpoint_at: out/ckpt.pt}
+  zoo:
+    script: zoo.py
 search:
   tune_a: {lr: {choices: [0.1, 0.3]}}
   tune_b: {lr: {choices: [0.1, 0.3]}}
@@ -91,8 +98,42 @@ parser.add_argument("--lr", type=float, required=True)
 print("THRUST_METRICS " + json.dumps({"step": 1, "score": parser.parse_args().lr}), flush=True)
 '''
 
+# nanoGPT's configurator as it is (--key=value only; a key its config lacks is a ValueError), run by exec()
+NANO_CONFIGURATOR = '''\
+import sys
+from ast import literal_eval
+for arg in sys.argv[1:]:
+    assert arg.startswith("--") and "=" in arg
+    key, val = arg.split("=")
+    key = key[2:]
+    if key in globals():
+        globals()[key] = literal_eval(val)
+    else:
+        raise ValueError(f"Unknown config key: {key}")
+'''
+NANO_PY = '''\
+max_iters = 5
+exec(open("configurator.py").read())
+print(f"iter {max_iters}: loss 1.0", flush=True)
+'''
+
+# rl-baselines3-zoo's parser as it is: dashed long flags, some behind a short one (`-n N_TIMESTEPS` in its usage)
+ZOO_PY = '''\
+import argparse
+parser = argparse.ArgumentParser()
+parser.add_argument("--algo", default="ppo", choices=["a2c", "ppo"])
+parser.add_argument("--env", default="CartPole-v1")
+parser.add_argument("-tb", "--tensorboard-log", default="")
+parser.add_argument("-n", "--n-timesteps", default=-1, type=int)
+parser.add_argument("--num-threads", default=-1, type=int)
+parser.add_argument("--eval-freq", default=25000, type=int)
+parser.add_argument("-f", "--log-folder", default="logs")
+parser.add_argument("--hyperparams", nargs="+")
+print("timesteps", parser.parse_args().n_timesteps, flush=True)
+'''
+
 FILES = {"broken.py": "import no_such_module_here  # noqa\n", "ckpt.py": CKPT_PY, "nap.py": NAP_PY,
-         "score.py": SCORE_PY}
+         "score.py": SCORE_PY, "nano.py": NANO_PY, "configurator.py": NANO_CONFIGURATOR, "zoo.py": ZOO_PY}
 
 
 @dataclass
@@ -165,12 +206,25 @@ class Row:
     implies: dict[str, int] = field(default_factory=dict)
     also: Callable[[list[list[str]]], None] | None = None  # more to check of the commands printed
     slow: bool = False  # a run followed to its end, then its hint's own run: ~8-12 s
+    says: tuple[str, ...] = ()  # what its output must say, in these words
+    never: tuple[str, ...] = ()  # and what it must not (a hint that would mislead)
 
 
 def _runs_one_own_trial(commands: list[list[str]]) -> None:
     """optimize's example names a job of the project's `search:` and the --trials the user gave: pasted,
     it runs one short trial, not twenty of the built-in trainer."""
     assert [words[2:5] for words in commands] == [["tune_a", "--trials", "1"]], commands
+
+
+def _without_the_refused_key(commands: list[list[str]]) -> None:
+    """The hint after a name the job refused is the train command without it, never the same command."""
+    assert [words[1:3] for words in commands] == [["train", "shakespeare"]] and "max_iter=10" not in commands[0], \
+        commands
+
+
+def _with_the_dashed_name(commands: list[list[str]]) -> None:
+    """The hint after argparse refused `--n_timesteps` gives the name as the job spells it: n-timesteps."""
+    assert [words[1:5] for words in commands] == [["train", "zoo", "--set", "n-timesteps=512"]], commands
 
 
 def _train(*args: str) -> Callable[[World], object]:
@@ -266,6 +320,17 @@ ROWS: dict[str, Row] = {
     "logs-of-an-unknown-run-under---config": Row(
         lambda w: w("--config", str(_other_config(w, "other.yaml")), "logs", "no-such-run-2"), 64),
     "detached-by-ctrl-c:reattach": Row(_detached_by_ctrl_c, 75, slow=True),
+    # found trying nanoGPT and rl-baselines3-zoo as a new user (issue 53): a name the job refused
+    "refused-config-key:train-without-it": Row(
+        _train("shakespeare", "--set", "max_iter=10"), 1, also=_without_the_refused_key, slow=True,
+        says=("the job refused max_iter (--set max_iter=10), saying: ValueError: Unknown config key: max_iter",
+              "max_iter is not a name the job knows")),
+    "argparse-refused-an-underscored-flag:dashes": Row(
+        _train("zoo", "--set", "n_timesteps=512"), 2, also=_with_the_dashed_name, slow=True,
+        says=("the job refused --n_timesteps (--set n_timesteps=512), saying: ",
+              "error: unrecognized arguments: --n_timesteps 512", "written with dashes (-n N_TIMESTEPS)",
+              "flags: {names: dashes}"),
+        never=("flags: {style",)),
 }
 
 
@@ -275,6 +340,10 @@ def test_every_hint_works_as_printed(world: World, row: Row) -> None:
     ended = row.make(world)
     said = ended.stdout + ended.stderr
     assert ended.returncode == row.code, said
+    for words in row.says:
+        assert words in said, said
+    for words in row.never:
+        assert words not in said, said
     commands = hinted_commands(said)
     assert commands, f"no thrust-remote command in:\n{said}"
     if row.also is not None:
