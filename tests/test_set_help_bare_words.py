@@ -8,7 +8,7 @@ import pytest
 BARE = "a word that starts with - (--set=-m, Hydra's multirun): passed as it is, first"
 
 
-@pytest.mark.parametrize("command", ["train", "resume"])
+@pytest.mark.parametrize("command", ["train", "resume", "optimize"])
 def test_set_help_names_bare_words(cli, command):
     shown = cli(command, "--help", env={"COLUMNS": "200"})
     assert shown.returncode == 0, shown.stderr

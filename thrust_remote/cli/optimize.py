@@ -111,7 +111,10 @@ def optimize(
                                        help="Optuna storage URL, or journal:FILE (default: SQLite on the host; "
                                             "over several hosts, in <project>/.thrust/studies/)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds after which no new trial starts."),
-    sets: list[str] = typer.Option([], "--set", help="KEY=VALUE: fix a flag (a command job: a word) for every trial."),
+    sets: list[str] = typer.Option([], "--set", help="KEY=VALUE: fix a flag (a command job: a word) for "
+                                      "every trial; KEY alone or KEY=true: a bare --KEY; KEY=false: left out; a word "
+                                      "that starts with - (--set=-m, Hydra's multirun): passed as it is, first; "
+                                      "repeatable."),
     pruner: str = typer.Option("median", "--pruner", help="median | halving | none."),
     prune_startup: int = typer.Option(2, "--prune-startup", help="median: complete trials before pruning."),
     prune_warmup: int = typer.Option(4, "--prune-warmup", help=f"rungs (of {core.RUNGS}) before pruning."),

@@ -46,7 +46,8 @@ def train(
                                    "is, first; repeatable."),
     params: Path | None = typer.Option(None, "--params", help="YAML of parameters (e.g. optimize's best)."),
     detach: bool = typer.Option(False, "--detach", help="Return once the run has started."),
-    no_fetch: bool = typer.Option(False, "--no-fetch", help="Bring nothing at the run's end (model, checkpoint, artifacts); `fetch RUN_ID` brings them later."),
+    no_fetch: bool = typer.Option(False, "--no-fetch", help="Bring nothing at the run's end (model, checkpoint, "
+                                  "artifacts); `fetch RUN_ID` brings them later."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object (with --detach: the "
                                  "started run); progress goes to stderr."),
     force: bool = typer.Option(False, "--force", help="Place the new model in web/public even when it scores "
