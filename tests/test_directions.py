@@ -210,7 +210,8 @@ def test_closed_port_hint_is_a_valid_ssh_command(cli, tmp_path: Path) -> None:
     proc = cli("--config", str(cfg), "doctor", "--host", "dead")
     assert proc.returncode == 69, proc.stderr
     # the reason in words, not paramiko's "[Errno None] Unable to connect to port 1 on 127.0.0.1"
-    assert "error: cannot connect to 127.0.0.1:1: connection refused" in proc.stderr and "Errno" not in proc.stderr
+    assert "error: cannot connect to dead (127.0.0.1:1): connection refused" in proc.stderr, proc.stderr
+    assert "Errno" not in proc.stderr
     assert "try: ssh -v -p 1 someone@127.0.0.1" in proc.stderr
     command = shlex.split(proc.stderr.split("try: ", 1)[1].splitlines()[0])
     # ssh itself parses it: -G prints the configuration it would use and connects nowhere

@@ -276,12 +276,12 @@ def connect_error(exc: BaseException, target: Target, conn: Connection) -> BaseE
         return _auth_error(exc, target, conn)
     if isinstance(exc, socket.gaierror):
         return UnknownHostError(
-            f"cannot resolve host {conn.host!r}: {exc.strerror or exc}",
+            f"cannot resolve host {conn.host!r}{_of(target, conn)}: {exc.strerror or exc}",
             "check the address in thrust.yaml or the HostName in ~/.ssh/config",
         )
     if isinstance(exc, NoValidConnectionsError | TimeoutError | ConnectionError | OSError):
         return UnreachableError(
-            f"cannot connect to {conn.host}:{conn.port}: {_why_not_connected(exc)}",
+            f"cannot connect to {_where(target, conn)}: {_why_not_connected(exc)}",
             "is the host up and sshd listening? try: " + ssh_command(target),
         )
     if isinstance(exc, SSHException | EOFError):
@@ -290,8 +290,19 @@ def connect_error(exc: BaseException, target: Target, conn: Connection) -> BaseE
                 f"hosts.{target.name}.identity: {target.identity} is not a usable private key: {exc}",
                 "point `identity:` at the private key file (not the .pub)",
             )
-        return UnreachableError(f"SSH handshake with {conn.host}:{conn.port} failed: {exc}")
+        return UnreachableError(f"SSH handshake with {_where(target, conn)} failed: {exc}")
     return exc
+
+
+def _where(target: Target, conn: Connection) -> str:
+    """The host as thrust.yaml names it, then where that went: `gpubox (127.0.0.1:2299)`; the address
+    alone when it is the name (an ~/.ssh/config alias resolved to itself)."""
+    address = f"{conn.host}:{conn.port}"
+    return f"{target.name} ({address})" if target.name and target.name != conn.host else address
+
+
+def _of(target: Target, conn: Connection) -> str:
+    return f" (host {target.name})" if target.name and target.name != conn.host else ""
 
 
 def _why_not_connected(exc: BaseException) -> str:
