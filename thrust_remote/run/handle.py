@@ -28,7 +28,7 @@ from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnknownH
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.fleet import Fleet
 from thrust_remote.host.session import HostSession
-from thrust_remote.run import lifecycle, waiting
+from thrust_remote.run import lifecycle, repo, waiting
 from thrust_remote.run import resume as resuming  # the module; `Run.resume` is the handle's
 from thrust_remote.run.vocab import Reporter, TrainOutcome, TrainRequest
 from thrust_remote.runs import control, index
@@ -155,8 +155,12 @@ class Run:
     def fetch(self, reporter: Reporter, *, force: bool = False, all_checkpoints: bool = False) -> lifecycle.Fetched:
         """Node 0's model, its newest checkpoint (`all_checkpoints`: every one) and its changed artifacts."""
         with self.session() as session:
-            return lifecycle.fetch(self.fleet, session, self.run_id, reporter, force=force,
-                                   all_checkpoints=all_checkpoints)
+            try:
+                return lifecycle.fetch(self.fleet, session, self.run_id, reporter, force=force,
+                                       all_checkpoints=all_checkpoints)
+            except UsageError:  # its job is not this config's (`add it under jobs:`): whose run is it?
+                not_ours(self.config, session, self.run_id)
+                raise
 
     def resume(self, reporter: Reporter, *, hosts: Sequence[str] = (), sets: Sequence[str] = (),
                params: Path | None = None, detach: bool = False, force: bool = False,
@@ -215,6 +219,25 @@ def train(fleet: Fleet, request: TrainRequest, hosts: Sequence[HostConfig], repo
 
 
 # ------------------------------------------------------------------------------------------ a chain's parts
+
+def not_ours(config: Config, session: HostSession, run_id: str) -> None:
+    """A run on a host this project shares with another (`runs --all` lists both projects' runs) that
+    this project did not start (its index has no entry) and whose job its config lacks: 64 saying whose
+    it is by what its record holds (its job, its commit, here or not), and the fetch to run from there,
+    never `add it under jobs:` (the other project has it). Returns when the run may be this project's."""
+    st = control.status(session, run_id)
+    job, commit = str(st.get("job") or ""), str(st.get("commit") or "")
+    if not job or job in config.jobs or index.lookup(config.root, run_id) is not None:
+        return
+    here = bool(commit) and repo.git(config.root, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
+    whose = ((f"its commit {commit[:12]} is in this repository, so another checkout of it" if here else
+              f"its commit {commit[:12]} is not in this repository, so another project") if commit else
+             "another project") + " launched it"
+    fetch = command_hint("fetch", run_id, host=session.host)
+    raise UsageError(f"run {run_id} on {session.name} is another project's run: its job {job!r} is not in "
+                     f"{config.path or 'thrust.yaml'} and this project's index has no such run; {whose}",
+                     f"fetch it from that project's directory (the one whose thrust.yaml has job {job}): {fetch}")
+
 
 def _job_of(fleet: Fleet, run_id: str, name: str) -> JobConfig:
     """The configured job of a run to watch: the index's, else the one its host names (64 without one)."""
