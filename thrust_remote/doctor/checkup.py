@@ -103,7 +103,11 @@ def companion_row(runner: Runner, host: HostConfig, job: JobConfig | None, facts
     torch = facts.get("torch")
     index = torch_index(host.torch_index, torch)
     url = urllib.parse.urlsplit(index or "")
-    if not named or not index or url.scheme not in ("http", "https") or not url.hostname:
+    if not named or not index:
+        return None
+    if url.scheme == "file":
+        return _file_index_row(runner, host, named, str(torch), index, urllib.parse.unquote(url.path))
+    if url.scheme not in ("http", "https") or not url.hostname:
         return None
     port = url.port or (443 if url.scheme == "https" else 80)
     result, _ = payload.run_pyz(runner, host, payload.agent(), ["reach", url.hostname, str(port), "--timeout",
@@ -123,3 +127,29 @@ def companion_row(runner: Runner, host: HostConfig, job: JobConfig | None, facts
                     else "a run uses PyPI's build only if it loads beside that torch"),
                  f"let {host.name} reach {url.hostname}:{port}, or set `torch_index:` under hosts.{host.name} "
                  f"to a mirror of it (`{{variant}}` stands for {variant})")
+
+
+def _file_index_row(runner: Runner, host: HostConfig, named: Sequence[str], torch: str, index: str,
+                    path: str) -> Check:
+    """A `torch_index:` on the host's own disk (file://, a mirror as PEP 503 lays it out: INDEX/NAME/
+    index.html): reaching it says nothing, so read each companion's page there for a build of the
+    torch's variant (`+cpu` in a wheel's name), which is what the run's setup will ask it for."""
+    variant, root = torch.partition("+")[2], path.rstrip("/")
+    missing = []
+    for name in named:
+        page = runner.run(["cat", "--", f"{root}/{name}/index.html"], timeout=REACH_S + 30)
+        text = urllib.parse.unquote(page.stdout) if page.exit_code == 0 else ""
+        if f"+{variant}-" not in text:
+            missing.append(name)
+    title = "torch's companions for the host's torch"
+    if not missing:
+        return Check("torch-companions", title, "ok",
+                     f"{', '.join(named)} for torch {torch} come from {index}, "
+                     f"which lists +{variant} builds on {host.name}")
+    return Check("torch-companions", title, "fail" if variant == "cpu" else "warn",
+                 f"{index} on {host.name} lists no +{variant} build of {', '.join(missing)} "
+                 f"({', '.join(f'{root}/{n}/index.html' for n in missing)}); "
+                 + ("PyPI's builds are CUDA ones: a run of this job is refused at its setup" if variant == "cpu"
+                    else "a run uses PyPI's build only if it loads beside that torch"),
+                 f"set `torch_index:` under hosts.{host.name} to an index that has them "
+                 f"(`{{variant}}` stands for {variant}), or put the +{variant} wheels in {index}")
