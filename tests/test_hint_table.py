@@ -216,10 +216,14 @@ def _runs_one_own_trial(commands: list[list[str]]) -> None:
     assert [words[2:5] for words in commands] == [["tune_a", "--trials", "1"]], commands
 
 
+def _with_the_name_the_script_sets(commands: list[list[str]]) -> None:
+    """The hint after a misspelt name the job refused is the train command with the name its script sets."""
+    assert [words[1:5] for words in commands] == [["train", "shakespeare", "--set", "max_iters=10"]], commands
+
+
 def _without_the_refused_key(commands: list[list[str]]) -> None:
-    """The hint after a name the job refused is the train command without it, never the same command."""
-    assert [words[1:3] for words in commands] == [["train", "shakespeare"]] and "max_iter=10" not in commands[0], \
-        commands
+    """With no name close to it in the script: the train command without it, never the same command."""
+    assert [words[1:] for words in commands] == [["train", "shakespeare", "--host", "sandbox"]], commands
 
 
 def _with_the_dashed_name(commands: list[list[str]]) -> None:
@@ -321,10 +325,14 @@ ROWS: dict[str, Row] = {
         lambda w: w("--config", str(_other_config(w, "other.yaml")), "logs", "no-such-run-2"), 64),
     "detached-by-ctrl-c:reattach": Row(_detached_by_ctrl_c, 75, slow=True),
     # found trying nanoGPT and rl-baselines3-zoo as a new user (issue 53): a name the job refused
-    "refused-config-key:train-without-it": Row(
-        _train("shakespeare", "--set", "max_iter=10"), 1, also=_without_the_refused_key, slow=True,
+    "refused-config-key:the-name-its-script-sets": Row(
+        _train("shakespeare", "--set", "max_iter=10"), 1, also=_with_the_name_the_script_sets, slow=True,
         says=("the job refused max_iter (--set max_iter=10), saying: ValueError: Unknown config key: max_iter",
-              "max_iter is not a name the job knows")),
+              "did you mean max_iters (nano.py has max_iters)?")),
+    "refused-config-key:train-without-it": Row(
+        _train("shakespeare", "--set", "warmup=5"), 1, also=_without_the_refused_key, slow=True,
+        says=("the job refused warmup (--set warmup=5), saying: ValueError: Unknown config key: warmup",
+              "warmup is not a name the job knows (check its spelling); without it: ")),
     "argparse-refused-an-underscored-flag:dashes": Row(
         _train("zoo", "--set", "n_timesteps=512"), 2, also=_with_the_dashed_name, slow=True,
         says=("the job refused --n_timesteps (--set n_timesteps=512), saying: ",

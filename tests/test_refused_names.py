@@ -67,3 +67,14 @@ def test_argparse_refusing_the_form_still_names_the_style(tmp_path: Path) -> Non
     tail = "usage: t.py [-h] [--lr LR]\nt.py: error: unrecognized arguments: lr=0.1\n"
     hint = flags.refused_hint(_job(tmp_path, "    flags: {style: key=value}\n"), tail, gave_flags=True)
     assert hint is not None and "flags: {style: '--key value'}" in hint, hint
+
+
+def test_a_configurators_refusal_offers_the_closest_name_the_script_sets(tmp_path: Path) -> None:
+    """nanoGPT's configurator lists no names, but train.py sets them at its top: max_iter -> max_iters."""
+    job = _job(tmp_path, "    flags: {style: '--key=value'}\n")
+    script = "import os\nmax_iters = 600000  # total\nlr_decay_iters: int = 600000\nif max_iters == 3:\n    x = 1\n"
+    refusal = flags.refused_name(job, "ValueError: Unknown config key: max_iter\n", {"max_iter": "10"})
+    close = flags.with_script_names(refusal, "train.py", script)
+    assert (close.instead, close.source) == ("max_iters", "train.py")
+    far = flags.refused_name(job, "ValueError: Unknown config key: warmup\n", {"warmup": "5"})
+    assert flags.with_script_names(far, "train.py", script).instead is None

@@ -20,6 +20,8 @@ from thrust_remote.fetch import checkpoints
 from thrust_remote.run import flags
 from thrust_remote.runs.progress import RunProgress
 
+SCRIPT_READ_MAX = 1 << 20  # a training script's top-level names are near its top; nanoGPT's train.py is 14 kB
+
 
 def next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, progress: RunProgress,
                host: HostConfig, config_path: Path | str | None = None, *, gave_flags: bool = False,
@@ -37,6 +39,7 @@ def next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, prog
         given = {**(params or {}), **dict(_key_value(s) for s in sets)}
         refusal = flags.refused_name(job, "\n".join(progress.tail), given)
         if refusal is not None:  # run again as it was, it fails the same way: neither resume nor the same train
+            refusal = flags.with_script_names(refusal, job.script or "", _script_text(config, job))
             return _refused_steps(run_id, job, refusal, sets, given.get(refusal.key), host, config_path)
     if state == RunState.FAILED and not progress.metrics:
         hint = flags.refused_hint(job, "\n".join(progress.tail), gave_flags=gave_flags)
@@ -67,6 +70,17 @@ def of_run(config: Config, status: StatusAnswer, job: JobConfig, progress: RunPr
                       sets=sets, params=params)
 
 
+def _script_text(config: Config, job: JobConfig) -> str:
+    """The job's script as the project has it here (the names it sets), "" for none or one unreadable."""
+    if not job.script:
+        return ""
+    try:
+        with open(config.root / job.script, encoding="utf-8", errors="replace") as f:
+            return f.read(SCRIPT_READ_MAX)
+    except OSError:
+        return ""
+
+
 def _key_value(word: str) -> tuple[str, str]:
     key, _, value = word.partition("=")
     return key.strip().removeprefix("--"), value
@@ -95,7 +109,7 @@ def _refused_steps(run_id: str, job: JobConfig, refusal: flags.Refusal, sets: Se
         fix = (f"its flags are written with dashes ({refusal.shown}): {again}{also}, or write every name so with "
                f"jobs.{job.name}.flags: {{names: {flags.DASHES}}} in thrust.yaml")
     elif refusal.instead:
-        fix = f"did you mean {refusal.instead} (its usage shows {refusal.shown})? {again}{also}"
+        fix = f"did you mean {refusal.instead} ({refusal.source} has {refusal.shown})? {again}{also}"
     else:
         fix = f"{refusal.key} is not a name the job knows (check its spelling); without it: {again}{also}"
     return [said, fix]

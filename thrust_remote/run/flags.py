@@ -40,6 +40,8 @@ _REFUSES_A_NAME = re.compile(r"unknown|unrecogni[sz]ed|unexpected|no such|not in
                              r"KeyError|not defined|invalid (option|key|flag|argument name)", re.IGNORECASE)
 # an option in argparse's usage text, with its metavar when it takes a value: `[-n N_TIMESTEPS]`, `--lr LR`
 _USAGE_OPTION = re.compile(r"(?<![\w-])(?P<flag>--?[A-Za-z][\w-]*)(?: (?P<metavar>[A-Z][A-Z0-9_]*)\b)?")
+# a top-level name a script sets: `max_iters = 600000`, `lr: float = 0.1` (not `==`, not indented)
+_ASSIGNED = re.compile(r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
 LAST_LINES = 4  # how far up from the log's end a refusal is looked for: a traceback's last line, Hydra's hint
 # an assertion that looks at how an argument is written (nanoGPT's configurator: `assert
 # arg.startswith('--')`): its source line tests a quoted dash or `=`; `assert type(attempt) == ...` does not
@@ -133,6 +135,7 @@ class Refusal:
     parser: bool  # a parser's unknown-flag line (argparse, click, absl), not the job's own check
     instead: str | None = None  # the key as --set gives the name the job takes: n-timesteps
     shown: str | None = None  # how its usage shows that option: `-n N_TIMESTEPS`
+    source: str = "its usage"  # where `shown` was read: the parser's usage, or the job's script
     dashed: bool = False  # the key has `_` where the job's flags have `-`
 
 
@@ -166,10 +169,23 @@ def name_hint(job: JobConfig, refusal: Refusal) -> str:
                 f"give it as --set {dashed}=..., or write every name that way "
                 f"with jobs.{job.name}.flags: {{names: {DASHES}}} in thrust.yaml")
     if refusal.instead:
-        return f"the job does not take {flag}; did you mean {refusal.instead} (its usage shows {refusal.shown})?"
+        return f"the job does not take {flag}; did you mean {refusal.instead} ({refusal.source} has {refusal.shown})?"
     if refusal.parser:
         return f"the job does not take {flag}; its --help lists the flags it takes"
     return f"{refusal.key} is not a name the job knows: check its spelling against the job's own config"
+
+
+def with_script_names(refusal: Refusal, script: str, text: str) -> Refusal:
+    """A refused key its job's own check named (a configurator like nanoGPT's, which lists no names) with
+    the closest top-level name the job's script sets (`max_iters = 600000` for `max_iter`), if one is
+    close enough to be a typo; else as it was."""
+    if refusal.parser or refusal.instead:
+        return refusal
+    names = {m.group(1) for m in _ASSIGNED.finditer(text)} - {refusal.key}
+    close = difflib.get_close_matches(refusal.key, sorted(names), n=1, cutoff=0.8)
+    if not close:
+        return refusal
+    return Refusal(refusal.key, refusal.said, refusal.flag, refusal.parser, close[0], close[0], source=script)
 
 
 def _parser_refused(job: JobConfig, line: str, given: Mapping[str, object] | tuple[()]) -> tuple[str, str] | None:
@@ -227,7 +243,7 @@ def _with_instead(refusal: Refusal, options: list[tuple[str, str | None]]) -> Re
                               or (any("-" in f for f in longs) and not any("_" in f for f in longs)))
     if dashed and shown is None:
         shown = ", ".join(f"--{f}" for f in longs if "-" in f)[:80]
-    return Refusal(refusal.key, refusal.said, refusal.flag, refusal.parser, instead, shown, dashed)
+    return Refusal(refusal.key, refusal.said, refusal.flag, refusal.parser, instead, shown, dashed=dashed)
 
 
 def _refused(lines: list[str], style: str) -> bool:
