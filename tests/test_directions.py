@@ -153,13 +153,14 @@ def _bad_pythons(tmp: Path) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["missing", "not-executable", "not-python"])
-def test_wrong_python_is_69_with_doctors_hint_on_every_command(cli, sshd, remote_dir, project, tmp_path,
-                                                                 kind) -> None:
+def test_wrong_python_is_69_with_a_hint_listing_its_pythons_on_every_command(cli, sshd, remote_dir, project,
+                                                                            tmp_path, kind) -> None:
     python, words = _bad_pythons(tmp_path)[kind]
     cfg = _with_python(sshd.thrust_yaml(tmp_path / "thrust.yaml", workdir=str(remote_dir / "thrust")), sshd, python)
     # a run directory on the host, so status/logs/stop/fetch get as far as running the agent
     (remote_dir / "thrust" / ".thrust" / "runs" / "cartpole-x1").mkdir(parents=True)
-    hint = f"thrust-remote --config {cfg.resolve()} doctor --host sandbox"
+    # no python with torch there to offer: the hint is an exec that lists the host's pythons, with this config
+    hint = f"thrust-remote --config {cfg.resolve()} exec --host sandbox -- sh -c 'which -a python3 python;"
     commands = (["runs"], ["status", "cartpole-x1"], ["logs", "cartpole-x1"], ["stop", "cartpole-x1"],
                 ["fetch", "cartpole-x1"], ["doctor"], ["train", "cartpole", *FAST])
     # in this process, one after another (see the test above)
