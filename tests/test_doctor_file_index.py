@@ -1,17 +1,24 @@
-"""`doctor --job` over a `torch_index:` on the host's own disk (file://): the row says whether that index
-lists a build of the companions for the host torch's variant, as the run's setup will ask it (issue 56,
-found trying lightning-hydra-template: a mirror without the +cpu build had no row at all, then the
-train was refused 78 after its whole install)."""
+"""`doctor --job` reads the companions' pages of the host torch's variant index (a file:// mirror on the
+host's disk, or over http) for a build of that variant, as the run's setup will ask it; reaching the index
+said nothing of what it serves (issue 56, found trying lightning-hydra-template: a mirror without the +cpu
+build had no row, or an ok one, then the train was refused 78 after its whole install)."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from test_torch_companions import _cpu_torchvision, _project
 
 from thrust_remote.core.errors import ExitCode
+
+CUDA_WHEEL = "torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl"
 
 
 def _row(cli, project) -> tuple[int, dict]:
@@ -20,19 +27,40 @@ def _row(cli, project) -> tuple[int, dict]:
     return result.returncode, next((c for c in checks if c["id"] == "torch-companions"), {})
 
 
+def _cuda_only(index: Path) -> Path:
+    """A mirror of PyPI: torchvision's page lists its CUDA build only."""
+    page = index / "cpu" / "torchvision"
+    page.mkdir(parents=True)
+    (page / "index.html").write_text(f'<a href="../../files/{CUDA_WHEEL}">{CUDA_WHEEL}</a>\n')
+    return page
+
+
+@pytest.fixture
+def served(tmp_path) -> Iterator[tuple[Path, str]]:
+    """A directory served over http on 127.0.0.1, as a lab's mirror of PyTorch's index is."""
+    root = tmp_path / "served"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
 @pytest.mark.slow
 def test_a_file_index_without_the_variants_build_fails_naming_its_page(tmp_path, sshd, remote_dir, cli):
     index = tmp_path / "index"
-    page = index / "cpu" / "torchvision"
-    page.mkdir(parents=True)  # PyPI's CUDA build only, as a local mirror of PyPI holds it
-    wheel = "torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl"
-    (page / "index.html").write_text(f'<a href="../../files/{wheel}">{wheel}</a>\n')
+    page = _cuda_only(index)
     project = _project(tmp_path, sshd, remote_dir, f"file://{index}/{{variant}}")
     code, row = _row(cli, project)
     assert code == ExitCode.FAILED, row
     assert row["status"] == "fail"
     assert row["detail"].startswith(f"file://{index}/cpu on sandbox lists no +cpu build of torchvision "
-                                    f"({page}/index.html); PyPI's builds are CUDA ones")
+                                    f"({page}/index.html lists none); PyPI's builds are CUDA ones")
     assert "set `torch_index:` under hosts.sandbox to an index that has them" in row["fix"]
 
 
@@ -44,4 +72,26 @@ def test_a_file_index_with_the_variants_build_is_ok(tmp_path, sshd, remote_dir, 
     _, row = _row(cli, project)
     assert row["status"] == "ok", row
     assert row["detail"] == f"torchvision for torch {torch.__version__} come from file://{index}/cpu, " \
-                            "which lists +cpu builds on sandbox"
+                            "which sandbox holds, listing +cpu builds"
+
+
+@pytest.mark.slow
+def test_an_http_index_that_answers_without_the_variants_build_fails(tmp_path, sshd, remote_dir, cli, served):
+    root, url = served
+    _cuda_only(root)
+    project = _project(tmp_path, sshd, remote_dir, f"{url}/{{variant}}")
+    code, row = _row(cli, project)
+    assert code == ExitCode.FAILED and row["status"] == "fail", row
+    assert row["detail"].startswith(f"{url}/cpu on sandbox lists no +cpu build of torchvision "
+                                    f"({url}/cpu/torchvision/ lists none); PyPI's builds are CUDA ones")
+
+
+@pytest.mark.slow
+def test_an_http_index_with_the_variants_build_is_ok(tmp_path, sshd, remote_dir, cli, served):
+    root, url = served
+    _cpu_torchvision(root)
+    project = _project(tmp_path, sshd, remote_dir, f"{url}/{{variant}}")
+    _, row = _row(cli, project)
+    assert row["status"] == "ok", row
+    assert row["detail"] == f"torchvision for torch {torch.__version__} come from {url}/cpu, " \
+                            "which sandbox reaches, listing +cpu builds"

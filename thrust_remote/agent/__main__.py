@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, bool]] = {
     "free-port": ("netinfo", True),  # several hosts: the rendezvous port, free on node 0
     "listen": ("netinfo", True),  # doctor over several hosts: node 0 accepts the others' connects
     "reach": ("netinfo", True),  # doctor over several hosts: a node connects to node 0
+    "page": ("netinfo", True),  # doctor --job: an index's page of a torch companion, read by the host
     "slurm-check": ("slurmcheck", True),  # doctor of a Slurm login node: partition, sbatch --test-only, one srun
     "slurm-probe": ("slurmcheck", True),  # on a compute node (srun): the shared file, python, torch
     "serve": ("serve", False),  # one agent per connection: the other subcommands as requests (serve.py)

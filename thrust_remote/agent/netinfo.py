@@ -9,6 +9,9 @@
     agent reach ADDR PORT --timeout S
         {"ok": bool, "error", "dev", "src"}: a TCP connect to ADDR:PORT (retried while refused, up to
         S seconds: node 0's listener may start a moment later) and the interface it goes through
+    agent page URL --timeout S
+        {"ok": bool, "error", "text"}: the page at URL as this host reads it (doctor --job: a package
+        index's page of a torch companion, for the builds it lists)
     agent route-dev ADDR
         {"dev": "eth0", "src": "10.0.0.2", "local": false}: the interface this host would use to reach
         ADDR (`ip route get`); for an address of this host itself, the interface that holds it
@@ -26,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 
 def free_port(bind: str, port: int = 0) -> dict:
@@ -108,6 +112,17 @@ def reach(addr: str, port: int, timeout: float) -> dict:
     return {"ok": False, "error": error, **{k: v for k, v in route_dev(addr).items() if k != "error"}}
 
 
+PAGE_BYTES = 8 << 20  # PyPI's page of torchvision is ~0.5 MB; more is no index page
+
+
+def page(url: str, timeout: float) -> dict:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return {"ok": True, "error": None, "text": answer.read(PAGE_BYTES).decode("utf-8", "replace")}
+    except (OSError, ValueError) as exc:  # URLError and HTTPError (a 404: no such project) are OSErrors
+        return {"ok": False, "error": str(getattr(exc, "reason", None) or exc), "text": ""}
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "route-dev":
         print(json.dumps(route_dev(argv[1])))
@@ -118,10 +133,13 @@ def main(argv: list[str]) -> int:
     if len(argv) == 5 and argv[0] == "reach":
         print(json.dumps(reach(argv[1], int(argv[2]), float(argv[4]))))
         return 0
+    if len(argv) == 4 and argv[0] == "page":
+        print(json.dumps(page(argv[1], float(argv[3]))))
+        return 0
     if len(argv) >= 3 and argv[0] == "free-port" and argv[1] == "--bind":
         port = int(argv[4]) if len(argv) >= 5 and argv[3] == "--port" else 0
         print(json.dumps(free_port(argv[2], port)))
         return 0
     sys.stderr.write("usage: agent route-dev ADDR | free-port --bind ADDR [--port P] | "
-                     "listen --port P --accept N --timeout S | reach ADDR PORT --timeout S\n")
+                     "listen --port P --accept N --timeout S | reach ADDR PORT --timeout S | page URL --timeout S\n")
     return 2

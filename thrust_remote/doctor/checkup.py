@@ -119,7 +119,8 @@ def companion_row(runner: Runner, host: HostConfig, job: JobConfig | None, facts
     what = f"{', '.join(named)} for torch {torch} come from {index}"
     title = "torch's companions for the host's torch"
     if answer.get("ok"):
-        return Check("torch-companions", title, "ok", f"{what}, which {host.name} reaches")
+        pages = {name: _agent_page(runner, host, f"{index.rstrip('/')}/{name}/") for name in named}
+        return _listed_row(host, named, str(torch), index, pages, "reaches")
     variant = str(torch).partition("+")[2]
     return Check("torch-companions", title, "fail" if variant == "cpu" else "warn",
                  f"{what}, which {host.name} cannot reach ({answer.get('error')}); "
@@ -129,26 +130,45 @@ def companion_row(runner: Runner, host: HostConfig, job: JobConfig | None, facts
                  f"to a mirror of it (`{{variant}}` stands for {variant})")
 
 
+def _agent_page(runner: Runner, host: HostConfig, url: str) -> tuple[str | None, str]:
+    """(the page's text, URL) as the host reads it, or (None, URL and why it could not)."""
+    result, _ = payload.run_pyz(runner, host, payload.agent(), ["page", url, "--timeout", str(REACH_S)],
+                                timeout=REACH_S + 30, flags=("-S",))
+    try:
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        answer = {"ok": False, "error": (result.stderr or result.stdout).strip()[-200:]}
+    return (str(answer.get("text") or ""), url) if answer.get("ok") else (None, f"{url}: {answer.get('error')}")
+
+
 def _file_index_row(runner: Runner, host: HostConfig, named: Sequence[str], torch: str, index: str,
                     path: str) -> Check:
     """A `torch_index:` on the host's own disk (file://, a mirror as PEP 503 lays it out: INDEX/NAME/
-    index.html): reaching it says nothing, so read each companion's page there for a build of the
-    torch's variant (`+cpu` in a wheel's name), which is what the run's setup will ask it for."""
-    variant, root = torch.partition("+")[2], path.rstrip("/")
-    missing = []
+    index.html, the page pip reads there)."""
+    pages: dict[str, tuple[str | None, str]] = {}
     for name in named:
-        page = runner.run(["cat", "--", f"{root}/{name}/index.html"], timeout=REACH_S + 30)
-        text = urllib.parse.unquote(page.stdout) if page.exit_code == 0 else ""
-        if f"+{variant}-" not in text:
-            missing.append(name)
+        page = f"{path.rstrip('/')}/{name}/index.html"
+        result = runner.run(["cat", "--", page], timeout=REACH_S + 30)
+        why = result.stderr.strip().rpartition(": ")[2] or f"cat exited {result.exit_code}"
+        pages[name] = (result.stdout, page) if result.exit_code == 0 else (None, f"{page}: {why}")
+    return _listed_row(host, named, torch, index, pages, "holds")
+
+
+def _listed_row(host: HostConfig, named: Sequence[str], torch: str, index: str,
+                pages: dict[str, tuple[str | None, str]], has: str) -> Check:
+    """Reaching the index says nothing of what it serves: each companion's page (its text, or where it
+    was sought) must list a build for the torch's variant (`+cpu` in a wheel's name), which is what the
+    run's setup will ask the index for (agent/venv.py fit_companions)."""
+    variant = torch.partition("+")[2]
+    missing = [name for name, (text, _) in pages.items() if f"+{variant}-" not in urllib.parse.unquote(text or "")]
+    what = f"{', '.join(named)} for torch {torch} come from {index}"
     title = "torch's companions for the host's torch"
     if not missing:
-        return Check("torch-companions", title, "ok",
-                     f"{', '.join(named)} for torch {torch} come from {index}, "
-                     f"which lists +{variant} builds on {host.name}")
+        return Check("torch-companions", title, "ok", f"{what}, which {host.name} {has}, listing +{variant} builds")
+    sought = "; ".join(where if pages[name][0] is None else f"{where} lists none"
+                       for name in missing for where in [pages[name][1]])
     return Check("torch-companions", title, "fail" if variant == "cpu" else "warn",
-                 f"{index} on {host.name} lists no +{variant} build of {', '.join(missing)} "
-                 f"({', '.join(f'{root}/{n}/index.html' for n in missing)}); "
+                 f"{index} on {host.name} lists no +{variant} build of {', '.join(missing)} ({sought}); "
                  + ("PyPI's builds are CUDA ones: a run of this job is refused at its setup" if variant == "cpu"
                     else "a run uses PyPI's build only if it loads beside that torch"),
                  f"set `torch_index:` under hosts.{host.name} to an index that has them "
