@@ -228,3 +228,25 @@ def test_once_the_followed_node_finished_a_node_still_tearing_down_is_asked_agai
     stuck = multinode.states_at_end([object(), object()], "r1", 0, clock=lambda: now[0],
                                     sleep=lambda s: now.__setitem__(0, now[0] + s))
     assert stuck[1]["state"] == "RUNNING" and now[0] >= multinode.END_GRACE_S
+
+
+def test_a_followed_node_that_stopped_stops_the_others_and_waits_for_them_not_a_running_run(monkeypatch):
+    """Node 0 ended STOPPED (its max_duration:) before node 1's own stop came: node 1 is told to stop
+    (no verdict: a stop, not a failure) and asked until it ends, so the run is STOPPED for node 0's
+    reason, never `ended RUNNING (exit code 1)` (seen on a busy machine). A FAILED node 0 stops nobody
+    here: the caller names what failed."""
+    stopped: list[tuple[list, object]] = []
+    monkeypatch.setattr(multinode, "stop_all", lambda sessions, run_id, verdict: stopped.append((sessions, verdict)))
+    answers = iter([[None, {"state": "RUNNING"}], [None, {"state": "STOPPED", "reason": "user"}]])
+    monkeypatch.setattr(multinode, "node_states", lambda sessions, run_id: next(answers))
+    monkeypatch.setattr(multinode, "END_POLL_S", 0.0)
+    s0, s1 = object(), object()
+    got = multinode.others_at_end([s0, s1], "r1", 0, "STOPPED", None)
+    assert stopped == [([s1], None)] and got == [None, {"state": "STOPPED", "reason": "user"}]
+    node0 = {"state": "STOPPED", "exit_code": 143, "reason": "max-duration", "reason_detail": "its max_duration"}
+    run = multinode.aggregate(["a", "b"], [node0, got[1]])
+    assert (run["state"], run["reason"]) == ("STOPPED", "max-duration")
+    stopped.clear()
+    monkeypatch.setattr(multinode, "node_states", lambda sessions, run_id: [None, {"state": "RUNNING"}])
+    assert multinode.others_at_end([s0, s1], "r1", 0, "FAILED", None) == [None, {"state": "RUNNING"}]
+    assert stopped == []

@@ -341,11 +341,7 @@ def _over_nodes_at_end(nodes: RunNodes, node: int, followed: StatusAnswer, watch
     """The run's state once the followed node ended: every other node asked; a node that failed first
     other than the followed one shows the end of its log (the followed one's was on screen); and the
     nodes still running are stopped, FAILED for the failed one (the watch may not have seen it yet)."""
-    if followed.get("state") == RunState.FINISHED:  # the others end with it: a few seconds' teardown
-        others = multinode.states_at_end(nodes.sessions, nodes.run_id, node)
-    else:
-        others = multinode.node_states([None if i == node else s for i, s in enumerate(nodes.sessions)],
-                                       nodes.run_id)
+    others = multinode.others_at_end(nodes.sessions, nodes.run_id, node, str(followed.get("state")), watch.verdict)
     states = [followed if i == node else st for i, st in enumerate(others)]
     status = multinode.aggregate(nodes.names, states, watch.verdict)
     failed = status.get("failed_node")

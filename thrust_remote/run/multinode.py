@@ -388,7 +388,8 @@ END_POLL_S = 0.5
 def states_at_end(sessions: Sequence[HostSession | None], run_id: str, followed: int,
                   clock: Callable[[], float] = time.monotonic,
                   sleep: Callable[[float], None] = time.sleep) -> list[StatusAnswer | None]:
-    """Every node's status but the followed one's (None there), once the followed node FINISHED: a node
+    """Every node's status but the followed one's (None there), once the followed node ended well (or
+    STOPPED, the others told to stop): a node
     still RUNNING is asked again until it ends or END_GRACE_S pass (before, a node a second slower to
     exit made a finished run read RUNNING and exit 1)."""
     asked = [None if i == followed else s for i, s in enumerate(sessions)]
@@ -398,6 +399,20 @@ def states_at_end(sessions: Sequence[HostSession | None], run_id: str, followed:
         sleep(END_POLL_S)
         got = node_states(asked, run_id)
     return got
+
+
+def others_at_end(sessions: Sequence[HostSession | None], run_id: str, followed: int, state: str,
+                  verdict: dict[str, Any] | None) -> list[StatusAnswer | None]:
+    """The other nodes' status once the followed node ended in `state`. FINISHED: the others end with
+    it (asked again for a few seconds' teardown). STOPPED (its max_duration:, idle GPUs, a stop of that
+    node) stops the run: the others are stopped with no verdict, as the watch does when it sees it
+    first, and asked until they end; a node whose own stop was still to come would otherwise leave the
+    run RUNNING. Any other end: asked once (the caller decides what failed)."""
+    if state == RunState.STOPPED and verdict is None:
+        stop_all([s for i, s in enumerate(sessions) if i != followed and s is not None], run_id, None)
+    if state in (RunState.FINISHED, RunState.STOPPED):
+        return states_at_end(sessions, run_id, followed)
+    return node_states([None if i == followed else s for i, s in enumerate(sessions)], run_id)
 
 
 def aggregate(names: Sequence[str], states: Sequence[StatusAnswer | None],
