@@ -48,6 +48,12 @@ def _si(n: float) -> str:
     return f"{n:.0f}"
 
 
+def run_time(seconds: float) -> str:
+    """47.2 s: a run's time at its end, as its end line (`done in 47.2 s`) and its final drawing say it,
+    one figure rounded one way, so the two never disagree."""
+    return f"{seconds:.1f} s"
+
+
 def duration(seconds: float) -> str:
     """12s, 3m05s, 2h01m: how long, as the progress line and `wait` say it."""
     s = max(0, int(round(seconds)))
@@ -133,21 +139,32 @@ def stuck_line(quiet: float, logs: str, width: int | None = None) -> str:
 
 def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar: bool,
             waiting: str = WAITING, pulled: float | None = None, eta: float | None = None,
-            objective: str | None = None) -> tuple[str, int]:
+            objective: str | None = None, final: bool = False) -> tuple[str, int]:
     """(the line, how many of its first characters are the bar's filled part); `waiting` while no metrics;
     `pulled`: seconds since the last pull of the run's checkpoint; `eta`, `objective`: as _fields takes
-    them. The objective is kept at every width: narrower than a bar beside it, the line is % and it."""
+    them. The objective is kept at every width: narrower than a bar beside it, the line is % and it.
+    `final`: the drawing after the run ended, whose time (`elapsed`, the run's own at its end) ends it at
+    every width, as its end line says it: other fields are dropped before it."""
     if not m:
         text = waiting
         return (text if width is None else text[:width]), 0
-    pct, optional = _fields(m, elapsed, pulled, eta, objective, OTHERS_PIPED if width is None else OTHERS_LIVE)
+    pinned = final and elapsed is not None
+    pct, optional = _fields(m, None if pinned else elapsed, pulled, eta, objective,
+                            OTHERS_PIPED if width is None else OTHERS_LIVE)
+    tail = [f"elapsed {run_time(elapsed)}", run_time(elapsed)] if pinned and elapsed is not None else []
+    if tail and width is not None:  # the time first, the rest in what is left of the width
+        room = width - len(tail[0]) - 2
+        line, filled = _layout(m, room, None, bar, waiting, pulled, eta, objective) if room > 0 else ("", 0)
+        if line:
+            return f"{line}  {tail[0]}", filled
+        return (tail[0] if len(tail[0]) <= width else tail[1][:width]), 0
     lead = optional[0] if _objective(m, objective) else None
     step, total = m.get("step") or 0, m.get("total_steps")
     if not total and width is not None:
         # no total, no progress to draw: the bar would be all empty, taking the metrics' room
         return _fitted([v[0] for v in optional], [v[-1] for v in optional], width), 0
     if not bar or width is None:
-        return "  ".join(([pct.strip()] if pct else []) + [v[0] for v in optional]), 0
+        return "  ".join(([pct.strip()] if pct else []) + [v[0] for v in optional] + tail[:1]), 0
     # first every field in its wide form beside a comfortable bar, dropping the least important; when
     # not even steps and the score fit so, the narrow forms beside a shorter bar (docs/architecture.md)
     for variant, min_bar, min_keep in ((0, COMFY_BAR, min(2, len(optional))), (1, MIN_BAR, int(lead is not None))):
@@ -207,7 +224,7 @@ class _LiveLine:
                        overflow="crop")
             return
         line, filled = _layout(view.progress.metrics, options.max_width, view.elapsed(), True,
-                               view.waiting_line(), view.pulled_ago(), view.eta(), view.objective)
+                               view.waiting_line(), view.pulled_ago(), view.eta(), view.objective, view.closed)
         text = Text(line, no_wrap=True, overflow="crop")
         text.stylize("cyan", 0, filled)
         yield text
@@ -295,6 +312,9 @@ class LogView:
         self.pattern = pattern  # the job reads its metrics with a `metrics: {pattern:}`
         self.lines_seen = 0  # the log's lines so far: what a pattern that matched none of them was tried on
         self.ended_at: float | None = None  # our clock when the run ended: its last line's elapsed
+        # the run's own time at its end (its status's wall time, as the end line says it), when told:
+        # our clock stops a poll or more after the run did
+        self.ran: float | None = None
 
     def stuck_for(self) -> float | None:
         """How long the run has been quiet (no log, no metrics), once past `stuck_after`; else None. A
@@ -376,6 +396,8 @@ class LogView:
         """The run's time: its own `wall_s` (the trainer's, since its start) carried on by our clock, so a
         reattach shows how long the run has gone, not how long we have watched; else since we began. Once
         the run ended, its time at the end: the last line stays as it was then."""
+        if self.ended_at is not None and self.ran is not None:
+            return self.ran
         now = self.clock() if self.ended_at is None else self.ended_at
         if self.wall is not None:
             return self.wall[0] + now - self.wall[1]
@@ -499,6 +521,11 @@ class LogReporter(vocab.NullReporter):
             view.take_pull(pulled)
 
     def running(self, age_s: float | None, logs: str) -> None:
+        """Before the follow: how long the run has gone; once its log ended (run/following.py says it
+        again then), its time at its end: what the final drawing says, the end line's figure."""
+        if self.view is not None:
+            self.view.ran = age_s
+            return
         self.age, self.logs = age_s, logs
 
     def following(self, run_id: str, offset: int) -> None:

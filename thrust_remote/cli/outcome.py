@@ -13,7 +13,7 @@ from rich.console import Console
 from thrust_remote.agent.protocol import MANIFEST, RunState, StatusAnswer
 from thrust_remote.backends import backend_for
 from thrust_remote.cli.common import get_config, loaded_config, state
-from thrust_remote.cli.follow import LogReporter, reattach_command, say
+from thrust_remote.cli.follow import LogReporter, reattach_command, run_time, say
 from thrust_remote.cli.kept import command, render_fetched, say_line
 from thrust_remote.core.config import JobConfig
 from thrust_remote.core.console import console, err_console, host_text
@@ -136,7 +136,7 @@ def show_outcome(ctx: typer.Context, outcome: TrainOutcome, as_json: bool, start
     elif outcome.fetchable:
         say(f"not fetched; fetch the model with: {fetching.fetch_command(launched.run_id, host_cfg, config_path)}")
     # said outright: a run that ends quietly (no model, no metrics) must not look like one still going
-    say(f"FINISHED: run {launched.run_id} on {host_cfg.name}, done in {time.monotonic() - started:.1f} s")
+    say(f"FINISHED: run {launched.run_id} on {host_cfg.name}, done in {run_time(time.monotonic() - started)}")
 
 
 def say_next(outcome: TrainOutcome) -> None:

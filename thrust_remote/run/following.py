@@ -75,7 +75,8 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
         progress.take_metrics(obj)
         reporter.metrics(obj)
 
-    reporter.running(_age(session, run_id), command_hint("logs", run_id, host=host, config=config_path))
+    logs = command_hint("logs", run_id, host=host, config=config_path)
+    reporter.running(_age(session, run_id), logs)
     try:
         try:
             # inside the try: a Ctrl-C just after the line that says it detaches does detach (75, how to
@@ -84,6 +85,10 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
             with _watching(session, scalars, on_metrics, reporter.warn):
                 position = control.follow_log(session, run_id, offset=offset, follow=True, on_bytes=on_bytes,
                                               part=part)
+            status = control.status(session, run_id)
+            # the run's time at its end, told before the last drawing: the figure its end line says,
+            # never our clock's, which stops a poll or more after the run did
+            reporter.running(_wall_s(status), logs)
         finally:
             reporter.followed()
     except KeyboardInterrupt:
@@ -101,7 +106,7 @@ def follow(session: HostSession, run_id: str, reporter: Reporter, *, offset: int
             f"reattach with: {reattach_command(run_id, host, reached, config_path, node)}",
         ) from None
     progress.take_block(lines.close_block())
-    return Followed(control.status(session, run_id), position, progress)
+    return Followed(status, position, progress)
 
 
 def _age(session: HostSession, run_id: str) -> float | None:
@@ -111,8 +116,13 @@ def _age(session: HostSession, run_id: str) -> float | None:
         st = control.status(session, run_id)
     except ThrustError:
         return None
-    hours = st.get("wall_hours")
-    return float(hours) * 3600 if isinstance(hours, int | float) and st.get("started_at") else None
+    return _wall_s(st)
+
+
+def _wall_s(status: StatusAnswer) -> float | None:
+    """A status's wall time in seconds (to its end, or to now while it runs); None before it started."""
+    hours = status.get("wall_hours")
+    return float(hours) * 3600 if isinstance(hours, int | float) and status.get("started_at") else None
 
 
 def _watching(session: HostSession, source: ScalarSource | None, on_metrics: Callable[[dict[str, Any]], None],
