@@ -108,6 +108,8 @@ def wait(fleet: Fleet, run_ids: Sequence[str], view: WaitView, *, host: str | No
 
 
 def _metrics(config: Config, session: HostSession, run_id: str) -> dict[str, object]:
+    """A run's last metrics as wait says them: the job's objective first, as the live line has it (a
+    TensorBoard job's tags come sorted by name)."""
     entry = index.lookup(config.root, run_id)
     job = config.jobs.get(entry.job) if entry else None
     try:
@@ -115,9 +117,16 @@ def _metrics(config: Config, session: HostSession, run_id: str) -> dict[str, obj
         if not got and job is not None and job.metrics.tensorboard:  # its numbers are its scalars
             source = scalarwatch.source_for(session, run_id, job.name, job.metrics.tensorboard)
             got = (scalarwatch.latest_metrics(session, source) or {}) if source is not None else {}
-        return got
     except ThrustError:
         return {}  # the numbers are a courtesy: the run's end is what wait tells
+    objective = job.objective.metric if job is not None and job.objective is not None else None
+    return _objective_first(got, objective)
+
+
+def _objective_first(metrics: dict[str, object], objective: str | None) -> dict[str, object]:
+    if objective is None or objective not in metrics:
+        return metrics
+    return {objective: metrics[objective], **{k: v for k, v in metrics.items() if k != objective}}
 
 
 def _pullers(config: Config, stack: contextlib.ExitStack, run_ids: Sequence[str],
