@@ -223,7 +223,7 @@ class _LiveLine:
             yield Text(stuck_line(quiet, view.logs_hint, options.max_width), style="yellow", no_wrap=True,
                        overflow="crop")
             return
-        line, filled = _layout(view.progress.metrics, options.max_width, view.elapsed(), True,
+        line, filled = _layout(view.progress.shown(view.objective), options.max_width, view.elapsed(), True,
                                view.waiting_line(), view.pulled_ago(), view.eta(), view.objective, view.closed)
         text = Text(line, no_wrap=True, overflow="crop")
         text.stylize("cyan", 0, filled)
@@ -491,7 +491,8 @@ class LogView:
 
     def _print_progress(self) -> None:
         self.printed_at, self.printed_updates = self.clock(), self.progress.updates
-        line = f"{self.run_id}: " + _layout(self.progress.metrics, None, self.elapsed(), False, eta=self.eta(),
+        shown = self.progress.shown(self.objective)
+        line = f"{self.run_id}: " + _layout(shown, None, self.elapsed(), False, eta=self.eta(),
                                             objective=self.objective)[0]
         self._write(lambda: self.out.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True))
 

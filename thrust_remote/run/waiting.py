@@ -22,7 +22,7 @@ from thrust_remote.host.fleet import Fleet
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import lifecycle
 from thrust_remote.run.vocab import NullReporter
-from thrust_remote.runs import index, pull, scalarwatch
+from thrust_remote.runs import index, progress, pull, scalarwatch
 
 
 class WaitView(Protocol):
@@ -109,7 +109,7 @@ def wait(fleet: Fleet, run_ids: Sequence[str], view: WaitView, *, host: str | No
 
 def _metrics(config: Config, session: HostSession, run_id: str) -> dict[str, object]:
     """A run's last metrics as wait says them: the job's objective first, as the live line has it (a
-    TensorBoard job's tags come sorted by name)."""
+    TensorBoard job's tags come sorted by name), Lightning's placeholder hp_metric left out (progress.py)."""
     entry = index.lookup(config.root, run_id)
     job = config.jobs.get(entry.job) if entry else None
     try:
@@ -120,7 +120,7 @@ def _metrics(config: Config, session: HostSession, run_id: str) -> dict[str, obj
     except ThrustError:
         return {}  # the numbers are a courtesy: the run's end is what wait tells
     objective = job.objective.metric if job is not None and job.objective is not None else None
-    return _objective_first(got, objective)
+    return _objective_first(progress.without_placeholder(got, objective), objective)
 
 
 def _objective_first(metrics: dict[str, object], objective: str | None) -> dict[str, object]:

@@ -233,6 +233,24 @@ def _decoded(block: bytes) -> list[str]:
     return [line.rstrip("\r") for line in block.decode("utf-8", "replace").split("\n")[:-1]]
 
 
+# Lightning's TensorBoardLogger logs `hp_metric` = -1 at every step when the job logs no hparams metric
+# of its own (its default_hp_metric): a placeholder, no number of the run, yet sorted among the first of
+# its tags it took a place on every line. Only that exact name at exactly -1, while it has been -1 at
+# every step seen, is left out: not a filter of metrics in general, and a job that sets it is shown.
+PLACEHOLDER = ("hp_metric", -1)
+
+
+def placeholder(m: Mapping[str, Any], objective: str | None = None) -> bool:
+    """Whether `m` holds Lightning's placeholder `hp_metric` at -1 (and it is not the job's objective)."""
+    name, value = PLACEHOLDER
+    return objective != name and name in m and m[name] == value and not isinstance(m[name], bool)
+
+
+def without_placeholder(m: Mapping[str, Any], objective: str | None = None) -> dict[str, Any]:
+    """`m` less Lightning's placeholder `hp_metric` at -1 (see PLACEHOLDER): what a line shows of it."""
+    return {k: v for k, v in m.items() if k != PLACEHOLDER[0]} if placeholder(m, objective) else dict(m)
+
+
 class RunProgress:
     """The latest THRUST_METRICS object, the run's THRUST_INFO facts and its THRUST_DONE summary."""
 
@@ -244,6 +262,7 @@ class RunProgress:
         self.done: dict[str, Any] = {}
         self.updates = 0  # metrics lines taken: a view redraws when this moves
         self.matched: dict[str, Any] | None = None  # what the pattern read of the last block (take_block)
+        self.placeholder_moved = False  # Lightning's hp_metric was seen other than -1 (PLACEHOLDER)
 
     def take(self, text: str) -> bool:
         """Take one log line; True when it was one of the trainer's tagged lines (shown or not). A line
@@ -260,6 +279,7 @@ class RunProgress:
         if tag == "THRUST_METRICS":
             self.metrics = obj
             self.updates += 1
+            self._seen(obj)
         elif tag == "THRUST_INFO":
             self.info.update(obj)
         else:
@@ -301,6 +321,16 @@ class RunProgress:
         over the last one, so a job that also prints THRUST_METRICS lines keeps both."""
         self.metrics = {**self.metrics, **obj}
         self.updates += 1
+        self._seen(obj)
+
+    def _seen(self, obj: Mapping[str, Any]) -> None:
+        if PLACEHOLDER[0] in obj and not placeholder(obj):
+            self.placeholder_moved = True
+
+    def shown(self, objective: str | None = None) -> dict[str, Any]:
+        """The last metrics as a line shows them: Lightning's placeholder `hp_metric` left out while it
+        has been -1 at every step seen (PLACEHOLDER)."""
+        return dict(self.metrics) if self.placeholder_moved else without_placeholder(self.metrics, objective)
 
     def summary(self) -> dict[str, Any]:
         """What `train --json` reports of the run's training: steps, score, returns, solved."""
