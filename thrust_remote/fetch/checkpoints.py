@@ -66,6 +66,8 @@ class CheckpointPull:
     linked: list[str] = field(default_factory=list)  # came from the artifacts here, not over the link
     shared: dict[str, tuple[str, str]] = field(default_factory=dict)  # also an artifact: its name there, how
     tree_removed: str | None = None  # the glob's tree is gone (prune, keep:): said in these words
+    glob: str = ""  # the job's checkpoints: glob, as the pull listed it
+    ended: bool = False  # the run had ended: a checkpoint not there now never comes (said so, never "yet")
 
     @property
     def came(self) -> bool:
@@ -82,7 +84,8 @@ class CheckpointPull:
         if self.tree_removed and not self.came:  # the why comes once, as the error (run/fetching.py)
             return "checkpoints: none fetched: the run's tree was removed"
         if self.newest is None:
-            return "checkpoints: none on the host yet"
+            return (f"checkpoints: none (the run wrote none matching {self.glob})" if self.ended
+                    else "checkpoints: none on the host yet")
         try:
             where = f"{self.dest.relative_to(root)}/"
         except ValueError:
@@ -119,7 +122,7 @@ def pull(session: HostSession, run_dir: str, run_id: str, project_root: Path, gl
     """Bring the run's newest checkpoint (`every`: all of them) home, verified; only what changed. A job
     that replaces its checkpoint while it came (the same name, a new file) has it listed again."""
     started = time.monotonic()
-    result = CheckpointPull(checkpoints_dir(project_root, run_id))
+    result = CheckpointPull(checkpoints_dir(project_root, run_id), glob=glob)
     record = read_record(project_root, run_id)
     files: dict[str, dict[str, Any]] = dict(record.get("files") or {})
     good: list[tuple[str, dict[str, Any]]] = []

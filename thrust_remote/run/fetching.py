@@ -204,12 +204,22 @@ def pull_checkpoint(config: Config, session: HostSession, job: JobConfig, run_di
     if glob is None:
         return None
     got = checkpoints.pull(session, run_dir, run_id, config.root, glob, every=every)
+    if got.newest is None and not got.tree_removed:  # none yet, or none ever: the run's state tells
+        got.ended = _ended(session, run_id)
     if not glob.startswith(RUN_DIR_PREFIX) and not _own_tree(session, run_dir):
         got.warnings += _sharing_checkpoints(session, job, run_id, glob)
     for text in got.warnings:
         reporter.warn(text)
     reporter.step(got.summary(config.root))
     return got
+
+
+def _ended(session: HostSession, run_id: str) -> bool:
+    """The run has ended (asked only when no checkpoint was found: what the pull's line says then)."""
+    try:
+        return RunState.of(control.status(session, run_id).get("state")).is_terminal
+    except ThrustError:
+        return False  # unknown: "none on the host yet" says no more than is known
 
 
 def _own_tree(session: HostSession, run_dir: str) -> bool:
