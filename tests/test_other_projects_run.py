@@ -32,7 +32,17 @@ def test_fetch_of_another_projects_run_says_whose_it_is_and_the_fetch_from_there
     assert "is not in this repository, so another project launched it" in said, said
     hint = said.split("hint: ", 1)[1].splitlines()[0]
     assert "the one whose thrust.yaml has job zoo" in hint, hint
-    words = shlex.split(hint.rsplit(": ", 1)[1])
+    # run.json says where the run was launched from, and that directory is on this laptop: the hint goes there
+    cd, fetch = hint.rsplit(": ", 1)[1].split(" && ")
+    assert shlex.split(cd) == ["cd", str(theirs)], hint
+    words = shlex.split(fetch)
     assert words == ["thrust-remote", "fetch", run_id, "--host", "sandbox"], words
-    followed = cli(*words[1:], cwd=theirs, env=WIDE)  # pasted where the hint says: that project's directory
+    # a launching directory that is not on this laptop (another machine's, moved): the hint is as before
+    moved = theirs.rename(tmp_path / "b-moved")
+    elsewhere = cli("fetch", run_id, cwd=mine, env=WIDE)
+    assert elsewhere.returncode == 64, elsewhere.stderr
+    hint = (elsewhere.stdout + elsewhere.stderr).split("hint: ", 1)[1].splitlines()[0]
+    assert "&&" not in hint and shlex.split(hint.rsplit(": ", 1)[1]) == words, hint
+    moved.rename(theirs)
+    followed = cli(*words[1:], cwd=shlex.split(cd)[1], env=WIDE)  # pasted as the hint says: cd there, fetch
     assert followed.returncode == 0, followed.stderr

@@ -223,6 +223,7 @@ class RunRecord(TypedDict, total=False):
     idle_stop: dict  # the job's idle-GPU stop: {below, minutes} (agent/idlewatch.py)
     max_duration: float  # the job's `max_duration:` in seconds: stopped at that age (agent/agewatch.py)
     commit: str | None  # the synced commit (None: no git)
+    project: str  # the laptop project's directory it was launched from: where another project's fetch sends you
     sync: str  # how the code got there
     dirty: bool  # uncommitted changes came along (PATCH in the run dir)
     patch_sha256: str

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,9 +235,24 @@ def not_ours(config: Config, session: HostSession, run_id: str) -> None:
               f"its commit {commit[:12]} is not in this repository, so another project") if commit else
              "another project") + " launched it"
     fetch = command_hint("fetch", run_id, host=session.host)
+    project = _launched_from(session, run_id)
+    if project is not None:  # that project is on this laptop: the command goes there and fetches
+        record_host = str(st.get("host") or "") or session.name  # its thrust.yaml's name for the host
+        fetch = f"cd {shlex.quote(project)} && {command_hint('fetch', run_id, host=record_host)}"
     raise UsageError(f"run {run_id} on {session.name} is another project's run: its job {job!r} is not in "
                      f"{config.path or 'thrust.yaml'} and this project's index has no such run; {whose}",
                      f"fetch it from that project's directory (the one whose thrust.yaml has job {job}): {fetch}")
+
+
+def _launched_from(session: HostSession, run_id: str) -> str | None:
+    """The project directory run.json says the run was launched from, when it is one on this laptop (a
+    record of another machine's, or of an older launch, has none that is here)."""
+    try:
+        record = control.read_run_json(session, session.paths.run(run_id)) or {}
+    except ThrustError:
+        return None
+    project = record.get("project")
+    return project if isinstance(project, str) and Path(project).is_absolute() and Path(project).is_dir() else None
 
 
 def _job_of(fleet: Fleet, run_id: str, name: str) -> JobConfig:

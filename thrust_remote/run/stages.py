@@ -284,6 +284,7 @@ def launch_prepared(prepared: Prepared, plan: LaunchPlan, reporter: Reporter | N
                            else host_gpus(prepared.report.facts, session.host)),
         **({"idle_stop": job.idle_stop.as_dict()} if job.idle_stop else {}),
         **({"max_duration": job.max_duration} if job.max_duration else {}),  # agent/agewatch.py stops it
+        project=str(prepared.config.root),  # where a fetch of it from another project is sent (run/handle.py)
     )
     meta = run_record(own, sync_result.as_meta() if sync_result else {"commit": None}, meta_extra)
     reporter.step(f"launching run {run_id}")
