@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_torch_companions import _cpu_torchvision, _project
+from test_torch_companions import _closed_port, _cpu_torchvision, _project
 
 from thrust_remote.core.errors import ExitCode
 
@@ -60,8 +60,9 @@ def test_a_file_index_without_the_variants_build_fails_naming_its_page(tmp_path,
     assert code == ExitCode.FAILED, row
     assert row["status"] == "fail"
     assert row["detail"].startswith(f"file://{index}/cpu on sandbox lists no +cpu build of torchvision "
-                                    f"({page}/index.html lists none); PyPI's builds are CUDA ones")
-    assert "set `torch_index:` under hosts.sandbox to an index that has them" in row["fix"]
+                                    f"({page}/index.html lists none); PyPI's builds are CUDA ones: "
+                                    "a run of this job is refused before its venv's install")
+    assert "set `torch_index:` under hosts.sandbox to an index that has it" in row["fix"]
 
 
 @pytest.mark.slow
@@ -71,7 +72,7 @@ def test_a_file_index_with_the_variants_build_is_ok(tmp_path, sshd, remote_dir, 
     project = _project(tmp_path, sshd, remote_dir, f"file://{index}/{{variant}}")
     _, row = _row(cli, project)
     assert row["status"] == "ok", row
-    assert row["detail"] == f"torchvision for torch {torch.__version__} come from file://{index}/cpu, " \
+    assert row["detail"] == f"torchvision for torch {torch.__version__} comes from file://{index}/cpu, " \
                             "which sandbox holds, listing +cpu builds"
 
 
@@ -83,7 +84,8 @@ def test_an_http_index_that_answers_without_the_variants_build_fails(tmp_path, s
     code, row = _row(cli, project)
     assert code == ExitCode.FAILED and row["status"] == "fail", row
     assert row["detail"].startswith(f"{url}/cpu on sandbox lists no +cpu build of torchvision "
-                                    f"({url}/cpu/torchvision/ lists none); PyPI's builds are CUDA ones")
+                                    f"({url}/cpu/torchvision/ lists none); PyPI's builds are CUDA ones: "
+                                    "a run of this job is refused before its venv's install")
 
 
 @pytest.mark.slow
@@ -93,5 +95,27 @@ def test_an_http_index_with_the_variants_build_is_ok(tmp_path, sshd, remote_dir,
     project = _project(tmp_path, sshd, remote_dir, f"{url}/{{variant}}")
     _, row = _row(cli, project)
     assert row["status"] == "ok", row
-    assert row["detail"] == f"torchvision for torch {torch.__version__} come from {url}/cpu, " \
+    assert row["detail"] == f"torchvision for torch {torch.__version__} comes from {url}/cpu, " \
                             "which sandbox reaches, listing +cpu builds"
+
+
+@pytest.mark.slow
+def test_a_companion_the_hosts_python_already_loads_beside_its_torch_is_ok_with_the_index_down(
+        tmp_path, sshd, remote_dir, cli):
+    """The host's python has its own torchvision, which loads beside its torch (the venv keeps it: pip
+    has it already): the variant's index is not needed, so its being down is no warning (it was one)."""
+    own = tmp_path / "own" / "torchvision"
+    own.mkdir(parents=True)
+    (own / "__init__.py").write_text("from . import ops\n__version__ = '0.28.0+cpu'\n")
+    (own / "ops.py").write_text("import torch\n"
+                                "def nms(boxes, scores, iou):\n    return torch.zeros(1, dtype=torch.long)\n")
+    python = tmp_path / "python"  # the sshd's python, with that torchvision on its path
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={own.parent}${{PYTHONPATH:+:$PYTHONPATH}} "
+                      f"exec {sshd.host_config().python} \"$@\"\n")
+    python.chmod(0o755)
+    index = f"http://127.0.0.1:{_closed_port()}/whl/{{variant}}"
+    project = _project(tmp_path, sshd, remote_dir, index, python=python)
+    code, row = _row(cli, project)
+    assert row["status"] == "ok", row
+    assert row["detail"] == f"torchvision in sandbox's python loads beside its torch {torch.__version__}: the " \
+                            f"job's venv uses it, needing nothing from {index.replace('{variant}', 'cpu')}"

@@ -11,6 +11,10 @@
         VERSION, though its index answered (see fit_companions)
     agent venv probe '[[DIST, MODULE], ...]'   (run by the venv's python)
         {DIST: "Error: message"} for each module that cannot load there
+    agent venv source --torch VERSION --torch-index URL NAME...
+        companion_source's answer: whether this python's own NAMEs load beside its torch, else whether
+        the variant's index can be reached and lists a build of that variant (doctor --job's row; `venv
+        ensure` asks the same before pip for a `+cpu` torch, and refuses at once)
 
 The venv is D/K (K: the caller's hash of the requirements and the python/torch versions), made with
 `--system-site-packages` by the python that runs the agent (the host's `python:`), so the host's own
@@ -42,6 +46,7 @@ import urllib.parse
 from collections.abc import Iterator, Sequence
 
 from .files import write_atomic
+from .netinfo import page, reach
 
 UNAVAILABLE = 69  # docs/architecture.md, "Exit codes": a failed setup
 CONFIG = 78  # docs/architecture.md, "Exit codes": a requirement this host's torch cannot have
@@ -350,6 +355,80 @@ def fit_companions(python: str, venv: str, torch: str | None, index: str | None)
     return replaced
 
 
+# a requirement line naming one of PyTorch's companions (what pip reads: the name first)
+_NAMED = re.compile(r"^\s*(torchvision|torchaudio)(?![\w.-])", re.IGNORECASE | re.MULTILINE)
+REACH_S = 5  # an index that does not answer a TCP connect in this long is unreachable
+
+
+def named_companions(specs: Sequence[str], file_text: str = "") -> list[str]:
+    """The companions (torchvision...) a job's requirements name directly, sorted."""
+    return sorted({m.lower() for m in _NAMED.findall("\n".join([*specs, file_text]))})
+
+
+def _index_page(index: str, name: str) -> tuple[str | None, str]:
+    """(the text of the companion's page in the index, where it is), or (None, where and why not): a
+    file:// index is a PEP 503 layout on this host's disk (INDEX/NAME/index.html, what pip reads there)."""
+    url = urllib.parse.urlsplit(index)
+    if url.scheme == "file":
+        where = f"{urllib.parse.unquote(url.path).rstrip('/')}/{name}/index.html"
+        try:
+            with open(where, errors="replace") as fh:
+                return fh.read(), where
+        except OSError as exc:
+            return None, f"{where}: {exc.strerror}"
+    where = f"{index.rstrip('/')}/{name}/"
+    answer = page(where, REACH_S)
+    return (answer["text"], where) if answer["ok"] else (None, f"{where}: {answer['error']}")
+
+
+def companion_source(named: Sequence[str], torch: str, index: str) -> dict:
+    """Where the job's venv would get each named companion built for this python's `torch`: the one this
+    python already has when it loads beside that torch (`loaded`: pip keeps it), else the variant's
+    `index`: `error` when it cannot be reached, `missing` the companions whose page lists no build of
+    the variant (`sought`: where each was looked for). doctor --job's row and `venv ensure`'s refusal
+    before pip read this one answer."""
+    variant = torch.partition("+")[2]
+    try:
+        bad = _unfit(sys.executable, [{"name": n, "module": n} for n in named])
+    except SetupFailed:
+        bad = {n: "the import check failed" for n in named}
+    need = [n for n in named if n in bad]
+    answer: dict = {"named": list(named), "torch": torch, "index": index, "variant": variant,
+                    "loaded": [n for n in named if n not in bad], "error": None, "missing": [], "sought": {}}
+    url = urllib.parse.urlsplit(index)
+    if not need or url.scheme not in ("file", "http", "https") or (url.scheme != "file" and not url.hostname):
+        return answer
+    if url.scheme != "file":
+        port = url.port or (443 if url.scheme == "https" else 80)
+        reached = reach(url.hostname or "", port, REACH_S)
+        if not reached["ok"]:
+            return {**answer, "error": reached["error"], "address": f"{url.hostname}:{port}"}
+    for name in need:
+        text, where = _index_page(index, name)
+        if f"+{variant}-" not in urllib.parse.unquote(text or ""):
+            answer["missing"].append(name)
+            answer["sought"][name] = where if text is None else f"{where} lists none"
+    return answer
+
+
+def _refuse_early(named: Sequence[str], torch: str, index: str) -> None:
+    """Before pip (seconds, not the install's minute): a `+cpu` torch can load no companion PyPI has
+    (its Linux builds are CUDA ones), so one the host's python lacks must come from the variant's index;
+    when that cannot be reached (69) or lists no such build (78), the setup is refused now."""
+    answer = companion_source(named, torch, index)
+    name = next(iter(answer["sought"]), None) if not answer["error"] else next(
+        (n for n in named if n not in answer["loaded"]), None)
+    if name is None:
+        return
+    doc = {"name": name, "version": None, "torch": None, "libs": [], "host_torch": torch, "variant": "cpu",
+           "index": index, "wanted": f"{name} built for torch {torch}", "early": True,
+           "why": "PyPI's Linux builds of it are CUDA ones, whose native code needs libtorch_cuda.so, "
+                  "which a +cpu torch lacks", "sought": answer["sought"].get(name), "unreachable": answer["error"]}
+    if answer["error"]:
+        raise SetupFailed(f"{index} cannot be reached ({answer['error']}) for {name}", UNAVAILABLE, "", index, doc)
+    raise SetupFailed(f"{index} lists no +cpu build of {name} ({doc['sought']})", CONFIG, "", companion=doc)
+
+
 def ensure(root: str, key: str, constraints: Sequence[str], requirements: str | None, specs: Sequence[str],
            check: bool = False, cwd: str | None = None, torch: str | None = None,
            torch_index: str | None = None) -> dict:
@@ -367,6 +446,9 @@ def ensure(root: str, key: str, constraints: Sequence[str], requirements: str | 
             return {**answer, "skipped": True}
         if os.path.lexists(venv):  # a cut build: never half-trusted
             shutil.rmtree(venv)
+        named = named_companions(specs, _read(requirements))
+        if named and torch and torch.endswith("+cpu") and torch_index:
+            _refuse_early(named, torch, torch_index)
         python = _make(venv)
         installed = _install(python, venv, constraints, requirements, specs, cwd)
         replaced = fit_companions(python, venv, torch, torch_index)
@@ -374,6 +456,14 @@ def ensure(root: str, key: str, constraints: Sequence[str], requirements: str | 
                  "base": sys.executable}
         write_atomic(os.path.join(venv, STAMP), json.dumps(stamp).encode(), 0o644)
     return {**answer, "python": python, "created": True, "installed": installed, "replaced": replaced}
+
+
+def _read(path: str | None) -> str:
+    try:
+        with open(path or "", errors="replace") as fh:
+            return fh.read()
+    except OSError:  # no file named, or one pip will name in its own error
+        return ""
 
 
 def main(argv: list[str]) -> int:
@@ -392,7 +482,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("specs", nargs="*")
     q = sub.add_parser("probe", help="(run by a job's venv python) which of these companions cannot load")
     q.add_argument("pairs", help='JSON [[dist, module], ...]')
+    r = sub.add_parser("source", help="where the named companions built for TORCH would come from")
+    r.add_argument("--torch", required=True)
+    r.add_argument("--torch-index", required=True)
+    r.add_argument("names", nargs="+")
     args = parser.parse_args(argv)
+    if args.cmd == "source":
+        print(json.dumps(companion_source(args.names, args.torch, args.torch_index)))
+        return 0
     if args.cmd == "probe":
         print(json.dumps(probe(json.loads(args.pairs))))
         return 0

@@ -8,12 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from envcheck.checks import CARGO_ONLY
+from thrust_remote.agent.venv import named_companions
 from thrust_remote.backends import backend_for
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.config.hosts import torch_index
@@ -83,93 +83,73 @@ def over_nodes(fleet: Fleet, hosts: Sequence[HostConfig], job: JobConfig | None,
     return reports
 
 
-# a requirement line naming one of PyTorch's companions (what pip reads: the name first)
-_COMPANION = re.compile(r"^\s*(torchvision|torchaudio)(?![\w.-])", re.IGNORECASE | re.MULTILINE)
-REACH_S = 5
+REACH_S = 5 + 60  # the agent's connect (5 s) and the host python's torch import (the probe)
+TITLE = "torch's companions for the host's torch"
 
 
 def companion_row(runner: Runner, host: HostConfig, job: JobConfig | None, facts: dict, root: Path) -> Check | None:
     """`doctor --job`: a job whose requirements name torchvision / torchaudio, on a host whose torch is
-    a variant build (`+cpu`, `+cu128`), gets those from the variant's index (run/venv.py): can the host
-    reach it? A `+cpu` torch has no other source (PyPI's Linux builds are CUDA ones): a fail, as the
-    run's setup would refuse; for a CUDA torch PyPI's build may fit: a warning."""
+    a variant build (`+cpu`, `+cu128`), keeps the host python's own build when it loads beside that torch,
+    else gets it from the variant's index (run/venv.py): can the host reach it, and does it list a build
+    of the variant? The agent's `venv source` answers, as `venv ensure` asks before pip. A `+cpu` torch
+    has no other source (PyPI's Linux builds are CUDA ones): a fail, as the run's setup refuses; for a
+    CUDA torch PyPI's build may fit: a warning."""
     if job is None or job.kind == "cargo":
         return None
-    text = "\n".join(job.requirements)
+    text = ""
     if job.requirements_file:
         with contextlib.suppress(OSError):  # a missing file: the preflight names it
-            text += "\n" + (root / job.requirements_file).read_text(errors="replace")
-    named = sorted({m.lower() for m in _COMPANION.findall(text)})
-    torch = facts.get("torch")
-    index = torch_index(host.torch_index, torch)
-    url = urllib.parse.urlsplit(index or "")
+            text = (root / job.requirements_file).read_text(errors="replace")
+    named = named_companions(job.requirements, text)
+    torch = str(facts.get("torch"))
+    index = torch_index(host.torch_index, facts.get("torch"))
     if not named or not index:
         return None
-    if url.scheme == "file":
-        return _file_index_row(runner, host, named, str(torch), index, urllib.parse.unquote(url.path))
-    if url.scheme not in ("http", "https") or not url.hostname:
-        return None
-    port = url.port or (443 if url.scheme == "https" else 80)
-    result, _ = payload.run_pyz(runner, host, payload.agent(), ["reach", url.hostname, str(port), "--timeout",
-                                                                str(REACH_S)], timeout=REACH_S + 30, flags=("-S",))
-    try:
-        answer = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        answer = {"ok": False, "error": (result.stderr or result.stdout).strip()[-200:]}
-    what = f"{', '.join(named)} for torch {torch} come from {index}"
-    title = "torch's companions for the host's torch"
-    if answer.get("ok"):
-        pages = {name: _agent_page(runner, host, f"{index.rstrip('/')}/{name}/") for name in named}
-        return _listed_row(host, named, str(torch), index, pages, "reaches")
-    variant = str(torch).partition("+")[2]
-    return Check("torch-companions", title, "fail" if variant == "cpu" else "warn",
-                 f"{what}, which {host.name} cannot reach ({answer.get('error')}); "
-                 + ("PyPI's builds are CUDA ones: a run of this job is refused at its setup" if variant == "cpu"
-                    else "a run uses PyPI's build only if it loads beside that torch"),
-                 f"let {host.name} reach {url.hostname}:{port}, or set `torch_index:` under hosts.{host.name} "
-                 f"to a mirror of it (`{{variant}}` stands for {variant})")
-
-
-def _agent_page(runner: Runner, host: HostConfig, url: str) -> tuple[str | None, str]:
-    """(the page's text, URL) as the host reads it, or (None, URL and why it could not)."""
-    result, _ = payload.run_pyz(runner, host, payload.agent(), ["page", url, "--timeout", str(REACH_S)],
+    result, _ = payload.run_pyz(runner, host, payload.agent(), ["venv", "source", "--torch", torch,
+                                                                "--torch-index", index, "--", *named],
                                 timeout=REACH_S + 30, flags=("-S",))
     try:
         answer = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        answer = {"ok": False, "error": (result.stderr or result.stdout).strip()[-200:]}
-    return (str(answer.get("text") or ""), url) if answer.get("ok") else (None, f"{url}: {answer.get('error')}")
+        answer = {"error": (result.stderr or result.stdout).strip()[-200:] or f"exit {result.exit_code}",
+                  "loaded": [], "missing": [], "sought": {}}
+    return _source_row(host, named, torch, index, answer)
 
 
-def _file_index_row(runner: Runner, host: HostConfig, named: Sequence[str], torch: str, index: str,
-                    path: str) -> Check:
-    """A `torch_index:` on the host's own disk (file://, a mirror as PEP 503 lays it out: INDEX/NAME/
-    index.html, the page pip reads there)."""
-    pages: dict[str, tuple[str | None, str]] = {}
-    for name in named:
-        page = f"{path.rstrip('/')}/{name}/index.html"
-        result = runner.run(["cat", "--", page], timeout=REACH_S + 30)
-        why = result.stderr.strip().rpartition(": ")[2] or f"cat exited {result.exit_code}"
-        pages[name] = (result.stdout, page) if result.exit_code == 0 else (None, f"{page}: {why}")
-    return _listed_row(host, named, torch, index, pages, "holds")
-
-
-def _listed_row(host: HostConfig, named: Sequence[str], torch: str, index: str,
-                pages: dict[str, tuple[str | None, str]], has: str) -> Check:
-    """Reaching the index says nothing of what it serves: each companion's page (its text, or where it
-    was sought) must list a build for the torch's variant (`+cpu` in a wheel's name), which is what the
-    run's setup will ask the index for (agent/venv.py fit_companions)."""
+def _source_row(host: HostConfig, named: Sequence[str], torch: str, index: str, answer: dict) -> Check:
     variant = torch.partition("+")[2]
-    missing = [name for name, (text, _) in pages.items() if f"+{variant}-" not in urllib.parse.unquote(text or "")]
-    what = f"{', '.join(named)} for torch {torch} come from {index}"
-    title = "torch's companions for the host's torch"
+    loaded = list(answer.get("loaded") or ())
+    if loaded == list(named):
+        return Check("torch-companions", TITLE, "ok",
+                     f"{_names(loaded)} in {host.name}'s python {_verb(loaded, 'load', 'loads')} beside its torch "
+                     f"{torch}: the job's venv uses {_verb(loaded, 'them', 'it')}, needing nothing from {index}")
+    need = [n for n in named if n not in loaded]
+    what = f"{_names(need)} for torch {torch} {_verb(need, 'come', 'comes')} from {index}"
+    refused = ("PyPI's builds are CUDA ones: a run of this job is refused before its venv's install"
+               if variant == "cpu" else "a run uses PyPI's build only if it loads beside that torch")
+    status = "fail" if variant == "cpu" else "warn"
+    url = urllib.parse.urlsplit(index)
+    if answer.get("error"):
+        where = answer.get("address") or url.hostname or index
+        return Check("torch-companions", TITLE, status,
+                     f"{what}, which {host.name} cannot reach ({answer['error']}); {refused}",
+                     f"let {host.name} reach {where}, or set `torch_index:` under hosts.{host.name} "
+                     f"to a mirror of it (`{{variant}}` stands for {variant})")
+    missing = list(answer.get("missing") or ())
+    has = "holds" if url.scheme == "file" else "reaches"
     if not missing:
-        return Check("torch-companions", title, "ok", f"{what}, which {host.name} {has}, listing +{variant} builds")
-    sought = "; ".join(where if pages[name][0] is None else f"{where} lists none"
-                       for name in missing for where in [pages[name][1]])
-    return Check("torch-companions", title, "fail" if variant == "cpu" else "warn",
-                 f"{index} on {host.name} lists no +{variant} build of {', '.join(missing)} ({sought}); "
-                 + ("PyPI's builds are CUDA ones: a run of this job is refused at its setup" if variant == "cpu"
-                    else "a run uses PyPI's build only if it loads beside that torch"),
-                 f"set `torch_index:` under hosts.{host.name} to an index that has them "
-                 f"(`{{variant}}` stands for {variant}), or put the +{variant} wheels in {index}")
+        return Check("torch-companions", TITLE, "ok", f"{what}, which {host.name} {has}, listing +{variant} builds")
+    sought = "; ".join(str((answer.get("sought") or {}).get(name)) for name in missing)
+    return Check("torch-companions", TITLE, status,
+                 f"{index} on {host.name} lists no +{variant} build of {_names(missing)} ({sought}); {refused}",
+                 f"set `torch_index:` under hosts.{host.name} to an index that has "
+                 f"{_verb(missing, 'them', 'it')} (`{{variant}}` stands for {variant}), or put the +{variant} "
+                 f"wheels in {index}")
+
+
+def _names(names: Sequence[str]) -> str:
+    return " and ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + f" and {names[-1]}"
+
+
+def _verb(names: Sequence[str], several: str, one: str) -> str:
+    return one if len(names) == 1 else several

@@ -169,7 +169,10 @@ def companion_error(host: str, spec: JobSpec, doc: Mapping[str, Any], code: int)
     fit_companions): the package, its build and the host's torch, and what makes it fit."""
     comp = doc["companion"]
     name, variant, index = comp["name"], comp.get("variant"), comp.get("index")
-    built = f"{name} {comp['version']}" + (f" (built for torch {comp['torch']})" if comp.get("torch") else "")
+    if comp.get("version"):
+        built = f"{name} {comp['version']}" + (f" (built for torch {comp['torch']})" if comp.get("torch") else "")
+    else:  # refused before pip (agent/venv.py companion_source): PyPI's build is the one pip would take
+        built = f"{name} from PyPI"
     needs = [lib for lib in comp.get("libs") or () if "cuda" in lib]
     if needs and variant and not variant.startswith("cu"):
         built += f", a CUDA build (its native code needs {', '.join(needs)})"
@@ -179,12 +182,16 @@ def companion_error(host: str, spec: JobSpec, doc: Mapping[str, Any], code: int)
         why = f"{name} is not one of PyTorch's own packages, which its index builds per variant"
         fix = f"pin a release of {name} built for torch {comp.get('host_torch')} (its install notes say which)"
     elif doc.get("index"):
-        why = f"{wanted} comes from {index}, which {host} cannot reach"
+        why = f"{wanted} comes from {index}, which {host} cannot reach" + (
+            f" ({comp['unreachable']})" if comp.get("unreachable") else "")
         fix = (f"let {host} reach {index}, or set `torch_index:` under hosts.{host} to a mirror of it "
                f"(`{{variant}}` stands for {variant})")
     elif index and comp.get("replaced"):
         why = f"neither does the build {index} served"
         fix = f"set `torch_index:` under hosts.{host} to the index {host}'s torch came from"
+    elif index and comp.get("sought"):  # refused before pip: the page where it was sought
+        why = f"{index} lists no {wanted} ({comp['sought']})"
+        fix = f"set `torch_index:` under hosts.{host} to an index that has it"
     elif index:
         said = [line for line in str(doc.get("tail") or "").splitlines() if line.startswith("ERROR:")]
         why = f"{index} could not serve {wanted}" + (f" ({said[0]})" if said else "")
@@ -198,3 +205,4 @@ def companion_error(host: str, spec: JobSpec, doc: Mapping[str, Any], code: int)
         "the venv is made afresh on the next run",
         code,
     )
+
