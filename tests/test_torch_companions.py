@@ -120,6 +120,22 @@ def test_an_index_without_the_variants_build_is_78_before_pip(tmp_path, sshd, re
     assert "Traceback" not in result.stderr and not _ran(remote_dir) and not _venvs(remote_dir)
 
 
+@pytest.mark.slow
+def test_an_index_with_another_release_of_the_variant_is_78_after_pip_saying_what_it_lists(
+        tmp_path, sshd, remote_dir, cli):
+    """The index lists +cpu builds (so the check before pip lets it through), not the release pip chose:
+    the setup's own replacement fails, and says so plainly, never pip's 'conflicting dependencies'."""
+    mirror = tmp_path / "mirror"
+    _cpu_torchvision(mirror, "0.27.0+cpu")
+    project = _project(tmp_path, sshd, remote_dir, f"file://{mirror}/{{variant}}")
+    result = cli("train", "vision", cwd=project)
+    err = " ".join(result.stderr.split())
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    assert f"file://{mirror}/cpu lists no torchvision==0.28.0+cpu (it lists 0.27.0+cpu)" in err, err
+    assert "conflicting dependencies" not in err
+    assert "Traceback" not in result.stderr and not _ran(remote_dir)
+
+
 def _cpu_torchvision(index: Path, version: str = "0.28.0+cpu") -> None:
     """A stand-in for PyTorch's `torchvision 0.28.0+cpu` wheel (pure python; its nms runs on the CPU
     torch), in a local index laid out as PyTorch's: INDEX/cpu/torchvision/<wheel>."""

@@ -341,9 +341,10 @@ def fit_companions(python: str, venv: str, torch: str | None, index: str | None)
         try:  # --no-deps: its dependencies are in already, and torch is never to be pulled in
             _pip(python, ["--no-deps", "--force-reinstall", "--index-url", index, "--", want], venv)
         except SetupFailed as exc:
+            listed = [] if exc.index else _listed(index, comp["name"], variant)
             raise SetupFailed(f"{comp['name']} {comp['version']} does not load beside the host's torch {torch} "
                               f"({why}), and {want} could not be installed from {index}: {exc}", exc.exit_code,
-                              exc.output, exc.index, {**doc, "wanted": want}) from None
+                              exc.output, exc.index, {**doc, "wanted": want, "listed": listed}) from None
         replaced.append(f"{comp['name']} {comp['version']} -> {want}")
     still = _unfit(python, found)
     if still:
@@ -379,6 +380,14 @@ def _index_page(index: str, name: str) -> tuple[str | None, str]:
     where = f"{index.rstrip('/')}/{name}/"
     answer = page(where, REACH_S)
     return (answer["text"], where) if answer["ok"] else (None, f"{where}: {answer['error']}")
+
+
+def _listed(index: str, name: str, variant: str) -> list[str]:
+    """The versions of `name` built for `variant` that the index's page lists (its wheels' names): what
+    to say when pip, asked for one it lacks, speaks of "conflicting dependencies" instead."""
+    text, _ = _index_page(index, name)
+    found = re.findall(rf"{re.escape(name)}-([\w.!]+\+{re.escape(variant)})-", urllib.parse.unquote(text or ""))
+    return sorted(set(found))
 
 
 def companion_source(named: Sequence[str], torch: str, index: str) -> dict:

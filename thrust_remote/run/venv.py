@@ -189,12 +189,8 @@ def companion_error(host: str, spec: JobSpec, doc: Mapping[str, Any], code: int)
     elif index and comp.get("replaced"):
         why = f"neither does the build {index} served"
         fix = f"set `torch_index:` under hosts.{host} to the index {host}'s torch came from"
-    elif index and comp.get("sought"):  # refused before pip: the page where it was sought
-        why = f"{index} lists no {wanted} ({comp['sought']})"
-        fix = f"set `torch_index:` under hosts.{host} to an index that has it"
     elif index:
-        said = [line for line in str(doc.get("tail") or "").splitlines() if line.startswith("ERROR:")]
-        why = f"{index} could not serve {wanted}" + (f" ({said[0]})" if said else "")
+        why = _not_served(index, wanted, str(doc.get("tail") or ""), comp.get("sought"), comp.get("listed") or [])
         fix = f"set `torch_index:` under hosts.{host} to an index that has it"
     else:
         why = f"{host}'s torch {comp.get('host_torch')} has no variant label, so no index of builds for it is known"
@@ -206,3 +202,19 @@ def companion_error(host: str, spec: JobSpec, doc: Mapping[str, Any], code: int)
         code,
     )
 
+
+# pip's words for "the index has no such build": with --no-deps and one pinned spec, its resolver's
+# "conflicting dependencies" (a constraint in pip's own config is enough) means no more than that, and
+# misleads (issue 56)
+_NOT_LISTED = ("Could not find a version that satisfies", "No matching distribution", "conflicting dependencies",
+               "ResolutionImpossible")
+
+
+def _not_served(index: str, wanted: str, tail: str, sought: str | None, listed: Sequence[str]) -> str:
+    """Why `index` could not serve `wanted`: plainly that it lists no such build (with those it does list,
+    read from its page by the agent), else pip's own first error."""
+    errors = [line for line in tail.splitlines() if line.startswith("ERROR:")]
+    if sought or listed or any(words in tail for words in _NOT_LISTED) or not errors:
+        return f"{index} lists no {wanted}" + (f" ({sought})" if sought else "") + (
+            f" (it lists {', '.join(listed)})" if listed else "")
+    return f"{index} could not serve {wanted} ({errors[0]})"
