@@ -10,8 +10,8 @@
         {"ok": bool, "error", "dev", "src"}: a TCP connect to ADDR:PORT (retried while refused, up to
         S seconds: node 0's listener may start a moment later) and the interface it goes through
     agent page URL --timeout S
-        {"ok": bool, "error", "text"}: the page at URL as this host reads it (doctor --job: a package
-        index's page of a torch companion, for the builds it lists)
+        {"ok": bool, "error", "text"}: the page at URL as this host reads it (a package index's page of
+        a torch companion, for the builds it lists: venv.companion_source calls page() in its own process)
     agent route-dev ADDR
         {"dev": "eth0", "src": "10.0.0.2", "local": false}: the interface this host would use to reach
         ADDR (`ip route get`); for an address of this host itself, the interface that holds it
