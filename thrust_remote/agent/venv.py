@@ -8,7 +8,8 @@
         pip fails (`index`: the package index pip could not connect to, when that is why; pip runs with
         `--retries 1 --timeout 10`, so an unreachable index fails in seconds); exit 78 when a torch
         companion (`companion`: torchvision...) cannot have a build that loads beside the host's torch
-        VERSION, though its index answered (see fit_companions)
+        VERSION, though its index answered (see fit_companions). For a `+cpu` torch both come before
+        the venv is made, in seconds, for a companion the requirements name (companion_source)
     agent venv probe '[[DIST, MODULE], ...]'   (run by the venv's python)
         {DIST: "Error: message"} for each module that cannot load there
     agent venv source --torch VERSION --torch-index URL NAME...
