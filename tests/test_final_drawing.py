@@ -105,3 +105,10 @@ def test_the_runs_time_at_its_end_is_what_the_follow_was_told_not_the_clock_a_po
     reporter.followed()
     last = _last_frame(buf.getvalue())
     assert last.endswith("elapsed 47.2 s"), last
+
+
+@pytest.mark.parametrize("width", [160, 60])
+def test_the_final_drawing_has_no_eta_even_from_the_jobs_own_sps(width):
+    line = _layout(M, width, 47.25, True, objective="val/acc", final=True)[0]
+    assert "eta" not in line and "val/acc" in line, line
+    assert "eta" in _layout(M, 160, 47.25, True, objective="val/acc")[0]  # while it runs

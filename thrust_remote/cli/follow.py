@@ -83,7 +83,7 @@ def _objective(m: Mapping[str, Any], objective: str | None) -> list[list[str]]:
 
 def _fields(m: Mapping[str, Any], elapsed: float | None, pulled: float | None = None,
             eta: float | None = None, objective: str | None = None,
-            others: int = OTHERS_PIPED) -> tuple[str, list[list[str]]]:
+            others: int = OTHERS_PIPED, final: bool = False) -> tuple[str, list[list[str]]]:
     """(the % field, the optional fields most important first, each as its variants widest first); `eta`:
     seconds left as the view measured the steps' pace, for metrics without their own `sps`; `objective`:
     the metric that leads (the job's `objective: {metric:}`), then steps and the rest, `others` of a job's
@@ -99,7 +99,7 @@ def _fields(m: Mapping[str, Any], elapsed: float | None, pulled: float | None = 
     elif ret:
         optional.append(ret)
     sps = m.get("sps")
-    if sps and total and total > step:
+    if sps and total and total > step and not final:  # an ended run's time is spent: no eta on its last line
         optional.append([f"eta {duration((total - step) / sps)}"])
     elif eta is not None and total and total > step:
         optional.append([f"eta {duration(eta)}"])
@@ -150,11 +150,11 @@ def _layout(m: Mapping[str, Any], width: int | None, elapsed: float | None, bar:
         return (text if width is None else text[:width]), 0
     pinned = final and elapsed is not None
     pct, optional = _fields(m, None if pinned else elapsed, pulled, eta, objective,
-                            OTHERS_PIPED if width is None else OTHERS_LIVE)
+                            OTHERS_PIPED if width is None else OTHERS_LIVE, final)
     tail = [f"elapsed {run_time(elapsed)}", run_time(elapsed)] if pinned and elapsed is not None else []
     if tail and width is not None:  # the time first, the rest in what is left of the width
         room = width - len(tail[0]) - 2
-        line, filled = _layout(m, room, None, bar, waiting, pulled, eta, objective) if room > 0 else ("", 0)
+        line, filled = _layout(m, room, None, bar, waiting, pulled, None, objective, True) if room > 0 else ("", 0)
         if line:
             return f"{line}  {tail[0]}", filled
         return (tail[0] if len(tail[0]) <= width else tail[1][:width]), 0
