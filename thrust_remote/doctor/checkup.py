@@ -127,11 +127,10 @@ def _source_row(host: HostConfig, named: Sequence[str], torch: str, index: str, 
     what = f"{_names(need)} for torch {torch} {_verb(need, 'come', 'comes')} from {index}"
     refused = ("PyPI's builds are CUDA ones: a run of this job is refused before its venv's install"
                if variant == "cpu" else "a run uses PyPI's build only if it loads beside that torch")
-    status = "fail" if variant == "cpu" else "warn"
     url = urllib.parse.urlsplit(index)
     if answer.get("error"):
         where = answer.get("address") or url.hostname or index
-        return Check("torch-companions", TITLE, status,
+        return Check("torch-companions", TITLE, "fail" if variant == "cpu" else "warn",
                      f"{what}, which {host.name} cannot reach ({answer['error']}); {refused}",
                      f"let {host.name} reach {where}, or set `torch_index:` under hosts.{host.name} "
                      f"to a mirror of it (`{{variant}}` stands for {variant})")
@@ -140,7 +139,7 @@ def _source_row(host: HostConfig, named: Sequence[str], torch: str, index: str, 
     if not missing:
         return Check("torch-companions", TITLE, "ok", f"{what}, which {host.name} {has}, listing +{variant} builds")
     sought = "; ".join(str((answer.get("sought") or {}).get(name)) for name in missing)
-    return Check("torch-companions", TITLE, status,
+    return Check("torch-companions", TITLE, "fail" if variant == "cpu" else "warn",
                  f"{index} on {host.name} lists no +{variant} build of {_names(missing)} ({sought}); {refused}",
                  f"set `torch_index:` under hosts.{host.name} to an index that has "
                  f"{_verb(missing, 'them', 'it')} (`{{variant}}` stands for {variant}), or put the +{variant} "
