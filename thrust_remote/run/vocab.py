@@ -52,7 +52,8 @@ class Reporter(Protocol):
     from another thread). `note` is a turn in a run's life said as a line of its own, even where steps
     are not shown (`--json`): a retry resuming the run. `running` comes before `following`: how long the
     run has gone already (None: not started; a reattach's elapsed time goes on from it) and the command
-    that shows its log (what a run quiet for long is told to look at)."""
+    that shows its log (what a run quiet for long is told to look at); once more after the run ended,
+    before `followed`, with its own wall time, which the final drawing shows."""
 
     def step(self, message: str) -> None: ...
     def warn(self, message: str) -> None: ...
