@@ -4,6 +4,7 @@ as a built-in one (snake, cartpole) changes it key by key while its kind stays."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -14,7 +15,7 @@ from thrust_remote.core.config import job_values, retry
 from thrust_remote.core.config.model import JOB_KINDS, JobConfig, Workers
 from thrust_remote.core.config.notify import parse_notify
 from thrust_remote.core.config.reader import Reader, line
-from thrust_remote.core.config.values import DATA_KEYS, argv, check_name, data_value, repo_path, words
+from thrust_remote.core.config.values import DATA_KEYS, argv, check_name, data_value, items, repo_path, words
 
 JOB_KEYS = (
     "kind", "script", "module", "command", "args", "requirements", "nproc", "workers", "artifacts", "metrics",
@@ -101,12 +102,30 @@ def _text(reader: Reader, kind: str, key: str, f: str, value: yaml.Node) -> dict
     return {key: text}
 
 
+# pip's own spelling of "the specs in this file" inside a list: `-r requirements.txt` (or --requirement)
+_FILE_WORD = re.compile(r"(?:-r|--requirement)(?:\s+|=)(\S.*)")
+
+
 def _requirements(reader: Reader, kind: str, key: str, f: str, value: yaml.Node) -> dict[str, Any]:
-    """A requirements file in the repo (one value), or a list of pip specs."""
+    """A requirements file in the repo (one value), or a list of pip specs, which may name one file
+    of the repo as pip does (`[-r requirements.txt, tensorboard]`): the file's specs and the list's
+    together, so a project's own file needs no copy to add what a thrust.yaml key asks (tensorboard)."""
     if isinstance(value, yaml.ScalarNode):
         return {"requirements_file": repo_path(reader, f, value)}
     expected = "a requirements file or a list of pip specs like [gymnasium>=1.0]"
-    return {key: tuple(words(reader, f, value, expected, pip=True))}
+    specs, files = [], []
+    for item in items(reader, f, value, expected):
+        named = _FILE_WORD.fullmatch(item.value.strip()) if isinstance(item, yaml.ScalarNode) else None
+        (files if named else specs).append(item)
+    if len(files) > 1:
+        raise reader.fail(files[1], f, "one requirements file per job (`-r FILE` once); list the other's "
+                                       "specs here, or join the files")
+    out: dict[str, Any] = {key: tuple(words(reader, f, yaml.SequenceNode(value.tag, specs), expected, pip=True))}
+    if files:
+        path = _FILE_WORD.fullmatch(files[0].value.strip()).group(1)  # type: ignore[union-attr]
+        out["requirements_file"] = repo_path(reader, f, yaml.ScalarNode(
+            "tag:yaml.org,2002:str", path, files[0].start_mark, files[0].end_mark))
+    return out
 
 
 WORKERS_KEYS = ("count", "port")
