@@ -18,8 +18,9 @@ from thrust_remote.backends.base import Backend
 from thrust_remote.cli.common import HOST_OPT, get_config, get_fleet, plain_table
 from thrust_remote.cli.follow import duration, say
 from thrust_remote.cli.outcome import CliReporter, show_outcome, why_ended
+from thrust_remote.core.config import LOCAL, Config
 from thrust_remote.core.console import console, err_console, host_text
-from thrust_remote.core.errors import ExitCode, StillGoing, UsageError
+from thrust_remote.core.errors import ExitCode, StillGoing, ThrustError, UsageError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host.fleet import Fleet
 from thrust_remote.run import lifecycle, vocab, waiting
@@ -92,6 +93,7 @@ def _summary(ctx: typer.Context, host: str | None, all_hosts: bool, timeout: flo
         for listing in listings:
             if listing.runs is None:
                 say(f"{listing.host}: not counted ({listing.error})")
+        _fail_when_none_answered(config, listings)  # totals of nothing would read as no GPU-hours anywhere
         rows = [r for listing in listings for r in listing.runs or []]
     else:
         with Fleet(get_config(ctx)).open(host) as session:
@@ -139,9 +141,22 @@ def _list_all(ctx: typer.Context, timeout: float, as_json: bool) -> None:
                 notes.append(f"{listing.host}: {listing.error}")
             rows += [(listing.host, *_row(r, resumed, extra[id(r)], named)) for r in listing.runs or []]
         _print_hosts_table(("host", *_columns(resumed, named)), rows, notes)
-    answered = [listing for listing in listings if listing.runs is not None]
-    if not answered:  # no host answered: the first one's reason is the exit code (69 for a timeout)
-        raise typer.Exit(listings[0].exit_code if listings else 0)
+    _fail_when_none_answered(config, listings)
+
+
+def _fail_when_none_answered(config: Config, listings: Sequence[control.HostListing]) -> None:
+    """`runs --all` when no host answered: an error, not exit 0 under a table of UNREACHABLE rows, which a
+    script would read as "no runs anywhere". The laptop's `local` (there even when thrust.yaml names no
+    such host) always answers, so its empty answer does not count; its runs do. Its code is the one all
+    the failures share (77 when every host refused the key), else 69: unavailable."""
+    failed = [listing for listing in listings if listing.runs is None]
+    if not failed or any(listing.runs is not None and (listing.host != LOCAL or listing.runs)
+                         for listing in listings):
+        return
+    codes = {listing.exit_code for listing in failed}
+    raise ThrustError(f"no host answered ({', '.join(listing.host for listing in failed)}); each one's reason is "
+                      "listed with it", command_hint("doctor", host=config.host(failed[0].host)),
+                      exit_code=codes.pop() if len(codes) == 1 else ExitCode.UNAVAILABLE)
 
 
 def _unreachable(listing: control.HostListing) -> str:
