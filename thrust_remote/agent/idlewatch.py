@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Sequence
 
 QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
-IDLE = "idle"  # the STOPPED file's reason
 
 
 def utilization(gpus: Sequence[int]) -> list[float] | None:

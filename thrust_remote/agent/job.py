@@ -30,6 +30,7 @@ from .protocol import (
     EXIT_CODE,
     FREE_PORT,
     GPUS_USED,
+    IDLE,
     MAX_DURATION,
     MAX_DURATION_GRACE_S,
     STOPPED,
@@ -99,7 +100,7 @@ def watch(run_dir: str, meta: RunRecord, proc: subprocess.Popen,
         return stop
 
     if meta.get("idle_stop"):  # the job's idle-GPU stop (idlewatch.py)
-        idlewatch.watch(meta["idle_stop"], meta.get(GPUS_USED) or [], done, stop_for(idlewatch.IDLE, 10.0))
+        idlewatch.watch(meta["idle_stop"], meta.get(GPUS_USED) or [], done, stop_for(IDLE, 10.0))
     if meta.get("max_duration"):  # the job's max_duration: (agewatch.py), counted from the job's start
         agewatch.watch(float(meta["max_duration"]), done, stop_for(MAX_DURATION, MAX_DURATION_GRACE_S))
     code = proc.wait()

@@ -188,6 +188,16 @@ def never_started_end() -> str:
 MAX_DURATION = "max-duration"
 MAX_DURATION_GRACE_S = 60.0
 
+# A run's end `reason` (StatusAnswer's, the STOPPED file's, a retry's `on:` word): spelled here once,
+# since the agent writes them, the laptop reads them and thrust.yaml names them
+USER_STOP = "user"  # STOPPED: `stop` asked
+IDLE = "idle"  # STOPPED: the idle-GPU stop (agent/idlewatch.py)
+TIMEOUT = "timeout"  # a cluster's time limit (FAILED): a retry and self-continuation read "continue me"
+PREEMPTED = "preempted"  # the scheduler preempted it (LOST): continued as a timeout is
+CANCELLED = "cancelled"  # STOPPED by the scheduler (scancel), not by `stop`
+OUT_OF_MEMORY = "out-of-memory"  # FAILED: the scheduler's OOM kill
+NOT_SUBMITTED = "not-submitted"  # the scheduler never gave it a job id (refused, or its launch cut meanwhile)
+
 # run.json's GPUs a run could use (GPU-hours count them): the chosen ones, else all the job could see
 GPUS_USED = "gpus_used"
 # run.json's runs that continue a cluster's run that resubmitted itself, and why one did not
@@ -301,7 +311,7 @@ class StatusAnswer(TypedDict, total=False):
     gpu_hours: float | None  # wall_hours x the GPUs it could use (run.json's gpus_used); 0.0 on the CPU
     queued_at: str | None  # a run launched with --queue: when it joined the queue
     position: int  # a QUEUED run's place in the host's queue (1: next to start)
-    reason: str  # a STOPPED run's: "user" (stop), "idle" (the idle-GPU stop); a cluster's run's: SchedulerView's
+    reason: str  # a STOPPED run's: USER_STOP (stop), IDLE, MAX_DURATION; a cluster's run's: SchedulerView's
     reason_detail: str
     unreadable: str  # a path of the run this account may not read (permission denied): the rest is a guess
     disk_free: int  # a FAILED or LOST run: bytes free on its run directory's filesystem now (a full disk?)

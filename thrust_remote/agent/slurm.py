@@ -47,7 +47,9 @@ from .protocol import (
     CONTINUED_BY,
     EXIT_CODE,
     NODES_DIR,
+    NOT_SUBMITTED,
     PATCH,
+    PREEMPTED,
     RDZV_FILE,
     RDZV_PENDING,
     RESUME_DIR,
@@ -55,6 +57,7 @@ from .protocol import (
     SCHEDULER,
     SELF_RETRY,
     STOPPED,
+    TIMEOUT,
     RunRecord,
     RunState,
     SchedulerRecord,
@@ -75,7 +78,7 @@ ENV = ".env.json"  # the job's env for the supervisor on the allocation (0600: i
 SLURM_OUT = "slurm.out"  # what the batch step prints before the supervisor takes the log
 END = "scheduler-end.json"  # the scheduler's word on an ended job, kept: asked once, never again
 NEAR_LIMIT = "time-limit"  # written when Slurm's warning came: the job was stopped for its time limit
-PREEMPTED = "preempted"  # written when a TERM was Slurm's preemption (scontrol's PreemptTime is set)
+PREEMPT_MARK = "preempted"  # written when a TERM was Slurm's preemption (scontrol's PreemptTime is set)
 CANNOT_START = "cannot-start"  # {reason, detail, at}: Slurm can never start the job; it was cancelled, the run FAILED
 PENDING_SEEN = "pending-reason"  # the last pending reason the run's log was told of
 LOG = "log"  # the run's log (protocol.LOG): a pending run's reasons are said there, before the job's own lines
@@ -415,9 +418,9 @@ def _view(run_dir: str, meta: RunRecord, *, exit_code: int | None, ended: bool, 
         return {"state": RunState.FAILED, "reason": "cannot-start", "reason_detail": str(never.get("detail") or "")}
     if not job_id:  # sbatch refused (its end written), the launch still submitting, or cut while it did
         if ended:
-            return {"state": RunState.FAILED, "reason": "not-submitted"}
+            return {"state": RunState.FAILED, "reason": NOT_SUBMITTED}
         if time.time() - float(sched.get("submitted_ts") or 0) > 2 * CALL_S:
-            return {"state": RunState.LOST, "reason": "not-submitted",
+            return {"state": RunState.LOST, "reason": NOT_SUBMITTED,
                     "reason_detail": "its launch ended before sbatch gave it a job id"}
         return {"state": RunState.QUEUED, "reason": "submitting"}
     final = read_json(os.path.join(run_dir, END))
@@ -442,7 +445,7 @@ def _view(run_dir: str, meta: RunRecord, *, exit_code: int | None, ended: bool, 
         word = RunState.RUNNING.value  # Slurm's word for it is the same as ours
     if ended and not stopped and os.path.exists(os.path.join(run_dir, NEAR_LIMIT)):
         word = "TIMEOUT"  # it ended on Slurm's warning, before the limit itself: a timeout all the same
-    elif ended and not stopped and os.path.exists(os.path.join(run_dir, PREEMPTED)):
+    elif ended and not stopped and os.path.exists(os.path.join(run_dir, PREEMPT_MARK)):
         word = "PREEMPTED"  # its supervisor saw it: before squeue, which says so once the job is gone
     out = slurm_state(word, reason, exit_code=exit_code, ended=ended, stopped=stopped, started=started)
     said = SLURM_STATES.get((word or "").split(" ")[0].rstrip("+"))
@@ -647,7 +650,7 @@ def note_preempted(run_dir: str) -> bool:
     if at in ("None", "Unknown", ""):
         return False
     with contextlib.suppress(OSError):
-        _put(os.path.join(run_dir, PREEMPTED), at)
+        _put(os.path.join(run_dir, PREEMPT_MARK), at)
     return True
 
 
@@ -666,7 +669,7 @@ def continue_itself(run_dir: str, meta: RunRecord, env: dict) -> dict | None:
         return None  # not asked for, or stopped: nothing to continue
     on = plan.get("on") or ()
     if not any(event in on and os.path.exists(os.path.join(run_dir, mark))
-               for event, mark in (("timeout", NEAR_LIMIT), ("preempted", PREEMPTED))):
+               for event, mark in ((TIMEOUT, NEAR_LIMIT), (PREEMPTED, PREEMPT_MARK))):
         return None  # it ended on its own (or for a reason its retry does not answer)
     attempt, most = int(plan.get("attempt") or 0), int(plan.get("max") or 0)
     if attempt >= most:

@@ -7,7 +7,7 @@ process (tests/test_slurm_units.py). Imports nothing of the agent but the protoc
 
 from __future__ import annotations
 
-from .protocol import RunState, SchedulerView
+from .protocol import CANCELLED, OUT_OF_MEMORY, PREEMPTED, TIMEOUT, USER_STOP, RunState, SchedulerView
 
 SLURM = "slurm"  # run.json's `scheduler` kind of a run submitted with sbatch; `.thrust/slurm` its cache dir
 
@@ -30,14 +30,14 @@ SLURM_STATES: dict[str, tuple[RunState, str]] = {
     RunState.STOPPED.value: (RunState.RUNNING, "suspended"),  # Slurm's STOPPED: suspended, not ended
     "COMPLETED": (RunState.FINISHED, ""),
     RunState.FAILED.value: (RunState.FAILED, "failed"),
-    "OUT_OF_MEMORY": (RunState.FAILED, "out-of-memory"),
+    "OUT_OF_MEMORY": (RunState.FAILED, OUT_OF_MEMORY),
     "BOOT_FAIL": (RunState.FAILED, "boot-fail"),
     "DEADLINE": (RunState.FAILED, "deadline"),
-    "TIMEOUT": (RunState.FAILED, "timeout"),  # its time limit: resumable from its last checkpoint
-    "CANCELLED": (RunState.STOPPED, "cancelled"),
-    "REVOKED": (RunState.STOPPED, "cancelled"),
+    "TIMEOUT": (RunState.FAILED, TIMEOUT),  # its time limit: resumable from its last checkpoint
+    "CANCELLED": (RunState.STOPPED, CANCELLED),
+    "REVOKED": (RunState.STOPPED, CANCELLED),
     "NODE_FAIL": (RunState.LOST, "node-fail"),
-    "PREEMPTED": (RunState.LOST, "preempted"),
+    "PREEMPTED": (RunState.LOST, PREEMPTED),
 }
 # the scheduler's ends that are not the job's own: they decide the state even when the job recorded an
 # exit code (a job killed at its time limit records 143; it ran out of time, it did not fail by itself)
@@ -60,10 +60,10 @@ def slurm_state(word: str | None, reason: str, *, exit_code: int | None, ended: 
     state, why = SLURM_STATES.get(word, (RunState.LOST, "")) if word else (RunState.LOST, "")
     if word in SLURM_DECIDES:
         if state == RunState.STOPPED and stopped:
-            return {"state": RunState.STOPPED, "reason": "user"}
-        detail = {"timeout": "it reached its time limit", "preempted": "the scheduler preempted it",
-                  "node-fail": "a node of its allocation failed", "out-of-memory": "it ran out of memory",
-                  "cancelled": "cancelled in Slurm (scancel), not by thrust-remote stop"}.get(why, word.lower())
+            return {"state": RunState.STOPPED, "reason": USER_STOP}
+        detail = {TIMEOUT: "it reached its time limit", PREEMPTED: "the scheduler preempted it",
+                  "node-fail": "a node of its allocation failed", OUT_OF_MEMORY: "it ran out of memory",
+                  CANCELLED: "cancelled in Slurm (scancel), not by thrust-remote stop"}.get(why, word.lower())
         return {"state": state, "reason": why, "reason_detail": detail}
     if ended and not stopped and (exit_code or 0) >= 128 and state == RunState.RUNNING:
         # killed by a signal while the scheduler still has the job: its word on why (a failed node, the
@@ -71,7 +71,7 @@ def slurm_state(word: str | None, reason: str, *, exit_code: int | None, ended: 
         return {"state": RunState.RUNNING, "reason": "ending",
                 "reason_detail": f"its job was killed (exit code {exit_code}); waiting for the scheduler's word"}
     if ended:  # the job's own end, written by its supervisor: what it says holds
-        return {"state": _recorded(exit_code, stopped), **({"reason": "user"} if stopped else {})}
+        return {"state": _recorded(exit_code, stopped), **({"reason": USER_STOP} if stopped else {})}
     if word is None:
         return {"state": RunState.LOST, "reason": "gone",
                 "reason_detail": "the scheduler no longer knows the job and nothing recorded its end"}

@@ -20,7 +20,16 @@ import signal
 from . import job, slurm
 from .procs import signal_group
 from .procs import start_time as proc_start_time
-from .protocol import CONTINUE_ERROR, EXIT_CODE, LOG, SELF_RETRY, STOPPED, never_started_end, run_record
+from .protocol import (
+    CONTINUE_ERROR,
+    EXIT_CODE,
+    LOG,
+    PREEMPTED,
+    SELF_RETRY,
+    STOPPED,
+    never_started_end,
+    run_record,
+)
 from .runjson import read_record, write_record
 from .supervisor import exit_text, parse_end
 
@@ -91,7 +100,7 @@ def _continue(run_dir: str, meta: slurm.SlurmNodeRecord, env: dict, termed: bool
     whatever goes wrong there is said in run.json and the run's end is still recorded (an end never goes
     unwritten). Whether a TERM was a preemption is asked only of a run that would continue on one."""
     try:
-        if termed and "preempted" in ((meta.get(SELF_RETRY) or {}).get("on") or ()):
+        if termed and PREEMPTED in ((meta.get(SELF_RETRY) or {}).get("on") or ()):
             slurm.note_preempted(run_dir)
         slurm.continue_itself(run_dir, meta, env)
     except Exception as exc:  # noqa: BLE001 - the end must be written whatever failed

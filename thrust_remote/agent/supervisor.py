@@ -49,6 +49,7 @@ from .protocol import (
     RUN_JSON,
     SCHEDULER,
     STOPPED,
+    USER_STOP,
     WITHDRAWN,
     RunRecord,
     RunState,
@@ -126,7 +127,7 @@ def run_state(run_dir: str, meta: RunRecord | None = None, *, read_again: bool =
         # read as LOST, and the run FAILED, while its peer finished)
         return run_state(run_dir, meta, read_again=False)
     reason = _stop_reason(run_dir) if state == RunState.STOPPED else None
-    if sched is not None and sched.get("reason") and not (reason and reason[0] != "user"):
+    if sched is not None and sched.get("reason") and not (reason and reason[0] != USER_STOP):
         reason = (sched["reason"], sched.get("reason_detail", ""))
     # no run.json, or LOST: perhaps files this account cannot read; then say so (only then: a waiter reads
     # every run dir each poll)
@@ -216,8 +217,8 @@ def _stop_reason(run_dir: str) -> tuple[str, str] | None:
     try:
         note = json.loads(text)
     except ValueError:
-        return ("user", "")
-    return (str(note.get("reason") or "user"), str(note.get("detail") or "")) if isinstance(note, dict) else None
+        return (USER_STOP, "")
+    return (str(note.get("reason") or USER_STOP), str(note.get("detail") or "")) if isinstance(note, dict) else None
 
 
 def _hours(run_dir: str, meta: RunRecord, state: str, ended_ts: float | None) -> dict:

@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from thrust_remote.agent.protocol import CHECKPOINT_AT, MAX_DURATION_GRACE_S, NODES_DIR, RDZV_PENDING, StatusAnswer
+from thrust_remote.agent.protocol import (
+    CHECKPOINT_AT,
+    MAX_DURATION_GRACE_S,
+    NODES_DIR,
+    PREEMPTED,
+    RDZV_PENDING,
+    TIMEOUT,
+    StatusAnswer,
+)
 from thrust_remote.backends.base import Node, RunAsk, RunNodes
 from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, UsageError
@@ -27,7 +35,7 @@ from thrust_remote.run.stages import LaunchPlan, Prepared
 from thrust_remote.run.vocab import Launched, Reporter, TrainRequest
 from thrust_remote.runs import control
 
-HOST_RETRY_ON = ("timeout", "preempted")  # what a cluster's run continues from by itself (agent/slurm.py)
+HOST_RETRY_ON = (TIMEOUT, PREEMPTED)  # what a cluster's run continues from by itself (agent/slurm.py)
 GPU_ENV = ("CUDA_VISIBLE_DEVICES", "GPU_LIST")  # a trial's slot's GPUs: the scheduler picks its own
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from thrust_remote.agent.protocol import MANIFEST, RunState, StatusAnswer
+from thrust_remote.agent.protocol import MANIFEST, USER_STOP, RunState, StatusAnswer
 from thrust_remote.backends import backend_for
 from thrust_remote.cli.common import get_config, loaded_config, state
 from thrust_remote.cli.follow import LogReporter, reattach_command, run_time, say
@@ -27,7 +27,7 @@ def why_ended(status: StatusAnswer, *, detail: bool = True) -> str:
     """` [reason: detail]` of a run that did not end by itself or by `stop` (the idle-GPU stop, its
     max_duration:, a scheduler's word on it); "" otherwise. Every line that says how a run ended says it."""
     reason = status.get("reason")
-    if not reason or reason == "user":
+    if not reason or reason == USER_STOP:
         return ""
     said = status.get("reason_detail") if detail else ""
     return f" [{reason}{': ' + said if said else ''}]"

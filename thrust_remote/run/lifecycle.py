@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.agent.protocol import MODEL, RunState, StatusAnswer
+from thrust_remote.agent.protocol import MODEL, USER_STOP, RunState, StatusAnswer
 from thrust_remote.backends import Backend, RunAsk, RunNodes, backend_for
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import (
@@ -565,7 +565,7 @@ def tell_ended(config: Config, status: StatusAnswer, warn: Callable[[str], None]
         return
     reason = str(status.get("reason") or "")
     ended = notify.Ended(str(status.get("run_id")), state.value, status.get("exit_code"),
-                         str(status.get("host") or ""), job, "" if reason == "user" else reason)
+                         str(status.get("host") or ""), job, "" if reason == USER_STOP else reason)
     with notify.claim(config.root, ended.run_id) as ours:  # marked told only once its notifiers are done
         if ours:
             notify.tell(cfg, ended, warn, cwd=config.path.parent if config.path else config.root)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from thrust_remote.agent.protocol import LOG, RESUMED_FROM, RunState, StatusAnswer, run_record
+from thrust_remote.agent.protocol import LOG, RESUMED_FROM, USER_STOP, RunState, StatusAnswer, run_record
 from thrust_remote.backends import RunAsk, backend_for
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
@@ -442,7 +442,7 @@ def _stop_reason(states: Sequence[StatusAnswer | None]) -> dict[str, Any]:
     """A STOPPED run's reason over its nodes: the first node's that stopped for a reason of its own (its
     max_duration:, idle GPUs) rather than by `stop`, else `user` when a node says so."""
     said = [s for s in states if s and s.get("reason")]
-    own = next((s for s in said if s["reason"] != "user"), None) or next(iter(said), None)
+    own = next((s for s in said if s["reason"] != USER_STOP), None) or next(iter(said), None)
     if own is None:
         return {}
     return {"reason": own["reason"], **({"reason_detail": own["reason_detail"]} if own.get("reason_detail") else {})}

@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from thrust_remote.agent import placing
-from thrust_remote.agent.protocol import CHECKPOINT_FIELD, MAX_DURATION, PATCH, RunState, StatusAnswer
+from thrust_remote.agent.protocol import (
+    CHECKPOINT_FIELD,
+    MAX_DURATION,
+    PATCH,
+    PREEMPTED,
+    TIMEOUT,
+    RunState,
+    StatusAnswer,
+)
 from thrust_remote.core.config import RETRY_ON_DEFAULT, Config, JobConfig, RetryConfig
 from thrust_remote.core.errors import (
     ConnectionLostError,
@@ -316,7 +324,7 @@ def event_of(status: StatusAnswer | None) -> str | None:
     at the job's `max_duration:` (`max-duration`, retried only when `on:` names it)."""
     state = RunState.of((status or {}).get("state"))
     reason = (status or {}).get("reason")
-    if (state, reason) in ((RunState.FAILED, "timeout"), (RunState.LOST, "preempted"),
+    if (state, reason) in ((RunState.FAILED, TIMEOUT), (RunState.LOST, PREEMPTED),
                            (RunState.STOPPED, MAX_DURATION)):
         return str(reason)
     return {RunState.LOST: "lost", RunState.FAILED: "failed"}.get(state)
@@ -372,7 +380,7 @@ class Chain:
         """A cluster's run that submitted its next attempt itself at its time limit or when preempted
         (the backend's `continues_on`): followed."""
         new_id, where = str(went_on.get("run_id")), str(went_on.get("host") or host)
-        why = "it was preempted" if event == "preempted" else "it reached its time limit"
+        why = "it was preempted" if event == PREEMPTED else "it reached its time limit"
         self.reporter.warn(f"run {run_id}: {why}; the cluster resubmitted it as {new_id} "
                            f"({self.scheduler(where)} job {went_on.get('scheduler_job')}) from its checkpoint: "
                            "following it")
@@ -398,8 +406,8 @@ class Chain:
         within the grace), else a resume on the run's hosts, each one that does not answer replaced by
         the next of `retry: hosts`."""
         what = {"host-lost": f"{host} stopped answering", "lost": "it ended LOST (its host restarted?)",
-                "failed": "it FAILED", "timeout": "it reached its time limit",
-                "preempted": "the scheduler preempted it",
+                "failed": "it FAILED", TIMEOUT: "it reached its time limit",
+                PREEMPTED: "the scheduler preempted it",
                 MAX_DURATION: "it reached its max_duration"}[event]
         self.reporter.warn(f"run {run_id}: {what}; retry {n} of {self.policy.max}")
         nodes = self.hosts_of(run_id) or [host]

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from thrust_remote.agent.protocol import MAX_DURATION
+from thrust_remote.agent.protocol import MAX_DURATION, PREEMPTED, TIMEOUT
 
 # what a followed run's retry answers (docs/architecture.md); timeout and preempted: a cluster scheduler's;
 # max-duration: the job's own `max_duration:`, the protocol's STOPPED reason (asked for only: a run stopped
 # at its bound stays stopped)
-RETRY_ON = ("host-lost", "lost", "failed", "timeout", "preempted", MAX_DURATION)
+RETRY_ON = ("host-lost", "lost", "failed", TIMEOUT, PREEMPTED, MAX_DURATION)
 RETRY_ON_DEFAULT = ("host-lost", "lost")  # a FAILED run is retried only when asked: a bug fails again
 
 
