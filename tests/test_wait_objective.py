@@ -53,7 +53,7 @@ def test_waits_end_line_leads_with_the_objective_and_leaves_out_the_placeholder(
     run_id = re.search(r"run (\S+) started", started.stdout).group(1)  # type: ignore[union-attr]
     got = cli("wait", run_id, cwd=project)
     assert got.returncode == 0, got.stderr
-    assert f"{run_id}: FINISHED (exit code 0) (val/acc 0.93, step 30, train/acc 0.993)" in got.stderr, got.stderr
+    assert f"{run_id}: FINISHED (exit code 0) (step 30, val/acc 0.93, train/acc 0.993)" in got.stderr, got.stderr
 
 
 def test_the_live_line_in_a_pipe_leaves_out_the_placeholder(cli, project):

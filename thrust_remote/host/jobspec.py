@@ -70,6 +70,7 @@ LAPTOP_FIELDS: Mapping[str, str] = {
     # stays valid when they change
     "checkpoints": "the laptop pulls them while it follows",
     "resume": "the laptop fills it in when it resumes a run",
+    "resume_at": "the laptop places the checkpoint there when it resumes a run (a cluster's run: in its retry plan)",
     "sync_every": "the laptop's pull interval",
     "workers": "the laptop writes its count and port flags into the argv it sends",
     "retry": "the laptop's policy while it follows (a cluster's run's own is sent in run.json)",

@@ -124,9 +124,12 @@ def _metrics(config: Config, session: HostSession, run_id: str) -> dict[str, obj
 
 
 def _objective_first(metrics: dict[str, object], objective: str | None) -> dict[str, object]:
+    """The step (where the numbers were read: the x of every metric), then the job's objective, then
+    the rest as they came."""
     if objective is None or objective not in metrics:
         return metrics
-    return {objective: metrics[objective], **{k: v for k, v in metrics.items() if k != objective}}
+    lead = {k: metrics[k] for k in ("step", objective) if k in metrics}
+    return {**lead, **{k: v for k, v in metrics.items() if k not in lead}}
 
 
 def _pullers(config: Config, stack: contextlib.ExitStack, run_ids: Sequence[str],
