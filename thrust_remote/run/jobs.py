@@ -28,6 +28,7 @@ from pathlib import Path
 
 from thrust_remote.agent.protocol import FREE_PORT, MODEL, RUN_DIR_ENV
 from thrust_remote.core.config import CONFIG_NAME, JobConfig
+from thrust_remote.core.config.discovery import work_tree
 from thrust_remote.core.config.model import Workers
 from thrust_remote.core.errors import ConfigError, UsageError
 from thrust_remote.host.session import HostSession, parse_json
@@ -314,7 +315,6 @@ def check_before_sync(files: JobFiles, session: HostSession, config_root: Path) 
     if session.host.is_local:  # runs in place: the files as they are, tracked or not
         check_local(files, Path(session.paths.workdir), synced=False)
         return
-    result = subprocess.run(["git", "-C", str(config_root), "rev-parse", "--show-toplevel"],
-                            capture_output=True, text=True)
-    if result.returncode == 0:  # not a repository: the sync stage says so, with its hint
-        check_local(files, Path(result.stdout.strip()), synced=True)
+    top = work_tree(config_root)
+    if top is not None:  # not a repository: the sync stage says so, with its hint
+        check_local(files, top, synced=True)

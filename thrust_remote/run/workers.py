@@ -7,11 +7,11 @@ refuses that before anything connects (64), naming the `workers:` line to add.""
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from thrust_remote.core.config import JobConfig
+from thrust_remote.core.config.discovery import work_tree
 from thrust_remote.core.config.jobs import WORKERS_EXAMPLE
 from thrust_remote.core.errors import UsageError
 from thrust_remote.run.jobs import module_paths
@@ -79,9 +79,7 @@ def find_spawner(job: JobConfig, root: Path) -> Spawner | None:
 
 def project_root(config_root: Path) -> Path:
     """Where the job's paths are relative to: the repository's top, else the config's directory."""
-    result = subprocess.run(["git", "-C", str(config_root), "rev-parse", "--show-toplevel"],
-                            capture_output=True, text=True)
-    return Path(result.stdout.strip()) if result.returncode == 0 else config_root
+    return work_tree(config_root) or config_root
 
 
 def check_request(job: JobConfig, nproc: int | None, gpus: str | None, config_root: Path) -> None:

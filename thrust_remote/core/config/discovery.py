@@ -26,13 +26,13 @@ def project_root(cwd: Path, config: Path | None = None, *, given: bool = False) 
     The config's own tree wins so that a library caller (or `--config` from outside any repo) gets the
     project that file describes, whatever directory the process happens to stand in."""
     for where in ([config.resolve().parent] if config else []) + [cwd]:
-        top = _work_tree(where)
+        top = work_tree(where)
         if top:
             return top
     return config.resolve().parent if config and not given else cwd
 
 
-def _work_tree(where: Path) -> Path | None:
+def work_tree(where: Path) -> Path | None:
     """`git rev-parse --show-toplevel` of a directory, or None outside a work tree."""
     try:
         proc = subprocess.run(["git", "-C", str(where), "rev-parse", "--show-toplevel"], capture_output=True,
