@@ -22,8 +22,10 @@ from thrust_remote.agent import placing
 from thrust_remote.core.config import parse_config_text
 from thrust_remote.core.errors import ConfigError
 
+# saves over its checkpoint in place each step (as torch.save(..., path) does) and, as a job should,
+# takes `stop`'s TERM between steps: a TERM in the middle of the write would leave an empty file
 TRAIN = """\
-import argparse, json, os, sys, time
+import argparse, json, os, signal, sys, time
 
 p = argparse.ArgumentParser()
 p.add_argument("--init_from", default="scratch")
@@ -32,11 +34,13 @@ p.add_argument("--fail_at", type=int, default=-1)
 a = p.parse_args()
 os.makedirs("out", exist_ok=True)
 step = 0
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
 if a.init_from == "resume":
     with open(os.path.join("out", "ckpt.pt")) as f:
         step = json.load(f)["iter_num"]
     print(f"resuming from iter {step}", flush=True)
-while step < a.max_iters:
+while step < a.max_iters and not stop:
     step += 1
     with open(os.path.join("out", "ckpt.pt"), "w") as f:  # saved over in place, as torch.save(..., path) does
         json.dump({"iter_num": step}, f)
@@ -44,6 +48,8 @@ while step < a.max_iters:
     if step == a.fail_at:
         sys.exit(3)
     time.sleep(0.3)
+if stop:
+    sys.exit(143)
 print("done", flush=True)
 """
 
