@@ -291,19 +291,25 @@ def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: 
 
 
 def export_policy(
-    path: Path, grid_size: int = 10, kind: str = "mlp", hidden: int = 32, seed: int = 0, space: bool = False
+    path: Path, grid_size: int = 10, kind: str = "mlp", hidden: int = 32, seed: int = 0, space: bool = False,
+    mask: bool = False,
 ) -> Path:
     """An untrained trainer/policy.py policy through trainer/export.py (the real pipeline), with its
-    manifest renamed to the web/public layout `<job>.json`. Returns the manifest path."""
+    manifest renamed to the web/public layout `<job>.json`. Returns the manifest path. `mask`: deadly
+    moves masked (`--mask 1`), with the actor biased towards "straight" so that the mask has work."""
     import torch
 
-    from trainer.envs.snake import obs_size
+    from trainer.envs.snake import danger_at, obs_size
     from trainer.export import export_onnx
     from trainer.policy import build_policy
 
     torch.manual_seed(seed)
     assert obs_size(grid_size) == 3 * grid_size * grid_size + 8  # docs/snake.md, written out
-    policy = build_policy(kind, obs_size(grid_size, space), 3, hidden, grid_size=grid_size)
+    policy = build_policy(kind, obs_size(grid_size, space), 3, hidden, grid_size=grid_size,
+                          mask_at=danger_at(grid_size) if mask else None)
+    if mask:
+        with torch.no_grad():
+            policy.actor[-1].bias.copy_(torch.tensor([5.0, 0.0, 0.0]))
     export_onnx(policy, path, env_name="snake", grid_size=grid_size, action_mode="relative", policy_kind=kind,
                 space=space)
     manifest = path.with_suffix(".json")

@@ -36,6 +36,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     export_policy(public / "tiny.onnx")
     export_policy(public / "tinycnn.onnx", kind="cnn")
     export_policy(public / "tinyspace.onnx", space=True)  # reads the space features
+    export_policy(public / "tinymask.onnx", mask=True)  # masks deadly moves (--mask 1), in the graph
     lines = [json.dumps({"step": s * 1000, "return_mean": -1 + s * 0.1}) for s in range(30)]
     (public / "tiny.metrics.jsonl").write_text("\n".join(lines) + "\n")
     shutil.copy(public / "tiny.onnx", public / "corrupt.onnx")
@@ -174,6 +175,51 @@ def test_inference_matches_python_onnxruntime(page: Any, server: PlayServer, mod
             "async (flat) => window.thrust.state.policy.act(Float32Array.from(flat))", obs[row].tolist()
         )
         assert action == int(np.argmax(want_logits[row]))
+
+
+def test_a_masked_model_plays_the_moves_torch_picks_and_none_deadly_while_one_is_open(
+    page: Any, server: PlayServer, models: Path
+) -> None:
+    import torch
+
+    from trainer.envs.snake import danger_at, obs_size
+    from trainer.policy import build_policy
+
+    open_page(page, server, "?model=tinymask&speed=1")
+    assert page.evaluate("window.thrust.state.policy.manifest.mask") is True
+    # The page's engine and model play 300 moves of their own games (seeded apples); every observation
+    # and the move the page chose come back.
+    played = page.evaluate(
+        """async () => {
+            const { SnakeGame, mulberry32, uniformApples } = await import("./src/snake.js");
+            const policy = window.thrust.state.policy;
+            const game = new SnakeGame({ gridSize: 10, appleSource: uniformApples(mulberry32(7)) });
+            const out = [];
+            for (let i = 0; i < 300; i++) {
+                if (game.done) game.reset();
+                const obs = game.observation();
+                out.push({ obs: Array.from(obs), action: await policy.act(obs) });
+                game.step(out[out.length - 1].action);
+            }
+            return out;
+        }"""
+    )
+    obs = torch.tensor([p["obs"] for p in played], dtype=torch.float32)
+    actions = torch.tensor([p["action"] for p in played])
+    # trainer.eval's greedy move for the same weights: the torch policy, masked and not
+    torch.manual_seed(0)
+    at = danger_at(10)
+    masked = build_policy("mlp", obs_size(10), 3, 32, grid_size=10, mask_at=at)
+    with torch.no_grad():
+        masked.actor[-1].bias.copy_(torch.tensor([5.0, 0.0, 0.0]))
+    assert torch.equal(actions, masked.logits(obs).argmax(dim=1))
+    danger = obs[:, at : at + 3]
+    open_move = danger.sum(dim=1) < 3
+    assert not bool((danger.gather(1, actions[:, None])[:, 0] > 0)[open_move].any())
+    unmasked = build_policy("mlp", obs_size(10), 3, 32, grid_size=10)
+    unmasked.load_state_dict(masked.state_dict())
+    raw = unmasked.logits(obs).argmax(dim=1)
+    assert bool((danger.gather(1, raw[:, None])[:, 0] > 0)[open_move].any())  # the mask had work to do
 
 
 def test_parity_fixture_replays_identically_in_chromium(page: Any, server: PlayServer) -> None:

@@ -215,6 +215,8 @@ def export_onnx(
         "obs_dim": obs_dim,
         "n_actions": n_actions,
         "policy": policy_kind,
+        # informational: the mask is in the graph (trainer/policy.py mask_deadly), so the page needs nothing
+        "mask": getattr(policy, "mask_at", None) is not None,
         "steps": steps,
         "final_return": final_return,
         "max_abs_diff": {"logits": diff["logits"], "value": diff["value"]},
@@ -252,6 +254,7 @@ def policy_from_checkpoint(state: dict[str, Any]) -> nn.Module:
         cfg["hidden"],
         grid_size=spec.cnn_grid(params),
         activation=cfg.get("activation", "tanh"),
+        mask_at=spec.mask_at(params) if cfg.get("mask") else None,
     )
     load_weights(policy, state["model"], f"{cfg['env']}'s observation of {spec.obs_dim(params)} values")
     return policy.eval()

@@ -6,6 +6,12 @@ first alone (greedy play), `value(obs)` the second.
   3x3 convolutions read them, and the 8 trailing features (direction, danger, hunger) are appended to
   the flattened maps before a shared hidden layer and the two heads.
 
+Either network may mask moves (`mask_at`, the trainer's `--mask 1` for snake): the observation's three
+danger values (straight, left, right: 1.0 where that move ends the game next step) push those moves'
+logits down by `MASK_PENALTY`, unless all three are deadly. The mask is part of `forward` and `logits`,
+so sampling, the update's log-probabilities, greedy play and the exported ONNX graph (what the page
+runs) all apply the same one.
+
 `compile_policy` wraps a policy in `torch.compile` for `--compile` (mode per device: `compile_mode`).
 
 Action sampling lives here too (`sample_actions`), written with plain tensor ops: importing
@@ -21,6 +27,10 @@ import torch
 from torch import nn
 
 from trainer.envs.snake import FEATURES, PLANES, SPACE_FEATURES, obs_size
+
+# Large enough that softmax gives a masked move probability 0 in fp32 and bf16; finite, so the entropy's
+# p * log p is 0 * -1e9 = 0 rather than 0 * -inf = NaN.
+MASK_PENALTY = 1e9
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "silu": nn.SiLU}
 
@@ -42,9 +52,21 @@ def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def mask_deadly(logits: torch.Tensor, obs: torch.Tensor, at: int | None) -> torch.Tensor:
+    """`logits` with the moves that `obs[:, at:at+3]` marks deadly pushed down by MASK_PENALTY, unless
+    every move is deadly (the game ends whatever is chosen: the policy's own preference stands)."""
+    if at is None:
+        return logits
+    danger = obs[:, at : at + logits.shape[1]]
+    # plain arithmetic, not masked_fill: the same few ops in torch, under autocast and in ONNX
+    open_move = (danger.sum(dim=1, keepdim=True) < logits.shape[1] - 0.5).to(danger.dtype)
+    return logits - (MASK_PENALTY * danger * open_move).to(logits.dtype)
+
+
 class MLPPolicy(nn.Module):
     def __init__(
-        self, obs_dim: int, n_actions: int, hidden: int = 64, layers: int = 2, activation: str = "tanh"
+        self, obs_dim: int, n_actions: int, hidden: int = 64, layers: int = 2, activation: str = "tanh",
+        mask_at: int | None = None,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -52,13 +74,14 @@ class MLPPolicy(nn.Module):
         sizes = [obs_dim] + [hidden] * layers
         self.actor = _mlp([*sizes, n_actions], activation, 0.01)
         self.critic = _mlp([*sizes, 1], activation, 1.0)
+        self.mask_at = mask_at  # a plain attribute: the weights (state_dict) are the same either way
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _layers(self.actor, obs), _layers(self.critic, obs)
+        return self.logits(obs), _layers(self.critic, obs)
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         """The actor's output alone: what greedy play needs (half the work of `forward`)."""
-        return _layers(self.actor, obs)
+        return mask_deadly(_layers(self.actor, obs), obs, self.mask_at)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return _layers(self.critic, obs)
@@ -76,10 +99,12 @@ def _layers(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
 
 class CNNPolicy(nn.Module):
     def __init__(
-        self, grid_size: int, n_actions: int, hidden: int = 256, channels: int = 32, space: bool = False
+        self, grid_size: int, n_actions: int, hidden: int = 256, channels: int = 32, space: bool = False,
+        mask_at: int | None = None,
     ) -> None:
         super().__init__()
         self.g = grid_size
+        self.mask_at = mask_at
         g2 = grid_size * grid_size
         self.planes = PLANES * g2
         self.conv = nn.Sequential(
@@ -100,25 +125,28 @@ class CNNPolicy(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = self._features(obs)
-        return self.actor(h), self.critic(h)
+        return mask_deadly(self.actor(h), obs, self.mask_at), self.critic(h)
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor(self._features(obs))
+        return mask_deadly(self.actor(self._features(obs)), obs, self.mask_at)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self._features(obs))
 
 
 def build_policy(
-    kind: str, obs_dim: int, n_actions: int, hidden: int, grid_size: int | None = None, activation: str = "tanh"
+    kind: str, obs_dim: int, n_actions: int, hidden: int, grid_size: int | None = None, activation: str = "tanh",
+    mask_at: int | None = None,
 ) -> nn.Module:
-    """The policy named by `--policy` ("mlp" or "cnn"; "cnn" needs the snake grid size)."""
+    """The policy named by `--policy` ("mlp" or "cnn"; "cnn" needs the snake grid size); `mask_at`: where
+    the observation's danger values start, to mask deadly moves (`mask_deadly`), or None."""
     if kind == "mlp":
-        return MLPPolicy(obs_dim, n_actions, hidden=hidden, activation=activation)
+        return MLPPolicy(obs_dim, n_actions, hidden=hidden, activation=activation, mask_at=mask_at)
     if kind == "cnn":
         if grid_size is None or obs_dim not in (obs_size(grid_size), obs_size(grid_size, space=True)):
             raise ValueError("the cnn policy reads snake observations: it needs --env snake")
-        return CNNPolicy(grid_size, n_actions, hidden=hidden, space=obs_dim == obs_size(grid_size, space=True))
+        space = obs_dim == obs_size(grid_size, space=True)
+        return CNNPolicy(grid_size, n_actions, hidden=hidden, space=space, mask_at=mask_at)
     raise ValueError(f"unknown policy {kind!r}: expected 'mlp' or 'cnn'")
 
 

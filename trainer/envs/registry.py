@@ -26,7 +26,7 @@ import torch
 
 from trainer.envs.cartpole import CartPole, CartPoleParams
 from trainer.envs.gym import GymVectorEnv
-from trainer.envs.snake import PLANES, Snake, SnakeParams, obs_size
+from trainer.envs.snake import PLANES, Snake, SnakeParams, danger_at, obs_size
 from trainer.gym_ids import GymEnvError, GymFacts, NotRegistered, gym_facts
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]
@@ -85,6 +85,11 @@ class EnvSpec:
         """The board side the cnn policy reads, or None: the env's observations are not a board."""
         return None
 
+    def mask_at(self, params: Any) -> int | None:
+        """Where the observation's danger values start (one per action: 1.0 = that action ends the
+        game), for the policy's `--mask 1`; None: this env has none."""
+        return None
+
     def manifest_fields(self, params: Any) -> dict[str, Any]:
         """The env's fields of an exported model's manifest.json (the web page reads them)."""
         return {"grid_size": None, "action_mode": None}
@@ -141,6 +146,10 @@ class SnakeSpec(EnvSpec):
 
     def cnn_grid(self, params: Any) -> int:
         return int(params.grid_size)
+
+    def mask_at(self, params: Any) -> int | None:
+        # the danger values (straight, left, right) are in the relative actions' order
+        return danger_at(params.grid_size) if params.action_mode == "relative" else None
 
     def manifest_fields(self, params: Any) -> dict[str, Any]:
         return {"grid_size": params.grid_size, "action_mode": params.action_mode, "space": params.space}

@@ -57,6 +57,11 @@ FEATURES = 8
 SPACE_FEATURES = 3
 
 
+def danger_at(grid_size: int) -> int:
+    """Where the three danger values (straight, left, right) start in an observation."""
+    return PLANES * grid_size * grid_size + 4
+
+
 def obs_size(grid_size: int, space: bool = False) -> int:
     """Length of one observation on a `grid_size` board: the only place this formula is written."""
     return PLANES * grid_size * grid_size + FEATURES + (SPACE_FEATURES if space else 0)
