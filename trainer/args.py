@@ -37,15 +37,17 @@ from typing import Any
 # worst 31.7k).
 # Snake (10x10): small batches of many cheap updates learned fastest per second on a 2-core CPU (19
 # apples for 1024 envs with a 128-wide MLP after 8M steps); gamma 0.995 (the late game needs a longer
-# horizon: 65.9 / 75.8 / 68.7 apples with 0.99). The space features (--space 1) with 13M steps, which
-# the numpy env step fits in the old 12M steps' time (304 s against 332 s on one core): greedy means of
-# 88.2 / 84.1 / 90.5 / 84.1 / 86.0 / 78.4 apples for seeds 1-6 (100 episodes each), full boards on
-# seeds 1 and 2 (86% / 79% of games), against 86.2 / 89.9 / 81.2 / 77.2 / 86.9 / 87.7 and 0-2% without
-# them at 12M: the same means within the spread, board fills on 2 seeds of 6 (bench/bench_snake.py,
-# BENCHMARKS.md). On a GPU, pass a larger --num-envs. Tried and not adopted (issue 39, BENCHMARKS.md):
-# 16M steps without space (89.2 / 75.4 / 82.9); space with --anneal-ent 1 (89.0 / 80.4 / 83.0) or
-# --late-starts 0.2 (90.0 / 78.6 / 86.5 at 12.5M); --anneal-ent 1 --bootstrap-truncated 0 --late-starts
-# 0.5 (85.6 / 83.7 / 85.4).
+# horizon: 65.9 / 75.8 / 68.7 apples with 0.99); the space features (--space 1), which let a snake
+# fill the board at all. --mask 1 (deadly moves never picked while another is open) makes the endgame
+# reliable: 10 runs of 12 fill the board in 71-90% of their games, against 2 of 6 without it, at the
+# same mean (86.1 over seeds 1-6). What is left is the draw: one run in five or six learns no endgame,
+# and late in a run the greedy score moves by several apples between checkpoints. So the preset trains
+# two runs side by side (--candidates 2: one process each, on 2 cores the time of one) and keeps the
+# best of their policies at 70-100% of the steps (--snapshots 4) on 500 held-out games
+# (trainer/candidates.py; BENCHMARKS.md, issue 54). On a GPU, pass a larger --num-envs. Tried and not
+# adopted (issues 39 and 54, BENCHMARKS.md): 16M steps without space; --anneal-ent 1, --late-starts,
+# --bootstrap-truncated 0 with space; a room check in the space features (learns fast, then circles
+# until the hunger limit).
 # Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal). Gymnasium
 # ids take GYM_PRESET (see `preset_of`).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -61,6 +63,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "ent_coef": 0.01,
         "gamma": 0.995,
         "space": 1,
+        "mask": 1,
+        "candidates": 2,
+        "snapshots": 4,
     },
 }
 
@@ -192,6 +197,9 @@ class TrainArgs:
     """snake actions"""
     space: int = flag(0, choices=(0, 1))
     """snake: 1 adds three features: how much of the board each move keeps in reach (docs/snake.md)"""
+    mask: int = flag(0, choices=(0, 1))
+    """snake, relative actions: 1 never picks a move the danger features mark deadly (unless every move
+    is); the exported model masks too"""
     late_starts: float = flag(0.0, min=0, max=1)
     """snake, training only: share of new episodes that copy a running game whose snake fills half the board"""
     bootstrap_truncated: int = flag(1, choices=(0, 1))
@@ -215,6 +223,16 @@ class TrainArgs:
     """seconds between THRUST_METRICS reports"""
     checkpoint_interval: float = flag(120.0, min=0)
     """seconds between checkpoints"""
+    candidates: int = flag(1, min=1)
+    """train this many runs at once from different seeds (one process each) and keep the one that plays
+    best on held-out games"""
+    snapshots: int = flag(1, min=1, max=10)
+    """keep the policy at this many points (the end, and every 10% of --total-steps before it) and, at the
+    end, the one that plays best on held-out games"""
+    candidate_games: int = flag(500, min=1)
+    """greedy games each policy plays for the choice (--candidates or --snapshots above 1)"""
+    held_out_seed: int = flag(-1, min=-1)
+    """first seed of the choice's held-out games; -1: 1000000 + --seed (a candidate gets its run's)"""
     threads: int = flag(0, min=0)
     """torch CPU threads; 0 = 1 on CPU (see main), torch's default on CUDA"""
     dist_timeout: float = flag(600.0, min=0, min_exclusive=True)
@@ -449,6 +467,17 @@ def resolve(given: dict[str, Any]) -> TrainArgs:
         check_range(spec, value)
         values[spec.field] = value
     return TrainArgs(**values)
+
+
+def to_argv(args: TrainArgs) -> list[str]:
+    """The command line that parses back to `args` (every flag spelled out, so no preset fills in)."""
+    argv = []
+    for spec in flag_specs().values():
+        value = getattr(args, spec.field)
+        if value is None:
+            continue
+        argv += [f"--{spec.name}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return argv
 
 
 def parse_args(argv: list[str] | None = None) -> TrainArgs:

@@ -17,13 +17,18 @@ Output (stdout; rank 0 only):
 - `THRUST_INFO {json}` for decisions worth seeing (the device, the `--num-envs auto` choice, precision,
   compile, the optimizer's class, resume).
 - `THRUST_DONE {json}` last: step, total_steps, wall_s, return_mean, eval_return, solved, run_dir,
-  checkpoint, export.
+  checkpoint, export; with `--candidates`/`--snapshots` also held_out (the kept policy's score on the
+  held-out games, and its step), candidate and candidates (every candidate's score).
 - `solved: eval return R >= TARGET at step S of TOTAL, stopping early`, a plain line (no tag), when
   `--target-return` is reached.
 - a rich progress bar, only when stdout is a terminal (the lines above print above it, one line each).
 
 Run directory (`--run-dir`, default `runs/<env>-<UTC timestamp>-<pid>`): metrics.jsonl, checkpoints/
 (atomic, see trainer.checkpoint), config.json; `--export PATH` writes the ONNX model + manifest.json.
+With `--candidates K` (trainer/candidates.py) candidates 1..K-1 train beside the run in
+candidates/<k>/ (their output in its train.log); the run's reports are candidate 0's, and at the end
+a plain `candidates over N held-out greedy games: ...; keeping candidate k` line and THRUST_DONE's
+`candidates` say which one its last checkpoint and export hold.
 
 Distributed: under `torchrun --nproc-per-node=N` (WORLD_SIZE > 1) the same entry uses DDP (NCCL on
 CUDA, gloo on CPU) with `--dist-timeout` seconds as the process-group timeout; `--num-envs` is the total
@@ -70,6 +75,7 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402 - the start time above includes torch's import
 
+from trainer import candidates  # noqa: E402
 from trainer.args import PRESETS, TrainArgs, UsageError, build_parser, flag_specs, parse_args  # noqa: E402
 from trainer.checkpoint import load_start, save_checkpoint  # noqa: E402
 from trainer.dist import Dist  # noqa: E402
@@ -235,11 +241,15 @@ class Trainer:
         self.losses: torch.Tensor | None = None  # the last update's mean losses (LOSS_NAMES), on the device
         self.last_metrics: dict[str, Any] = {}
         self.log: RunLog | None = None  # rank 0 only
+        self.chooser: candidates.Chooser | None = None  # --candidates / --snapshots (rank 0)
 
     def setup(self) -> None:
         args = self.args
         writer_cls = check_environment(args)
         self.use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        if args.candidates > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # before joining the group
+            raise TrainError("--candidates runs its trainings side by side, one process each: not under torchrun "
+                             "(pass --candidates 1 there)", EXIT_USAGE)
         self.dist = dist = Dist(args.dist_timeout, self.use_cuda)
         self.device = torch.device(f"cuda:{dist.local_rank}" if self.use_cuda else "cpu")
         self.total_envs, auto_note = split_envs(args, self.spec.obs_dim(self.params), self.device, dist.world)
@@ -256,7 +266,7 @@ class Trainer:
         resumed_rng = self._resume() if args.resume or args.resume_from or dist.restart_count > 0 else None
         self._seed(resumed_rng)
         if dist.is_main:
-            self._announce(auto_note)
+            announce(self, auto_note)
             self.log = RunLog(self.run_dir, writer_cls, self.global_step)
         self._install_signals()
         if self.log is not None:
@@ -264,11 +274,17 @@ class Trainer:
             self.log.start_progress(f"{args.env}", total=total, completed=self.global_step)
         if args.target_return:  # 0 = off; below 0 is a target too (Acrobot-v1: -100)
             self.eval_env = self.spec.make(args.eval_episodes, self.device, **self.settings)
+        if dist.is_main:
+            self.chooser = candidates.Chooser(args, self.run_dir, self.num_iterations * self.batch_per_iter)
 
     def _build(self) -> None:
         """The env batch, the policy, PPO (the policy wrapped in DDP across ranks)."""
         args, dist = self.args, self.dist
         self.env = self.spec.make(self.num_envs, self.device, **self.settings, **self.spec.run_options(args))
+        mask_at = self.spec.mask_at(self.params) if args.mask else None
+        if args.mask and mask_at is None:
+            raise TrainError(f"--mask 1: {args.env} has no danger values to mask by (snake with relative actions has)",
+                             EXIT_USAGE)
         torch.manual_seed(args.seed)
         self.policy = build_policy(
             args.policy,
@@ -277,6 +293,7 @@ class Trainer:
             args.hidden,
             grid_size=self.spec.cnn_grid(self.params),
             activation=args.activation,
+            mask_at=mask_at,
         ).to(self.device)
         cfg = PPOConfig.from_args(args, self.num_envs)
         # --compile: the compiled wrapper runs collect and update; it shares the plain policy's weights,
@@ -303,7 +320,7 @@ class Trainer:
         if isinstance(loaded, str):  # rank 0 could not read --resume-from: every rank stops with its reason
             raise TrainError(loaded, EXIT_USAGE)
         state, path = loaded
-        check_fits(state, path, self.config, ("env", "policy", "hidden", "activation", *self.spec.settings))
+        check_fits(state, path, self.config, ("env", "policy", "hidden", "activation", "mask", *self.spec.settings))
         try:
             fits = f"this run's {self.args.env} observation ({self.env.obs_dim} values)"
             load_weights(self.policy, state["model"], fits)
@@ -329,26 +346,11 @@ class Trainer:
             if self.use_cuda and resumed_rng.get("cuda_rng"):
                 torch.cuda.set_rng_state(resumed_rng["cuda_rng"][self.device.index or 0], self.device)
 
-    def _announce(self, auto_note: str | None) -> None:
-        """Rank 0: THRUST_INFO with the run's facts, and config.json."""
-        info: dict[str, Any] = {
-            "device": str(self.device),
-            "world_size": self.dist.world,
-            "num_envs": self.total_envs,
-            "run_dir": str(self.run_dir),
-            "threads": torch.get_num_threads(),
-            "precision": self.args.precision,
-            "compile": self.args.compile,
-            "optimizer": type(self.ppo.optimizer).__name__,
-        }
-        if auto_note:
-            info["num_envs_auto"] = auto_note
-        emit("THRUST_INFO", info)
-        (self.run_dir / "config.json").write_text(json.dumps(self.config, indent=2, default=str) + "\n")
-
     def _install_signals(self) -> None:
         def on_signal(signum: int, _frame: Any) -> None:
             self.stop_signal.append(signum)
+            if self.chooser is not None:
+                self.chooser.stop(signum)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)  # Ctrl-C too: stop at the iteration's end, checkpoint first
@@ -361,6 +363,8 @@ class Trainer:
         crash_at = int(os.environ.get("THRUST_TEST_CRASH_AT_STEP", "0"))
         while self.iteration < self.num_iterations and not self.solved and not self.stop_agreed:
             self._train_iteration()
+            if self.chooser is not None:
+                self.chooser.keep(self.global_step, self.policy)
             now = time.time()
             last_iter = self.iteration >= self.num_iterations
             if self.eval_env is not None and self.iteration % args.eval_every == 0:
@@ -372,6 +376,8 @@ class Trainer:
             if dist.is_main and now - last_ckpt_t >= args.checkpoint_interval:
                 self.checkpoint()
                 last_ckpt_t = now
+            if candidates.orphaned() and not self.stop_signal:  # a candidate whose run is gone stops too
+                self.stop_signal.append(signal.SIGTERM)
             if crash_at and dist.restart_count == 0 and self.global_step >= crash_at:
                 # Fault injection for the `torchrun --max-restarts` test: checkpoint, then die.
                 self.checkpoint()
@@ -453,6 +459,8 @@ class Trainer:
             "env_rng": self.env.generator.get_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if self.use_cuda else [],
         }
+        if self.chooser is not None and self.chooser.held_out is not None:
+            state[candidates.HELD_OUT] = self.chooser.held_out
         return save_checkpoint(self.ckpt_dir, state, self.global_step)
 
     # ------------------------------------------------------------------------------------- finish
@@ -460,13 +468,16 @@ class Trainer:
         close_env(self.env)  # a gymnasium vector env's workers (--vector async)
         if self.eval_env is not None:
             close_env(self.eval_env)
+        if self.chooser is not None:  # the kept policy becomes this run's before its last checkpoint
+            signum = self.stop_signal[0] if self.stop_signal else (signal.SIGTERM if self.stop_agreed else None)
+            self.chooser.finish(self.policy, self.ppo.optimizer, self.global_step, self.settings, signum, self.config)
         ckpt_path = self.checkpoint()
         export_path, export_error = None, None
         if self.log is not None:
             self.log.stop_progress()
             if self.args.export:
                 export_path, export_error = self._export()
-            self._done(ckpt_path, export_path, export_error)
+            emit_done(self, ckpt_path, export_path, export_error)
             self.log.close()
         self.dist.close()
         if self.stop_signal:
@@ -494,29 +505,62 @@ class Trainer:
             return None, str(e)
         return str(path), None
 
-    def _done(self, ckpt_path: Path | None, export_path: str | None, export_error: str | None) -> None:
-        stopped = self.stop_signal[0] if self.stop_signal else (int(signal.SIGTERM) if self.stop_agreed else None)
-        emit(
-            "THRUST_DONE",
-            {
-                "step": self.global_step,
-                "total_steps": self.num_iterations * self.batch_per_iter,
-                "wall_s": round(time.time() - PROCESS_START, 3),
-                "return_mean": self.last_metrics.get("return_mean"),
-                "eval_return": self.eval_return,
-                "solved": self.solved,
-                "run_dir": str(self.run_dir),
-                "checkpoint": str(ckpt_path) if ckpt_path else None,
-                "export": export_path,
-                "stopped_by_signal": stopped,
-                "export_error": export_error,
-            },
-        )
+def announce(t: Trainer, auto_note: str | None) -> None:
+    """Rank 0: THRUST_INFO with the run's facts, and config.json."""
+    info: dict[str, Any] = {
+        "device": str(t.device),
+        "world_size": t.dist.world,
+        "num_envs": t.total_envs,
+        "run_dir": str(t.run_dir),
+        "threads": torch.get_num_threads(),
+        "precision": t.args.precision,
+        "compile": t.args.compile,
+        "optimizer": type(t.ppo.optimizer).__name__,
+    }
+    if auto_note:
+        info["num_envs_auto"] = auto_note
+    if t.args.candidates > 1:  # trained beside this run from the end of setup (trainer/candidates.py)
+        info["candidates"] = {"seeds": [candidates.seed_of(t.args.seed, k) for k in range(t.args.candidates)],
+                              "dirs": [str(candidates.candidate_dir(t.run_dir, k))
+                                       for k in range(1, t.args.candidates)]}
+    emit("THRUST_INFO", info)
+    (t.run_dir / "config.json").write_text(json.dumps(t.config, indent=2, default=str) + "\n")
+
+
+def emit_done(t: Trainer, ckpt_path: Path | None, export_path: str | None, export_error: str | None) -> None:
+    stopped = t.stop_signal[0] if t.stop_signal else (int(signal.SIGTERM) if t.stop_agreed else None)
+    emit(
+        "THRUST_DONE",
+        {
+            "step": t.global_step,
+            "total_steps": t.num_iterations * t.batch_per_iter,
+            "wall_s": round(time.time() - PROCESS_START, 3),
+            "return_mean": t.last_metrics.get("return_mean"),
+            "eval_return": t.eval_return,
+            "solved": t.solved,
+            "run_dir": str(t.run_dir),
+            "checkpoint": str(ckpt_path) if ckpt_path else None,
+            "export": export_path,
+            "stopped_by_signal": stopped,
+            "export_error": export_error,
+            **(t.chooser.done_fields() if t.chooser is not None else {}),
+        },
+    )
+
+
+def under_torchrun_alone(args: TrainArgs, argv: list[str]) -> TrainArgs:
+    """`args` with a preset's --candidates dropped to 1 under torchrun (the ranks are one training); a
+    --candidates given on the command line stays, and setup refuses it there."""
+    given = any(a == "--candidates" or a.startswith("--candidates=") for a in argv)
+    if args.candidates > 1 and not given and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return dataclasses.replace(args, candidates=1)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        trainer = Trainer(parse_args(argv))
+        trainer = Trainer(under_torchrun_alone(parse_args(argv), argv))
         trainer.setup()
     except UsageError as e:
         print(e, file=sys.stderr)

@@ -1,0 +1,163 @@
+"""`--candidates K`: K trainings side by side (one process each), the best on held-out games kept.
+
+Real trainer processes on a small snake board: the kept policy is the one an independent evaluation
+of every candidate's final checkpoint on the held-out games ranks first; a stop reaches every
+candidate and chooses nothing, and `--resume` finishes them all; a candidate whose run is killed
+outright stops by itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from helpers import REPO, wait_until
+
+from trainer import candidates
+from trainer.args import parse_args, to_argv
+from trainer.checkpoint import checkpoint_paths, load_latest
+from trainer.envs.registry import get_spec
+from trainer.eval import evaluate, torch_actor
+from trainer.export import policy_from_checkpoint
+
+SMALL = ("--env", "snake", "--grid-size", "6", "--num-envs", "16", "--log-interval", "0")
+
+
+def tagged(stdout: str, tag: str) -> list[dict]:
+    return [json.loads(line[len(tag) + 1 :]) for line in stdout.splitlines() if line.startswith(tag + " ")]
+
+
+def train(*flags: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainer.train", *flags], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def held_out_mean(state: dict, seed: int, games: int) -> float:
+    spec = get_spec("snake")
+    settings = spec.settings_of(spec.params(state["config"]))
+    return evaluate(torch_actor(policy_from_checkpoint(state)), "snake", episodes=games,
+                    seed=candidates.HELD_OUT_BASE + seed, **settings)["mean"]
+
+
+def test_a_child_is_given_the_same_flags_but_its_own_seed_and_directory() -> None:
+    args = parse_args(["--env", "snake", "--mask", "1", "--seed", "3", "--candidates", "3", "--run-dir", "r",
+                       "--export", "m.onnx", "--resume"])
+    assert parse_args(to_argv(args)) == args  # every flag spelled out: no preset fills in for a child
+    assert candidates.seed_of(3, 0) == 3 and len({candidates.seed_of(3, k) for k in range(3)}) == 3
+    assert candidates.held_out_seed(args) not in (0, 3)  # not trainer.eval's games, nor the training's
+    child = parse_args(["--env", "snake", "--seed", "10003", "--held-out-seed", str(candidates.held_out_seed(args))])
+    assert candidates.held_out_seed(child) == candidates.held_out_seed(args)  # a candidate plays its run's games
+    assert candidates.snapshot_steps(1000, 3) == [800, 900]
+    assert candidates.snapshot_steps(1000, 1) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_run_keeps_the_candidate_that_plays_best_on_the_held_out_games(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = train(*SMALL, "--total-steps", "40960", "--seed", "2", "--candidates", "3", "--candidate-games", "64",
+                 "--run-dir", str(run), "--export", str(tmp_path / "m.onnx"))
+    assert done.returncode == 0, done.stderr
+    (end,) = tagged(done.stdout, "THRUST_DONE")
+    (info,) = tagged(done.stdout, "THRUST_INFO")  # one, as for any run: the candidates are in it
+    assert info["candidates"]["seeds"] == [2, 10_002, 20_002]
+    choice = end["candidates"]
+    assert [r["seed"] for r in choice["candidates"]] == [2, 10_002, 20_002]
+    # every candidate's final checkpoint, evaluated here on the same held-out games
+    finals = {0: load_latest(run / "checkpoints")[0]}
+    for k in (1, 2):
+        finals[k] = load_latest(candidates.candidate_dir(run, k) / "checkpoints")[0]
+        assert finals[k]["step"] == end["step"] and finals[k]["config"]["seed"] == candidates.seed_of(2, k)
+    means = {k: held_out_mean(finals[k], 2, 64) for k in (1, 2)}  # each child scored its own kept policy
+    reported = {r["candidate"]: r["mean"] for r in choice["candidates"]}
+    assert {k: reported[k] for k in (1, 2)} == pytest.approx(means)
+    assert all(finals[k]["held_out"]["held_out_seed"] == candidates.HELD_OUT_BASE + 2 for k in (1, 2))
+    best = max(reported, key=lambda k: (reported[k], 0))
+    assert end["candidate"] == choice["chosen"] == best
+    kept = finals[0]  # the run's last checkpoint holds the kept policy
+    want = finals[best]["model"] if best else kept["model"]
+    assert all(torch.equal(kept["model"][n], want[n]) for n in want)
+    assert kept["config"]["candidate"] == best
+    line = next(x for x in done.stdout.splitlines() if x.startswith("candidates over 64 held-out"))
+    assert f"keeping candidate {best}" in line
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["steps"] == end["step"]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_stop_reaches_every_candidate_chooses_nothing_and_resume_finishes_them_all(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    flags = (*SMALL, "--total-steps", "200000", "--candidates", "2", "--candidate-games", "16", "--run-dir", str(run),
+             "--checkpoint-interval", "1000")
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.train", *flags], cwd=REPO, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("THRUST_METRICS"):
+            break
+    child_dir = candidates.candidate_dir(run, 1)
+    wait_until(lambda: (child_dir / "metrics.jsonl").is_file(), 60, "the candidate's first report")
+    proc.terminate()  # the run's pid only: the run passes the stop on
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    assert "none chosen" in out and "candidates" not in tagged(out, "THRUST_DONE")[0]
+    assert checkpoint_paths(run / "checkpoints") and checkpoint_paths(child_dir / "checkpoints")
+    assert tagged((child_dir / "train.log").read_text(), "THRUST_DONE")[-1]["stopped_by_signal"] == 15
+    again = train(*flags, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert tagged(again.stdout, "THRUST_DONE")[0]["candidates"]["chosen"] in (0, 1)
+    child_end = tagged((child_dir / "train.log").read_text(), "THRUST_DONE")[-1]
+    assert child_end["step"] == tagged(again.stdout, "THRUST_DONE")[0]["step"] >= 200_000
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_candidate_whose_run_is_killed_outright_stops_by_itself(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.train", *SMALL, "--total-steps", "100000000",
+                             "--candidates", "2", "--run-dir", str(run)], cwd=REPO, stdout=subprocess.DEVNULL)
+    child_dir = candidates.candidate_dir(run, 1)
+    wait_until(lambda: (child_dir / "metrics.jsonl").is_file(), 60, "the candidate's first report")
+    (child,) = psutil.Process(proc.pid).children()
+    os.kill(proc.pid, signal.SIGKILL)  # no chance to pass anything on
+    proc.wait()
+    started = time.monotonic()
+    child.wait(timeout=60)  # not our child: psutil sees it end, not its exit code (the log has that)
+    assert time.monotonic() - started < 60
+    assert tagged((child_dir / "train.log").read_text(), "THRUST_DONE")[-1]["stopped_by_signal"] == 15
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_snapshots_keep_the_point_of_the_run_that_plays_best_on_the_held_out_games(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = train(*SMALL, "--total-steps", "40960", "--seed", "4", "--snapshots", "4", "--candidate-games", "64",
+                 "--run-dir", str(run))
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("snapshots over 64 held-out"))
+    scored = {int(step.replace(",", "")): float(mean) for step, mean in re.findall(r"step ([\d,]+) ([\d.]+)", line)}
+    assert len(scored) == 4 and max(scored) == 40960  # three points before the end, and the end
+    kept = int(re.search(r"keeping step ([\d,]+)", line).group(1).replace(",", ""))
+    assert scored[kept] == max(scored.values())
+    (end,) = tagged(done.stdout, "THRUST_DONE")
+    assert end["held_out"]["step"] == kept and end["step"] == 40960
+    state = load_latest(run / "checkpoints")[0]  # the last checkpoint holds the kept policy
+    assert held_out_mean(state, 4, 64) == pytest.approx(end["held_out"]["mean"])
+    assert round(end["held_out"]["mean"], 1) == scored[kept]
+
+
+def test_candidates_under_torchrun_are_refused(tmp_path: Path) -> None:
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    done = subprocess.run([sys.executable, "-m", "trainer.train", *SMALL, "--candidates", "2", "--run-dir",
+                           str(tmp_path / "r")], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 64, done.stderr
+    assert "--candidates" in done.stderr and "torchrun" in done.stderr
