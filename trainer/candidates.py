@@ -138,9 +138,9 @@ SCORE_FIELDS = ("mean", "sem", "median", "full_board_fraction")  # of trainer.ev
 
 
 def score(policy: torch.nn.Module, env: str, settings: dict[str, Any], seed: int, games: int) -> dict[str, Any]:
-    """The greedy evaluation the choice is made by: trainer.eval's, on the held-out games from `seed`,
-    on a CPU copy of the policy (the env steps on the CPU)."""
-    result = evaluate(torch_actor(copy.deepcopy(policy).cpu().eval()), env, episodes=games, seed=seed, **settings)
+    """The greedy evaluation the choice is made by: trainer.eval's, on the held-out games from `seed`.
+    `policy` is a copy of the run's (it is moved to the CPU, where the env steps)."""
+    result = evaluate(torch_actor(policy.cpu().eval()), env, episodes=games, seed=seed, **settings)
     return {k: result[k] for k in SCORE_FIELDS if k in result}
 
 
@@ -199,13 +199,12 @@ class Chooser:
         if stopped_by is not None:
             if self.others:
                 say(f"stopped: the {len(self.others) + 1} candidates stopped with the run; none chosen, "
-                    "--resume continues them all")
+                    "resuming the run continues them all")
             return
         if choosing(self.args):
             self._best_snapshot(policy, step, settings)
         if self.others:
-            self._best_candidate(policy, optimizer, step)
-            config.update(candidate=self.choice["chosen"] if self.choice else 0)
+            config.update(candidate=self._best_candidate(policy, optimizer, step))
 
     def _best_snapshot(self, policy: torch.nn.Module, step: int, settings: dict[str, Any]) -> None:
         args, seed = self.args, held_out_seed(self.args)
@@ -221,7 +220,8 @@ class Chooser:
         if len(rows) > 1:
             say(snapshot_line(rows, best, args.candidate_games))
 
-    def _best_candidate(self, policy: torch.nn.Module, optimizer: Any, step: int) -> None:
+    def _best_candidate(self, policy: torch.nn.Module, optimizer: Any, step: int) -> int:
+        """The candidate kept (its policy and optimizer state loaded into the run's)."""
         args = self.args
         assert self.held_out is not None, "candidates score themselves first"
         states: dict[int, dict[str, Any]] = {}
@@ -243,6 +243,7 @@ class Chooser:
         self.choice = {"chosen": best["candidate"], "games": args.candidate_games,
                        "held_out_seed": held_out_seed(args), "candidates": rows}
         say(choice_line(self.choice))
+        return int(best["candidate"])
 
     def done_fields(self) -> dict[str, Any]:
         """THRUST_DONE's fields of the choice."""
