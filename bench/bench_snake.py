@@ -44,6 +44,7 @@ def one_seed(seed: int, episodes: int, extra: list[str], root: Path) -> dict[str
     wall = time.perf_counter() - t0
     if train.returncode != 0:
         raise SystemExit(f"seed {seed}: training failed ({train.returncode}):\n{train.stderr[-2000:]}")
+    (run / "train.out").write_text(train.stdout)  # the choice's lines (--candidates, --snapshots) are only here
     done = last_tagged(train.stdout, "THRUST_DONE")
     ev = subprocess.run([sys.executable, "-m", "trainer.eval", str(model), "--episodes", str(episodes), "--json"],
                         cwd=REPO, capture_output=True, text=True, check=True)
@@ -59,6 +60,7 @@ def one_seed(seed: int, episodes: int, extra: list[str], root: Path) -> dict[str
         "steps": done.get("step"),
         "train_wall_s": wall,
         "sps": done["step"] / wall if done.get("step") else None,
+        "kept": {"candidate": done.get("candidate"), **(done.get("held_out") or {})},
     }
 
 

@@ -25,8 +25,10 @@ from trainer import candidates
 from trainer.args import parse_args, to_argv
 from trainer.checkpoint import checkpoint_paths, load_latest
 from trainer.envs.registry import get_spec
-from trainer.eval import evaluate, torch_actor
+from trainer.envs.snake import danger_at
+from trainer.eval import evaluate, evaluate_groups, stacked_actor, torch_actor
 from trainer.export import policy_from_checkpoint
+from trainer.policy import build_policy
 
 SMALL = ("--env", "snake", "--grid-size", "6", "--num-envs", "16", "--log-interval", "0")
 
@@ -38,6 +40,10 @@ def tagged(stdout: str, tag: str) -> list[dict]:
 def train(*flags: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "trainer.train", *flags], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def scores_by_step(text: str) -> dict[int, float]:
+    return {int(s.replace(",", "")): float(m) for s, m in re.findall(r"step ([\d,]+) ([\d.]+)", text)}
 
 
 def held_out_mean(state: dict, seed: int, games: int) -> float:
@@ -55,7 +61,8 @@ def test_a_child_is_given_the_same_flags_but_its_own_seed_and_directory() -> Non
     assert candidates.held_out_seed(args) not in (0, 3)  # not trainer.eval's games, nor the training's
     child = parse_args(["--env", "snake", "--seed", "10003", "--held-out-seed", str(candidates.held_out_seed(args))])
     assert candidates.held_out_seed(child) == candidates.held_out_seed(args)  # a candidate plays its run's games
-    assert candidates.snapshot_steps(1000, 3) == [800, 900]
+    assert candidates.snapshot_steps(1000, 4) == [700, 800, 900]  # evenly over the last 30%
+    assert candidates.snapshot_steps(1000, 7) == [700, 750, 800, 850, 900, 950]
     assert candidates.snapshot_steps(1000, 1) == []
 
 
@@ -140,19 +147,42 @@ def test_a_candidate_whose_run_is_killed_outright_stops_by_itself(tmp_path: Path
 @pytest.mark.slow
 def test_snapshots_keep_the_point_of_the_run_that_plays_best_on_the_held_out_games(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    done = train(*SMALL, "--total-steps", "40960", "--seed", "4", "--snapshots", "4", "--candidate-games", "64",
-                 "--run-dir", str(run))
+    done = train(*SMALL, "--total-steps", "40960", "--seed", "4", "--snapshots", "7", "--candidate-games", "64",
+                 "--candidates", "1", "--run-dir", str(run))
     assert done.returncode == 0, done.stderr
     line = next(x for x in done.stdout.splitlines() if x.startswith("snapshots over 64 held-out"))
-    scored = {int(step.replace(",", "")): float(mean) for step, mean in re.findall(r"step ([\d,]+) ([\d.]+)", line)}
-    assert len(scored) == 4 and max(scored) == 40960  # three points before the end, and the end
-    kept = int(re.search(r"keeping step ([\d,]+)", line).group(1).replace(",", ""))
-    assert scored[kept] == max(scored.values())
+    final, first = line.split(" (the best 3 of 7 over 12 games each: ")
+    firsts, finals = scores_by_step(first), scores_by_step(final)
+    assert len(firsts) == 7 and max(firsts) == 40960 and min(firsts) >= 0.7 * 40960  # the last 30% of the run
+    # the finalists are the first round's best three, and the kept one the best of them on all the games
+    assert len(finals) == 3 and min(firsts[s] for s in finals) >= sorted(firsts.values())[-3]
+    kept = int(re.search(r"keeping step ([\d,]+)", final).group(1).replace(",", ""))
+    assert finals[kept] == max(finals.values())
     (end,) = tagged(done.stdout, "THRUST_DONE")
     assert end["held_out"]["step"] == kept and end["step"] == 40960
     state = load_latest(run / "checkpoints")[0]  # the last checkpoint holds the kept policy
     assert held_out_mean(state, 4, 64) == pytest.approx(end["held_out"]["mean"])
-    assert round(end["held_out"]["mean"], 1) == scored[kept]
+    assert round(end["held_out"]["mean"], 1) == finals[kept]
+
+
+def test_a_first_round_plays_each_policy_on_its_own_rows() -> None:
+    """K policies scored in one batch: each row's move is its own policy's greedy move, and a player's
+    summary covers its own games only."""
+    torch.manual_seed(0)
+    spec = get_spec("snake")
+    dim, n = spec.obs_dim(spec.params({"space": 1})), spec.n_actions(spec.params({}))
+    policies = [build_policy("mlp", dim, n, 16, activation="relu", mask_at=danger_at(10)) for _ in range(3)]
+    obs = torch.rand(12, dim)
+    obs[:, danger_at(10) : danger_at(10) + 3] = (torch.rand(12, 3) < 0.3).float()  # danger values are 0 or 1
+    together = stacked_actor(policies)(obs)
+    alone = torch.cat([torch_actor(p)(obs[4 * i : 4 * (i + 1)]) for i, p in enumerate(policies)])
+    assert torch.equal(together, alone)
+    # player 0 goes straight (into the wall at move 5), player 1 turns left every move (a 2x2 loop until
+    # the hunger limit, or longer where an apple falls on it): each summary is its own player's games
+    moves = torch.tensor([0] * 8 + [1] * 8)
+    straight, loop = evaluate_groups(lambda o: moves, "snake", 2, 8, seed=1)
+    assert straight["episodes"] == loop["episodes"] == 8
+    assert straight["length_mean"] == 5 and loop["length_mean"] >= 100
 
 
 def test_candidates_under_torchrun_are_refused(tmp_path: Path) -> None:

@@ -225,8 +225,9 @@ def test_study_over_ssh_completes_prunes_and_lives_on_the_host(ssh_study, projec
         assert meta["env"]["CUDA_VISIBLE_DEVICES"] == ""  # a CPU slot: no GPU visible
         assert meta["slot"] == t["slot"] and meta["env"]["THRUST_TRIAL"] == str(t["number"])
         assert "--export" not in meta["argv"]
-        # one training per trial and slot, whatever the preset's --candidates
+        # one training per trial and slot, whatever the preset's --candidates and --snapshots
         assert meta["argv"][meta["argv"].index("--candidates") + 1] == "1"
+        assert meta["argv"][meta["argv"].index("--snapshots") + 1] == "1"
     assert {t["slot"] for t in out["trials"]} == {"cpu0", "cpu1"}
     assert_slots_never_overlap(out["trials"])
     # pruned trials were stopped on the host, not left running

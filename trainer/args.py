@@ -41,13 +41,15 @@ from typing import Any
 # fill the board at all. --mask 1 (deadly moves never picked while another is open) makes the endgame
 # reliable: 10 runs of 12 fill the board in 71-90% of their games, against 2 of 6 without it, at the
 # same mean (86.1 over seeds 1-6). What is left is the draw: one run in five or six learns no endgame,
-# and late in a run the greedy score moves by several apples between checkpoints. So the preset trains
-# two runs side by side (--candidates 2: one process each, on 2 cores the time of one) and keeps the
-# best of their policies at 70-100% of the steps (--snapshots 4) on 500 held-out games
-# (trainer/candidates.py; BENCHMARKS.md, issue 54). On a GPU, pass a larger --num-envs. Tried and not
-# adopted (issues 39 and 54, BENCHMARKS.md): 16M steps without space; --anneal-ent 1, --late-starts,
-# --bootstrap-truncated 0 with space; a room check in the space features (learns fast, then circles
-# until the hunger limit).
+# and late in a run the greedy score moves by several apples between points a few hundred thousand
+# steps apart (81-93). So the preset trains two runs side by side (--candidates 2: one process each, on
+# 2 cores the time of one) and keeps the best of their policies every 2.5% from 70% of the steps
+# (--snapshots 13: 100 held-out games each, then the best 3 on 500; with 4 points, 70/80/90/100%, the
+# choice was ~1.5 apples worse over the same runs) (trainer/candidates.py; BENCHMARKS.md, issue 54).
+# On a GPU, pass a larger --num-envs. Tried and not adopted (issues 39 and 54, BENCHMARKS.md): 16M
+# steps without space; --anneal-ent 1, --late-starts, --bootstrap-truncated 0 with space; a room check
+# in the space features (learns fast, then circles until the hunger limit); the average of a run's late
+# policies' weights (plays like a typical one, not like the best).
 # Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal). Gymnasium
 # ids take GYM_PRESET (see `preset_of`).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -65,7 +67,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "space": 1,
         "mask": 1,
         "candidates": 2,
-        "snapshots": 4,
+        "snapshots": 13,
     },
 }
 
@@ -226,9 +228,10 @@ class TrainArgs:
     candidates: int = flag(1, min=1)
     """train this many runs at once from different seeds (one process each) and keep the one that plays
     best on held-out games"""
-    snapshots: int = flag(1, min=1, max=10)
-    """keep the policy at this many points (the end, and every 10% of --total-steps before it) and, at the
-    end, the one that plays best on held-out games"""
+    snapshots: int = flag(1, min=1, max=40)
+    """keep the policy at this many points, evenly over the last 30% of --total-steps (the end included),
+    and at the end the one that plays best on held-out games (above 3: a first round on a fifth of the
+    games picks the 3 that play them all)"""
     candidate_games: int = flag(500, min=1)
     """greedy games each policy plays for the choice (--candidates or --snapshots above 1)"""
     held_out_seed: int = flag(-1, min=-1)

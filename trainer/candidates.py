@@ -2,7 +2,9 @@
 
 Why: one seed's training path decides how good a snake gets (seeds 1-6 of one preset span ~77-91
 apples, and the path depends on the CPU's float kernels, so nobody can promise a user's seed), and
-late in a run the greedy score still moves by several apples from one update to the next. K
+late in a run the greedy score still moves by several apples from one update to the next (a run's
+policies a few hundred thousand steps apart score 81-93 apples, and agree with a second set of games to
+~1.5: BENCHMARKS.md, issue 54). K
 independent trainings side by side, one process each with one torch thread, cost on a machine with K
 idle cores the wall time of one; keeping the policy at N points of each and a greedy evaluation on
 games nothing else is scored on turn those draws into the best of K x N.
@@ -11,10 +13,12 @@ The run's own process trains candidate 0: seed S, the run directory, metrics, ch
 it would have without the flags, so the live line and `--resume` work as for any run. Candidates
 1..K-1 are child processes, `python -m trainer.train` with the same flags, seed `seed_of(S, k)`, run
 directory `RUN/candidates/k` (their output in its train.log), and the run's held-out games. Each
-process keeps its policy at `snapshot_steps` (in memory), and at its end scores them and its final
-policy on `--candidate-games` greedy games from the held-out seed (`held_out_seed`: not trainer.eval's
-seed 0, so a later evaluation is not the games the choice was made on), keeps the best, and writes
-that score into its last checkpoint (`HELD_OUT`). The run then waits for the children and keeps the
+process keeps its policy at `snapshot_steps` (in memory, evenly over the last 30% of the steps), and at
+its end scores them and its final policy on `--candidate-games` greedy games from the held-out seed
+(`held_out_seed`: not trainer.eval's seed 0, so a later evaluation is not the games the choice was made
+on), keeps the best, and writes that score into its last checkpoint (`HELD_OUT`). With more than
+FINALISTS policies a first round on a fifth of the games, five policies to a batch (`first_round`),
+picks the FINALISTS that play them all. The run then waits for the children and keeps the
 best of all: its last checkpoint and its export are that policy. A stopped run (a signal) stops its
 candidates too and chooses nothing; `--resume` continues every candidate (snapshots are kept from
 where each resumed).
@@ -35,12 +39,14 @@ import torch
 
 from trainer.args import TrainArgs, to_argv
 from trainer.checkpoint import load_latest
-from trainer.eval import evaluate, torch_actor
+from trainer.eval import evaluate, evaluate_groups, stacked_actor, torch_actor
 from trainer.report import say
 
 SEED_STRIDE = 10_000  # candidate k trains from seed S + k * SEED_STRIDE: apart from any S a user picks
 HELD_OUT_BASE = 1_000_000  # the choice's games start from seed HELD_OUT_BASE + S
-SNAPSHOT_STRIDE = 0.1  # snapshot i of N is the policy at (1 - i * SNAPSHOT_STRIDE) of the run's steps
+SNAPSHOT_SPAN = 0.3  # N snapshots are spread evenly over the last SNAPSHOT_SPAN of the run's steps
+FINALISTS = 3  # with more snapshots than this, a first round on fewer games picks this many ...
+FIRST_ROUND_SHARE = 5  # ... each playing 1/FIRST_ROUND_SHARE of --candidate-games, that many policies a batch
 HELD_OUT = "held_out"  # the checkpoint's and THRUST_DONE's field: the kept policy's held-out score
 PARENT_ENV = "THRUST_CANDIDATE_OF"  # in a child: the pid of the run that started it
 
@@ -66,8 +72,9 @@ def choosing(args: TrainArgs) -> bool:
 
 
 def snapshot_steps(total: int, n: int) -> list[int]:
-    """The steps (ascending) after which a run keeps its policy, besides the final one (`n` in all)."""
-    return sorted(round(total * (1 - SNAPSHOT_STRIDE * i)) for i in range(1, n))
+    """The steps (ascending) after which a run keeps its policy, besides the final one (`n` in all,
+    evenly spaced over the last SNAPSHOT_SPAN of the steps: 4 are at 70, 80, 90 and 100%)."""
+    return sorted(round(total * (1 - SNAPSHOT_SPAN * i / (n - 1))) for i in range(1, n))
 
 
 def candidate_dir(run_dir: Path, k: int) -> Path:
@@ -144,6 +151,19 @@ def score(policy: torch.nn.Module, env: str, settings: dict[str, Any], seed: int
     return {k: result[k] for k in SCORE_FIELDS if k in result}
 
 
+def first_round(policies: list[tuple[int, torch.nn.Module]], env: str, settings: dict[str, Any], seed: int,
+                games: int) -> list[dict[str, Any]]:
+    """Each (step, policy) scored on `games` held-out games, FIRST_ROUND_SHARE policies to a batch."""
+    rows = []
+    for i in range(0, len(policies), FIRST_ROUND_SHARE):
+        batch = policies[i : i + FIRST_ROUND_SHARE]
+        act = stacked_actor([p.cpu().eval() for _, p in batch])
+        results = evaluate_groups(act, env, len(batch), games, seed=seed, **settings)
+        for (at, _), result in zip(batch, results, strict=True):
+            rows.append({"step": at, **{k: result[k] for k in SCORE_FIELDS if k in result}})
+    return rows
+
+
 def key(result: dict[str, Any]) -> tuple[float, float]:
     """Best first: the mean score, then the share of wins (full boards) on a tie."""
     return result["mean"], result.get("full_board_fraction", 0.0)
@@ -162,10 +182,16 @@ def choice_line(choice: dict[str, Any]) -> str:
             f"keeping candidate {choice['chosen']}")
 
 
-def snapshot_line(rows: list[dict[str, Any]], kept: dict[str, Any], games: int) -> str:
-    """The plain line that says which of this process's snapshots was kept."""
+def snapshot_line(rows: list[dict[str, Any]], kept: dict[str, Any], games: int,
+                  first: list[dict[str, Any]] | None = None, first_games: int = 0) -> str:
+    """The plain line that says which of this process's snapshots was kept (and, after a first round,
+    how the finalists were picked)."""
     parts = [f"step {r['step']:,} {r['mean']:.1f}" for r in rows]
-    return f"snapshots over {games} held-out greedy games: {'; '.join(parts)}; keeping step {kept['step']:,}"
+    line = f"snapshots over {games} held-out greedy games: {'; '.join(parts)}; keeping step {kept['step']:,}"
+    if first:
+        scores = "; ".join(f"step {r['step']:,} {r['mean']:.1f}" for r in first)
+        line += f" (the best {len(rows)} of {len(first)} over {first_games} games each: {scores})"
+    return line
 
 
 class Chooser:
@@ -207,18 +233,31 @@ class Chooser:
             config.update(candidate=self._best_candidate(policy, optimizer, step))
 
     def _best_snapshot(self, policy: torch.nn.Module, step: int, settings: dict[str, Any]) -> None:
-        args, seed = self.args, held_out_seed(self.args)
-        rows = []
-        for at, weights in [*self.snapshots, (step, policy.state_dict())]:
-            candidate = copy.deepcopy(policy)
-            candidate.load_state_dict(weights)
-            rows.append({"step": at, **score(candidate, args.env, settings, seed, args.candidate_games)})
+        """Keep the snapshot (or the final policy) that plays best on the held-out games. With more than
+        FINALISTS of them, a first round on 1/FIRST_ROUND_SHARE of the games (several policies a batch)
+        picks the FINALISTS that play the full number: late in a run the greedy score moves by several
+        apples between points a few hundred thousand steps apart, so many points are worth scoring,
+        and the first round makes that cost about what scoring four did."""
+        args, seed, games = self.args, held_out_seed(self.args), self.args.candidate_games
+        policies = [(at, self._copy(policy, weights)) for at, weights in [*self.snapshots, (step, policy.state_dict())]]
+        first, first_games = None, max(1, games // FIRST_ROUND_SHARE)
+        if len(policies) > FINALISTS:
+            first = first_round(policies, args.env, settings, seed, first_games)
+            top = {r["step"] for r in sorted(first, key=key, reverse=True)[:FINALISTS]}
+            policies = [(at, p) for at, p in policies if at in top]
+        rows = [{"step": at, **score(p, args.env, settings, seed, games)} for at, p in policies]
         best = max(rows, key=key)
         if best["step"] != step:
             policy.load_state_dict(dict(self.snapshots)[best["step"]])
-        self.held_out = {**best, "games": args.candidate_games, "held_out_seed": seed}
-        if len(rows) > 1:
-            say(snapshot_line(rows, best, args.candidate_games))
+        self.held_out = {**best, "games": games, "held_out_seed": seed}
+        if len(rows) > 1 or first:
+            say(snapshot_line(rows, best, games, first, first_games))
+
+    @staticmethod
+    def _copy(policy: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+        candidate = copy.deepcopy(policy)
+        candidate.load_state_dict(weights)
+        return candidate
 
     def _best_candidate(self, policy: torch.nn.Module, optimizer: Any, step: int) -> int:
         """The candidate kept (its policy and optimizer state loaded into the run's)."""

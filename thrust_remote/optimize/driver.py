@@ -78,9 +78,11 @@ class Optimizer:
             if "log-interval" not in self.fixed and "log-interval" not in job_args:
                 self.injected["log-interval"] = DEFAULT_LOG_INTERVAL
             # One training per trial: the study is the search, a trial's score is its own run's (the
-            # preset's --candidates would train several per slot and report the first one's metrics).
-            if "candidates" not in self.fixed and "candidates" not in job_args:
-                self.injected["candidates"] = "1"
+            # preset's --candidates would train several per slot and report the first one's metrics,
+            # and its --snapshots would spend the trial's end on games its score does not read).
+            for name in ("candidates", "snapshots"):
+                if name not in self.fixed and name not in job_args:
+                    self.injected[name] = "1"
         if self.job.kind == "cargo" or any(h.is_local for h in request.all_hosts):  # before any host is touched
             self._check_shared_events(request.parallel or 1)
 
