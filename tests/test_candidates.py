@@ -150,6 +150,7 @@ def test_snapshots_keep_the_point_of_the_run_that_plays_best_on_the_held_out_gam
     done = train(*SMALL, "--total-steps", "40960", "--seed", "4", "--snapshots", "7", "--candidate-games", "64",
                  "--candidates", "1", "--run-dir", str(run))
     assert done.returncode == 0, done.stderr
+    assert "choosing: 7 kept policies play held-out greedy games; the best is kept" in done.stdout.splitlines()
     line = next(x for x in done.stdout.splitlines() if x.startswith("snapshots over 64 held-out"))
     final, first = line.split(" (the best 3 of 7 over 12 games each: ")
     firsts, finals = scores_by_step(first), scores_by_step(final)

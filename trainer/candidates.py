@@ -182,6 +182,12 @@ def choice_line(choice: dict[str, Any]) -> str:
             f"keeping candidate {choice['chosen']}")
 
 
+def choosing_line(args: TrainArgs, kept: int) -> str:
+    """The plain line at the end of the steps, before the held-out games (which take a while)."""
+    runs = f" in each of the {args.candidates} candidates" if args.candidates > 1 else ""
+    return f"choosing: {kept} kept policies{runs} play held-out greedy games; the best is kept"
+
+
 def snapshot_line(rows: list[dict[str, Any]], kept: dict[str, Any], games: int,
                   first: list[dict[str, Any]] | None = None, first_games: int = 0) -> str:
     """The plain line that says which of this process's snapshots was kept (and, after a first round,
@@ -228,6 +234,8 @@ class Chooser:
                     "resuming the run continues them all")
             return
         if choosing(self.args):
+            # the steps are done and the live line stops moving: say what the next minute is for
+            say(choosing_line(self.args, len(self.snapshots) + 1))
             self._best_snapshot(policy, step, settings)
         if self.others:
             config.update(candidate=self._best_candidate(policy, optimizer, step))
