@@ -97,6 +97,7 @@ def test_the_run_keeps_the_candidate_that_plays_best_on_the_held_out_games(tmp_p
     assert f"keeping candidate {best}" in line
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["steps"] == end["step"]
+    assert manifest["held_out"] == end["held_out"]  # the exported policy's own score, what a fetch shows
 
 
 @pytest.mark.e2e

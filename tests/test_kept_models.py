@@ -187,6 +187,16 @@ def test_score_is_apples_for_snake_and_the_return_otherwise(tmp_path: Path) -> N
     assert models.score_of({}, None) == (None, None)
 
 
+def test_a_model_chosen_on_held_out_games_is_scored_by_them_not_by_the_last_training_line(tmp_path: Path) -> None:
+    """With --candidates/--snapshots the exported policy may be another run's or an earlier step's: its
+    own held-out score (the manifest's) says what it plays, the last metrics line does not."""
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text(metrics_lines(score=85.9))
+    chosen = {"env": "snake", "held_out": {"mean": 91.7, "games": 500, "held_out_seed": 1000001, "step": 11051008}}
+    assert models.score_of(chosen, metrics) == (pytest.approx(91.7), "held-out apples")
+    assert models.score_of({**chosen, "env": "cartpole"}, None) == (pytest.approx(91.7), "held-out return")
+
+
 @pytest.mark.slow
 def test_train_cartpole_keeps_the_model_and_does_not_offer_play(cli, tmp_path: Path, sshd, remote_dir: Path) -> None:
     """The page plays snake only: after a cartpole run, `see it play` would send the user to a refusal.

@@ -13,8 +13,9 @@ is gone, and the model kept is one that passed the checks (`_export_checked`).
 `manifest.json` is written beside the model (same directory): sha256, bytes, opset, inputs/outputs
 (name, shape, dtype), env (a built-in name or a gymnasium id), playable (whether the web page can play
 it: snake only), grid_size, action_mode, (gymnasium ids) gymnasium_version, obs_dim, n_actions, policy,
-steps, final_return, max_abs_diff, exporter (`torchscript` or `dynamo`), commit (THRUST_COMMIT, else
-`git rev-parse HEAD` when in a git checkout, else null), created_at.
+steps, final_return, held_out (when the run chose its policy on held-out games: that policy's score),
+max_abs_diff, exporter (`torchscript` or `dynamo`), commit (THRUST_COMMIT, else `git rev-parse HEAD`
+when in a git checkout, else null), created_at.
 
 CLI: `python -m trainer.export --checkpoint CKPT_OR_RUN_DIR --out model.onnx`.
 """
@@ -179,6 +180,7 @@ def export_onnx(
     policy_kind: str = "mlp",
     steps: int = 0,
     final_return: float | None = None,
+    held_out: dict[str, Any] | None = None,
     **settings: Any,
 ) -> Path:
     """Write `out` (.onnx) and `manifest.json` beside it; returns the model path.
@@ -219,6 +221,9 @@ def export_onnx(
         "mask": getattr(policy, "mask_at", None) is not None,
         "steps": steps,
         "final_return": final_return,
+        # --candidates / --snapshots: the exported policy's own greedy score on the held-out games (the
+        # metrics' last score is a training run's, possibly of another policy)
+        **({"held_out": held_out} if held_out is not None else {}),
         "max_abs_diff": {"logits": diff["logits"], "value": diff["value"]},
         "exporter": exporter,
         "commit": git_commit(),

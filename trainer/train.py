@@ -498,6 +498,7 @@ class Trainer:
                 policy_kind=self.args.policy,
                 steps=self.global_step,
                 final_return=self.last_metrics.get("return_mean"),
+                held_out=self.chooser.held_out if self.chooser is not None else None,
                 **self.settings,
             )
         except ExportError as e:  # say what failed and fail the job

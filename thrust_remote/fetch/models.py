@@ -90,10 +90,18 @@ def verify_model(model: Path, manifest: dict) -> float:
 
 # ------------------------------------------------------------------------------------------ scores
 
+# A held-out score's kind per env (else "held-out return"): never compared with a training score's kind.
+HELD_OUT_KIND = {"snake": "held-out apples"}
+
+
 def score_of(manifest: dict, metrics: Path | None) -> tuple[float | None, str | None]:
-    """(score, kind): the env's score from the last metrics line that has one — snake's mean apples
-    (`score_mean`), else the greedy `eval_return`, else the training `return_mean` — else the
+    """(score, kind): the model's own greedy score on held-out games when the run chose it on them (the
+    manifest's `held_out`), else the env's score from the last metrics line that has one — snake's mean
+    apples (`score_mean`), else the greedy `eval_return`, else the training `return_mean` — else the
     manifest's `final_return`. (None, None) when nothing says."""
+    held_out = manifest.get("held_out")
+    if isinstance(held_out, dict) and isinstance(held_out.get("mean"), int | float):
+        return float(held_out["mean"]), HELD_OUT_KIND.get(str(manifest.get("env")), "held-out return")
     lines: list[str] = []
     if metrics is not None and metrics.is_file():
         with contextlib.suppress(OSError, UnicodeDecodeError):
