@@ -44,8 +44,8 @@ from typing import Any
 # and late in a run the greedy score moves by several apples between points a few hundred thousand
 # steps apart (81-93). So the preset trains two runs side by side (--candidates 2: one process each, on
 # 2 cores the time of one) and keeps the best of their policies every 2.5% from 70% of the steps
-# (--snapshots 13: 100 held-out games each, then the best 3 on 500; with 4 points, 70/80/90/100%, the
-# choice was ~1.5 apples worse over the same runs) (trainer/candidates.py; BENCHMARKS.md, issue 54).
+# (--snapshots 13: 100 held-out games each, then the best 3 on 500; over the same runs seeds 1-6 average
+# 89.6, against 89.0 with 4 points at 70/80/90/100%) (trainer/candidates.py; BENCHMARKS.md, issue 54).
 # On a GPU, pass a larger --num-envs. Tried and not adopted (issues 39 and 54, BENCHMARKS.md): 16M
 # steps without space; --anneal-ent 1, --late-starts, --bootstrap-truncated 0 with space; a room check
 # in the space features (learns fast, then circles until the hunger limit); the average of a run's late

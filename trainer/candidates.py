@@ -4,7 +4,7 @@ Why: one seed's training path decides how good a snake gets (seeds 1-6 of one pr
 apples, and the path depends on the CPU's float kernels, so nobody can promise a user's seed), and
 late in a run the greedy score still moves by several apples from one update to the next (a run's
 policies a few hundred thousand steps apart score 81-93 apples, and agree with a second set of games to
-~1.5: BENCHMARKS.md, issue 54). K
+~1 apple: BENCHMARKS.md, issue 54). K
 independent trainings side by side, one process each with one torch thread, cost on a machine with K
 idle cores the wall time of one; keeping the policy at N points of each and a greedy evaluation on
 games nothing else is scored on turn those draws into the best of K x N.
@@ -147,7 +147,11 @@ SCORE_FIELDS = ("mean", "sem", "median", "full_board_fraction")  # of trainer.ev
 def score(policy: torch.nn.Module, env: str, settings: dict[str, Any], seed: int, games: int) -> dict[str, Any]:
     """The greedy evaluation the choice is made by: trainer.eval's, on the held-out games from `seed`.
     `policy` is a copy of the run's (it is moved to the CPU, where the env steps)."""
-    result = evaluate(torch_actor(policy.cpu().eval()), env, episodes=games, seed=seed, **settings)
+    return reported(evaluate(torch_actor(policy.cpu().eval()), env, episodes=games, seed=seed, **settings))
+
+
+def reported(result: dict[str, Any]) -> dict[str, Any]:
+    """The SCORE_FIELDS of an evaluation's result."""
     return {k: result[k] for k in SCORE_FIELDS if k in result}
 
 
@@ -160,7 +164,7 @@ def first_round(policies: list[tuple[int, torch.nn.Module]], env: str, settings:
         act = stacked_actor([p.cpu().eval() for _, p in batch])
         results = evaluate_groups(act, env, len(batch), games, seed=seed, **settings)
         for (at, _), result in zip(batch, results, strict=True):
-            rows.append({"step": at, **{k: result[k] for k in SCORE_FIELDS if k in result}})
+            rows.append({"step": at, **reported(result)})
     return rows
 
 
