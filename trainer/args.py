@@ -232,6 +232,11 @@ class TrainArgs:
     """keep the policy at this many points, evenly over the last 30% of --total-steps (the end included),
     and at the end the one that plays best on held-out games (above 3: a first round on a fifth of the
     games picks the 3 that play them all)"""
+    exploit_at: float = flag(0.0, min=0, max=1)
+    """with --candidates: at this share of the steps the candidates play held-out games, and one clearly
+    behind the best continues from the best's policy (0 = off)"""
+    exploit_z: float = flag(4.0, min=0)
+    """--exploit-at's "clearly": the best's mean ahead by more than this many standard errors"""
     candidate_games: int = flag(500, min=1)
     """greedy games each policy plays for the choice (--candidates or --snapshots above 1)"""
     held_out_seed: int = flag(-1, min=-1)

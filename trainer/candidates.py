@@ -40,6 +40,7 @@ import torch
 from trainer.args import TrainArgs, to_argv
 from trainer.checkpoint import load_latest
 from trainer.eval import evaluate, evaluate_groups, stacked_actor, torch_actor
+from trainer.population import POPULATION_ENV, member_of
 from trainer.report import say
 
 SEED_STRIDE = 10_000  # candidate k trains from seed S + k * SEED_STRIDE: apart from any S a user picks
@@ -93,7 +94,7 @@ class Child:
 
 def start_others(args: TrainArgs, run_dir: Path) -> list[Child]:
     """Start candidates 1..K-1 (`args.candidates` = K) as child processes; each writes train.log."""
-    children = []
+    children, member = [], member_of(args, run_dir)
     for k in range(1, args.candidates):
         seed = seed_of(args.seed, k)
         out = candidate_dir(run_dir, k)
@@ -105,7 +106,7 @@ def start_others(args: TrainArgs, run_dir: Path) -> list[Child]:
         cmd = [sys.executable, "-m", "trainer.train", *to_argv(child_args)]
         # The run's own process group: a stop of the run's group (the host agent's, a Ctrl-C) reaches
         # the children too; PARENT_ENV lets a child stop if the run itself is gone (killed outright).
-        env = {**os.environ, PARENT_ENV: str(os.getpid())}
+        env = {**os.environ, PARENT_ENV: str(os.getpid()), POPULATION_ENV: member.env_for(k) if member else ""}
         with open(out / "train.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         children.append(Child(k, seed, out, proc))

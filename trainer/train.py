@@ -75,7 +75,7 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402 - the start time above includes torch's import
 
-from trainer import candidates  # noqa: E402
+from trainer import candidates, population  # noqa: E402
 from trainer.args import PRESETS, TrainArgs, UsageError, build_parser, flag_specs, parse_args  # noqa: E402
 from trainer.checkpoint import load_start, save_checkpoint  # noqa: E402
 from trainer.dist import Dist  # noqa: E402
@@ -242,6 +242,7 @@ class Trainer:
         self.last_metrics: dict[str, Any] = {}
         self.log: RunLog | None = None  # rank 0 only
         self.chooser: candidates.Chooser | None = None  # --candidates / --snapshots (rank 0)
+        self.exchange: population.Exchange | None = None  # --exploit-at among --candidates
 
     def setup(self) -> None:
         args = self.args
@@ -276,6 +277,10 @@ class Trainer:
             self.eval_env = self.spec.make(args.eval_episodes, self.device, **self.settings)
         if dist.is_main:
             self.chooser = candidates.Chooser(args, self.run_dir, self.num_iterations * self.batch_per_iter)
+            member = population.member_of(args, self.run_dir)
+            if member is not None and args.exploit_at > 0:
+                self.exchange = population.Exchange(member, args, self.num_iterations * self.batch_per_iter,
+                                                    self.global_step, candidates.held_out_seed(args))
 
     def _build(self) -> None:
         """The env batch, the policy, PPO (the policy wrapped in DDP across ranks)."""
@@ -365,6 +370,9 @@ class Trainer:
             self._train_iteration()
             if self.chooser is not None:
                 self.chooser.keep(self.global_step, self.policy)
+            if self.exchange is not None and self.exchange.due(self.global_step):
+                self.exchange.run(self.policy, self.ppo.optimizer, self.global_step, self.settings,
+                                  lambda: bool(self.stop_signal) or candidates.orphaned(), PROCESS_START)
             now = time.time()
             last_iter = self.iteration >= self.num_iterations
             if self.eval_env is not None and self.iteration % args.eval_every == 0:
@@ -545,6 +553,7 @@ def emit_done(t: Trainer, ckpt_path: Path | None, export_path: str | None, expor
             "stopped_by_signal": stopped,
             "export_error": export_error,
             **(t.chooser.done_fields() if t.chooser is not None else {}),
+            **({"exchange": t.exchange.record} if t.exchange is not None and t.exchange.record else {}),
         },
     )
 
