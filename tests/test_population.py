@@ -128,8 +128,8 @@ def test_a_run_resumed_past_the_step_does_not_exchange_again(tmp_path: Path) -> 
     fresh = population.Exchange(member, args, 1000, 0, 7)
     assert fresh.at == 600 and not fresh.due(599) and fresh.due(600) and fresh.due(640)
     assert not population.Exchange(member, args, 1000, 640, 7).due(700)
-    off = population.Exchange(member, parse_args(["--env", "snake", "--candidates", "2"]), 1000, 0, 7)
-    assert not off.due(1000)
+    off_args = parse_args(["--env", "snake", "--candidates", "2", "--exploit-at", "0"])
+    assert not population.Exchange(member, off_args, 1000, 0, 7).due(1000)
 
 
 def test_the_wait_gives_up_on_a_missing_candidate_and_stops_with_the_run(tmp_path: Path) -> None:

@@ -46,6 +46,10 @@ from typing import Any
 # 2 cores the time of one) and keeps the best of their policies every 2.5% from 70% of the steps
 # (--snapshots 13: 100 held-out games each, then the best 3 on 500; over the same runs seeds 1-6 average
 # 89.6, against 89.0 with 4 points at 70/80/90/100%) (trainer/candidates.py; BENCHMARKS.md, issue 54).
+# At 60% of the steps a run that learned no endgame already reads far below its sibling (seed 5: 65
+# against 84 apples), so --exploit-at 0.6 continues it from the sibling's policy when it is clearly
+# behind (trainer/population.py): seeds 1-6 89.9, floor 86.4, against 89.6 / 84.6; at 0.5 or 0.7 the
+# floor was lower (84.6, 83.6).
 # On a GPU, pass a larger --num-envs. Tried and not adopted (issues 39 and 54, BENCHMARKS.md): 16M
 # steps without space; --anneal-ent 1, --late-starts, --bootstrap-truncated 0 with space; a room check
 # in the space features (learns fast, then circles until the hunger limit); the average of a run's late
@@ -68,6 +72,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "mask": 1,
         "candidates": 2,
         "snapshots": 13,
+        "exploit_at": 0.6,
     },
 }
 
