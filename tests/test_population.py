@@ -20,7 +20,7 @@ from helpers import REPO
 
 from trainer import population
 from trainer.args import parse_args
-from trainer.checkpoint import load_latest
+from trainer.checkpoint import load_latest, save_atomically
 from trainer.envs.registry import get_spec
 from trainer.eval import evaluate, torch_actor
 from trainer.export import policy_from_checkpoint
@@ -135,8 +135,8 @@ def test_a_run_resumed_past_the_step_does_not_exchange_again(tmp_path: Path) -> 
 def test_the_wait_gives_up_on_a_missing_candidate_and_stops_with_the_run(tmp_path: Path) -> None:
     args = parse_args(["--env", "snake", "--candidates", "3", "--exploit-at", "0.5"])
     exchange = population.Exchange(population.Member(0, 3, tmp_path), args, 1000, 0, 7)
-    population._write(tmp_path / "1.pt", {"step": 500, "candidate": 1, "score": {"candidate": 1, "mean": 1.0}})
-    population._write(tmp_path / "2.pt", {"step": 300, "candidate": 2, "score": {"candidate": 2, "mean": 9.0}})
+    save_atomically(tmp_path / "1.pt", {"step": 500, "candidate": 1, "score": {"candidate": 1, "mean": 1.0}})
+    save_atomically(tmp_path / "2.pt", {"step": 300, "candidate": 2, "score": {"candidate": 2, "mean": 9.0}})
     t0 = time.monotonic()
     got = exchange._wait(500, lambda: False, 0.5)
     assert got is not None and set(got) == {1}  # candidate 2's file is another step's: not this exchange's

@@ -41,23 +41,29 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], step: int, keep: int = 3) -> Path:
-    """Atomically write `state` as the checkpoint for `step`; returns its path."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    final = d / f"ckpt-{step:012d}.pt"
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=d)
+def save_atomically(path: Path, state: dict[str, Any]) -> None:
+    """`torch.save(state)` at `path`, whole or not at all: a temp file beside it (a dot name ending
+    in .tmp), flushed and fsynced, renamed into place, and the directory fsynced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, final)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(d)
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], step: int, keep: int = 3) -> Path:
+    """Atomically write `state` as the checkpoint for `step`; returns its path."""
+    d = Path(directory)
+    final = d / f"ckpt-{step:012d}.pt"
+    save_atomically(final, state)
     for _, old in checkpoint_paths(d)[keep:]:
         with contextlib.suppress(FileNotFoundError):
             old.unlink()

@@ -21,11 +21,9 @@ already holds what the exchange gave it).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ from typing import Any
 import torch
 
 from trainer.args import TrainArgs
+from trainer.checkpoint import save_atomically
 from trainer.report import say
 
 POPULATION_ENV = "THRUST_CANDIDATE_POPULATION"  # in a candidate's child: "k K DIR" (its place, the size, the exchange)
@@ -108,20 +107,6 @@ def exchange_line(step: int, games: int, rows: list[dict[str, Any]], moves: dict
     return f"exchange at step {step:,} over {games} held-out greedy games: {scores}{gone}; {what}"
 
 
-def _write(path: Path, state: dict[str, Any]) -> None:
-    """`state` at `path`, whole or not at all (a temp file renamed into place): the others read it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def _read(path: Path, step: int, k: int) -> dict[str, Any] | None:
     """Candidate k's exchange state for `step`, or None (not there yet, or not this step's)."""
     try:
@@ -154,7 +139,7 @@ class Exchange:
         self.done = True
         me, games = self.member.k, self.args.candidate_games
         mine = {"candidate": me, **score(copy.deepcopy(policy), self.args.env, settings, self.seed, games)}
-        _write(self.member.file(me), {"step": step, "candidate": me, "score": mine,
+        save_atomically(self.member.file(me), {"step": step, "candidate": me, "score": mine,
                                       "model": policy.state_dict(), "optimizer": optimizer.state_dict()})
         states = self._wait(step, stopping, max(WAIT_LIMIT_S, WAIT_SHARE * (time.time() - started)))
         if states is None:  # stopped while waiting: the run checkpoints and ends, nothing exchanged
