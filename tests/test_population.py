@@ -72,7 +72,10 @@ def same(a: dict, b: dict) -> bool:
 @pytest.mark.parametrize("z", ["0", "4"])
 def test_a_candidate_clearly_behind_continues_from_the_best_and_the_rest_from_their_own(tmp_path: Path, z: str) -> None:
     run = tmp_path / "run"
+    stale = population.exchange_dir(run) / "7.pt"  # an earlier run's in the same directory
+    save_atomically(stale, {"step": 40960, "candidate": 7, "score": {"candidate": 7, "mean": 1000.0}})
     done = exchange_run(run, "--exploit-z", z)
+    assert not stale.exists()  # cleared before the candidates started
     record = done[0]["exchange"]
     assert all(d["exchange"] == record for d in done)  # every process decided the same from the same files
     assert record["seed"] == population.exchange_seed(1_000_002) and record["missing"] == []

@@ -76,6 +76,14 @@ def member_of(args: TrainArgs, run_dir: Path) -> Member | None:
     return Member(int(k), int(size), Path(directory))
 
 
+def clear(member: Member) -> None:
+    """Before a fresh run's candidates start: remove what an earlier run in the same directory left
+    (its files of the same step would otherwise be read as this run's). A resumed run keeps them: a
+    candidate that published before the stop is not published again."""
+    for path in member.directory.glob("*.pt"):
+        path.unlink(missing_ok=True)
+
+
 def exchange_seed(held_out: int) -> int:
     return held_out + EXCHANGE_OFFSET
 
@@ -139,8 +147,9 @@ class Exchange:
         self.done = True
         me, games = self.member.k, self.args.candidate_games
         mine = {"candidate": me, **score(copy.deepcopy(policy), self.args.env, settings, self.seed, games)}
-        save_atomically(self.member.file(me), {"step": step, "candidate": me, "score": mine,
-                                      "model": policy.state_dict(), "optimizer": optimizer.state_dict()})
+        state = {"step": step, "candidate": me, "score": mine, "model": policy.state_dict(),
+                 "optimizer": optimizer.state_dict()}
+        save_atomically(self.member.file(me), state)
         states = self._wait(step, stopping, max(WAIT_LIMIT_S, WAIT_SHARE * (time.time() - started)))
         if states is None:  # stopped while waiting: the run checkpoints and ends, nothing exchanged
             return

@@ -276,8 +276,10 @@ class Trainer:
         if args.target_return:  # 0 = off; below 0 is a target too (Acrobot-v1: -100)
             self.eval_env = self.spec.make(args.eval_episodes, self.device, **self.settings)
         if dist.is_main:
-            self.chooser = candidates.Chooser(args, self.run_dir, self.num_iterations * self.batch_per_iter)
             member = population.member_of(args, self.run_dir)
+            if member is not None and member.k == 0 and self.global_step == 0:  # before its children start
+                population.clear(member)
+            self.chooser = candidates.Chooser(args, self.run_dir, self.num_iterations * self.batch_per_iter)
             if member is not None and args.exploit_at > 0:
                 self.exchange = population.Exchange(member, args, self.num_iterations * self.batch_per_iter,
                                                     self.global_step, candidates.held_out_seed(args))
