@@ -48,8 +48,8 @@ from typing import Any
 # 89.6, against 89.0 with 4 points at 70/80/90/100%) (trainer/candidates.py; BENCHMARKS.md, issue 54).
 # At 60% of the steps a run that learned no endgame already reads far below its sibling (seed 5: 65
 # against 84 apples), so --exploit-at 0.6 continues it from the sibling's policy when it is clearly
-# behind (trainer/population.py): seeds 1-6 89.9, floor 86.4, against 89.6 / 84.6; at 0.5 or 0.7 the
-# floor was lower (84.6, 83.6).
+# behind (trainer/population.py): seeds 1-6 89.9, floor 86.4, against 89.6 / 84.6; at 0.5 or 0.7 seed
+# 5 ended lower (84.6, 83.6).
 # On a GPU, pass a larger --num-envs. Tried and not adopted (issues 39 and 54, BENCHMARKS.md): 16M
 # steps without space; --anneal-ent 1, --late-starts, --bootstrap-truncated 0 with space; a room check
 # in the space features (learns fast, then circles until the hunger limit); the average of a run's late
