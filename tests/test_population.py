@@ -9,6 +9,8 @@ independent evaluation of the states the candidates published."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, wait_until
 
 from trainer import population
 from trainer.args import parse_args
@@ -124,20 +126,28 @@ def test_a_child_learns_its_place_from_its_environment(tmp_path: Path, monkeypat
     assert population.member_of(child_args, tmp_path) is None  # a run alone has nobody to compare with
 
 
-def test_a_run_resumed_past_the_step_does_not_exchange_again(tmp_path: Path) -> None:
+def test_a_resumed_run_exchanges_unless_its_checkpoint_came_after_the_exchange(tmp_path: Path) -> None:
     args = parse_args(["--env", "snake", "--candidates", "2", "--exploit-at", "0.6"])
     member = population.member_of(args, tmp_path)
     assert member is not None
-    fresh = population.Exchange(member, args, 1000, 0, 7)
+    fresh = population.Exchange(member, args, 1000, 7)
     assert fresh.at == 600 and not fresh.due(599) and fresh.due(600) and fresh.due(640)
-    assert not population.Exchange(member, args, 1000, 640, 7).due(700)
+    past = population.Exchange(member, args, 1000, 7)
+    past.resume(640, 40, exchanged=False)  # the iteration before 640 was at 600 already: it exchanged then
+    assert not past.due(700)
+    stopped = population.Exchange(member, args, 1000, 7)
+    stopped.resume(600, 40, exchanged=False)  # stopped in the wait at the exchange's own step
+    assert stopped.due(600)
+    decided = population.Exchange(member, args, 1000, 7)
+    decided.resume(600, 40, exchanged=True)
+    assert not decided.due(600)
     off_args = parse_args(["--env", "snake", "--candidates", "2", "--exploit-at", "0"])
-    assert not population.Exchange(member, off_args, 1000, 0, 7).due(1000)
+    assert not population.Exchange(member, off_args, 1000, 7).due(1000)
 
 
 def test_the_wait_gives_up_on_a_missing_candidate_and_stops_with_the_run(tmp_path: Path) -> None:
     args = parse_args(["--env", "snake", "--candidates", "3", "--exploit-at", "0.5"])
-    exchange = population.Exchange(population.Member(0, 3, tmp_path), args, 1000, 0, 7)
+    exchange = population.Exchange(population.Member(0, 3, tmp_path), args, 1000, 7)
     save_atomically(tmp_path / "1.pt", {"step": 500, "candidate": 1, "score": {"candidate": 1, "mean": 1.0}})
     save_atomically(tmp_path / "2.pt", {"step": 300, "candidate": 2, "score": {"candidate": 2, "mean": 9.0}})
     t0 = time.monotonic()
@@ -146,3 +156,34 @@ def test_the_wait_gives_up_on_a_missing_candidate_and_stops_with_the_run(tmp_pat
     assert 0.5 <= time.monotonic() - t0 < 5
     assert exchange._wait(500, lambda: True, 60) is None  # a stopped run stops waiting at once
     assert not list(tmp_path.glob(".*.tmp"))  # the writes left no temp files behind
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_run_stopped_while_it_waits_exchanges_when_resumed_from_the_files_of_that_step(tmp_path: Path) -> None:
+    """Candidate 0 of two whose sibling has not arrived: stopped in the wait, it ends at the exchange's
+    step without deciding; resumed once the sibling's (better) state is there, it exchanges first."""
+    run, exchange = tmp_path / "run", tmp_path / "exchange"
+    env = {**os.environ, population.POPULATION_ENV: f"0 2 {exchange}"}
+    cmd = [sys.executable, "-m", "trainer.train", *SMALL, "--total-steps", "8192", "--candidates", "1",
+           "--candidate-games", str(GAMES), "--exploit-at", "1", "--run-dir", str(run)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mine = exchange / "0.pt"
+    wait_until(mine.exists, 120, "candidate 0 to publish its state and wait")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "exchange at step" not in out  # nothing decided
+    stopped = final(run, 0)
+    assert stopped["step"] == 8192 and stopped[population.EXCHANGED] is False
+    own = torch.load(mine, weights_only=True)
+    sibling = {**own, "candidate": 1, "score": {"candidate": 1, "mean": 1000.0, "sem": 0.0},
+               "model": {n: t + 0.5 for n, t in own["model"].items()}}
+    save_atomically(exchange / "1.pt", sibling)
+    done = subprocess.run([*cmd, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("THRUST_DONE ")]
+    assert json.loads(line.split(" ", 1)[1])["exchange"]["continued_from"] == {"0": 1}
+    resumed = final(run, 0)
+    assert resumed["step"] == 8192 and resumed[population.EXCHANGED] is True
+    assert same(resumed["model"], sibling["model"])

@@ -15,8 +15,9 @@ How: every candidate process scores its policy on `--candidate-games` games from
 directory (RUN/candidates/exchange/<k>.pt, atomically), waits for the others' files of the same step
 (at most WAIT_LIMIT_S; a stopped run stops waiting), and every process makes the same decision from
 the same files. Candidate 0 is the run's own process; children learn their place from POPULATION_ENV,
-set by the process that started them. A run resumed past the step does not exchange again (its state
-already holds what the exchange gave it).
+set by the process that started them. A checkpoint says whether its process had exchanged (EXCHANGED):
+resumed, a run that had does not exchange again (its state holds what the exchange gave it), and one
+stopped while it waited exchanges before its first iteration, from the same files.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ EXCHANGE_OFFSET = 500_000  # the exchange's games start at the held-out seed + t
 WAIT_LIMIT_S = 120.0  # at least this long for the others (they train the same steps on their own cores) ...
 WAIT_SHARE = 0.25  # ... or this share of the time the run has trained, whichever is longer
 POLL_S = 0.2
+EXCHANGED = "exchanged"  # the checkpoint's field: saved after this process's exchange
 
 
 @dataclass(frozen=True)
@@ -126,15 +128,36 @@ def _read(path: Path, step: int, k: int) -> dict[str, Any] | None:
     return state
 
 
+def exchange_for(args: TrainArgs, run_dir: Path, total_steps: int, held_out: int, step: int, batch: int,
+                 exchanged: bool) -> Exchange | None:
+    """This process's part in the step (None without --exploit-at or a population), for a run starting
+    at `step` (`exchanged`: what its checkpoint says). A fresh run's candidate 0 clears the directory."""
+    member = member_of(args, run_dir)
+    if member is None or args.exploit_at <= 0:
+        return None
+    if member.k == 0 and step == 0:
+        clear(member)
+    exchange = Exchange(member, args, total_steps, held_out)
+    exchange.resume(step, batch, exchanged)
+    return exchange
+
+
 class Exchange:
     """One candidate's part in the population step (see the module's docstring)."""
 
-    def __init__(self, member: Member, args: TrainArgs, total_steps: int, start_step: int, held_out: int) -> None:
+    def __init__(self, member: Member, args: TrainArgs, total_steps: int, held_out: int) -> None:
         self.member, self.args = member, args
         self.at = exchange_step(total_steps, args.exploit_at)
-        self.done = self.at is None or start_step >= self.at  # a run resumed past it
+        self.done = self.at is None  # exchanged (or stopped after deciding not to wait any longer)
         self.seed = exchange_seed(held_out)
         self.record: dict[str, Any] | None = None  # THRUST_DONE's "exchange"
+
+    def resume(self, step: int, batch: int, exchanged: bool) -> None:
+        """A run resumed at `step` (its checkpoint says whether it had `exchanged`): done when it had, or
+        when the iteration before `step` was already past the point (the exchange ran then). A run
+        stopped while it waited has neither, and exchanges before its first iteration (the others'
+        files of that step are still there)."""
+        self.done = self.done or exchanged or (self.at is not None and step - batch >= self.at)
 
     def due(self, step: int) -> bool:
         return not self.done and self.at is not None and step >= self.at
@@ -144,15 +167,15 @@ class Exchange:
         """Score, publish, wait for the others, and continue from the best's state when clearly behind."""
         from trainer.candidates import score  # the choice's own evaluation (imports this module)
 
-        self.done = True
         me, games = self.member.k, self.args.candidate_games
         mine = {"candidate": me, **score(copy.deepcopy(policy), self.args.env, settings, self.seed, games)}
         state = {"step": step, "candidate": me, "score": mine, "model": policy.state_dict(),
                  "optimizer": optimizer.state_dict()}
         save_atomically(self.member.file(me), state)
         states = self._wait(step, stopping, max(WAIT_LIMIT_S, WAIT_SHARE * (time.time() - started)))
-        if states is None:  # stopped while waiting: the run checkpoints and ends, nothing exchanged
+        if states is None:  # stopped while waiting: the run checkpoints (not done) and ends; resumed, it waits again
             return
+        self.done = True
         rows = sorted([mine, *(s["score"] for s in states.values())], key=lambda r: r["candidate"])
         missing = [k for k in range(self.member.size) if k != me and k not in states]
         moves = behind(rows, self.args.exploit_z)

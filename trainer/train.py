@@ -243,6 +243,7 @@ class Trainer:
         self.log: RunLog | None = None  # rank 0 only
         self.chooser: candidates.Chooser | None = None  # --candidates / --snapshots (rank 0)
         self.exchange: population.Exchange | None = None  # --exploit-at among --candidates
+        self.resumed_exchanged = False  # the checkpoint resumed from was saved after its exchange
 
     def setup(self) -> None:
         args = self.args
@@ -270,19 +271,15 @@ class Trainer:
             announce(self, auto_note)
             self.log = RunLog(self.run_dir, writer_cls, self.global_step)
         self._install_signals()
+        total = self.num_iterations * self.batch_per_iter
         if self.log is not None:
-            total = self.num_iterations * self.batch_per_iter
             self.log.start_progress(f"{args.env}", total=total, completed=self.global_step)
         if args.target_return:  # 0 = off; below 0 is a target too (Acrobot-v1: -100)
             self.eval_env = self.spec.make(args.eval_episodes, self.device, **self.settings)
-        if dist.is_main:
-            member = population.member_of(args, self.run_dir)
-            if member is not None and member.k == 0 and self.global_step == 0:  # before its children start
-                population.clear(member)
-            self.chooser = candidates.Chooser(args, self.run_dir, self.num_iterations * self.batch_per_iter)
-            if member is not None and args.exploit_at > 0:
-                self.exchange = population.Exchange(member, args, self.num_iterations * self.batch_per_iter,
-                                                    self.global_step, candidates.held_out_seed(args))
+        if dist.is_main:  # the exchange first: a fresh run clears an earlier one's files before its children start
+            self.exchange = population.exchange_for(args, self.run_dir, total, candidates.held_out_seed(args),
+                                                    self.global_step, self.batch_per_iter, self.resumed_exchanged)
+            self.chooser = candidates.Chooser(args, self.run_dir, total)
 
     def _build(self) -> None:
         """The env batch, the policy, PPO (the policy wrapped in DDP across ranks)."""
@@ -335,6 +332,7 @@ class Trainer:
             raise TrainError(f"--resume: checkpoint {path}: {e}; train it again without --resume", EXIT_USAGE) from None
         self.ppo.optimizer.load_state_dict(state["optimizer"])
         self.global_step = int(state["step"])
+        self.resumed_exchanged = bool(state.get(population.EXCHANGED, False))
         # Counted in this run's iterations, so the LR schedule is right even if --num-envs changed.
         self.iteration = self.global_step // self.batch_per_iter
         if self.dist.is_main:
@@ -368,13 +366,12 @@ class Trainer:
         self.window = Window(time.time(), self.device)
         last_ckpt_t = time.time()
         crash_at = int(os.environ.get("THRUST_TEST_CRASH_AT_STEP", "0"))
+        self._exchange()  # a run stopped while it waited at the exchange, resumed: it exchanges first
         while self.iteration < self.num_iterations and not self.solved and not self.stop_agreed:
             self._train_iteration()
             if self.chooser is not None:
                 self.chooser.keep(self.global_step, self.policy)
-            if self.exchange is not None and self.exchange.due(self.global_step):
-                self.exchange.run(self.policy, self.ppo.optimizer, self.global_step, self.settings,
-                                  lambda: bool(self.stop_signal) or candidates.orphaned(), PROCESS_START)
+            self._exchange()
             now = time.time()
             last_iter = self.iteration >= self.num_iterations
             if self.eval_env is not None and self.iteration % args.eval_every == 0:
@@ -393,6 +390,13 @@ class Trainer:
                 self.checkpoint()
                 dist.close()
                 os._exit(1)
+
+    def _exchange(self) -> None:
+        if self.exchange is not None and self.exchange.due(self.global_step):
+            self.exchange.run(self.policy, self.ppo.optimizer, self.global_step, self.settings,
+                              lambda: bool(self.stop_signal) or candidates.orphaned(), PROCESS_START)
+            if not self.exchange.done:  # stopped while it waited: end at the exchange's step (one process:
+                self.stop_agreed = True  # no torchrun), so that, resumed, it exchanges from the same files
 
     def _train_iteration(self) -> None:
         ppo = self.ppo
@@ -471,6 +475,8 @@ class Trainer:
         }
         if self.chooser is not None and self.chooser.held_out is not None:
             state[candidates.HELD_OUT] = self.chooser.held_out
+        if self.exchange is not None:
+            state[population.EXCHANGED] = self.exchange.done
         return save_checkpoint(self.ckpt_dir, state, self.global_step)
 
     # ------------------------------------------------------------------------------------- finish
