@@ -73,6 +73,7 @@ def test_value_formats_and_errors() -> None:
         ("env", "pong", "not one of"),
         ("anneal-lr", "2", "not one of"),
         ("no-such-flag", "1", "not a trainer flag"),
+        ("total_steps", "1", "not a trainer flag; it is spelled --total-steps"),
         ("num-envs", "many", "auto"),
         ("resume", "maybe", "true or false"),
     ]:

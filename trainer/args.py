@@ -344,6 +344,8 @@ def parse_flag(name: str, text: str) -> Any:
     specs = flag_specs()
     spec = specs.get(name)
     if spec is None:
+        if name.replace("_", "-") in specs:  # the field's name (thrust.yaml keys and Python both use them)
+            raise ValueError(f"--{name}: not a trainer flag; it is spelled --{name.replace('_', '-')}")
         raise ValueError(f"--{name}: not a trainer flag (known: {', '.join(sorted(specs))})")
     try:
         value = convert(spec, text)
