@@ -95,6 +95,7 @@ class Child:
 def start_others(args: TrainArgs, run_dir: Path) -> list[Child]:
     """Start candidates 1..K-1 (`args.candidates` = K) as child processes; each writes train.log."""
     children, member = [], member_of(args, run_dir)
+    assert member is not None, "a run of several candidates is candidate 0 of their population"
     for k in range(1, args.candidates):
         seed = seed_of(args.seed, k)
         out = candidate_dir(run_dir, k)
@@ -106,7 +107,7 @@ def start_others(args: TrainArgs, run_dir: Path) -> list[Child]:
         cmd = [sys.executable, "-m", "trainer.train", *to_argv(child_args)]
         # The run's own process group: a stop of the run's group (the host agent's, a Ctrl-C) reaches
         # the children too; PARENT_ENV lets a child stop if the run itself is gone (killed outright).
-        env = {**os.environ, PARENT_ENV: str(os.getpid()), POPULATION_ENV: member.env_for(k) if member else ""}
+        env = {**os.environ, PARENT_ENV: str(os.getpid()), POPULATION_ENV: member.env_for(k)}
         with open(out / "train.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         children.append(Child(k, seed, out, proc))

@@ -148,7 +148,7 @@ class Exchange:
     def __init__(self, member: Member, args: TrainArgs, total_steps: int, held_out: int) -> None:
         self.member, self.args = member, args
         self.at = exchange_step(total_steps, args.exploit_at)
-        self.done = self.at is None  # exchanged (or stopped after deciding not to wait any longer)
+        self.done = self.at is None  # decided (with whoever arrived in time); a stop in the wait is not
         self.seed = exchange_seed(held_out)
         self.record: dict[str, Any] | None = None  # THRUST_DONE's "exchange"
 
