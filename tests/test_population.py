@@ -163,7 +163,8 @@ def test_the_wait_gives_up_on_a_missing_candidate_and_stops_with_the_run(tmp_pat
 def test_a_run_stopped_while_it_waits_exchanges_when_resumed_from_the_files_of_that_step(tmp_path: Path) -> None:
     """Candidate 0 of two whose sibling has not arrived: stopped in the wait, it ends at the exchange's
     step without deciding; resumed once the sibling's (better) state is there, it exchanges first."""
-    run, exchange = tmp_path / "run", tmp_path / "exchange"
+    run = tmp_path / "run"
+    exchange = population.exchange_dir(run)
     env = {**os.environ, population.POPULATION_ENV: f"0 2 {exchange}"}
     cmd = [sys.executable, "-m", "trainer.train", *SMALL, "--total-steps", "8192", "--candidates", "1",
            "--candidate-games", str(GAMES), "--exploit-at", "1", "--run-dir", str(run)]
@@ -187,3 +188,24 @@ def test_a_run_stopped_while_it_waits_exchanges_when_resumed_from_the_files_of_t
     resumed = final(run, 0)
     assert resumed["step"] == 8192 and resumed[population.EXCHANGED] is True
     assert same(resumed["model"], sibling["model"])
+
+
+def test_an_exchange_directory_that_leads_outside_the_run_is_refused_not_emptied(tmp_path: Path) -> None:
+    """A reused --run-dir whose candidates/exchange is a link elsewhere: the fresh run would empty that
+    directory of its .pt files, so it stops at setup (exit 64) and the files there stay."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "model.pt").write_bytes(b"somebody's weights")
+    run = tmp_path / "run"
+    population.exchange_dir(run).parent.mkdir(parents=True)
+    population.exchange_dir(run).symlink_to(elsewhere)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.train", *SMALL, "--total-steps", "4096", "--candidates", "2",
+         "--exploit-at", "0.5", "--run-dir", str(run)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 64, done.stderr
+    assert "outside the run directory" in done.stderr and str(elsewhere) in done.stderr
+    assert "Traceback" not in done.stderr
+    assert (elsewhere / "model.pt").read_bytes() == b"somebody's weights"
+    assert not (run / "candidates" / "1").exists()  # refused before any candidate started

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from trainer.args import TrainArgs
+from trainer.args import TrainArgs, UsageError
 from trainer.checkpoint import save_atomically
 from trainer.report import say
 
@@ -78,11 +78,18 @@ def member_of(args: TrainArgs, run_dir: Path) -> Member | None:
     return Member(int(k), int(size), Path(directory))
 
 
-def clear(member: Member) -> None:
+def clear(member: Member, run_dir: Path) -> None:
     """Before a fresh run's candidates start: remove what an earlier run in the same directory left
     (its files of the same step would otherwise be read as this run's). A resumed run keeps them: a
-    candidate that published before the stop is not published again."""
-    for path in member.directory.glob("*.pt"):
+    candidate that published before the stop is not published again. Judged after resolving links:
+    an exchange directory that leads outside the run (a link in a reused --run-dir) is refused, not
+    emptied (UsageError)."""
+    where, run = member.directory.resolve(), run_dir.resolve()
+    if not where.is_relative_to(run):
+        raise UsageError(f"{member.directory} leads to {where}, outside the run directory {run}: a fresh run "
+                         "removes the exchange files there, so it does not start; remove that link, or pick "
+                         "another --run-dir")
+    for path in where.glob("*.pt"):
         path.unlink(missing_ok=True)
 
 
@@ -136,7 +143,7 @@ def exchange_for(args: TrainArgs, run_dir: Path, total_steps: int, held_out: int
     if member is None or args.exploit_at <= 0:
         return None
     if member.k == 0 and step == 0:
-        clear(member)
+        clear(member, run_dir)
     exchange = Exchange(member, args, total_steps, held_out)
     exchange.resume(step, batch, exchanged)
     return exchange
