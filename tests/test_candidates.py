@@ -66,6 +66,74 @@ def test_a_child_is_given_the_same_flags_but_its_own_seed_and_directory() -> Non
     assert candidates.snapshot_steps(1000, 1) == []
 
 
+def test_auto_trains_one_candidate_a_usable_core_within_its_range(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snake preset's `--candidates auto`: 2 on one or two cores (the demo's time), 3 from three
+    on; 1 under torchrun; a resumed run keeps the count it was started with; a number given stays."""
+    assert [candidates.auto_count(n) for n in (1, 2, 3, 4, 64)] == [2, 2, 3, 3, 3]
+    preset = parse_args(["--env", "snake", "--run-dir", str(tmp_path)])
+    assert preset.candidates == "auto"
+    monkeypatch.setattr(candidates, "usable_cores", lambda: 8)
+    assert candidates.resolved(preset).candidates == 3
+    monkeypatch.setattr(candidates, "usable_cores", lambda: 2)
+    assert candidates.resolved(preset).candidates == 2
+    (tmp_path / "config.json").write_text(json.dumps({"candidates": 3}))
+    resumed = parse_args(["--env", "snake", "--run-dir", str(tmp_path), "--resume"])
+    assert candidates.resolved(resumed).candidates == 3  # its candidates' directories are for three
+    assert candidates.resolved(preset).candidates == 2  # a fresh run in that directory counts the cores
+    given = parse_args(["--env", "snake", "--candidates", "4"])
+    assert candidates.resolved(given).candidates == 4
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert candidates.resolved(preset).candidates == 1  # torchrun's ranks are one training
+
+
+def test_a_cpu_quota_caps_the_usable_cores(tmp_path: Path) -> None:
+    """A container limited to some CPUs' time (cgroup v2 cpu.max, v1's CFS files) counts those, rounded up."""
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    v2.mkdir()
+    (v1 / "cpu").mkdir(parents=True)
+    for text, cores in (("200000 100000", 2), ("250000 100000", 3), ("50000 100000", 1), ("max 100000", None)):
+        (v2 / "cpu.max").write_text(text + "\n")
+        assert candidates.quota_cores(v2) == cores
+    for quota, cores in (("300000", 3), ("-1", None)):
+        (v1 / "cpu" / "cpu.cfs_quota_us").write_text(quota + "\n")
+        (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+        assert candidates.quota_cores(v1) == cores
+    assert candidates.quota_cores(tmp_path / "none") is None
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_auto_counts_the_cores_it_may_use_and_a_resumed_run_keeps_its_own_count(tmp_path: Path) -> None:
+    """Started with three candidates and stopped, the run resumed on one usable core (taskset) with the
+    preset's `--candidates auto` continues all three, and its THRUST_INFO says the cores it saw."""
+    run = tmp_path / "run"
+    flags = (*SMALL, "--total-steps", "30720", "--candidate-games", "8", "--run-dir", str(run),
+             "--checkpoint-interval", "1000")
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.train", *flags, "--candidates", "3"], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("THRUST_METRICS"):
+            break
+    for k in (1, 2):
+        wait_until(lambda k=k: (candidates.candidate_dir(run, k) / "metrics.jsonl").is_file(), 60,
+                   f"candidate {k}'s first report")
+    proc.terminate()
+    proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    again = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "trainer.train", *flags, "--resume"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    info = next(i for i in tagged(again.stdout, "THRUST_INFO") if "candidates" in i)
+    assert info["candidates"]["usable_cores"] == 1 and len(info["candidates"]["seeds"]) == 3
+    end = tagged(again.stdout, "THRUST_DONE")[0]
+    assert [r["candidate"] for r in end["candidates"]["candidates"]] == [0, 1, 2]
+    for k in (1, 2):
+        child_end = tagged((candidates.candidate_dir(run, k) / "train.log").read_text(), "THRUST_DONE")[-1]
+        assert child_end["step"] == end["step"] >= 30_720
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_the_run_keeps_the_candidate_that_plays_best_on_the_held_out_games(tmp_path: Path) -> None:

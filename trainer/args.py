@@ -42,14 +42,17 @@ from typing import Any
 # reliable: 10 runs of 12 fill the board in 71-90% of their games, against 2 of 6 without it, at the
 # same mean (86.1 over seeds 1-6). What is left is the draw: one run in five or six learns no endgame,
 # and late in a run the greedy score moves by several apples between points a few hundred thousand
-# steps apart (81-93). So the preset trains two runs side by side (--candidates 2: one process each, on
-# 2 cores the time of one) and keeps the best of their policies every 2.5% from 70% of the steps
-# (--snapshots 13: 100 held-out games each, then the best 3 on 500; over the same runs seeds 1-6 average
-# 89.6, against 89.0 with 4 points at 70/80/90/100%) (trainer/candidates.py; BENCHMARKS.md, issue 54).
+# steps apart (81-93). So the preset trains runs side by side (--candidates auto: one process each, one
+# per usable core, 2 to 3: on as many idle cores the time of one) and keeps the best of their policies
+# every 2.5% from 70% of the steps (--snapshots 13: 100 held-out games each, then the best 3 on 500;
+# over the same runs seeds 1-6 average 89.6, against 89.0 with 4 points at 70/80/90/100%)
+# (trainer/candidates.py; BENCHMARKS.md, issue 54).
 # At 60% of the steps a run that learned no endgame already reads far below its sibling (seed 5: 65
 # against 84 apples), so --exploit-at 0.6 continues it from the sibling's policy when it is clearly
 # behind (trainer/population.py): seeds 1-6 89.9, floor 86.4, against 89.6 / 84.6; at 0.5 or 0.7 seed
-# 5 ended lower (84.6, 83.6).
+# 5 ended lower (84.6, 83.6). A third run, where a third core is free, lifts the floor (seed 5, whose
+# first two runs are both mediocre: 88.2) but not the mean (89.9 again: the best of more policies'
+# held-out readings is a more optimistic one).
 # On a GPU, pass a larger --num-envs. Tried and not adopted (issues 39 and 54, BENCHMARKS.md): 16M
 # steps without space; --anneal-ent 1, --late-starts, --bootstrap-truncated 0 with space; a room check
 # in the space features (learns fast, then circles until the hunger limit); the average of a run's late
@@ -70,7 +73,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "gamma": 0.995,
         "space": 1,
         "mask": 1,
-        "candidates": 2,
+        "candidates": "auto",
         "snapshots": 13,
         "exploit_at": 0.6,
     },
@@ -230,9 +233,9 @@ class TrainArgs:
     """seconds between THRUST_METRICS reports"""
     checkpoint_interval: float = flag(120.0, min=0)
     """seconds between checkpoints"""
-    candidates: int = flag(1, min=1)
+    candidates: int | str = flag(1, min=1, words=("auto",), type=int)
     """train this many runs at once from different seeds (one process each) and keep the one that plays
-    best on held-out games"""
+    best on held-out games; 'auto': one per usable CPU core, 2 to 3"""
     snapshots: int = flag(1, min=1, max=40)
     """keep the policy at this many points, evenly over the last 30% of --total-steps (the end included),
     and at the end the one that plays best on held-out games (above 3: a first round on a fifth of the

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import math
 import os
 import subprocess
 import sys
@@ -50,6 +52,10 @@ FINALISTS = 3  # with more snapshots than this, a first round on fewer games pic
 FIRST_ROUND_SHARE = 5  # ... each playing 1/FIRST_ROUND_SHARE of --candidate-games, that many policies a batch
 HELD_OUT = "held_out"  # the checkpoint's and THRUST_DONE's field: the kept policy's held-out score
 PARENT_ENV = "THRUST_CANDIDATE_OF"  # in a child: the pid of the run that started it
+# `--candidates auto`: one run per usable core, within AUTO_RANGE. Two on a 2-core machine keep the
+# demo's time; a third, where a third core is free, lifted the snake preset's worst seed most (seeds
+# 1-6: floor 86.4 -> 88.2, BENCHMARKS.md, issue 54). More were not measured.
+AUTO_RANGE = (2, 3)
 
 
 def orphaned() -> bool:
@@ -60,6 +66,61 @@ def orphaned() -> bool:
 
 def seed_of(seed: int, k: int) -> int:
     return seed + k * SEED_STRIDE
+
+
+def quota_cores(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """A CPU quota's cores, rounded up (a container's `--cpus`), from cgroup v2's cpu.max or v1's CFS
+    files as a container sees them; None without one. The affinity alone would count every CPU of the
+    machine in a container limited to two of their time."""
+    try:
+        v2 = root / "cpu.max"
+        if v2.is_file():
+            quota, period = v2.read_text().split()[:2]
+        else:
+            quota, period = ((root / "cpu" / f"cpu.cfs_{name}_us").read_text().strip() for name in ("quota", "period"))
+        if quota in ("max", "-1") or int(period) <= 0:
+            return None
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on: its affinity (a Slurm allocation's, a taskset's), else all,
+    and no more than a CPU quota allows."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on macOS
+        cores = os.cpu_count() or 1
+    return min(cores, quota_cores() or cores)
+
+
+def auto_count(cores: int) -> int:
+    low, high = AUTO_RANGE
+    return max(low, min(high, cores))
+
+
+def recorded_count(run_dir: str | None) -> int | None:
+    """The number of candidates a run in `run_dir` was started with (its config.json), if any."""
+    try:
+        value = json.loads((Path(run_dir) / "config.json").read_text()).get("candidates") if run_dir else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def resolved(args: TrainArgs) -> TrainArgs:
+    """`args` with `--candidates auto` made a number: 1 under torchrun (its ranks are one training); a
+    resumed run's own count (its candidates' directories and checkpoints are for that many, whatever
+    the cores now); else `auto_count` of the usable cores. A number given stays (setup refuses one
+    above 1 under torchrun)."""
+    if args.candidates != "auto":
+        return args
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        count = 1
+    else:
+        count = (recorded_count(args.run_dir) if args.resume else None) or auto_count(usable_cores())
+    return dataclasses.replace(args, candidates=count)
 
 
 def held_out_seed(args: TrainArgs) -> int:

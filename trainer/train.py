@@ -226,7 +226,7 @@ class Trainer:
     the last checkpoint, exports, prints THRUST_DONE and returns the exit code."""
 
     def __init__(self, args: TrainArgs) -> None:
-        self.args = args
+        self.args = args = candidates.resolved(args)  # --candidates auto: a number from here on
         self.spec: EnvSpec = get_spec(args.env)
         self.params = self.spec.params(vars(args))
         self.settings = self.spec.settings_of(self.params)
@@ -539,7 +539,8 @@ def announce(t: Trainer, auto_note: str | None) -> None:
     if t.args.candidates > 1:  # trained beside this run from the end of setup (trainer/candidates.py)
         info["candidates"] = {"seeds": [candidates.seed_of(t.args.seed, k) for k in range(t.args.candidates)],
                               "dirs": [str(candidates.candidate_dir(t.run_dir, k))
-                                       for k in range(1, t.args.candidates)]}
+                                       for k in range(1, t.args.candidates)],
+                              "usable_cores": candidates.usable_cores()}
     emit("THRUST_INFO", info)
     (t.run_dir / "config.json").write_text(json.dumps(t.config, indent=2, default=str) + "\n")
 
@@ -566,19 +567,10 @@ def emit_done(t: Trainer, ckpt_path: Path | None, export_path: str | None, expor
     )
 
 
-def under_torchrun_alone(args: TrainArgs, argv: list[str]) -> TrainArgs:
-    """`args` with a preset's --candidates dropped to 1 under torchrun (the ranks are one training); a
-    --candidates given on the command line stays, and setup refuses it there."""
-    given = any(a == "--candidates" or a.startswith("--candidates=") for a in argv)
-    if args.candidates > 1 and not given and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return dataclasses.replace(args, candidates=1)
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        trainer = Trainer(under_torchrun_alone(parse_args(argv), argv))
+        trainer = Trainer(parse_args(argv))
         trainer.setup()
     except UsageError as e:
         print(e, file=sys.stderr)
