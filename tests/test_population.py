@@ -209,3 +209,20 @@ def test_an_exchange_directory_that_leads_outside_the_run_is_refused_not_emptied
     assert "Traceback" not in done.stderr
     assert (elsewhere / "model.pt").read_bytes() == b"somebody's weights"
     assert not (run / "candidates" / "1").exists()  # refused before any candidate started
+
+
+@pytest.mark.e2e
+def test_an_exploit_at_given_to_a_run_alone_is_refused_and_the_presets_stays_quietly_off(tmp_path: Path) -> None:
+    """`--exploit-at` on the command line of a run that trains one candidate would do nothing: exit 64
+    before anything starts. The snake preset's own 0.6 under `--candidates 1` (optimize's trials) runs."""
+    env = {k: v for k, v in os.environ.items() if k != population.POPULATION_ENV}
+    cmd = [sys.executable, "-m", "trainer.train", *SMALL, "--total-steps", "1024", "--candidates", "1"]
+    alone = subprocess.run([*cmd, "--exploit-at", "0.5", "--run-dir", str(tmp_path / "a")], cwd=REPO,
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert alone.returncode == 64, alone.stderr
+    assert "--exploit-at" in alone.stderr and "--candidates 2" in alone.stderr and "Traceback" not in alone.stderr
+    assert not (tmp_path / "a").exists()
+    preset = subprocess.run([*cmd, "--run-dir", str(tmp_path / "p")], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert preset.returncode == 0, preset.stderr
+    assert "exchange" not in preset.stdout

@@ -135,6 +135,15 @@ def _read(path: Path, step: int, k: int) -> dict[str, Any] | None:
     return state
 
 
+def refuse_alone(args: TrainArgs, argv: list[str]) -> None:
+    """UsageError for an `--exploit-at` given on the command line to a run that trains alone: it would
+    do nothing, silently. A preset's (snake's, under `--candidates 1` or torchrun) stays quietly off."""
+    given = any(a == "--exploit-at" or a.startswith("--exploit-at=") for a in argv)
+    if given and args.exploit_at > 0 and args.candidates == 1 and not os.environ.get(POPULATION_ENV):
+        raise UsageError("--exploit-at compares a run's candidates, and this run trains one: pass --candidates 2 "
+                         "or more (or auto; not under torchrun), or leave --exploit-at out")
+
+
 def exchange_for(args: TrainArgs, run_dir: Path, total_steps: int, held_out: int, step: int, batch: int,
                  exchanged: bool) -> Exchange | None:
     """This process's part in the step (None without --exploit-at or a population), for a run starting

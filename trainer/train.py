@@ -571,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         trainer = Trainer(parse_args(argv))
+        population.refuse_alone(trainer.args, argv)
         trainer.setup()
     except UsageError as e:
         print(e, file=sys.stderr)
