@@ -155,6 +155,20 @@ def test_trainer_flags_are_checked_only_for_trainer_jobs():
     arguments.check_trainer_args(_job("command: [sh, x.sh]\n"), {"anything": "1"}, {})
 
 
+def test_an_exploit_at_for_a_run_of_one_candidate_is_refused_before_anything_is_synced():
+    """The trainer would refuse it on the host (it would do nothing); here it is 64 before the sync, with
+    the setting that makes it work. The snake preset's candidates (auto) are several; cartpole's one."""
+    snake, cartpole = _job("kind: trainer\nargs: {env: snake}\n"), _job("kind: trainer\nargs: {env: cartpole}\n")
+    arguments.check_trainer_args(snake, {"exploit-at": "0.5"}, {})
+    arguments.check_trainer_args(cartpole, {"exploit-at": "0.5", "candidates": "auto"}, {})
+    arguments.check_trainer_args(snake, {"exploit-at": "0", "candidates": "1"}, {})  # off: nothing to refuse
+    for job, sets, params in ((snake, {"candidates": "1"}, {"exploit-at": 0.5}), (cartpole, {"exploit-at": "0.3"}, {})):
+        with pytest.raises(UsageError) as refused:
+            arguments.check_trainer_args(job, sets, params)
+        assert refused.value.exit_code == 64 and "candidates=1" in refused.value.message
+        assert "--set candidates=auto" in (refused.value.hint or "")
+
+
 # ------------------------------------------------------------------------------------------ argv / env
 
 def test_python_argv_single_process_and_under_torchrun():

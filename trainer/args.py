@@ -127,6 +127,21 @@ class UsageError(ValueError):
     """A flag value the trainer refuses (out of range, or not a number where one is needed)."""
 
 
+EXPLOIT_ALONE = "exploit-at compares a run's candidates, and this run trains one"
+
+
+def exploit_alone(given: dict[str, Any]) -> bool:
+    """Whether flags `given` (dashed names, values or their text) ask for an --exploit-at in a run that
+    trains one candidate, where it would do nothing. Only a given --exploit-at counts: a preset's (snake's,
+    under --candidates 1 for optimize's trials) stays quietly off. The trainer and the laptop's check of
+    a train request (before anything is synced) both ask this."""
+    if "exploit-at" not in given or float(given["exploit-at"]) <= 0:
+        return False
+    env = given.get("env")
+    preset = preset_of(str(env)).get("candidates", 1) if env in PRESETS else 1
+    return str(given.get("candidates", preset)) == "1"
+
+
 def flag(
     default: Any = dataclasses.MISSING,
     *,

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from trainer.args import TrainArgs, UsageError
+from trainer.args import EXPLOIT_ALONE, TrainArgs, UsageError, exploit_alone
 from trainer.checkpoint import save_atomically
 from trainer.report import say
 
@@ -136,12 +136,14 @@ def _read(path: Path, step: int, k: int) -> dict[str, Any] | None:
 
 
 def refuse_alone(args: TrainArgs, argv: list[str]) -> None:
-    """UsageError for an `--exploit-at` given on the command line to a run that trains alone: it would
-    do nothing, silently. A preset's (snake's, under `--candidates 1` or torchrun) stays quietly off."""
+    """UsageError for an `--exploit-at` given on the command line to a run that trains alone (`args`
+    resolved: the preset's auto is 1 under torchrun): it would do nothing, silently. A preset's stays
+    quietly off; a candidate's child (told its place) is not alone."""
     given = any(a == "--exploit-at" or a.startswith("--exploit-at=") for a in argv)
-    if given and args.exploit_at > 0 and args.candidates == 1 and not os.environ.get(POPULATION_ENV):
-        raise UsageError("--exploit-at compares a run's candidates, and this run trains one: pass --candidates 2 "
-                         "or more (or auto; not under torchrun), or leave --exploit-at out")
+    if given and exploit_alone({"exploit-at": args.exploit_at, "candidates": args.candidates}) \
+            and not os.environ.get(POPULATION_ENV):
+        raise UsageError(f"--{EXPLOIT_ALONE}: pass --candidates 2 or more (or auto; not under torchrun), or leave "
+                         "--exploit-at out")
 
 
 def exchange_for(args: TrainArgs, run_dir: Path, total_steps: int, held_out: int, step: int, batch: int,

@@ -19,7 +19,7 @@ from thrust_remote.core.errors import ConfigError, UsageError
 from thrust_remote.core.names import valid_id
 from thrust_remote.run import flags
 from thrust_remote.run.vocab import TrainRequest
-from trainer.args import parse_flag
+from trainer.args import EXPLOIT_ALONE, exploit_alone, parse_flag
 
 
 @dataclass(frozen=True)
@@ -176,3 +176,9 @@ def check_trainer_args(job: JobConfig, sets: Mapping[str, Any], params: Mapping[
             except ValueError as exc:
                 raise UsageError(f"{where}: {exc}",
                                  "python -m trainer.train --help lists every flag with its range") from None
+    given = {_trainer_key(str(k)): v for values, _ in sources for k, v in values.items() if v is not None}
+    if exploit_alone(given):  # the trainer would refuse it on the host (exit 64), after the sync and set-up
+        raise UsageError(f"exploit-at={given['exploit-at']} with candidates={given.get('candidates', 1)}: "
+                         f"{EXPLOIT_ALONE}",
+                         "give it candidates of its own (--set candidates=auto: 2 to 3 side by side, or a "
+                         "number), or leave exploit-at out")
