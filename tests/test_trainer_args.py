@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,15 @@ def test_gym_ids_get_a_spec_and_the_gym_preset() -> None:
         get_spec("pong")
     with pytest.raises(ValueError, match="unknown env: .*discrete"):
         flag_specs("Pendulum-v1")
+
+
+def test_help_lists_every_flag_even_with_a_percent_sign_in_its_text() -> None:
+    """`python -m trainer.train --help` is what a refused flag's hint names: it prints every flag (argparse
+    %-formats help, so a plain "30% of" in --snapshots' text once made --help itself fail)."""
+    shown = subprocess.run([sys.executable, "-m", "trainer.train", "--help"], cwd=REPO, capture_output=True,
+                           text=True, env={**os.environ, "COLUMNS": "400"}, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert any("%" in spec.help for spec in flag_specs().values())
+    for spec in flag_specs().values():
+        assert f"--{spec.name}" in shown.stdout
+        assert " ".join(spec.help.split()[:6]) in " ".join(shown.stdout.split()), spec.name

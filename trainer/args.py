@@ -462,7 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.train", description="Train a PPO policy on a batched env.")
     for spec in flag_specs().values():
         help_text = spec.help + (f" (must be {spec.range_text()})" if spec.range_text() else "")
-        kw: dict[str, Any] = {"help": help_text, "default": None, "dest": spec.field}
+        # argparse %-formats help ("%(default)s"): a plain "30% of" would make --help itself fail
+        kw: dict[str, Any] = {"help": help_text.replace("%", "%%"), "default": None, "dest": spec.field}
         if spec.type is bool:
             # Switches also take one value (`--resume true`), since `thrust-remote train --set
             # resume=true` passes every job arg as `--key value`.
