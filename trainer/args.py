@@ -50,9 +50,9 @@ from typing import Any
 # At 60% of the steps a run that learned no endgame already reads far below its sibling (seed 5: 65
 # against 84 apples), so --exploit-at 0.6 continues it from the sibling's policy when it is clearly
 # behind (trainer/population.py): seeds 1-6 89.9, floor 86.4, against 89.6 / 84.6; at 0.5 or 0.7 seed
-# 5 ended lower (84.6, 83.6). A third run, where a third core is free, lifts the floor (seed 5, whose
-# first two runs are both mediocre: 88.2) but not the mean (89.9 again: the best of more policies'
-# held-out readings is a more optimistic one).
+# 5 ended lower (84.6, 83.6). A third run, where a third core is free, lifts the floor (seeds 1-6:
+# 86.4 -> 88.2, mean 89.9 both ways; seeds 7-9, nothing tuned on them: 85.1 -> 88.5, floor 82.7 ->
+# 86.6): a seed whose first two runs both learn no endgame gets a good one.
 # On a GPU, pass a larger --num-envs. Tried and not adopted (issues 39 and 54, BENCHMARKS.md): 16M
 # steps without space; --anneal-ent 1, --late-starts, --bootstrap-truncated 0 with space; a room check
 # in the space features (learns fast, then circles until the hunger limit); the average of a run's late

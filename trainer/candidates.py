@@ -53,8 +53,8 @@ FIRST_ROUND_SHARE = 5  # ... each playing 1/FIRST_ROUND_SHARE of --candidate-gam
 HELD_OUT = "held_out"  # the checkpoint's and THRUST_DONE's field: the kept policy's held-out score
 PARENT_ENV = "THRUST_CANDIDATE_OF"  # in a child: the pid of the run that started it
 # `--candidates auto`: one run per usable core, within AUTO_RANGE. Two on a 2-core machine keep the
-# demo's time; a third, where a third core is free, lifted the snake preset's worst seed most (seeds
-# 1-6: floor 86.4 -> 88.2, BENCHMARKS.md, issue 54). More were not measured.
+# demo's time; a third, where a third core is free, lifted the snake preset's worst seeds (seeds 1-6:
+# floor 86.4 -> 88.2; seeds 7-9: mean 85.1 -> 88.5; BENCHMARKS.md, issue 54). More were not measured.
 AUTO_RANGE = (2, 3)
 
 
