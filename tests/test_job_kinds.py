@@ -162,7 +162,8 @@ def test_an_exploit_at_for_a_run_of_one_candidate_is_refused_before_anything_is_
     arguments.check_trainer_args(snake, {"exploit-at": "0.5"}, {})
     arguments.check_trainer_args(cartpole, {"exploit-at": "0.5", "candidates": "auto"}, {})
     arguments.check_trainer_args(snake, {"exploit-at": "0", "candidates": "1"}, {})  # off: nothing to refuse
-    for job, sets, params in ((snake, {"candidates": "1"}, {"exploit-at": 0.5}), (cartpole, {"exploit-at": "0.3"}, {})):
+    for job, sets, params in ((snake, {"candidates": "1"}, {"exploit-at": 0.5}), (cartpole, {"exploit-at": "0.3"}, {}),
+                              (snake, {"candidates": "1e0", "exploit-at": "0.5"}, {})):  # 1e0 is 1 to the trainer
         with pytest.raises(UsageError) as refused:
             arguments.check_trainer_args(job, sets, params)
         assert refused.value.exit_code == 64 and "candidates=1" in refused.value.message

@@ -137,9 +137,8 @@ def exploit_alone(given: dict[str, Any]) -> bool:
     a train request (before anything is synced) both ask this."""
     if "exploit-at" not in given or float(given["exploit-at"]) <= 0:
         return False
-    env = given.get("env")
-    preset = preset_of(str(env)).get("candidates", 1) if env in PRESETS else 1
-    return str(given.get("candidates", preset)) == "1"
+    candidates = str(given.get("candidates", PRESETS.get(str(given.get("env")), {}).get("candidates", 1)))
+    return candidates not in _specs(None)["candidates"].words and parse_int(candidates) == 1
 
 
 def flag(
