@@ -55,8 +55,10 @@ from typing import Any
 # 86.6): a seed whose first two runs both learn no endgame gets a good one.
 # On a GPU, pass a larger --num-envs. Tried and not adopted (issues 39 and 54, BENCHMARKS.md): 16M
 # steps without space; --anneal-ent 1, --late-starts, --bootstrap-truncated 0 with space; a room check
-# in the space features (learns fast, then circles until the hunger limit); the average of a run's late
-# policies' weights (plays like a typical one, not like the best).
+# in the space features (learns fast, then circles until the hunger limit), or beside them as a flag per
+# move (the snake then dies as often in traps no count proves; ~30% slower); the average of a run's
+# late policies' weights (plays like a typical one, not like the best); --late-starts 0.3 with the
+# population (seeds 3 and 6 lower); two runs' policies played as one (their routes conflict: 2.5 apples).
 # Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal). Gymnasium
 # ids take GYM_PRESET (see `preset_of`).
 PRESETS: dict[str, dict[str, Any]] = {
