@@ -23,6 +23,7 @@ from helpers import EXE, FAKE_FAST, FAKE_JOB, FAKE_LONG, FAST, clone_repo, git
 
 from thrust_remote.core.config import HostConfig, load_config
 from thrust_remote.core.hints import command_hint
+from thrust_remote.doctor.cluster import user_fix as cluster_fix
 from thrust_remote.host.report import Check, Report, with_config
 from thrust_remote.host.runner import LocalRunner
 from thrust_remote.host.session import resolve_python
@@ -92,6 +93,19 @@ def test_envcheck_fixes_that_are_commands_get_the_config() -> None:
     fixed = with_config(report, "/p/thrust.yaml")
     assert fixed.checks[0].fix == "thrust-remote --config /p/thrust.yaml doctor --job x --fix --host gpu   # adds ..."
     assert fixed.checks[1].fix == "sudo apt-get install -y git"
+
+
+def test_host_fixes_that_name_the_config_file_name_the_one_given() -> None:
+    """envcheck and the Slurm checks run on the host and write "in thrust.yaml"; under --config the user
+    edits another file, and the fix says that one. Without --config the fix is as the host wrote it."""
+    said = "set `python: ~/proj/.venv/bin/python` under hosts.gpu in thrust.yaml"
+    report = Report("gpu", {}, [Check("ssh-python", "t", "fail", "d", said)])
+    assert with_config(report, "/p/other.yaml").checks[0].fix == said.replace("thrust.yaml", "/p/other.yaml")
+    assert with_config(Report("gpu", {}, [Check("ssh-python", "t", "fail", "d", said)]), None).checks[0].fix == said
+    host = HostConfig(name="c", address="u@h", config_path="/p/other.yaml")
+    slurm = "fix the host's account:, partition:, time: or sbatch: (qos...) in thrust.yaml as Slurm says"
+    assert cluster_fix(slurm, host) == slurm.replace("thrust.yaml", "/p/other.yaml")
+    assert cluster_fix(slurm, HostConfig(name="c", address="u@h")) == slurm
 
 
 # ------------------------------------------------------------------------------------------ `~` in python:
@@ -252,7 +266,8 @@ def test_doctor_finds_torch_in_a_venv_under_home(cli, tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     rows = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
     assert rows["ssh-python"]["status"] == "fail"
-    assert rows["ssh-python"]["fix"] == "set `python: ~/proj/.venv/bin/python` under hosts.local in thrust.yaml"
+    # the file named by --config: the one to edit
+    assert rows["ssh-python"]["fix"] == f"set `python: ~/proj/.venv/bin/python` under hosts.local in {cfg.resolve()}"
     assert "~/proj/.venv/bin/python" in rows["torch-import"]["fix"]
     # and that line works: `~` is this account's home (here $HOME) for doctor as for every command
     cfg.write_text(f"hosts:\n  local:\n    python: ~/proj/.venv/bin/python\n    workdir: {tmp_path}\n")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from thrust_remote.agent import netinfo
-from thrust_remote.core.config import JobConfig, parse_config_text
+from thrust_remote.core.config import HostConfig, JobConfig, parse_config_text
 from thrust_remote.core.errors import ConfigError, ExitCode, ThrustError, UsageError
 from thrust_remote.run import multinode
 from thrust_remote.run.jobs import Rendezvous, job_argv
@@ -106,6 +106,10 @@ class _Paths:
 class _Session:
     name: str
     paths: _Paths = field(default_factory=lambda: _Paths("~/thrust"))
+
+    @property
+    def host(self) -> HostConfig:
+        return HostConfig(name=self.name, address=f"u@{self.name}")
 
 
 @dataclass

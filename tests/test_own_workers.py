@@ -135,6 +135,12 @@ def test_a_spawning_script_without_workers_is_refused_before_anything_is_sent(cl
         assert "`workers: {count: --num-gpus, port: --master-port}`" in result.stderr  # its own flags, read
     assert not (workdir / ".thrust" / "runs").exists() or not any(
         p.name.startswith("plain") for p in (workdir / ".thrust" / "runs").iterdir())
+    other = proj / "other.yaml"  # the same config under another name: the hint names the file given
+    other.write_text((proj / "thrust.yaml").read_text())
+    result = cli("--config", str(other), "train", "plain", "--no-fetch", "--nproc", "2", cwd=proj,
+                 env={"COLUMNS": "1000"})
+    assert result.returncode == 64, result.stderr
+    assert f"say how it takes its count in {other.resolve()}, under jobs.plain" in result.stderr, result.stderr
 
 
 @pytest.mark.slow

@@ -474,6 +474,27 @@ def test_ssh_config_alias_and_proxyjump(cli, sshd, tmp_path):
     assert empty.read_text() == ""
 
 
+def test_a_connection_hint_names_the_config_file_the_user_gave(cli, sshd, tmp_path):
+    """Under `--config other.yaml`, what to set is said to be set in other.yaml, not in a thrust.yaml the
+    user does not have: an unknown host key, a name that does not resolve, a key the server refuses."""
+    empty = tmp_path / "empty_known"
+    empty.write_text("")
+    cfg = tmp_path / "other.yaml"
+    cfg.write_text(f"hosts:\n  a:\n    address: {sshd.user}@127.0.0.1:{sshd.port}\n    known_hosts: {empty}\n"
+                   f"    identity: {sshd.client_key}\n"
+                   f"  b:\n    address: {sshd.user}@no-such-host.invalid\n"
+                   f"  c:\n    address: {sshd.user}@127.0.0.1:{sshd.port}\n    known_hosts: {sshd.known_hosts}\n"
+                   f"    identity: {tmp_path / 'not-the-key'}\n")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "not-the-key")], check=True)
+    for host, code, says in (("a", ExitCode.HOST_KEY, "`host_key_policy: accept-new` for this host in"),
+                             ("b", None, "check the address in"),
+                             ("c", ExitCode.AUTH, "under hosts.c in")):
+        result = cli("--config", str(cfg), "exec", "--host", host, "--", "true", env={"COLUMNS": "1000"})
+        assert result.returncode != 0 and (code is None or result.returncode == code), result.stderr
+        assert f"{says} {cfg.resolve()}" in result.stderr, result.stderr
+        assert "thrust.yaml" not in result.stderr, result.stderr
+
+
 def test_ssh_config_user_known_hosts_file_is_where_keys_are_checked(cli, sshd, tmp_path):
     """An alias whose ~/.ssh/config names a UserKnownHostsFile, and thrust.yaml no `known_hosts:`: the
     key is checked there, as ssh would (not in ~/.ssh/known_hosts, which this home does not have)."""

@@ -22,7 +22,7 @@ from thrust_remote.agent.protocol import (
 from thrust_remote.backends.base import Node, RunAsk, RunNodes
 from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError, UsageError
-from thrust_remote.core.hints import command_hint
+from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.core.scheduler import sbatch_options
 from thrust_remote.doctor.cluster import slurm_checks
 from thrust_remote.fetch import checkpoints
@@ -102,7 +102,7 @@ class Slurm:
         if answer.get("error") != "sbatch":
             return None
         return ThrustError(f"Slurm refused run {run_id} on {host.name}: {answer.get('detail')}",
-                           f"check the host's partition:, account:, time: and sbatch: in thrust.yaml; "
+                           f"check the host's partition:, account:, time: and sbatch: in {config_file(host)}; "
                            f"{command_hint('doctor', host=host)} shows what the cluster accepts",
                            ExitCode.UNAVAILABLE)
 

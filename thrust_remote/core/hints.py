@@ -37,9 +37,10 @@ def command_hint(command: str, *args: str, host: HostConfig | str | None = None,
     return shlex.join(argv)
 
 
-def config_file(host: HostConfig) -> str:
-    """The config file a hint tells the user to edit: the one they named (--config), else thrust.yaml."""
-    return host.config_path or CONFIG_NAME
+def config_file(host: HostConfig, config: str | Path | None = None) -> str:
+    """The config file a hint tells the user to edit: the one they named (--config: `config`, else the
+    host's), else thrust.yaml."""
+    return str(config) if config else host.config_path or CONFIG_NAME
 
 
 # What adds the trainer's packages (torch, onnxscript, gymnasium: pyproject's `local` extra) to the

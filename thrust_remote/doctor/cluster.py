@@ -4,7 +4,7 @@ give (agent/slurmcheck.py), after the login node's own checklist (docs/architect
 from __future__ import annotations
 
 from thrust_remote.agent.slurmcheck import LOGIN_SHELL_FIX
-from thrust_remote.core.config import HostConfig
+from thrust_remote.core.config import CONFIG_NAME, HostConfig
 from thrust_remote.core.errors import ThrustError
 from thrust_remote.core.hints import config_file
 from thrust_remote.core.scheduler import login_shell_fix, sbatch_options
@@ -27,11 +27,12 @@ def slurm_checks(fleet: Fleet, host: HostConfig, workdir: str) -> list[Check]:
     except ThrustError as exc:
         return [Check("slurm", "Slurm checks", "fail", exc.message, exc.hint)]
     return [Check(str(r.get("id")), str(r.get("title")), str(r.get("status")), str(r.get("detail")),
-                  _fix(r.get("fix"), host)) for r in rows if isinstance(r, dict)]
+                  user_fix(r.get("fix"), host)) for r in rows if isinstance(r, dict)]
 
 
-def _fix(fix: object, host: HostConfig) -> str | None:
-    """A row's fix as the user acts on it: the agent's LOGIN_SHELL_FIX made the exact line, host and file."""
+def user_fix(fix: object, host: HostConfig) -> str | None:
+    """A row's fix as the user acts on it: the agent's LOGIN_SHELL_FIX made the exact line, host and file;
+    a fix that says what to set "in thrust.yaml" names the file the user gave (--config) instead."""
     if fix == LOGIN_SHELL_FIX:
         return login_shell_fix(host.name, config_file(host))
-    return None if fix is None else str(fix)
+    return None if fix is None else str(fix).replace(f" in {CONFIG_NAME}", f" in {config_file(host)}")

@@ -20,7 +20,7 @@ from typing import Any
 
 from envcheck.checks import CHECK_IDS
 from thrust_remote.core import hints
-from thrust_remote.core.config import HostConfig, JobConfig
+from thrust_remote.core.config import CONFIG_NAME, HostConfig, JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host import payload
@@ -168,17 +168,20 @@ def with_local_extra(report: Report, runner: Runner, host: HostConfig) -> Report
 
 
 def with_config(report: Report, config_path: str | None) -> Report:
-    """envcheck runs on the host and cannot know the thrust.yaml the user named: its fixes that are
-    thrust-remote commands get `--config PATH` here, like every other hint (thrust_remote/core/hints.py)."""
+    """envcheck runs on the host and cannot know the config file the user named: its fixes that are
+    thrust-remote commands get `--config PATH` here, like every other hint (thrust_remote/core/hints.py),
+    and a fix that says what to set "in thrust.yaml" names that file instead."""
     if not config_path:
         return report
-    prefix = f"{hints.PROG} "
-    with_path = command_hint("", config=config_path) + " "
-    report.checks = [
-        replace(c, fix=c.fix.replace(prefix, with_path, 1)) if c.fix and c.fix.startswith(prefix) else c
-        for c in report.checks
-    ]
+    report.checks = [replace(c, fix=_named_config(c.fix, config_path)) if c.fix else c for c in report.checks]
     return report
+
+
+def _named_config(fix: str, config_path: str) -> str:
+    prefix = f"{hints.PROG} "
+    if fix.startswith(prefix):
+        fix = fix.replace(prefix, command_hint("", config=config_path) + " ", 1)
+    return fix.replace(f" in {CONFIG_NAME}", f" in {config_path}")
 
 
 def run_doctor(runner: Runner, host: HostConfig, job: Job = None, *,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from thrust_remote.agent.protocol import RunState, StatusAnswer
 from thrust_remote.core.config import Config, HostConfig, JobConfig
-from thrust_remote.core.hints import command_hint
+from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.fetch import checkpoints
 from thrust_remote.run import flags
 from thrust_remote.runs.progress import RunProgress
@@ -42,7 +42,8 @@ def next_steps(config: Config, status: StatusAnswer, job: JobConfig | None, prog
             refusal = flags.with_script_names(refusal, job.script or "", _script_text(config, job))
             return _refused_steps(run_id, job, refusal, sets, given.get(refusal.key), host, config_path)
     if state == RunState.FAILED and not progress.metrics:
-        hint = flags.refused_hint(job, "\n".join(progress.tail), gave_flags=gave_flags)
+        hint = flags.refused_hint(job, "\n".join(progress.tail), gave_flags=gave_flags,
+                                  config_file=config_file(host, config_path))
         if hint:
             out.append(f"run {run_id} died of its arguments before its first metrics: {hint}")
     resume = command_hint("resume", run_id, host=host, config=config_path)
@@ -107,7 +108,7 @@ def _refused_steps(run_id: str, job: JobConfig, refusal: flags.Refusal, sets: Se
     also = "" if words else f" (and take {refusal.key} out of the --params file)"
     if refusal.dashed:
         fix = (f"its flags are written with dashes ({refusal.shown}): {again}{also}, or write every name so with "
-               f"jobs.{job.name}.flags: {{names: {flags.DASHES}}} in thrust.yaml")
+               f"jobs.{job.name}.flags: {{names: {flags.DASHES}}} in {config_file(host, config_path)}")
     elif refusal.instead:
         fix = f"did you mean {refusal.instead} ({refusal.source} has {refusal.shown})? {again}{also}"
     else:

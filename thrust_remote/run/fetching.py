@@ -17,7 +17,7 @@ from typing import Any
 from thrust_remote.agent.protocol import MANIFEST, MODEL, RUN_DIR_PREFIX, RUN_JSON_MAX, RunState, StatusAnswer
 from thrust_remote.core.config import Config, HostConfig, JobConfig
 from thrust_remote.core.errors import DISK_FULL, DiskFullError, ExitCode, ThrustError, disk_full
-from thrust_remote.core.hints import command_hint
+from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.fetch import artifacts, checkpoints, models
 from thrust_remote.host.session import HostSession
 from thrust_remote.run import cargo
@@ -174,7 +174,7 @@ def check_tree_gone(session: HostSession, run_id: str, got: artifacts.DirFetch |
     logs, dry = command_hint("logs", run_id, host=session.host), command_hint("prune", "--dry-run", host=session.host)
     raise ThrustError(f"nothing fetched of run {run_id}: {removed}",
                       f"its log: {logs}; to keep the trees of more ended runs, raise keep: {{runs: N}} under "
-                      f"hosts.{session.name} in thrust.yaml ({dry} lists what a prune would remove)",
+                      f"hosts.{session.name} in {config_file(session.host)} ({dry} lists what a prune would remove)",
                       ExitCode.UNAVAILABLE)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from thrust_remote.core.config import COMMAND_STYLE, FLAG_STYLES, FlagsConfig, JobConfig
+from thrust_remote.core.config import COMMAND_STYLE, CONFIG_NAME, FLAG_STYLES, FlagsConfig, JobConfig
 from thrust_remote.core.config.job_values import SEPARATE_STYLES
 from thrust_remote.core.errors import UsageError
 
@@ -105,7 +105,7 @@ def example(job: JobConfig, name: str = "learning_rate") -> str:
     return " ".join(render(job, {name: "0.1"}))
 
 
-def refused_hint(job: JobConfig, log_tail: str, *, gave_flags: bool) -> str | None:
+def refused_hint(job: JobConfig, log_tail: str, *, gave_flags: bool, config_file: str = CONFIG_NAME) -> str | None:
     """When a job of your own died of its arguments (a usage error, an AssertionError) before it reported
     progress: a hint, else None. A parser that named a flag it does not take gets that flag named first,
     and the spelling that reaches it (`names: dashes`, the option its usage shows); the flag style only
@@ -114,7 +114,7 @@ def refused_hint(job: JobConfig, log_tail: str, *, gave_flags: bool) -> str | No
         return None
     refusal = refused_name(job, log_tail, ())
     if refusal is not None and refusal.parser:
-        return name_hint(job, refusal)
+        return name_hint(job, refusal, config_file)
     if not _refused(log_tail.splitlines(), style_of(job)):
         return None
     others = [s for s in FLAG_STYLES if s != style_of(job)]
@@ -159,7 +159,7 @@ def refused_name(job: JobConfig, log_tail: str, given: Mapping[str, object] | tu
     return None
 
 
-def name_hint(job: JobConfig, refusal: Refusal) -> str:
+def name_hint(job: JobConfig, refusal: Refusal, config_file: str = CONFIG_NAME) -> str:
     """What reaches the name the job refused, without a command (the caller has the host): the job's
     spelling first (`names: dashes`), else the option its usage shows, else where its names are listed."""
     flag = refusal.flag if refusal.parser else refusal.key
@@ -167,7 +167,7 @@ def name_hint(job: JobConfig, refusal: Refusal) -> str:
         dashed = refusal.instead or refusal.key.replace("_", "-")
         return (f"the job does not take {flag}: its flags are written with dashes ({refusal.shown or 'its usage'}); "
                 f"give it as --set {dashed}=..., or write every name that way "
-                f"with jobs.{job.name}.flags: {{names: {DASHES}}} in thrust.yaml")
+                f"with jobs.{job.name}.flags: {{names: {DASHES}}} in {config_file}")
     if refusal.instead:
         return f"the job does not take {flag}; did you mean {refusal.instead} ({refusal.source} has {refusal.shown})?"
     if refusal.parser:

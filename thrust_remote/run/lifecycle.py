@@ -34,7 +34,7 @@ from thrust_remote.core.errors import (
     UnreachableError,
     UsageError,
 )
-from thrust_remote.core.hints import command_hint
+from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.fetch import artifacts, checkpoints
 from thrust_remote.fetch.artifacts import DirFetch
 from thrust_remote.fetch.models import FetchResult
@@ -75,7 +75,7 @@ def check_request(request: TrainRequest, hosts: Sequence[HostConfig], max_restar
         multinode.check_request(request, hosts)
         if request.gpus:
             raise UsageError("--gpus picks GPUs on one host; over several hosts every node uses its GPUs as "
-                             "CUDA_VISIBLE_DEVICES (or the host's gpus: in thrust.yaml) gives them",
+                             f"CUDA_VISIBLE_DEVICES (or the host's gpus: in {config_file(hosts[0])}) gives them",
                              "drop --gpus, and give --nproc (processes per node)")
     elif max_restarts:  # one host runs torchrun --standalone with --max-restarts=0: say so, never ignore it
         raise UsageError(f"--max-restarts {max_restarts}: restarts are for a run over several hosts",
@@ -101,7 +101,7 @@ def train_request(fleet: Fleet, request: TrainRequest, hosts: Sequence[HostConfi
     resume and each retry of a chain start here: the request is checked once and handed on once."""
     check_request(request, hosts, max_restarts)
     # a script that spawns its own workers, asked for several processes without `workers:`: 64 now
-    workers.check_request(request.job, request.nproc, request.gpus, fleet.config.root)
+    workers.check_request(request.job, request.nproc, request.gpus, fleet.config.root, config_file(hosts[0]))
     if as_train:
         check_following(request, retry, reporter)
     with fleet.sessions(hosts) as sessions:
@@ -496,7 +496,7 @@ def fetch(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter, *
         head = nodes.sessions[0]
         if head is None:
             raise UnreachableError(f"run {run_id}: node 0 ({nodes.names[0]}), which holds its model, does not answer",
-                                   f"thrust-remote doctor --host {nodes.names[0]}")
+                                   command_hint("doctor", host=nodes.names[0], config=session.host.config_path))
         st = _state_over(nodes, session, first)
         job_name = st.get("job")
         if not job_name:
@@ -506,7 +506,7 @@ def fetch(fleet: Fleet, session: HostSession, run_id: str, reporter: Reporter, *
         if not fetching.exports_model(job) and not glob and not artifacts.artifact_globs(job):
             raise UsageError(f"job {job_name} exports no model and has no `checkpoints:` or `artifacts:`: nothing "
                              "to fetch", f"add `export:`, `checkpoints:` or `artifacts:` under jobs.{job_name} in "
-                             "thrust.yaml")
+                             f"{config_file(session.host)}")
         state = RunState.of(st.get("state"))
         if state.is_live:  # said for every kind: what comes now, and what only comes at the end
             later = "; its model when it ends" if fetching.exports_model(job) else ""

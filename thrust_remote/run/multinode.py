@@ -25,6 +25,7 @@ from thrust_remote.agent.protocol import LOG, RESUMED_FROM, USER_STOP, RunState,
 from thrust_remote.backends import RunAsk, backend_for
 from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ConnectionLostError, ThrustError, UnreachableError, UsageError
+from thrust_remote.core.hints import config_file
 from thrust_remote.host.fleet import each
 from thrust_remote.host.netinfo import rendezvous_port, route, ssh_endpoint
 from thrust_remote.host.session import HostSession
@@ -116,7 +117,7 @@ def agree(checked: Sequence[Checked]) -> None:
         if key in seen:
             raise UsageError(f"{seen[key]} and {c.session.name} are one machine with one workdir ({key[1]}): "
                              "their nodes would share a run directory",
-                             f"give hosts.{c.session.name} a workdir of its own in thrust.yaml")
+                             f"give hosts.{c.session.name} a workdir of its own in {config_file(c.session.host)}")
         seen[key] = c.session.name
 
 
@@ -145,8 +146,8 @@ def plan(sessions: Sequence[HostSession], reporter: Reporter) -> Plan:
     if _is_loopback(address) and not all(_is_loopback(a) for a, _ in ssh):
         raise UsageError(f"the rendezvous host ({head.name}) is reached at {address}, which the other nodes "
                          "cannot use",
-                         f"set rdzv_address: under hosts.{head.name} in thrust.yaml (an address the other nodes "
-                         "reach it at)")
+                         f"set rdzv_address: under hosts.{head.name} in {config_file(head)} (an address the other "
+                         "nodes reach it at)")
     port = rendezvous_port(sessions[0], address)
     routes = each(lambda s: route(s, address), sessions)
     ifnames, local_addrs = [], []

@@ -48,7 +48,7 @@ from thrust_remote.core.errors import (
     UnreachableError,
     UsageError,
 )
-from thrust_remote.core.hints import command_hint
+from thrust_remote.core.hints import command_hint, config_file
 from thrust_remote.fetch import checkpoints
 from thrust_remote.host.fleet import Fleet
 from thrust_remote.host.session import HostSession
@@ -100,7 +100,8 @@ def place(prepared: stages.Prepared, resume: ResumeFrom, run_id: str, *, relativ
         why = answer.get("error") if isinstance(answer, dict) else repr(answer)
         said = f"run {run_id}: the checkpoint {resume.label} was not placed at {at} on {session.name}: {why}"
         if isinstance(answer, dict) and answer.get("why") == placing.OUTSIDE:
-            raise UsageError(said, f"`resume: {{checkpoint_at: {at}}}` under jobs.{prepared.job.name} in thrust.yaml "
+            file = config_file(session.host)
+            raise UsageError(said, f"`resume: {{checkpoint_at: {at}}}` under jobs.{prepared.job.name} in {file} "
                                    "names where your code reads it, relative to its working directory, inside the "
                                    "run's tree (no link out of it): fix it, then run the resume again")
         raise TransferError(said, "nothing was placed and the run did not start: fetch the checkpoint again from the "

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from thrust_remote.core.config import JobConfig
+from thrust_remote.core.config import CONFIG_NAME, JobConfig
 from thrust_remote.core.config.discovery import work_tree
 from thrust_remote.core.config.jobs import WORKERS_EXAMPLE
 from thrust_remote.core.errors import UsageError
@@ -82,7 +82,8 @@ def project_root(config_root: Path) -> Path:
     return work_tree(config_root) or config_root
 
 
-def check_request(job: JobConfig, nproc: int | None, gpus: str | None, config_root: Path) -> None:
+def check_request(job: JobConfig, nproc: int | None, gpus: str | None, config_root: Path,
+                  config_file: str = CONFIG_NAME) -> None:
     """Several processes of a job whose script starts its own workers and does not say so: refused
     (64), before anything connects. Refused, not warned: under torchrun every rank would spawn its own
     workers on one port, and the run would hang without an error for as long as it is left."""
@@ -96,5 +97,5 @@ def check_request(job: JobConfig, nproc: int | None, gpus: str | None, config_ro
     raise UsageError(
         f"{spawner.where}: job {job.name!r} starts its own workers ({spawner.call}); with {asked} it would run "
         f"under torchrun, {count} copies each spawning its own workers on one port, and hang",
-        f"say how it takes its count in thrust.yaml, under jobs.{job.name}: `{spawner.workers_line()}`; then "
+        f"say how it takes its count in {config_file}, under jobs.{job.name}: `{spawner.workers_line()}`; then "
         f"{asked} runs it once and passes {count} by that flag (or give --nproc 1 to run it as it is)")

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from thrust_remote.core.config import Config
+from thrust_remote.core.config import CONFIG_NAME, Config
 from thrust_remote.core.errors import UnknownHostError
 from thrust_remote.core.files import tool_dir, write_atomic
 from thrust_remote.core.names import valid_id
@@ -128,7 +128,7 @@ def resolve_host(config: Config, run_id: str, explicit: str | None) -> str | Non
         where = f"{config.path}" if config.path else "the configuration (no thrust.yaml found)"
         hint = (f"run the command with the config that defines it: thrust-remote --config {entry.config} ..."
                 if entry.config and entry.config != str(config.path.resolve() if config.path else "")
-                else f"add {entry.host!r} under `hosts:` in thrust.yaml, or give --host")
+                else f"add {entry.host!r} under `hosts:` in {config.path or CONFIG_NAME}, or give --host")
         raise UnknownHostError(f"run {run_id} was started on host {entry.host!r}, which {where} does not define",
                                hint)
     return entry.host

@@ -18,6 +18,7 @@ from typing import Any
 
 from thrust_remote.agent.protocol import RunRecord
 from thrust_remote.core.errors import ConfigError, ThrustError
+from thrust_remote.core.hints import config_file
 from thrust_remote.host import payload
 from thrust_remote.host.session import HostSession
 from thrust_remote.runs import control
@@ -49,7 +50,7 @@ def read_scalars(session: HostSession, python: str, request: Sequence[tuple[str,
         raise ConfigError(
             f"job {job!r} reads TensorBoard scalars (metrics: {{tensorboard: ...}}), but its python on "
             f"{session.name} cannot import tensorboard ({answer.get('detail')})",
-            f"add it to the job's requirements in thrust.yaml: jobs.{job}.requirements: [tensorboard] "
+            f"add it to the job's requirements in {config_file(session.host)}: jobs.{job}.requirements: [tensorboard] "
             "(or a `tensorboard` line in its requirements file)")
     if not result.ok or "runs" not in answer:
         tail = (result.stderr or result.stdout).strip()[-300:]

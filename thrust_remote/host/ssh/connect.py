@@ -35,6 +35,7 @@ from paramiko.ssh_exception import (
     SSHException,
 )
 
+from thrust_remote.core.config import CONFIG_NAME
 from thrust_remote.core.errors import (
     AuthError,
     ConfigError,
@@ -83,6 +84,7 @@ class Target:
     # wins, as it does for ssh (connect, `_with_ssh_config`)
     known_hosts_default: bool = False
     more_known_hosts: tuple[Path, ...] = ()  # UserKnownHostsFile's further files: read, never written
+    config_file: str = CONFIG_NAME  # the config file a hint says to edit: the --config given, else thrust.yaml
 
     def __post_init__(self) -> None:
         if self.host_key_policy not in POLICIES:
@@ -98,8 +100,9 @@ def _gcm_first_transport(sock, **kwargs) -> paramiko.Transport:  # noqa: ANN001 
 
 
 class _RejectUnknown(paramiko.MissingHostKeyPolicy):
-    def __init__(self, known_hosts: Path) -> None:
+    def __init__(self, known_hosts: Path, config_file: str = CONFIG_NAME) -> None:
         self.known_hosts = known_hosts
+        self.config_file = config_file
 
     def missing_host_key(self, client, hostname, key) -> None:  # noqa: ANN001 - paramiko's signature
         line = f"{hostname} {key.get_name()} {key.get_base64()}"
@@ -108,7 +111,7 @@ class _RejectUnknown(paramiko.MissingHostKeyPolicy):
             "check the fingerprint with the host's owner (on the host: ssh-keygen -lf "
             "/etc/ssh/ssh_host_*_key.pub), then trust it with:\n"
             f"  echo {shlex.quote(line)} >> {shlex.quote(str(self.known_hosts))}\n"
-            "or set `host_key_policy: accept-new` for this host in thrust.yaml",
+            f"or set `host_key_policy: accept-new` for this host in {self.config_file}",
         )
 
 
@@ -129,7 +132,7 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
 def _policy(target: Target) -> paramiko.MissingHostKeyPolicy:
     if target.host_key_policy == "accept-new":
         return _AcceptNew(target.known_hosts)
-    return _RejectUnknown(target.known_hosts)
+    return _RejectUnknown(target.known_hosts, target.config_file)
 
 
 def _secure(conn: Connection, target: Target) -> None:
@@ -277,7 +280,7 @@ def connect_error(exc: BaseException, target: Target, conn: Connection) -> BaseE
     if isinstance(exc, socket.gaierror):
         return UnknownHostError(
             f"cannot resolve host {conn.host!r}{_of(target, conn)}: {exc.strerror or exc}",
-            "check the address in thrust.yaml or the HostName in ~/.ssh/config",
+            f"check the address in {target.config_file} or the HostName in ~/.ssh/config",
         )
     if isinstance(exc, NoValidConnectionsError | TimeoutError | ConnectionError | OSError):
         return UnreachableError(
@@ -352,7 +355,7 @@ def _auth_error(exc: BaseException, target: Target, conn: Connection) -> AuthErr
     agent = "" if target.identity else (
         "; ssh-agent: " + ("SSH_AUTH_SOCK is set" if os.environ.get("SSH_AUTH_SOCK") else "none (SSH_AUTH_SOCK unset)"))
     alias = getattr(conn, "original_host", None) or conn.host
-    name_it = (f"name the private key: `identity: ~/.ssh/KEY` under hosts.{target.name} in thrust.yaml, "
+    name_it = (f"name the private key: `identity: ~/.ssh/KEY` under hosts.{target.name} in {target.config_file}, "
                f"or `IdentityFile ~/.ssh/KEY` under `Host {alias}` in ~/.ssh/config")
     if isinstance(exc, AuthenticationException):
         return AuthError(

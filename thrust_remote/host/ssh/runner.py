@@ -22,7 +22,7 @@ import paramiko
 from fabric import Connection
 from paramiko.ssh_exception import SSHException
 
-from thrust_remote.core.config import HostConfig
+from thrust_remote.core.config import CONFIG_NAME, HostConfig
 from thrust_remote.core.errors import ConnectionLostError, TransferError, UsageError
 from thrust_remote.core.names import Address, parse_address
 from thrust_remote.host.runner import (
@@ -76,6 +76,7 @@ class SSHRunner(FileOps):
         connect_timeout: float = 10.0,
         liveness_timeout: float = 10.0,
         login: bool = False,
+        config_file: str = CONFIG_NAME,
     ) -> None:
         self.target = Target(
             name=name,
@@ -86,6 +87,7 @@ class SSHRunner(FileOps):
             known_hosts_default=known_hosts == HostConfig.known_hosts,
             host_key_policy=host_key_policy,
             connect_timeout=connect_timeout,
+            config_file=config_file,
         )
         self.name = name
         self.address = address
@@ -116,6 +118,7 @@ class SSHRunner(FileOps):
             python=host.python,
             connect_timeout=host.connect_timeout,
             login=bool(host.slurm and host.slurm.login_shell),
+            config_file=host.config_path or CONFIG_NAME,
         )
 
     @property
