@@ -276,3 +276,28 @@ def test_episodes_the_env_does_not_count_stay_out_of_the_statistics() -> None:
     assert (buf.dones & ~buf.counted).any() and (buf.dones & buf.counted).any()
     count = float(ppo.pop_episode_stats()[3])
     assert count == float((buf.dones & buf.counted).sum())
+
+
+def test_a_death_costs_more_from_death_cost_at_and_the_score_stays_apples() -> None:
+    """--death-cost 5 --death-cost-at 0.5: the rollouts of the first half see a death's -1, the later
+    ones -5 on exactly the steps that die (not a win, not a hunger truncation); apples are counted the
+    same either way."""
+    from trainer.envs.registry import get_spec
+    from trainer.envs.snake import Snake, SnakeParams
+
+    spec = get_spec("snake")
+    env = Snake(64, SnakeParams(grid_size=5))
+    ppo = PPO(env, MLPPolicy(env.obs_dim, 3), PPOConfig(num_envs=64, num_steps=64, death_cost=5.0,
+                                                        death_cost_at=0.5), score=spec.score, lost=spec.lost)
+    assert [ppo.death_at(i, 10) for i in (0, 4, 5, 9)] == [0.0, 0.0, 4.0, 4.0]
+    ppo.start(seed=0)
+    for extra, death in ((0.0, -1.0), (4.0, -5.0)):
+        ppo.death_extra = extra
+        ppo.collect()
+        buf = ppo.buf
+        died = buf.terminated & (buf.rewards < 0)
+        assert died.any()  # a random policy on a 5x5 board dies within 64 steps
+        assert set(buf.rewards[died].tolist()) == {death}
+        assert set(buf.rewards[~died].tolist()) <= {0.0, 1.0}
+        assert torch.equal(spec.score(buf.rewards), (buf.rewards > 0).float())
+    assert PPO(env, MLPPolicy(env.obs_dim, 3), PPOConfig(num_envs=64)).death_at(9, 10) == 0.0  # the default

@@ -228,6 +228,13 @@ def test_resume_without_run_dir_and_zero_counts_are_usage_errors(tmp_path: Path)
         assert "must be >= 1" in res.stderr
 
 
+def test_death_cost_on_an_env_without_deaths_is_a_usage_error(tmp_path: Path) -> None:
+    res = train("--env", "cartpole", "--death-cost", "5", "--run-dir", str(tmp_path / "r"))
+    assert res.returncode == EXIT_USAGE, res.stderr
+    assert "--death-cost 5: cartpole has no lost episodes to cost more" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
 def _logged_steps(run: Path) -> list[int]:
     """The steps of metrics.jsonl's whole rows (a row being written is not one yet)."""
     try:

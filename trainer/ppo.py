@@ -64,6 +64,8 @@ class PPOConfig:
     vf_coef: float = default_of("vf_coef")
     max_grad_norm: float = default_of("max_grad_norm")
     bootstrap_truncated: bool = bool(default_of("bootstrap_truncated"))
+    death_cost: float = default_of("death_cost")
+    death_cost_at: float = default_of("death_cost_at")
     target_kl: float | None = None
     """stop the epochs of one update once the approximate KL exceeds this (None: never; flag 0 = off)"""
     precision: str = default_of("precision")
@@ -362,6 +364,7 @@ class PPO:
         kl_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
         score: Callable[[torch.Tensor], torch.Tensor] | None = None,
         act_model: nn.Module | None = None,
+        lost: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         self.env = env
         self.score = score
@@ -371,6 +374,10 @@ class PPO:
         self.cfg = cfg
         # The entropy weight of the next update: the trainer sets it from `ent_at` each iteration.
         self.ent_coef = cfg.ent_coef
+        # What a lost episode costs beyond the env's own reward in the next rollout (`death_at`), and
+        # which steps are losses (the env spec's `lost`).
+        self.death_extra = 0.0
+        self.lost = lost
         self.kl_reduce = kl_reduce
         self.device = env.device
         autocast(self.device, cfg.precision)  # refuses an unknown precision now, not mid-rollout
@@ -408,6 +415,8 @@ class PPO:
             buf.logprobs[t] = logp_all.gather(1, action[:, None])[:, 0]
             buf.values[t] = value[:, 0]
             obs, reward, terminated, truncated, info = env.step(action)
+            if self.death_extra and self.lost is not None:
+                reward = reward - self.death_extra * self.lost(reward, terminated).to(reward.dtype)
             buf.rewards[t] = reward
             buf.terminated[t] = terminated
             buf.truncated[t] = truncated
@@ -508,6 +517,14 @@ class PPO:
         """The entropy weight: constant, or with `anneal_ent` on the LR's schedule (greedy play wants a
         sharp policy at the end; exploration matters most early)."""
         return _annealed(self.cfg.ent_coef, self.cfg.anneal_ent, iteration, num_iterations)
+
+
+    def death_at(self, iteration: int, num_iterations: int) -> float:
+        """The extra cost of a lost episode in the rollout after `iteration`: --death-cost minus the
+        env's own 1 once `death_cost_at` of the iterations are done, else 0. A run learns to play
+        first; later, losses that save a few steps cost more than the discount makes them (issue 54)."""
+        late = iteration >= self.cfg.death_cost_at * num_iterations
+        return self.cfg.death_cost - 1.0 if late and self.cfg.death_cost != 1.0 else 0.0
 
 
 def _annealed(start: float, anneal: bool, iteration: int, num_iterations: int) -> float:

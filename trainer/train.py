@@ -221,6 +221,17 @@ def check_fits(state: dict[str, Any], path: Path, config: dict[str, Any], keys: 
 
 
 # ---------------------------------------------------------------------------------------- trainer
+def refuse_unfit(args: TrainArgs, spec: Any, mask_at: int | None) -> None:
+    """Exit 64 for a flag the env has nothing to act on: --mask without danger values, --death-cost
+    without lost episodes."""
+    if args.mask and mask_at is None:
+        raise TrainError(f"--mask 1: {args.env} has no danger values to mask by (snake with relative actions has)",
+                         EXIT_USAGE)
+    if args.death_cost != 1 and spec.lost is None:
+        raise TrainError(f"--death-cost {args.death_cost:g}: {args.env} has no lost episodes to cost more (snake's "
+                         "deaths are)", EXIT_USAGE)
+
+
 class Trainer:
     """One training run: `setup()` builds it (or raises TrainError), `loop()` trains, `finish()` saves
     the last checkpoint, exports, prints THRUST_DONE and returns the exit code."""
@@ -286,9 +297,7 @@ class Trainer:
         args, dist = self.args, self.dist
         self.env = self.spec.make(self.num_envs, self.device, **self.settings, **self.spec.run_options(args))
         mask_at = self.spec.mask_at(self.params) if args.mask else None
-        if args.mask and mask_at is None:
-            raise TrainError(f"--mask 1: {args.env} has no danger values to mask by (snake with relative actions has)",
-                             EXIT_USAGE)
+        refuse_unfit(args, self.spec, mask_at)
         torch.manual_seed(args.seed)
         self.policy = build_policy(
             args.policy,
@@ -311,7 +320,7 @@ class Trainer:
             train_model = DistributedDataParallel(act_model, device_ids=device_ids)
         kl_reduce = dist.mean if dist.enabled else None
         self.ppo = PPO(self.env, self.policy, cfg, train_model=train_model, kl_reduce=kl_reduce,
-                       score=self.spec.score, act_model=act_model)
+                       score=self.spec.score, act_model=act_model, lost=self.spec.lost)
         self.batch_per_iter = self.num_envs * cfg.num_steps * dist.world
         self.num_iterations = max(1, math.ceil(args.total_steps / self.batch_per_iter))
 
@@ -400,6 +409,7 @@ class Trainer:
 
     def _train_iteration(self) -> None:
         ppo = self.ppo
+        ppo.death_extra = ppo.death_at(self.iteration - 1, self.num_iterations)
         ppo.collect()
         ppo.ent_coef = ppo.ent_at(self.iteration, self.num_iterations)
         losses = ppo.update(ppo.lr_at(self.iteration, self.num_iterations))

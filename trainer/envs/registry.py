@@ -30,6 +30,7 @@ from trainer.envs.snake import PLANES, Snake, SnakeParams, danger_at, obs_size
 from trainer.gym_ids import GymEnvError, GymFacts, NotRegistered, gym_facts
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]
+LostFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class EnvSpec:
@@ -41,6 +42,9 @@ class EnvSpec:
     # Per-step points of an episode's score from its rewards, or None: the env has no score apart
     # from its return (the trainer then reports no `score_mean`).
     score: ClassVar[ScoreFn | None] = None
+    # Which steps lose their episode, from (reward, terminated): what --death-cost makes cost more; None:
+    # the env has no such end apart from its rewards (the flag is refused).
+    lost: ClassVar[LostFn | None] = None
     # The eval result key for the fraction of won episodes, when the env can be won (see `won`).
     win_metric: ClassVar[str | None] = None
     # Whether the web page can play a model of this env (manifest.json `playable`): snake only.
@@ -80,7 +84,6 @@ class EnvSpec:
     def won(self, reward: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor | None:
         """Which envs won their episode this step; None when the env cannot be won."""
         return None
-
     def cnn_grid(self, params: Any) -> int | None:
         """The board side the cnn policy reads, or None: the env's observations are not a board."""
         return None
@@ -114,6 +117,11 @@ class CartPoleSpec(EnvSpec):
         return {} if obs_dim == CartPoleParams().obs_dim else None
 
 
+def _death(reward: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
+    """Snake's lost episodes: a death is the only termination that comes with a reward of -1."""
+    return terminated & (reward < 0)
+
+
 def _apples(rewards: torch.Tensor) -> torch.Tensor:
     """Snake's score is apples eaten: the +1 rewards (a death's -1 takes none away)."""
     return rewards.clamp(min=0)
@@ -124,6 +132,7 @@ class SnakeSpec(EnvSpec):
     params_cls = SnakeParams
     settings = ("grid_size", "action_mode", "space")
     score = staticmethod(_apples)
+    lost = staticmethod(_death)
     win_metric = "full_board_fraction"
     playable = True
 
