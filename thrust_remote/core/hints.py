@@ -43,6 +43,12 @@ def config_file(host: HostConfig, config: str | Path | None = None) -> str:
     return str(config) if config else host.config_path or CONFIG_NAME
 
 
+def in_config_file(text: str, file: str) -> str:
+    """`text` with each "in thrust.yaml" naming `file` instead: what the host's checks (envcheck, the
+    Slurm rows) say to set, once on the laptop, which knows the file the user gave."""
+    return text.replace(f" in {CONFIG_NAME}", f" in {file}")
+
+
 # What adds the trainer's packages (torch, onnxscript, gymnasium: pyproject's `local` extra) to the
 # python thrust-remote runs in, which the host `local` runs jobs with; a plain install leaves them out.
 LOCAL_EXTRA_INSTALL = "pip install 'thrust-remote[local]'"

@@ -4,9 +4,9 @@ give (agent/slurmcheck.py), after the login node's own checklist (docs/architect
 from __future__ import annotations
 
 from thrust_remote.agent.slurmcheck import LOGIN_SHELL_FIX
-from thrust_remote.core.config import CONFIG_NAME, HostConfig
+from thrust_remote.core.config import HostConfig
 from thrust_remote.core.errors import ThrustError
-from thrust_remote.core.hints import config_file
+from thrust_remote.core.hints import config_file, in_config_file
 from thrust_remote.core.scheduler import login_shell_fix, sbatch_options
 from thrust_remote.host.fleet import Fleet
 from thrust_remote.host.report import Check
@@ -35,4 +35,4 @@ def user_fix(fix: object, host: HostConfig) -> str | None:
     a fix that says what to set "in thrust.yaml" names the file the user gave (--config) instead."""
     if fix == LOGIN_SHELL_FIX:
         return login_shell_fix(host.name, config_file(host))
-    return None if fix is None else str(fix).replace(f" in {CONFIG_NAME}", f" in {config_file(host)}")
+    return None if fix is None else in_config_file(str(fix), config_file(host))

@@ -20,7 +20,7 @@ from typing import Any
 
 from envcheck.checks import CHECK_IDS
 from thrust_remote.core import hints
-from thrust_remote.core.config import CONFIG_NAME, HostConfig, JobConfig
+from thrust_remote.core.config import HostConfig, JobConfig
 from thrust_remote.core.errors import ExitCode, ThrustError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.host import payload
@@ -181,7 +181,7 @@ def _named_config(fix: str, config_path: str) -> str:
     prefix = f"{hints.PROG} "
     if fix.startswith(prefix):
         fix = fix.replace(prefix, command_hint("", config=config_path) + " ", 1)
-    return fix.replace(f" in {CONFIG_NAME}", f" in {config_path}")
+    return hints.in_config_file(fix, config_path)
 
 
 def run_doctor(runner: Runner, host: HostConfig, job: Job = None, *,

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from thrust_remote.core.config import CONFIG_NAME, Config, JobConfig
+from thrust_remote.core.config import Config, JobConfig
 from thrust_remote.core.errors import ConfigError, UsageError
+from thrust_remote.run.jobs import config_label
 from trainer.args import flag_specs
 
 # The trainer's flags come from its one table (trainer/args.py TrainArgs, torch-free): searching a
@@ -57,7 +58,7 @@ def search_space(config: Config, job: JobConfig, fixed: Mapping[str, Any]) -> di
         env = str(dict(job.args).get("env") or job.name)  # type: ignore[arg-type]
         if env not in DEFAULT_SEARCH:
             raise ConfigError(f"job {job.name!r} has no search space",
-                              f"add search.{job.name} to {config.path or CONFIG_NAME}")
+                              f"add search.{job.name} to {config_label(config.path)}")
         space = {k: dict(v) for k, v in DEFAULT_SEARCH[env].items()}
         where = f"built-in search space of {env}"
     for name in space:
@@ -77,7 +78,7 @@ def own_space(config: Config, job: JobConfig, fixed: Mapping[str, Any]) -> dict[
     where = f"{config.path or 'thrust.yaml'}: search.{job.name}"
     if job.name not in config.search:
         raise ConfigError(f"job {job.name!r} has no search space",
-                          f"add search.{job.name} to {config.path or CONFIG_NAME}, e.g. search: {{{job.name}: "
+                          f"add search.{job.name} to {config_label(config.path)}, e.g. search: {{{job.name}: "
                           "{lr: {low: 1.0e-4, high: 1.0e-2, log: true}}}")
     space = {k: dict(v) for k, v in config.search[job.name].items()}
     for name, spec in space.items():
