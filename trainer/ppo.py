@@ -518,7 +518,6 @@ class PPO:
         sharp policy at the end; exploration matters most early)."""
         return _annealed(self.cfg.ent_coef, self.cfg.anneal_ent, iteration, num_iterations)
 
-
     def death_at(self, iteration: int, num_iterations: int) -> float:
         """The extra cost of a lost episode in the rollout after `iteration`: --death-cost minus the
         env's own 1 once `death_cost_at` of the iterations are done, else 0. A run learns to play

@@ -409,6 +409,7 @@ class Trainer:
 
     def _train_iteration(self) -> None:
         ppo = self.ppo
+        # the cost set after the previous iteration, as the runs that measured it had (and a resumed run)
         ppo.death_extra = ppo.death_at(self.iteration - 1, self.num_iterations)
         ppo.collect()
         ppo.ent_coef = ppo.ent_at(self.iteration, self.num_iterations)

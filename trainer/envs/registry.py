@@ -84,6 +84,7 @@ class EnvSpec:
     def won(self, reward: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor | None:
         """Which envs won their episode this step; None when the env cannot be won."""
         return None
+
     def cnn_grid(self, params: Any) -> int | None:
         """The board side the cnn policy reads, or None: the env's observations are not a board."""
         return None
