@@ -21,12 +21,14 @@ from pathlib import Path
 import pytest
 from helpers import EXE, FAKE_FAST, FAKE_JOB, FAKE_LONG, FAST, clone_repo, git
 
-from thrust_remote.core.config import HostConfig, load_config
+from thrust_remote.core.config import HostConfig, load_config, parse_config_text
+from thrust_remote.core.errors import UsageError
 from thrust_remote.core.hints import command_hint
 from thrust_remote.doctor.cluster import user_fix as cluster_fix
 from thrust_remote.host.report import Check, Report, with_config
 from thrust_remote.host.runner import LocalRunner
 from thrust_remote.host.session import resolve_python
+from thrust_remote.run import arguments, resume
 
 
 def _venv_with_our_packages(path: Path) -> Path:
@@ -106,6 +108,27 @@ def test_host_fixes_that_name_the_config_file_name_the_one_given() -> None:
     slurm = "fix the host's account:, partition:, time: or sbatch: (qos...) in thrust.yaml as Slurm says"
     assert cluster_fix(slurm, host) == slurm.replace("thrust.yaml", "/p/other.yaml")
     assert cluster_fix(slurm, HostConfig(name="c", address="u@h")) == slurm
+
+
+
+def test_a_jobs_hints_name_the_config_file_given(tmp_path: Path) -> None:
+    """A job's own fixes (how it resumes, a word of a several-word flag) name the file the job was read
+    from under --config, and thrust.yaml when it was found by search."""
+    body = ("jobs:\n  plain:\n    script: t.py\n    checkpoints: ck/*.pt\n"
+            "  zoo:\n    script: t.py\n    args: {hyperparams: [n_envs:4]}\n")
+    (tmp_path / "other.yaml").write_text(body)
+    (tmp_path / "thrust.yaml").write_text(body)
+    given = load_config(tmp_path / "other.yaml", environ={})
+    with pytest.raises(UsageError) as resumed:
+        resume.template_of(given.job("plain"))
+    assert f"under jobs.plain in {tmp_path / 'other.yaml'}" in resumed.value.hint
+    with pytest.raises(UsageError) as word:
+        arguments.job_arguments(given.job("zoo"), arguments.parse_sets(["hyperparams.gamma=0.9"]), {})
+    assert f"add it to that list in {tmp_path / 'other.yaml'}," in word.value.hint
+    searched = parse_config_text(body, tmp_path / "thrust.yaml")
+    with pytest.raises(UsageError) as plain:
+        resume.template_of(searched.job("plain"))
+    assert "under jobs.plain in thrust.yaml" in plain.value.hint
 
 
 # ------------------------------------------------------------------------------------------ `~` in python:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from thrust_remote.core.config import CONFIG_NAME, HostConfig
+from thrust_remote.core.config import CONFIG_NAME, HostConfig, JobConfig
 
 PROG = "thrust-remote"
 
@@ -37,10 +37,10 @@ def command_hint(command: str, *args: str, host: HostConfig | str | None = None,
     return shlex.join(argv)
 
 
-def config_file(host: HostConfig, config: str | Path | None = None) -> str:
+def config_file(said_in: HostConfig | JobConfig, config: str | Path | None = None) -> str:
     """The config file a hint tells the user to edit: the one they named (--config: `config`, else the
-    host's), else thrust.yaml."""
-    return str(config) if config else host.config_path or CONFIG_NAME
+    one the host or job was read from), else thrust.yaml."""
+    return str(config) if config else said_in.config_path or CONFIG_NAME
 
 
 def in_config_file(text: str, file: str) -> str:

@@ -16,6 +16,7 @@ from thrust_remote.core.config import JobConfig, parse_params, text_problem
 from thrust_remote.core.config.bounded import compose_yaml
 from thrust_remote.core.config.job_values import SEPARATE_STYLES, with_word, word_key, word_positions
 from thrust_remote.core.errors import ConfigError, UsageError
+from thrust_remote.core.hints import config_file
 from thrust_remote.core.names import valid_id
 from thrust_remote.run import flags
 from thrust_remote.run.vocab import TrainRequest
@@ -106,8 +107,8 @@ def job_arguments(job: JobConfig, sets: Mapping[str, Any], params: Mapping[str, 
     sets = {_trainer_key(key): value for key, value in sets.items() if key not in bare}
     given = {**params, **{key: set_value(key, value) if several else value for key, value in sets.items()}}
     if isinstance(job.args, Mapping):
-        return [*bare, *flags.render(spelling, with_words(job.name, {**dict(job.args), **given}))]
-    return [*bare, *job.args, *flags.render(spelling, with_words(job.name, given))]
+        return [*bare, *flags.render(spelling, with_words(job, {**dict(job.args), **given}))]
+    return [*bare, *job.args, *flags.render(spelling, with_words(job, given))]
 
 
 def _trainer_key(key: str) -> str:
@@ -136,7 +137,7 @@ def set_value(key: str, value: Any) -> Any:
     return tuple(item.value for item in node.value)
 
 
-def with_words(job: str, values: Mapping[str, Any]) -> dict[str, Any]:
+def with_words(job: JobConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     """`values` with each key that names one word of a flag of several words (`hyperparams.lr`, its flag
     a list in the values as finally given) set in that word, after the word's own `:` or `=`; the other
     keys as they are (a dotted flag name like `config.lr` included)."""
@@ -147,8 +148,8 @@ def with_words(job: str, values: Mapping[str, Any]) -> dict[str, Any]:
             continue
         flag, word = named
         if not word_positions(out[flag], word):
-            raise UsageError(f"{key}: jobs.{job}.args.{flag} has no word {word}:VALUE or {word}=VALUE to set",
-                             f"add it to that list in thrust.yaml, or give the whole list: --set "
+            raise UsageError(f"{key}: jobs.{job.name}.args.{flag} has no word {word}:VALUE or {word}=VALUE to set",
+                             f"add it to that list in {config_file(job)}, or give the whole list: --set "
                              f"'{flag}=[{', '.join((*out[flag], f'{word}:VALUE'))}]'")
         out[flag] = with_word(out[flag], word, word_text(value))
     return out

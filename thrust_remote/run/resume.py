@@ -71,13 +71,13 @@ def template_of(job: JobConfig) -> tuple[str, ...]:
     if checkpoints.checkpoint_glob(job) is None:
         raise UsageError(f"job {job.name} declares no checkpoints: there is nothing to resume it from",
                          f"add `checkpoints: GLOB` (where your code writes them) and {RESUME_EXAMPLE} "
-                         f"under jobs.{job.name} in thrust.yaml")
+                         f"under jobs.{job.name} in {config_file(job)}")
     if job.resume or job.resume_at:
         return job.resume
     if job.kind == "trainer":
         return TRAINER_TEMPLATE
     raise UsageError(f"job {job.name} does not say how to continue from a checkpoint (`resume:`)",
-                     f"add {RESUME_EXAMPLE} under jobs.{job.name} in thrust.yaml")
+                     f"add {RESUME_EXAMPLE} under jobs.{job.name} in {config_file(job)}")
 
 
 def place(prepared: stages.Prepared, resume: ResumeFrom, run_id: str, *, relative: bool) -> str:

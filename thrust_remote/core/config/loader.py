@@ -56,7 +56,8 @@ def load_config(
     if explicit and cfg_path:
         given = str(cfg_path.resolve())
         hosts = {name: replace(h, config_path=given) for name, h in config.hosts.items()}
-        config = replace(config, hosts=hosts, given=True)
+        jobs = {name: replace(j, config_path=given) for name, j in config.jobs.items()}
+        config = replace(config, hosts=hosts, jobs=jobs, given=True)
     host = default_host or env.get(ENV_HOST) or None
     if host:
         reason = bad_name_reason(host, "host name")
