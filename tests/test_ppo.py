@@ -18,9 +18,10 @@ def reference_gae(rewards, values, next_values, terminated, dones, gamma, lam): 
     for j in range(n):
         running = 0.0
         for t in reversed(range(steps)):
-            boot = 0.0 if terminated[t][j] else gamma * next_values[t][j]
+            g = gamma[t][j] if isinstance(gamma, list) else gamma  # one per step: PPO.discounts
+            boot = 0.0 if terminated[t][j] else g * next_values[t][j]
             delta = rewards[t][j] + boot - values[t][j]
-            running = delta + (0.0 if dones[t][j] else gamma * lam * running)
+            running = delta + (0.0 if dones[t][j] else g * lam * running)
             adv[t][j] = running
     return adv
 
@@ -44,6 +45,36 @@ def test_gae_bootstraps_truncation_from_the_final_value_and_stops_at_termination
     assert abs(float(adv[1, 0]) - (1 + 0.9 * 3.0 - 0.6)) < 1e-6
     # The terminated step ignores its next value (9.9): -1 - 0.3.
     assert abs(float(adv[2, 1]) - (-1.3)) < 1e-6
+
+
+
+def test_a_point_scored_discounts_what_follows_it_on_top_of_gamma() -> None:
+    """--point-gamma G on snake: a step that eats an apple discounts what follows by gamma * G, every
+    other step (a death's -1 included) by gamma; the advantages follow those discounts. Off (1), or on an
+    env without a score, the discount is gamma itself, the one-number path."""
+    from trainer.envs.registry import get_spec
+    from trainer.envs.snake import Snake, SnakeParams
+
+    env = Snake(2, SnakeParams(grid_size=5))
+    spec = get_spec("snake")
+    rewards = [[1.0, 0.0], [0.0, 1.0], [1.0, -1.0], [0.0, 0.0]]
+    ppo = PPO(env, MLPPolicy(env.obs_dim, 3), PPOConfig(num_envs=2, gamma=0.9, point_gamma=0.5), score=spec.score)
+    discounts = ppo.discounts(torch.tensor(rewards))
+    want = [[0.45, 0.9], [0.9, 0.45], [0.45, 0.9], [0.9, 0.9]]
+    torch.testing.assert_close(discounts, torch.tensor(want))
+    values = [[0.5, 0.1], [0.6, 0.2], [0.7, 0.3], [0.8, 0.4]]
+    next_values = [[0.6, 0.2], [0.7, 0.3], [0.8, 9.9], [0.9, 0.5]]
+    terminated = [[False, False], [False, False], [False, True], [False, False]]
+    adv, _ = compute_gae(torch.tensor(rewards), torch.tensor(values), torch.tensor(next_values),
+                         torch.tensor(terminated), torch.tensor(terminated), discounts, 0.8)
+    torch.testing.assert_close(adv, torch.tensor(reference_gae(rewards, values, next_values, terminated, terminated,
+                                                               want, 0.8)))
+    assert adv[0, 0] != compute_gae(torch.tensor(rewards), torch.tensor(values), torch.tensor(next_values),
+                                    torch.tensor(terminated), torch.tensor(terminated), 0.9, 0.8)[0][0, 0]
+    off = PPO(env, MLPPolicy(env.obs_dim, 3), PPOConfig(num_envs=2, gamma=0.9), score=spec.score)
+    assert off.discounts(torch.tensor(rewards)) == 0.9
+    unscored = PPO(env, MLPPolicy(env.obs_dim, 3), PPOConfig(num_envs=2, gamma=0.9, point_gamma=0.5))
+    assert unscored.discounts(torch.tensor(rewards)) == 0.9
 
 
 def test_truncated_steps_bootstrap_from_the_value_of_their_final_observation() -> None:

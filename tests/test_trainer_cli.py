@@ -235,6 +235,14 @@ def test_death_cost_on_an_env_without_deaths_is_a_usage_error(tmp_path: Path) ->
     assert "Traceback" not in res.stderr
 
 
+
+def test_point_gamma_on_an_env_without_a_score_is_a_usage_error(tmp_path: Path) -> None:
+    res = train("--env", "cartpole", "--point-gamma", "0.97", "--run-dir", str(tmp_path / "r"))
+    assert res.returncode == EXIT_USAGE, res.stderr
+    assert "--point-gamma 0.97: cartpole has no score whose points could discount" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
 def _logged_steps(run: Path) -> list[int]:
     """The steps of metrics.jsonl's whole rows (a row being written is not one yet)."""
     try:

@@ -236,6 +236,9 @@ class TrainArgs:
     --death-cost-at of the steps on; scores and evaluations are unchanged (apples)"""
     death_cost_at: float = flag(0.0, min=0, max=1)
     """the share of the steps after which --death-cost applies (before it a death costs what the env says)"""
+    point_gamma: float = flag(1.0, min=0, max=1)
+    """envs with a score (snake: apples): each point scored discounts what follows by this too, on top of
+    --gamma (1: off), so the horizon counts points as well as steps"""
     bootstrap_truncated: int = flag(1, choices=(0, 1))
     """1: a truncated episode's last step is followed by the value of its final state (a time limit the
     policy cannot see); 0: it ends like a termination (a limit the observation shows, e.g. snake's hunger)"""

@@ -66,6 +66,7 @@ class PPOConfig:
     bootstrap_truncated: bool = bool(default_of("bootstrap_truncated"))
     death_cost: float = default_of("death_cost")
     death_cost_at: float = default_of("death_cost_at")
+    point_gamma: float = default_of("point_gamma")
     target_kl: float | None = None
     """stop the epochs of one update once the approximate KL exceeds this (None: never; flag 0 = off)"""
     precision: str = default_of("precision")
@@ -258,10 +259,12 @@ def compute_gae(
     next_values: torch.Tensor,
     terminated: torch.Tensor,
     dones: torch.Tensor,
-    gamma: float,
+    gamma: float | torch.Tensor,
     gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimates and returns, all tensors `[T, N]`.
+
+    `gamma` discounts what follows each step: one number, or one per step `[T, N]` (`PPO.discounts`).
 
     `next_values[t]` is the value of the state after step t *of the same episode*: V(obs[t+1]) when
     the episode goes on, V(final_obs[t]) when it was truncated; it is ignored where `terminated`.
@@ -272,8 +275,9 @@ def compute_gae(
     deltas = rewards + gamma * next_values * not_term - values
     advantages = torch.zeros_like(values)
     last = torch.zeros_like(values[0])
+    per_step = isinstance(gamma, torch.Tensor)
     for t in range(values.shape[0] - 1, -1, -1):
-        last = deltas[t] + gamma * gae_lambda * not_done[t] * last
+        last = deltas[t] + (gamma[t] if per_step else gamma) * gae_lambda * not_done[t] * last
         advantages[t] = last
     return advantages, advantages + values
 
@@ -488,9 +492,17 @@ class PPO:
             self._next_values(),
             buf.terminated if self.cfg.bootstrap_truncated else buf.dones,
             buf.dones,
-            self.cfg.gamma,
+            self.discounts(buf.rewards),
             self.cfg.gae_lambda,
         )
+
+    def discounts(self, rewards: torch.Tensor) -> float | torch.Tensor:
+        """What follows each step is discounted by: --gamma, and with --point-gamma G also G for each
+        point the step scored (the env spec's `score`: snake's apples), so a detour of a few steps costs
+        little and the risk of losing the apples to come costs as much as ever."""
+        if self.cfg.point_gamma == 1.0 or self.score is None:
+            return self.cfg.gamma
+        return self.cfg.gamma * self.cfg.point_gamma ** self.score(rewards)
 
     def update(self, lr: float | None = None) -> torch.Tensor:
         """GAE, then `ppo_update` with `ent_coef` as the entropy weight; returns its `[5]` device tensor

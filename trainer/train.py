@@ -222,11 +222,14 @@ def check_fits(state: dict[str, Any], path: Path, config: dict[str, Any], keys: 
 
 # ---------------------------------------------------------------------------------------- trainer
 def refuse_unfit(args: TrainArgs, spec: Any, mask_at: int | None) -> None:
-    """Exit 64 for a flag the env has nothing to act on: --mask without danger values, --death-cost
-    without lost episodes."""
+    """Exit 64 for a flag the env has nothing to act on: --mask without danger values, --point-gamma
+    without a score, --death-cost without lost episodes."""
     if args.mask and mask_at is None:
         raise TrainError(f"--mask 1: {args.env} has no danger values to mask by (snake with relative actions has)",
                          EXIT_USAGE)
+    if args.point_gamma != 1 and spec.score is None:
+        raise TrainError(f"--point-gamma {args.point_gamma:g}: {args.env} has no score whose points could discount "
+                         "(snake's apples are)", EXIT_USAGE)
     if args.death_cost != 1 and spec.lost is None:
         raise TrainError(f"--death-cost {args.death_cost:g}: {args.env} has no lost episodes to cost more (snake's "
                          "deaths are)", EXIT_USAGE)
