@@ -27,9 +27,10 @@ RESOLVED_PRESETS = {
     },
     "snake": {
         "num_envs": 128, "num_steps": 32, "total_steps": 13_000_000, "learning_rate": 2e-3, "num_minibatches": 4,
-        "update_epochs": 2, "clip_coef": 0.2, "ent_coef": 0.01, "vf_coef": 0.5, "gamma": 0.995, "gae_lambda": 0.95,
+        "update_epochs": 2, "clip_coef": 0.2, "ent_coef": 0.01, "vf_coef": 0.5, "gamma": 0.998, "gae_lambda": 0.95,
         "hidden": 64, "target_kl": 0.0, "max_grad_norm": 0.5, "policy": "mlp", "activation": "relu",
-        "target_return": 0.0, "space": 1, "mask": 1, "candidates": "auto", "snapshots": 13,
+        "target_return": 0.0, "space": 1, "mask": 1, "candidates": "auto", "snapshots": 13, "point_gamma": 0.97,
+        "bootstrap_truncated": 0,
     },
 }
 

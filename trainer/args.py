@@ -36,8 +36,8 @@ from typing import Any
 # median 7.9k steps, worst 12.8k: the most robust variant tried (4 minibatches: worst 23.6k; tanh:
 # worst 31.7k).
 # Snake (10x10): small batches of many cheap updates learned fastest per second on a 2-core CPU (19
-# apples for 1024 envs with a 128-wide MLP after 8M steps); gamma 0.995 (the late game needs a longer
-# horizon: 65.9 / 75.8 / 68.7 apples with 0.99); the space features (--space 1), which let a snake
+# apples for 1024 envs with a 128-wide MLP after 8M steps); a long horizon (the late game needs it:
+# 65.9 / 75.8 / 68.7 apples with gamma 0.99 against 0.995); the space features (--space 1), which let a snake
 # fill the board at all. --mask 1 (deadly moves never picked while another is open) makes the endgame
 # reliable: 10 runs of 12 fill the board in 71-90% of their games, against 2 of 6 without it, at the
 # same mean (86.1 over seeds 1-6). What is left is the draw: one run in five or six learns no endgame,
@@ -53,14 +53,21 @@ from typing import Any
 # 5 ended lower (84.6, 83.6). A third run, where a third core is free, lifts the floor (seeds 1-6:
 # 86.4 -> 88.2, mean 89.9 both ways; seeds 7-9, nothing tuned on them: 85.1 -> 88.5, floor 82.7 ->
 # 86.6): a seed whose first two runs both learn no endgame gets a good one.
+# What those runs still lost was 5-16% of their games before 60 apples: with one discount a step, a
+# shortcut at a small risk pays. --gamma 0.998 --point-gamma 0.97 makes a detour 2.5 times cheaper with
+# the horizon in apples kept (an apple discounts what follows too), and --bootstrap-truncated 0 makes the
+# hunger limit the clock (without it runs circled at the end of the game: seeds 1-6 92.2, floor 87.5,
+# full boards on 3 of 6); together seeds 1-6 94.2, floor 93.1, full boards on 5 of 6 (docs/snake.md;
+# BENCHMARKS.md, issue 54).
 # On a GPU, pass a larger --num-envs. Tried and not adopted (issues 39 and 54, BENCHMARKS.md): 16M
-# steps without space; --anneal-ent 1, --late-starts, --bootstrap-truncated 0 with space; a room check
+# steps without space; --anneal-ent 1, --late-starts, --bootstrap-truncated 0 with space (no apple
+# discount); a room check
 # in the space features (learns fast, then circles until the hunger limit), or beside them as a flag per
 # move (the snake then dies as often in traps no count proves; ~30% slower); the average of a run's
 # late policies' weights (plays like a typical one, not like the best); --late-starts 0.3 with the
 # population (seeds 3 and 6 lower); two runs' policies played as one (their routes conflict: 2.5 apples);
 # a run's late policies played as one (a typical policy's score, as the weight average); --gamma 0.998
-# (learns too slowly for the budget: seed 5 77 held out); a death costing 5 from 60% of the steps
+# alone (learns too slowly for the budget: seed 5 77 held out); a death costing 5 from 60% of the steps
 # (--death-cost 5 --death-cost-at 0.6: seeds 1-9 +0.4 apples on average, -2.3 to +3.4 a seed: noise).
 # Each env here has a spec in trainer/envs/registry.py (a test keeps the two lists equal). Gymnasium
 # ids take GYM_PRESET (see `preset_of`).
@@ -75,7 +82,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "total_steps": 13_000_000,
         "learning_rate": 2e-3,
         "ent_coef": 0.01,
-        "gamma": 0.995,
+        "gamma": 0.998,
+        "point_gamma": 0.97,
+        "bootstrap_truncated": 0,
         "space": 1,
         "mask": 1,
         "candidates": "auto",
