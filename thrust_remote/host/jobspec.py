@@ -65,6 +65,7 @@ HOST_FIELDS: Mapping[str, Callable[[Any], Any]] = {
 # The fields that stay on the laptop, and why
 LAPTOP_FIELDS: Mapping[str, str] = {
     "lines": "where thrust.yaml wrote each key: not the host's business, and not part of any cache key",
+    "config_path": "the config file the user named, for the laptop's hints: not the host's business",
     "notify": "the laptop's own (a webhook URL is a secret): never sent to a host",
     # what the laptop does while it follows a run (pulls, resume, retry): a preflight cached on the spec
     # stays valid when they change

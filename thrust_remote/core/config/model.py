@@ -157,8 +157,9 @@ class JobConfig:
     # thrust.yaml's line of each key the job wrote, and of the job's name under "job": a check after
     # the sync (a script missing from the synced commit) names file:line as the loader does
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)
-    # not a thrust.yaml key: the config file the user named (--config / THRUST_CONFIG), as HostConfig's
-    config_path: str | None = None
+    # not a thrust.yaml key: the config file the user named (--config / THRUST_CONFIG), as HostConfig's,
+    # for the hints; not part of what the job is
+    config_path: str | None = field(default=None, compare=False)
     # cargo jobs
     toolchain: str = "stable"
     example: str | None = None
