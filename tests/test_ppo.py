@@ -277,16 +277,43 @@ def test_truncation_bootstraps_or_ends_the_returns_as_configured(bootstrap: bool
     assert (buf.truncated & ~buf.terminated).any()
     with torch.no_grad():
         last = ppo.policy.value(ppo.obs)[:, 0]
-        final = ppo.policy.value(buf.final_obs.reshape(-1, 4))[:, 0].reshape(12, 4)
     following = torch.cat((buf.values[1:], last[None]))
     truncated = buf.truncated & ~buf.terminated
-    # With bootstrapping a truncated step is followed by its final state's value, else by nothing.
-    next_values = torch.where(truncated, final, following) if bootstrap else following
+    # With bootstrapping a truncated step is followed by its final state's value, else by nothing (and
+    # the rollout keeps no final observations).
+    if bootstrap:
+        with torch.no_grad():
+            final = ppo.policy.value(buf.final_obs.reshape(-1, 4))[:, 0].reshape(12, 4)
+        next_values = torch.where(truncated, final, following)
+    else:
+        assert buf.final_obs is None
+        next_values = following
     ends = buf.terminated if bootstrap else buf.dones
     want = reference_gae(buf.rewards.tolist(), buf.values.tolist(), next_values.tolist(), ends.tolist(),
                          buf.dones.tolist(), 0.9, ppo.cfg.gae_lambda)
     adv, _ = ppo.advantages()
     torch.testing.assert_close(adv, torch.tensor(want), rtol=1e-5, atol=1e-5)
+
+
+def test_a_run_without_truncation_bootstrap_trains_alike_whether_the_env_builds_final_observations() -> None:
+    # PPO without bootstrap tells snake to skip info["final_obs"] (its space features are a large
+    # part of a CPU step); nothing it reads may change: the same weights after two iterations.
+    from trainer.envs.snake import Snake, SnakeParams
+
+    def weights(skip: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        env = Snake(16, SnakeParams(grid_size=6, space=True))
+        ppo = PPO(env, MLPPolicy(env.obs_dim, 3), PPOConfig(num_envs=16, num_steps=24, bootstrap_truncated=False))
+        assert env.final_obs_wanted is False
+        env.final_obs_wanted = not skip
+        ppo.start(seed=0)
+        for _ in range(2):
+            ppo.collect()
+            ppo.update()
+        return [p.detach().clone() for p in ppo.policy.parameters()]
+
+    for a, b in zip(weights(True), weights(False), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_episodes_the_env_does_not_count_stay_out_of_the_statistics() -> None:

@@ -65,6 +65,8 @@ def evaluate_groups(
     params = spec.params(settings)
     n = groups * episodes
     env = spec.make(n, device=device, **spec.settings_of(params))
+    if hasattr(env, "final_obs_wanted"):
+        env.final_obs_wanted = False  # greedy play never bootstraps (snake: ~15% of an evaluation's time)
     obs = env.reset(seed=seed)
     score = torch.zeros(n)
     length = torch.zeros(n)

@@ -237,10 +237,13 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 class RolloutBuffer:
     """`[num_steps, num_envs, ...]` storage for one rollout, allocated once."""
 
-    def __init__(self, num_steps: int, num_envs: int, obs_dim: int, device: torch.device) -> None:
+    def __init__(
+        self, num_steps: int, num_envs: int, obs_dim: int, device: torch.device, final_obs: bool = True
+    ) -> None:
         shape = (num_steps, num_envs)
         self.obs = torch.zeros(*shape, obs_dim, device=device)
-        self.final_obs = torch.zeros(*shape, obs_dim, device=device)
+        # The observations truncated steps bootstrap from; None when truncations are not bootstrapped.
+        self.final_obs = torch.zeros(*shape, obs_dim, device=device) if final_obs else None
         self.actions = torch.zeros(shape, dtype=torch.int64, device=device)
         self.logprobs = torch.zeros(shape, device=device)
         self.values = torch.zeros(shape, device=device)
@@ -386,7 +389,9 @@ class PPO:
         self.device = env.device
         autocast(self.device, cfg.precision)  # refuses an unknown precision now, not mid-rollout
         self.optimizer = make_optimizer(policy.parameters(), cfg.learning_rate, cfg.optimizer, self.device)
-        self.buf = RolloutBuffer(cfg.num_steps, env.num_envs, env.obs_dim, self.device)
+        self.buf = RolloutBuffer(cfg.num_steps, env.num_envs, env.obs_dim, self.device, cfg.bootstrap_truncated)
+        if not cfg.bootstrap_truncated and hasattr(env, "final_obs_wanted"):
+            env.final_obs_wanted = False  # nothing reads it (`_next_values`): the env may skip building it
         self.obs: torch.Tensor | None = None
         n = env.num_envs
         self.ep_return = torch.zeros(n, device=self.device)
@@ -424,7 +429,8 @@ class PPO:
             buf.rewards[t] = reward
             buf.terminated[t] = terminated
             buf.truncated[t] = truncated
-            buf.final_obs[t] = info["final_obs"]
+            if buf.final_obs is not None:
+                buf.final_obs[t] = info["final_obs"]
             if "counted" in info:
                 buf.counted[t] = info["counted"]
         self.obs = obs
@@ -561,6 +567,8 @@ def evaluate_greedy(
     env's rewards are never positive (`env.rewards_never_positive`, e.g. Acrobot-v1's -1 per step), an
     unfinished episode's return can only fall, so what it has lost already counts too.
     """
+    if hasattr(env, "final_obs_wanted"):
+        env.final_obs_wanted = False  # nothing here reads it
     obs = env.reset(seed=seed)
     returns = torch.zeros(env.num_envs, device=env.device)
     running = torch.ones(env.num_envs, dtype=torch.bool, device=env.device)

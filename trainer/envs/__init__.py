@@ -3,7 +3,9 @@
 Both envs share one interface (see `BatchedEnv`): `reset(seed) -> obs`, `step(actions) ->
 (obs, reward, terminated, truncated, info)`, with auto-reset and `info["final_obs"]` holding the
 observation of the state that ended, so truncated episodes can bootstrap from its value. What each env
-is (sizes, settings, score, export facts) is its spec in `trainer.envs.registry`.
+is (sizes, settings, score, export facts) is its spec in `trainer.envs.registry`. An env whose final
+observation is costly (snake's space features) has `final_obs_wanted`: a consumer that never reads
+`info["final_obs"]` sets it False, and the env then leaves it None.
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ For a parity fixture (one env, plain Python lists, no tensors needed by the call
 - `Snake(..., auto_reset=False)`: an env that ends keeps its final state (call `reset` yourself), so a
   recorder sees the terminal board; with the default auto-reset the final observation is in
   `info["final_obs"]` (its rows of the envs that ended this step; the other rows are not meant to be
-  read) and the state is already the next episode's first.
+  read) and the state is already the next episode's first. A consumer that never reads it (PPO
+  without truncation bootstrap) sets `final_obs_wanted = False`: the step then skips that observation
+  and `info["final_obs"]` is None.
 
 `step` has no Python loop over envs and no host sync unless apples are queued. The observation
 tensors `step` returns are buffers reused two calls later: copy them to keep them longer.
@@ -139,6 +141,9 @@ class Snake:
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.auto_reset = auto_reset
+        # Whether `step` builds info["final_obs"] (module docstring): an observation with its space
+        # features costs about as much as the rest of a step on a CPU, and no one may be reading it.
+        self.final_obs_wanted = True
         self.obs_dim = self.params.obs_dim
         self.n_actions = self.params.n_actions
         self.max_return = float(self.params.grid_size**2 - 3)  # every apple until the board is full
@@ -321,7 +326,9 @@ class Snake:
             done = terminated | truncated
             # final_obs is read only where an env ended: on the CPU path a step where none did skips
             # its space features (half their cost); on a GPU the check would be a host sync.
-            final_obs = self.observe(buf_a, fill_space=self._space_fill is None or bool(done.any()))
+            final_obs = None
+            if self.final_obs_wanted:
+                final_obs = self.observe(buf_a, fill_space=self._space_fill is None or bool(done.any()))
             self.cells = torch.where(done[:, None], self._start_cells, self.cells)
             self.head = torch.where(done, self._start_head, self.head)
             self.direction = torch.where(done, 1, self.direction)

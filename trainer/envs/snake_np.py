@@ -67,8 +67,11 @@ class NumpySnakeStep:
         if env.auto_reset:
             done = terminated | truncated
             any_done = bool(done.any())
-            # As the torch step: final_obs's space features only on a step where an env ended.
-            final_obs = self.observe(buf_a, fill_space=env._space_fill is None or any_done)
+            # As the torch step: final_obs only when wanted, its space features only on a step where an
+            # env ended.
+            final_obs = None
+            if env.final_obs_wanted:
+                final_obs = self.observe(buf_a, fill_space=env._space_fill is None or any_done)
             if any_done:
                 self._restart(done)
                 need_apple |= done
