@@ -141,9 +141,7 @@ class Snake:
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.auto_reset = auto_reset
-        # Whether `step` builds info["final_obs"] (module docstring): an observation with its space
-        # features costs about as much as the rest of a step on a CPU, and no one may be reading it.
-        self.final_obs_wanted = True
+        self.final_obs_wanted = True  # module docstring: on a CPU that observation costs ~a step's rest
         self.obs_dim = self.params.obs_dim
         self.n_actions = self.params.n_actions
         self.max_return = float(self.params.grid_size**2 - 3)  # every apple until the board is full
@@ -326,9 +324,8 @@ class Snake:
             done = terminated | truncated
             # final_obs is read only where an env ended: on the CPU path a step where none did skips
             # its space features (half their cost); on a GPU the check would be a host sync.
-            final_obs = None
-            if self.final_obs_wanted:
-                final_obs = self.observe(buf_a, fill_space=self._space_fill is None or bool(done.any()))
+            fill = self._space_fill is None or bool(done.any()) if self.final_obs_wanted else False
+            final_obs = self.observe(buf_a, fill_space=fill) if self.final_obs_wanted else None
             self.cells = torch.where(done[:, None], self._start_cells, self.cells)
             self.head = torch.where(done, self._start_head, self.head)
             self.direction = torch.where(done, 1, self.direction)
