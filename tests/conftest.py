@@ -226,6 +226,18 @@ class SSHServer:
                     found.append(proc)
         return found
 
+    def named(self, name: str) -> list:
+        """This host's processes called `name`; one that ends between the listing and the read of its
+        name is left out (an sshd child ending there once failed a test with NoSuchProcess)."""
+        import psutil
+
+        found = []
+        for proc in self.processes():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if proc.name() == name:
+                    found.append(proc)
+        return found
+
     def _sshd_pid(self) -> int | None:
         import psutil
 

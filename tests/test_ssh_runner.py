@@ -158,7 +158,7 @@ def _offering_an_unlisted_key(box, tmp_path: Path) -> Path:
 
 def _hold_in_auth(box) -> psutil.Process:
     def holding() -> psutil.Process | None:
-        return next((p for p in box.processes() if p.name() == "sleep"), None)
+        return next(iter(box.named("sleep")), None)
 
     return wait_until(holding, 10, "a connection held in authentication")
 
@@ -198,7 +198,7 @@ def test_a_host_that_ends_every_authentication_stays_an_authentication_failure(c
             held.kill()
             psutil.wait_procs([session, held], timeout=10)
         _, err = told.communicate(timeout=30)
-        wait_until(lambda: not any(p.name() == "sleep" for p in box.processes()), 10, "no held connection")
+        wait_until(lambda: not box.named("sleep"), 10, "no held connection")
     finally:
         box.stop()
     assert told.returncode == ExitCode.AUTH, err
