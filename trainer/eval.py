@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from trainer.envs.registry import close_env, get_spec, spec_for_dims
+from trainer.envs.registry import close_env, get_spec, skip_final_obs, spec_for_dims
 
 ActFn = Callable[[torch.Tensor], torch.Tensor]  # obs [B, obs_dim] -> actions [B]
 
@@ -65,8 +65,7 @@ def evaluate_groups(
     params = spec.params(settings)
     n = groups * episodes
     env = spec.make(n, device=device, **spec.settings_of(params))
-    if hasattr(env, "final_obs_wanted"):
-        env.final_obs_wanted = False  # greedy play never bootstraps (snake: ~15% of an evaluation's time)
+    skip_final_obs(env)  # greedy play never bootstraps (snake: ~15% of an evaluation's time)
     obs = env.reset(seed=seed)
     score = torch.zeros(n)
     length = torch.zeros(n)

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from trainer.args import TrainArgs, default_of
+from trainer.envs.registry import skip_final_obs
 from trainer.policy import gumbel_noise, log_prob_entropy
 
 
@@ -394,8 +395,8 @@ class PPO:
         autocast(self.device, cfg.precision)  # refuses an unknown precision now, not mid-rollout
         self.optimizer = make_optimizer(policy.parameters(), cfg.learning_rate, cfg.optimizer, self.device)
         self.buf = RolloutBuffer(cfg.num_steps, env.num_envs, env.obs_dim, self.device, cfg.bootstrap_truncated)
-        if not cfg.bootstrap_truncated and hasattr(env, "final_obs_wanted"):
-            env.final_obs_wanted = False  # nothing reads it (`_next_values`): the env may skip building it
+        if not cfg.bootstrap_truncated:
+            skip_final_obs(env)  # nothing reads it (`_next_values`)
         self.obs: torch.Tensor | None = None
         n = env.num_envs
         self.ep_return = torch.zeros(n, device=self.device)
@@ -571,8 +572,7 @@ def evaluate_greedy(
     env's rewards are never positive (`env.rewards_never_positive`, e.g. Acrobot-v1's -1 per step), an
     unfinished episode's return can only fall, so what it has lost already counts too.
     """
-    if hasattr(env, "final_obs_wanted"):
-        env.final_obs_wanted = False  # nothing here reads it
+    skip_final_obs(env)
     obs = env.reset(seed=seed)
     returns = torch.zeros(env.num_envs, device=env.device)
     running = torch.ones(env.num_envs, dtype=torch.bool, device=env.device)

@@ -240,6 +240,13 @@ def close_env(env: Any) -> None:
         close()
 
 
+def skip_final_obs(env: Any) -> None:
+    """Tell an env that no one reads its `info["final_obs"]` (PPO without truncation bootstrap, greedy
+    play): one with a costly final observation (snake: `final_obs_wanted`) then leaves it None."""
+    if hasattr(env, "final_obs_wanted"):
+        env.final_obs_wanted = False
+
+
 def spec_for_dims(obs_dim: int, n_actions: int) -> tuple[EnvSpec, dict[str, Any]]:
     """The first env (in SPECS order) with these sizes, and its settings; ValueError if none has them."""
     for spec in SPECS.values():

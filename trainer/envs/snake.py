@@ -324,8 +324,8 @@ class Snake:
             done = terminated | truncated
             # final_obs is read only where an env ended: on the CPU path a step where none did skips
             # its space features (half their cost); on a GPU the check would be a host sync.
-            fill = self._space_fill is None or bool(done.any()) if self.final_obs_wanted else False
-            final_obs = self.observe(buf_a, fill_space=fill) if self.final_obs_wanted else None
+            final_obs = (self.observe(buf_a, fill_space=self._space_fill is None or bool(done.any()))
+                         if self.final_obs_wanted else None)
             self.cells = torch.where(done[:, None], self._start_cells, self.cells)
             self.head = torch.where(done, self._start_head, self.head)
             self.direction = torch.where(done, 1, self.direction)
