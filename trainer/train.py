@@ -16,8 +16,9 @@ Output (stdout; rank 0 only):
   (CUDA) gpu_mem_gb and gpu_util.
 - `THRUST_INFO {json}` for decisions worth seeing (the device, the `--num-envs auto` choice, precision,
   compile, the optimizer's class, resume).
-- `THRUST_DONE {json}` last: step, total_steps, wall_s, return_mean, eval_return, solved, run_dir,
-  checkpoint, export; with `--candidates`/`--snapshots` also held_out (the kept policy's score on the
+- `THRUST_DONE {json}` last: step, total_steps, wall_s (since the process started), train_s (of them, in
+  the training loop: iterations and evaluations), return_mean, eval_return, solved, run_dir, checkpoint,
+  export; with `--candidates`/`--snapshots` also held_out (the kept policy's score on the
   held-out games, and its step), candidate and candidates (every candidate's score).
 - `solved: eval return R >= TARGET at step S of TOTAL, stopping early`, a plain line (no tag), when
   `--target-return` is reached.
@@ -250,6 +251,7 @@ class Trainer:
         # every rank leaves the loop at the same iteration (a rank alone would hang the rest)
         self.stop_agreed = False
         self.solved = False
+        self.train_s = 0.0  # seconds in `loop` (THRUST_DONE): what a time from process start spends training
         self.eval_return: float | None = None
         self.eval_env: Any = None
         self.losses: torch.Tensor | None = None  # the last update's mean losses (LOSS_NAMES), on the device
@@ -378,6 +380,7 @@ class Trainer:
         self.window = Window(time.time(), self.device)
         last_ckpt_t = time.time()
         crash_at = int(os.environ.get("THRUST_TEST_CRASH_AT_STEP", "0"))
+        started = time.perf_counter()
         self._exchange()  # a run stopped while it waited at the exchange, resumed: it exchanges first
         while self.iteration < self.num_iterations and not self.solved and not self.stop_agreed:
             self._train_iteration()
@@ -402,6 +405,7 @@ class Trainer:
                 self.checkpoint()
                 dist.close()
                 os._exit(1)
+        self.train_s = time.perf_counter() - started
 
     def _exchange(self) -> None:
         if self.exchange is not None and self.exchange.due(self.global_step):
@@ -567,6 +571,7 @@ def emit_done(t: Trainer, ckpt_path: Path | None, export_path: str | None, expor
             "step": t.global_step,
             "total_steps": t.num_iterations * t.batch_per_iter,
             "wall_s": round(time.time() - PROCESS_START, 3),
+            "train_s": round(t.train_s, 3),
             "return_mean": t.last_metrics.get("return_mean"),
             "eval_return": t.eval_return,
             "solved": t.solved,
