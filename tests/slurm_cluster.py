@@ -187,12 +187,14 @@ class Node:
 
 
 def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2, nodes: list[Node] | None = None,
-          ctl_addr: str = "127.0.0.1", gpus: int = 0, preempt: bool = False) -> Cluster:
+          ctl_addr: str = "127.0.0.1", gpus: int = 0, preempt: bool = False, bind: bool = False) -> Cluster:
     """slurmctld + a slurmd per node (default: one, this machine on loopback) + munged under `root`;
     waits until every node is idle. Several nodes each run in a network namespace of their own
     (tests/netns.py), slurmctld on the bridge's address `ctl_addr`. `gpus`: stand-in GPUs per node
     (the module's docstring). `preempt`: a second partition, `urgent`, whose jobs preempt the default
-    partition's (cancelled at once, as a cluster's PreemptMode=CANCEL does, after KillWait a KILL)."""
+    partition's (cancelled at once, as a cluster's PreemptMode=CANCEL does, after KillWait a KILL).
+    `bind`: tasks bound to the CPUs they were given (task/affinity by cores, as most clusters do), so
+    a step holds only its own CPUs; else (task/none) every process may run on any CPU."""
     root.mkdir(parents=True, exist_ok=True)
     for sub in ("state", "spool", "munge", "log"):
         (root / sub).mkdir(exist_ok=True)
@@ -222,8 +224,9 @@ def start(root: Path, *, min_job_age: int = 300, kill_wait: int = 2, nodes: list
         f"StateSaveLocation={root / 'state'}\nSlurmdSpoolDir={root / 'spool' / '%n'}\n"
         f"SlurmctldPidFile={pids / 'slurmctld.pid'}\nSlurmdPidFile={pids / 'slurmd-%n.pid'}\n"
         f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}\nSlurmdLogFile={root / 'log' / 'slurmd-%n.log'}\n"
-        "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
-        "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
+        "ProctrackType=proctrack/linuxproc\n"
+        + ("TaskPlugin=task/affinity\nTaskPluginParam=Cores\n" if bind else "TaskPlugin=task/none\n")
+        + "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
         "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
         "MpiDefault=none\n"
         "SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=1\n"

@@ -31,7 +31,8 @@ def two_nodes(tmp_path_factory):
     root = tmp_path_factory.mktemp("two-nodes")
     with netns.Network(2) as net:
         nodes = [slurm_cluster.Node(h.name, h.ip, h.netns) for h in net.hosts]
-        cluster = slurm_cluster.start(root / "cluster", nodes=nodes, ctl_addr=f"{net.subnet}.1")
+        # tasks bound to their CPUs, as most clusters do: a step that asks too few CPUs shows it
+        cluster = slurm_cluster.start(root / "cluster", nodes=nodes, ctl_addr=f"{net.subnet}.1", bind=True)
         try:
             login = _start_sshd(root / "login", extra_config=f"SetEnv SLURM_CONF={cluster.conf}\n")
             workdir = remote_tempdir(login) / "two"
@@ -85,6 +86,33 @@ def test_a_run_over_two_nodes_is_torchrun_across_them_with_its_rendezvous_on_the
         followed.stdout + followed.stderr)
     beyond = cli("logs", run_id, "--node", "2", cwd=proj)
     assert beyond.returncode == 64 and "give --node 0 to 1" in beyond.stderr and "Traceback" not in beyond.stderr
+
+
+CPUS_PY = """\
+import os
+print(f"rank {os.environ.get('RANK')} holds {len(os.sched_getaffinity(0))} CPUs", flush=True)
+"""
+
+
+def test_a_run_over_two_nodes_holds_on_each_node_the_cpus_its_job_asked(cli, two_nodes):
+    """`sbatch: {cpus-per-task: 2}` on a cluster that binds tasks to their CPUs: Slurm 22.05's srun does
+    not pass the job's CPUs on to the step that starts each node's supervisor, which would leave the
+    job one CPU a node (the batch script asks them again)."""
+    _, proj, workdir = two_nodes
+    config = proj.parent / "nodes-cpus.yaml"
+    if not config.exists():
+        (proj / "cpus.py").write_text(CPUS_PY)
+        commit(proj, "a job that says how many CPUs it holds", "cpus.py")
+        text = (proj / "thrust.yaml").read_text()
+        asked = text.replace("    scheduler: slurm\n", "    scheduler: slurm\n    sbatch: {cpus-per-task: 2}\n")
+        config.write_text(asked.replace("jobs:\n", "jobs:\n  cpus:\n    script: cpus.py\n", 1))
+    done = cli("--config", str(config), "train", "cpus", "--nodes", "2", cwd=proj)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = workdir / ".thrust" / "runs" / launched_run(done.stderr)
+    assert "--cpus-per-task=2" in json.loads((run_dir / "run.json").read_text())["scheduler"]["sbatch"]
+    wait_until(lambda: (run_dir / "nodes" / "1" / "exit_code").exists(), 30, "node 1's supervisor to record its end")
+    for rank, log in enumerate((run_dir / "log", run_dir / "nodes" / "1" / "log")):
+        assert f"rank {rank} holds 2 CPUs" in log.read_text(), log.read_text()[-800:]
 
 
 # Over two nodes (torchrun, one process a node): a step every 0.1 s on each; at the TERM rank 0 writes
