@@ -94,22 +94,22 @@ print(f"rank {os.environ.get('RANK')} holds {len(os.sched_getaffinity(0))} CPUs"
 """
 
 
-def test_a_run_over_two_nodes_holds_on_each_node_the_cpus_its_job_asked(cli, two_nodes):
-    """`sbatch: {cpus-per-task: 2}` on a cluster that binds tasks to their CPUs: Slurm 22.05's srun does
-    not pass the job's CPUs on to the step that starts each node's supervisor, which would leave the
-    job one CPU a node (the batch script asks them again)."""
+@pytest.mark.parametrize(("name", "asked"), [("per_task", "{cpus-per-task: 2}"), ("whole", "{exclusive: true}")])
+def test_a_run_over_two_nodes_holds_on_each_node_the_cpus_its_job_holds(cli, two_nodes, name: str, asked: str):
+    """A job that holds both CPUs of each node, on a cluster that binds tasks to their CPUs: the step
+    that starts each node's supervisor has one task, which Slurm would bind to one CPU (22.05's srun
+    does not even take the job's cpus-per-task), leaving the job one CPU a node."""
     _, proj, workdir = two_nodes
-    config = proj.parent / "nodes-cpus.yaml"
-    if not config.exists():
+    config = proj.parent / f"nodes-{name}.yaml"
+    if not (proj / "cpus.py").exists():
         (proj / "cpus.py").write_text(CPUS_PY)
         commit(proj, "a job that says how many CPUs it holds", "cpus.py")
-        text = (proj / "thrust.yaml").read_text()
-        asked = text.replace("    scheduler: slurm\n", "    scheduler: slurm\n    sbatch: {cpus-per-task: 2}\n")
-        config.write_text(asked.replace("jobs:\n", "jobs:\n  cpus:\n    script: cpus.py\n", 1))
-    done = cli("--config", str(config), "train", "cpus", "--nodes", "2", cwd=proj)
+    text = (proj / "thrust.yaml").read_text()
+    text = text.replace("    scheduler: slurm\n", f"    scheduler: slurm\n    sbatch: {asked}\n")
+    config.write_text(text.replace("jobs:\n", f"jobs:\n  {name}:\n    script: cpus.py\n", 1))
+    done = cli("--config", str(config), "train", name, "--nodes", "2", cwd=proj)
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = workdir / ".thrust" / "runs" / launched_run(done.stderr)
-    assert "--cpus-per-task=2" in json.loads((run_dir / "run.json").read_text())["scheduler"]["sbatch"]
     wait_until(lambda: (run_dir / "nodes" / "1" / "exit_code").exists(), 30, "node 1's supervisor to record its end")
     for rank, log in enumerate((run_dir / "log", run_dir / "nodes" / "1" / "log")):
         assert f"rank {rank} holds 2 CPUs" in log.read_text(), log.read_text()[-800:]

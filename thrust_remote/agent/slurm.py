@@ -131,11 +131,12 @@ def _slurm_dir(run_dir: str) -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))), SLURM)
 
 
-# srun of Slurm 22.05 to 23.02 does not take the job's --cpus-per-task ("must be requested again", its
-# man page): each node's supervisor, and the job under it, would be bound to one CPU where the cluster
-# binds tasks (task/affinity, cgroups). Asked again when the job asked (sbatch sets the variable then:
-# `submit` gives sbatch no SLURM_* of its own); later Slurms inherit it, and the same number is harmless.
-STEP_CPUS = " ${SLURM_CPUS_PER_TASK:+--cpus-per-task=$SLURM_CPUS_PER_TASK} "
+# One supervisor a node (srun); one that fails ends the others (the run failed). --cpu-bind=none: the
+# step's one task would otherwise be bound to one CPU where the cluster binds tasks (task/affinity) when
+# the job holds more (`exclusive`, `cpus-per-task`: srun of Slurm 22.05 to 23.02 does not inherit that),
+# while the step holds all the job's CPUs on its node: each node's job gets them all, as the batch step
+# of a one-node run has.
+NODE_STEP = ("srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--cpu-bind=none")
 
 
 def _user() -> str:
@@ -156,10 +157,9 @@ def submit(run_dir: str, cwd: str, sbatch: list[str], env: dict, meta: RunRecord
     # The script runs this agent's supervisor in the foreground: Slurm's job is the supervisor, its
     # end the job's end. `exec` so a signal Slurm sends (time limit, scancel) reaches it directly.
     nodes = next((int(o.split("=", 1)[1]) for o in sbatch if o.startswith("--nodes=")), 1)
-    # over several nodes, one supervisor per node (srun); one that fails ends the others (the run failed)
-    step = shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]) + STEP_CPUS if nodes > 1 else ""
-    body = "#!/bin/sh\nexec " + step + shlex.join([sys.executable, "-S", os.path.abspath(sys.argv[0]), "supervise",
-                                              "--run-dir", run_dir]) + "\n"
+    step = NODE_STEP if nodes > 1 else ()
+    body = "#!/bin/sh\nexec " + shlex.join([*step, sys.executable, "-S", os.path.abspath(sys.argv[0]), "supervise",
+                                       "--run-dir", run_dir]) + "\n"
     _put(script, body, 0o700)
     argv = [SBATCH, "--parsable", f"--job-name=thrust-{os.path.basename(run_dir)}",
             f"--output={os.path.join(run_dir, SLURM_OUT)}", f"--chdir={cwd}", *sbatch, script]
