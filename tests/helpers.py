@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
+    import psutil
     from conftest import SSHServer
 
 T = TypeVar("T")
@@ -285,6 +286,18 @@ def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: 
         if now >= deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(min(max(interval, 2 * (now - asked)), max(0.0, deadline - now)))
+
+
+def ended(proc: int | psutil.Process) -> bool:
+    """A process (or pid) gone or a zombie (ended, its parent has not reaped it yet). psutil reads a
+    process's state file by file, so one that ends between two reads raises NoSuchProcess: ended too."""
+    import psutil
+
+    try:
+        proc = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 # ------------------------------------------------------------------------------------------ models

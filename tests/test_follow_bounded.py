@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import EXE, new_project, remote_tempdir, wait_until
+from helpers import EXE, ended, new_project, remote_tempdir, wait_until
 
 from thrust_remote.core.errors import ConfigError
 from thrust_remote.runs import progress as prog
@@ -270,16 +270,6 @@ def test_a_follow_whose_laptop_is_killed_ends_on_the_host_while_the_log_is_silen
         cli("stop", run_id, cwd=path, timeout=120)
 
 
-def _running(proc) -> bool:  # noqa: ANN001 - a psutil.Process (psutil is imported where used)
-    """Running, not a zombie (ended, not yet reaped); one that ends between the two looks has ended."""
-    import psutil
-
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def _serves(sshd) -> set[int]:
     """The host's `agent serve` processes (one per laptop session)."""
     out = set()
@@ -314,7 +304,7 @@ def test_a_follow_over_the_agent_link_ends_when_the_link_dies(cli, sshd, proj):
         forks = wait_until(lambda: [c for pid in serve for c in psutil.Process(pid).children()], 30,
                            "the follow's fork of the serve")
         session.runner.close()  # the connection goes: the laptop, as the host sees it, died
-        wait_until(lambda: not any(_running(c) for c in forks), 10,
+        wait_until(lambda: all(ended(c) for c in forks), 10,
                    "the host's follow to end after its link died")
     finally:
         cli("stop", run_id, cwd=path, timeout=120)

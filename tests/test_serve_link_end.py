@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import psutil
-from helpers import wait_until
+from helpers import ended, wait_until
 
 
 def _serve() -> subprocess.Popen:
@@ -34,5 +34,4 @@ def test_a_request_that_only_served_the_laptop_ends_with_its_link_and_serve_exit
     child = server.children()[0]
     proc.stdin.close()  # the link closes
     assert proc.wait(timeout=15) == 0
-    wait_until(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, 10,
-               "the poll request to end with its link")
+    wait_until(lambda: ended(child), 10, "the poll request to end with its link")

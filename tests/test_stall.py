@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import _start_sshd
-from helpers import remote_tempdir, wait_until
+from helpers import ended, remote_tempdir, wait_until
 
 from thrust_remote.agent.protocol import RUN_JSON, WITHDRAWN, RunState
 from thrust_remote.core.errors import ExitCode, ThrustError, TransferError
@@ -83,14 +83,6 @@ def _stopped(pid: int) -> Iterator[None]:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
-
-
-def _ended(pid: int) -> bool:
-    """Gone, or a zombie (ended, not yet reaped); one that ends between the two looks is gone too."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def _session(sshd, workdir: Path, liveness_s: float | None = None) -> HostSession:
@@ -158,7 +150,7 @@ def test_a_request_that_changes_something_is_not_asked_again_and_says_the_agent_
         assert "(its process is stopped or frozen" in info.value.message
         # the next request goes to a new server (the stopped one is given up): the lease was created once,
         # by the stopped one's request once it ran again, or not at all; asking now tells which
-        wait_until(lambda: _ended(pid), 30, "the stopped server's end once continued (its channel closed)")
+        wait_until(lambda: ended(pid), 30, "the stopped server's end once continued (its channel closed)")
         again = session.agent("lease", "read", lease)
         assert again.ok, again.stderr
 
@@ -245,7 +237,7 @@ def test_a_launch_that_never_reached_a_stopped_agent_is_withdrawn_and_refused_wh
         assert "it will not start later" in error.message
         assert (run_dir / WITHDRAWN).exists()
         # continued, the old server reads the launch it was sent and starts it: refused, never run
-        wait_until(lambda: _ended(pid), 30, "the continued server's end (its channel was closed)")
+        wait_until(lambda: ended(pid), 30, "the continued server's end (its channel was closed)")
         wait_until(lambda: not _host_pids(sshd, lambda a: "launch" in a and str(run_dir) in a), 30,
                    "the late launch's end")
         assert not (run_dir / RUN_JSON).exists() and not (run_dir / "log").exists()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import wait_until
+from helpers import ended, wait_until
 
 EXE = str(Path(sys.executable).parent / "thrust-remote")
 JOBS = "jobs:\n  writer:\n    kind: command\n    command: [sh, w.sh]\n    metrics: {tensorboard: runs/tb}\n"
@@ -64,12 +64,7 @@ def _start(argv: list[str], cwd: Path, err: Path) -> subprocess.Popen:
 
 def _alive(pids: list[int]) -> list[int]:
     """Those of pids still running (a zombie has ended: only its parent has not reaped it yet)."""
-    out = []
-    for pid in pids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-    return out
+    return [pid for pid in pids if not ended(pid)]
 
 
 def _end(proc: subprocess.Popen, pids: list[int]) -> None:
